@@ -1,0 +1,171 @@
+"""Model shapes as data: one frozen dataclass, filled from a preset YAML or a dict.
+
+A preset is the published config.json of a model, renamed into the few fields a decoder
+needs. Field names follow the physics notation of design.md: d (hidden), layers, heads,
+kv_heads, head_dim, ffn, vocab. MoE and MLA fields are zero/None for dense GQA models.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+ATTENTION_KINDS = ("gqa", "mla")
+ROPE_SCALING_KINDS = ("none", "llama3", "yarn", "linear")
+ROUTER_SCORING = ("softmax", "sigmoid")
+
+
+class ConfigError(ValueError):
+    """Bad input: names the field and the allowed values."""
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    kind: str = "none"
+    factor: float = 1.0
+    original_max_position: int = 0
+    # llama3
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    # yarn (DeepSeek-V3)
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 1.0
+    mscale_all_dim: float = 0.0
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    vocab: int
+    d: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int  # dense SwiGLU width (also the dense layers of an MoE model)
+    max_context: int
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling = field(default_factory=RopeScaling)
+    rope_interleave: bool = False  # pairs (2i, 2i+1) instead of halves (i, i + d/2)
+    partial_rotary: float = 1.0  # fraction of head_dim that is rotated (GLM: 0.5)
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    attention: str = "gqa"
+    # MLA (DeepSeek-V3); used when attention == "mla"
+    q_lora_rank: int = 0  # 0: plain q projection
+    kv_lora_rank: int = 0
+    qk_nope_dim: int = 0
+    qk_rope_dim: int = 0
+    v_head_dim: int = 0
+    # MoE; experts == 0 means dense
+    experts: int = 0
+    experts_per_token: int = 0
+    moe_ffn: int = 0
+    shared_experts: int = 0
+    first_dense_layers: int = 0  # leading layers with a dense FFN (first_k_dense_replace)
+    router_scoring: str = "softmax"
+    norm_topk: bool = True
+    routed_scale: float = 1.0
+    # MTP (DeepSeek-V3 / GLM-4.5): num_nextn_predict_layers
+    mtp_layers: int = 0
+    # provenance of the shapes and the authors' published totals (for the card)
+    source: str = ""
+    published_params_total: float = 0.0
+    published_params_active: float = 0.0
+    published_note: str = ""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # ---- derived shapes -------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.attention == "mla"
+
+    def layer_is_moe(self, i: int) -> bool:
+        return self.is_moe and i >= self.first_dense_layers
+
+    @property
+    def rotary_dim(self) -> int:
+        """Dimensions of each head that RoPE rotates."""
+        if self.is_mla:
+            return self.qk_rope_dim
+        return int(self.head_dim * self.partial_rotary)
+
+    @property
+    def kv_elems_per_token_layer(self) -> int:
+        """Cache elements one token adds in one layer: K and V for GQA, latent + RoPE key for MLA."""
+        if self.is_mla:
+            return self.kv_lora_rank + self.qk_rope_dim
+        return 2 * self.kv_heads * self.head_dim
+
+    # ---- construction ---------------------------------------------------------------
+    def validate(self) -> None:
+        positive = ["vocab", "d", "layers", "heads", "kv_heads", "head_dim", "max_context"]
+        for f in positive:
+            v = getattr(self, f)
+            if not isinstance(v, int) or v < 1:
+                raise ConfigError(f"model.{f}={v!r}: must be a positive integer")
+        nonneg = ["ffn", "q_lora_rank", "kv_lora_rank", "qk_nope_dim", "qk_rope_dim", "v_head_dim",
+                  "experts", "experts_per_token", "moe_ffn", "shared_experts", "first_dense_layers",
+                  "mtp_layers"]
+        for f in nonneg:
+            v = getattr(self, f)
+            if not isinstance(v, int) or v < 0:
+                raise ConfigError(f"model.{f}={v!r}: must be a non-negative integer")
+        if self.attention not in ATTENTION_KINDS:
+            raise ConfigError(f"model.attention={self.attention!r}: allowed {ATTENTION_KINDS}")
+        if self.router_scoring not in ROUTER_SCORING:
+            raise ConfigError(f"model.router_scoring={self.router_scoring!r}: allowed {ROUTER_SCORING}")
+        if self.rope_scaling.kind not in ROPE_SCALING_KINDS:
+            raise ConfigError(f"model.rope_scaling.kind={self.rope_scaling.kind!r}: allowed {ROPE_SCALING_KINDS}")
+        if self.heads % self.kv_heads:
+            raise ConfigError(f"model.kv_heads={self.kv_heads}: must divide heads={self.heads}")
+        if not 0.0 < self.partial_rotary <= 1.0:
+            raise ConfigError(f"model.partial_rotary={self.partial_rotary}: must be in (0, 1]")
+        if self.rotary_dim % 2:
+            raise ConfigError(f"model.partial_rotary: rotary dim {self.rotary_dim} must be even")
+        if self.is_mla and min(self.kv_lora_rank, self.qk_nope_dim, self.qk_rope_dim, self.v_head_dim) < 1:
+            raise ConfigError("model.attention='mla' needs kv_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim >= 1")
+        if self.is_moe:
+            if not 1 <= self.experts_per_token <= self.experts:
+                raise ConfigError(f"model.experts_per_token={self.experts_per_token}: must be in 1..experts={self.experts}")
+            if self.moe_ffn < 1:
+                raise ConfigError("model.moe_ffn must be >= 1 when experts > 0")
+        if self.first_dense_layers > self.layers:
+            raise ConfigError(f"model.first_dense_layers={self.first_dense_layers}: must be <= layers={self.layers}")
+        if (not self.is_moe or self.first_dense_layers > 0) and self.ffn < 1:
+            raise ConfigError("model.ffn must be >= 1 for dense layers")
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> "ModelConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ConfigError(f"model: unknown field(s) {unknown}; allowed {sorted(known)}")
+        kw = dict(raw)
+        rs = kw.get("rope_scaling")
+        if rs is None:
+            kw["rope_scaling"] = RopeScaling()
+        elif isinstance(rs, Mapping):
+            rknown = {f.name for f in dataclasses.fields(RopeScaling)}
+            bad = sorted(set(rs) - rknown)
+            if bad:
+                raise ConfigError(f"model.rope_scaling: unknown field(s) {bad}; allowed {sorted(rknown)}")
+            kw["rope_scaling"] = RopeScaling(**rs)
+        return cls(**kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def scaled(self, **changes: Any) -> "ModelConfig":
+        """A copy with some fields changed (scaled-down test models, layer slices)."""
+        return dataclasses.replace(self, **changes)
