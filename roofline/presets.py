@@ -8,6 +8,7 @@ imports Hydra.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from functools import lru_cache
 from pathlib import Path
@@ -52,3 +53,22 @@ def get_preset(name: str) -> ModelConfig:
     if name not in files:
         raise ConfigError(f"model={name!r}: unknown preset; allowed {sorted(files)}")
     return _load(files[name])
+
+
+def scaled_down(cfg: ModelConfig, *, d: int = 64, layers: int = 3, vocab: int = 256,
+                max_context: int = 128) -> ModelConfig:
+    """A miniature of `cfg` with every feature flag kept (MLA, MoE, shared experts, MTP, QK-norm,
+    biases, partial/interleaved RoPE and its scaling kind): for tests and CPU references."""
+    heads = 4
+    kv_heads = heads if cfg.kv_heads == cfg.heads else (1 if cfg.kv_heads == 1 else 2)
+    ch = dict(name=f"{cfg.name}-mini", vocab=vocab, d=d, layers=min(cfg.layers, layers), heads=heads,
+              kv_heads=kv_heads, head_dim=16, ffn=96, max_context=max_context,
+              first_dense_layers=min(cfg.first_dense_layers, 1))
+    if cfg.rope_scaling.kind != "none":
+        ch["rope_scaling"] = dataclasses.replace(cfg.rope_scaling, original_max_position=max_context // 4)
+    if cfg.is_moe:
+        ch.update(experts=8, experts_per_token=min(cfg.experts_per_token, 2), moe_ffn=32)
+    if cfg.is_mla:
+        ch.update(q_lora_rank=32 if cfg.q_lora_rank else 0, kv_lora_rank=32, qk_nope_dim=16,
+                  qk_rope_dim=8, v_head_dim=16, head_dim=24, kv_heads=heads)
+    return cfg.scaled(**ch)
