@@ -1,0 +1,153 @@
+"""Model presets: every YAML in conf/model loads, and the published shapes are the real ones.
+
+The spot checks are facts from each model's Hugging Face config.json (see the `source` field
+and the comment at the top of each preset file), so a typo in a preset fails here.
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+import roofline.presets as presets
+from roofline.config import ConfigError, ModelConfig
+
+REAL_MODELS = [
+    "llama-3.1-8b",
+    "llama-3.1-70b",
+    "qwen2.5-7b",
+    "mistral-7b",
+    "mixtral-8x7b",
+    "qwen3-30b-a3b",
+    "deepseek-v3",
+    "glm-4.5-air",
+]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    presets._load.cache_clear()
+    yield
+    presets._load.cache_clear()
+
+
+@pytest.mark.parametrize("name", presets.list_presets())
+def test_every_preset_loads(name):
+    cfg = presets.get_preset(name)
+    assert isinstance(cfg, ModelConfig)
+    assert cfg.name == name
+    assert cfg.source
+
+
+def test_real_model_presets_are_listed():
+    assert set(REAL_MODELS) <= set(presets.list_presets())
+
+
+@pytest.mark.parametrize("name", REAL_MODELS)
+def test_real_presets_cite_config_and_published_counts(name):
+    cfg = presets.get_preset(name)
+    assert cfg.source.startswith("https://huggingface.co/") and cfg.source.endswith("/config.json")
+    assert isinstance(cfg.published_params_total, float) and cfg.published_params_total > 1e9
+    assert isinstance(cfg.published_params_active, float)
+    assert 0 < cfg.published_params_active <= cfg.published_params_total
+    if not cfg.is_moe:
+        assert cfg.published_params_active == cfg.published_params_total
+    assert cfg.published_note
+
+
+def _check(cfg: ModelConfig, **expected):
+    got = {k: getattr(cfg, k) for k in expected}
+    assert got == expected
+
+
+def test_llama_3_1_8b():
+    cfg = presets.get_preset("llama-3.1-8b")
+    _check(cfg, vocab=128256, d=4096, layers=32, heads=32, kv_heads=8, head_dim=128, ffn=14336,
+           max_context=131072, rope_theta=500000.0, tie_embeddings=False, is_moe=False)
+    rs = cfg.rope_scaling
+    assert (rs.kind, rs.factor, rs.low_freq_factor, rs.high_freq_factor, rs.original_max_position) == (
+        "llama3", 8.0, 1.0, 4.0, 8192)
+
+
+def test_llama_3_1_70b():
+    cfg = presets.get_preset("llama-3.1-70b")
+    _check(cfg, vocab=128256, d=8192, layers=80, heads=64, kv_heads=8, head_dim=128, ffn=28672,
+           max_context=131072, norm_eps=1e-5)
+    assert cfg.rope_scaling.kind == "llama3" and cfg.rope_scaling.factor == 8.0
+
+
+def test_qwen2_5_7b():
+    cfg = presets.get_preset("qwen2.5-7b")
+    _check(cfg, vocab=152064, d=3584, layers=28, heads=28, kv_heads=4, head_dim=128, ffn=18944,
+           max_context=131072, rope_theta=1e6, norm_eps=1e-6, qkv_bias=True, qk_norm=False,
+           tie_embeddings=False)
+    assert cfg.rope_scaling.kind == "none"
+
+
+def test_mistral_7b_v0_3():
+    cfg = presets.get_preset("mistral-7b")
+    _check(cfg, vocab=32768, d=4096, layers=32, heads=32, kv_heads=8, head_dim=128, ffn=14336,
+           max_context=32768, rope_theta=1e6, qkv_bias=False)
+
+
+def test_mixtral_8x7b():
+    cfg = presets.get_preset("mixtral-8x7b")
+    _check(cfg, vocab=32000, d=4096, layers=32, heads=32, kv_heads=8, experts=8, experts_per_token=2,
+           moe_ffn=14336, ffn=14336, shared_experts=0, first_dense_layers=0,
+           router_scoring="softmax", norm_topk=True, routed_scale=1.0)
+    assert all(cfg.layer_is_moe(i) for i in range(cfg.layers))
+
+
+def test_qwen3_30b_a3b():
+    cfg = presets.get_preset("qwen3-30b-a3b")
+    _check(cfg, vocab=151936, d=2048, layers=48, heads=32, kv_heads=4, head_dim=128, experts=128,
+           experts_per_token=8, moe_ffn=768, shared_experts=0, first_dense_layers=0, qk_norm=True,
+           qkv_bias=False, router_scoring="softmax", norm_topk=True, max_context=40960)
+
+
+def test_deepseek_v3():
+    cfg = presets.get_preset("deepseek-v3")
+    _check(cfg, vocab=129280, d=7168, layers=61, heads=128, kv_heads=128, attention="mla",
+           q_lora_rank=1536, kv_lora_rank=512, qk_nope_dim=128, qk_rope_dim=64, v_head_dim=128,
+           head_dim=192, ffn=18432, experts=256, experts_per_token=8, moe_ffn=2048,
+           shared_experts=1, first_dense_layers=3, router_scoring="sigmoid", norm_topk=True,
+           routed_scale=2.5, mtp_layers=1, rope_interleave=True, max_context=163840)
+    rs = cfg.rope_scaling
+    assert (rs.kind, rs.factor, rs.original_max_position, rs.beta_fast, rs.beta_slow, rs.mscale,
+            rs.mscale_all_dim) == ("yarn", 40.0, 4096, 32.0, 1.0, 1.0, 1.0)
+    assert cfg.kv_elems_per_token_layer == 512 + 64
+    assert not cfg.layer_is_moe(2) and cfg.layer_is_moe(3)
+    assert cfg.published_params_total == 671e9
+
+
+def test_glm_4_5_air():
+    cfg = presets.get_preset("glm-4.5-air")
+    _check(cfg, vocab=151552, d=4096, layers=46, heads=96, kv_heads=8, head_dim=128, ffn=10944,
+           partial_rotary=0.5, rope_interleave=False, qkv_bias=True, qk_norm=False, experts=128,
+           experts_per_token=8, moe_ffn=1408, shared_experts=1, first_dense_layers=1,
+           router_scoring="sigmoid", norm_topk=True, routed_scale=1.0, mtp_layers=1,
+           max_context=131072, rope_theta=1e6)
+    assert cfg.rotary_dim == 64
+
+
+def test_unknown_preset_lists_allowed_names():
+    with pytest.raises(ConfigError) as err:
+        presets.get_preset("no-such-model")
+    msg = str(err.value)
+    assert "no-such-model" in msg
+    for name in ["tiny", "cpu-demo", *REAL_MODELS]:
+        assert name in msg
+
+
+def test_preset_dir_from_env(tmp_path, monkeypatch):
+    raw = {"vocab": 1000, "d": 64, "layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 16,
+           "ffn": 128, "max_context": 128, "source": "test"}
+    (tmp_path / "my-extra.yaml").write_text(yaml.safe_dump(raw))
+    monkeypatch.setenv("ROOFLINE_PRESETS", str(tmp_path))
+    assert "my-extra" in presets.list_presets()
+    cfg = presets.get_preset("my-extra")
+    assert cfg.name == "my-extra" and cfg.vocab == 1000 and cfg.ffn == 128
+    monkeypatch.delenv("ROOFLINE_PRESETS")
+    assert "my-extra" not in presets.list_presets()
+    with pytest.raises(ConfigError):
+        presets.get_preset("my-extra")
