@@ -24,7 +24,7 @@ setup: $(VENV)/.installed
 
 # The main job on the embedded default (CPU).
 demo: setup
-	$(BIN)/python -m experiments.demo
+	for m in cpu-demo llama-3.1-8b deepseek-v3; do $(BIN)/python -m experiments.card model=$$m || exit 1; done
 
 test: setup
 	$(BIN)/python -m pytest -q

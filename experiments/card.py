@@ -1,0 +1,21 @@
+"""Print the cost card of a preset: `python -m experiments.card model=llama-3.1-8b dtype=bf16`."""
+
+import hydra
+
+from experiments.entry import fail_fast, plain
+from roofline.card import CardRequest, print_card
+from roofline.config import ModelConfig
+from roofline.specs import get_spec
+
+
+@hydra.main(config_path="../conf", config_name="card", version_base="1.3")
+def main(cfg) -> None:
+    with fail_fast():
+        c = plain(cfg)
+        print_card(CardRequest(model=ModelConfig.from_dict(c["model"]), dtype=c["dtype"],
+                               device=get_spec(c["device"]) if c["device"] else None,
+                               batch=c["batch"], context=c["context"]))
+
+
+if __name__ == "__main__":
+    main()
