@@ -1,0 +1,195 @@
+"""Bandwidth kernels: every Triton kernel agrees with torch before anything is timed.
+
+The Triton kernels run on the CPU under Triton's interpreter. TRITON_INTERPRET=1 must be set
+before a kernel is jitted; it is set here, at the top, before anything imports triton, and
+roofline.kernels jits on first launch, so an earlier import of roofline.kernels in the same
+process without the variable still works (test_interpreter_set_after_import proves it).
+"""
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import dataclasses  # noqa: E402
+import math  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("triton", reason="Triton kernels need triton (pip install -e .[triton])")
+
+from roofline import kernels  # noqa: E402
+from roofline.kernels import KERNELS, check  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+SIZES = [1, 1000, 4097, 65537]  # none a multiple of BLOCK (4096 fp32, 8192 bf16/fp16)
+TRITON_SPECS = [name for name, spec in KERNELS.items() if spec.uses_triton]
+TORCH_SPECS = [name for name, spec in KERNELS.items() if not spec.uses_triton]
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def test_interpreter_makes_triton_available():
+    assert kernels.triton_available()
+
+
+def test_registry_has_every_op_in_every_variant():
+    got = {(s.op, s.variant) for s in KERNELS.values()}
+    assert got == {(op, v) for op in kernels.OPS for v in kernels.VARIANTS}
+    assert all(name == s.name for name, s in KERNELS.items())
+    assert {"torch_copy", "torch_read", "torch_triad", "torch_write"} <= set(KERNELS)
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", TRITON_SPECS)
+def test_triton_kernel_matches_torch(name, dtype, n):
+    check(KERNELS[name], n, dtype, "cpu")
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", TORCH_SPECS)
+def test_torch_line_matches_reference(name, dtype, n):
+    check(KERNELS[name], n, dtype, "cpu")
+
+
+def test_persistent_programs_loop_over_blocks_at_test_sizes():
+    # Under the interpreter: 2 SMs x 4 programs = 8 programs; 65537 elements are 17 fp32
+    # blocks and 9 bf16 blocks, so the persistent loop runs more than once per program.
+    programs = kernels.num_sms("cpu") * kernels.PROGRAMS_PER_SM
+    assert programs == 8
+    for elem_bytes in (4, 2):
+        assert math.ceil(max(SIZES) / kernels.block_elems(elem_bytes)) > programs
+
+
+def test_block_is_16_bytes_per_thread_per_access():
+    threads = 32 * kernels.NUM_WARPS
+    for elem_bytes in (4, 2):
+        per_thread = kernels.block_elems(elem_bytes) * elem_bytes // threads
+        assert per_thread == 16 * kernels.ACCESSES_PER_THREAD
+
+
+@pytest.mark.parametrize(
+    "name, n, elem_bytes, expected",
+    [
+        ("triton_copy_grid", 10_000, 4, 80_000),  # read n·4 + write n·4
+        ("torch_copy", 10_000, 2, 40_000),
+        ("triton_triad_persistent", 10_000, 4, 120_000),  # read b, c + write a
+        ("torch_triad", 10_000, 2, 60_000),
+        ("triton_write_grid", 10_000, 4, 40_000),
+        ("torch_write", 10_000, 2, 20_000),
+        ("torch_read", 100_000, 2, 200_002),  # + the bf16 scalar written
+        # 13 blocks of 8192 bf16: 13 fp32 partials written and read back, + the fp32 result
+        ("triton_read_grid", 100_000, 2, 200_000 + 2 * 13 * 4 + 4),
+        # persistent under the interpreter: 8 programs, so 8 partials
+        ("triton_read_persistent", 100_000, 2, 200_000 + 2 * 8 * 4 + 4),
+    ],
+)
+def test_bytes_moved_hand_checked(name, n, elem_bytes, expected):
+    assert KERNELS[name].bytes_moved(n, elem_bytes) == expected
+
+
+def test_read_partials_buffer_matches_bytes_counted():
+    spec = KERNELS["triton_read_persistent"]
+    bufs = spec.make_buffers(100_000, torch.bfloat16, "cpu")
+    partials = bufs["partials"].numel()
+    assert spec.bytes_moved(100_000, 2) == 100_000 * 2 + 2 * partials * 4 + 4
+
+
+def _off_by_one(ref: torch.Tensor) -> torch.Tensor:
+    ref = ref.clone()
+    ref.view(-1)[-1] += 1.0
+    return ref
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "triton_read_grid",
+        "triton_write_grid",
+        "triton_copy_persistent",
+        "triton_triad_persistent",
+        "torch_triad",
+    ],
+)
+def test_check_raises_on_a_wrong_reference(name):
+    spec = KERNELS[name]
+    wrong = dataclasses.replace(spec, reference=lambda bufs: _off_by_one(spec.reference(bufs)))
+    with pytest.raises(AssertionError, match=name):
+        check(wrong, 4097, torch.bfloat16, "cpu")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", ["triton_read_grid", "triton_read_persistent"])
+def test_check_catches_a_read_that_drops_the_last_element(name, dtype):
+    spec = KERNELS[name]
+
+    def drops_last(bufs):
+        bufs["x"][-1] = 0  # after the reference was taken: the kernel never sees it
+        spec.run(bufs)
+
+    with pytest.raises(AssertionError, match="sum"):
+        check(dataclasses.replace(spec, run=drops_last), 65537, dtype, "cpu")
+
+
+def test_check_catches_a_copy_that_skips_the_tail():
+    spec = KERNELS["triton_copy_grid"]
+
+    def skips_tail(bufs):
+        last = bufs["out"][-1].clone()
+        spec.run(bufs)
+        bufs["out"][-1] = last
+
+    with pytest.raises(AssertionError, match="bit-exact"):
+        check(dataclasses.replace(spec, run=skips_tail), 4097, torch.float32, "cpu")
+
+
+@pytest.mark.parametrize("n, dtype, field", [(0, torch.float32, "n"), (10, torch.int32, "dtype")])
+def test_make_buffers_rejects_bad_input(n, dtype, field):
+    with pytest.raises(ValueError, match=f"^{field}:"):
+        KERNELS["torch_copy"].make_buffers(n, dtype, "cpu")
+
+
+def _python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_interpreter_set_after_import():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = (
+        "import os, torch\n"
+        "from roofline import kernels\n"
+        "os.environ['TRITON_INTERPRET'] = '1'\n"
+        "kernels.check(kernels.KERNELS['triton_copy_persistent'], 4097, torch.float32, 'cpu')\n"
+    )
+    proc = _python(code, env)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_imports_and_runs_torch_lines_without_triton():
+    code = (
+        "import sys, torch\n"
+        "sys.modules['triton'] = None  # import triton -> ImportError\n"
+        "from roofline import kernels\n"
+        "assert not kernels.triton_available()\n"
+        "kernels.check(kernels.KERNELS['torch_triad'], 1000, torch.float32, 'cpu')\n"
+        "spec = kernels.KERNELS['triton_copy_grid']\n"
+        "try:\n"
+        "    spec.run(spec.make_buffers(8, torch.float32, 'cpu'))\n"
+        "except RuntimeError as e:\n"
+        "    assert 'TRITON_INTERPRET' in str(e)\n"
+        "else:\n"
+        "    raise SystemExit('a Triton row ran without triton')\n"
+    )
+    proc = _python(code, dict(os.environ))
+    assert proc.returncode == 0, proc.stderr
