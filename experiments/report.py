@@ -1,0 +1,23 @@
+"""Report of a run folder: `python -m experiments.report results_dir=results/<run>`.
+
+Writes figures/, report.md and report.html (self-contained) into the run folder; the last
+line of stdout is one JSON document with the paths."""
+
+import json
+
+import hydra
+
+from experiments.entry import fail_fast, plain
+from roofline.report import write_report
+
+
+@hydra.main(config_path="../conf", config_name="report", version_base="1.3")
+def main(cfg) -> None:
+    with fail_fast():
+        md, html = write_report(plain(cfg)["results_dir"])
+    print(f"report: {md}\nreport: {html}")
+    print(json.dumps({"report_md": str(md), "report_html": str(html)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""Time forward passes of a preset over a grid: `python -m experiments.sweep model=cpu-demo`.
+
+Multirun: `python -m experiments.sweep -m model=cpu-demo,tiny 'dtypes=[bfloat16],[float32]'`
+(add `hydra/launcher=submitit_local` or `hydra/launcher=slurm` to go through submitit).
+"""
+
+import json
+from pathlib import Path
+
+import hydra
+
+from experiments.entry import fail_fast, job_dir, plain
+from roofline.config import ModelConfig
+from roofline.results import RUNS_ROOT
+from roofline.sweep import SweepSpec, run_sweep, summary_table
+from roofline.timing import TimerSettings
+
+
+@hydra.main(config_path="../conf", config_name="sweep", version_base="1.3")
+def main(cfg) -> None:
+    with fail_fast():
+        c = plain(cfg)
+        spec = SweepSpec(model=ModelConfig.from_dict(c["model"]), q=tuple(c["q"]), B=tuple(c["B"]),
+                         L=tuple(c["L"]), dtypes=tuple(c["dtypes"]), modes=tuple(c["modes"]),
+                         timer=TimerSettings(**c["timer"]), device=c["device"], layers=c["layers"],
+                         mtp_q=tuple(c["mtp_q"]), seed=c["seed"], overrides=tuple(c["overrides"]))
+        run_dir = Path(c["out_dir"]) if c["out_dir"] else spec.default_out_dir(RUNS_ROOT)
+        summary = run_sweep(spec, run_dir, progress=c["progress"])
+        print(summary_table_text(run_dir))
+        job_dir(dict(status="ok", **summary))
+        print(json.dumps(summary))
+
+
+def summary_table_text(run_dir: Path) -> str:
+    import pandas as pd
+    from roofline.results import load_run
+    t = summary_table(load_run(run_dir))
+    if t.empty:
+        return "no successful points"
+    with pd.option_context("display.width", 160, "display.max_rows", 200):
+        return t.round({"t_ms": 3, "t_over_t1": 3, "GBps": 2, "TFLOPs": 4}).to_string(index=False)
+
+
+if __name__ == "__main__":
+    main()

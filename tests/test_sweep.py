@@ -1,0 +1,172 @@
+"""The sweep: rows with physics and provenance, failures as data, resume after a kill."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from roofline import results
+from roofline.config import ConfigError
+from roofline.presets import REPO_ROOT, get_preset
+from roofline.sweep import SweepSpec, extrapolate_layers, grid, run_sweep
+from roofline.timing import TimerSettings
+
+FAST = TimerSettings(warmup=1, min_reps=3, max_reps=5, budget_s=0.05)
+
+
+def spec(**kw):
+    base = dict(model=get_preset("tiny"), q=(1, 2), B=(1, 2), L=(0, 8), timer=FAST)
+    base.update(kw)
+    return SweepSpec(**base)
+
+
+def test_rows_carry_timing_physics_and_provenance(tmp_path):
+    s = spec()
+    out = run_sweep(s, tmp_path, progress=False)
+    df = pd.read_csv(tmp_path / "points.csv")
+    assert out["points"] == len(grid(s)) == len(df) == out["ok"]
+    for col in results.KEY_COLUMNS + results.TIMING_COLUMNS + results.PHYSICS_COLUMNS + results.STATUS_COLUMNS:
+        assert col in df.columns, col
+    for col in ("device_name", "torch_version", "threads", "git_commit", "time_utc", "overrides"):
+        assert col in df.columns, col
+    assert (df["t_median_s"] > 0).all()
+    pd.testing.assert_series_equal(df["achieved_GBps"], df["bytes_total"] / df["t_median_s"] / 1e9,
+                                   check_names=False, rtol=1e-9)
+    assert set(df["kind"]) == {"forward", "mtp"}  # tiny has an MTP module
+
+
+def test_an_oom_point_becomes_a_row_and_the_sweep_goes_on(tmp_path):
+    from roofline.sweep import _measure
+
+    def flaky(w, p, timer):
+        if p.q == 2 and p.B == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+        return _measure(w, p, timer)
+
+    out = run_sweep(spec(), tmp_path, progress=False, measure=flaky)
+    df = pd.read_csv(tmp_path / "points.csv")
+    bad = df[df["status"] != "ok"]
+    assert set(bad["status"]) == {"oom"} and len(bad) == 2  # q=2, B=2 at both L
+    assert bad["error"].str.contains("out of memory").all()
+    assert out["ok"] == len(df) - 2
+
+
+def test_a_model_that_cannot_fit_becomes_too_big_rows(tmp_path, monkeypatch):
+    import roofline.sweep as sw
+    monkeypatch.setattr(sw, "_fits", lambda *a: (False, "needs 1e12 GB"))
+    run_sweep(spec(), tmp_path, progress=False)
+    df = pd.read_csv(tmp_path / "points.csv")
+    assert (df["status"] == "too_big").all()
+
+
+@pytest.mark.parametrize("field, kw, msg", [
+    ("q", dict(q=(0,)), "q=\\[0\\]: allowed integers >= 1"),
+    ("B", dict(B=(1, -2)), "B=\\[-2\\]"),
+    ("L", dict(L=(255,)), "max_context"),
+    ("modes", dict(modes=("fast",)), "allowed \\('eager', 'graph'\\)"),
+    ("grid", dict(q=()), "no points"),
+    ("dtypes", dict(dtypes=("int8",)), "allowed"),
+    ("layers", dict(layers=2), "layers=2"),
+    ("graph on cpu", dict(modes=("graph",)), "needs device=cuda"),
+])
+def test_bad_input_fails_before_anything_is_written(tmp_path, field, kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        run_sweep(spec(**kw), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_unknown_timer_mode_names_the_field():
+    with pytest.raises(ConfigError, match="timer.mode"):
+        TimerSettings(mode="turbo")
+
+
+def test_a_run_folder_of_another_sweep_is_refused(tmp_path):
+    run_sweep(spec(), tmp_path, progress=False)
+    with pytest.raises(ConfigError, match="different sweep"):
+        run_sweep(spec(q=(1, 4)), tmp_path, progress=False)
+
+
+def test_torn_last_line_is_dropped_and_cut(tmp_path):
+    f = tmp_path / "points.jsonl"
+    f.write_text(json.dumps({"point_id": "a"}) + "\n" + '{"point_id": "b", "t_med')
+    assert [r["point_id"] for r in results.read_rows(f, repair=True)] == ["a"]
+    assert f.read_text().endswith("}\n")
+
+
+def test_layer_extrapolation_is_linear_in_depth():
+    base = dict(kind="forward", dtype="bfloat16", mode="eager", q=1, B=1, L=0, status="ok")
+    rows = [dict(base, layers_run=2, t_median_s=3.0, t_p10_s=2.9, t_p90_s=3.1),
+            dict(base, layers_run=4, t_median_s=5.0, t_p10_s=4.8, t_p90_s=5.2)]
+    full = extrapolate_layers(rows, 12)[0]
+    assert full["t_median_s"] == pytest.approx(1.0 + 12 * 1.0)  # a = 1 s, b = 1 s/layer
+    assert full["extrapolated"] and full["layers_measured"] == "2,4" and full["layers_run"] == 12
+
+
+def test_sliced_sweep_writes_extrapolated_full_depth_rows(tmp_path):
+    cfg = get_preset("tiny").scaled(layers=4)
+    run_sweep(spec(model=cfg, layers=1, q=(1,), B=(1,), L=(0,)), tmp_path, progress=False)
+    df = pd.read_csv(tmp_path / "points.csv")
+    full = df[df["extrapolated"] == True]  # noqa: E712
+    assert set(df["layers_run"]) == {1, 2, 4}
+    assert len(full) == 2 and (full["layers_run"] == 4).all()  # forward and mtp
+
+
+def _sweep_cmd(out_dir):
+    return [sys.executable, "-m", "experiments.sweep", "model=tiny", "q=[1,2,3,4,5,6]", "B=[1,2]", "L=[0,16,32]",
+            "timer.min_reps=20", "timer.max_reps=20", "timer.budget_s=10", "progress=false", f"out_dir={out_dir}"]
+
+
+def test_resume_after_a_kill_loses_and_repeats_nothing(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen(_sweep_cmd(out), cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    jsonl = out / "points.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not jsonl.exists() or len(jsonl.read_text().splitlines()) < 5):
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = results.read_rows(jsonl)
+    total = len(grid(spec(q=(1, 2, 3, 4, 5, 6), B=(1, 2), L=(0, 16, 32))))
+    assert 5 <= len(before) < total, "the kill must land mid-run"
+    done = subprocess.run(_sweep_cmd(out), cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    after = results.read_rows(jsonl)
+    ids = [r["point_id"] for r in after]
+    assert len(ids) == len(set(ids)) == total
+    assert summary["resumed"] == len(before) and summary["measured_now"] == total - len(before)
+    kept = {r["point_id"]: r["t_median_s"] for r in after}
+    assert all(kept[r["point_id"]] == r["t_median_s"] for r in before)
+
+
+def test_bad_input_exits_nonzero_naming_the_field(tmp_path):
+    for arg, msg in (("q=[0]", "q=[0]"), ("model=nope", "Available options in 'model'"),
+                     ("timer.mode=turbo", "timer.mode"), ("L=[99999]", "max_context")):
+        r = subprocess.run([sys.executable, "-m", "experiments.sweep", "model=tiny", arg,
+                            f"out_dir={tmp_path / 'x'}"], cwd=REPO_ROOT, capture_output=True, text=True)
+        assert r.returncode != 0 and msg in r.stderr + r.stdout, (arg, r.stderr)
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("launcher", ["basic", "submitit_local"])
+def test_multirun_aggregates_every_job_even_a_failed_one(tmp_path, launcher):
+    sweep_dir = tmp_path / "mr"
+    cmd = [sys.executable, "-m", "experiments.sweep", "-m", f"hydra/launcher={launcher}", "model=tiny",
+           "dtypes=[bfloat16],[float32]", "q=[1],[0]", "B=[1]", "L=[0]", "timer.min_reps=3",
+           "timer.budget_s=0.05", "progress=false", f"hydra.sweep.dir={sweep_dir}",
+           f"out_dir={tmp_path}/runs/${{hydra:job.num}}"]
+    r = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0, "a failed job makes the multirun exit non-zero"
+    agg = pd.read_csv(sweep_dir / "aggregate.csv")
+    assert set(agg["dtype"]) == {"bfloat16", "float32"}  # the two good jobs
+    assert len(agg) == 4  # forward + mtp each
+    summary = json.loads([l for l in r.stdout.splitlines() if l.startswith('{"aggregate"')][-1])
+    assert summary["jobs"] == 4 and len(summary["jobs_failed"]) == 2
