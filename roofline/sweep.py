@@ -343,3 +343,14 @@ def summary_table(df: "pd.DataFrame") -> "pd.DataFrame":
                             t_over_t1=r["t_median_s"] / t1, GBps=r["achieved_GBps"], TFLOPs=r["achieved_TFLOPs"]))
     import pandas as pd
     return pd.DataFrame(out)
+
+
+def slicing_error(full: "pd.DataFrame", sliced: "pd.DataFrame") -> "pd.DataFrame":
+    """Extrapolated full-depth times of a sliced run against a full-depth run of the same points:
+    relative error (extrapolated / measured − 1) per point."""
+    keys = ["kind", "dtype", "mode", "q", "B", "L"]
+    f = full[(full["status"] == "ok") & (full["layers_run"] == full["layers_full"]) & (~full["extrapolated"].astype(bool))]
+    s = sliced[sliced["extrapolated"].astype(bool)]
+    m = f[keys + ["t_median_s"]].merge(s[keys + ["t_median_s", "layers_measured"]], on=keys, suffixes=("_measured", "_extrapolated"))
+    m["rel_err"] = m["t_median_s_extrapolated"] / m["t_median_s_measured"] - 1
+    return m
