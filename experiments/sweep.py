@@ -23,7 +23,8 @@ def main(cfg) -> None:
         spec = SweepSpec(model=ModelConfig.from_dict(c["model"]), q=tuple(c["q"]), B=tuple(c["B"]),
                          L=tuple(c["L"]), dtypes=tuple(c["dtypes"]), modes=tuple(c["modes"]),
                          timer=TimerSettings(**c["timer"]), device=c["device"], layers=c["layers"],
-                         mtp_q=tuple(c["mtp_q"]), seed=c["seed"], overrides=tuple(c["overrides"]))
+                         mtp_q=tuple(c["mtp_q"]), seed=c["seed"], ceilings=c["ceilings"] or "",
+                         overrides=tuple(c["overrides"]))
         run_dir = Path(c["out_dir"]) if c["out_dir"] else spec.default_out_dir(RUNS_ROOT)
         summary = run_sweep(spec, run_dir, progress=c["progress"])
         print(summary_table_text(run_dir))

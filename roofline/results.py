@@ -29,7 +29,10 @@ TIMING_COLUMNS = ["t_median_s", "t_p10_s", "t_p90_s", "t_mean_s", "t_min_s", "t_
 PHYSICS_COLUMNS = ["kv_len", "tokens", "moe_impl", "experts_touched", "weight_bytes", "expert_bytes",
                    "kv_read_bytes", "kv_write_bytes", "embed_bytes", "activation_bytes_est", "bytes_total",
                    "flops_matmul", "flops_attention", "flops", "intensity", "achieved_GBps",
-                   "achieved_TFLOPs", "tokens_per_s", "ridge_datasheet", "bound_datasheet"]
+                   "achieved_TFLOPs", "tokens_per_s", "ridge_datasheet", "bound_datasheet",
+                   "pct_datasheet_bw", "pct_datasheet_flops"]
+CEILING_COLUMNS = ["ceiling_bw_GBps", "ceiling_TFLOPs", "ridge_measured", "pct_measured_bw",
+                   "pct_measured_flops", "bound_measured"]  # present when the sweep had a ceilings file
 STATUS_COLUMNS = ["status", "error", "extrapolated", "schema_version"]
 
 
@@ -67,7 +70,8 @@ def read_rows(path: Path, repair: bool = False) -> list[dict]:
 
 def to_frame(rows: Iterable[dict]) -> pd.DataFrame:
     df = pd.DataFrame(list(rows))
-    order = [c for c in KEY_COLUMNS + TIMING_COLUMNS + PHYSICS_COLUMNS + STATUS_COLUMNS if c in df.columns]
+    known = KEY_COLUMNS + TIMING_COLUMNS + PHYSICS_COLUMNS + CEILING_COLUMNS + STATUS_COLUMNS
+    order = [c for c in known if c in df.columns]
     return df[order + [c for c in df.columns if c not in order]]
 
 

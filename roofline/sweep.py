@@ -54,6 +54,7 @@ class SweepSpec:
     layers: int = 0  # 0: full depth; n: measure n and 2n layers, extrapolate
     mtp_q: tuple[int, ...] = (1,)  # q of the MTP drafter step (presets with MTP only)
     seed: int = 0
+    ceilings: str = ""  # a ceilings.json (roofline.ceilings); rows then give % of measured ceilings
     out_dir: str = ""
     overrides: tuple[str, ...] = ()
 
@@ -89,7 +90,7 @@ class SweepSpec:
     def fingerprint(self) -> str:
         """What identifies the measurement (not where it is written)."""
         d = dataclasses.asdict(self)
-        d.pop("out_dir"), d.pop("overrides")
+        d.pop("out_dir"), d.pop("overrides"), d.pop("ceilings")
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
     def default_out_dir(self, root: Path) -> Path:
@@ -226,6 +227,26 @@ def _bound(row: dict, ridge: float | None) -> dict:
     return dict(ridge_datasheet=ridge, bound_datasheet="memory" if row["intensity"] < ridge else "compute")
 
 
+def ceiling_columns(row: dict, dtype: str, measured: dict | None, datasheet) -> dict:
+    """Achieved bandwidth and FLOP/s as % of the measured and of the datasheet ceiling, side
+    by side, and the bound regime against the measured ridge."""
+    from roofline.specs import canonical_dtype
+    short = canonical_dtype(dtype)
+    pct = lambda v, c: None if not c or v is None else 100.0 * v / c
+    out = dict(pct_datasheet_bw=pct(row.get("achieved_GBps"), datasheet.mem_bw_GBps),
+               pct_datasheet_flops=pct(row.get("achieved_TFLOPs"), (datasheet.peak_flops(short) or 0) / 1e12))
+    if measured:
+        summ = measured["summary"]
+        peaks = summ.get("peak_tflops") or {}
+        bw, tf = summ.get("mem_bw_GBps"), peaks.get(dtype_name(dtype), peaks.get(short))
+        ridge = tf * 1e12 / (bw * 1e9) if bw and tf else None
+        out.update(ceiling_bw_GBps=bw, ceiling_TFLOPs=tf, ridge_measured=ridge,
+                   pct_measured_bw=pct(row.get("achieved_GBps"), bw),
+                   pct_measured_flops=pct(row.get("achieved_TFLOPs"), tf),
+                   bound_measured=None if ridge is None else ("memory" if row["intensity"] < ridge else "compute"))
+    return out
+
+
 def extrapolate_layers(rows: list[dict], layers_full: int) -> list[dict]:
     """Full-depth rows from n- and 2n-layer rows of the same point: T = a + layers·b, and the
     physics recomputed for the full model by the caller's cost function."""
@@ -249,11 +270,11 @@ def extrapolate_layers(rows: list[dict], layers_full: int) -> list[dict]:
     return out
 
 
-def finalize(spec: SweepSpec, run_dir: Path, rows: list[dict]) -> "pd.DataFrame":
+def finalize(spec: SweepSpec, run_dir: Path, rows: list[dict], measured: dict | None = None) -> "pd.DataFrame":
     """points.csv: measured rows, plus extrapolated full-depth rows when slicing."""
     table = list(rows)
     if spec.layers:
-        ridge = spec_for_running_device(spec.device)[0].ridge
+        dev_spec = spec_for_running_device(spec.device)[0]
         for r in extrapolate_layers(rows, spec.model.layers):
             c = (forward_cost if r["kind"] == "forward" else mtp_cost)(
                 spec.model, r["dtype"], r["B"], r["q"], r["L"], r["kv_len"], r["moe_impl"])
@@ -261,7 +282,8 @@ def finalize(spec: SweepSpec, run_dir: Path, rows: list[dict]) -> "pd.DataFrame"
             t = r["t_median_s"]
             r.update(achieved_GBps=c.bytes_total / t / 1e9, achieved_TFLOPs=c.flops / t / 1e12,
                      tokens_per_s=r["B"] * r["q"] / t, point_id=r["point_id"] + "|extrapolated",
-                     **_bound(r, ridge(r["dtype"])))
+                     **_bound(r, dev_spec.ridge(r["dtype"])))
+            r.update(ceiling_columns(r, r["dtype"], measured, dev_spec))
             table.append(r)
     return results.write_csv(table, run_dir / "points.csv")
 
@@ -292,6 +314,10 @@ def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
     todo = [p for p in points if p.point_id not in done]
     prov = provenance.collect(spec.device)
     dev_spec, _ = spec_for_running_device(spec.device)
+    measured = None
+    if spec.ceilings:
+        from roofline.ceilings import load_ceilings
+        measured = load_ceilings(spec.ceilings)
     jsonl = run_dir / "points.jsonl"
     bar = tqdm(total=len(points), initial=len(points) - len(todo), desc=f"sweep {spec.model.name}",
                unit="pt", disable=not progress, file=sys.stderr)
@@ -313,7 +339,8 @@ def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
                 if setup_error is not None:
                     raise setup_error
                 row = measure(w, p, spec.timer)
-                row.update(status="ok", error=None, **_bound(row, dev_spec.ridge(p.dtype)))
+                row.update(status="ok", error=None, **_bound(row, dev_spec.ridge(p.dtype)),
+                           **ceiling_columns(row, p.dtype, measured, dev_spec))
             except Exception as e:
                 status = "too_big" if str(e).startswith("too_big") else _failure_status(e)
                 row = dict(status=status, error=f"{type(e).__name__}: {e}"[:500])
@@ -325,7 +352,7 @@ def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
             torch.cuda.empty_cache()
     bar.close()
     rows = results.read_rows(jsonl)
-    df = finalize(spec, run_dir, rows)
+    df = finalize(spec, run_dir, rows, measured)
     ok = sum(r["status"] == "ok" for r in rows)
     return dict(run_dir=str(run_dir), points=len(points), measured_now=new, resumed=len(points) - len(todo),
                 ok=ok, failed=len(rows) - ok, wall_s=round(time.time() - t0, 2), rows=len(df))

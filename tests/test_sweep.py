@@ -170,3 +170,15 @@ def test_multirun_aggregates_every_job_even_a_failed_one(tmp_path, launcher):
     assert len(agg) == 4  # forward + mtp each
     summary = json.loads([l for l in r.stdout.splitlines() if l.startswith('{"aggregate"')][-1])
     assert summary["jobs"] == 4 and len(summary["jobs_failed"]) == 2
+
+
+def test_ceiling_columns_give_measured_and_datasheet_percentages_side_by_side():
+    from roofline.specs import get_spec
+    from roofline.sweep import ceiling_columns
+    measured = {"summary": {"mem_bw_GBps": 4000.0, "peak_tflops": {"bfloat16": 800.0}}}
+    row = dict(achieved_GBps=3000.0, achieved_TFLOPs=10.0, intensity=3.0)
+    c = ceiling_columns(row, "bfloat16", measured, get_spec("h200_sxm"))
+    assert c["pct_measured_bw"] == pytest.approx(75.0)
+    assert c["pct_datasheet_bw"] == pytest.approx(62.5)  # of 4800 GB/s
+    assert c["pct_measured_flops"] == pytest.approx(1.25)
+    assert c["ridge_measured"] == pytest.approx(200.0) and c["bound_measured"] == "memory"
