@@ -1,0 +1,222 @@
+"""Figures of a run folder, from a synthetic run with CPU-like physics (design.md §5): a 0.43 GB
+bf16 model decoding at ~19 GB/s, step time flat to q≈8 then linear."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from roofline import plots
+from roofline.results import append_row, write_csv
+from roofline.specs import get_spec
+
+WEIGHT_BYTES = 0.43e9
+PARAMS = WEIGHT_BYTES / 2  # bf16
+LAYERS, KV_ELEMS, D, HEAD_FLOPS = 4, 2 * 4 * 128, 2048, 2048  # kv heads x head dim x 2 (K,V); d; h x d_h
+# T(tokens)/T(1) measured on the project's CPUs (design.md §5), extended linearly past 128.
+RATIO_TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+RATIO = [1.0, 0.99, 0.97, 1.15, 1.5, 2.2, 3.8, 6.9, 13.5, 26.5]
+BW_Q1 = 19e9
+MEASURED_BW_GBPS, MEASURED_BF16_TFLOPS = 21.0, 0.42
+PROVENANCE = dict(device="cpu", device_name="AMD EPYC 9R14 (synthetic)", cpu_model="AMD EPYC 9R14 (synthetic)",
+                  torch_version="2.13.0+cpu", threads=2, git_commit="0123456789ab",
+                  time_utc="2026-03-01T12:00:00+00:00", schema_version=1)
+
+
+def physics(kind: str, q: int, B: int, L: int, weight_bytes: float = WEIGHT_BYTES) -> dict:
+    tokens = B * q
+    kv_read = B * LAYERS * KV_ELEMS * (L + q) * 2
+    kv_write = B * LAYERS * KV_ELEMS * q * 2
+    embed = tokens * D * 2
+    total = weight_bytes + kv_read + kv_write + embed
+    flops = 2 * (weight_bytes / 2) * tokens + 4 * B * q * (L + q / 2) * HEAD_FLOPS * LAYERS
+    return dict(kv_len=L + q, tokens=tokens, weight_bytes=weight_bytes, kv_read_bytes=kv_read,
+                kv_write_bytes=kv_write, embed_bytes=embed, bytes_total=total, flops=flops,
+                intensity=flops / total)
+
+
+def make_synthetic_run(run_dir: Path, ceilings: bool = True, datasheet: bool = True, seed: int = 0) -> Path:
+    """points.jsonl + points.csv (+ run.json, ceilings.json) of a small CPU sweep: q 1..128,
+    B in {1, 4}, L in {0, 4096}, two MTP points and one failed (oom) point."""
+    rng = np.random.default_rng(seed)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    grid = [("forward", q, B, L) for B in (1, 4) for L in (0, 4096) for q in (1, 2, 4, 8, 16, 32, 64, 128)]
+    grid += [("mtp", 1, 1, 0), ("mtp", 1, 4, 0)]
+    for n, (kind, q, B, L) in enumerate(grid):
+        key = dict(point_id=f"p{n:03d}", kind=kind, model="cpu-demo", dtype="bfloat16", mode="eager",
+                   q=q, B=B, L=L, layers_run=LAYERS, layers_full=LAYERS)
+        if (B, L, q) == (4, 4096, 128):
+            rows.append(key | PROVENANCE | dict(status="oom", error="RuntimeError: DefaultCPUAllocator: "
+                                                "can't allocate memory: you tried to allocate 4294967296 bytes",
+                                                extrapolated=False, t_l2="warm", t_threads=2))
+            continue
+        p = physics(kind, q, B, L, WEIGHT_BYTES if kind == "forward" else 0.16e9)
+        t = p["bytes_total"] / BW_Q1 * np.interp(np.log2(B * q), np.log2(RATIO_TOKENS), RATIO)
+        t *= 1 + 0.01 * rng.standard_normal()
+        timing = dict(t_median_s=t, t_p10_s=0.97 * t, t_p90_s=1.05 * t, t_cv=0.03, t_n=15, t_l2="warm", t_threads=2)
+        derived = dict(achieved_GBps=p["bytes_total"] / t / 1e9, achieved_TFLOPs=p["flops"] / t / 1e12,
+                       tokens_per_s=B * q / t, ridge_datasheet=None, bound_datasheet=None)
+        rows.append(key | timing | p | derived | PROVENANCE | dict(status="ok", error=None, extrapolated=False))
+    for row in rows:
+        append_row(run_dir / "points.jsonl", row)
+    write_csv(rows, run_dir / "points.csv")
+    (run_dir / "run.json").write_text(json.dumps({"model": "cpu-demo", "dtype": "bfloat16", "device": "cpu",
+                                                  "mode": "eager", "l2": "warm"}))
+    if ceilings:
+        (run_dir / "ceilings.json").write_text(json.dumps(synthetic_ceilings(datasheet)))
+    return run_dir
+
+
+def synthetic_ceilings(datasheet: bool = True) -> dict:
+    bandwidth = []
+    for kernel, scale in (("copy", 0.9), ("triad", 1.0)):
+        for l2 in ("warm", "cold"):
+            for e in range(16, 32):
+                ws = 2 ** e
+                in_cache = ws <= 32 * 2**20
+                gbps = scale * (MEASURED_BW_GBPS if not in_cache else (150.0 if ws <= 2**20 else 60.0))
+                if l2 == "cold" and in_cache:
+                    gbps = scale * MEASURED_BW_GBPS * 0.95
+                bandwidth.append(dict(kernel=kernel, variant="torch", dtype="fp32", l2=l2, working_set_bytes=ws,
+                                      bytes_moved=ws, t_median_s=ws / gbps / 1e9, t_p10_s=None, t_p90_s=None,
+                                      GBps=gbps, pct_datasheet=100 * gbps / 38.4 if datasheet else None))
+    return {
+        "schema_version": 1,
+        "provenance": {k: PROVENANCE[k] for k in ("device", "device_name", "torch_version", "git_commit",
+                                                   "time_utc")},
+        "datasheet": ({"key": "synthetic", "name": "synthetic test datasheet", "mem_bw_GBps": 38.4,
+                       "peak_tflops": {"bf16": 1.2, "fp32": 0.6}, "cache_bytes": 32 * 2**20}
+                      if datasheet else None),
+        "bandwidth": bandwidth,
+        "matmul": [dict(kind="square", name="4096^3", dtype="bf16", M=4096, N=4096, K=4096, t_median_s=0.33,
+                        TFLOPs=MEASURED_BF16_TFLOPS, GBps=0.3, pct_datasheet_flops=35.0)],
+        "telemetry": [],
+        "summary": {"mem_bw_GBps": MEASURED_BW_GBPS, "mem_bw_kernel": "triad",
+                    "peak_tflops": {"bf16": MEASURED_BF16_TFLOPS},
+                    "ridge_measured": {"bf16": MEASURED_BF16_TFLOPS * 1e12 / (MEASURED_BW_GBPS * 1e9)},
+                    "cache_bytes": 32 * 2**20},
+    }
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    return make_synthetic_run(tmp_path_factory.mktemp("run"))
+
+
+@pytest.fixture(scope="module")
+def frame(run) -> pd.DataFrame:
+    return pd.read_csv(run / "points.csv")
+
+
+@pytest.fixture(scope="module")
+def ceilings(run) -> dict:
+    return json.loads((run / "ceilings.json").read_text())
+
+
+def _texts(fig) -> str:
+    out = [t.get_text() for t in fig.texts]
+    for ax in fig.axes:
+        out += [ax.get_title(), ax.get_xlabel(), ax.get_ylabel()] + [t.get_text() for t in ax.texts]
+        if ax.get_legend():
+            out += [t.get_text() for t in ax.get_legend().get_texts()]
+    return "\n".join(out)
+
+
+def test_every_figure_is_written_as_png_and_svg(frame, ceilings, tmp_path):
+    figs = plots.plot_all(frame, ceilings, None, tmp_path)
+    assert set(figs.paths) == set(plots.BUILDERS) and not figs.skipped
+    for paths in figs.paths.values():
+        assert {p.suffix for p in paths} == {".png", ".svg"}
+        assert all(p.stat().st_size > 10_000 for p in paths)
+
+
+@pytest.mark.parametrize("name", list(plots.BUILDERS))
+def test_footer_names_device_dtype_timer_l2_and_date(name, frame, ceilings):
+    for fig in plots.BUILDERS[name](frame, ceilings, None).values():
+        footer = fig.texts[-1].get_text()
+        for needle in ("AMD EPYC 9R14 (synthetic)", "timer: eager", "L2 warm", "2026-03-01"):
+            assert needle in footer
+        assert ("bfloat16" if name != "bandwidth_vs_working_set" else "fp32") in footer
+
+
+def test_step_time_prediction_is_max_of_memory_and_compute_time(frame, ceilings):
+    fig = plots.build_step_time_vs_q(frame, ceilings, None)["step_time_vs_q_bf16"]
+    ax = fig.axes[0]
+    lines = {ln.get_label(): ln for ln in ax.lines}
+    bw, F = MEASURED_BW_GBPS * 1e9, MEASURED_BF16_TFLOPS * 1e12
+    # B=1, L=0, q=1: 0.43 GB + 16 KiB KV + 4 KiB embedding at 21 GB/s -> memory-bound, 20.478 ms
+    dec = lines[f"{plots.PREDICTION_LABEL}: B=1, L=0"]
+    bytes_dec = 0.43e9 + 4 * 1024 * 1 * 2 + 4 * 1024 * 1 * 2 + 2048 * 2
+    assert bytes_dec / bw > 2 * 0.43e9 / F
+    assert dec.get_ydata()[0] == pytest.approx(1e3 * bytes_dec / bw, rel=1e-9)
+    assert dec.get_ydata()[0] == pytest.approx(20.478, abs=1e-3)
+    # B=4, L=0, q=128: 512 tokens x 2 x 0.215 G params -> compute-bound at 0.42 TFLOP/s
+    big = lines[f"{plots.PREDICTION_LABEL}: B=4, L=0"]
+    row = frame[(frame.kind == "forward") & (frame.B == 4) & (frame.L == 0) & (frame.q == 128)].iloc[0]
+    assert row["flops"] / F > row["bytes_total"] / bw
+    assert big.get_xdata()[-1] == 128
+    assert big.get_ydata()[-1] == pytest.approx(1e3 * max(row["bytes_total"] / bw, row["flops"] / F), rel=1e-9)
+
+
+def test_prediction_falls_back_to_the_datasheet_without_measured_ceilings():
+    roofs = plots.roofs_for("bfloat16", None, get_spec("h200_sxm"))
+    assert roofs.for_prediction() == (4800e9, 989.5e12, "datasheet")
+    assert roofs.ridge_datasheet == pytest.approx(206.1, abs=0.1)
+    one = pd.DataFrame({"bytes_total": [4.8e9], "flops": [989.5e12 * 2]})
+    assert plots.predict_step_time(one, roofs).iloc[0] == pytest.approx(2.0)
+
+
+def test_roofline_draws_measured_solid_datasheet_dashed_and_both_ridges(frame, ceilings):
+    fig = plots.build_roofline(frame, ceilings, None)["roofline_bf16"]
+    ax = fig.axes[0]
+    styles = {ln.get_label().split(" roof")[0]: ln.get_linestyle() for ln in ax.lines if " roof:" in ln.get_label()}
+    assert styles == {"measured": "-", "datasheet": "--"}
+    measured = next(ln for ln in ax.lines if ln.get_label().startswith("measured roof"))
+    x, y = measured.get_xdata(), measured.get_ydata()
+    np.testing.assert_allclose(y, np.minimum(21e9 * x, 0.42e12) / 1e12, rtol=1e-12)
+    text = _texts(fig)
+    assert "ridge 20 FLOP/B\n(measured)" in text and "ridge 31.2 FLOP/B\n(datasheet)" in text
+    n_ok = int(((frame.status == "ok")).sum())
+    assert sum(len(c.get_offsets()) for c in ax.collections) == n_ok
+
+
+def test_figures_without_their_data_are_skipped_with_a_reason(frame, tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="roofline.plots"):
+        assert plots.plot_bandwidth_vs_working_set(frame, None, None, tmp_path) == []
+        assert plots.plot_utilisation_vs_batch(frame, None, None, tmp_path) == []
+    assert list(tmp_path.iterdir()) == []
+    assert "bandwidth_vs_working_set skipped: no bandwidth rows" in caplog.text
+    assert "utilisation_vs_batch skipped: no measured or datasheet ceiling" in caplog.text
+
+
+def test_failed_rows_are_not_plotted(frame, ceilings):
+    only_failed = frame[frame.status != "ok"]
+    with pytest.raises(plots.Skip):
+        plots.build_step_time_vs_q(only_failed, ceilings, None)
+
+
+def test_pick_q_keeps_one_and_spreads_the_rest():
+    assert plots.pick_q([1, 2, 4, 8, 16, 32, 64, 128]) == [1, 4, 32, 128]
+    assert plots.pick_q([1, 2]) == [1, 2]
+
+
+def test_layer_sliced_depths_get_their_own_lines(frame, ceilings):
+    sliced = pd.concat([frame.assign(layers_run=2), frame.assign(layers_run=4)], ignore_index=True)
+    fig = plots.build_step_time_vs_q(sliced, ceilings, None)["step_time_vs_q_bf16"]
+    labels = fig.axes[0].get_legend().get_texts()
+    assert "layers=2, B=1, L=0" in [t.get_text() for t in labels]
+    for line in fig.axes[0].lines:
+        assert np.all(np.diff(line.get_xdata()) > 0)  # one point per q on every line
+
+
+def test_ceilings_with_torch_dtype_names_give_the_same_roofs(ceilings):
+    long = json.loads(json.dumps(ceilings))
+    long["summary"]["peak_tflops"] = {"bfloat16": MEASURED_BF16_TFLOPS}
+    long["datasheet"]["peak_tflops"] = {"bfloat16": 1.2, "float32": 0.6}
+    assert plots.roofs_for("bf16", long, None) == plots.roofs_for("bfloat16", ceilings, None)
