@@ -1,0 +1,182 @@
+"""Device telemetry around a measurement: clocks, power, temperature and throttling.
+
+A bandwidth or FLOP ceiling measured while the GPU was power- or thermally-capped is a
+ceiling of that state, not of the device. NVML says why clocks are below their maximum as a
+bitmask of "clock event" (formerly "throttle") reasons; we record it before and after each
+measured block and flag a block `throttled` when a reason that lowers clocks under load is
+set (power cap, thermal or hardware slowdown). GPU idle, application-clock settings, sync
+boost and display settings are not throttling.
+
+NVML comes from the maintained binding `pynvml` (pip package nvidia-ml-py). Without it, or
+on the CPU, a snapshot is {"available": False, ...}; on the CPU it adds the current core
+frequency from psutil where the platform reports one. Snapshots never raise: telemetry must
+not break a measurement.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import time
+from typing import Iterator
+
+import torch
+
+# NVML's nvmlClocksEventReason* / nvmlClocksThrottleReason* bits (nvml.h; stable ABI).
+THROTTLE_BITS = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clock_setting": 0x100,
+}
+# Reasons that pull clocks down while the device is busy: the measurement is of a capped state.
+THROTTLING = ("sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
+              "hw_power_brake_slowdown")
+
+
+def decode_reasons(bitmask: int) -> list[str]:
+    """Names of the set bits, in bit order; unknown bits as hex."""
+    names = [name for name, bit in THROTTLE_BITS.items() if bitmask & bit]
+    unknown = bitmask & ~sum(THROTTLE_BITS.values())
+    return names + ([hex(unknown)] if unknown else [])
+
+
+def is_throttled(bitmask: int) -> bool:
+    return any(bitmask & THROTTLE_BITS[name] for name in THROTTLING)
+
+
+def _pynvml():
+    try:
+        return importlib.import_module("pynvml")
+    except ImportError:
+        return None
+
+
+def nvml_available() -> bool:
+    nvml = _pynvml()
+    if nvml is None:
+        return False
+    try:
+        nvml.nvmlInit()
+        nvml.nvmlShutdown()
+        return True
+    except Exception:
+        return False
+
+
+def _cpu_freq_mhz() -> float | None:
+    try:
+        import psutil
+
+        freq = psutil.cpu_freq()
+        return None if freq is None or not freq.current else float(freq.current)
+    except Exception:  # not implemented on this platform, or no psutil
+        return None
+
+
+def _query(fn, *args):
+    """One NVML field; None where the device does not support it."""
+    try:
+        return fn(*args)
+    except Exception:
+        return None
+
+
+def _reasons(nvml, handle) -> int | None:
+    getter = (getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+              or getattr(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None))
+    return None if getter is None else _query(getter, handle)
+
+
+def snapshot(device_index: int | None = 0) -> dict:
+    """Clocks (MHz), power (W), temperature (°C) and throttle reasons of NVML device
+    `device_index`; `None` means the CPU. Fields NVML cannot read are None."""
+    if device_index is None:
+        return {"available": False, "reason": "cpu", "cpu_freq_mhz": _cpu_freq_mhz()}
+    nvml = _pynvml()
+    if nvml is None:
+        return {"available": False, "reason": "pynvml not installed (pip install nvidia-ml-py)"}
+    try:
+        nvml.nvmlInit()
+    except Exception as e:
+        return {"available": False, "reason": f"nvmlInit failed: {e}"}
+    try:
+        h = nvml.nvmlDeviceGetHandleByIndex(device_index)
+        power_mw = _query(nvml.nvmlDeviceGetPowerUsage, h)
+        bitmask = _reasons(nvml, h)
+        return {
+            "available": True,
+            "device_index": device_index,
+            "sm_clock_mhz": _query(nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM),
+            "mem_clock_mhz": _query(nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_MEM),
+            "power_w": None if power_mw is None else power_mw / 1000.0,
+            "temperature_c": _query(nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU),
+            "throttle_reasons": None if bitmask is None else {
+                "bitmask": int(bitmask), "names": decode_reasons(int(bitmask))},
+            "throttled": None if bitmask is None else is_throttled(int(bitmask)),
+        }
+    except Exception as e:
+        return {"available": False, "reason": f"NVML query failed: {e}"}
+    finally:
+        _query(nvml.nvmlShutdown)
+
+
+def nvml_index(device: str | torch.device) -> int | None:
+    """The NVML index of a torch device; None for the CPU.
+
+    NVML numbers all GPUs of the machine, CUDA only the visible ones, so the two differ
+    under CUDA_VISIBLE_DEVICES; the device's UUID, known to both, maps one to the other.
+    """
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return None
+    index = dev.index if dev.index is not None else 0
+    nvml = _pynvml()
+    try:
+        uuid = str(torch.cuda.get_device_properties(index).uuid)
+        nvml.nvmlInit()
+        try:
+            handle = nvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}".encode())
+            return int(nvml.nvmlDeviceGetIndex(handle))
+        finally:
+            nvml.nvmlShutdown()
+    except Exception:
+        return index
+
+
+class Telemetry:
+    """Records a snapshot before and after each named block of a measurement."""
+
+    def __init__(self, device: str | torch.device = "cpu") -> None:
+        self.device = str(device)
+        self.index = nvml_index(device)
+        self.records: list[dict] = []
+
+    @contextlib.contextmanager
+    def block(self, name: str) -> Iterator[dict]:
+        """`with tel.block("bandwidth/torch_copy"):` appends {"block", "before", "after",
+        "wall_s", "throttled"}; throttled is None when it could not be read."""
+        record = {"block": name, "before": snapshot(self.index)}
+        t0 = time.perf_counter()
+        try:
+            yield record
+        finally:
+            record["wall_s"] = time.perf_counter() - t0
+            record["after"] = snapshot(self.index)
+            flags = [s.get("throttled") for s in (record["before"], record["after"])]
+            known = [f for f in flags if f is not None]
+            record["throttled"] = any(known) if known else None
+            self.records.append(record)
+
+    @property
+    def throttled(self) -> bool | None:
+        """True if any block was throttled, False if all were read and none was, else None."""
+        flags = [r["throttled"] for r in self.records]
+        if any(f is True for f in flags):
+            return True
+        return False if flags and all(f is False for f in flags) else None

@@ -1,0 +1,306 @@
+"""Measured ceilings: schema, the arithmetic of every rate, the summary's choice, files,
+decode GEMM shapes, correctness before timing, bad input, and the entry point."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from roofline import ceilings, kernels
+from roofline.ceilings import (BANDWIDTH_COLUMNS, MATMUL_COLUMNS, SUMMARY_KEYS, TOP_KEYS,
+                               CeilingsSpec, check_gemm, decode_gemm_shapes, load_ceilings,
+                               measure_ceilings, summarize, write_ceilings)
+from roofline.config import ConfigError
+from roofline.presets import get_preset
+from roofline.timing import TimerSettings
+
+REPO = Path(__file__).resolve().parents[1]
+KiB, MiB = 2**10, 2**20
+FAST = TimerSettings(warmup=0, min_reps=2, max_reps=2, budget_s=5.0, l2_bytes=64 * KiB)
+
+
+def tiny_spec(**changes) -> CeilingsSpec:
+    base = dict(device="cpu", dtypes=("float32",), working_sets=(16 * KiB, 256 * KiB),
+                kernels=("torch_copy", "torch_read"), square_sizes=(48,),
+                decode_model=get_preset("tiny"), decode_ms=(1, 4), timer=FAST)
+    return CeilingsSpec(**{**base, **changes})
+
+
+@pytest.fixture(scope="module")
+def result():
+    torch.manual_seed(0)
+    return measure_ceilings(tiny_spec())
+
+
+# ----------------------------------------------------------------------------- schema
+
+
+def test_document_has_every_key(result):
+    assert list(result) == TOP_KEYS
+    assert result["schema_version"] == 1
+    assert set(SUMMARY_KEYS) <= set(result["summary"])
+    assert result["datasheet"] is None  # the CPU row is measured only
+    for key in ("device_name", "torch_version", "threads", "git_commit", "config"):
+        assert key in result["provenance"]
+
+
+def test_rows_have_exactly_the_schema_columns(result):
+    assert result["bandwidth"] and result["matmul"]
+    assert all(list(r) == BANDWIDTH_COLUMNS for r in result["bandwidth"])
+    assert all(list(r) == MATMUL_COLUMNS for r in result["matmul"])
+
+
+def test_one_bandwidth_row_per_kernel_dtype_working_set_and_l2_mode(result):
+    keys = {(r["kernel"], r["dtype"], r["l2"], r["working_set_bytes"] // KiB)
+            for r in result["bandwidth"]}
+    assert len(keys) == len(result["bandwidth"]) == 2 * 1 * 2 * 2
+
+
+def test_working_set_covers_the_nominal_size(result):
+    for r in result["bandwidth"]:
+        nominal = 16 * KiB if r["working_set_bytes"] < 100 * KiB else 256 * KiB
+        assert nominal <= r["working_set_bytes"] <= nominal + 64
+
+
+def test_gbps_is_bytes_over_median(result):
+    for r in result["bandwidth"]:
+        assert r["GBps"] == r["bytes_moved"] / r["t_median_s"] / 1e9
+        assert r["t_p10_s"] <= r["t_median_s"] <= r["t_p90_s"]
+        assert r["pct_datasheet"] is None
+
+
+def test_copy_moves_read_plus_written_bytes(result):
+    for r in result["bandwidth"]:
+        if r["kernel"] == "torch_copy":
+            assert r["bytes_moved"] == r["working_set_bytes"]
+
+
+def test_matmul_rates_follow_flops_and_bytes(result):
+    for r in result["matmul"]:
+        M, N, K, t = r["M"], r["N"], r["K"], r["t_median_s"]
+        assert r["TFLOPs"] == pytest.approx(2 * M * N * K / t / 1e12, rel=1e-12)
+        assert r["GBps"] == pytest.approx((M * K + N * K + M * N) * 4 / t / 1e9, rel=1e-12)
+
+
+def test_matmul_rows_cover_square_and_every_decode_shape(result):
+    square = [r for r in result["matmul"] if r["kind"] == "square"]
+    decode = {(r["name"], r["N"], r["K"], r["M"]) for r in result["matmul"] if r["kind"] == "decode"}
+    assert [(r["M"], r["N"], r["K"]) for r in square] == [(48, 48, 48)]
+    assert decode == {(n, N, K, M) for n, N, K in decode_gemm_shapes(get_preset("tiny"))
+                      for M in (1, 4)}
+
+
+def test_telemetry_brackets_every_block(result):
+    blocks = [t["block"] for t in result["telemetry"]]
+    assert "bandwidth/torch_copy/float32" in blocks and "matmul/decode/float32" in blocks
+    assert all(t["before"]["available"] is False for t in result["telemetry"])
+
+
+def test_summary_ridge_is_peak_over_bandwidth(result):
+    s = result["summary"]
+    assert s["cache_bytes"] == 64 * KiB
+    assert s["peak_tflops"]["float32"] == max(r["TFLOPs"] for r in result["matmul"]
+                                              if r["kind"] == "square")
+    assert s["ridge_measured"]["float32"] == pytest.approx(
+        s["peak_tflops"]["float32"] * 1e12 / (s["mem_bw_GBps"] * 1e9), rel=1e-12)
+
+
+# ----------------------------------------------------------------------------- summary
+
+
+def bw_row(kernel, ws, gbps, l2="cold"):
+    return dict(kernel=kernel, variant="torch", dtype="float32", l2=l2, working_set_bytes=ws,
+                bytes_moved=ws, t_median_s=ws / gbps / 1e9, t_p10_s=0, t_p90_s=0, GBps=gbps,
+                pct_datasheet=None)
+
+
+def test_summary_takes_the_best_kernel_at_large_working_sets_only():
+    cache = 32 * MiB
+    rows = [bw_row("torch_copy", 1 * MiB, 900.0),  # cache-resident: must not win
+            bw_row("torch_copy", 128 * MiB, 20.0), bw_row("torch_copy", 512 * MiB, 22.0),
+            bw_row("torch_read", 512 * MiB, 25.0), bw_row("torch_read", 512 * MiB, 99.0, "warm")]
+    s = summarize(rows, [], cache)
+    assert (s["mem_bw_GBps"], s["mem_bw_kernel"]) == (25.0, "torch_read")
+    assert s["mem_bw_by_kernel"] == {"torch_copy": 22.0, "torch_read": 25.0}
+
+
+def test_summary_falls_back_to_the_largest_measured_working_set():
+    rows = [bw_row("torch_copy", 1 * MiB, 900.0), bw_row("torch_copy", 4 * MiB, 40.0)]
+    s = summarize(rows, [], 64 * MiB)
+    assert (s["mem_bw_GBps"], s["mem_bw_kernel"]) == (40.0, "torch_copy")
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def test_write_then_load_round_trips(result, tmp_path):
+    run = write_ceilings(result, tmp_path / "run")
+    assert {p.name for p in run.iterdir()} == {"ceilings.json", "ceilings_bandwidth.csv",
+                                               "ceilings_matmul.csv"}
+    assert load_ceilings(run) == json.loads(json.dumps(result, default=str))
+    import pandas as pd
+    assert list(pd.read_csv(run / "ceilings_bandwidth.csv").columns) == BANDWIDTH_COLUMNS
+    assert len(pd.read_csv(run / "ceilings_matmul.csv")) == len(result["matmul"])
+
+
+def test_load_rejects_a_file_missing_a_summary_key(result, tmp_path):
+    doc = json.loads(json.dumps(result, default=str))
+    del doc["summary"]["ridge_measured"]
+    path = tmp_path / "ceilings.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="ridge_measured"):
+        load_ceilings(path)
+
+
+def test_load_rejects_another_schema_version(result, tmp_path):
+    doc = json.loads(json.dumps(result, default=str))
+    doc["schema_version"] = 2
+    (tmp_path / "ceilings.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="schema_version"):
+        load_ceilings(tmp_path)
+
+
+# ----------------------------------------------------------------------------- shapes
+
+
+def test_decode_gemm_shapes_llama_3_1_8b():
+    assert decode_gemm_shapes(get_preset("llama-3.1-8b")) == [
+        ("qkv_proj", (32 + 2 * 8) * 128, 4096),
+        ("o_proj", 4096, 32 * 128),
+        ("ffn_up", 14336, 4096),
+        ("ffn_down", 4096, 14336),
+        ("lm_head", 128256, 4096),
+    ]
+
+
+def test_decode_gemm_shapes_mla_moe_use_their_own_projections():
+    names = [n for n, _, _ in decode_gemm_shapes(get_preset("deepseek-v3"))]
+    assert names == ["q_a_proj", "q_b_proj", "kv_a_proj", "kv_b_proj", "o_proj", "ffn_up",
+                     "ffn_down", "expert_up", "expert_down", "lm_head"]
+
+
+# ----------------------------------------------------------------------------- correctness first
+
+
+def test_a_kernel_that_fails_its_check_is_never_timed(monkeypatch):
+    ran = []
+    copy = kernels.KERNELS["torch_copy"]
+    monkeypatch.setitem(kernels.KERNELS, "torch_copy",
+                        dataclasses.replace(copy, run=lambda bufs: ran.append(1)))
+    real_check = kernels.check
+
+    def check(spec, n, dtype, device):
+        if spec.op == "copy":
+            raise AssertionError("torch_copy: not bit-exact")
+        real_check(spec, n, dtype, device)
+
+    monkeypatch.setattr(kernels, "check", check)
+    out = measure_ceilings(tiny_spec(square_sizes=(8,), decode_ms=()))
+    assert ran == []
+    assert {r["kernel"] for r in out["bandwidth"]} == {"torch_read"}
+    (failure,) = out["failures"]
+    assert failure["kernel"] == "torch_copy" and failure["stage"] == "check"
+    assert "not bit-exact" in failure["error"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_check_gemm_passes_a_correct_product_and_catches_a_wrong_one(dtype):
+    a, w = torch.randn(8, 300, dtype=dtype), torch.randn(64, 300, dtype=dtype)
+    out = torch.nn.functional.linear(a, w)
+    check_gemm(out, a, w.t())
+    wrong = out.clone()
+    wrong[3, 5] += 1.0 + out[3, 5].abs()
+    with pytest.raises(AssertionError, match=r"\[3,5\]"):
+        check_gemm(wrong, a, w.t())
+
+
+# ----------------------------------------------------------------------------- spec
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(kernels=("torch_copy", "nope")), "kernels"),
+    (dict(dtypes=("float64",)), "dtypes"),
+    (dict(bandwidth_dtypes=("int8",)), "bandwidth_dtypes"),
+    (dict(device="tpu"), "device"),
+    (dict(working_sets=(0,)), "working_sets"),
+    (dict(l2_modes=("lukewarm",)), "l2_modes"),
+    (dict(timer=TimerSettings(mode="graph")), "timer.mode"),
+])
+def test_bad_input_names_the_field(change, field):
+    with pytest.raises(ConfigError, match=field):
+        tiny_spec(**change)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="tests the no-CUDA message")
+def test_cuda_without_a_gpu_fails_fast():
+    with pytest.raises(ConfigError, match="device='cuda'"):
+        CeilingsSpec(device="cuda")
+
+
+def test_cpu_defaults_are_torch_kernels_and_the_documented_ranges():
+    s = CeilingsSpec(device="cpu")
+    assert s.kernels == tuple(n for n in kernels.KERNELS if n.startswith("torch_"))
+    assert s.working_sets == tuple(2**p for p in range(18, 30))  # 256 KiB .. 512 MiB
+    assert s.dtypes == ("bfloat16", "float32") and s.bandwidth_dtypes == ("float32",)
+    assert s.decode_ms == (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    assert s.decode_model.name == "cpu-demo"
+
+
+def test_from_dict_fills_nulls_with_defaults_and_reads_a_preset_name():
+    s = CeilingsSpec.from_dict({"device": "cpu", "quick": True, "dtypes": ["bf16"],
+                                "decode_model": "tiny", "kernels": None,
+                                "timer": {"warmup": None, "min_reps": 4, "budget_s": None}})
+    assert s.dtypes == ("bfloat16",) and s.decode_model.name == "tiny"
+    assert s.timer.min_reps == 4 and s.timer.budget_s == ceilings._TIMERS["cpu"][1].budget_s
+    with pytest.raises(ConfigError, match="unknown field"):
+        CeilingsSpec.from_dict({"devcie": "cpu"})
+
+
+# ----------------------------------------------------------------------------- entry point
+
+
+def run_entry(*overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "experiments.ceilings", *overrides], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_entry_point_writes_the_run_and_ends_with_json(tmp_path):
+    out = tmp_path / "run"
+    p = run_entry("quick=true", f"out_dir={out}", "working_sets=[262144]", "square_sizes=[128]",
+                  "decode_model=tiny", "decode_ms=[1]", "kernels=[torch_copy,torch_read]")
+    assert p.returncode == 0, p.stderr
+    last = json.loads(p.stdout.strip().splitlines()[-1])
+    assert Path(last["run_dir"]) == out
+    assert set(SUMMARY_KEYS) <= set(last["summary"]) and last["summary"]["mem_bw_GBps"] > 0
+    assert "GFLOP/s" in p.stdout and "GB/s" in p.stdout
+    assert load_ceilings(out)["summary"] == last["summary"]
+    assert (out / "ceilings_bandwidth.csv").exists() and (out / "ceilings_matmul.csv").exists()
+
+
+def test_entry_point_rejects_an_unknown_kernel_before_measuring(tmp_path):
+    p = run_entry("kernels=[torch_copy,warp_drive]", f"out_dir={tmp_path / 'run'}")
+    assert p.returncode == 2
+    assert "kernels" in p.stderr and "warp_drive" in p.stderr
+    assert not (tmp_path / "run").exists()
+
+
+# ----------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+def test_cuda_quick_ceilings_include_triton_and_reach_a_plausible_roof():
+    spec = CeilingsSpec(device="cuda", quick=True, working_sets=(16 * MiB, 1024 * MiB),
+                        square_sizes=(2048,), decode_ms=(1,))
+    if kernels.triton_available():
+        assert any(kernels.KERNELS[k].uses_triton for k in spec.kernels)
+    out = measure_ceilings(spec)
+    assert not out["failures"], out["failures"]
+    s = out["summary"]
+    if out["datasheet"]:
+        assert 0.3 * out["datasheet"]["mem_bw_GBps"] < s["mem_bw_GBps"] < 1.05 * out["datasheet"]["mem_bw_GBps"]

@@ -1,0 +1,164 @@
+"""Telemetry: NVML snapshots decoded correctly (through a fake pynvml), CPU twin, blocks."""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections import namedtuple
+
+import pytest
+
+from roofline import telemetry
+from roofline.telemetry import THROTTLE_BITS, Telemetry, decode_reasons, is_throttled, snapshot
+
+
+class NVMLError(Exception):
+    pass
+
+
+def fake_nvml(reasons: int = THROTTLE_BITS["gpu_idle"], legacy: bool = False,
+              power_unsupported: bool = False, init_fails: bool = False) -> types.ModuleType:
+    """A stand-in for pynvml with the calls telemetry makes; counts init/shutdown."""
+    m = types.ModuleType("pynvml")
+    m.NVML_CLOCK_SM, m.NVML_CLOCK_MEM, m.NVML_TEMPERATURE_GPU = 1, 2, 0
+    m.state = {"reasons": reasons, "init": 0, "shutdown": 0}
+
+    def init():
+        if init_fails:
+            raise NVMLError("Driver Not Loaded")
+        m.state["init"] += 1
+
+    def power(h):
+        if power_unsupported:
+            raise NVMLError("Not Supported")
+        return 512_345  # mW
+
+    m.nvmlInit = init
+    m.nvmlShutdown = lambda: m.state.__setitem__("shutdown", m.state["shutdown"] + 1)
+    m.nvmlDeviceGetHandleByIndex = lambda i: ("handle", i)
+    m.nvmlDeviceGetClockInfo = lambda h, kind: {1: 1980, 2: 2619}[kind]
+    m.nvmlDeviceGetPowerUsage = power
+    m.nvmlDeviceGetTemperature = lambda h, sensor: 61
+    reasons_fn = lambda h: m.state["reasons"]  # noqa: E731
+    if legacy:
+        m.nvmlDeviceGetCurrentClocksThrottleReasons = reasons_fn
+    else:
+        m.nvmlDeviceGetCurrentClocksEventReasons = reasons_fn
+    return m
+
+
+@pytest.fixture
+def nvml(monkeypatch):
+    def install(**kw):
+        m = fake_nvml(**kw)
+        monkeypatch.setitem(sys.modules, "pynvml", m)
+        return m
+    return install
+
+
+def test_snapshot_reads_clocks_power_temperature(nvml):
+    nvml()
+    s = snapshot(0)
+    assert s["available"] is True
+    assert (s["sm_clock_mhz"], s["mem_clock_mhz"], s["temperature_c"]) == (1980, 2619, 61)
+    assert s["power_w"] == pytest.approx(512.345, abs=1e-9)
+
+
+def test_power_cap_is_throttled_and_decoded(nvml):
+    nvml(reasons=THROTTLE_BITS["sw_power_cap"] | THROTTLE_BITS["hw_thermal_slowdown"])
+    s = snapshot(0)
+    assert s["throttle_reasons"] == {"bitmask": 0x44, "names": ["sw_power_cap", "hw_thermal_slowdown"]}
+    assert s["throttled"] is True
+
+
+@pytest.mark.parametrize("reason", ["gpu_idle", "applications_clocks_setting", "sync_boost",
+                                    "display_clock_setting"])
+def test_benign_reasons_are_not_throttling(nvml, reason):
+    nvml(reasons=THROTTLE_BITS[reason])
+    assert snapshot(0)["throttled"] is False
+
+
+@pytest.mark.parametrize("reason", ["sw_power_cap", "hw_slowdown", "sw_thermal_slowdown",
+                                    "hw_thermal_slowdown", "hw_power_brake_slowdown"])
+def test_each_slowdown_reason_is_throttling(reason):
+    assert is_throttled(THROTTLE_BITS[reason] | THROTTLE_BITS["gpu_idle"])
+
+
+def test_unknown_bits_are_kept_as_hex():
+    assert decode_reasons(0x1 | 0x1000) == ["gpu_idle", "0x1000"]
+
+
+def test_older_binding_throttle_reasons_call_is_used(nvml):
+    nvml(reasons=THROTTLE_BITS["hw_slowdown"], legacy=True)
+    assert snapshot(0)["throttle_reasons"]["names"] == ["hw_slowdown"]
+
+
+def test_unsupported_field_is_none_and_the_rest_is_read(nvml):
+    nvml(power_unsupported=True)
+    s = snapshot(0)
+    assert s["power_w"] is None and s["sm_clock_mhz"] == 1980
+
+
+def test_init_and_shutdown_are_balanced(nvml):
+    m = nvml()
+    snapshot(0)
+    snapshot(0)
+    assert m.state["init"] == m.state["shutdown"] == 2
+
+
+def test_failed_init_is_unavailable_not_an_error(nvml):
+    nvml(init_fails=True)
+    s = snapshot(0)
+    assert s["available"] is False and "Driver Not Loaded" in s["reason"]
+
+
+def test_without_pynvml_telemetry_is_unavailable(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
+    s = snapshot(0)
+    assert s["available"] is False and "nvidia-ml-py" in s["reason"]
+    assert not telemetry.nvml_available()
+
+
+def test_cpu_snapshot_records_the_cpu_frequency(monkeypatch):
+    psutil = pytest.importorskip("psutil")
+    freq = namedtuple("scpufreq", "current min max")
+    monkeypatch.setattr(psutil, "cpu_freq", lambda: freq(2345.0, 0.0, 0.0))
+    assert snapshot(None) == {"available": False, "reason": "cpu", "cpu_freq_mhz": 2345.0}
+
+
+def test_cpu_frequency_unreadable_is_none(monkeypatch):
+    psutil = pytest.importorskip("psutil")
+    monkeypatch.setattr(psutil, "cpu_freq", lambda: None)
+    assert snapshot(None)["cpu_freq_mhz"] is None
+
+
+def test_cpu_block_records_before_and_after_unavailable():
+    tel = Telemetry("cpu")
+    with tel.block("work"):
+        pass
+    (r,) = tel.records
+    assert r["block"] == "work" and r["wall_s"] >= 0
+    assert r["before"]["available"] is False and r["after"]["available"] is False
+    assert r["throttled"] is None and tel.throttled is None
+
+
+def test_block_flags_throttling_that_starts_inside_it(nvml):
+    m = nvml(reasons=THROTTLE_BITS["gpu_idle"])
+    tel = Telemetry("cuda:0")  # no CUDA here: the NVML index falls back to 0
+    with tel.block("calm"):
+        pass
+    with tel.block("hot"):
+        m.state["reasons"] = THROTTLE_BITS["sw_power_cap"]
+    calm, hot = tel.records
+    assert calm["throttled"] is False
+    assert hot["before"]["throttled"] is False and hot["after"]["throttled"] is True
+    assert hot["throttled"] is True and tel.throttled is True
+
+
+def test_block_is_recorded_when_the_body_raises(nvml):
+    nvml()
+    tel = Telemetry("cuda:0")
+    with pytest.raises(RuntimeError):
+        with tel.block("boom"):
+            raise RuntimeError("oom")
+    assert [r["block"] for r in tel.records] == ["boom"] and "after" in tel.records[0]
