@@ -22,9 +22,14 @@ endif
 
 setup: $(VENV)/.installed
 
-# The main job on the embedded default (CPU).
+# The main job on the embedded default (CPU): cost card, measured ceilings, the cpu-demo
+# sweep against them, and the report (results/runs/demo/report.md and .html).
+DEMO := results/runs/demo
 demo: setup
-	for m in cpu-demo llama-3.1-8b deepseek-v3; do $(BIN)/python -m experiments.card model=$$m || exit 1; done
+	$(BIN)/python -m experiments.card model=cpu-demo device=null
+	$(BIN)/python -m experiments.ceilings device=cpu quick=true out_dir=$(DEMO)
+	$(BIN)/python -m experiments.sweep model=cpu-demo out_dir=$(DEMO) ceilings=$(DEMO)/ceilings.json
+	$(BIN)/python -m experiments.report results_dir=$(DEMO)
 
 test: setup
 	$(BIN)/python -m pytest -q
