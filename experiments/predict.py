@@ -1,0 +1,42 @@
+"""Predict speculative-decoding speedups: `python -m experiments.predict fit=<run>/fit.json preset=deepseek-v3`."""
+
+import json
+from pathlib import Path
+
+import hydra
+
+from experiments.entry import fail_fast, plain
+from roofline import costmodel
+from roofline.config import ConfigError
+from roofline.predict import Drafter, alphas_from_vllm, plot_all, step_costs, table
+from roofline.presets import get_preset
+
+
+@hydra.main(config_path="../conf", config_name="predict", version_base="1.3")
+def main(cfg) -> None:
+    with fail_fast():
+        c = plain(cfg)
+        if c.get("fit") in (None, "", "???"):
+            raise ConfigError("fit is required: a fit.json written by experiments.fit")
+        fit = costmodel.load_fit(c["fit"])
+        target = get_preset(c["preset"]) if c["preset"] else costmodel.fitted_model(fit)
+        drafter = Drafter(c["drafter"], get_preset(c["draft_model"]) if c["draft_model"] else None,
+                          costmodel.load_fit(c["draft_fit"]) if c["draft_fit"] else None)
+        alphas = {float(a): float(a) for a in c["alphas"]}
+        if c["vllm_metrics"]:
+            alphas.update(alphas_from_vllm(Path(c["vllm_metrics"]).read_text()))
+        out = Path(c["out_dir"] or Path(c["fit"]).parent / f"predict-{target.name}-{c['drafter']}")
+        out.mkdir(parents=True, exist_ok=True)
+        t = table(fit, alphas, c["k"], c["B"], c["L"], c["dtype"], drafter, target, c["mode"], c["overhead_share"])
+        t.to_csv(out / "predict.csv", index=False)
+        costs = step_costs(fit, c["dtype"], drafter, target, c["mode"], c["overhead_share"])
+        plot_all(costs, c["B"], c["L"], c["plot_B"], c["plot_L"], out / "figures",
+                 f"{target.name} ({costs.source}, {fit['provenance']['device_name']})")
+        best = t[t["k"] == t["k_star"]][["alpha", "B", "L", "k_star", "S", "throughput_tok_s", "extrapolated"]]
+        print(best.round(3).to_string(index=False))
+        print(json.dumps(dict(csv=str(out / "predict.csv"), rows=len(t), source=costs.source,
+                              overhead_source=costs.overhead_source)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""The cost model recovers known physics, reports honest errors, and round-trips through fit.json."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from roofline import costmodel as cm
+from roofline.costmodel import ERROR_COLUMNS, FitSettings
+
+REPO = Path(__file__).resolve().parent.parent
+BW, F, T0, BW_KV, KNEE = 20e9, 0.5e12, 1e-3, 10e9, 8  # B/s, FLOP/s, s, B/s, tokens
+FLOP_PER_TOKEN = 2e8
+
+
+def synthetic_rows(noise: float, seed: int) -> pd.DataFrame:
+    """MoE-like rows (weight bytes grow with the experts touched) that follow the model's form."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for q in (1, 2, 4, 8, 12, 16, 24, 32, 64):
+        for B in (1, 2, 4):
+            for L in (128, 1024, 4096):
+                N = B * q
+                w = 1e7 + 2e8 * (1 - (1 - 8 / 64) ** N)
+                kv = B * L * 1e4
+                t = T0 + w / BW + kv / BW_KV + max(0, N - KNEE) * FLOP_PER_TOKEN / F
+                rows.append(dict(device_name="synthetic", model="syn", dtype="bfloat16", mode="eager",
+                                 kind="forward", q=q, B=B, L=L, tokens=N, weight_bytes=w, embed_bytes=0.0,
+                                 kv_read_bytes=kv, kv_write_bytes=0.0, flops_matmul=FLOP_PER_TOKEN * N,
+                                 flops_attention=0.0, bytes_total=w + kv, flops=FLOP_PER_TOKEN * N,
+                                 t_median_s=t * (1 + noise * rng.standard_normal()), status="ok",
+                                 layers_run=4, layers_full=4))
+    return pd.DataFrame(rows)
+
+
+def test_fit_recovers_known_parameters_within_5pct_at_2pct_noise():
+    df = synthetic_rows(noise=0.02, seed=np.random.SeedSequence().entropy % 2**32)
+    coefs, knee = cm.fit_coefs(df)
+    p = cm.physical(coefs, knee)
+    assert p["BW_eff_GBps"] == pytest.approx(BW / 1e9, rel=0.05)
+    assert p["F_eff_TFLOPs"] == pytest.approx(F / 1e12, rel=0.05)
+    assert p["t0_ms"] == pytest.approx(T0 * 1e3, rel=0.05)
+    assert p["BW_kv_GBps"] == pytest.approx(BW_KV / 1e9, rel=0.05)
+    assert knee == KNEE
+
+
+def test_error_table_has_columns_splits_and_both_baselines():
+    df = synthetic_rows(noise=0.02, seed=1)
+    group, points = cm.fit_group(df, FitSettings(), ceilings=None)
+    table = pd.DataFrame(group["errors"])
+    assert tuple(table.columns) == ERROR_COLUMNS
+    methods = set(table["method"])
+    assert "fit" in methods and "verify is free T(q)=T(1)" in methods
+    assert any(m.startswith("n/a") for m in methods)  # no ceilings, no datasheet row: said so
+    assert {s.split(",")[0] for s in table["split"]} >= {"5-fold held-out", "train q<=16", "train B=1"}
+    assert set(points["regime"]) <= {"overhead", "memory", "kv", "compute"}
+
+
+def test_fit_beats_verify_is_free_on_flat_then_linear_data():
+    group, _ = cm.fit_group(synthetic_rows(noise=0.02, seed=2), FitSettings(), ceilings=None)
+    t = pd.DataFrame(group["errors"]).query("regime == 'all' and split == '5-fold held-out'").set_index("method")
+    assert t.loc["fit", "MAPE_pct"] < 4.0
+    assert t.loc["fit", "MAPE_pct"] < 0.25 * t.loc["verify is free T(q)=T(1)", "MAPE_pct"]
+
+
+def test_datasheet_baseline_used_when_ceilings_given():
+    df = synthetic_rows(noise=0.0, seed=3)
+    ceilings = {"summary": {"mem_bw_GBps": 20.0, "peak_tflops": {"bf16": 0.5}}}
+    pred, label = cm.roofline_baseline(df, "bfloat16", ceilings)
+    expect = np.maximum(df["bytes_total"] / BW, df["flops"] / F)
+    np.testing.assert_allclose(pred, expect, rtol=1e-12)
+    assert "measured" in label
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("run") / "tiny"
+    subprocess.run([sys.executable, "-m", "experiments.sweep", "model=tiny", "q=[1,2,4,8,16,32]", "B=[1,2]",
+                    "L=[16,64]", f"out_dir={out}", "progress=false", "timer.min_reps=3", "timer.budget_s=0.05"],
+                   cwd=REPO, check=True, capture_output=True, timeout=120)
+    return out
+
+
+def test_fit_entry_point_writes_fit_json_report_and_figure(tiny_run):
+    r = subprocess.run([sys.executable, "-m", "experiments.fit", f"results_dir={tiny_run}"], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    fit = json.loads((tiny_run / "fit.json").read_text())
+    assert fit["provenance"]["fingerprint"] == json.loads((tiny_run / "run.json").read_text())["fingerprint"]
+    assert {g["key"]["kind"] for g in fit["groups"]} == {"forward", "mtp"}
+    assert "Cost model" in (tiny_run / "report_costmodel.md").read_text()
+    assert (tiny_run / "figures" / "costmodel_pred_vs_meas.png").stat().st_size > 1000
+
+
+def test_fit_entry_point_without_results_dir_fails_naming_it():
+    r = subprocess.run([sys.executable, "-m", "experiments.fit"], cwd=REPO, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and "results_dir" in r.stderr
+
+
+def test_predict_of_a_measured_point_matches_it_and_json_round_trips(tiny_run, tmp_path):
+    fit, points = cm.fit_run(tiny_run)
+    loaded = cm.load_fit(cm.save_fit(fit, tmp_path / "fit.json"))
+    assert loaded["groups"][0]["coefs"] == fit["groups"][0]["coefs"]
+    row = points[(points["kind"] == "forward")].iloc[len(points) // 3]
+    t = cm.predict(loaded, "forward", "bfloat16", int(row["q"]), int(row["B"]), int(row["L"]))
+    assert t == pytest.approx(row["t_pred_s"], rel=1e-9)  # accounting of the unseen call = the row's
+    assert t == pytest.approx(row["t_median_s"], rel=0.25)
