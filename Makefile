@@ -23,12 +23,13 @@ endif
 setup: $(VENV)/.installed
 
 # The main job on the embedded default (CPU): cost card, measured ceilings, the cpu-demo
-# sweep against them, and the report (results/runs/demo/report.md and .html).
+# sweep against them, the cost-model fit, and the report (results/runs/demo/report.md and .html).
 DEMO := results/runs/demo
 demo: setup
 	$(BIN)/python -m experiments.card model=cpu-demo device=null
 	$(BIN)/python -m experiments.ceilings device=cpu quick=true out_dir=$(DEMO)
 	$(BIN)/python -m experiments.sweep model=cpu-demo out_dir=$(DEMO) ceilings=$(DEMO)/ceilings.json
+	$(BIN)/python -m experiments.fit results_dir=$(DEMO)
 	$(BIN)/python -m experiments.report results_dir=$(DEMO)
 
 test: setup

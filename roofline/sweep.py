@@ -252,7 +252,8 @@ def extrapolate_layers(rows: list[dict], layers_full: int) -> list[dict]:
     physics recomputed for the full model by the caller's cost function."""
     by_key: dict[tuple, dict[int, dict]] = {}
     for r in rows:
-        if r.get("status") == "ok":
+        # an MTP module is one block whatever the depth: only the main forward extrapolates
+        if r.get("status") == "ok" and r["kind"] == "forward":
             key = (r["kind"], r["dtype"], r["mode"], r["q"], r["B"], r["L"])
             by_key.setdefault(key, {})[r["layers_run"]] = r
     out = []

@@ -115,7 +115,7 @@ def test_sliced_sweep_writes_extrapolated_full_depth_rows(tmp_path):
     df = pd.read_csv(tmp_path / "points.csv")
     full = df[df["extrapolated"] == True]  # noqa: E712
     assert set(df["layers_run"]) == {1, 2, 4}
-    assert len(full) == 2 and (full["layers_run"] == 4).all()  # forward and mtp
+    assert len(full) == 1 and (full["layers_run"] == 4).all() and (full["kind"] == "forward").all()
 
 
 def _sweep_cmd(out_dir):
