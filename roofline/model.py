@@ -64,6 +64,25 @@ def _causal_mask(start_pos: torch.Tensor, q: int, kv_len: int) -> torch.Tensor:
     return (keys[None, None, :] <= qpos[:, :, None])[:, None]
 
 
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None = None):
+    """Attention of q [B, h, q, d_k] over k [B, h_kv, L, d_k], v [B, h_kv, L, d_v] (head i reads
+    KV head i // (h / h_kv)) under a boolean mask [B, 1, q, L].
+
+    torch's CPU scaled_dot_product_attention runs the single-query case 3-4x slower than two
+    queries (measured here: 2.8 vs 0.8 ms per layer at B=4, L=1024, 16/4 heads, bf16), a kernel
+    switch that would masquerade as "verification is cheaper than decode". A CPU decode step
+    therefore uses one grouped matmul per KV head instead; same bytes, same FLOPs.
+    """
+    B, h, nq, dk = q.shape
+    hkv = k.shape[1]
+    if q.device.type != "cpu" or nq != 1:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=hkv != h)
+    g = h // hkv
+    scores = (q.reshape(B, hkv, g, dk) @ k.transpose(-1, -2)).float() * (scale or dk ** -0.5)
+    scores = scores.masked_fill(~mask, float("-inf"))  # mask [B, 1, 1, L] broadcasts over (h_kv, g)
+    return (scores.softmax(-1).to(v.dtype) @ v).reshape(B, h, 1, v.shape[-1])
+
+
 class GQAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, max_batch: int, max_context: int):
         super().__init__()
@@ -95,7 +114,7 @@ class GQAttention(nn.Module):
         k = self.k_cache[:B, :, :kv_len]
         v = self.v_cache[:B, :, :kv_len]
         mask = _causal_mask(start_pos, q, kv_len)
-        o = F.scaled_dot_product_attention(xq.transpose(1, 2), k, v, attn_mask=mask, enable_gqa=hkv != h)
+        o = attend(xq.transpose(1, 2), k, v, mask)
         return self.wo(o.transpose(1, 2).reshape(B, q, h * dh))
 
 
@@ -136,8 +155,7 @@ class MLAttention(nn.Module):
         query = torch.cat((q_lat, q_pe.transpose(1, 2)), dim=-1)  # [B, h, q, r + rope]
         cache = self.kv_cache[:B, :kv_len][:, None]  # one latent "head" shared by all heads
         mask = _causal_mask(start_pos, q, kv_len)
-        o_lat = F.scaled_dot_product_attention(query, cache, cache[..., :r], attn_mask=mask,
-                                               scale=self.scale, enable_gqa=True)
+        o_lat = attend(query, cache, cache[..., :r], mask, self.scale)
         o = torch.einsum("bhqr,hvr->bqhv", o_lat, w_uv)
         return self.wo(o.reshape(B, q, h * vd))
 
