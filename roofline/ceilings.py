@@ -64,7 +64,7 @@ _TIMERS = {
                                   mode="graph")),
 }
 _WORKING_SETS = {
-    "cpu": (tuple(2**p for p in range(18, 30)), (1 * MiB, 256 * MiB)),
+    "cpu": (tuple(2**p for p in range(18, 30)), (1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB)),
     "cuda": (tuple(2**p for p in range(18, 31)), (1 * MiB, 16 * MiB, 256 * MiB, 1 * GiB)),
 }
 _DTYPES = {"cpu": ("bfloat16", "float32"), "cuda": ("bfloat16", "float16", "float32")}
