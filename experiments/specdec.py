@@ -1,0 +1,34 @@
+"""Speculative decoding measured against its prediction, in one run:
+`python -m experiments.specdec model=cpu-demo` (see conf/specdec.yaml)."""
+
+import json
+from pathlib import Path
+
+import hydra
+
+from experiments.entry import fail_fast, plain
+from roofline.config import ModelConfig
+from roofline.results import RUNS_ROOT
+from roofline.specval import SpecValSpec, run_validation, write_report_section
+from roofline.timing import TimerSettings
+
+
+@hydra.main(config_path="../conf", config_name="specdec", version_base="1.3")
+def main(cfg) -> None:
+    with fail_fast():
+        c = plain(cfg)
+        spec = SpecValSpec(model=ModelConfig.from_dict(c["model"]), alphas=tuple(c["alphas"]), ks=tuple(c["ks"]),
+                           Bs=tuple(c["Bs"]), prompt_len=c["prompt_len"], max_new=c["max_new"], reps=c["reps"],
+                           real_drafters=tuple(c["real_drafters"]), dtype=c["dtype"], device=c["device"],
+                           seed=c["seed"], timer=TimerSettings(**c["timer"]))
+        run_dir = Path(c["out_dir"] or RUNS_ROOT / f"specdec-{spec.model.name}")
+        table = run_validation(spec, run_dir)
+        report = write_report_section(table, run_dir)
+        e = table["err"].abs()
+        print(table[["drafter", "k", "B", "tau_meas", "S_meas", "S_pred", "err"]].round(3).to_string(index=False))
+        print(json.dumps(dict(run_dir=str(run_dir), report=str(report), points=len(table),
+                              median_abs_err=float(e.median()), max_abs_err=float(e.max()))))
+
+
+if __name__ == "__main__":
+    main()
