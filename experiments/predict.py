@@ -25,11 +25,13 @@ def main(cfg) -> None:
         alphas = {float(a): float(a) for a in c["alphas"]}
         if c["vllm_metrics"]:
             alphas.update(alphas_from_vllm(Path(c["vllm_metrics"]).read_text()))
+        overhead = json.loads(Path(c["overhead"]).read_text()) if c["overhead"] else None
         out = Path(c["out_dir"] or Path(c["fit"]).parent / f"predict-{target.name}-{c['drafter']}")
         out.mkdir(parents=True, exist_ok=True)
-        t = table(fit, alphas, c["k"], c["B"], c["L"], c["dtype"], drafter, target, c["mode"], c["overhead_share"])
+        t = table(fit, alphas, c["k"], c["B"], c["L"], c["dtype"], drafter, target, c["mode"], c["overhead_share"],
+                  overhead)
         t.to_csv(out / "predict.csv", index=False)
-        costs = step_costs(fit, c["dtype"], drafter, target, c["mode"], c["overhead_share"])
+        costs = step_costs(fit, c["dtype"], drafter, target, c["mode"], c["overhead_share"], overhead)
         plot_all(costs, c["B"], c["L"], c["plot_B"], c["plot_L"], out / "figures",
                  f"{target.name} ({costs.source}, {fit['provenance']['device_name']})")
         best = t[t["k"] == t["k_star"]][["alpha", "B", "L", "k_star", "S", "throughput_tok_s", "extrapolated"]]

@@ -3,8 +3,9 @@
 
 Where each cost comes from:
 - target(q, B, L): the fitted forward step of the target preset;
-- draft(i, B, L): an MTP drafter's fitted "mtp" step at q = 1; a draft model's fitted forward
-  T(1); 0 for n-gram lookup (`no_cost`);
+- draft(i, k, B, L): as roofline.specdec runs the drafters. MTP: the first draft of a round is
+  one MTP pass over the k+1 verified positions (its catch-up), the others chained single
+  steps; a draft model: a two-token catch-up forward, then single steps; n-gram: 0 (`no_cost`);
 - overhead(k, B): per-round sampling/bookkeeping/host sync. No measurement of it exists yet,
   so it is a constant share of the fitted per-forward overhead t0, and every row says so
   (`overhead_source="fit_t0"`); the speculative engine will measure it.
@@ -50,7 +51,7 @@ class Costs:
 
 
 def step_costs(fit: dict, dtype: str, drafter: Drafter, target: ModelConfig | None = None,
-               mode: str | None = None, overhead_share: float = 1.0) -> Costs:
+               mode: str | None = None, overhead_share: float = 1.0, overhead: dict | None = None) -> Costs:
     """StepCosts for roofline.speculative from a target fit (and optionally a draft fit)."""
     target = target or costmodel.fitted_model(fit)
     probe = costmodel.predict_detail(fit, "forward", dtype, 1, 1, 0, mode, target)
@@ -59,24 +60,29 @@ def step_costs(fit: dict, dtype: str, drafter: Drafter, target: ModelConfig | No
     if drafter.kind == "mtp":
         if target.mtp_layers < 1:
             raise ConfigError(f"drafter=mtp: model {target.name!r} has no MTP module (mtp_layers=0)")
-        draft = lambda i, B, L: costmodel.predict(fit, "mtp", dtype, 1, B, L + i - 1, mode, target)  # noqa: E731
+        draft = lambda i, k, B, L: costmodel.predict(  # noqa: E731
+            fit, "mtp", dtype, k + 1 if i == 1 else 1, B, L + i - 1, mode, target)
     elif drafter.kind == "model":
         dfit = drafter.fit or fit
-        draft = lambda i, B, L: costmodel.predict(dfit, "forward", dtype, 1, B, L + i - 1, mode,  # noqa: E731
-                                                  drafter.model)
+        draft = lambda i, k, B, L: costmodel.predict(  # noqa: E731
+            dfit, "forward", dtype, 2 if i == 1 else 1, B, L + i - 1, mode, drafter.model)
     else:
         draft = no_cost
     overhead_s = overhead_share * group["coefs"][0]
-    return Costs(StepCosts(target=tgt, draft=draft, overhead=lambda k, B: overhead_s),
-                 source=probe["source"], overhead_source="fit_t0", overhead_s=overhead_s,
+    per_round, source = (lambda k, B: overhead_s), "fit_t0"
+    if overhead is not None:  # measured by the speculative engine (roofline.specval overhead.json)
+        c0, c1, c2 = overhead["coef"]
+        per_round, source = (lambda k, B: max(0.0, c0 + c1 * k + c2 * B)), "measured"
+    return Costs(StepCosts(target=tgt, draft=draft, overhead=per_round),
+                 source=probe["source"], overhead_source=source, overhead_s=overhead_s,
                  domain={a: tuple(group["domain"][a]) for a in ("q", "B", "L")})
 
 
 def table(fit: dict, alphas, ks, Bs, Ls, dtype: str, drafter: Drafter, target: ModelConfig | None = None,
-          mode: str | None = None, overhead_share: float = 1.0) -> pd.DataFrame:
+          mode: str | None = None, overhead_share: float = 1.0, overhead: dict | None = None) -> pd.DataFrame:
     """speculative.predict_table over (alpha or profile, k, B, L), labelled with where the costs came from."""
     target = target or costmodel.fitted_model(fit)
-    c = step_costs(fit, dtype, drafter, target, mode, overhead_share)
+    c = step_costs(fit, dtype, drafter, target, mode, overhead_share, overhead)
     t = speculative.predict_table(alphas, ks, Bs, Ls, c.steps, measured_domain=c.domain)
     if c.source != "fit":
         t["extrapolated"] = True

@@ -101,14 +101,16 @@ class StepCosts:
     """Seconds per step, from measurements or a fitted cost model.
 
     target(q, B, L): one target forward over q new tokens for each of B sequences with L
-    tokens already cached. draft(i, B, L): drafting the i-th token (i = 1..k) of a round
-    (an MTP head, a small model; 0 for n-gram lookup). overhead(k, B): per-round sampling,
+    tokens already cached. draft(i, k, B, L): drafting the i-th token (i = 1..k) of a round
+    of k (an MTP head, a small model; 0 for n-gram lookup) — k is given because the first
+    draft of a round is where a drafter catches up on what the last verification accepted
+    (an MTP module re-reads the k+1 verified positions). overhead(k, B): per-round sampling,
     acceptance bookkeeping and host syncs beyond what plain decode already pays.
     All three are required: a zero cost is a claim, so it is written as `no_cost`.
     """
 
     target: Callable[[int, int, int], float]
-    draft: Callable[[int, int, int], float]
+    draft: Callable[[int, int, int, int], float]
     overhead: Callable[[int, int], float]
 
 
@@ -139,7 +141,7 @@ def round_time(k: int, B: int, L: int, costs: StepCosts) -> float:
     if k == 0:
         return plain_step_time(B, L, costs)
     verify = _seconds(costs.target(k + 1, B, L), f"target({k + 1}, {B}, {L})")
-    drafting = sum(_seconds(costs.draft(i, B, L), f"draft({i}, {B}, {L})")
+    drafting = sum(_seconds(costs.draft(i, k, B, L), f"draft({i}, {k}, {B}, {L})")
                    for i in range(1, k + 1))
     overhead = _seconds(costs.overhead(k, B), f"overhead({k}, {B})")
     return verify + drafting + overhead

@@ -31,7 +31,9 @@ def test_step_costs_use_the_fitted_forward_and_mtp_steps():
     fit = hand_fit()
     c = step_costs(fit, "bfloat16", Drafter("mtp"))
     assert c.steps.target(3, 2, 16) == costmodel.predict(fit, "forward", "bfloat16", 3, 2, 16)
-    assert c.steps.draft(1, 2, 16) == costmodel.predict(fit, "mtp", "bfloat16", 1, 2, 16)
+    # the first draft of a round of k=3 is the MTP catch-up over 4 positions, then single steps
+    assert c.steps.draft(1, 3, 2, 16) == costmodel.predict(fit, "mtp", "bfloat16", 4, 2, 16)
+    assert c.steps.draft(2, 3, 2, 16) == costmodel.predict(fit, "mtp", "bfloat16", 1, 2, 17)
     assert c.steps.overhead(4, 2) == pytest.approx(T0) and c.overhead_source == "fit_t0"
     assert c.source == "fit"
 

@@ -141,14 +141,14 @@ def test_reproduces_leviathan_bigram_example():
 @pytest.mark.parametrize("c", [0.0, 0.02, 0.3])
 def test_speedup_reduces_to_leviathan_when_verify_is_free_and_drafts_cost_c(alpha, gamma, c):
     t1 = 3e-3
-    costs = StepCosts(target=lambda q, B, L: t1, draft=lambda i, B, L: c * t1,
+    costs = StepCosts(target=lambda q, B, L: t1, draft=lambda i, k, B, L: c * t1,
                       overhead=no_cost)
     assert speedup(alpha, gamma, 1, 512, costs) == pytest.approx(
         leviathan_speedup(alpha, gamma, c), rel=1e-12)
 
 
 def test_no_speculation_gives_speedup_exactly_one_whatever_the_costs():
-    costs = StepCosts(target=lambda q, B, L: 1e-3 * q, draft=lambda i, B, L: 5e-4,
+    costs = StepCosts(target=lambda q, B, L: 1e-3 * q, draft=lambda i, k, B, L: 5e-4,
                       overhead=lambda k, B: 1e-4)
     assert speedup(0.9, 0, 8, 1024, costs) == 1.0
     assert speedup([0.9, 0.8], 0, 8, 1024, costs) == 1.0
@@ -157,7 +157,7 @@ def test_no_speculation_gives_speedup_exactly_one_whatever_the_costs():
 
 def test_round_time_sums_verify_every_draft_position_and_overhead():
     costs = StepCosts(target=lambda q, B, L: 1.0 * q + B + L,
-                      draft=lambda i, B, L: 10.0 * i,
+                      draft=lambda i, k, B, L: 10.0 * i,
                       overhead=lambda k, B: 100.0 * k + B)
     # T(4,2,5) = 11, drafts 10+20+30 = 60, O(3,2) = 302
     assert round_time(3, 2, 5, costs) == 11 + 60 + 302

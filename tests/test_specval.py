@@ -13,12 +13,20 @@ from roofline.specval import SpecValSpec, predicted_speedup
 
 
 def test_prediction_is_tau_times_plain_step_over_round_time(monkeypatch):
-    import roofline.costmodel as cm
-    table = {("forward", 1): 10.0, ("forward", 3): 12.0, ("mtp", 3): 2.0, ("mtp", 1): 1.0}
-    monkeypatch.setattr(cm, "predict", lambda fit, kind, dt, q, B, L: table[(kind, q)])
+    import types
+
+    import roofline.predict as pr
+    from roofline.speculative import StepCosts, no_cost
+    T = {1: 10.0, 3: 12.0}
+
+    def fake_costs(fit, dtype, drafter, target):
+        draft = (lambda i, k, B, L: 2.0 if i == 1 else 1.0) if drafter.kind == "mtp" else no_cost
+        return types.SimpleNamespace(steps=StepCosts(target=lambda q, B, L: T[q], draft=draft, overhead=no_cost))
+
+    monkeypatch.setattr(pr, "step_costs", fake_costs)
     spec = SpecValSpec(model=get_preset("tiny"))
     p = predicted_speedup({}, spec, k=2, B=1, tau=2.5, o_plain=1.0, o_spec=3.0)
-    # R = T(3) + T_mtp(3) + (k-1) T_mtp(1) + O = 12 + 2 + 1 + 3
+    # R = (T(3) + o_plain) + T_mtp(3) + (k-1) T_mtp(1) + (o_spec - o_plain) = 13 + 2 + 1 + 2
     assert p["R_pred_s"] == 18.0
     assert p["S_pred"] == pytest.approx(2.5 * (10 + 1) / 18)
     assert predicted_speedup({}, spec, 2, 1, 2.5, 1.0, 3.0, drafter="ngram")["R_pred_s"] == 15.0
