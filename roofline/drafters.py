@@ -22,6 +22,18 @@ from roofline.ngram import propose as ngram_propose
 from roofline.specdec import DecodeState
 
 
+def chain(st: DecodeState, k: int, logits: torch.Tensor, step) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """k drafts: pick from `logits`, then `step(i, previous draft)` gives the next logits."""
+    drafts, probs = [], []
+    for i in range(k):
+        if i:
+            logits = step(i, drafts[-1])
+        tok, q = st.pick(logits)
+        drafts.append(tok)
+        probs.append(q)
+    return torch.stack(drafts, 1), None if st.settings.greedy else torch.stack(probs, 1)
+
+
 class MTPDrafter:
     name = "mtp"
     needs_hidden = True
@@ -47,17 +59,15 @@ class MTPDrafter:
         hidden, nxt, start, last = self._pass
         rows = torch.arange(st.B, device=st.device)
         logits, h = self.target.mtp_forward(hidden, nxt, start, self.depth)
-        logits, h = logits[rows, last], h[rows, last]
-        drafts, probs = [], []
+        state = {"h": h[rows, last]}
         pos = start + last
-        for i in range(k):
-            if i:
-                lg, h = self.target.mtp_forward(h[:, None], drafts[-1][:, None], pos + i, self.depth)
-                logits, h = lg[:, 0], h[:, 0]
-            tok, q = st.pick(logits)
-            drafts.append(tok)
-            probs.append(q)
-        return torch.stack(drafts, 1), None if st.settings.greedy else torch.stack(probs, 1)
+
+        def step(i, prev):  # chain the module on its own hidden state, one position further
+            lg, state["h"] = self.target.mtp_forward(state["h"][:, None], prev[:, None], pos + i, self.depth)
+            state["h"] = state["h"][:, 0]
+            return lg[:, 0]
+
+        return chain(st, k, logits[rows, last], step)
 
 
 class DraftModelDrafter:
@@ -84,14 +94,7 @@ class DraftModelDrafter:
         last_cached = torch.tensor([s[-2] for s in st.seqs], device=st.device)
         feed = torch.stack((last_cached, st.pending), 1)
         logits = self.model(feed, st.lengths - 1)[:, -1]
-        drafts, probs = [], []
-        for i in range(k):
-            if i:
-                logits = self.model(drafts[-1][:, None], st.lengths + i)[:, -1]
-            tok, q = st.pick(logits)
-            drafts.append(tok)
-            probs.append(q)
-        return torch.stack(drafts, 1), None if st.settings.greedy else torch.stack(probs, 1)
+        return chain(st, k, logits, lambda i, prev: self.model(prev[:, None], st.lengths + i)[:, -1])
 
 
 class NgramDrafter:
