@@ -1,9 +1,11 @@
-"""Print the cost card of a preset: `python -m experiments.card model=llama-3.1-8b dtype=bf16`."""
+"""Print the cost card of a preset: `python -m experiments.card model=llama-3.1-8b dtype=bf16`,
+or of a Hugging Face model folder: `python -m experiments.card checkpoint=path/to/folder`."""
 
 import hydra
 
 from experiments.entry import fail_fast, plain
 from roofline.card import CardRequest, print_card
+from roofline.checkpoint import checkpoint_config
 from roofline.config import ModelConfig
 from roofline.specs import get_spec
 
@@ -12,7 +14,8 @@ from roofline.specs import get_spec
 def main(cfg) -> None:
     with fail_fast():
         c = plain(cfg)
-        print_card(CardRequest(model=ModelConfig.from_dict(c["model"]), dtype=c["dtype"],
+        model = checkpoint_config(c["checkpoint"]) if c["checkpoint"] else ModelConfig.from_dict(c["model"])
+        print_card(CardRequest(model=model, dtype=c["dtype"],
                                device=get_spec(c["device"]) if c["device"] else None,
                                batch=c["batch"], context=c["context"]))
 

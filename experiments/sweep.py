@@ -2,6 +2,7 @@
 
 Multirun: `python -m experiments.sweep -m model=cpu-demo,tiny 'dtypes=[bfloat16],[float32]'`
 (add `hydra/launcher=submitit_local` or `hydra/launcher=slurm` to go through submitit).
+A Hugging Face model folder in place of a preset: `python -m experiments.sweep checkpoint=path/to/folder`.
 """
 
 import json
@@ -10,6 +11,7 @@ from pathlib import Path
 import hydra
 
 from experiments.entry import fail_fast, job_dir, plain
+from roofline.checkpoint import checkpoint_config
 from roofline.config import ModelConfig
 from roofline.results import RUNS_ROOT
 from roofline.sweep import SweepSpec, run_sweep, summary_table
@@ -20,11 +22,12 @@ from roofline.timing import TimerSettings
 def main(cfg) -> None:
     with fail_fast():
         c = plain(cfg)
-        spec = SweepSpec(model=ModelConfig.from_dict(c["model"]), q=tuple(c["q"]), B=tuple(c["B"]),
+        model = checkpoint_config(c["checkpoint"]) if c["checkpoint"] else ModelConfig.from_dict(c["model"])
+        spec = SweepSpec(model=model, q=tuple(c["q"]), B=tuple(c["B"]),
                          L=tuple(c["L"]), dtypes=tuple(c["dtypes"]), modes=tuple(c["modes"]),
                          timer=TimerSettings(**c["timer"]), device=c["device"], layers=c["layers"],
                          mtp_q=tuple(c["mtp_q"]), seed=c["seed"], ceilings=c["ceilings"] or "",
-                         overrides=tuple(c["overrides"]))
+                         overrides=tuple(c["overrides"]), checkpoint=c["checkpoint"] or "")
         run_dir = Path(c["out_dir"]) if c["out_dir"] else spec.default_out_dir(RUNS_ROOT)
         summary = run_sweep(spec, run_dir, progress=c["progress"])
         print(summary_table_text(run_dir))

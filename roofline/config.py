@@ -70,6 +70,10 @@ class ModelConfig:
     router_scoring: str = "softmax"
     norm_topk: bool = True
     routed_scale: float = 1.0
+    # group-limited routing (DeepSeek-V3 n_group / topk_group): experts split into router_groups
+    # groups; a token picks its experts only from the router_topk_groups best groups
+    router_groups: int = 1
+    router_topk_groups: int = 1
     # MTP (DeepSeek-V3 / GLM-4.5): num_nextn_predict_layers
     mtp_layers: int = 0
     # provenance of the shapes and the authors' published totals (for the card)
@@ -140,6 +144,20 @@ class ModelConfig:
                 raise ConfigError(f"model.experts_per_token={self.experts_per_token}: must be in 1..experts={self.experts}")
             if self.moe_ffn < 1:
                 raise ConfigError("model.moe_ffn must be >= 1 when experts > 0")
+        for f in ("router_groups", "router_topk_groups"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or v < 1:
+                raise ConfigError(f"model.{f}={v!r}: must be a positive integer")
+        if self.router_groups > 1:
+            if not self.is_moe or self.experts % self.router_groups or self.experts // self.router_groups < 2:
+                raise ConfigError(f"model.router_groups={self.router_groups}: must divide experts={self.experts} "
+                                  "into groups of >= 2 (a group is ranked by its top-2 scores)")
+        if self.router_topk_groups < self.router_groups and self.router_scoring != "sigmoid":
+            raise ConfigError(f"model.router_topk_groups={self.router_topk_groups} < router_groups={self.router_groups}: "
+                              "group-limited routing is modelled for router_scoring='sigmoid' only")
+        if self.router_topk_groups > self.router_groups:
+            raise ConfigError(f"model.router_topk_groups={self.router_topk_groups}: must be in "
+                              f"1..router_groups={self.router_groups}")
         if self.first_dense_layers > self.layers:
             raise ConfigError(f"model.first_dense_layers={self.first_dense_layers}: must be <= layers={self.layers}")
         if (not self.is_moe or self.first_dense_layers > 0) and self.ffn < 1:

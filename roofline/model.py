@@ -182,7 +182,15 @@ class MoE(nn.Module):
             w, idx = scores.topk(cfg.experts_per_token, dim=-1)
         else:
             scores = logits.sigmoid()
-            idx = (scores + self.score_bias.float()).topk(cfg.experts_per_token, dim=-1).indices
+            choice = scores + self.score_bias.float()
+            if cfg.router_topk_groups < cfg.router_groups:
+                # group-limited (DeepSeek-V3, as transformers): rank groups by the sum of their
+                # top-2 biased scores, keep the best router_topk_groups, pick experts only there
+                grouped = choice.view(-1, cfg.router_groups, cfg.experts // cfg.router_groups)
+                best = grouped.topk(2, dim=-1).values.sum(-1).topk(cfg.router_topk_groups, dim=-1).indices
+                keep = torch.zeros_like(grouped[..., 0], dtype=torch.bool).scatter_(1, best, True)
+                choice = grouped.masked_fill(~keep[..., None], float("-inf")).view_as(choice)
+            idx = choice.topk(cfg.experts_per_token, dim=-1).indices
             w = scores.gather(-1, idx)
         if cfg.norm_topk:
             w = w / w.sum(-1, keepdim=True)

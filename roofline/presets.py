@@ -68,6 +68,10 @@ def scaled_down(cfg: ModelConfig, *, d: int = 64, layers: int = 3, vocab: int = 
         ch["rope_scaling"] = dataclasses.replace(cfg.rope_scaling, original_max_position=max_context // 4)
     if cfg.is_moe:
         ch.update(experts=8, experts_per_token=min(cfg.experts_per_token, 2), moe_ffn=32)
+        if cfg.router_topk_groups < cfg.router_groups:  # keep group-limited routing: 2 groups of 4, 1 kept
+            ch.update(router_groups=2, router_topk_groups=1)
+        elif cfg.router_groups > 1:
+            ch.update(router_groups=1, router_topk_groups=1)
     if cfg.is_mla:
         ch.update(q_lora_rank=32 if cfg.q_lora_rank else 0, kv_lora_rank=32, qk_nope_dim=16,
                   qk_rope_dim=8, v_head_dim=16, head_dim=24, kv_heads=heads)

@@ -54,6 +54,7 @@ class SweepSpec:
     layers: int = 0  # 0: full depth; n: measure n and 2n layers, extrapolate
     mtp_q: tuple[int, ...] = (1,)  # q of the MTP drafter step (presets with MTP only)
     seed: int = 0
+    checkpoint: str = ""  # a Hugging Face model folder: its weights instead of random ones (model = its config)
     ceilings: str = ""  # a ceilings.json (roofline.ceilings); rows then give % of measured ceilings
     out_dir: str = ""
     overrides: tuple[str, ...] = ()
@@ -164,8 +165,13 @@ class _Workload:
         ok, why = _fits(cfg, dtype, max(spec.B), max_ctx, spec.device)
         if not ok:
             raise MemoryError(f"too_big: {why}")
-        self.model = build_model(cfg, max_batch=max(spec.B), max_context=max_ctx, dtype=torch_dtype(dtype),
-                                 device=spec.device, seed=spec.seed, moe_impl=self.moe_impl)
+        if spec.checkpoint:
+            from roofline.checkpoint import load_checkpoint
+            self.model = load_checkpoint(spec.checkpoint, dtype=dtype, device=spec.device, max_batch=max(spec.B),
+                                         max_context=max_ctx, moe_impl=self.moe_impl, layers=depth)
+        else:
+            self.model = build_model(cfg, max_batch=max(spec.B), max_context=max_ctx, dtype=torch_dtype(dtype),
+                                     device=spec.device, seed=spec.seed, moe_impl=self.moe_impl)
         self.gen = torch.Generator(device=spec.device).manual_seed(spec.seed)
 
     def fill_cache(self, L: int) -> None:

@@ -111,7 +111,8 @@ def test_deepseek_v3():
            q_lora_rank=1536, kv_lora_rank=512, qk_nope_dim=128, qk_rope_dim=64, v_head_dim=128,
            head_dim=192, ffn=18432, experts=256, experts_per_token=8, moe_ffn=2048,
            shared_experts=1, first_dense_layers=3, router_scoring="sigmoid", norm_topk=True,
-           routed_scale=2.5, mtp_layers=1, rope_interleave=True, max_context=163840)
+           routed_scale=2.5, mtp_layers=1, rope_interleave=True, max_context=163840, router_groups=8,
+           router_topk_groups=4)
     rs = cfg.rope_scaling
     assert (rs.kind, rs.factor, rs.original_max_position, rs.beta_fast, rs.beta_slow, rs.mscale,
             rs.mscale_all_dim) == ("yarn", 40.0, 4096, 32.0, 1.0, 1.0, 1.0)
@@ -125,7 +126,7 @@ def test_glm_4_5_air():
     _check(cfg, vocab=151552, d=4096, layers=46, heads=96, kv_heads=8, head_dim=128, ffn=10944,
            partial_rotary=0.5, rope_interleave=False, qkv_bias=True, qk_norm=False, experts=128,
            experts_per_token=8, moe_ffn=1408, shared_experts=1, first_dense_layers=1,
-           router_scoring="sigmoid", norm_topk=True, routed_scale=1.0, mtp_layers=1,
+           router_scoring="sigmoid", norm_topk=True, routed_scale=1.0, mtp_layers=1, router_groups=1,
            max_context=131072, rope_theta=1e6)
     assert cfg.rotary_dim == 64
 

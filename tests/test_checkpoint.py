@@ -1,0 +1,377 @@
+"""Hugging Face checkpoints: forward parity with transformers per family, MTP against the
+DeepSeek-V3 equations, loader errors that name the tensor, and the card on a model folder."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+from safetensors import safe_open  # noqa: E402
+
+from roofline.checkpoint import ARCHITECTURES, checkpoint_config, config_from_hf, load_checkpoint  # noqa: E402
+from roofline.config import ConfigError  # noqa: E402
+from roofline.presets import REPO_ROOT  # noqa: E402
+
+BASE = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False)
+MOE = dict(num_experts_per_tok=2, moe_intermediate_size=32)
+SIGMOID_MOE = dict(MOE, n_routed_experts=8, n_shared_experts=1, first_k_dense_replace=1, norm_topk_prob=True)
+FAMILIES = {
+    "llama": dict(rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
+                                       high_freq_factor=4.0, original_max_position_embeddings=32)),
+    "qwen2": dict(),
+    "qwen3": dict(head_dim=24),
+    "mistral": dict(sliding_window=None),
+    "qwen3_moe": dict(MOE, num_experts=8, norm_topk_prob=True, mlp_only_layers=[0]),
+    "mixtral": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32),
+    "deepseek_v3": dict(SIGMOID_MOE, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16,
+                        qk_rope_head_dim=8, v_head_dim=16, n_group=2, topk_group=1, routed_scaling_factor=2.5,
+                        num_nextn_predict_layers=1,
+                        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, beta_fast=32.0,
+                                             beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0,
+                                             original_max_position_embeddings=32)),
+    "glm4_moe": dict(SIGMOID_MOE, head_dim=16, attention_bias=True, use_qk_norm=True, n_group=1, topk_group=1,
+                     num_nextn_predict_layers=1, routed_scaling_factor=1.5,
+                     rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5)),
+}
+
+
+def hf_model(family: str, seed: int = 0, **changes):
+    """A seeded random transformers model: every weight, norm, bias and router bias random."""
+    torch.manual_seed(seed)
+    cfg = transformers.AutoConfig.for_model(family, **{**BASE, **FAMILIES[family], **changes})
+    cfg._attn_implementation = "eager"
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    randomize(model)
+    return model
+
+
+def randomize(module: torch.nn.Module) -> None:
+    with torch.no_grad():
+        for name, t in [*module.named_parameters(), *module.named_buffers()]:
+            if not t.is_floating_point() or "inv_freq" in name:
+                continue
+            if name.endswith("norm.weight") or "layernorm" in name:
+                t.copy_(1 + 0.1 * torch.randn_like(t))
+            else:
+                t.copy_(0.05 * torch.randn_like(t))
+
+
+def ours_vs_hf(hf, folder, B=2, q=7, seed=1):
+    cfg = hf.config
+    tokens = torch.randint(0, cfg.vocab_size, (B, q), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        ref = hf(tokens).logits.double()
+        model = load_checkpoint(folder, dtype="float32", device="cpu", max_batch=B, max_context=32)
+        ours = model(tokens, torch.zeros(B, dtype=torch.long)).double()
+    cos = torch.nn.functional.cosine_similarity(ours.flatten(), ref.flatten(), dim=0).item()
+    return cos, (ours - ref).abs().max().item(), ref.abs().max().item()
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_forward_parity_with_transformers(family, tmp_path):
+    hf = hf_model(family)
+    hf.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").is_file()
+    if getattr(hf.config, "num_nextn_predict_layers", 0):
+        add_mtp_layer(hf, tmp_path)  # as released: transformers does not save it
+    assert checkpoint_config(tmp_path).layers == BASE["num_hidden_layers"]
+    cos, err, scale = ours_vs_hf(hf, tmp_path)
+    assert cos >= 0.99999 and err < 1e-4, f"{family}: cosine {cos:.8f}, max abs error {err:.2e} (max |logit| {scale:.2f})"
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])
+def test_sharded_checkpoint_loads_the_same(family, tmp_path):
+    hf = hf_model(family, seed=2, num_nextn_predict_layers=0) if family == "deepseek_v3" else hf_model(family, seed=2)
+    hf.save_pretrained(tmp_path, max_shard_size="40KB")
+    shards = sorted(p.name for p in tmp_path.glob("model-*.safetensors"))
+    assert len(shards) > 2 and (tmp_path / "model.safetensors.index.json").is_file(), shards
+    cos, err, _ = ours_vs_hf(hf, tmp_path)
+    assert cos >= 0.99999 and err < 1e-4, f"{family} sharded: cosine {cos:.8f}, max abs error {err:.2e}"
+
+
+def test_fused_expert_tensors_load(tmp_path):
+    """transformers 5 keeps experts fused in memory (experts.gate_up_proj [E, 2f, d], experts.down_proj
+    [E, d, f]); a checkpoint written from that state dict directly loads too."""
+    hf = hf_model("glm4_moe", seed=3, num_nextn_predict_layers=0)
+    hf.save_pretrained(tmp_path)
+    state = {k: v.contiguous() for k, v in hf.state_dict().items()}
+    assert any(k.endswith("experts.gate_up_proj") for k in state)
+    safetensors_torch.save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    cos, err, _ = ours_vs_hf(hf, tmp_path)
+    assert cos >= 0.99999 and err < 1e-4, f"fused experts: cosine {cos:.8f}, max abs error {err:.2e}"
+
+
+def test_group_limited_routing_picks_only_the_best_groups(tmp_path):
+    hf = hf_model("deepseek_v3", seed=4, num_nextn_predict_layers=0)
+    hf.save_pretrained(tmp_path)
+    model = load_checkpoint(tmp_path, dtype="float32", max_batch=1, max_context=8)
+    assert (model.cfg.router_groups, model.cfg.router_topk_groups) == (2, 1)
+    moe = model.layers[1].ffn
+    x = torch.randn(64, 64)
+    w, idx = moe.route(x)
+    assert (idx // 4).unique(dim=1).shape[1] == 1  # both experts of every token in one group of 4
+    _, ref_w, ref_idx = hf.model.layers[1].mlp.gate(x)
+    assert torch.equal(idx.sort(-1).values, ref_idx.sort(-1).values)
+    torch.testing.assert_close(w.gather(-1, idx.argsort(-1)), ref_w.gather(-1, ref_idx.argsort(-1)))
+
+
+# ---- MTP: transformers drops it; we write it and check it against the equations ---------------
+
+def rms(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def add_mtp_layer(hf, folder, seed=5) -> dict:
+    """Append model.layers.{n}.* (a random MoE decoder block + enorm, hnorm, eh_proj, shared_head,
+    embed_tokens) to the checkpoint, per-expert names as released checkpoints store them."""
+    cfg, n = hf.config, hf.config.num_hidden_layers
+    torch.manual_seed(seed)
+    layer = type(hf.model.layers[-1])(cfg, layer_idx=n).eval()
+    randomize(layer)
+    d = cfg.hidden_size
+    extra = {"enorm.weight": 1 + 0.1 * torch.randn(d), "hnorm.weight": 1 + 0.1 * torch.randn(d),
+             "eh_proj.weight": 0.05 * torch.randn(d, 2 * d), "shared_head.norm.weight": 1 + 0.1 * torch.randn(d),
+             "shared_head.head.weight": hf.lm_head.weight.detach().clone(),
+             "embed_tokens.weight": hf.model.embed_tokens.weight.detach().clone()}
+    f = cfg.moe_intermediate_size
+    for k, v in layer.state_dict().items():
+        if k.endswith("experts.gate_up_proj"):
+            for e in range(v.shape[0]):
+                extra[k.replace("gate_up_proj", f"{e}.gate_proj.weight")] = v[e, :f]
+                extra[k.replace("gate_up_proj", f"{e}.up_proj.weight")] = v[e, f:]
+        elif k.endswith("experts.down_proj"):
+            for e in range(v.shape[0]):
+                extra[k.replace("down_proj", f"{e}.down_proj.weight")] = v[e]
+        else:
+            extra[k] = v
+    path = folder / "model.safetensors"
+    with safe_open(str(path), framework="pt") as fh:
+        tensors = {k: fh.get_tensor(k) for k in fh.keys()}
+    tensors.update({f"model.layers.{n}.{k}": v.contiguous().clone() for k, v in extra.items()})
+    safetensors_torch.save_file(tensors, str(path), metadata={"format": "pt"})
+    return dict(layer=layer, **extra)
+
+
+def mtp_reference(hf, mtp, hidden, next_tokens):
+    """DeepSeek-V3 §2.2: h' = M [RMSNorm(h); RMSNorm(Emb(t_{i+1}))]-> TRM -> OutHead, with the
+    concatenation order of the released weights (embedding first)."""
+    cfg, eps = hf.config, hf.config.rms_norm_eps
+    emb = hf.model.embed_tokens(next_tokens)
+    x = torch.cat((rms(emb, mtp["enorm.weight"], eps), rms(hidden, mtp["hnorm.weight"], eps)), -1) @ mtp["eh_proj.weight"].T
+    q = x.shape[1]
+    pos = torch.arange(q)[None].expand(x.shape[0], q)
+    cos_sin = hf.model.rotary_emb(x, pos)
+    mask = torch.full((q, q), float("-inf")).triu(1)[None, None]
+    out = mtp["layer"](x, attention_mask=mask, position_ids=pos, position_embeddings=cos_sin)
+    out = out[0] if isinstance(out, tuple) else out
+    return rms(out, mtp["shared_head.norm.weight"], eps) @ mtp["shared_head.head.weight"].T
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "glm4_moe"])
+def test_mtp_module_matches_the_deepseek_v3_equations(family, tmp_path):
+    hf = hf_model(family, seed=6)
+    hf.save_pretrained(tmp_path)
+    mtp = add_mtp_layer(hf, tmp_path)
+    B, q = 2, 6
+    g = torch.Generator().manual_seed(7)
+    hidden = torch.randn(B, q, hf.config.hidden_size, generator=g)
+    next_tokens = torch.randint(0, hf.config.vocab_size, (B, q), generator=g)
+    with torch.no_grad():
+        ref = mtp_reference(hf, mtp, hidden, next_tokens).double()
+        model = load_checkpoint(tmp_path, dtype="float32", max_batch=B, max_context=16)
+        ours, _ = model.mtp_forward(hidden, next_tokens, torch.zeros(B, dtype=torch.long))
+    ours = ours.double()
+    cos = torch.nn.functional.cosine_similarity(ours.flatten(), ref.flatten(), dim=0).item()
+    err = (ours - ref).abs().max().item()
+    assert cos >= 0.99999 and err < 1e-4, f"{family} MTP: cosine {cos:.8f}, max abs error {err:.2e}"
+
+
+def test_mtp_copy_of_the_head_that_differs_is_reported(tmp_path):
+    hf = hf_model("deepseek_v3", seed=8)
+    hf.save_pretrained(tmp_path)
+    add_mtp_layer(hf, tmp_path)
+    _rewrite(tmp_path, lambda t: t.update({"model.layers.3.shared_head.head.weight": t["lm_head.weight"] + 1e-3}))
+    with pytest.warns(UserWarning, match=r"model\.layers\.3\.shared_head\.head\.weight.*differs"):
+        load_checkpoint(tmp_path, dtype="float32", max_context=8)
+
+
+def test_checkpoint_without_its_mtp_layer_fails_naming_it(tmp_path):
+    hf = hf_model("deepseek_v3", seed=9)  # config says num_nextn_predict_layers=1; save drops the layer
+    hf.save_pretrained(tmp_path)
+    with pytest.raises(ConfigError, match=r"missing tensor 'model\.layers\.3\.(enorm|eh_proj|hnorm|input_layernorm)"):
+        load_checkpoint(tmp_path, dtype="float32", max_context=8)
+
+
+def test_mtp_layer_its_config_does_not_declare_is_unexpected(tmp_path):
+    hf = hf_model("deepseek_v3", seed=12)
+    hf.save_pretrained(tmp_path)
+    add_mtp_layer(hf, tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    raw["num_nextn_predict_layers"] = 0
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match=r"unexpected tensor 'model\.layers\.3\..*num_nextn_predict_layers=0"):
+        load_checkpoint(tmp_path, dtype="float32", max_context=8)
+
+
+# ---- loader errors ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("llama")
+    hf_model("llama", seed=10).save_pretrained(folder)
+    return folder
+
+
+def _rewrite(folder, edit):
+    path = folder / "model.safetensors"
+    with safe_open(str(path), framework="pt") as fh:
+        tensors = {k: fh.get_tensor(k) for k in fh.keys()}
+    edit(tensors)
+    safetensors_torch.save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def _broken(llama_dir, tmp_path, edit):
+    folder = tmp_path / "broken"
+    shutil.copytree(llama_dir, folder)
+    _rewrite(folder, edit)
+    return folder
+
+
+def test_missing_tensor_is_named(llama_dir, tmp_path):
+    folder = _broken(llama_dir, tmp_path, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
+    with pytest.raises(ConfigError, match=r"missing tensor 'model\.layers\.1\.mlp\.up_proj\.weight'"):
+        load_checkpoint(folder, dtype="float32", max_context=8)
+
+
+def test_wrong_shape_is_named(llama_dir, tmp_path):
+    key = "model.layers.2.self_attn.k_proj.weight"
+    folder = _broken(llama_dir, tmp_path, lambda t: t.update({key: t[key][:16]}))
+    with pytest.raises(ConfigError, match=r"'model\.layers\.2\.self_attn\.k_proj\.weight': shape \[16, 64\], config\.json implies \[32, 64\]"):
+        load_checkpoint(folder, dtype="float32", max_context=8)
+
+
+def test_unexpected_tensor_is_named(llama_dir, tmp_path):
+    folder = _broken(llama_dir, tmp_path, lambda t: t.update({"model.layers.0.mlp.extra_proj.weight": torch.zeros(2, 2)}))
+    with pytest.raises(ConfigError, match=r"unexpected tensor 'model\.layers\.0\.mlp\.extra_proj\.weight'"):
+        load_checkpoint(folder, dtype="float32", max_context=8)
+
+
+def test_integer_tensor_is_named(llama_dir, tmp_path):
+    key = "model.norm.weight"
+    folder = _broken(llama_dir, tmp_path, lambda t: t.update({key: t[key].to(torch.int32)}))
+    with pytest.raises(ConfigError, match=r"'model\.norm\.weight': dtype I32"):
+        load_checkpoint(folder, dtype="float32", max_context=8)
+
+
+def test_config_with_a_wrong_hidden_size_fails_on_the_first_tensor(llama_dir, tmp_path):
+    folder = tmp_path / "wrong-config"
+    shutil.copytree(llama_dir, folder)
+    raw = json.loads((folder / "config.json").read_text())
+    raw["hidden_size"] = 80
+    (folder / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match=r"tensor 'model\..*': shape \[.*\], config\.json implies \[.*80.*\]"):
+        load_checkpoint(folder, dtype="float32", max_context=8)
+
+
+def test_unknown_architecture_names_the_field_and_the_allowed_list():
+    with pytest.raises(ConfigError) as err:
+        config_from_hf({"architectures": ["GPT2LMHeadModel"], "hidden_size": 64})
+    assert "architectures" in str(err.value) and "GPT2LMHeadModel" in str(err.value)
+    for arch in ARCHITECTURES:
+        assert arch in str(err.value)
+
+
+HUB_CONFIGS = {  # the published config.json fields the preset YAMLs cite (older layout: top-level rope fields)
+    "deepseek-v3": dict(
+        architectures=["DeepseekV3ForCausalLM"], vocab_size=129280, hidden_size=7168, intermediate_size=18432,
+        moe_intermediate_size=2048, num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128,
+        n_shared_experts=1, n_routed_experts=256, routed_scaling_factor=2.5, kv_lora_rank=512, q_lora_rank=1536,
+        qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128, topk_method="noaux_tc", n_group=8, topk_group=4,
+        num_experts_per_tok=8, moe_layer_freq=1, first_k_dense_replace=3, norm_topk_prob=True, scoring_func="sigmoid",
+        hidden_act="silu", max_position_embeddings=163840, rms_norm_eps=1e-6, rope_theta=10000,
+        num_nextn_predict_layers=1, tie_word_embeddings=False, attention_bias=False,
+        rope_scaling=dict(beta_fast=32, beta_slow=1, factor=40, mscale=1.0, mscale_all_dim=1.0,
+                          original_max_position_embeddings=4096, type="yarn")),
+    "glm-4.5-air": dict(
+        architectures=["Glm4MoeForCausalLM"], vocab_size=151552, hidden_size=4096, num_hidden_layers=46,
+        num_attention_heads=96, num_key_value_heads=8, head_dim=128, partial_rotary_factor=0.5, attention_bias=True,
+        use_qk_norm=False, intermediate_size=10944, first_k_dense_replace=1, moe_intermediate_size=1408,
+        n_routed_experts=128, num_experts_per_tok=8, n_shared_experts=1, norm_topk_prob=True,
+        routed_scaling_factor=1.0, n_group=1, topk_group=1, num_nextn_predict_layers=1,
+        max_position_embeddings=131072, rope_theta=1000000, rope_scaling=None, rms_norm_eps=1e-5,
+        tie_word_embeddings=False, hidden_act="silu"),
+    "qwen3-30b-a3b": dict(
+        architectures=["Qwen3MoeForCausalLM"], vocab_size=151936, hidden_size=2048, num_hidden_layers=48,
+        num_attention_heads=32, num_key_value_heads=4, head_dim=128, intermediate_size=6144, moe_intermediate_size=768,
+        num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+        max_position_embeddings=40960, rope_theta=1000000.0, rope_scaling=None, rms_norm_eps=1e-6,
+        tie_word_embeddings=False, attention_bias=False, sliding_window=None, use_sliding_window=False),
+    "mixtral-8x7b": dict(
+        architectures=["MixtralForCausalLM"], vocab_size=32000, hidden_size=4096, intermediate_size=14336,
+        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=32768,
+        rope_theta=1e6, rms_norm_eps=1e-5, sliding_window=None, tie_word_embeddings=False, num_local_experts=8,
+        num_experts_per_tok=2),
+    "llama-3.1-8b": dict(
+        architectures=["LlamaForCausalLM"], vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
+        rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+        rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                          original_max_position_embeddings=8192)),
+    "qwen2.5-7b": dict(
+        architectures=["Qwen2ForCausalLM"], vocab_size=152064, hidden_size=3584, intermediate_size=18944,
+        num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=131072,
+        rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, sliding_window=131072,
+        use_sliding_window=False),
+}
+
+
+@pytest.mark.parametrize("preset", list(HUB_CONFIGS))
+def test_published_config_maps_to_the_preset(preset):
+    from roofline.presets import get_preset
+    skip = {"name", "source", "published_params_total", "published_params_active", "published_note"}
+    ours, want = config_from_hf(HUB_CONFIGS[preset]).to_dict(), get_preset(preset).to_dict()
+    assert {k: v for k, v in ours.items() if k not in skip} == {k: v for k, v in want.items() if k not in skip}
+
+
+def test_tied_embeddings_load(tmp_path):
+    hf = hf_model("qwen3", seed=11, tie_word_embeddings=True)
+    hf.save_pretrained(tmp_path)
+    assert checkpoint_config(tmp_path).tie_embeddings
+    cos, err, _ = ours_vs_hf(hf, tmp_path)
+    assert cos >= 0.99999 and err < 1e-4, f"tied: cosine {cos:.8f}, max abs error {err:.2e}"
+
+
+# ---- the card on a model folder --------------------------------------------------------------
+
+def test_card_takes_a_model_folder(llama_dir):
+    hf = hf_model("llama", seed=10)
+    out = subprocess.run([sys.executable, "-m", "experiments.card", f"checkpoint={llama_dir}", "device=null"],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rec = json.loads(out.stdout.strip().splitlines()[-1])
+    assert rec["params_total"] == sum(p.numel() for p in hf.parameters())
+    assert rec["model"] == llama_dir.name and rec["layers"] == BASE["num_hidden_layers"]
+
+
+# ---- the sweep on a model folder -------------------------------------------------------------
+
+def test_sweep_times_the_checkpoint_weights_layer_sliced(llama_dir, tmp_path):
+    from roofline.sweep import SweepSpec, _Workload, run_sweep
+    from roofline.timing import TimerSettings
+    kw = dict(model=checkpoint_config(llama_dir), q=(1, 2), B=(1,), L=(0, 4), dtypes=("float32",), layers=1,
+              timer=TimerSettings(warmup=1, min_reps=3, max_reps=3, budget_s=0.02))
+    spec = SweepSpec(checkpoint=str(llama_dir), **kw)
+    assert spec.fingerprint() != SweepSpec(**kw).fingerprint()
+    model = _Workload(spec, "float32", 1, "eager").model
+    assert len(model.layers) == 1
+    with safe_open(str(llama_dir / "model.safetensors"), framework="pt") as fh:
+        qkv = torch.cat([fh.get_tensor(f"model.layers.0.self_attn.{p}_proj.weight") for p in "qkv"])
+        assert torch.equal(model.layers[0].attn.wqkv.weight, qkv)
+    out = run_sweep(spec, tmp_path / "run", progress=False)
+    assert out["ok"] == out["points"] == 8  # forward q in {1, 2} x L in {0, 4} x depths {1, 2}
