@@ -292,15 +292,17 @@ class Transformer(nn.Module):
         """Logits [B, q, V] for q new tokens per sequence at positions start_pos[b] + 0..q-1.
 
         kv_len: cache positions attention reads (>= max(start_pos) + q); fixed by callers that
-        capture CUDA graphs. return_hidden: also return the last hidden states (pre-norm),
+        capture CUDA graphs. return_hidden: also return the last hidden states after the final
+        norm (what vLLM hands DeepSeek-V3's MTP module as the target's hidden state),
         which an MTP module consumes.
         """
         pos, cos, sin, kv_len = self._positions(tokens, start_pos, kv_len)
         x = self.embed(tokens)
         for layer in self.layers:
             x = layer(x, cos, sin, start_pos, pos, kv_len)
-        logits = self.head(self.norm(x))
-        return (logits, x) if return_hidden else logits
+        h = self.norm(x)
+        logits = self.head(h)
+        return (logits, h) if return_hidden else logits
 
     def mtp_forward(self, hidden: torch.Tensor, next_tokens: torch.Tensor, start_pos: torch.Tensor,
                     depth: int = 0, kv_len: int | None = None):
