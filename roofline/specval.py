@@ -7,7 +7,9 @@ One run, on one model and device:
    of plain decoding's per-step overhead, on prompts that are not the ones evaluated;
 3. for each (α, k, B): plain greedy decoding and speculative decoding with the oracle drafter
    (the real compute of the MTP module), interleaved `reps` times; the measured speedup is
-   the ratio of median tokens/s; plus the real drafters (MTP, n-gram) at each (k, B).
+   the ratio of median tokens/s; plus the real drafters (MTP, n-gram) at each (k, B). In
+   float32 every speculative output must equal plain greedy (else the run stops); in half
+   precision the first divergence from it is recorded instead.
 
 Predicted speedup (design.md §2), at the mid-generation context L = prompt + max_new/2:
   S = τ · (T(1) + O(0, B)) / (T(k+1) + T_mtp(k+1) + (k−1)·T_mtp(1) + O(k, B))
@@ -91,6 +93,16 @@ def _prompts(spec: SpecValSpec, B: int, seed: int) -> list[list[int]]:
     return [torch.randint(0, spec.model.vocab, (spec.prompt_len,), generator=g).tolist() for _ in range(B)]
 
 
+def _first_divergence(out: list[list[int]], reference: list[list[int]]) -> int:
+    """First generated index where any sequence left the plain greedy reference (-1: none).
+    In half precision the k+1-token verification and the 1-token decode round differently,
+    so a near-tie can flip the argmax: exactness is a float32 property (tests), and the
+    oracle's acceptance drifts below α after a divergence (S_pred uses the measured τ)."""
+    firsts = [next((i for i, (a, b) in enumerate(zip(o, r)) if a != b), -1) for o, r in zip(out, reference)]
+    hits = [f for f in firsts if f >= 0]
+    return min(hits) if hits else -1
+
+
 def _median_tps(runs) -> float:
     return statistics.median(m.tokens_per_s for m in runs)
 
@@ -139,12 +151,13 @@ def run_validation(spec: SpecValSpec, run_dir: Path, log=print) -> pd.DataFrame:
         cases += [(name, None, k, (lambda: MTPDrafter(target)) if name == "mtp" else (lambda: NgramDrafter(spec.model.vocab)))
                   for name in spec.real_drafters for k in spec.ks]
         for label, alpha, k, make in cases:
-            plain_runs, spec_runs = [], []
+            plain_runs, spec_runs, diverged = [], [], []
             for _ in range(spec.reps):
                 out0, m_plain = SpecEngine(target).generate(prompts, DecodeSettings(max_new=spec.max_new))
                 out1, m_spec = SpecEngine(target, make()).generate(prompts, DecodeSettings(max_new=spec.max_new, k=k))
-                if out1 != out0 or out0 != reference:
+                if spec.dtype == "float32" and (out1 != out0 or out0 != reference):
                     raise RuntimeError(f"{label}, k={k}, B={B}: speculative output differs from plain greedy")
+                diverged.append(_first_divergence(out1, reference))
                 plain_runs.append(m_plain)
                 spec_runs.append(m_spec)
             tau = statistics.median(m.mean_acceptance_length for m in spec_runs)
@@ -157,6 +170,7 @@ def run_validation(spec: SpecValSpec, run_dir: Path, log=print) -> pd.DataFrame:
             rows.append(dict(drafter=label, alpha=alpha, k=k, B=B, L_mid=spec.context_mid, tau_meas=tau,
                              tau_alpha=tau_iid(alpha, k) if alpha is not None else float("nan"),
                              alpha_meas=" ".join(f"{a:.3f}" for a in last.per_position_alpha()),
+                             first_divergence=min([d for d in diverged if d >= 0], default=-1),
                              tps_plain=_median_tps(plain_runs), tps_spec=_median_tps(spec_runs), S_meas=S_meas,
                              **pred, S_pred_alpha=pred_alpha, err=pred["S_pred"] / S_meas - 1,
                              err_alpha=pred_alpha / S_meas - 1,
