@@ -328,9 +328,19 @@ class Transformer(nn.Module):
             b.zero_()
 
 
+LOGIT_STD = 4.0
+
+
 def init_weights(model: Transformer, seed: int, std: float = 0.02) -> None:
-    """Deterministic random weights: N(0, std) matrices, unit norms, zero biases."""
+    """Deterministic random weights: N(0, std) matrices, unit norms, zero biases.
+
+    The LM head (the embedding when tied) gets std LOGIT_STD/sqrt(d): after the final RMSNorm
+    the logits then spread like a trained model's (std ~4) instead of ~0.6, so the top-1 token
+    is usually clear of the runner-up by more than half-precision rounding and greedy decoding
+    in bf16 is decided by the model, not by which kernel computed it.
+    """
     g = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    head = "embed.weight" if model.lm_head is None else "lm_head.weight"
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight") or name.endswith("_norm.weight"):
@@ -338,7 +348,7 @@ def init_weights(model: Transformer, seed: int, std: float = 0.02) -> None:
             elif name.endswith("bias"):
                 p.zero_()
             else:
-                p.normal_(0.0, std, generator=g)
+                p.normal_(0.0, LOGIT_STD / model.cfg.d ** 0.5 if name == head else std, generator=g)
 
 
 def build_model(cfg: ModelConfig, *, max_batch: int, max_context: int, dtype: torch.dtype = torch.float32,

@@ -63,6 +63,8 @@ class SpecMetrics:
     draft_s: float = 0.0
     verify_s: float = 0.0
     prefill_s: float = 0.0
+    steady_s: float = 0.0  # rounds in which every sequence was active from start to end
+    steady_tokens: int = 0
 
     @property
     def overhead_s(self) -> float:
@@ -83,6 +85,13 @@ class SpecMetrics:
         """Emitted tokens over decode time (prefill excluded)."""
         return self.emitted / (self.wall_s - self.prefill_s)
 
+    @property
+    def steady_tokens_per_s(self) -> float:
+        """Throughput while the whole batch is generating: a static batch's tail, where finished
+        sequences idle until the slowest one is done, is left out (continuous batching refills
+        those slots); this is what the B·τ/R of design.md §2 describes."""
+        return self.steady_tokens / self.steady_s if self.steady_s else float("nan")
+
     def per_position_alpha(self) -> list[float]:
         """Conditional acceptance α_i = accepted at i / reached i."""
         reached = [self.drafts] + self.accepted_per_pos[:-1]
@@ -93,7 +102,7 @@ class SpecMetrics:
                     rounds=self.rounds, emitted=self.emitted, wall_s=self.wall_s, prefill_s=self.prefill_s,
                     draft_s=self.draft_s, verify_s=self.verify_s, overhead_s=self.overhead_s,
                     tau=self.mean_acceptance_length, acceptance_rate=self.acceptance_rate,
-                    tokens_per_s=self.tokens_per_s,
+                    tokens_per_s=self.tokens_per_s, steady_tokens_per_s=self.steady_tokens_per_s,
                     accepted_per_pos=" ".join(map(str, self.accepted_per_pos)))
 
 
@@ -223,10 +232,16 @@ class SpecEngine:
                     self.drafter.prefill(st, hidden)
             m.prefill_s = pre.s
             while st.active.any():
-                if s.k == 0:
-                    self._plain_step(st, m)
-                else:
-                    self._round(st, m)
+                before = sum(len(q) for q in st.seqs)
+                full = bool(st.active.all())
+                with Phase(self.device) as rnd:
+                    if s.k == 0:
+                        self._plain_step(st, m)
+                    else:
+                        self._round(st, m)
+                if full and st.active.all():
+                    m.steady_s += rnd.s
+                    m.steady_tokens += sum(len(q) for q in st.seqs) - before
                 m.rounds += 1
         m.wall_s = wall.s
         m.emitted = sum(len(st.generated(b)) - 1 for b in range(st.B))  # the first token came from prefill

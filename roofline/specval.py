@@ -7,7 +7,8 @@ One run, on one model and device:
    of plain decoding's per-step overhead, on prompts that are not the ones evaluated;
 3. for each (α, k, B): plain greedy decoding and speculative decoding with the oracle drafter
    (the real compute of the MTP module), interleaved `reps` times; the measured speedup is
-   the ratio of median tokens/s; plus the real drafters (MTP, n-gram) at each (k, B). In
+   the ratio of median steady-state tokens/s (rounds where the whole batch generates: a static
+   batch's straggler tail is not what B·τ/R describes); plus the real drafters (MTP, n-gram) at each (k, B). In
    float32 every speculative output must equal plain greedy (else the run stops); in half
    precision the first divergence from it is recorded instead.
 
@@ -104,7 +105,7 @@ def _first_divergence(out: list[list[int]], reference: list[list[int]]) -> int:
 
 
 def _median_tps(runs) -> float:
-    return statistics.median(m.tokens_per_s for m in runs)
+    return statistics.median(m.steady_tokens_per_s for m in runs)
 
 
 def predicted_speedup(fit: dict, spec: SpecValSpec, k: int, B: int, tau: float, o_plain: float, o_spec: float,
@@ -143,7 +144,7 @@ def run_validation(spec: SpecValSpec, run_dir: Path, log=print) -> pd.DataFrame:
             o_spec[k] = mk.overhead_s / mk.rounds
             overheads.append(dict(k=k, B=B, O_spec_s=o_spec[k], O_plain_s=o_plain))
         prompts = _prompts(spec, B, spec.seed)
-        reference, _ = SpecEngine(target).generate(prompts, DecodeSettings(max_new=spec.max_new))
+        reference, _ = SpecEngine(target).generate(prompts, DecodeSettings(max_new=spec.max_new))  # + warm-up
         ref = [p + o for p, o in zip(prompts, reference)]
         log(f"[3/3] B={B}: plain vs speculative, interleaved x{spec.reps}")
         cases = [(f"oracle(mtp) a={a}", a, k, lambda a=a: OracleDrafter(ref, a, spec.model.vocab, inner=MTPDrafter(target), seed=spec.seed + 2))

@@ -133,3 +133,4 @@ def test_metrics_split_round_time():
     assert m.draft_s > 0 and m.verify_s > 0 and m.overhead_s >= 0
     assert m.wall_s == pytest.approx(m.prefill_s + m.draft_s + m.verify_s + m.overhead_s)
     assert m.draft_tokens == 2 * m.drafts
+    assert 0 < m.steady_s <= m.wall_s and 0 < m.steady_tokens <= m.emitted + 4
