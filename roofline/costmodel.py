@@ -39,6 +39,7 @@ from scipy.optimize import least_squares, nnls
 from roofline import plots, provenance
 from roofline.accounting import forward_cost, mtp_cost
 from roofline.config import ConfigError, ModelConfig
+from roofline.report import md_table
 from roofline.results import load_run
 from roofline.specs import detect
 
@@ -46,6 +47,10 @@ FIT_SCHEMA = "roofline.fit/1"
 GROUP_KEYS = ("device_name", "model", "dtype", "mode", "kind")
 TERMS = ("t0", "weights", "kv", "matmul", "attention")
 ERROR_COLUMNS = ("split", "method", "regime", "n", "MAPE_pct", "median_abs_pct", "max_abs_pct", "bias_pct")
+
+FORM = ("T = t0 + W / BW_eff + KV / BW_kv + F_mm * max(0, 1 - m0 / N) / F_eff + F_attn / F_at; "
+        "W weight bytes, KV cache bytes read + written, F_mm matmul FLOPs, F_attn attention FLOPs, "
+        "N = B*q tokens, m0 the knee (tokens)")
 
 
 @dataclass(frozen=True)
@@ -262,7 +267,7 @@ def fit_run(run_dir, settings: FitSettings = FitSettings()) -> tuple[dict, pd.Da
         grp, pts = fit_group(g.reset_index(drop=True), settings, ceilings)
         groups.append(grp)
         frames.append(pts)
-    fit = dict(schema=FIT_SCHEMA, form=__doc__.split("\n\n")[1].strip(), settings=asdict(settings),
+    fit = dict(schema=FIT_SCHEMA, form=FORM, settings=asdict(settings),
                provenance=dict(run_folder=run_dir.name, fingerprint=run.get("fingerprint"),
                                device_name=str(df["device_name"].iloc[0]), git_commit=provenance.git_commit(),
                                run_git_commit=str(df["git_commit"].iloc[0]) if "git_commit" in df else None,
@@ -377,13 +382,6 @@ def plot_pred_vs_meas(points: pd.DataFrame, path) -> Path:
     return path
 
 
-def _md(frame: pd.DataFrame) -> str:
-    fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)  # noqa: E731
-    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "|".join("---" for _ in frame.columns) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(fmt(v).replace("|", "/") for v in r) + " |"
-                               for r in frame.itertuples(index=False)])
-
-
 def error_table(fit: dict) -> pd.DataFrame:
     rows = [dict(group=f"{g['key']['model']}/{g['key']['dtype']}/{g['key']['mode']}/{g['key']['kind']}", **e)
             for g in fit["groups"] for e in g["errors"]]
@@ -397,6 +395,21 @@ def params_table(fit: dict) -> pd.DataFrame:
                          for g in fit["groups"]])
 
 
+def _beats(main: pd.DataFrame) -> list[str]:
+    """One sentence per group and split: the fit's MAPE against each baseline's."""
+    out = []
+    for (group, split), g in main.groupby(["group", "split"], sort=False):
+        fit_row = g[g["method"] == "fit"]
+        if fit_row.empty:
+            continue
+        f = float(fit_row["MAPE_pct"].iloc[0])
+        others = [f"{r.method.split(' [')[0].split(' (')[0]}: {r.MAPE_pct:.1f}% ({r.MAPE_pct / f:.1f}x the fit's)"
+                  for r in g[g["method"] != "fit"].itertuples() if np.isfinite(r.MAPE_pct) and f > 0]
+        if others:
+            out.append(f"- {group}, {split}: fit MAPE {f:.1f}%; " + "; ".join(others))
+    return ["How much the fit beats the baselines (MAPE):\n\n" + "\n".join(out)] if out else []
+
+
 def write_report_section(fit: dict, points: pd.DataFrame, run_dir) -> Path:
     """run_dir/report_costmodel.md (picked up by roofline.report) and its figure."""
     run_dir = Path(run_dir)
@@ -408,11 +421,12 @@ def write_report_section(fit: dict, points: pd.DataFrame, run_dir) -> Path:
         fit["form"].replace("\n", " "),
         "Parameters (t0 in ms, bandwidths in GB/s with 1 GB = 1e9 B, FLOP rates in TFLOP/s, knee in tokens "
         "B*q per pass; inf = term fitted as free; band: held-out pred/meas quantiles p10/p90).",
-        _md(params_table(fit)),
+        md_table(params_table(fit)),
         "Errors, all points of each split (signed error = pred/meas - 1, in %). Baselines on the same points.",
-        _md(main),
+        md_table(main),
+        *_beats(main),
         "Errors by regime (the regime is the dominant term of the fitted prediction).",
-        _md(errs[errs["regime"] != "all"]),
+        md_table(errs[errs["regime"] != "all"]),
         f"![costmodel_pred_vs_meas]({png.relative_to(run_dir).as_posix()})",
         f"Provenance: run fingerprint {fit['provenance']['fingerprint']}, device {fit['provenance']['device_name']}, "
         f"fitted at {fit['provenance']['time_utc']} with git {fit['provenance']['git_commit']}.",

@@ -267,12 +267,13 @@ def extrapolate_layers(rows: list[dict], layers_full: int) -> list[dict]:
         if len(depths) != 2:
             continue
         n, n2 = sorted(depths)
-        b = {k: (depths[n2][k] - depths[n][k]) / (n2 - n) for k in ("t_median_s", "t_p10_s", "t_p90_s")}
+        per_layer = (depths[n2]["t_median_s"] - depths[n]["t_median_s"]) / (n2 - n)
         full = dict(depths[n2])
-        for k in b:
-            full[k] = depths[n][k] + (layers_full - n) * b[k]
+        full["t_median_s"] = depths[n]["t_median_s"] + (layers_full - n) * per_layer
+        for k in ("t_p10_s", "t_p90_s"):  # the 2n-layer run's relative spread around the extrapolated median
+            full[k] = full["t_median_s"] * depths[n2][k] / depths[n2]["t_median_s"]
         full.update(layers_run=layers_full, extrapolated=True, layers_measured=f"{n},{n2}",
-                    per_layer_s=b["t_median_s"], fixed_s=depths[n]["t_median_s"] - n * b["t_median_s"])
+                    per_layer_s=per_layer, fixed_s=depths[n]["t_median_s"] - n * per_layer)
         out.append(full)
     return out
 

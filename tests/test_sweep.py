@@ -106,6 +106,7 @@ def test_layer_extrapolation_is_linear_in_depth():
             dict(base, layers_run=4, t_median_s=5.0, t_p10_s=4.8, t_p90_s=5.2)]
     full = extrapolate_layers(rows, 12)[0]
     assert full["t_median_s"] == pytest.approx(1.0 + 12 * 1.0)  # a = 1 s, b = 1 s/layer
+    assert full["t_p10_s"] == pytest.approx(13.0 * 4.8 / 5.0) and full["t_p90_s"] == pytest.approx(13.0 * 5.2 / 5.0)
     assert full["extrapolated"] and full["layers_measured"] == "2,4" and full["layers_run"] == 12
 
 
