@@ -245,11 +245,16 @@ def build_roofline(df: pd.DataFrame, ceilings: dict | None, spec: DeviceSpec | N
 
 # ---- step time vs q: "guessing is free" ------------------------------------------------
 
-def build_step_time_vs_q(df: pd.DataFrame, ceilings: dict | None, spec: DeviceSpec | None) -> dict[str, Figure]:
+def _ok_forward(df: pd.DataFrame) -> pd.DataFrame:
     ok = ok_rows(df)
     ok = ok[ok["kind"] == "forward"] if "kind" in ok.columns else ok
     if ok.empty:
         raise Skip("no ok forward points")
+    return ok
+
+
+def build_step_time_vs_q(df: pd.DataFrame, ceilings: dict | None, spec: DeviceSpec | None) -> dict[str, Figure]:
+    ok = _ok_forward(df)
     figures = {}
     for dtype, short, rows in _by_dtype(ok):
         roofs = roofs_for(dtype, ceilings, spec)
@@ -356,10 +361,7 @@ def pick_q(qs, n: int = 4) -> list:
 
 def build_utilisation_vs_batch(df: pd.DataFrame, ceilings: dict | None,
                                spec: DeviceSpec | None) -> dict[str, Figure]:
-    ok = ok_rows(df)
-    ok = ok[ok["kind"] == "forward"] if "kind" in ok.columns else ok
-    if ok.empty:
-        raise Skip("no ok forward points")
+    ok = _ok_forward(df)
     figures = {}
     for dtype, short, rows in _by_dtype(ok):
         roofs = roofs_for(dtype, ceilings, spec)
