@@ -1,5 +1,7 @@
 """Speculative decoding measured against its prediction, in one run:
-`python -m experiments.specdec model=cpu-demo` (see conf/specdec.yaml)."""
+`python -m experiments.specdec model=cpu-demo` (see conf/specdec.yaml). With
+`checkpoint=DIR prompts=chats.jsonl` it measures the checkpoint's real per-position
+acceptance instead (the same as `python -m experiments.acceptance`)."""
 
 import json
 from pathlib import Path
@@ -8,6 +10,7 @@ import hydra
 
 from experiments.entry import fail_fast, plain
 from roofline.config import ModelConfig
+from roofline.realaccept import AcceptanceRequest, measure_acceptance
 from roofline.results import RUNS_ROOT
 from roofline.specval import SpecValSpec, run_validation, write_report_section
 from roofline.timing import TimerSettings
@@ -17,6 +20,13 @@ from roofline.timing import TimerSettings
 def main(cfg) -> None:
     with fail_fast():
         c = plain(cfg)
+        if c["checkpoint"]:
+            out = measure_acceptance(AcceptanceRequest(
+                checkpoint=c["checkpoint"], prompts=c["prompts"] or "", drafter=c["drafter"],
+                draft_checkpoint=c["draft_checkpoint"], k=max(c["ks"]), max_new=c["max_new"], batch=max(c["Bs"]),
+                dtype=c["dtype"], device=c["device"], seed=c["seed"]))
+            print(json.dumps(out))
+            return
         spec = SpecValSpec(model=ModelConfig.from_dict(c["model"]), alphas=tuple(c["alphas"]), ks=tuple(c["ks"]),
                            Bs=tuple(c["Bs"]), prompt_len=c["prompt_len"], max_new=c["max_new"], reps=c["reps"],
                            real_drafters=tuple(c["real_drafters"]), dtype=c["dtype"], device=c["device"],

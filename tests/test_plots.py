@@ -220,3 +220,14 @@ def test_ceilings_with_torch_dtype_names_give_the_same_roofs(ceilings):
     long["summary"]["peak_tflops"] = {"bfloat16": MEASURED_BF16_TFLOPS}
     long["datasheet"]["peak_tflops"] = {"bfloat16": 1.2, "float32": 0.6}
     assert plots.roofs_for("bf16", long, None) == plots.roofs_for("bfloat16", ceilings, None)
+
+
+def test_figures_from_the_committed_reference_run(tmp_path):
+    """The committed results/cpu-demo folder (a real CPU run) still draws every picture."""
+    from roofline.presets import REPO_ROOT
+    from roofline.report import write_figures
+    figs = write_figures(REPO_ROOT / "results" / "cpu-demo", out_dir=tmp_path)
+    stems = {p.stem for paths in figs.paths.values() for p in paths}
+    assert {"roofline_bf16", "step_time_vs_q_bf16", "bandwidth_vs_working_set", "utilisation_vs_batch_bf16"} <= stems
+    assert not figs.skipped
+    assert all(p.stat().st_size > 10_000 for paths in figs.paths.values() for p in paths)

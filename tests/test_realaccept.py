@@ -41,3 +41,16 @@ def test_a_draft_model_equal_to_the_target_is_always_accepted(checkpoint):
 def test_draft_model_without_a_folder_is_refused():
     with pytest.raises(ConfigError, match="draft_checkpoint"):
         AcceptanceRequest(checkpoint="x", prompts="y", drafter="draft_model")
+
+
+def test_specdec_entry_point_measures_real_acceptance(checkpoint):
+    import subprocess
+    import sys
+
+    from roofline.presets import REPO_ROOT
+    r = subprocess.run([sys.executable, "-m", "experiments.specdec", f"checkpoint={checkpoint}",
+                        f"prompts={checkpoint / 'chats.jsonl'}", "ks=[2]", "Bs=[2]", "max_new=6", "dtype=float32"],
+                       cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["k"] == 2 and out["prompts"] == 3 and len(out["alpha_per_pos"]) == 2
