@@ -11,6 +11,7 @@ import hydra
 from experiments.entry import fail_fast, plain
 from roofline.config import ModelConfig
 from roofline.realaccept import AcceptanceRequest, measure_acceptance
+from roofline.report import write_report
 from roofline.results import RUNS_ROOT
 from roofline.specval import SpecValSpec, run_validation, write_report_section
 from roofline.timing import TimerSettings
@@ -33,7 +34,10 @@ def main(cfg) -> None:
                            seed=c["seed"], timer=TimerSettings(**c["timer"]))
         run_dir = Path(c["out_dir"] or RUNS_ROOT / f"specdec-{spec.model.name}")
         table = run_validation(spec, run_dir)
-        report = write_report_section(table, run_dir)
+        write_report_section(table, run_dir)
+        # the run's report: its sweep, cost-model fit and this validation, one document
+        write_report_section(table, run_dir / "sweep")
+        report, _ = write_report(run_dir / "sweep")
         e = table["err"].abs()
         print(table[["drafter", "k", "B", "tau_meas", "S_meas", "S_pred", "err"]].round(3).to_string(index=False))
         print(json.dumps(dict(run_dir=str(run_dir), report=str(report), points=len(table),

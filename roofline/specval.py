@@ -84,8 +84,9 @@ def calibration_sweep(spec: SpecValSpec, run_dir: Path, progress: bool = False) 
                       dtypes=(spec.dtype,), timer=spec.timer, device=spec.device,
                       mtp_q=tuple(sorted({1, *(k + 1 for k in spec.ks)})), seed=spec.seed)
     run_sweep(sweep, run_dir, progress=progress)
-    fit, _ = costmodel.fit_run(run_dir)
+    fit, points = costmodel.fit_run(run_dir)
     costmodel.save_fit(fit, run_dir / "fit.json")
+    costmodel.write_report_section(fit, points, run_dir)
     return fit
 
 
