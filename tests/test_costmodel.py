@@ -37,15 +37,18 @@ def synthetic_rows(noise: float, seed: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def test_fit_recovers_known_parameters_within_5pct_at_2pct_noise():
-    df = synthetic_rows(noise=0.02, seed=np.random.SeedSequence().entropy % 2**32)
+def test_fit_recovers_known_parameters_at_2pct_noise():
+    """Tolerances are about 5 standard errors of each estimate over seeds at this noise (measured
+    over 40 seeds: BW 0.9%, F 0.6%, BW_kv 0.9%, t0 4.1%): t0 is a small term (1 ms of 10-100 ms)."""
+    seed = np.random.SeedSequence().entropy % 2**32
+    df = synthetic_rows(noise=0.02, seed=seed)
     coefs, knee = cm.fit_coefs(df)
     p = cm.physical(coefs, knee)
-    assert p["BW_eff_GBps"] == pytest.approx(BW / 1e9, rel=0.05)
-    assert p["F_eff_TFLOPs"] == pytest.approx(F / 1e12, rel=0.05)
-    assert p["t0_ms"] == pytest.approx(T0 * 1e3, rel=0.05)
-    assert p["BW_kv_GBps"] == pytest.approx(BW_KV / 1e9, rel=0.05)
-    assert knee == KNEE
+    assert p["BW_eff_GBps"] == pytest.approx(BW / 1e9, rel=0.05), seed
+    assert p["F_eff_TFLOPs"] == pytest.approx(F / 1e12, rel=0.05), seed
+    assert p["BW_kv_GBps"] == pytest.approx(BW_KV / 1e9, rel=0.05), seed
+    assert p["t0_ms"] == pytest.approx(T0 * 1e3, rel=0.20), seed
+    assert knee == KNEE, seed
 
 
 def test_error_table_has_columns_splits_and_both_baselines():
