@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/gpu}
 mkdir -p "$OUT"
-make setup >/dev/null
+python3 dev.py setup >/dev/null
 PY=.venv/bin/python
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.limit --format=csv | tee "$OUT/nvidia-smi.csv"
 # 1. correctness: GPU-marked tests (bf16 model vs float32 CPU reference, timer, kernels)
