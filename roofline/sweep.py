@@ -55,7 +55,7 @@ class SweepSpec:
     mtp_q: tuple[int, ...] = (1,)  # q of the MTP drafter step (presets with MTP only)
     seed: int = 0
     checkpoint: str = ""  # a Hugging Face model folder: its weights instead of random ones (model = its config)
-    ceilings: str = ""  # a ceilings.json (roofline.ceilings); rows then give % of measured ceilings
+    ceilings: str = ""  # a ceilings.json, or "quick" to measure one first; rows then give % of measured ceilings
     out_dir: str = ""
     overrides: tuple[str, ...] = ()
 
@@ -323,7 +323,11 @@ def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
     prov = provenance.collect(spec.device)
     dev_spec, _ = spec_for_running_device(spec.device)
     measured = None
-    if spec.ceilings:
+    if spec.ceilings == "quick":  # measure a quick set of ceilings into the run folder first
+        from roofline.ceilings import CeilingsSpec, measure_ceilings, write_ceilings
+        measured = measure_ceilings(CeilingsSpec(device=spec.device, quick=True))
+        write_ceilings(measured, run_dir)
+    elif spec.ceilings:
         from roofline.ceilings import load_ceilings
         measured = load_ceilings(spec.ceilings)
     jsonl = run_dir / "points.jsonl"

@@ -183,3 +183,15 @@ def test_ceiling_columns_give_measured_and_datasheet_percentages_side_by_side():
     assert c["pct_datasheet_bw"] == pytest.approx(62.5)  # of 4800 GB/s
     assert c["pct_measured_flops"] == pytest.approx(1.25)
     assert c["ridge_measured"] == pytest.approx(200.0) and c["bound_measured"] == "memory"
+
+
+def test_a_quick_ceilings_run_at_start_fills_the_ceiling_columns(tmp_path, monkeypatch):
+    import roofline.ceilings as ce
+    fake = {"schema_version": 1, "summary": {"mem_bw_GBps": 10.0, "peak_tflops": {"bfloat16": 1.0}}}
+    monkeypatch.setattr(ce, "measure_ceilings", lambda spec: fake)
+    written = []
+    monkeypatch.setattr(ce, "write_ceilings", lambda result, run_dir: written.append(run_dir))
+    run_sweep(spec(ceilings="quick", q=(1,), B=(1,), L=(0,)), tmp_path, progress=False)
+    df = pd.read_csv(tmp_path / "points.csv")
+    assert written == [tmp_path]
+    pd.testing.assert_series_equal(df["pct_measured_bw"], df["achieved_GBps"] * 10, check_names=False)
