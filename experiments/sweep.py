@@ -14,7 +14,7 @@ from experiments.entry import fail_fast, job_dir, plain
 from roofline.checkpoint import checkpoint_config
 from roofline.config import ModelConfig
 from roofline.results import RUNS_ROOT
-from roofline.sweep import SweepSpec, run_sweep, summary_table
+from roofline.sweep import SweepSpec, run_sweep, summary_text
 from roofline.timing import TimerSettings
 
 
@@ -30,19 +30,9 @@ def main(cfg) -> None:
                          overrides=tuple(c["overrides"]), checkpoint=c["checkpoint"] or "")
         run_dir = Path(c["out_dir"]) if c["out_dir"] else spec.default_out_dir(RUNS_ROOT)
         summary = run_sweep(spec, run_dir, progress=c["progress"])
-        print(summary_table_text(run_dir))
+        print(summary_text(run_dir))
         job_dir(dict(status="ok", **summary))
         print(json.dumps(summary))
-
-
-def summary_table_text(run_dir: Path) -> str:
-    import pandas as pd
-    from roofline.results import load_run
-    t = summary_table(load_run(run_dir))
-    if t.empty:
-        return "no successful points"
-    with pd.option_context("display.width", 160, "display.max_rows", 200):
-        return t.round({"t_ms": 3, "t_over_t1": 3, "GBps": 2, "TFLOPs": 4}).to_string(index=False)
 
 
 if __name__ == "__main__":

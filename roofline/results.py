@@ -92,8 +92,8 @@ def load_run(run_dir: Path) -> pd.DataFrame:
 
 
 def aggregate(run_dirs: Iterable[Path], out_csv: Path) -> pd.DataFrame:
-    """Concatenate the tables of several runs (a multirun's jobs); folders without results
-    (a job that failed before its first point) are listed in a `missing` column-free log."""
+    """Concatenate the tables of several runs (a multirun's jobs); a folder without points
+    (a job that failed before its first point) contributes no rows."""
     frames = [load_run(d).assign(run_dir=str(d)) for d in run_dirs if (Path(d) / "points.jsonl").exists()]
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     df.to_csv(out_csv, index=False)

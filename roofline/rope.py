@@ -55,7 +55,7 @@ def inv_frequencies(dim: int, theta: float, rs: RopeScaling) -> tuple[torch.Tens
     ramp = ((torch.arange(dim // 2, dtype=torch.float64) - lo) / (hi - lo)).clamp(0, 1)
     extrapolation_mask = 1 - ramp
     inv = inv / rs.factor * (1 - extrapolation_mask) + inv * extrapolation_mask
-    amp = _yarn_mscale(rs.factor, rs.mscale) / _yarn_mscale(rs.factor, rs.mscale_all_dim) if rs.mscale_all_dim else _yarn_mscale(rs.factor, rs.mscale)
+    amp = _yarn_mscale(rs.factor, rs.mscale) / _yarn_mscale(rs.factor, rs.mscale_all_dim)  # mscale(f, 0) = 1
     return inv, amp
 
 

@@ -203,7 +203,6 @@ class SpecEngine:
         logits, hidden = out if need_hidden else (out, None)
         last = logits[torch.arange(B, device=self.device), lens - 1]
         tok, _ = st.pick(last)
-        st.lengths = lens
         self._append(st, [[t] for t in tok.tolist()])
         return st, hidden
 

@@ -25,16 +25,17 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
+import pandas as pd
 import psutil
 import torch
 from tqdm import tqdm
 
 from roofline import provenance, results
-from roofline.accounting import DTYPES, dtype_name, forward_cost, mtp_cost, torch_dtype
+from roofline.accounting import dtype_name, forward_cost, kv_bytes_per_token, mtp_cost, param_count, torch_dtype
 from roofline.config import ConfigError, ModelConfig
-from roofline.model import Transformer, build_model
+from roofline.model import build_model
 from roofline.specs import spec_for_running_device
 from roofline.timing import MODES, TimerSettings, time_fn
 
@@ -134,7 +135,6 @@ def _moe_impl(mode: str) -> str:
 
 
 def _fits(cfg: ModelConfig, dtype: str, max_batch: int, max_context: int, device: str) -> tuple[bool, str]:
-    from roofline.accounting import param_count, kv_bytes_per_token
     pc = param_count(cfg)
     need = (pc.total_with_mtp) * torch.finfo(torch_dtype(dtype)).bits // 8
     need += kv_bytes_per_token(cfg, dtype) * (1 + cfg.mtp_layers / cfg.layers) * max_batch * max_context
@@ -370,7 +370,7 @@ def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
                 ok=ok, failed=len(rows) - ok, wall_s=round(time.time() - t0, 2), rows=len(df))
 
 
-def summary_table(df: "pd.DataFrame") -> "pd.DataFrame":
+def summary_table(df: pd.DataFrame) -> pd.DataFrame:
     """T(q)/T(1) and achieved GB/s per (kind, dtype, mode, B, L) at full depth."""
     ok = df[(df["status"] == "ok") & (df["layers_run"] == df["layers_full"])]
     out = []
@@ -380,7 +380,6 @@ def summary_table(df: "pd.DataFrame") -> "pd.DataFrame":
         for _, r in g.iterrows():
             out.append(dict(zip(["kind", "dtype", "mode", "B", "L"], key), q=r["q"], t_ms=1e3 * r["t_median_s"],
                             t_over_t1=r["t_median_s"] / t1, GBps=r["achieved_GBps"], TFLOPs=r["achieved_TFLOPs"]))
-    import pandas as pd
     return pd.DataFrame(out)
 
 
@@ -393,3 +392,12 @@ def slicing_error(full: "pd.DataFrame", sliced: "pd.DataFrame") -> "pd.DataFrame
     m = f[keys + ["t_median_s"]].merge(s[keys + ["t_median_s", "layers_measured"]], on=keys, suffixes=("_measured", "_extrapolated"))
     m["rel_err"] = m["t_median_s_extrapolated"] / m["t_median_s_measured"] - 1
     return m
+
+
+def summary_text(run_dir: Path) -> str:
+    """The one-screen end-of-run table: T(q)/T(1), ms, GB/s, TFLOP/s per (kind, dtype, mode, B, L)."""
+    t = summary_table(results.load_run(run_dir))
+    if t.empty:
+        return "no successful points"
+    with pd.option_context("display.width", 160, "display.max_rows", 200):
+        return t.round({"t_ms": 3, "t_over_t1": 3, "GBps": 2, "TFLOPs": 4}).to_string(index=False)
