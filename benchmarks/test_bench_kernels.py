@@ -3,7 +3,7 @@
 Not part of the default test run (pytest's testpaths is tests/). Each kernel is checked
 against its reference before it is benchmarked. GB/s = bytes_moved (read + written) /
 median / 1e9 is stored in extra_info. On CUDA the host clock of pytest-benchmark would time
-launch + sync, so the device time comes from roofline.timing (CUDA events) and is what the
+launch + sync, so the device time comes from roofline.measure.timer (CUDA events) and is what the
 GB/s uses; the host-clock statistics are kept as pytest-benchmark's own columns. No test
 asserts an absolute time: compare runs with `pytest-benchmark compare`.
 """
@@ -13,7 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from roofline import kernels, timing
+from roofline.measure import kernels
+
+from roofline.measure import timer as timing
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"

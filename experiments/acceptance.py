@@ -6,8 +6,8 @@ import json
 import hydra
 
 from experiments.entry import fail_fast, plain
-from roofline.config import ConfigError
-from roofline.realaccept import AcceptanceRequest, measure_acceptance
+from roofline.model.config import ConfigError
+from roofline.spec.real_acceptance import AcceptanceRequest, measure_acceptance
 
 
 @hydra.main(config_path="../conf", config_name="acceptance", version_base="1.3")

@@ -9,7 +9,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from experiments.entry import JOB_FILE
-from roofline.results import aggregate_jobs
+from roofline.io.results import aggregate_jobs
 
 
 class AggregateRuns(Callback):

@@ -7,11 +7,12 @@ from pathlib import Path
 import hydra
 
 from experiments.entry import fail_fast, plain
-from roofline import capacity, costmodel
-from roofline.config import ConfigError
-from roofline.predict import Drafter
-from roofline.presets import get_preset
-from roofline.specs import detect, get_spec
+from roofline.analysis import capacity
+from roofline.analysis import costmodel
+from roofline.model.config import ConfigError
+from roofline.analysis.predict import Drafter
+from roofline.model.presets import get_preset
+from roofline.measure.devices import detect, get_spec
 
 
 @hydra.main(config_path="../conf", config_name="capacity", version_base="1.3")

@@ -4,10 +4,10 @@ or of a Hugging Face model folder: `python -m experiments.card checkpoint=path/t
 import hydra
 
 from experiments.entry import fail_fast, plain
-from roofline.card import CardRequest, print_card
-from roofline.checkpoint import checkpoint_config
-from roofline.config import ModelConfig
-from roofline.specs import get_spec
+from roofline.model.card import CardRequest, print_card
+from roofline.checkpoints.loader import checkpoint_config
+from roofline.model.config import ModelConfig
+from roofline.measure.devices import get_spec
 
 
 @hydra.main(config_path="../conf", config_name="card", version_base="1.3")

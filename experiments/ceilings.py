@@ -5,7 +5,7 @@ import json
 import hydra
 
 from experiments.entry import fail_fast, plain
-from roofline.ceilings import (CeilingsSpec, format_summary, measure_ceilings, stderr_log,
+from roofline.measure.ceilings import (CeilingsSpec, format_summary, measure_ceilings, stderr_log,
                                write_ceilings)
 
 

@@ -11,7 +11,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from roofline.config import ConfigError
+from roofline.model.config import ConfigError
 
 JOB_FILE = "job.json"
 

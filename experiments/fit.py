@@ -6,8 +6,8 @@ from pathlib import Path
 import hydra
 
 from experiments.entry import fail_fast, plain
-from roofline.config import ConfigError
-from roofline.costmodel import FitSettings, error_table, fit_run, params_table, save_fit, write_report_section
+from roofline.model.config import ConfigError
+from roofline.analysis.costmodel import FitSettings, error_table, fit_run, params_table, save_fit, write_report_section
 
 
 @hydra.main(config_path="../conf", config_name="fit", version_base="1.3")

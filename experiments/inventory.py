@@ -9,8 +9,8 @@ import sys
 import hydra
 
 from experiments.entry import fail_fast, plain
-from roofline.config import ConfigError
-from roofline.inventory import InventoryRequest, format_report, run_inventory, write_outputs
+from roofline.model.config import ConfigError
+from roofline.checkpoints.inventory import InventoryRequest, format_report, run_inventory, write_outputs
 
 
 @hydra.main(config_path="../conf", config_name="inventory", version_base="1.3")

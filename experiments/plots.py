@@ -7,7 +7,7 @@ import json
 import hydra
 
 from experiments.entry import fail_fast, plain
-from roofline.report import write_figures
+from roofline.report.document import write_figures
 
 
 @hydra.main(config_path="../conf", config_name="plots", version_base="1.3")

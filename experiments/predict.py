@@ -6,10 +6,10 @@ from pathlib import Path
 import hydra
 
 from experiments.entry import fail_fast, plain
-from roofline import costmodel
-from roofline.config import ConfigError
-from roofline.predict import Drafter, alphas_from_vllm, plot_all, step_costs, table
-from roofline.presets import get_preset
+from roofline.analysis import costmodel
+from roofline.model.config import ConfigError
+from roofline.analysis.predict import Drafter, alphas_from_vllm, plot_all, step_costs, table
+from roofline.model.presets import get_preset
 
 
 @hydra.main(config_path="../conf", config_name="predict", version_base="1.3")

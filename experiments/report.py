@@ -8,7 +8,7 @@ import json
 import hydra
 
 from experiments.entry import fail_fast, plain
-from roofline.report import write_report
+from roofline.report.document import write_report
 
 
 @hydra.main(config_path="../conf", config_name="report", version_base="1.3")

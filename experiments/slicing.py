@@ -6,8 +6,8 @@ import json
 import hydra
 
 from experiments.entry import fail_fast, plain
-from roofline.results import load_run
-from roofline.sweep import slicing_error
+from roofline.io.results import load_run
+from roofline.measure.sweep import slicing_error
 
 
 @hydra.main(config_path="../conf", config_name="slicing", version_base="1.3")

@@ -9,12 +9,12 @@ from pathlib import Path
 import hydra
 
 from experiments.entry import fail_fast, plain
-from roofline.config import ModelConfig
-from roofline.realaccept import AcceptanceRequest, measure_acceptance
-from roofline.report import write_report
-from roofline.results import RUNS_ROOT
-from roofline.specval import SpecValSpec, run_validation, write_report_section
-from roofline.timing import TimerSettings
+from roofline.model.config import ModelConfig
+from roofline.spec.real_acceptance import AcceptanceRequest, measure_acceptance
+from roofline.report.document import write_report
+from roofline.io.results import RUNS_ROOT
+from roofline.spec.validation import SpecValSpec, run_validation, write_report_section
+from roofline.measure.timer import TimerSettings
 
 
 @hydra.main(config_path="../conf", config_name="specdec", version_base="1.3")

@@ -11,11 +11,11 @@ from pathlib import Path
 import hydra
 
 from experiments.entry import fail_fast, job_dir, plain
-from roofline.checkpoint import checkpoint_config
-from roofline.config import ModelConfig
-from roofline.results import RUNS_ROOT
-from roofline.sweep import SweepSpec, run_sweep, summary_text
-from roofline.timing import TimerSettings
+from roofline.checkpoints.loader import checkpoint_config
+from roofline.model.config import ModelConfig
+from roofline.io.results import RUNS_ROOT
+from roofline.measure.sweep import SweepSpec, run_sweep, summary_text
+from roofline.measure.timer import TimerSettings
 
 
 @hydra.main(config_path="../conf", config_name="sweep", version_base="1.3")

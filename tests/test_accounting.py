@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from roofline.accounting import (forward_cost, kv_bytes_per_token, mtp_cost, param_count,
+from roofline.model.accounting import (forward_cost, kv_bytes_per_token, mtp_cost, param_count,
                                  experts_touched, dtype_name)
-from roofline.model import build_model
-from roofline.presets import get_preset, list_presets, scaled_down
+from roofline.model.decoder import build_model
+from roofline.model.presets import get_preset, list_presets, scaled_down
 
 PRESETS = list_presets()
 

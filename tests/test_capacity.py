@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from roofline import capacity
-from roofline.presets import get_preset
-from roofline.specs import get_spec
+from roofline.analysis import capacity
+from roofline.model.presets import get_preset
+from roofline.measure.devices import get_spec
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -12,13 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from roofline import ceilings, kernels
-from roofline.ceilings import (BANDWIDTH_COLUMNS, MATMUL_COLUMNS, SUMMARY_KEYS, TOP_KEYS,
+from roofline.measure import ceilings
+
+from roofline.measure import kernels
+from roofline.measure.ceilings import (BANDWIDTH_COLUMNS, MATMUL_COLUMNS, SUMMARY_KEYS, TOP_KEYS,
                                CeilingsSpec, check_gemm, decode_gemm_shapes, load_ceilings,
                                measure_ceilings, summarize, write_ceilings)
-from roofline.config import ConfigError
-from roofline.presets import get_preset
-from roofline.timing import TimerSettings
+from roofline.model.config import ConfigError
+from roofline.model.presets import get_preset
+from roofline.measure.timer import TimerSettings
 
 REPO = Path(__file__).resolve().parents[1]
 KiB, MiB = 2**10, 2**20

@@ -13,9 +13,9 @@ transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 from safetensors import safe_open  # noqa: E402
 
-from roofline.checkpoint import ARCHITECTURES, checkpoint_config, config_from_hf, load_checkpoint  # noqa: E402
-from roofline.config import ConfigError  # noqa: E402
-from roofline.presets import REPO_ROOT  # noqa: E402
+from roofline.checkpoints.loader import ARCHITECTURES, checkpoint_config, config_from_hf, load_checkpoint  # noqa: E402
+from roofline.model.config import ConfigError  # noqa: E402
+from roofline.model.presets import REPO_ROOT  # noqa: E402
 
 BASE = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False)
@@ -333,7 +333,7 @@ HUB_CONFIGS = {  # the published config.json fields the preset YAMLs cite (older
 
 @pytest.mark.parametrize("preset", list(HUB_CONFIGS))
 def test_published_config_maps_to_the_preset(preset):
-    from roofline.presets import get_preset
+    from roofline.model.presets import get_preset
     skip = {"name", "source", "published_params_total", "published_params_active", "published_note"}
     ours, want = config_from_hf(HUB_CONFIGS[preset]).to_dict(), get_preset(preset).to_dict()
     assert {k: v for k, v in ours.items() if k not in skip} == {k: v for k, v in want.items() if k not in skip}
@@ -362,8 +362,8 @@ def test_card_takes_a_model_folder(llama_dir):
 # ---- the sweep on a model folder -------------------------------------------------------------
 
 def test_sweep_times_the_checkpoint_weights_layer_sliced(llama_dir, tmp_path):
-    from roofline.sweep import SweepSpec, _Workload, run_sweep
-    from roofline.timing import TimerSettings
+    from roofline.measure.sweep import SweepSpec, _Workload, run_sweep
+    from roofline.measure.timer import TimerSettings
     kw = dict(model=checkpoint_config(llama_dir), q=(1, 2), B=(1,), L=(0, 4), dtypes=("float32",), layers=1,
               timer=TimerSettings(warmup=1, min_reps=3, max_reps=3, budget_s=0.02))
     spec = SweepSpec(checkpoint=str(llama_dir), **kw)

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from roofline import costmodel as cm
-from roofline.costmodel import ERROR_COLUMNS, FitSettings
+from roofline.analysis import costmodel as cm
+from roofline.analysis.costmodel import ERROR_COLUMNS, FitSettings
 
 REPO = Path(__file__).resolve().parent.parent
 BW, F, T0, BW_KV, KNEE = 20e9, 0.5e12, 1e-3, 10e9, 8  # B/s, FLOP/s, s, B/s, tokens

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from roofline.config import ConfigError
-from roofline.inventory import compare, load_rename_map, read_checkpoint, rename
+from roofline.model.config import ConfigError
+from roofline.checkpoints.inventory import compare, load_rename_map, read_checkpoint, rename
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = dict(model_type="deepseek_v3", num_hidden_layers=2, num_nextn_predict_layers=1, hidden_size=32,

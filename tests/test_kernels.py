@@ -2,7 +2,7 @@
 
 The Triton kernels run on the CPU under Triton's interpreter. TRITON_INTERPRET=1 must be set
 before a kernel is jitted; it is set here, at the top, before anything imports triton, and
-roofline.kernels jits on first launch, so an earlier import of roofline.kernels in the same
+roofline.measure.kernels jits on first launch, so an earlier import of roofline.measure.kernels in the same
 process without the variable still works (test_interpreter_set_after_import proves it).
 """
 
@@ -21,8 +21,8 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton", reason="Triton kernels need triton (pip install -e .[triton])")
 
-from roofline import kernels  # noqa: E402
-from roofline.kernels import KERNELS, check  # noqa: E402
+from roofline.measure import kernels  # noqa: E402
+from roofline.measure.kernels import KERNELS, check  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -168,7 +168,7 @@ def test_interpreter_set_after_import():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = (
         "import os, torch\n"
-        "from roofline import kernels\n"
+        "from roofline.measure import kernels\n"
         "os.environ['TRITON_INTERPRET'] = '1'\n"
         "kernels.check(kernels.KERNELS['triton_copy_persistent'], 4097, torch.float32, 'cpu')\n"
     )
@@ -180,7 +180,7 @@ def test_imports_and_runs_torch_lines_without_triton():
     code = (
         "import sys, torch\n"
         "sys.modules['triton'] = None  # import triton -> ImportError\n"
-        "from roofline import kernels\n"
+        "from roofline.measure import kernels\n"
         "assert not kernels.triton_available()\n"
         "kernels.check(kernels.KERNELS['torch_triad'], 1000, torch.float32, 'cpu')\n"
         "spec = kernels.KERNELS['triton_copy_grid']\n"

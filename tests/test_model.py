@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from roofline.model import build_model
-from roofline.presets import get_preset, list_presets, scaled_down
-from roofline.rope import inv_frequencies, yarn_softmax_scale
+from roofline.model.decoder import build_model
+from roofline.model.presets import get_preset, list_presets, scaled_down
+from roofline.model.rope import inv_frequencies, yarn_softmax_scale
 
 PRESETS = list_presets()
 TOL = dict(rtol=1e-4, atol=1e-5)  # float32, different reduction orders

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from roofline.model import build_model
-from roofline.presets import get_preset, list_presets, scaled_down
+from roofline.model.decoder import build_model
+from roofline.model.presets import get_preset, list_presets, scaled_down
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 

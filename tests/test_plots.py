@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from roofline import plots
-from roofline.results import append_row, write_csv
-from roofline.specs import get_spec
+from roofline.report import plots
+from roofline.io.results import append_row, write_csv
+from roofline.measure.devices import get_spec
 
 WEIGHT_BYTES = 0.43e9
 PARAMS = WEIGHT_BYTES / 2  # bf16
@@ -187,7 +187,7 @@ def test_roofline_draws_measured_solid_datasheet_dashed_and_both_ridges(frame, c
 
 
 def test_figures_without_their_data_are_skipped_with_a_reason(frame, tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="roofline.plots"):
+    with caplog.at_level(logging.WARNING, logger="roofline.report.plots"):
         assert plots.plot_bandwidth_vs_working_set(frame, None, None, tmp_path) == []
         assert plots.plot_utilisation_vs_batch(frame, None, None, tmp_path) == []
     assert list(tmp_path.iterdir()) == []
@@ -224,8 +224,8 @@ def test_ceilings_with_torch_dtype_names_give_the_same_roofs(ceilings):
 
 def test_figures_from_the_committed_reference_run(tmp_path):
     """The committed results/cpu-demo folder (a real CPU run) still draws every picture."""
-    from roofline.presets import REPO_ROOT
-    from roofline.report import write_figures
+    from roofline.model.presets import REPO_ROOT
+    from roofline.report.document import write_figures
     figs = write_figures(REPO_ROOT / "results" / "cpu-demo", out_dir=tmp_path)
     stems = {p.stem for paths in figs.paths.values() for p in paths}
     assert {"roofline_bf16", "step_time_vs_q_bf16", "bandwidth_vs_working_set", "utilisation_vs_batch_bf16"} <= stems

@@ -1,4 +1,4 @@
-"""Speculative predictions glue fitted step times to roofline.speculative, labelled by source."""
+"""Speculative predictions glue fitted step times to roofline.spec.theory, labelled by source."""
 
 import dataclasses
 import json
@@ -10,9 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from roofline import costmodel, speculative
-from roofline.predict import Drafter, step_costs, table
-from roofline.presets import get_preset
+from roofline.analysis import costmodel
+
+from roofline.spec import theory as speculative
+from roofline.analysis.predict import Drafter, step_costs, table
+from roofline.model.presets import get_preset
 
 REPO = Path(__file__).resolve().parent.parent
 T0 = 1e-3

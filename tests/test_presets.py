@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-import roofline.presets as presets
-from roofline.config import ConfigError, ModelConfig
+import roofline.model.presets as presets
+from roofline.model.config import ConfigError, ModelConfig
 
 REAL_MODELS = [
     "llama-3.1-8b",

@@ -7,7 +7,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from roofline.prompts import encode, encode_conversations, load_tokenizer, prompt_answer_split, render
+from roofline.checkpoints.prompts import encode, encode_conversations, load_tokenizer, prompt_answer_split, render
 
 # Emits BOS as text; the prompt is a byte-exact prefix of prompt + answer.
 TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}{{ eos_token }}\n{% endfor %}"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from roofline.config import ConfigError
-from roofline.report import md_table, write_report
+from roofline.model.config import ConfigError
+from roofline.report.document import md_table, write_report
 from tests.test_plots import make_synthetic_run
 
 REPO = Path(__file__).resolve().parent.parent

@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 import torch
 
-from roofline import results
-from roofline.config import ConfigError
-from roofline.presets import REPO_ROOT, get_preset
-from roofline.sweep import SweepSpec, extrapolate_layers, grid, run_sweep
-from roofline.timing import TimerSettings
+from roofline.io import results
+from roofline.model.config import ConfigError
+from roofline.model.presets import REPO_ROOT, get_preset
+from roofline.measure.sweep import SweepSpec, extrapolate_layers, grid, run_sweep
+from roofline.measure.timer import TimerSettings
 
 FAST = TimerSettings(warmup=1, min_reps=3, max_reps=5, budget_s=0.05)
 
@@ -43,7 +43,7 @@ def test_rows_carry_timing_physics_and_provenance(tmp_path):
 
 
 def test_an_oom_point_becomes_a_row_and_the_sweep_goes_on(tmp_path):
-    from roofline.sweep import _measure
+    from roofline.measure.sweep import _measure
 
     def flaky(w, p, timer):
         if p.q == 2 and p.B == 2:
@@ -59,7 +59,7 @@ def test_an_oom_point_becomes_a_row_and_the_sweep_goes_on(tmp_path):
 
 
 def test_a_model_that_cannot_fit_becomes_too_big_rows(tmp_path, monkeypatch):
-    import roofline.sweep as sw
+    import roofline.measure.sweep as sw
     monkeypatch.setattr(sw, "_fits", lambda *a: (False, "needs 1e12 GB"))
     run_sweep(spec(), tmp_path, progress=False)
     df = pd.read_csv(tmp_path / "points.csv")
@@ -174,8 +174,8 @@ def test_multirun_aggregates_every_job_even_a_failed_one(tmp_path, launcher):
 
 
 def test_ceiling_columns_give_measured_and_datasheet_percentages_side_by_side():
-    from roofline.specs import get_spec
-    from roofline.sweep import ceiling_columns
+    from roofline.measure.devices import get_spec
+    from roofline.measure.sweep import ceiling_columns
     measured = {"summary": {"mem_bw_GBps": 4000.0, "peak_tflops": {"bfloat16": 800.0}}}
     row = dict(achieved_GBps=3000.0, achieved_TFLOPs=10.0, intensity=3.0)
     c = ceiling_columns(row, "bfloat16", measured, get_spec("h200_sxm"))
@@ -186,7 +186,7 @@ def test_ceiling_columns_give_measured_and_datasheet_percentages_side_by_side():
 
 
 def test_a_quick_ceilings_run_at_start_fills_the_ceiling_columns(tmp_path, monkeypatch):
-    import roofline.ceilings as ce
+    import roofline.measure.ceilings as ce
     fake = {"schema_version": 1, "summary": {"mem_bw_GBps": 10.0, "peak_tflops": {"bfloat16": 1.0}}}
     monkeypatch.setattr(ce, "measure_ceilings", lambda spec: fake)
     written = []

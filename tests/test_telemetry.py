@@ -8,8 +8,8 @@ from collections import namedtuple
 
 import pytest
 
-from roofline import telemetry
-from roofline.telemetry import THROTTLE_BITS, Telemetry, decode_reasons, is_throttled, snapshot
+from roofline.measure import telemetry
+from roofline.measure.telemetry import THROTTLE_BITS, Telemetry, decode_reasons, is_throttled, snapshot
 
 
 class NVMLError(Exception):

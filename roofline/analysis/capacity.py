@@ -1,0 +1,151 @@
+"""Capacity planning: tokens/s and inter-token latency per device vs batch, the largest batch that
+meets an ITL target and fits in memory, and the devices needed for an aggregate tokens/s.
+
+Step times come from a fitted cost model (a fit.json: t0, BW_eff, F_eff, knee applied to the
+preset's accounting) or, as a clearly flagged what-if (`extrapolated=true`), from a datasheet
+row scaled by assumed efficiencies: T = t0 + bytes/(eff_bw·BW) + FLOPs past the ridge/(eff_f·F),
+the hinge form of roofline.analysis.costmodel with the knee at the roofline ridge.
+A decode step is priced at mid-generation context L = context + output/2. Memory per device =
+all weights (the MTP module too when it drafts) + KV cache of every sequence at context + output.
+One device only: a model whose weights do not fit is reported as such (tensor parallelism is
+not modelled).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from roofline.analysis import costmodel
+
+from roofline.spec import theory as speculative
+from roofline.model.accounting import DTYPE_BYTES, dtype_name, forward_cost, kv_bytes_per_token, param_count
+from roofline.model.config import ConfigError, ModelConfig
+from roofline.analysis.predict import Drafter, step_costs
+from roofline.measure.devices import DeviceSpec
+
+
+@dataclass(frozen=True)
+class Workload:
+    context: int = 1024  # prompt tokens already cached
+    output: int = 256  # generated tokens per sequence
+    itl_target_ms: float = 50.0
+    target_tok_s: float = 10000.0  # aggregate generation tokens/s wanted
+
+
+@dataclass(frozen=True)
+class Speculation:
+    alpha: float = 0.8
+    k: int = 2
+    drafter: Drafter = Drafter("mtp")
+
+
+def datasheet_fit(spec: DeviceSpec, cfg: ModelConfig, dtype: str, bw_eff: float = 0.8, f_eff: float = 0.7,
+                  t0_s: float = 0.0) -> dict:
+    """A what-if fit document from a datasheet row: scaled ceilings, knee at the ridge (tokens)."""
+    bw, f = spec.bandwidth_Bps(), spec.peak_flops(dtype)
+    if bw is None or f is None:
+        raise ConfigError(f"device={spec.key!r} has no datasheet bandwidth or {dtype} FLOP/s: use a fit.json")
+    c = forward_cost(cfg, dtype, 1, 1, 0)
+    knee = (c.weight_bytes / (bw_eff * bw)) / (c.flops_matmul / (f_eff * f))  # tokens where FLOPs catch up
+    inv_bw, inv_f = 1.0 / (bw_eff * bw), 1.0 / (f_eff * f)
+    group = dict(key=dict(device_name=spec.name, model=cfg.name, dtype=dtype_name(dtype), mode="eager",
+                          kind="forward"), coefs=[t0_s, inv_bw, inv_bw, inv_f, inv_f], knee_tokens=knee,
+                 band=dict(p10=np.nan, p90=np.nan), domain=dict(q=[0, 0], B=[0, 0], L=[0, 0]))
+    return dict(schema=costmodel.FIT_SCHEMA, model_spec=None, groups=[group],
+                provenance=dict(device_name=spec.name, what_if=f"datasheet x BW {bw_eff:.0%}, F {f_eff:.0%}, "
+                                                               f"t0 {t0_s * 1e3:g} ms"))
+
+
+def memory_need(cfg: ModelConfig, dtype: str, batch: int, tokens_per_seq: int, with_mtp: bool) -> tuple[float, float]:
+    """(weight bytes, KV bytes) resident on one device."""
+    pc = param_count(cfg)
+    b = DTYPE_BYTES[dtype_name(dtype)]
+    weights = (pc.total_with_mtp if with_mtp else pc.total) * b
+    kv_tok = kv_bytes_per_token(cfg, dtype) * (1 + (cfg.mtp_layers / cfg.layers if with_mtp else 0.0))
+    return float(weights), float(kv_tok * tokens_per_seq * batch)
+
+
+def max_batch_by_memory(cfg: ModelConfig, dtype: str, mem_bytes: float, tokens_per_seq: int, with_mtp: bool) -> int:
+    weights, kv_one = memory_need(cfg, dtype, 1, tokens_per_seq, with_mtp)
+    return max(0, int((mem_bytes - weights) // kv_one)) if kv_one > 0 else 0
+
+
+def batch_table(fit: dict, cfg: ModelConfig, dtype: str, work: Workload, Bs, spec: Speculation | None,
+                mode: str | None = None) -> pd.DataFrame:
+    """Per-device tokens/s and ITL for each batch, plain decode and (optionally) speculative."""
+    L = work.context + work.output // 2
+    plain = step_costs(fit, dtype, Drafter("ngram"), cfg, mode)
+    rows = []
+    for B in Bs:
+        t1 = plain.steps.target(1, B, L)
+        rows.append(dict(B=B, spec=False, alpha=np.nan, k=0, step_s=t1, itl_ms=t1 * 1e3, tok_s=B / t1))
+        if spec is not None:
+            c = step_costs(fit, dtype, spec.drafter, cfg, mode)
+            r = speculative.round_time(spec.k, B, L, c.steps)
+            tau = speculative.tau_iid(spec.alpha, spec.k)
+            rows.append(dict(B=B, spec=True, alpha=spec.alpha, k=spec.k, step_s=r, itl_ms=r / tau * 1e3,
+                             tok_s=B * tau / r))
+    return pd.DataFrame(rows).assign(L_priced=L)
+
+
+def plan(fit: dict, cfg: ModelConfig, dtype: str, work: Workload, mem_bytes: float, Bs,
+         spec: Speculation | None = None, extrapolated: bool = False, mode: str | None = None) -> tuple[pd.DataFrame, dict]:
+    """(per-batch table, summary): largest batch meeting the ITL target and memory, devices needed."""
+    tokens_per_seq = work.context + work.output
+    with_mtp = spec is not None and spec.drafter.kind == "mtp"
+    weights, _ = memory_need(cfg, dtype, 1, tokens_per_seq, with_mtp)
+    t = batch_table(fit, cfg, dtype, work, Bs, spec, mode)
+    t["mem_GB"] = [sum(memory_need(cfg, dtype, b, tokens_per_seq, s)) / 1e9 for b, s in zip(t["B"], t["spec"])]
+    t["fits_memory"] = t["mem_GB"] * 1e9 <= mem_bytes
+    t["meets_itl"] = t["itl_ms"] <= work.itl_target_ms
+    t["extrapolated"] = extrapolated
+    summary = dict(model=cfg.name, dtype=dtype, device=fit["provenance"].get("device_name"),
+                   memory_GB=mem_bytes / 1e9, weights_GB=weights / 1e9, workload=work.__dict__,
+                   speculation=None if spec is None else dict(alpha=spec.alpha, k=spec.k, drafter=spec.drafter.kind),
+                   extrapolated=extrapolated, what_if=fit["provenance"].get("what_if"))
+    if weights > mem_bytes:
+        summary["fits_one_device"] = False
+        summary["note"] = (f"weights alone need {weights / 1e9:.1f} GB > {mem_bytes / 1e9:.1f} GB on one device; "
+                           "tensor parallelism is not modelled")
+        return t, summary
+    summary["fits_one_device"] = True
+    for label, sub in (("plain", t[~t["spec"]]), ("spec", t[t["spec"]])):
+        if sub.empty:
+            continue
+        b_mem = max_batch_by_memory(cfg, dtype, mem_bytes, tokens_per_seq, label == "spec" and with_mtp)
+        ok = sub[sub["fits_memory"] & sub["meets_itl"]]
+        best = ok.loc[ok["tok_s"].idxmax()] if not ok.empty else None
+        summary[label] = dict(
+            max_batch_by_memory=b_mem,
+            max_batch_meeting_itl_in_grid=None if best is None else int(ok["B"].max()),
+            best_batch=None if best is None else int(best["B"]),
+            tok_s_per_device=None if best is None else float(best["tok_s"]),
+            itl_ms=None if best is None else float(best["itl_ms"]),
+            devices_for_target=None if best is None else math.ceil(work.target_tok_s / best["tok_s"]))
+    return t, summary
+
+
+def plot(table: pd.DataFrame, summary: dict, path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    for spec, g in table.groupby("spec"):
+        ok = g["fits_memory"]
+        ax.plot(g["itl_ms"], g["tok_s"], "-o" if spec else "-s", label="speculative" if spec else "plain decode")
+        ax.scatter(g.loc[~ok, "itl_ms"], g.loc[~ok, "tok_s"], marker="x", color="r", zorder=3)
+        for _, r in g.iterrows():
+            ax.annotate(f"B={r['B']}", (r["itl_ms"], r["tok_s"]), fontsize=6)
+    ax.axvline(summary["workload"]["itl_target_ms"], color="k", ls=":", lw=0.8, label="ITL target")
+    flag = " (WHAT-IF, extrapolated)" if summary["extrapolated"] else ""
+    ax.set(xscale="log", yscale="log", xlabel="inter-token latency (ms)", ylabel="tokens/s per device",
+           title=f"{summary['model']} on {summary['device']}{flag}")
+    ax.legend(fontsize=8, title="x: does not fit in memory", title_fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,438 @@
+"""A fitted step-time model T(q, B, L) per (device, model, dtype, mode, kind), with honest errors.
+
+Form (linear in its physical parameters, one knee chosen by search):
+
+    T = t0 + W / BW_eff + KV / BW_kv + F_mm · max(0, 1 − m0 / N) / F_eff + F_attn / F_at
+
+W = weight bytes read once per forward (dense weights + the experts the batch touched + the
+gathered embedding rows), KV = KV-cache bytes read and written, F_mm = matmul FLOPs,
+F_attn = attention FLOPs, N = B·q tokens in the pass, m0 = the knee (tokens).
+
+Why this form: the roofline max(W/BW, F_mm/F) is NOT linear in 1/BW and 1/F, but it is
+exactly W/BW + max(0, (N − m0)·f/F) with f = F_mm/N the FLOPs per token and m0 = W·F/(f·BW)
+the ridge in tokens. Freeing m0 from the ridge (it is chosen by a 1-D search over the measured
+token counts, minimising the relative fit error) lets the knee sit where the kernels really
+switch (GEMV → GEMM, split-K): "flat, then linear in q". For a fixed m0 every term is linear in
+(t0, 1/BW_eff, 1/BW_kv, 1/F_eff, 1/F_at), so the fit is scipy.optimize.nnls (non-negative:
+no negative bandwidths) on relative residuals (rows scaled by 1/T: a 1 ms and a 100 ms point
+weigh the same). Because W/f ≈ bytes per weight / 2 for every model, m0 in tokens is a property
+of device + dtype + kernels, which is what lets a fit be transferred to an unmeasured preset.
+
+Honesty: K-fold held-out errors (the knee is searched again inside each fold), two
+extrapolation tests (train on q <= q_split, predict q > q_split; train on the smallest B,
+predict larger B), and two baselines on the same points: the plain roofline max(bytes/BW,
+FLOPs/F) with the run's ceilings (ceilings.json) or the datasheet, and "verify is free"
+T(q) = T(1) measured at the same (B, L). Errors are signed relative errors pred/meas − 1.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import least_squares, nnls
+
+from roofline.report import plots
+
+from roofline.io import provenance
+from roofline.model.accounting import forward_cost, mtp_cost
+from roofline.model.config import ConfigError, ModelConfig
+from roofline.report.document import md_table
+from roofline.io.results import load_run
+from roofline.measure.devices import detect
+
+FIT_SCHEMA = "roofline.fit/1"
+GROUP_KEYS = ("device_name", "model", "dtype", "mode", "kind")
+TERMS = ("t0", "weights", "kv", "matmul", "attention")
+ERROR_COLUMNS = ("split", "method", "regime", "n", "MAPE_pct", "median_abs_pct", "max_abs_pct", "bias_pct")
+
+FORM = ("T = t0 + W / BW_eff + KV / BW_kv + F_mm * max(0, 1 - m0 / N) / F_eff + F_attn / F_at; "
+        "W weight bytes, KV cache bytes read + written, F_mm matmul FLOPs, F_attn attention FLOPs, "
+        "N = B*q tokens, m0 the knee (tokens)")
+
+
+@dataclass(frozen=True)
+class FitSettings:
+    folds: int = 5
+    seed: int = 0
+    q_split: int = 16  # extrapolation test: train q <= q_split, predict q > q_split
+    band: tuple[float, float] = (0.1, 0.9)  # quantiles of held-out pred/meas for the interval
+
+
+# ---- the model ----------------------------------------------------------------------------
+
+def _col(df, name: str) -> np.ndarray:
+    return np.asarray(df[name], dtype=float) if name in df else np.zeros(len(df))
+
+
+def features(df: pd.DataFrame, knee: float) -> np.ndarray:
+    """Columns [1, W, KV, F_mm·max(0, 1 − m0/N), F_attn] of the form above (bytes, FLOPs)."""
+    tokens = np.maximum(_col(df, "tokens"), 1.0)
+    w = _col(df, "weight_bytes") + _col(df, "embed_bytes")
+    kv = _col(df, "kv_read_bytes") + _col(df, "kv_write_bytes")
+    mm = _col(df, "flops_matmul") * np.maximum(0.0, 1.0 - knee / tokens)
+    return np.column_stack([np.ones(len(df)), w, kv, mm, _col(df, "flops_attention")])
+
+
+ROBUST_SCALE = 0.05  # relative residual beyond which a point's pull grows only linearly
+
+
+def _solve(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Non-negative fit of relative residuals (columns scaled for conditioning): nnls for the
+    start, then scipy's least_squares with bounds >= 0 and a soft-L1 loss, so a few points
+    timed while the machine was busy (shared CPUs) do not drag the physics."""
+    A = X / y[:, None]
+    scale = np.abs(A).max(axis=0)
+    scale[scale == 0] = 1.0
+    A = A / scale
+    z, _ = nnls(A, np.ones(len(y)), maxiter=50 * X.shape[1])
+    if len(y) > X.shape[1]:
+        z = least_squares(lambda v: A @ v - 1.0, np.maximum(z, 1e-9), jac=lambda v: A, bounds=(0.0, np.inf),
+                          loss="soft_l1", f_scale=ROBUST_SCALE, method="trf").x
+    return z / scale
+
+
+def weights_vary(df: pd.DataFrame, spread: float = 0.02) -> bool:
+    """Whether weight bytes vary enough (MoE experts touched, several depths) to separate t0 from W/BW."""
+    w = _col(df, "weight_bytes")
+    return bool(w.size and (w.max() - w.min()) > spread * w.max())
+
+
+def fit_coefs(df: pd.DataFrame, tie_kv: bool | None = None) -> tuple[np.ndarray, float]:
+    """(coefficients in s, s/B, s/B, s/FLOP, s/FLOP; knee in tokens) minimising relative error.
+
+    A dense model reads the same weight bytes in every pass, so t0 and W/BW_eff are the same
+    column; then (tie_kv=None → auto) the cache is taken to stream at the weights' bandwidth
+    (one BW for W + KV) and t0 is identified through the KV traffic, which varies with B and L.
+    """
+    tie_kv = not weights_vary(df) if tie_kv is None else tie_kv
+    y = _col(df, "t_median_s")
+    best = None
+    for knee in [0.0] + sorted(set(_col(df, "tokens"))):
+        X = features(df, knee)
+        if tie_kv:
+            c = _solve(np.column_stack([X[:, 0], X[:, 1] + X[:, 2], X[:, 3], X[:, 4]]), y)
+            c = np.array([c[0], c[1], c[1], c[2], c[3]])
+        else:
+            c = _solve(X, y)
+        r = np.abs(X @ c / y - 1.0) / ROBUST_SCALE
+        err = float(np.sum(2 * (np.sqrt(1 + r**2) - 1)))  # the same soft-L1 loss
+        if best is None or err < best[0] - 1e-12:
+            best = (err, c, knee)
+    return best[1], best[2]
+
+
+def terms(df: pd.DataFrame, coefs, knee: float) -> np.ndarray:
+    """Seconds each term contributes, one column per TERMS entry."""
+    return features(df, knee) * np.asarray(coefs, dtype=float)
+
+
+def regime(term_s: np.ndarray) -> np.ndarray:
+    """Which term dominates: overhead (t0), kv, compute (matmul + attention FLOPs), else memory."""
+    parts = np.column_stack([term_s[:, 0], term_s[:, 1], term_s[:, 2], term_s[:, 3] + term_s[:, 4]])
+    return np.array(["overhead", "memory", "kv", "compute"])[parts.argmax(axis=1)]
+
+
+def physical(coefs, knee: float) -> dict:
+    """The coefficients as physics with units (inf where a term was fitted as free)."""
+    inv = lambda c, unit: float("inf") if c <= 0 else 1.0 / c / unit  # noqa: E731
+    return dict(t0_ms=float(coefs[0]) * 1e3, BW_eff_GBps=inv(coefs[1], 1e9), BW_kv_GBps=inv(coefs[2], 1e9),
+                F_eff_TFLOPs=inv(coefs[3], 1e12), F_attn_TFLOPs=inv(coefs[4], 1e12), knee_tokens=float(knee))
+
+
+# ---- errors -------------------------------------------------------------------------------
+
+def error_row(split: str, method: str, rg: str, pred, meas) -> dict:
+    pred, meas = np.asarray(pred, float), np.asarray(meas, float)
+    ok = np.isfinite(pred) & np.isfinite(meas) & (meas > 0)
+    e = 100.0 * (pred[ok] / meas[ok] - 1.0)
+    if e.size == 0:
+        return dict(split=split, method=method, regime=rg, n=0, MAPE_pct=np.nan, median_abs_pct=np.nan,
+                    max_abs_pct=np.nan, bias_pct=np.nan)
+    return dict(split=split, method=method, regime=rg, n=int(e.size), MAPE_pct=float(np.mean(np.abs(e))),
+                median_abs_pct=float(np.median(np.abs(e))), max_abs_pct=float(np.max(np.abs(e))),
+                bias_pct=float(np.mean(e)))
+
+
+def kfold_predictions(df: pd.DataFrame, folds: int, seed: int) -> np.ndarray:
+    """Held-out predictions: each point predicted by a fit (knee included) that never saw it."""
+    n = len(df)
+    k = min(folds, n)
+    pred = np.full(n, np.nan)
+    if k < 2 or n < 4:
+        return pred
+    perm = np.random.default_rng(seed).permutation(n)
+    for test in np.array_split(perm, k):
+        train = np.setdiff1d(perm, test)
+        c, knee = fit_coefs(df.iloc[train])
+        pred[test] = features(df.iloc[test], knee) @ c
+    return pred
+
+
+def verify_is_free(df: pd.DataFrame) -> np.ndarray:
+    """T(q) = T(1) measured at the same (B, L): the Leviathan assumption; NaN without a q=1 point."""
+    t1 = df[df["q"] == 1].groupby(["B", "L"])["t_median_s"].median()
+    return np.array([t1.get((b, l), np.nan) for b, l in zip(df["B"], df["L"])], dtype=float)
+
+
+def roofline_baseline(df: pd.DataFrame, dtype: str, ceilings: dict | None) -> tuple[np.ndarray, str]:
+    """max(bytes/BW, FLOPs/F) from the run's measured ceilings, else the datasheet row."""
+    name = str(df["device_name"].iloc[0]) if "device_name" in df else ""
+    spec = detect(name)
+    spec = None if spec is None or spec.measured_only else spec
+    roofs = plots.roofs_for(dtype, ceilings, spec)
+    bw, flops, source = roofs.for_prediction()
+    if bw is None:
+        return np.full(len(df), np.nan), (f"n/a: no ceilings.json summary in the run folder and no datasheet "
+                                          f"row for {name!r}")
+    label = f"roofline max(bytes/{bw / 1e9:.0f} GB/s, FLOPs/{(flops or 0) / 1e12:.3g} TFLOP/s) [{source}]"
+    return np.asarray(plots.predict_step_time(df, roofs), dtype=float), label
+
+
+def _error_tables(df, full_pred, regimes, settings: FitSettings, ceilings, dtype) -> tuple[list[dict], dict]:
+    meas = _col(df, "t_median_s")
+    roof, roof_label = roofline_baseline(df, dtype, ceilings)
+    free = verify_is_free(df)
+    cv = kfold_predictions(df, settings.folds, settings.seed)
+    splits = {f"{settings.folds}-fold held-out": (np.ones(len(df), bool), cv)}
+    qs, Bs = _col(df, "q"), _col(df, "B")
+    train = qs <= settings.q_split
+    if (~train).any() and train.sum() >= 4:
+        c, knee = fit_coefs(df[train])
+        splits[f"train q<={settings.q_split}, predict q>{settings.q_split}"] = (~train, features(df, knee) @ c)
+    train = Bs == Bs.min()
+    if (~train).any() and train.sum() >= 4:
+        c, knee = fit_coefs(df[train])
+        splits[f"train B={int(Bs.min())}, predict B>{int(Bs.min())}"] = (~train, features(df, knee) @ c)
+    rows = []
+    for split, (mask, pred) in splits.items():
+        for method, p in (("fit", pred), (roof_label, roof), ("verify is free T(q)=T(1)", free)):
+            for rg in ["all"] + sorted(set(regimes[mask])):
+                sel = mask & ((regimes == rg) if rg != "all" else True)
+                rows.append(error_row(split, method, rg, p[sel], meas[sel]))
+    ratio = cv / meas
+    ratio = ratio[np.isfinite(ratio)]
+    q_lo, q_hi = settings.band
+    band = dict(p10=float(np.quantile(ratio, q_lo)), p90=float(np.quantile(ratio, q_hi)),
+                meaning="measured T lies in [pred/p90, pred/p10] for 80% of held-out points") if ratio.size \
+        else dict(p10=np.nan, p90=np.nan, meaning="too few points for a held-out band")
+    return rows, band
+
+
+# ---- fitting a run folder -------------------------------------------------------------------
+
+def fit_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows the fit uses: ok, at full depth (layer-extrapolated rows included)."""
+    ok = df[(df["status"] == "ok") & (df["layers_run"] == df["layers_full"])]
+    return ok[np.isfinite(ok["t_median_s"].astype(float)) & (ok["t_median_s"] > 0)].reset_index(drop=True)
+
+
+def _layer_terms(g: pd.DataFrame) -> dict:
+    if "per_layer_s" in g and g["per_layer_s"].notna().any():
+        return dict(per_layer_ms_median=float(g["per_layer_s"].median() * 1e3),
+                    fixed_ms_median=float(g["fixed_s"].median() * 1e3), source="sliced runs (T = a + layers*b)")
+    return dict(source="n/a: one layer depth measured (no sliced runs)")
+
+
+def fit_group(g: pd.DataFrame, settings: FitSettings, ceilings: dict | None) -> tuple[dict, pd.DataFrame]:
+    key = {k: (str(g[k].iloc[0]) if k in g else "?") for k in GROUP_KEYS}
+    coefs, knee = fit_coefs(g)
+    t = terms(g, coefs, knee)
+    rg = regime(t)
+    errors, band = _error_tables(g, t.sum(axis=1), rg, settings, ceilings, key["dtype"])
+    domain = {a: [int(g[a].min()), int(g[a].max())] for a in ("q", "B", "L")}
+    group = dict(key=key, n_points=len(g), kv_tied_to_weights=not weights_vary(g), coefs=[float(c) for c in coefs], coef_units=["s", "s/B", "s/B",
+                 "s/FLOP", "s/FLOP"], knee_tokens=float(knee), params=physical(coefs, knee), band=band,
+                 domain=domain, layer_terms=_layer_terms(g), errors=errors)
+    points = g.assign(t_pred_s=t.sum(axis=1), regime=rg)
+    return group, points
+
+
+def fit_run(run_dir, settings: FitSettings = FitSettings()) -> tuple[dict, pd.DataFrame]:
+    """Fit every group of a run folder; returns (fit document, per-point predictions)."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "points.csv").exists() and not (run_dir / "points.jsonl").exists():
+        raise ConfigError(f"results_dir={str(run_dir)!r}: not a run folder (no points.csv or points.jsonl)")
+    df = fit_rows(load_run(run_dir))
+    if df.empty:
+        raise ConfigError(f"results_dir={str(run_dir)!r}: no ok full-depth rows to fit")
+    run = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else {}
+    ceilings = json.loads((run_dir / "ceilings.json").read_text()) if (run_dir / "ceilings.json").exists() else None
+    if "device_name" not in df:
+        df["device_name"] = "unknown"
+    groups, frames = [], []
+    for _, g in df.groupby([k for k in GROUP_KEYS if k in df], sort=True):
+        grp, pts = fit_group(g.reset_index(drop=True), settings, ceilings)
+        groups.append(grp)
+        frames.append(pts)
+    fit = dict(schema=FIT_SCHEMA, form=FORM, settings=asdict(settings),
+               provenance=dict(run_folder=run_dir.name, fingerprint=run.get("fingerprint"),
+                               device_name=str(df["device_name"].iloc[0]), git_commit=provenance.git_commit(),
+                               run_git_commit=str(df["git_commit"].iloc[0]) if "git_commit" in df else None,
+                               time_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())),
+               model_spec=(run.get("spec") or {}).get("model"), groups=groups)
+    return fit, pd.concat(frames, ignore_index=True)
+
+
+def save_fit(fit: dict, path) -> Path:
+    path = Path(path)
+    path.write_text(json.dumps(fit, indent=1, default=float))
+    return path
+
+
+def load_fit(path) -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"fit={str(path)!r}: no such file (run `python -m experiments.fit results_dir=...`)")
+    fit = json.loads(path.read_text())
+    if fit.get("schema") != FIT_SCHEMA:
+        raise ConfigError(f"fit={str(path)!r}: schema {fit.get('schema')!r}, expected {FIT_SCHEMA!r}")
+    return fit
+
+
+# ---- predicting ---------------------------------------------------------------------------
+
+def find_group(fit: dict, kind: str, dtype: str, mode: str | None = None, model: str | None = None) -> dict:
+    """The group fitted for (kind, dtype[, mode][, model]); ConfigError listing what exists."""
+    hits = [g for g in fit["groups"] if g["key"]["kind"] == kind and g["key"]["dtype"] == dtype
+            and (mode is None or g["key"]["mode"] == mode) and (model is None or g["key"]["model"] == model)]
+    if not hits:
+        have = [tuple(g["key"][k] for k in ("model", "dtype", "mode", "kind")) for g in fit["groups"]]
+        raise ConfigError(f"no fitted group for kind={kind!r} dtype={dtype!r} mode={mode!r} model={model!r}; "
+                          f"the fit has (model, dtype, mode, kind) {have}")
+    return hits[0]
+
+
+def fitted_model(fit: dict) -> ModelConfig:
+    if not fit.get("model_spec"):
+        raise ConfigError("the fit has no model_spec (run.json missing when it was fitted): pass cfg=")
+    return ModelConfig.from_dict(fit["model_spec"])
+
+
+def cost_row(cfg: ModelConfig, kind: str, dtype: str, q: int, B: int, L: int, mode: str = "eager") -> dict:
+    """Bytes and FLOPs of one step, from roofline.model.accounting (the one byte model)."""
+    moe_impl = "dense" if mode == "graph" else "touched"
+    fn = {"forward": forward_cost, "mtp": mtp_cost}.get(kind)
+    if fn is None:
+        raise ConfigError(f"kind={kind!r}: allowed ('forward', 'mtp')")
+    return fn(cfg, dtype, B, q, L, moe_impl=moe_impl).as_row()
+
+
+def predict_detail(fit: dict, kind: str, dtype: str, q: int, B: int, L: int, mode: str | None = None,
+                   cfg: ModelConfig | None = None) -> dict:
+    """Seconds of one step with its terms, band and source.
+
+    source "fit": the fitted group of this very (model, kind). "device-fit-transfer": a preset
+    (or kind) that was not measured, predicted by applying the fitted device parameters of the
+    forward group (t0, BW, F, knee) to that preset's accounting.
+    """
+    measured = fitted_model(fit) if fit.get("model_spec") else None
+    cfg = cfg or measured
+    if cfg is None:
+        raise ConfigError("no model to predict: the fit has no model_spec and no cfg was given")
+    same = measured is not None and cfg == measured
+    try:
+        g = find_group(fit, kind, dtype, mode, cfg.name if same else None) if same else None
+    except ConfigError:
+        g = None
+    source = "fit"
+    if g is None:
+        g, source = find_group(fit, "forward", dtype, mode), "device-fit-transfer"
+    row = pd.DataFrame([cost_row(cfg, kind, dtype, q, B, L, mode or g["key"]["mode"])])
+    t = terms(row, g["coefs"], g["knee_tokens"])[0]
+    seconds = float(t.sum())
+    return dict(seconds=seconds, source=source, regime=str(regime(t[None, :])[0]),
+                p10_s=seconds / g["band"]["p90"] if np.isfinite(g["band"]["p90"]) else np.nan,
+                p90_s=seconds / g["band"]["p10"] if np.isfinite(g["band"]["p10"]) else np.nan,
+                terms_s=dict(zip(TERMS, map(float, t))),
+                extrapolated=any(not lo <= v <= hi for v, (lo, hi) in
+                                 zip((q, B, L), (g["domain"][a] for a in ("q", "B", "L")))) or source != "fit")
+
+
+def predict(fit: dict, kind: str, dtype: str, q: int, B: int, L: int, mode: str | None = None,
+            cfg: ModelConfig | None = None) -> float:
+    """Predicted median step time in seconds (see predict_detail)."""
+    return predict_detail(fit, kind, dtype, q, B, L, mode, cfg)["seconds"]
+
+
+# ---- report section ------------------------------------------------------------------------
+
+def plot_pred_vs_meas(points: pd.DataFrame, path) -> Path:
+    """Predicted vs measured step time, log-log, y = x line, colour = regime."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    for rg, g in points.groupby("regime"):
+        ax.scatter(g["t_median_s"] * 1e3, g["t_pred_s"] * 1e3, s=14, label=rg, alpha=0.8)
+    lo = 0.8 * min(points["t_median_s"].min(), points["t_pred_s"].min()) * 1e3
+    hi = 1.25 * max(points["t_median_s"].max(), points["t_pred_s"].max()) * 1e3
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="y = x")
+    ax.set(xscale="log", yscale="log", xlabel="measured median step time (ms)",
+           ylabel="fitted model (ms, in-sample)", title="Cost model: predicted vs measured")
+    ax.legend(title="regime", fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def error_table(fit: dict) -> pd.DataFrame:
+    rows = [dict(group=f"{g['key']['model']}/{g['key']['dtype']}/{g['key']['mode']}/{g['key']['kind']}", **e)
+            for g in fit["groups"] for e in g["errors"]]
+    return pd.DataFrame(rows, columns=["group", *ERROR_COLUMNS])
+
+
+def params_table(fit: dict) -> pd.DataFrame:
+    return pd.DataFrame([dict(group=f"{g['key']['model']}/{g['key']['dtype']}/{g['key']['mode']}/{g['key']['kind']}",
+                              n=g["n_points"], **g["params"], band_p10=g["band"]["p10"], band_p90=g["band"]["p90"],
+                              per_layer=g["layer_terms"].get("per_layer_ms_median", "n/a"))
+                         for g in fit["groups"]])
+
+
+def _beats(main: pd.DataFrame) -> list[str]:
+    """One sentence per group and split: the fit's MAPE against each baseline's."""
+    out = []
+    for (group, split), g in main.groupby(["group", "split"], sort=False):
+        fit_row = g[g["method"] == "fit"]
+        if fit_row.empty:
+            continue
+        f = float(fit_row["MAPE_pct"].iloc[0])
+        others = [f"{r.method.split(' [')[0].split(' (')[0]}: {r.MAPE_pct:.1f}% ({r.MAPE_pct / f:.1f}x the fit's)"
+                  for r in g[g["method"] != "fit"].itertuples() if np.isfinite(r.MAPE_pct) and f > 0]
+        if others:
+            out.append(f"- {group}, {split}: fit MAPE {f:.1f}%; " + "; ".join(others))
+    return ["How much the fit beats the baselines (MAPE):\n\n" + "\n".join(out)] if out else []
+
+
+def write_report_section(fit: dict, points: pd.DataFrame, run_dir) -> Path:
+    """run_dir/report_costmodel.md (picked up by roofline.report.document) and its figure."""
+    run_dir = Path(run_dir)
+    png = plot_pred_vs_meas(points, run_dir / "figures" / "costmodel_pred_vs_meas.png")
+    errs = error_table(fit)
+    main = errs[errs["regime"] == "all"]
+    text = "\n\n".join([
+        "## Cost model: fitted step time",
+        fit["form"].replace("\n", " "),
+        "Parameters (t0 in ms, bandwidths in GB/s with 1 GB = 1e9 B, FLOP rates in TFLOP/s, knee in tokens "
+        "B*q per pass; inf = term fitted as free; band: held-out pred/meas quantiles p10/p90).",
+        md_table(params_table(fit)),
+        "Errors, all points of each split (signed error = pred/meas - 1, in %). Baselines on the same points.",
+        md_table(main),
+        *_beats(main),
+        "Errors by regime (the regime is the dominant term of the fitted prediction).",
+        md_table(errs[errs["regime"] != "all"]),
+        f"![costmodel_pred_vs_meas]({png.relative_to(run_dir).as_posix()})",
+        f"Provenance: run fingerprint {fit['provenance']['fingerprint']}, device {fit['provenance']['device_name']}, "
+        f"fitted at {fit['provenance']['time_utc']} with git {fit['provenance']['git_commit']}.",
+    ]) + "\n"
+    out = run_dir / "report_costmodel.md"
+    out.write_text(text)
+    return out

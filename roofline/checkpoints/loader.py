@@ -1,0 +1,395 @@
+"""Hugging Face checkpoints -> the compact decoder, with the real weights.
+
+A model folder (config.json + model.safetensors, or shards with model.safetensors.index.json)
+becomes a `ModelConfig` (`config_from_hf`) and a `Transformer` holding its tensors
+(`load_checkpoint`). Loading is safe and lazy: safetensors only (never pickle); the headers
+are read first and the whole checkpoint is checked against the config before anything is
+allocated (every expected tensor present, none unknown, shapes and dtype category right, each
+failure naming the tensor); then the shards are streamed one tensor at a time into a model
+allocated once, in the target dtype, on the target device.
+
+Name mapping (ours <- HF): q/k/v projections concatenate into attn.wqkv (rows q, k, v); the
+routed experts' per-expert matrices stack into ffn.w1/w3/w2 [E, ...] (transformers 5 writes
+per-expert names on save and fuses them in memory as experts.gate_up_proj [E, 2f, d] and
+experts.down_proj [E, d, f]; both layouts load). MTP modules (DeepSeek-V3, GLM-4.5) are stored
+as model.layers.{num_hidden_layers + j}: enorm, hnorm, eh_proj, shared_head.norm and a full
+decoder block; their shared_head.head and embed_tokens copies must equal the main model's LM
+head and embedding (checked by content hash, loaded once).
+
+Sliding-window models (Mistral v0.1, Qwen with use_sliding_window) get max_context = the
+window: within it, sliding-window attention is full causal attention, so the forward is exact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from roofline.model.accounting import torch_dtype
+from roofline.model.config import ConfigError, ModelConfig, RopeScaling
+from roofline.model.decoder import MOE_IMPLS, Transformer
+from roofline.model.rope import rope_table
+
+ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
+                 "MistralForCausalLM", "MixtralForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeForCausalLM")
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some older checkpoints saved
+
+
+# ---- config.json -> ModelConfig --------------------------------------------------------------
+
+def _rope(raw: Mapping[str, Any]) -> tuple[float, RopeScaling, float]:
+    """(theta, scaling, partial_rotary) from transformers 5 `rope_parameters` or the older
+    top-level rope_theta / rope_scaling / partial_rotary_factor fields."""
+    params = dict(raw.get("rope_parameters") or {})
+    scaling = dict(raw.get("rope_scaling") or {})
+    theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
+    partial = params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
+    p = {**scaling, **params}
+    kind = p.get("rope_type", p.get("type", "default"))
+    if kind == "default":
+        return float(theta), RopeScaling(), float(partial)
+    if kind not in ("llama3", "yarn", "linear"):
+        raise ConfigError(f"config.json rope type {kind!r}: allowed 'default', 'llama3', 'yarn', 'linear'")
+    if p.get("attention_factor") is not None:
+        raise ConfigError("config.json rope attention_factor: not modelled (yarn takes it from mscale/mscale_all_dim)")
+    if p.get("truncate", True) is not True:
+        raise ConfigError("config.json rope truncate=false: not modelled (yarn correction range is truncated)")
+    orig = int(p.get("original_max_position_embeddings") or 0)
+    factor = p.get("factor")
+    if factor is None and kind == "yarn":
+        factor = raw["max_position_embeddings"] / orig
+    rs = dict(kind=kind, factor=float(factor), original_max_position=orig)
+    if kind == "llama3":
+        rs.update(low_freq_factor=float(p.get("low_freq_factor", 1.0)), high_freq_factor=float(p.get("high_freq_factor", 4.0)))
+    if kind == "yarn":
+        mscale, mscale_all = p.get("mscale"), p.get("mscale_all_dim")
+        # transformers: amplitude mscale(f, mscale) / mscale(f, mscale_all_dim) only when both are set,
+        # otherwise mscale(f, 1)
+        both = bool(mscale) and bool(mscale_all)
+        rs.update(beta_fast=float(p.get("beta_fast") or 32), beta_slow=float(p.get("beta_slow") or 1),
+                  mscale=float(mscale) if both else 1.0, mscale_all_dim=float(mscale_all) if both else 0.0)
+    return float(theta), RopeScaling(**rs), float(partial)
+
+
+def _require(raw: Mapping[str, Any], arch: str, field: str, allowed: tuple, default: Any) -> None:
+    v = raw.get(field, default)
+    if v not in allowed:
+        raise ConfigError(f"config.json {field}={v!r} ({arch}): not modelled; allowed {list(allowed)}")
+
+
+def config_from_hf(raw: Mapping[str, Any], name: str = "") -> ModelConfig:
+    """A transformers config.json (as a dict) -> ModelConfig, field by field as conf/model/*.yaml."""
+    archs = raw.get("architectures") or []
+    arch = archs[0] if len(archs) == 1 else None
+    if arch not in ARCHITECTURES:
+        raise ConfigError(f"config.json architectures={archs!r}: allowed one of {list(ARCHITECTURES)}")
+    _require(raw, arch, "hidden_act", ("silu",), "silu")
+    _require(raw, arch, "mlp_bias", (False,), False)
+    _require(raw, arch, "quantization_config", (None,), None)
+    d, heads = raw["hidden_size"], raw["num_attention_heads"]
+    theta, scaling, partial = _rope(raw)
+    max_ctx = raw["max_position_embeddings"]
+    window = raw.get("sliding_window")
+    if window and (raw.get("use_sliding_window", True)) and window < max_ctx:
+        max_ctx = window
+    kw: dict[str, Any] = dict(
+        name=name or Path(str(raw.get("_name_or_path") or raw.get("model_type", arch))).name,
+        vocab=raw["vocab_size"], d=d, layers=raw["num_hidden_layers"], heads=heads,
+        kv_heads=raw.get("num_key_value_heads") or heads, head_dim=raw.get("head_dim") or d // heads,
+        ffn=raw["intermediate_size"], max_context=max_ctx, rope_theta=theta, rope_scaling=scaling,
+        partial_rotary=partial, norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        tie_embeddings=bool(raw.get("tie_word_embeddings", False)), source=f"Hugging Face config.json ({arch})")
+    if arch in ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
+        _require(raw, arch, "attention_bias", (False,), False)  # would add an o_proj bias too
+    if arch == "Qwen2ForCausalLM":
+        kw["qkv_bias"] = True  # Qwen2 attention always has q/k/v biases (o_proj none)
+    if arch == "Glm4MoeForCausalLM":
+        kw["qkv_bias"] = bool(raw.get("attention_bias", False))
+        kw["qk_norm"] = bool(raw.get("use_qk_norm", False))
+    if arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
+        kw["qk_norm"] = True
+    if arch == "Qwen3MoeForCausalLM":
+        _require(raw, arch, "decoder_sparse_step", (1,), 1)
+        dense = sorted(raw.get("mlp_only_layers") or [])
+        if dense != list(range(len(dense))):
+            raise ConfigError(f"config.json mlp_only_layers={dense} ({arch}): only leading dense layers are modelled")
+        kw.update(experts=raw.get("num_experts") or raw["num_local_experts"], experts_per_token=raw["num_experts_per_tok"],
+                  moe_ffn=raw["moe_intermediate_size"], first_dense_layers=len(dense), router_scoring="softmax",
+                  norm_topk=bool(raw.get("norm_topk_prob", False)))
+    if arch == "MixtralForCausalLM":  # softmax, top-k, renormalised; each expert is intermediate_size wide
+        kw.update(experts=raw["num_local_experts"], experts_per_token=raw["num_experts_per_tok"],
+                  moe_ffn=raw["intermediate_size"], router_scoring="softmax", norm_topk=True)
+    if arch in ("DeepseekV3ForCausalLM", "Glm4MoeForCausalLM"):
+        _require(raw, arch, "scoring_func", ("sigmoid",), "sigmoid")
+        _require(raw, arch, "topk_method", ("noaux_tc",), "noaux_tc")
+        _require(raw, arch, "moe_layer_freq", (1,), 1)
+        kw.update(experts=raw["n_routed_experts"], experts_per_token=raw["num_experts_per_tok"],
+                  moe_ffn=raw["moe_intermediate_size"], shared_experts=raw.get("n_shared_experts") or 0,
+                  first_dense_layers=raw.get("first_k_dense_replace", 0), router_scoring="sigmoid",
+                  norm_topk=bool(raw.get("norm_topk_prob", True)), routed_scale=float(raw.get("routed_scaling_factor", 1.0)),
+                  router_groups=raw.get("n_group") or 1, router_topk_groups=raw.get("topk_group") or 1,
+                  mtp_layers=raw.get("num_nextn_predict_layers") or 0)
+    if arch == "DeepseekV3ForCausalLM":
+        _require(raw, arch, "attention_bias", (False,), False)
+        nope, rope_d = raw["qk_nope_head_dim"], raw["qk_rope_head_dim"]
+        kw.update(attention="mla", kv_heads=heads, head_dim=nope + rope_d, q_lora_rank=raw.get("q_lora_rank") or 0,
+                  kv_lora_rank=raw["kv_lora_rank"], qk_nope_dim=nope, qk_rope_dim=rope_d, v_head_dim=raw["v_head_dim"],
+                  rope_interleave=bool(raw.get("rope_interleave", True)), partial_rotary=1.0)
+    return ModelConfig(**kw)
+
+
+def read_config(folder: str | Path) -> dict:
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"checkpoint={str(folder)!r}: no config.json (expected a Hugging Face model folder)")
+    return json.loads(path.read_text())
+
+
+def checkpoint_config(folder: str | Path) -> ModelConfig:
+    """The ModelConfig of a model folder, named after the folder."""
+    folder = Path(folder)
+    return config_from_hf(read_config(folder), name=folder.resolve().name)
+
+
+# ---- the tensors -------------------------------------------------------------------------------
+
+def shard_files(folder: str | Path) -> list[Path]:
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [folder / n for n in names]
+    elif (folder / "model.safetensors").is_file():
+        files = [folder / "model.safetensors"]
+    else:
+        raise ConfigError(f"checkpoint={str(folder)!r}: no model.safetensors or model.safetensors.index.json "
+                          "(only safetensors checkpoints load; pickle files never do)")
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise ConfigError(f"checkpoint={str(folder)!r}: shard(s) {missing} named by the index are missing")
+    return files
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    file: Path
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def tensor_headers(folder: str | Path) -> dict[str, TensorInfo]:
+    """Name -> (shard, shape, dtype) of every tensor, from the safetensors headers only."""
+    from safetensors import safe_open
+    out: dict[str, TensorInfo] = {}
+    for path in shard_files(folder):
+        with safe_open(str(path), framework="pt") as f:
+            for k in f.keys():
+                sl = f.get_slice(k)
+                if k in out:
+                    raise ConfigError(f"tensor {k!r}: stored twice ({out[k].file.name}, {path.name})")
+                out[k] = TensorInfo(path, tuple(sl.get_shape()), sl.get_dtype())
+    return out
+
+
+@dataclass(frozen=True)
+class Copy:
+    ours: str  # parameter name in roofline.model.decoder
+    dst: tuple = ()  # index into our parameter
+    src: tuple = ()  # index into the checkpoint tensor
+
+
+@dataclass(frozen=True)
+class Entry:
+    shape: tuple[int, ...]
+    copies: tuple[Copy, ...]
+
+
+def _block_plan(cfg: ModelConfig, hf: str, ours: str, moe: bool, shapes: dict, keys: set) -> dict[str, Entry]:
+    """HF tensors of one decoder block (prefix `hf`, e.g. model.layers.3) -> our block `ours`."""
+    plan: dict[str, Entry] = {}
+
+    def whole(h: str, o: str) -> None:
+        plan[f"{hf}.{h}"] = Entry(shapes[f"{ours}.{o}"], (Copy(f"{ours}.{o}"),))
+
+    whole("input_layernorm.weight", "attn_norm.weight")
+    whole("post_attention_layernorm.weight", "ffn_norm.weight")
+    a = "self_attn"
+    if cfg.is_mla:
+        if cfg.q_lora_rank:
+            whole(f"{a}.q_a_proj.weight", "attn.q_a.weight")
+            whole(f"{a}.q_a_layernorm.weight", "attn.q_a_norm.weight")
+            whole(f"{a}.q_b_proj.weight", "attn.q_b.weight")
+        else:
+            whole(f"{a}.q_proj.weight", "attn.q_proj.weight")
+        whole(f"{a}.kv_a_proj_with_mqa.weight", "attn.kv_a.weight")
+        whole(f"{a}.kv_a_layernorm.weight", "attn.kv_a_norm.weight")
+        whole(f"{a}.kv_b_proj.weight", "attn.kv_b.weight")
+    else:
+        rows = [cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim]
+        start = 0
+        for proj, n in zip(("q_proj", "k_proj", "v_proj"), rows):
+            for kind in ("weight", "bias") if cfg.qkv_bias else ("weight",):
+                full = shapes[f"{ours}.attn.wqkv.{kind}"]
+                plan[f"{hf}.{a}.{proj}.{kind}"] = Entry((n, *full[1:]), (Copy(f"{ours}.attn.wqkv.{kind}", (slice(start, start + n),)),))
+            start += n
+        if cfg.qk_norm:
+            whole(f"{a}.q_norm.weight", "attn.q_norm.weight")
+            whole(f"{a}.k_norm.weight", "attn.k_norm.weight")
+    whole(f"{a}.o_proj.weight", "attn.wo.weight")
+    if not moe:
+        for h, o in (("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")):
+            whole(f"mlp.{h}.weight", f"ffn.{o}.weight")
+        return plan
+    E, f = cfg.experts, cfg.moe_ffn
+    m = "block_sparse_moe" if f"{hf}.block_sparse_moe.gate.weight" in keys else "mlp"
+    whole(f"{m}.gate.weight", "ffn.gate.weight")
+    if cfg.router_scoring == "sigmoid":
+        whole(f"{m}.gate.e_score_correction_bias", "ffn.score_bias")
+    if f"{hf}.{m}.experts.gate_up_proj" in keys or f"{hf}.{m}.experts.down_proj" in keys:  # fused (transformers 5 in memory)
+        w1, w2 = shapes[f"{ours}.ffn.w1"], shapes[f"{ours}.ffn.w2"]
+        plan[f"{hf}.{m}.experts.gate_up_proj"] = Entry((E, 2 * f, w1[2]), (
+            Copy(f"{ours}.ffn.w1", (), (slice(None), slice(0, f))), Copy(f"{ours}.ffn.w3", (), (slice(None), slice(f, 2 * f)))))
+        plan[f"{hf}.{m}.experts.down_proj"] = Entry(w2, (Copy(f"{ours}.ffn.w2"),))
+    else:
+        names = (("w1", "w1"), ("w3", "w3"), ("w2", "w2")) if m == "block_sparse_moe" else \
+            (("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2"))
+        for e in range(E):
+            for h, o in names:
+                plan[f"{hf}.{m}.experts.{e}.{h}.weight"] = Entry(shapes[f"{ours}.ffn.{o}"][1:], (Copy(f"{ours}.ffn.{o}", (e,)),))
+    if cfg.shared_experts:
+        for h, o in (("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")):
+            whole(f"{m}.shared_experts.{h}.weight", f"ffn.shared.{o}.weight")
+    return plan
+
+
+# checkpoint tensors that are copies of the main embedding / LM head: checked, never loaded twice
+DUPLICATES = {"embed_tokens.weight": "embed", "shared_head.head.weight": "head"}
+
+
+def _layer_of(key: str) -> int:
+    """i of a model.layers.{i}.* tensor, -1 for the others."""
+    parts = key.split(".", 3)
+    return int(parts[2]) if parts[:2] == ["model", "layers"] and len(parts) > 2 and parts[2].isdigit() else -1
+
+
+def load_plan(cfg: ModelConfig, keys: set, shapes: dict, layers_stored: int) -> tuple[dict[str, Entry], dict[str, str], set]:
+    """(plan, duplicates, skipped): HF name -> what to copy where; MTP copies of the embedding /
+    head -> which main tensor they must equal; stored main layers beyond cfg.layers (sliced load)."""
+    plan: dict[str, Entry] = {}
+    whole = lambda h, o: plan.__setitem__(h, Entry(shapes[o], (Copy(o),)))
+    whole("model.embed_tokens.weight", "embed.weight")
+    whole("model.norm.weight", "norm.weight")
+    if not cfg.tie_embeddings:
+        whole("lm_head.weight", "lm_head.weight")
+    for i in range(cfg.layers):
+        plan.update(_block_plan(cfg, f"model.layers.{i}", f"layers.{i}", cfg.layer_is_moe(i), shapes, keys))
+    dups: dict[str, str] = {}
+    if cfg.tie_embeddings and "lm_head.weight" in keys:  # some tied checkpoints store the head anyway
+        dups["lm_head.weight"] = "embed"
+    for j in range(cfg.mtp_layers):
+        hf, ours = f"model.layers.{layers_stored + j}", f"mtp.{j}"
+        for h, o in (("enorm", "enorm"), ("hnorm", "hnorm"), ("eh_proj", "eh_proj"), ("shared_head.norm", "norm")):
+            whole(f"{hf}.{h}.weight", f"{ours}.{o}.weight")
+        plan.update(_block_plan(cfg, hf, f"{ours}.block", cfg.is_moe, shapes, keys))
+        for h, what in DUPLICATES.items():
+            if f"{hf}.{h}" in keys:
+                dups[f"{hf}.{h}"] = what
+    skipped = {k for k in keys if cfg.layers <= _layer_of(k) < layers_stored}
+    return plan, dups, skipped
+
+
+def _main_name(what: str, cfg: ModelConfig) -> str:
+    return "model.embed_tokens.weight" if what == "embed" or cfg.tie_embeddings else "lm_head.weight"
+
+
+def check_against(cfg: ModelConfig, headers: dict[str, TensorInfo], layers_stored: int, shapes: dict):
+    keys = set(headers)
+    plan, dups, skipped = load_plan(cfg, keys, shapes, layers_stored)
+    missing = sorted(set(plan) - keys)
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ConfigError(f"checkpoint is missing tensor {missing[0]!r}{more} that its config.json implies"
+                          f" ({cfg.name}: {cfg.layers} layers, {cfg.mtp_layers} MTP)")
+    extra = sorted(k for k in keys - set(plan) - set(dups) - skipped if not k.endswith(IGNORED_SUFFIXES))
+    if extra:
+        hint = ""
+        if any(k.startswith(f"model.layers.{layers_stored + cfg.mtp_layers}.") for k in extra):
+            hint = f"; layers beyond num_hidden_layers + num_nextn_predict_layers={cfg.mtp_layers}"
+        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+        raise ConfigError(f"checkpoint has unexpected tensor {extra[0]!r}{more}: not part of the model its config.json "
+                          f"describes{hint}")
+    for k, e in plan.items():
+        info = headers[k]
+        if info.dtype not in FLOAT_DTYPES:
+            raise ConfigError(f"tensor {k!r}: dtype {info.dtype}; allowed floating point {list(FLOAT_DTYPES)} "
+                              "(quantized checkpoints are not loaded)")
+        if info.shape != tuple(e.shape):
+            raise ConfigError(f"tensor {k!r}: shape {list(info.shape)}, config.json implies {list(e.shape)}")
+    for k, what in dups.items():
+        main = headers[_main_name(what, cfg)]
+        if headers[k].shape != main.shape:
+            raise ConfigError(f"tensor {k!r}: shape {list(headers[k].shape)}, a copy of the main {what} has {list(main.shape)}")
+    return plan, dups
+
+
+def _digest(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest() + str(t.dtype)
+
+
+def load_checkpoint(folder: str | Path, *, dtype: str | torch.dtype = "bfloat16", device: str | torch.device = "cpu",
+                    max_batch: int = 1, max_context: int | None = None, moe_impl: str = "touched",
+                    layers: int | None = None) -> Transformer:
+    """The model of a Hugging Face folder with its weights, in `dtype` on `device`.
+
+    max_context: the static cache's length (default: the model's). layers: load only the first
+    n decoder layers (layer slicing of a model too big for the device; MTP modules still load).
+    Every checkpoint tensor is read once, straight into its place; nothing is initialised twice.
+    """
+    from safetensors import safe_open
+    if moe_impl not in MOE_IMPLS:
+        raise ConfigError(f"moe_impl={moe_impl!r}: allowed {MOE_IMPLS}")
+    full = checkpoint_config(folder)
+    if layers is not None and not (isinstance(layers, int) and 1 <= layers <= full.layers):
+        raise ConfigError(f"layers={layers!r}: allowed 1..{full.layers} (num_hidden_layers of the checkpoint)")
+    cfg = full if layers is None else full.scaled(layers=layers)
+    max_context = max_context or cfg.max_context
+    with torch.device("meta"):
+        meta = Transformer(cfg, max_batch, max_context, moe_impl)
+    shapes = {n: tuple(p.shape) for n, p in meta.named_parameters()}
+    headers = tensor_headers(folder)
+    plan, dups = check_against(cfg, headers, full.layers, shapes)
+    covered = {c.ours for e in plan.values() for c in e.copies}
+    assert covered == set(shapes), f"loader plan misses {sorted(set(shapes) - covered)}"  # a bug here, not in the checkpoint
+
+    model = meta.to(dtype=torch_dtype(dtype)).to_empty(device=device)
+    cos, sin = rope_table(cfg, max_context, device)
+    model.rope_cos, model.rope_sin = cos, sin
+    model.reset_cache()
+    params = dict(model.named_parameters())
+    digests: dict[str, str] = {}
+    want_digest = set(dups) | {_main_name(w, cfg) for w in dups.values()}
+    by_file: dict[Path, list[str]] = {}
+    for k in plan.keys() | dups.keys():
+        by_file.setdefault(headers[k].file, []).append(k)
+    with torch.no_grad():
+        for path, names in by_file.items():
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                for k in sorted(names):
+                    t = f.get_tensor(k)
+                    if k in want_digest:
+                        digests[k] = _digest(t)
+                    for c in plan[k].copies if k in plan else ():
+                        params[c.ours].data[c.dst].copy_(t[c.src])
+                    del t
+    for k, what in dups.items():
+        if digests[k] != digests[_main_name(what, cfg)]:
+            warnings.warn(f"checkpoint tensor {k!r} differs from the main model's {_main_name(what, cfg)!r}: "
+                          f"the MTP module here uses the main {what}, as DeepSeek-V3 / GLM-4.5 share it", stacklevel=2)
+    return model.eval().requires_grad_(False)

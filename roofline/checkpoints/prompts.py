@@ -1,0 +1,141 @@
+"""Prompts as the model saw them in training: chat template, generation prompt, one BOS.
+
+Acceptance rates measured on prompts the model was not trained on (no template, a missing
+generation prompt, or a doubled BOS) are not the acceptance users will get. The commonest
+slip: the template already writes the BOS token as text, and the tokenizer adds another
+when it encodes with special tokens. So a prompt is rendered to text once and encoded with
+`add_special_tokens=False` (what `apply_chat_template(tokenize=True)` does), and a doubled
+BOS at the start is refused.
+
+Which template: transformers reads a standalone `chat_template.jinja` in the checkpoint
+folder in preference to the inline `chat_template` of tokenizer_config.json. We do the same,
+explicitly, and warn when the two disagree: a checkpoint whose files disagree has usually
+had one of them edited, and a reader should know which one was used.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+from roofline.model.config import ConfigError
+
+TEMPLATE_FILE = "chat_template.jinja"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+
+
+def _inline_template(folder: Path) -> str | None:
+    path = folder / TOKENIZER_CONFIG
+    if not path.exists():
+        return None
+    inline = json.loads(path.read_text()).get("chat_template")
+    if isinstance(inline, list):  # named templates: [{"name": ..., "template": ...}]
+        inline = next((t["template"] for t in inline if t.get("name") == "default"), None)
+    return inline
+
+
+def chat_template(folder) -> str | None:
+    """The template a checkpoint folder defines: the standalone file wins over the inline one."""
+    folder = Path(folder)
+    standalone = folder / TEMPLATE_FILE
+    inline = _inline_template(folder)
+    if not standalone.exists():
+        return inline
+    text = standalone.read_text(encoding="utf-8")
+    if inline is not None and inline.rstrip("\n") != text.rstrip("\n"):
+        warnings.warn(f"{folder.name}: {TEMPLATE_FILE} and the inline chat_template of {TOKENIZER_CONFIG} differ; "
+                      f"using {TEMPLATE_FILE}", UserWarning, stacklevel=2)
+    return text
+
+
+def load_tokenizer(folder):
+    """The checkpoint's tokenizer with the template `chat_template` chose."""
+    from transformers import AutoTokenizer
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ConfigError(f"folder={str(folder)!r}: no such checkpoint folder")
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    template = chat_template(folder)
+    if template is None:
+        raise ConfigError(f"folder={str(folder)!r}: no chat template ({TEMPLATE_FILE} or chat_template in "
+                          f"{TOKENIZER_CONFIG}); prompts cannot be rendered as the model saw them")
+    tokenizer.chat_template = template
+    return tokenizer
+
+
+def _check_messages(messages, where: str = "messages") -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise ConfigError(f"{where}: must be a non-empty list of {{role, content}}")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
+            raise ConfigError(f"{where}[{i}]: must be a dict with a string 'role' and a 'content'")
+    return messages
+
+
+def render(tokenizer, messages, add_generation_prompt: bool = True) -> str:
+    """The conversation as the text the model reads, through the checkpoint's template."""
+    return tokenizer.apply_chat_template(_check_messages(messages), tokenize=False,
+                                         add_generation_prompt=add_generation_prompt)
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    """Token ids of rendered text; the template owns the special tokens, so none are added."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    bos = tokenizer.bos_token_id
+    if bos is not None and ids[:2] == [bos, bos]:
+        raise ValueError(f"doubled BOS ({tokenizer.bos_token!r}) at the start of the prompt: the text already held "
+                         f"one when the template added its own")
+    return ids
+
+
+def prompt_answer_split(messages) -> tuple[list[dict], dict | None]:
+    """(prompt, answer): the answer is the last turn when it is the assistant's, else None."""
+    messages = _check_messages(messages)
+    if messages[-1]["role"] == "assistant":
+        if len(messages) == 1:
+            raise ConfigError("messages: an assistant answer needs a prompt before it")
+        return messages[:-1], messages[-1]
+    return messages, None
+
+
+def read_conversations(jsonl_path) -> list[list[dict]]:
+    path = Path(jsonl_path)
+    if not path.is_file():
+        raise ConfigError(f"jsonl_path={str(jsonl_path)!r}: no such file")
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path.name} line {n}: not JSON ({e})") from e
+        if not isinstance(record, dict):
+            raise ConfigError(f"{path.name} line {n}: must be an object with 'messages'")
+        out.append(_check_messages(record.get("messages"), f"{path.name} line {n}: messages"))
+    return out
+
+
+def encode_conversations(folder, jsonl_path, max_len: int | None = None) -> list[list[int]]:
+    """Prompt ids, one list per conversation, ready for the model to continue.
+
+    A conversation that ends with the assistant's answer is cut before it (prompt_answer_split),
+    so the generation prompt follows the last user turn. Prompts longer than max_len are
+    skipped with a warning, never truncated: a truncated prompt is not one the model saw."""
+    if max_len is not None and max_len < 1:
+        raise ConfigError(f"max_len={max_len}: must be a positive number of tokens or None")
+    tokenizer = load_tokenizer(folder)
+    out, skipped = [], []
+    for i, messages in enumerate(read_conversations(jsonl_path)):
+        prompt, _ = prompt_answer_split(messages)
+        ids = encode(tokenizer, render(tokenizer, prompt, add_generation_prompt=True))
+        if max_len is not None and len(ids) > max_len:
+            skipped.append(i + 1)
+            continue
+        out.append(ids)
+    if skipped:
+        warnings.warn(f"{len(skipped)} prompts longer than max_len={max_len} tokens skipped (conversations "
+                      f"{skipped[:10]}{' ...' if len(skipped) > 10 else ''})", UserWarning, stacklevel=2)
+    return out

@@ -1,0 +1,65 @@
+"""Where a number came from: device, software versions, threads, clocks, code version, time."""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from roofline.measure.devices import running_device_name
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@lru_cache(maxsize=1)
+def git_commit() -> str:
+    """HEAD of the checkout the library runs from, '+dirty' when tracked files changed."""
+    try:
+        run = lambda *a: subprocess.run(["git", *a], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+        head = run("rev-parse", "--short=12", "HEAD").stdout.strip()
+        dirty = run("status", "--porcelain", "--untracked-files=no").stdout.strip()
+        return (head + ("+dirty" if dirty else "")) or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _triton_version() -> str | None:
+    try:
+        import triton
+        return triton.__version__
+    except Exception:  # not installed, or broken without a GPU
+        return None
+
+
+def _nvml_clocks(index: int) -> dict:
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(index)
+        return dict(
+            driver_version=pynvml.nvmlSystemGetDriverVersion(),
+            sm_clock_mhz=pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+            mem_clock_mhz=pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
+            power_limit_w=pynvml.nvmlDeviceGetPowerManagementLimit(h) / 1000,
+        )
+    except Exception:
+        return {}
+
+
+def collect(device: str) -> dict:
+    """Provenance fields shared by every row of a run on `device` ('cpu' or 'cuda[:N]')."""
+    dev = torch.device(device)
+    info = dict(
+        device=str(dev), device_name=running_device_name(str(dev)),
+        cpu_model=running_device_name("cpu"), torch_version=torch.__version__,
+        triton_version=_triton_version(), python_version=platform.python_version(),
+        cuda_version=torch.version.cuda, threads=torch.get_num_threads(), git_commit=git_commit(),
+        time_utc=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    )
+    if dev.type == "cuda":
+        info.update(_nvml_clocks(dev.index or 0))
+    return info

@@ -1,0 +1,117 @@
+"""The one results schema: an append-only JSONL per run, a CSV for people and pandas.
+
+A run folder holds `run.json` (what was asked), `points.jsonl` (one line per completed
+point, written and fsynced as the point completes) and `points.csv` (the table, rebuilt
+from the JSONL). A run killed at any moment leaves at worst one torn last line, which the
+next start drops before appending; a point is done iff its line is complete, so a resumed
+run neither loses nor repeats a point.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterable
+
+import pandas as pd
+
+from roofline.model.presets import REPO_ROOT
+
+SCHEMA_VERSION = 1
+RUNS_ROOT = REPO_ROOT / "results" / "runs"  # default output root (not committed)
+STATUSES = ("ok", "oom", "error", "unsupported", "too_big")
+
+# Columns every row has, in order; physics columns are NaN on failed rows.
+KEY_COLUMNS = ["point_id", "kind", "model", "dtype", "mode", "q", "B", "L", "layers_run", "layers_full"]
+TIMING_COLUMNS = ["t_median_s", "t_p10_s", "t_p90_s", "t_mean_s", "t_min_s", "t_cv", "t_n", "t_ci_rel",
+                  "t_stopped_by", "t_clock", "t_l2", "t_threads"]
+PHYSICS_COLUMNS = ["kv_len", "tokens", "moe_impl", "experts_touched", "weight_bytes", "expert_bytes",
+                   "kv_read_bytes", "kv_write_bytes", "embed_bytes", "activation_bytes_est", "bytes_total",
+                   "flops_matmul", "flops_attention", "flops", "intensity", "achieved_GBps",
+                   "achieved_TFLOPs", "tokens_per_s", "ridge_datasheet", "bound_datasheet",
+                   "pct_datasheet_bw", "pct_datasheet_flops"]
+CEILING_COLUMNS = ["ceiling_bw_GBps", "ceiling_TFLOPs", "ridge_measured", "pct_measured_bw",
+                   "pct_measured_flops", "bound_measured"]  # present when the sweep had a ceilings file
+STATUS_COLUMNS = ["status", "error", "extrapolated", "schema_version"]
+
+
+def append_row(path: Path, row: dict) -> None:
+    line = json.dumps(row, default=str, allow_nan=True)
+    with open(path, "a") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_rows(path: Path, repair: bool = False) -> list[dict]:
+    """Complete rows of a JSONL; a torn last line (a kill mid-write) is dropped, and with
+    repair=True cut from the file so that appending continues on a line boundary."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    raw = path.read_bytes()
+    rows, good_end, start = [], 0, 0
+    while True:
+        nl = raw.find(b"\n", start)
+        if nl < 0:
+            break
+        try:
+            rows.append(json.loads(raw[start:nl]))
+            good_end = nl + 1
+        except json.JSONDecodeError:
+            break
+        start = nl + 1
+    if repair and good_end < len(raw):
+        with open(path, "r+b") as f:
+            f.truncate(good_end)
+    return rows
+
+
+def to_frame(rows: Iterable[dict]) -> pd.DataFrame:
+    df = pd.DataFrame(list(rows))
+    known = KEY_COLUMNS + TIMING_COLUMNS + PHYSICS_COLUMNS + CEILING_COLUMNS + STATUS_COLUMNS
+    order = [c for c in known if c in df.columns]
+    return df[order + [c for c in df.columns if c not in order]]
+
+
+def write_csv(rows: Iterable[dict], path: Path) -> pd.DataFrame:
+    df = to_frame(rows)
+    tmp = Path(path).with_suffix(".csv.tmp")
+    df.to_csv(tmp, index=False)
+    os.replace(tmp, path)
+    return df
+
+
+def load_run(run_dir: Path) -> pd.DataFrame:
+    """The table of a run folder (points.csv, or rebuilt from points.jsonl)."""
+    run_dir = Path(run_dir)
+    if (run_dir / "points.csv").exists():
+        return pd.read_csv(run_dir / "points.csv")
+    return to_frame(read_rows(run_dir / "points.jsonl"))
+
+
+def aggregate(run_dirs: Iterable[Path], out_csv: Path) -> pd.DataFrame:
+    """Concatenate the tables of several runs (a multirun's jobs); a folder without points
+    (a job that failed before its first point) contributes no rows."""
+    frames = [load_run(d).assign(run_dir=str(d)) for d in run_dirs if (Path(d) / "points.jsonl").exists()]
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    df.to_csv(out_csv, index=False)
+    return df
+
+
+def aggregate_jobs(sweep_dir: Path, job_file: str) -> dict:
+    """One table (sweep_dir/aggregate.csv) from a multirun's job folders. A job that failed
+    left no job file: it is counted and named, and the other jobs' rows still aggregate."""
+    sweep_dir = Path(sweep_dir)
+    jobs = sorted(p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit())
+    run_dirs, failed = [], []
+    for j in jobs:
+        f = j / job_file
+        job = json.loads(f.read_text()) if f.exists() else dict(status="failed", error="no job file")
+        if job.get("run_dir"):
+            run_dirs.append(Path(job["run_dir"]))
+        if job.get("status") != "ok":
+            failed.append(dict(job=j.name, error=job.get("error")))
+    df = aggregate(run_dirs, sweep_dir / "aggregate.csv")
+    return dict(aggregate=str(sweep_dir / "aggregate.csv"), jobs=len(jobs), jobs_failed=failed, rows=len(df))

@@ -1,0 +1,514 @@
+"""Measured ceilings: the memory and compute roofs of THIS device, by kernels that only do one.
+
+A roofline point is judged against the bandwidth and FLOP rate the device really reaches,
+beside the datasheet's. Memory: the bandwidth kernels of roofline.measure.kernels (read, write,
+copy, triad; torch lines always, Triton lines on CUDA) stream working sets from a few
+hundred KiB, which live in cache, to well past the last-level cache, which do not; the
+memory ceiling is the best of them at working sets >= 4x the cache with the cache flushed
+between reps (l2 "cold"). Compute: square matmuls per dtype. Between the two sit the
+decode-shaped GEMMs a forward pass really runs, x[M,K] @ W[N,K]^T at a preset's (N, K) for
+small M: at M=1 they should read W at close to the memory ceiling, and as M grows they cross
+the ridge I* = F_peak / BW_peak.
+
+Conventions. bytes_moved = bytes read + bytes written (BabelStream, and a datasheet's
+bandwidth). working_set_bytes = the bytes of all buffers a kernel touches. GEMM FLOPs =
+2·M·N·K; GEMM bytes = (M·K + N·K + M·N)·element size (inputs read once, output written
+once). GB/s = bytes / median seconds / 1e9; TFLOP/s = FLOPs / median / 1e12. Square GEMMs are
+timed with a warm cache (they are compute-bound); decode GEMMs cold, since a forward pass
+reads each layer's weights from DRAM/HBM once. Every kernel is checked before it is timed:
+a kernel that fails its check is recorded in `failures` and never timed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import pandas as pd
+import torch
+
+from roofline.measure import kernels
+
+from roofline.io import provenance
+
+from roofline.measure import timer as timing
+from roofline.model.accounting import DTYPE_BYTES, dtype_name
+from roofline.model.config import ConfigError, ModelConfig
+from roofline.model.presets import get_preset
+from roofline.measure.devices import spec_for_running_device
+from roofline.measure.telemetry import Telemetry
+
+SCHEMA_VERSION = 1
+KiB, MiB, GiB = 2**10, 2**20, 2**30
+DECODE_MS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+LARGE_FACTOR = 4  # a working set >= 4x the cache is served by DRAM/HBM
+CHECK_ELEMS = 3 * 8192 + 5  # several blocks and a ragged tail for every dtype
+CHECK_SLICE = 32  # rows and columns of a GEMM result checked against float64
+
+BANDWIDTH_COLUMNS = ["kernel", "variant", "dtype", "l2", "working_set_bytes", "bytes_moved",
+                     "t_median_s", "t_p10_s", "t_p90_s", "GBps", "pct_datasheet"]
+MATMUL_COLUMNS = ["kind", "name", "dtype", "M", "N", "K", "t_median_s", "TFLOPs", "GBps",
+                  "pct_datasheet_flops"]
+TOP_KEYS = ["schema_version", "provenance", "datasheet", "bandwidth", "matmul", "telemetry",
+            "failures", "summary"]
+SUMMARY_KEYS = ["mem_bw_GBps", "mem_bw_kernel", "peak_tflops", "ridge_measured", "cache_bytes"]
+
+# Device defaults; (full, quick).
+_TIMERS = {
+    "cpu": (timing.TimerSettings(warmup=2, min_reps=5, max_reps=30, rel_ci=0.03, budget_s=0.2),
+            timing.TimerSettings(warmup=1, min_reps=3, max_reps=10, rel_ci=0.05, budget_s=0.1)),
+    "cuda": (timing.TimerSettings(warmup=5, min_reps=10, max_reps=200, rel_ci=0.01, budget_s=0.5,
+                                  mode="graph"),
+             timing.TimerSettings(warmup=2, min_reps=5, max_reps=50, rel_ci=0.02, budget_s=0.2,
+                                  mode="graph")),
+}
+_WORKING_SETS = {
+    "cpu": (tuple(2**p for p in range(18, 30)), (1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB)),
+    "cuda": (tuple(2**p for p in range(18, 31)), (1 * MiB, 16 * MiB, 256 * MiB, 1 * GiB)),
+}
+_DTYPES = {"cpu": ("bfloat16", "float32"), "cuda": ("bfloat16", "float16", "float32")}
+_SQUARE = {"cpu": ((1024, 2048), (1024,)), "cuda": ((4096, 8192), (4096,))}
+_DECODE_MODEL = {"cpu": "cpu-demo", "cuda": "llama-3.1-8b"}
+_QUICK_MS = (1, 16, 128)
+
+
+def decode_gemm_shapes(cfg: ModelConfig) -> list[tuple[str, int, int]]:
+    """(name, N, K) of the linears one decode step runs, as nn.Linear weights W[N, K].
+
+    GQA: fused QKV (h + 2·h_kv)·d_h x d, o_proj d x h·d_h, the SwiGLU up (gate has the same
+    shape) and down, the LM head. MLA replaces QKV by its low-rank projections; MoE adds the
+    expert shapes (moe_ffn) and keeps the dense FFN only if some layer has one.
+    """
+    d = cfg.d
+    if cfg.is_mla:
+        qk = cfg.qk_nope_dim + cfg.qk_rope_dim
+        attn = ([("q_a_proj", cfg.q_lora_rank, d), ("q_b_proj", cfg.heads * qk, cfg.q_lora_rank)]
+                if cfg.q_lora_rank else [("q_proj", cfg.heads * qk, d)])
+        attn += [("kv_a_proj", cfg.kv_lora_rank + cfg.qk_rope_dim, d),
+                 ("kv_b_proj", cfg.heads * (cfg.qk_nope_dim + cfg.v_head_dim), cfg.kv_lora_rank),
+                 ("o_proj", d, cfg.heads * cfg.v_head_dim)]
+    else:
+        attn = [("qkv_proj", (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim, d),
+                ("o_proj", d, cfg.heads * cfg.head_dim)]
+    ffn = []
+    if not cfg.is_moe or cfg.first_dense_layers > 0:
+        ffn += [("ffn_up", cfg.ffn, d), ("ffn_down", d, cfg.ffn)]
+    if cfg.is_moe:
+        ffn += [("expert_up", cfg.moe_ffn, d), ("expert_down", d, cfg.moe_ffn)]
+    return attn + ffn + [("lm_head", cfg.vocab, d)]
+
+
+# --------------------------------------------------------------------------- the spec
+
+
+def _device_kind(device: str) -> str:
+    if device == "cpu":
+        return "cpu"
+    if device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit()):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"ceilings.device={device!r}: CUDA is not available here; "
+                              "allowed ('cpu',)")
+        return "cuda"
+    raise ConfigError(f"ceilings.device={device!r}: allowed 'cpu', 'cuda', 'cuda:N'")
+
+
+def _ints(field: str, values, lo: int) -> tuple[int, ...]:
+    out = tuple(values)
+    bad = [v for v in out if isinstance(v, bool) or not isinstance(v, int) or v < lo]
+    if not out or bad:
+        raise ConfigError(f"ceilings.{field}={list(out)!r}: allowed a non-empty list of "
+                          f"integers >= {lo}")
+    return out
+
+
+@dataclass(frozen=True)
+class CeilingsSpec:
+    """What to measure. None fields take the device's default (see the tables above) when the
+    spec is built, so a built spec is concrete, validated and recorded as it ran."""
+
+    device: str = "cpu"
+    quick: bool = False
+    dtypes: tuple[str, ...] | None = None  # matmul dtypes
+    bandwidth_dtypes: tuple[str, ...] | None = None  # cpu: float32 (bytes are bytes); cuda: dtypes
+    working_sets: tuple[int, ...] | None = None  # bytes of all buffers of a kernel
+    l2_modes: tuple[str, ...] = ("cold", "warm")
+    kernels: tuple[str, ...] | None = None
+    square_sizes: tuple[int, ...] | None = None
+    decode_model: ModelConfig | None = None
+    decode_ms: tuple[int, ...] | None = None  # () measures no decode GEMMs
+    timer: timing.TimerSettings | None = None
+
+    def __post_init__(self) -> None:
+        kind = _device_kind(self.device)
+        quick = 1 if self.quick else 0
+        fill = lambda f, v: object.__setattr__(self, f, v)  # noqa: E731  (frozen: fill defaults)
+        fill("dtypes", _dtypes("dtypes", self.dtypes or _DTYPES[kind]))
+        default_bw = ("float32",) if kind == "cpu" else self.dtypes
+        fill("bandwidth_dtypes", _dtypes("bandwidth_dtypes", self.bandwidth_dtypes or default_bw))
+        fill("working_sets", _ints("working_sets", self.working_sets or
+                                   _WORKING_SETS[kind][quick], KiB))
+        bad_l2 = [m for m in self.l2_modes if m not in timing.L2_MODES]
+        if not self.l2_modes or bad_l2:
+            raise ConfigError(f"ceilings.l2_modes={list(self.l2_modes)!r}: allowed a non-empty "
+                              f"subset of {timing.L2_MODES}")
+        fill("l2_modes", tuple(self.l2_modes))
+        fill("kernels", tuple(self.kernels) if self.kernels is not None else default_kernels(kind))
+        _check_kernels(self.kernels, kind)
+        fill("square_sizes", _ints("square_sizes", self.square_sizes or _SQUARE[kind][quick], 1))
+        if self.decode_model is None:
+            fill("decode_model", get_preset(_DECODE_MODEL[kind]))
+        ms = self.decode_ms if self.decode_ms is not None else (_QUICK_MS if quick else DECODE_MS)
+        fill("decode_ms", _ints("decode_ms", ms, 1) if ms else ())
+        timer = self.timer or _TIMERS[kind][quick]
+        if kind == "cpu" and timer.mode == "graph":
+            raise ConfigError("ceilings.timer.mode='graph': CUDA-graph replay needs CUDA; "
+                              "on device='cpu' allowed ('eager',)")
+        fill("timer", timer)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> "CeilingsSpec":
+        """From a plain dict (a composed config): None means default, lists become tuples,
+        `decode_model` is a preset name, `timer` a dict of TimerSettings fields (None: default)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ConfigError(f"ceilings: unknown field(s) {unknown}; allowed {sorted(known)}")
+        kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in raw.items()}
+        device = kw.get("device", "cpu")
+        kind = _device_kind(str(device))
+        if isinstance(kw.get("decode_model"), str):
+            kw["decode_model"] = get_preset(kw["decode_model"])
+        timer = kw.get("timer")
+        if isinstance(timer, Mapping):
+            fields = {f.name for f in dataclasses.fields(timing.TimerSettings)}
+            bad = sorted(set(timer) - fields)
+            if bad:
+                raise ConfigError(f"ceilings.timer: unknown field(s) {bad}; allowed {sorted(fields)}")
+            base = _TIMERS[kind][1 if kw.get("quick") else 0]
+            given = {k: v for k, v in timer.items() if v is not None}
+            kw["timer"] = dataclasses.replace(base, **given) if given else None
+        return cls(**kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["decode_model"] = self.decode_model.name
+        return out
+
+
+def _dtypes(field: str, values) -> tuple[str, ...]:
+    out = []
+    for d in values:
+        try:
+            out.append(dtype_name(d))
+        except (ValueError, TypeError):
+            raise ConfigError(f"ceilings.{field}: unknown dtype {d!r}; allowed "
+                              f"{list(DTYPE_BYTES)} (or bf16/fp16/fp32)") from None
+    return tuple(out)
+
+
+def default_kernels(kind: str) -> tuple[str, ...]:
+    """torch lines always; Triton lines on CUDA only (the CPU interpreter is far too slow to time)."""
+    use_triton = kind == "cuda" and kernels.triton_available()
+    return tuple(n for n, k in kernels.KERNELS.items() if not k.uses_triton or use_triton)
+
+
+def _check_kernels(names: tuple[str, ...], kind: str) -> None:
+    unknown = [n for n in names if n not in kernels.KERNELS]
+    if unknown or not names:
+        raise ConfigError(f"ceilings.kernels: unknown {unknown or '[]'}; allowed a non-empty "
+                          f"subset of {list(kernels.KERNELS)}")
+    triton_rows = [n for n in names if kernels.KERNELS[n].uses_triton]
+    if triton_rows and not kernels.triton_available():
+        raise ConfigError(f"ceilings.kernels: {triton_rows} need triton and a CUDA device "
+                          "(or TRITON_INTERPRET=1); allowed here: the torch_* kernels")
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def _datasheet(device: str) -> tuple[dict | None, Any]:
+    spec, matched = spec_for_running_device(device)
+    if spec.measured_only or not matched:
+        return None, spec
+    peak = {d: (None if spec.peak_flops(d) is None else spec.peak_flops(d) / 1e12)
+            for d in DTYPE_BYTES}
+    return {"key": spec.key, "name": spec.name, "mem_bw_GBps": spec.mem_bw_GBps,
+            "peak_tflops": peak, "cache_bytes": spec.cache_bytes()}, spec
+
+
+def _cache_bytes(spec: CeilingsSpec, datasheet: dict | None) -> int:
+    """The cache a large working set must exceed and the cold flush must evict: the timer's
+    l2_bytes if set, else the larger of the datasheet's last-level cache and the queried or
+    default cache (timing.resolve_l2_bytes)."""
+    if spec.timer.l2_bytes > 0:
+        return spec.timer.l2_bytes
+    sheet = (datasheet or {}).get("cache_bytes") or 0
+    return max(int(sheet), timing.resolve_l2_bytes(spec.device, spec.timer))
+
+
+def _arrays(k: kernels.KernelSpec, elem: int) -> int:
+    """How many arrays of n elements a kernel streams (read 1, write 1, copy 2, triad 3)."""
+    n = MiB
+    return max(1, round(k.bytes_moved(n, elem) / (n * elem)))
+
+
+def _footprint(bufs: kernels.Buffers) -> int:
+    return sum(t.numel() * t.element_size() for t in bufs.values())
+
+
+def _failure(stage: str, error: BaseException, **where) -> dict:
+    return {**where, "stage": stage, "error": f"{type(error).__name__}: {error}"}
+
+
+def _pct(value: float, ceiling: float | None) -> float | None:
+    return None if not ceiling else 100.0 * value / ceiling
+
+
+def _measure_bandwidth(spec: CeilingsSpec, cache: int, sheet: dict | None, tel: Telemetry,
+                       failures: list, log: Callable[[str], None]) -> list[dict]:
+    rows = []
+    dev = torch.device(spec.device)
+    bw_sheet = (sheet or {}).get("mem_bw_GBps")
+    for name in spec.kernels:
+        k = kernels.KERNELS[name]
+        for dt in spec.bandwidth_dtypes:
+            tdtype, elem = getattr(torch, dt), DTYPE_BYTES[dt]
+            with tel.block(f"bandwidth/{name}/{dt}"):
+                try:
+                    kernels.check(k, CHECK_ELEMS, tdtype, dev)
+                except Exception as e:  # wrong results: never timed
+                    failures.append(_failure("check", e, kernel=name, dtype=dt))
+                    log(f"  {name} {dt}: check FAILED, not timed: {e}")
+                    continue
+                for ws in spec.working_sets:
+                    try:
+                        n = -(-ws // (_arrays(k, elem) * elem))  # footprint >= ws
+                        bufs = k.make_buffers(n, tdtype, dev)
+                        moved, footprint = k.bytes_moved(n, elem), _footprint(bufs)
+                        for l2 in spec.l2_modes:
+                            settings = dataclasses.replace(spec.timer, l2=l2, l2_bytes=cache)
+                            r = timing.time_fn(lambda: k.run(bufs), settings, dev)
+                            rows.append({
+                                "kernel": name, "variant": k.variant, "dtype": dt, "l2": l2,
+                                "working_set_bytes": footprint, "bytes_moved": moved,
+                                "t_median_s": r.median_s, "t_p10_s": r.p10_s, "t_p90_s": r.p90_s,
+                                "GBps": moved / r.median_s / 1e9,
+                                "pct_datasheet": _pct(moved / r.median_s / 1e9, bw_sheet),
+                            })
+                    except Exception as e:  # OOM, unsupported: a failure row, and go on
+                        failures.append(_failure("time", e, kernel=name, dtype=dt,
+                                                 working_set_bytes=ws))
+                    finally:
+                        bufs = None
+            log(f"  {name} {dt}: {len(spec.working_sets)} working sets x {list(spec.l2_modes)}")
+    return rows
+
+
+def check_gemm(out: torch.Tensor, a: torch.Tensor, b_kn: torch.Tensor) -> None:
+    """out = a @ b_kn, checked on its top-left CHECK_SLICE² block against float64.
+
+    Inputs are exact in their dtype, so the error is accumulation plus rounding: fp32
+    accumulation over K terms, worst case K·eps32·Σ|a·b|; the rounding of the output and of
+    split-K partial sums (CUDA's reduced-precision reductions), each <= eps(dtype)·Σ|a·b|.
+    tol = (2·eps(dtype) + K·eps32) · (|a| @ |b|), elementwise.
+    """
+    m, n = min(out.shape[0], CHECK_SLICE), min(out.shape[1], CHECK_SLICE)
+    a64, b64 = a[:m].double(), b_kn[:, :n].double()
+    ref, scale = a64 @ b64, a64.abs() @ b64.abs()
+    K = a.shape[1]
+    tol = (2 * torch.finfo(out.dtype).eps + K * torch.finfo(torch.float32).eps) * scale
+    err = (out[:m, :n].double() - ref).abs()
+    if not bool((err <= tol).all()):
+        i, j = divmod(int((err - tol).argmax()), n)
+        raise AssertionError(f"GEMM {out.dtype} M={out.shape[0]} N={out.shape[1]} K={K}: "
+                             f"[{i},{j}] {out[i, j].item()} vs float64 {ref[i, j].item()}, "
+                             f"|err| {err[i, j].item():.3g} > tol {tol[i, j].item():.3g}")
+
+
+def _gemm_row(kind: str, name: str, dt: str, M: int, N: int, K: int, t: float,
+              peak: float | None) -> dict:
+    flops, nbytes = 2 * M * N * K, (M * K + N * K + M * N) * DTYPE_BYTES[dt]
+    return {"kind": kind, "name": name, "dtype": dt, "M": M, "N": N, "K": K, "t_median_s": t,
+            "TFLOPs": flops / t / 1e12, "GBps": nbytes / t / 1e9,
+            "pct_datasheet_flops": _pct(flops / t / 1e12, peak)}
+
+
+def _time_gemm(fn: Callable[[], torch.Tensor], a: torch.Tensor, b_kn: torch.Tensor,
+               settings: timing.TimerSettings, dev: torch.device) -> float:
+    check_gemm(fn(), a, b_kn)
+    return timing.time_fn(fn, settings, dev).median_s
+
+
+def _measure_matmul(spec: CeilingsSpec, cache: int, sheet: dict | None, tel: Telemetry,
+                    failures: list, log: Callable[[str], None]) -> list[dict]:
+    rows = []
+    dev = torch.device(spec.device)
+    warm = dataclasses.replace(spec.timer, l2="warm", l2_bytes=cache)
+    cold = dataclasses.replace(spec.timer, l2="cold" if "cold" in spec.l2_modes else "warm",
+                               l2_bytes=cache)
+    shapes = decode_gemm_shapes(spec.decode_model) if spec.decode_ms else []
+    for dt in spec.dtypes:
+        tdtype = getattr(torch, dt)
+        peak = ((sheet or {}).get("peak_tflops") or {}).get(dt)
+        with tel.block(f"matmul/square/{dt}"):
+            for s in spec.square_sizes:
+                try:
+                    a, b = (torch.randn(s, s, device=dev, dtype=tdtype) for _ in range(2))
+                    c = torch.empty(s, s, device=dev, dtype=tdtype)
+                    t = _time_gemm(lambda: torch.matmul(a, b, out=c), a, b, warm, dev)
+                    rows.append(_gemm_row("square", f"square_{s}", dt, s, s, s, t, peak))
+                except Exception as e:
+                    failures.append(_failure("matmul", e, kind="square", dtype=dt, M=s, N=s, K=s))
+                finally:
+                    a = b = c = None
+        with tel.block(f"matmul/decode/{dt}"):
+            for name, N, K in shapes:
+                w = x = None
+                for M in spec.decode_ms:
+                    try:
+                        if w is None:
+                            w = torch.randn(N, K, device=dev, dtype=tdtype)
+                        x = torch.randn(M, K, device=dev, dtype=tdtype)
+                        fn = lambda: torch.nn.functional.linear(x, w)  # noqa: E731
+                        t = _time_gemm(fn, x, w.t(), cold, dev)
+                        rows.append(_gemm_row("decode", name, dt, M, N, K, t, peak))
+                    except Exception as e:
+                        failures.append(_failure("matmul", e, kind="decode", name=name,
+                                                 dtype=dt, M=M, N=N, K=K))
+                w = x = None
+        log(f"  matmul {dt}: {len(spec.square_sizes)} square, "
+            f"{len(shapes)} x {len(spec.decode_ms)} decode shapes")
+    return rows
+
+
+def summarize(bandwidth: list[dict], matmul: list[dict], cache_bytes: int) -> dict:
+    """The measured roofs. Memory: the best GB/s at working sets >= LARGE_FACTOR x cache
+    (or, if a kernel's largest is smaller, at least that large), l2 cold where there are cold
+    rows. Compute: the best
+    square-matmul TFLOP/s per dtype. Ridge: FLOP/B = peak FLOP/s / memory B/s."""
+    rows = [r for r in bandwidth if r["l2"] == "cold"] or list(bandwidth)
+    largest: dict[str, int] = {}  # per kernel: its largest working set
+    for r in rows:
+        largest[r["kernel"]] = max(largest.get(r["kernel"], 0), r["working_set_bytes"])
+    threshold = min([LARGE_FACTOR * cache_bytes, *largest.values()])
+    large = [r for r in rows if r["working_set_bytes"] >= threshold]
+    best = max(large, key=lambda r: r["GBps"]) if large else None
+    by_kernel: dict[str, float] = {}
+    for r in large:
+        by_kernel[r["kernel"]] = max(by_kernel.get(r["kernel"], 0.0), r["GBps"])
+    peak: dict[str, float] = {}
+    for r in matmul:
+        if r["kind"] == "square":
+            peak[r["dtype"]] = max(peak.get(r["dtype"], 0.0), r["TFLOPs"])
+    bw = best["GBps"] if best else None
+    return {
+        "mem_bw_GBps": bw,
+        "mem_bw_kernel": best["kernel"] if best else None,
+        "peak_tflops": peak,
+        "ridge_measured": {d: (None if not bw else f * 1e12 / (bw * 1e9)) for d, f in peak.items()},
+        "cache_bytes": cache_bytes,
+        "mem_bw_working_set_bytes": best["working_set_bytes"] if best else None,
+        "mem_bw_by_kernel": by_kernel,
+    }
+
+
+def measure_ceilings(spec: CeilingsSpec, log: Callable[[str], None] | None = None,
+                     context: Mapping[str, Any] | None = None) -> dict:
+    """Measure everything `spec` asks for; returns the ceilings document (see SCHEMA_VERSION).
+    `context` (e.g. the command-line overrides) is recorded in the provenance."""
+    log = log or (lambda msg: None)
+    sheet, _ = _datasheet(spec.device)
+    cache = _cache_bytes(spec, sheet)
+    tel, failures = Telemetry(spec.device), []
+    with timing.set_threads(spec.timer.threads):
+        prov = provenance.collect(spec.device)
+        log(f"ceilings on {prov['device_name']} ({prov['threads']} threads), cache {cache / MiB:.0f} MiB")
+        bandwidth = _measure_bandwidth(spec, cache, sheet, tel, failures, log)
+        matmul = _measure_matmul(spec, cache, sheet, tel, failures, log)
+    prov["config"] = spec.to_dict()
+    prov.update(context or {})
+    summary = summarize(bandwidth, matmul, cache)
+    summary["throttled"] = tel.throttled
+    return {"schema_version": SCHEMA_VERSION, "provenance": prov, "datasheet": sheet,
+            "bandwidth": bandwidth, "matmul": matmul, "telemetry": tel.records,
+            "failures": failures, "summary": summary}
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_ceilings(result: dict, run_dir: str | Path) -> Path:
+    """run_dir/ceilings.json (everything) + ceilings_bandwidth.csv + ceilings_matmul.csv."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for name, rows, cols in (("bandwidth", result["bandwidth"], BANDWIDTH_COLUMNS),
+                             ("matmul", result["matmul"], MATMUL_COLUMNS)):
+        _atomic_write(run_dir / f"ceilings_{name}.csv",
+                      pd.DataFrame(rows, columns=cols).to_csv(index=False))
+    _atomic_write(run_dir / "ceilings.json", json.dumps(result, indent=1, default=str))
+    return run_dir
+
+
+def load_ceilings(path: str | Path) -> dict:
+    """Read a ceilings.json (or the run folder holding one), checking version and keys."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "ceilings.json"
+    doc = json.loads(path.read_text())
+    if doc.get("schema_version") != SCHEMA_VERSION:
+        raise ValueError(f"{path}: schema_version={doc.get('schema_version')!r}; "
+                         f"this code reads {SCHEMA_VERSION}")
+    for key in TOP_KEYS:
+        if key not in doc:
+            raise ValueError(f"{path}: missing key {key!r}")
+    for key in SUMMARY_KEYS:
+        if key not in doc["summary"]:
+            raise ValueError(f"{path}: summary is missing key {key!r}")
+    return doc
+
+
+def format_summary(result: dict) -> str:
+    """One screen: measured memory roof per kernel, matmul GFLOP/s per dtype, % of datasheet."""
+    s, sheet, prov = result["summary"], result["datasheet"] or {}, result["provenance"]
+    bw_sheet = sheet.get("mem_bw_GBps")
+    pct = lambda v, c: f" ({100 * v / c:.0f}% of datasheet {c:g})" if c and v else ""  # noqa: E731
+    lines = [f"ceilings: {prov['device_name']} [{prov['device']}], {prov['threads']} threads, "
+             f"cache {s['cache_bytes'] / MiB:.0f} MiB"
+             + ("" if sheet else ", no datasheet row (measured only)")]
+    lines.append(f"memory, GB/s (read+written bytes / median, 1 GB = 1e9 B), best per kernel at "
+                 f"working sets >= {LARGE_FACTOR}x cache (or its largest), l2 cold:")
+    for k, v in sorted(s.get("mem_bw_by_kernel", {}).items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {k:<28s} {v:9.1f}{pct(v, bw_sheet)}")
+    if s["mem_bw_GBps"]:
+        lines.append(f"  measured memory ceiling: {s['mem_bw_GBps']:.1f} GB/s ({s['mem_bw_kernel']})"
+                     + pct(s["mem_bw_GBps"], bw_sheet))
+    lines.append("matmul, GFLOP/s (2·M·N·K / median) and decode GEMM x[1,K]·W[N,K]^T GB/s:")
+    for dt, tf in s["peak_tflops"].items():
+        m1 = [r["GBps"] for r in result["matmul"] if r["kind"] == "decode" and r["dtype"] == dt
+              and r["M"] == 1]
+        peak = (sheet.get("peak_tflops") or {}).get(dt)
+        ridge = s["ridge_measured"].get(dt)
+        lines.append(f"  {dt:<9s} square {1e3 * tf:9.1f} GFLOP/s{pct(tf, peak)}"
+                     + (f", ridge {ridge:.1f} FLOP/B" if ridge else "")
+                     + (f", decode M=1 best {max(m1):.1f} GB/s" if m1 else ""))
+    if result["failures"]:
+        lines.append(f"failures: {len(result['failures'])} (see ceilings.json 'failures')")
+    if s.get("throttled"):
+        lines.append("WARNING: the device reported power/thermal throttling during the run")
+    return "\n".join(lines)
+
+
+def stderr_log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+

@@ -1,0 +1,191 @@
+"""The datasheet table: what each device's vendor says its ceilings are, and which device this is.
+
+A roofline point is judged against two ceilings side by side: the one measured on the same
+device (roofline.measure.ceilings) and the vendor's datasheet. This module holds the second. Every
+number in data/devices.yaml carries its source; the file's header states the units (GB/s with
+1 GB = 1e9 B, dense TFLOP/s, bytes). The ridge point I* = F_peak / BW_peak (FLOP per byte)
+splits memory-bound from compute-bound work: H200 bf16 is about 206 FLOP/B.
+
+Rows are matched to torch.cuda.get_device_name() strings by regular expression; the longest
+matched text wins, so "NVIDIA H200 NVL" is the NVL and not the SXM part. CPUs have no
+datasheet row: their single "cpu" row is measured_only, and so is the stand-in returned for a
+GPU the table does not know.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+import re
+from collections.abc import Mapping
+from functools import lru_cache
+from importlib import resources
+from types import MappingProxyType
+
+import yaml
+
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+_DTYPE_ALIASES = {
+    "float32": "fp32", "float": "fp32", "f32": "fp32",
+    "bfloat16": "bf16",
+    "float16": "fp16", "half": "fp16", "f16": "fp16",
+    "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "float8": "fp8",
+}
+_NUMBER_FIELDS = ("mem_bw_GBps", "l2_bytes", "llc_bytes", "mem_bytes")
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceSpec:
+    key: str
+    name: str
+    vendor: str
+    kind: str  # "gpu" | "cpu"
+    mem_bw_GBps: float | None
+    dense_tflops: Mapping[str, float | None]
+    sparse_tflops: Mapping[str, float | None]
+    l2_bytes: int | None
+    mem_bytes: float | None
+    sources: Mapping[str, str]
+    measured_only: bool = False
+    llc_bytes: int | None = None  # last-level cache when it is not the L2 (MI300X Infinity Cache)
+    match: tuple[str, ...] = ()
+
+    def bandwidth_Bps(self) -> float | None:
+        return None if self.mem_bw_GBps is None else self.mem_bw_GBps * 1e9
+
+    def peak_flops(self, dtype: str, sparse: bool = False) -> float | None:
+        """Datasheet peak in FLOP/s for a dtype name ("bfloat16", "torch.float16", "bf16", ...)."""
+        table = self.sparse_tflops if sparse else self.dense_tflops
+        tflops = table.get(canonical_dtype(dtype))
+        return None if tflops is None else tflops * 1e12
+
+    def ridge(self, dtype: str) -> float | None:
+        """Ridge intensity in FLOP/B: below it a kernel is bound by memory, above by compute."""
+        flops, bw = self.peak_flops(dtype), self.bandwidth_Bps()
+        return None if flops is None or bw is None else flops / bw
+
+    def cache_bytes(self) -> int | None:
+        """The largest on-chip cache in front of DRAM: what a cold-cache flush must exceed."""
+        return self.llc_bytes if self.llc_bytes is not None else self.l2_bytes
+
+    def source_for(self, field: str, dtype: str | None = None) -> str | None:
+        if dtype is not None and f"{field}.{dtype}" in self.sources:
+            return self.sources[f"{field}.{dtype}"]
+        return self.sources.get(field)
+
+    def numbers(self) -> list[tuple[str, str | None, float]]:
+        """Every non-null number as (field, dtype or None, value)."""
+        out = [(f, None, getattr(self, f)) for f in _NUMBER_FIELDS if getattr(self, f) is not None]
+        for field in ("dense_tflops", "sparse_tflops"):
+            out += [(field, d, v) for d, v in getattr(self, field).items() if v is not None]
+        return out
+
+
+def canonical_dtype(dtype: str) -> str:
+    name = str(dtype).lower().removeprefix("torch.")
+    name = _DTYPE_ALIASES.get(name, name)
+    if name not in DTYPES:
+        raise ValueError(f"dtype={dtype!r}: unknown; allowed {list(DTYPES)} or torch names "
+                         f"{sorted(_DTYPE_ALIASES)}")
+    return name
+
+
+def _row(raw: dict) -> DeviceSpec:
+    raw = dict(raw)
+    key = raw.get("key", "?")
+    for field in ("dense_tflops", "sparse_tflops"):
+        table = raw.get(field) or {}
+        unknown = set(table) - set(DTYPES)
+        if unknown:
+            raise ValueError(f"devices.yaml {key}.{field}: unknown dtypes {sorted(unknown)}; "
+                             f"allowed {list(DTYPES)}")
+        if any(v is not None and not isinstance(v, int | float) for v in table.values()):
+            raise ValueError(f"devices.yaml {key}.{field}: every entry must be a number or null")
+        raw[field] = MappingProxyType({d: (None if v is None else float(v))
+                                       for d, v in table.items()})
+    for field in _NUMBER_FIELDS:
+        value = raw.get(field)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ValueError(f"devices.yaml {key}.{field}={value!r}: expected a number or null "
+                             "(YAML 1.1 reads 80.0e9 as text; write 80.0e+9)")
+    raw["sources"] = MappingProxyType(dict(raw.get("sources") or {}))
+    raw["match"] = tuple(raw.get("match") or ())
+    allowed = {f.name for f in dataclasses.fields(DeviceSpec)}
+    if set(raw) - allowed:
+        raise ValueError(f"devices.yaml {key}: unknown fields {sorted(set(raw) - allowed)}; "
+                         f"allowed {sorted(allowed)}")
+    if raw.get("kind") not in ("gpu", "cpu"):
+        raise ValueError(f"devices.yaml {key}.kind={raw.get('kind')!r}; allowed ['cpu', 'gpu']")
+    return DeviceSpec(**raw)
+
+
+@lru_cache(maxsize=1)
+def _table() -> dict[str, DeviceSpec]:
+    text = resources.files("roofline").joinpath("data/devices.yaml").read_text()
+    rows = [_row(r) for r in yaml.safe_load(text)["devices"]]
+    table = {r.key: r for r in rows}
+    if len(table) != len(rows):
+        raise ValueError("devices.yaml: duplicate keys")
+    return table
+
+
+def list_specs() -> list[DeviceSpec]:
+    return list(_table().values())
+
+
+def get_spec(key: str) -> DeviceSpec:
+    table = _table()
+    if key not in table:
+        raise ValueError(f"device={key!r}: unknown; allowed {sorted(table)}")
+    return table[key]
+
+
+def detect(device_name: str) -> DeviceSpec | None:
+    """The row whose pattern matches the longest part of device_name; None if none matches."""
+    best, best_len = None, 0
+    for spec in _table().values():
+        for pattern in spec.match:
+            m = re.search(pattern, device_name.strip(), flags=re.IGNORECASE)
+            if m and len(m.group(0)) > best_len:
+                best, best_len = spec, len(m.group(0))
+    return best
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def running_device_name(device: str = "cuda") -> str:
+    """torch.cuda.get_device_name for "cuda"/"cuda:N"; the CPU model for "cpu"."""
+    if device == "cpu":
+        return _cpu_model()
+    if device == "cuda" or device.startswith("cuda:"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"device={device!r}: CUDA is not available on this machine")
+        return torch.cuda.get_device_name(device)
+    raise ValueError(f"device={device!r}: unknown; allowed 'cpu', 'cuda', 'cuda:N'")
+
+
+def spec_for_running_device(device: str = "cuda") -> tuple[DeviceSpec, bool]:
+    """(spec, matched). CPUs get the measured-only "cpu" row. A GPU the table does not know
+    gets a measured-only stand-in named after the device, and matched=False."""
+    name = running_device_name(device)
+    if device == "cpu":
+        return get_spec("cpu"), True
+    spec = detect(name)
+    if spec is not None:
+        return spec, True
+    unknown = DeviceSpec(key="unknown", name=name, vendor="unknown", kind="gpu", mem_bw_GBps=None,
+                         dense_tflops=MappingProxyType({}), sparse_tflops=MappingProxyType({}),
+                         l2_bytes=None, mem_bytes=None, sources=MappingProxyType({}),
+                         measured_only=True)
+    return unknown, False

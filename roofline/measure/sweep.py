@@ -1,0 +1,405 @@
+"""The grid runner: time forward passes of one preset over (dtype, mode, q, B, L).
+
+For each point it writes the cache up to L (random contents: attention reads every cached
+position whatever its value, so the time is that of a real context), times the forward of
+q new tokens per sequence with the one timer, and appends one row with the statistics, the
+byte/FLOP model of exactly that call, achieved GB/s and TFLOP/s, and provenance.
+
+Layer slicing (`layers=n`): the model is built with n and 2n layers of the real shapes;
+each point is timed on both and the full depth is extrapolated as T = a + layers·b with
+b = (T_2n − T_n)/n — how a 70B or DeepSeek-V3 is measured on one device.
+
+Failures are data: an out-of-memory point, a cache that cannot fit, or a dtype the device
+cannot run becomes a row with `status` and the error, and the sweep goes on. A killed run
+started again with the same config resumes: completed points are read back from
+points.jsonl and skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+import psutil
+import torch
+from tqdm import tqdm
+
+from roofline.io import provenance
+
+from roofline.io import results
+from roofline.model.accounting import dtype_name, forward_cost, kv_bytes_per_token, mtp_cost, param_count, torch_dtype
+from roofline.model.config import ConfigError, ModelConfig
+from roofline.model.decoder import build_model
+from roofline.measure.devices import spec_for_running_device
+from roofline.measure.timer import MODES, TimerSettings, time_fn
+
+KINDS = ("forward", "mtp")
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    model: ModelConfig
+    q: tuple[int, ...]
+    B: tuple[int, ...]
+    L: tuple[int, ...]
+    dtypes: tuple[str, ...] = ("bfloat16",)
+    modes: tuple[str, ...] = ("eager",)
+    timer: TimerSettings = field(default_factory=TimerSettings)
+    device: str = "cpu"
+    layers: int = 0  # 0: full depth; n: measure n and 2n layers, extrapolate
+    mtp_q: tuple[int, ...] = (1,)  # q of the MTP drafter step (presets with MTP only)
+    seed: int = 0
+    checkpoint: str = ""  # a Hugging Face model folder: its weights instead of random ones (model = its config)
+    ceilings: str = ""  # a ceilings.json, or "quick" to measure one first; rows then give % of measured ceilings
+    out_dir: str = ""
+    overrides: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        cfg = self.model
+        for name in ("q", "B", "L", "dtypes", "modes"):
+            if len(getattr(self, name)) == 0:
+                raise ConfigError(f"{name}: the grid has no points (empty list)")
+        for name, lo in (("q", 1), ("B", 1), ("L", 0), ("mtp_q", 1)):
+            bad = [v for v in getattr(self, name) if not isinstance(v, int) or v < lo]
+            if bad:
+                raise ConfigError(f"{name}={bad}: allowed integers >= {lo}")
+        longest = max(self.L) + max(self.q + self.mtp_q)
+        if longest > cfg.max_context:
+            raise ConfigError(f"L={max(self.L)} + q={max(self.q + self.mtp_q)}: exceeds model.max_context="
+                              f"{cfg.max_context} of {cfg.name!r}; allowed L + q <= {cfg.max_context}")
+        for d in self.dtypes:
+            dtype_name(d)
+        bad = [m for m in self.modes if m not in MODES]
+        if bad:
+            raise ConfigError(f"modes={bad}: allowed {MODES}")
+        if "graph" in self.modes and not self.device.startswith("cuda"):
+            raise ConfigError(f"modes=['graph']: CUDA-graph replay needs device=cuda, got device={self.device!r}")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ConfigError(f"device={self.device!r}: allowed 'cpu', 'cuda', 'cuda:N'")
+        if not isinstance(self.layers, int) or self.layers < 0 or 2 * self.layers > cfg.layers:
+            raise ConfigError(f"layers={self.layers}: allowed 0 (full depth) or 1..{cfg.layers // 2} "
+                              f"(n and 2n layers of {cfg.layers} are measured)")
+
+    def fingerprint(self) -> str:
+        """What identifies the measurement (not where it is written)."""
+        d = dataclasses.asdict(self)
+        d.pop("out_dir"), d.pop("overrides"), d.pop("ceilings")
+        return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+    def default_out_dir(self, root: Path) -> Path:
+        return root / f"sweep-{self.model.name}-{self.fingerprint()}"
+
+
+@dataclass(frozen=True)
+class Point:
+    kind: str
+    dtype: str
+    mode: str
+    q: int
+    B: int
+    L: int
+    layers_run: int
+
+    @property
+    def point_id(self) -> str:
+        return f"{self.kind}|{self.dtype}|{self.mode}|q{self.q}|B{self.B}|L{self.L}|l{self.layers_run}"
+
+
+def layer_depths(spec: SweepSpec) -> tuple[int, ...]:
+    return (spec.layers, 2 * spec.layers) if spec.layers else (spec.model.layers,)
+
+
+def grid(spec: SweepSpec) -> list[Point]:
+    """Points in measurement order: one model per (dtype, depth), its points together."""
+    pts = []
+    for dtype, depth in itertools.product(spec.dtypes, layer_depths(spec)):
+        for mode, B, L in itertools.product(spec.modes, spec.B, spec.L):
+            pts += [Point("forward", dtype_name(dtype), mode, q, B, L, depth) for q in spec.q]
+            if spec.model.mtp_layers:
+                pts += [Point("mtp", dtype_name(dtype), mode, q, B, L, depth) for q in spec.mtp_q]
+    return pts
+
+
+def _moe_impl(mode: str) -> str:
+    # Routing to the touched experts syncs with the host; graph capture needs the dense path.
+    return "dense" if mode == "graph" else "touched"
+
+
+def _fits(cfg: ModelConfig, dtype: str, max_batch: int, max_context: int, device: str) -> tuple[bool, str]:
+    pc = param_count(cfg)
+    need = (pc.total_with_mtp) * torch.finfo(torch_dtype(dtype)).bits // 8
+    need += kv_bytes_per_token(cfg, dtype) * (1 + cfg.mtp_layers / cfg.layers) * max_batch * max_context
+    if device.startswith("cuda"):
+        free = torch.cuda.mem_get_info(torch.device(device))[0]
+    else:
+        free = psutil.virtual_memory().available
+    ok = need < 0.9 * free
+    return ok, f"needs {need / 1e9:.2f} GB (weights + cache), {free / 1e9:.2f} GB free on {device}"
+
+
+def _failure_status(e: BaseException) -> str:
+    if isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower():
+        return "oom"
+    if isinstance(e, (NotImplementedError, TypeError)) or "not implemented" in str(e).lower():
+        return "unsupported"
+    return "error"
+
+
+class _Workload:
+    """One built model (dtype, depth, mode) and the static inputs of each point."""
+
+    def __init__(self, spec: SweepSpec, dtype: str, depth: int, mode: str):
+        cfg = spec.model.scaled(layers=depth)
+        self.cfg, self.spec, self.dtype, self.mode = cfg, spec, dtype, mode
+        self.moe_impl = _moe_impl(mode)
+        max_ctx = max(spec.L) + max(spec.q + spec.mtp_q)
+        ok, why = _fits(cfg, dtype, max(spec.B), max_ctx, spec.device)
+        if not ok:
+            raise MemoryError(f"too_big: {why}")
+        if spec.checkpoint:
+            from roofline.checkpoints.loader import load_checkpoint
+            self.model = load_checkpoint(spec.checkpoint, dtype=dtype, device=spec.device, max_batch=max(spec.B),
+                                         max_context=max_ctx, moe_impl=self.moe_impl, layers=depth)
+        else:
+            self.model = build_model(cfg, max_batch=max(spec.B), max_context=max_ctx, dtype=torch_dtype(dtype),
+                                     device=spec.device, seed=spec.seed, moe_impl=self.moe_impl)
+        self.gen = torch.Generator(device=spec.device).manual_seed(spec.seed)
+
+    def fill_cache(self, L: int) -> None:
+        """Random keys/values in positions < L of every cache (their values do not change the
+        work attention does); positions >= L are zeroed."""
+        for buf in self.model.kv_cache_tensors():
+            pos_dim = buf.dim() - 2 if buf.dim() == 4 else 1
+            buf.zero_()
+            live = buf.narrow(pos_dim, 0, L)
+            live.copy_(torch.randn(live.shape, generator=self.gen, device=buf.device).to(buf.dtype))
+
+    def callable_for(self, p: Point) -> tuple[Callable[[], object], dict]:
+        m, dev = self.model, self.spec.device
+        tokens = torch.randint(0, self.cfg.vocab, (p.B, p.q), generator=self.gen, device=dev)
+        start = torch.full((p.B,), p.L, dtype=torch.long, device=dev)
+        kv_len = p.L + p.q
+        if p.kind == "forward":
+            fn = lambda: m(tokens, start, kv_len=kv_len)
+            cost = lambda touched: forward_cost(self.cfg, self.dtype, p.B, p.q, p.L, kv_len, self.moe_impl, touched)
+        else:
+            hidden = torch.randn(p.B, p.q, self.cfg.d, generator=self.gen, device=dev).to(m.embed.weight.dtype)
+            fn = lambda: m.mtp_forward(hidden, tokens, start, kv_len=kv_len)
+            cost = lambda touched: mtp_cost(self.cfg, self.dtype, p.B, p.q, p.L, kv_len, self.moe_impl, touched)
+        return fn, cost
+
+    def check(self) -> None:
+        """Correct before fast: the forward of q tokens equals q single-token forwards in this
+        dtype (cosine >= 0.999 of the logits), and the logits are finite."""
+        m, dev = self.model, self.spec.device
+        self.model.reset_cache()
+        n = min(4, m.max_context)
+        toks = torch.randint(0, self.cfg.vocab, (1, n), generator=self.gen, device=dev)
+        start = torch.zeros(1, dtype=torch.long, device=dev)
+        full = m(toks, start).float()
+        steps = torch.cat([m(toks[:, i:i + 1], start + i) for i in range(n)], 1).float()
+        cos = torch.nn.functional.cosine_similarity(full.flatten(), steps.flatten(), dim=0).item()
+        if not torch.isfinite(full).all() or cos < 0.999:
+            raise RuntimeError(f"forward check failed for {self.cfg.name} {self.dtype}: cosine {cos:.6f}")
+
+
+def _measure(w: _Workload, p: Point, timer: TimerSettings) -> dict:
+    w.fill_cache(p.L)
+    fn, cost_of = w.callable_for(p)
+    t = time_fn(fn, dataclasses.replace(timer, mode=p.mode), w.spec.device)
+    touched = None
+    if w.cfg.is_moe and w.moe_impl == "touched":
+        touched = w.model.last_experts_touched() if p.kind == "forward" else w.model.mtp[0].block.ffn.last_touched
+    c = cost_of(touched)
+    row = t.to_row()
+    row.update(c.as_row())
+    row.update(moe_impl=w.moe_impl, achieved_GBps=c.bytes_total / t.median_s / 1e9,
+               achieved_TFLOPs=c.flops / t.median_s / 1e12, tokens_per_s=p.B * p.q / t.median_s)
+    return row
+
+
+def _bound(row: dict, ridge: float | None) -> dict:
+    if ridge is None or row.get("intensity") is None:
+        return dict(ridge_datasheet=ridge, bound_datasheet=None)
+    return dict(ridge_datasheet=ridge, bound_datasheet="memory" if row["intensity"] < ridge else "compute")
+
+
+def ceiling_columns(row: dict, dtype: str, measured: dict | None, datasheet) -> dict:
+    """Achieved bandwidth and FLOP/s as % of the measured and of the datasheet ceiling, side
+    by side, and the bound regime against the measured ridge."""
+    from roofline.measure.devices import canonical_dtype
+    short = canonical_dtype(dtype)
+    pct = lambda v, c: None if not c or v is None else 100.0 * v / c
+    out = dict(pct_datasheet_bw=pct(row.get("achieved_GBps"), datasheet.mem_bw_GBps),
+               pct_datasheet_flops=pct(row.get("achieved_TFLOPs"), (datasheet.peak_flops(short) or 0) / 1e12))
+    if measured:
+        summ = measured["summary"]
+        peaks = summ.get("peak_tflops") or {}
+        bw, tf = summ.get("mem_bw_GBps"), peaks.get(dtype_name(dtype), peaks.get(short))
+        ridge = tf * 1e12 / (bw * 1e9) if bw and tf else None
+        out.update(ceiling_bw_GBps=bw, ceiling_TFLOPs=tf, ridge_measured=ridge,
+                   pct_measured_bw=pct(row.get("achieved_GBps"), bw),
+                   pct_measured_flops=pct(row.get("achieved_TFLOPs"), tf),
+                   bound_measured=None if ridge is None else ("memory" if row["intensity"] < ridge else "compute"))
+    return out
+
+
+def extrapolate_layers(rows: list[dict], layers_full: int) -> list[dict]:
+    """Full-depth rows from n- and 2n-layer rows of the same point: T = a + layers·b, and the
+    physics recomputed for the full model by the caller's cost function."""
+    by_key: dict[tuple, dict[int, dict]] = {}
+    for r in rows:
+        # an MTP module is one block whatever the depth: only the main forward extrapolates
+        if r.get("status") == "ok" and r["kind"] == "forward":
+            key = (r["kind"], r["dtype"], r["mode"], r["q"], r["B"], r["L"])
+            by_key.setdefault(key, {})[r["layers_run"]] = r
+    out = []
+    for key, depths in by_key.items():
+        if len(depths) != 2:
+            continue
+        n, n2 = sorted(depths)
+        per_layer = (depths[n2]["t_median_s"] - depths[n]["t_median_s"]) / (n2 - n)
+        full = dict(depths[n2])
+        full["t_median_s"] = depths[n]["t_median_s"] + (layers_full - n) * per_layer
+        for k in ("t_p10_s", "t_p90_s"):  # the 2n-layer run's relative spread around the extrapolated median
+            full[k] = full["t_median_s"] * depths[n2][k] / depths[n2]["t_median_s"]
+        full.update(layers_run=layers_full, extrapolated=True, layers_measured=f"{n},{n2}",
+                    per_layer_s=per_layer, fixed_s=depths[n]["t_median_s"] - n * per_layer)
+        out.append(full)
+    return out
+
+
+def finalize(spec: SweepSpec, run_dir: Path, rows: list[dict], measured: dict | None = None) -> "pd.DataFrame":
+    """points.csv: measured rows, plus extrapolated full-depth rows when slicing."""
+    table = list(rows)
+    if spec.layers:
+        dev_spec = spec_for_running_device(spec.device)[0]
+        for r in extrapolate_layers(rows, spec.model.layers):
+            c = (forward_cost if r["kind"] == "forward" else mtp_cost)(
+                spec.model, r["dtype"], r["B"], r["q"], r["L"], r["kv_len"], r["moe_impl"])
+            r.update(c.as_row())
+            t = r["t_median_s"]
+            r.update(achieved_GBps=c.bytes_total / t / 1e9, achieved_TFLOPs=c.flops / t / 1e12,
+                     tokens_per_s=r["B"] * r["q"] / t, point_id=r["point_id"] + "|extrapolated",
+                     **_bound(r, dev_spec.ridge(r["dtype"])))
+            r.update(ceiling_columns(r, r["dtype"], measured, dev_spec))
+            table.append(r)
+    return results.write_csv(table, run_dir / "points.csv")
+
+
+def prepare_run_dir(spec: SweepSpec, run_dir: Path) -> list[dict]:
+    """Create or reopen a run folder; refuse one that holds a different measurement."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    meta = run_dir / "run.json"
+    if meta.exists():
+        old = json.loads(meta.read_text())
+        if old.get("fingerprint") != spec.fingerprint():
+            raise ConfigError(f"out_dir={str(run_dir)!r} holds a different sweep (fingerprint "
+                              f"{old.get('fingerprint')} != {spec.fingerprint()}); choose another out_dir")
+    else:
+        meta.write_text(json.dumps(dict(fingerprint=spec.fingerprint(), schema_version=results.SCHEMA_VERSION,
+                                        spec=dataclasses.asdict(spec)), indent=1, default=str))
+    return results.read_rows(run_dir / "points.jsonl", repair=True)
+
+
+def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
+              measure: Callable[[_Workload, Point, TimerSettings], dict] = _measure) -> dict:
+    """Measure every point not already in run_dir; return the counts. `measure` is the
+    per-point step (tests inject failures through it)."""
+    t0 = time.time()
+    done_rows = prepare_run_dir(spec, run_dir)
+    done = {r["point_id"] for r in done_rows}
+    points = grid(spec)
+    todo = [p for p in points if p.point_id not in done]
+    prov = provenance.collect(spec.device)
+    dev_spec, _ = spec_for_running_device(spec.device)
+    measured = None
+    if spec.ceilings == "quick":  # measure a quick set of ceilings into the run folder first
+        from roofline.measure.ceilings import CeilingsSpec, measure_ceilings, write_ceilings
+        measured = measure_ceilings(CeilingsSpec(device=spec.device, quick=True))
+        write_ceilings(measured, run_dir)
+    elif spec.ceilings:
+        from roofline.measure.ceilings import load_ceilings
+        measured = load_ceilings(spec.ceilings)
+    jsonl = run_dir / "points.jsonl"
+    bar = tqdm(total=len(points), initial=len(points) - len(todo), desc=f"sweep {spec.model.name}",
+               unit="pt", disable=not progress, file=sys.stderr)
+    new = 0
+    for (dtype, depth, mode), group in itertools.groupby(todo, key=lambda p: (p.dtype, p.layers_run, p.mode)):
+        group = list(group)
+        try:
+            w = _Workload(spec, dtype, depth, mode)
+            w.check()
+            setup_error = None
+        except Exception as e:  # the whole group fails as data
+            setup_error, w = e, None
+        for p in group:
+            base = dict(point_id=p.point_id, kind=p.kind, model=spec.model.name, dtype=p.dtype, mode=p.mode,
+                        q=p.q, B=p.B, L=p.L, layers_run=p.layers_run, layers_full=spec.model.layers,
+                        extrapolated=False, schema_version=results.SCHEMA_VERSION,
+                        overrides=" ".join(spec.overrides), fingerprint=spec.fingerprint(), **prov)
+            try:
+                if setup_error is not None:
+                    raise setup_error
+                row = measure(w, p, spec.timer)
+                row.update(status="ok", error=None, **_bound(row, dev_spec.ridge(p.dtype)),
+                           **ceiling_columns(row, p.dtype, measured, dev_spec))
+            except Exception as e:
+                status = "too_big" if str(e).startswith("too_big") else _failure_status(e)
+                row = dict(status=status, error=f"{type(e).__name__}: {e}"[:500])
+            results.append_row(jsonl, {**base, **row})
+            new += 1
+            bar.update(1)
+        del w
+        if spec.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    bar.close()
+    rows = results.read_rows(jsonl)
+    df = finalize(spec, run_dir, rows, measured)
+    ok = sum(r["status"] == "ok" for r in rows)
+    return dict(run_dir=str(run_dir), points=len(points), measured_now=new, resumed=len(points) - len(todo),
+                ok=ok, failed=len(rows) - ok, wall_s=round(time.time() - t0, 2), rows=len(df))
+
+
+def summary_table(df: pd.DataFrame) -> pd.DataFrame:
+    """T(q)/T(1) and achieved GB/s per (kind, dtype, mode, B, L) at full depth."""
+    ok = df[(df["status"] == "ok") & (df["layers_run"] == df["layers_full"])]
+    out = []
+    for key, g in ok.groupby(["kind", "dtype", "mode", "B", "L"]):
+        g = g.sort_values("q")
+        t1 = g.loc[g["q"] == g["q"].min(), "t_median_s"].iloc[0]
+        for _, r in g.iterrows():
+            out.append(dict(zip(["kind", "dtype", "mode", "B", "L"], key), q=r["q"], t_ms=1e3 * r["t_median_s"],
+                            t_over_t1=r["t_median_s"] / t1, GBps=r["achieved_GBps"], TFLOPs=r["achieved_TFLOPs"]))
+    return pd.DataFrame(out)
+
+
+def slicing_error(full: "pd.DataFrame", sliced: "pd.DataFrame") -> "pd.DataFrame":
+    """Extrapolated full-depth times of a sliced run against a full-depth run of the same points:
+    relative error (extrapolated / measured − 1) per point."""
+    keys = ["kind", "dtype", "mode", "q", "B", "L"]
+    f = full[(full["status"] == "ok") & (full["layers_run"] == full["layers_full"]) & (~full["extrapolated"].astype(bool))]
+    s = sliced[sliced["extrapolated"].astype(bool)]
+    m = f[keys + ["t_median_s"]].merge(s[keys + ["t_median_s", "layers_measured"]], on=keys, suffixes=("_measured", "_extrapolated"))
+    m["rel_err"] = m["t_median_s_extrapolated"] / m["t_median_s_measured"] - 1
+    return m
+
+
+def summary_text(run_dir: Path) -> str:
+    """The one-screen end-of-run table: T(q)/T(1), ms, GB/s, TFLOP/s per (kind, dtype, mode, B, L)."""
+    t = summary_table(results.load_run(run_dir))
+    if t.empty:
+        return "no successful points"
+    with pd.option_context("display.width", 160, "display.max_rows", 200):
+        return t.round({"t_ms": 3, "t_over_t1": 3, "GBps": 2, "TFLOPs": 4}).to_string(index=False)

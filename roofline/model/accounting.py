@@ -1,0 +1,270 @@
+"""What one forward pass of `roofline.model.decoder` must move and compute: the byte/FLOP model.
+
+It describes the code beside it, not an idealised kernel, and the tests hold it to that:
+parameter counts equal the instantiated modules, KV bytes equal the cache tensors.
+
+Conventions (design.md §2):
+- Weight bytes: every weight the forward multiplies by, once, the LM head included (when
+  tied, the embedding matrix read as the head), the embedding TABLE excluded: the forward
+  gathers B·q rows of it (`embed_bytes`). MoE layers read the experts the batch touched:
+  expected count U(N) = E·(1 − (1 − k/E)^N) under uniform routing for the "touched"
+  implementation, all E for "dense". MTP modules are not part of the main forward.
+- KV read: B · layers · (cache elements per token) · kv_len · b_kv, kv_len being the cache
+  slice attention reads (L + q unless fixed); KV write: the same with q for kv_len.
+- FLOPs: 2 · (matmul weights applied per token) · B · q, plus attention counted causally
+  (useful work only): for query i at position L + i, L + i + 1 keys, each costing
+  2·(d_qk + d_v) per head, i.e. 2·(d_qk + d_v)·h·layers·B·(q·L + q(q+1)/2).
+  MLA in absorbed form has d_qk = kv_lora_rank + qk_rope_dim and d_v = kv_lora_rank; its
+  W_UK/W_UV absorption is matmul work on the kv_b weights.
+- Activation bytes are an ESTIMATE (every linear's input read and output written once,
+  logits included) and are reported apart: they are not in the roofline's denominator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from roofline.model.config import ModelConfig
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DTYPES = tuple(DTYPE_BYTES)
+
+
+def dtype_name(dtype: torch.dtype | str) -> str:
+    name = str(dtype).removeprefix("torch.")
+    aliases = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
+    name = aliases.get(name, name)
+    if name not in DTYPE_BYTES:
+        raise ValueError(f"dtype={dtype!r}: allowed {DTYPES} (or bf16/fp16/fp32)")
+    return name
+
+
+def torch_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    return getattr(torch, dtype_name(dtype))
+
+
+# ---- parameter counts, per module, matching roofline.model.decoder exactly ------------------------
+
+def attention_params(cfg: ModelConfig) -> int:
+    h, d = cfg.heads, cfg.d
+    if cfg.is_mla:
+        qk = cfg.qk_nope_dim + cfg.qk_rope_dim
+        q = (d * cfg.q_lora_rank + cfg.q_lora_rank + cfg.q_lora_rank * h * qk) if cfg.q_lora_rank else d * h * qk
+        kv = d * (cfg.kv_lora_rank + cfg.qk_rope_dim) + cfg.kv_lora_rank
+        kv += cfg.kv_lora_rank * h * (cfg.qk_nope_dim + cfg.v_head_dim)
+        return q + kv + h * cfg.v_head_dim * d
+    qkv_out = (h + 2 * cfg.kv_heads) * cfg.head_dim
+    p = d * qkv_out + h * cfg.head_dim * d
+    p += qkv_out if cfg.qkv_bias else 0
+    p += 2 * cfg.head_dim if cfg.qk_norm else 0
+    return p
+
+
+def attention_matmul_params(cfg: ModelConfig) -> int:
+    """Attention weights that multiply each token (norm and bias vectors excluded)."""
+    p = attention_params(cfg)
+    if cfg.is_mla:
+        return p - cfg.kv_lora_rank - cfg.q_lora_rank
+    p -= (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim if cfg.qkv_bias else 0
+    return p - (2 * cfg.head_dim if cfg.qk_norm else 0)
+
+
+def expert_params(cfg: ModelConfig) -> int:
+    return 3 * cfg.d * cfg.moe_ffn
+
+
+def moe_fixed_params(cfg: ModelConfig) -> int:
+    """Router (+ selection bias) and shared experts: read by every MoE forward."""
+    router = cfg.d * cfg.experts + (cfg.experts if cfg.router_scoring == "sigmoid" else 0)
+    return router + 3 * cfg.d * cfg.moe_ffn * cfg.shared_experts
+
+
+def block_params(cfg: ModelConfig, moe: bool) -> int:
+    ffn = moe_fixed_params(cfg) + cfg.experts * expert_params(cfg) if moe else 3 * cfg.d * cfg.ffn
+    return 2 * cfg.d + attention_params(cfg) + ffn
+
+
+def mtp_params(cfg: ModelConfig) -> int:
+    """One MTP module's own parameters (embedding and LM head are shared, not counted)."""
+    return 3 * cfg.d + 2 * cfg.d * cfg.d + block_params(cfg, cfg.is_moe)
+
+
+def embedding_params(cfg: ModelConfig) -> int:
+    return cfg.vocab * cfg.d
+
+
+def head_params(cfg: ModelConfig) -> int:
+    return 0 if cfg.tie_embeddings else cfg.vocab * cfg.d
+
+
+def moe_layers(cfg: ModelConfig) -> int:
+    return sum(cfg.layer_is_moe(i) for i in range(cfg.layers))
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    total: int  # main model, embedding and head included, MTP excluded
+    active: int  # per token: total less the routed experts a token does not use
+    mtp: int  # all MTP modules' own parameters
+    total_with_mtp: int
+    active_with_mtp: int
+    embedding: int
+    matmul_active: int  # weights multiplied per token in the main forward (FLOPs = 2 x this x tokens)
+
+
+def param_count(cfg: ModelConfig) -> ParamCount:
+    n_moe = moe_layers(cfg)
+    stack = sum(block_params(cfg, cfg.layer_is_moe(i)) for i in range(cfg.layers))
+    total = embedding_params(cfg) + head_params(cfg) + stack + cfg.d
+    unused = n_moe * (cfg.experts - cfg.experts_per_token) * expert_params(cfg)
+    mtp = cfg.mtp_layers * mtp_params(cfg)
+    mtp_unused = cfg.mtp_layers * (cfg.experts - cfg.experts_per_token) * expert_params(cfg) if cfg.is_moe else 0
+    dense_ffn = 3 * cfg.d * cfg.ffn
+    moe_ffn_active = cfg.d * cfg.experts + (cfg.experts_per_token + cfg.shared_experts) * expert_params(cfg)
+    matmul = cfg.layers * attention_matmul_params(cfg) + cfg.vocab * cfg.d
+    matmul += (cfg.layers - n_moe) * dense_ffn + n_moe * moe_ffn_active
+    return ParamCount(total=total, active=total - unused, mtp=mtp, total_with_mtp=total + mtp,
+                      active_with_mtp=total - unused + mtp - mtp_unused, embedding=embedding_params(cfg),
+                      matmul_active=matmul)
+
+
+def experts_touched(cfg: ModelConfig, tokens: int, moe_impl: str = "touched") -> float:
+    """Expected distinct experts per MoE layer that `tokens` routed tokens touch (uniform routing)."""
+    if moe_impl not in ("touched", "dense"):
+        raise ValueError(f"moe_impl={moe_impl!r}: allowed ('touched', 'dense')")
+    if not cfg.is_moe:
+        return 0.0
+    if moe_impl == "dense":
+        return float(cfg.experts)
+    E, k = cfg.experts, cfg.experts_per_token
+    return E * (1.0 - (1.0 - k / E) ** tokens)
+
+
+def kv_bytes_per_token(cfg: ModelConfig, dtype) -> int:
+    """Cache bytes one token adds across all layers of the main stack."""
+    return cfg.layers * cfg.kv_elems_per_token_layer * DTYPE_BYTES[dtype_name(dtype)]
+
+
+@dataclass(frozen=True)
+class ForwardCost:
+    """Bytes and FLOPs of one forward of q tokens per sequence for B sequences at context L."""
+    B: int
+    q: int
+    L: int
+    kv_len: int
+    tokens: int
+    weight_bytes: float  # dense weights + touched experts (+ LM head)
+    expert_bytes: float  # the routed-expert part of weight_bytes
+    experts_touched: float  # per MoE layer
+    kv_read_bytes: int
+    kv_write_bytes: int
+    embed_bytes: int  # the gathered embedding rows
+    activation_bytes_est: int  # estimate, not in bytes_total
+    flops_matmul: int
+    flops_attention: int
+
+    @property
+    def bytes_total(self) -> float:
+        return self.weight_bytes + self.kv_read_bytes + self.kv_write_bytes + self.embed_bytes
+
+    @property
+    def flops(self) -> int:
+        return self.flops_matmul + self.flops_attention
+
+    @property
+    def intensity(self) -> float:
+        """FLOP per byte of HBM/DRAM traffic."""
+        return self.flops / self.bytes_total
+
+    def as_row(self) -> dict:
+        row = asdict(self)
+        row.update(bytes_total=self.bytes_total, flops=self.flops, intensity=self.intensity)
+        return row
+
+
+def _attention_dims(cfg: ModelConfig) -> tuple[int, int]:
+    if cfg.is_mla:
+        return cfg.kv_lora_rank + cfg.qk_rope_dim, cfg.kv_lora_rank
+    return cfg.head_dim, cfg.head_dim
+
+
+def _linear_io(cfg: ModelConfig, moe: bool) -> int:
+    """Elements one token's activations cross the linears of one block: inputs + outputs."""
+    if cfg.is_mla:
+        qk, r = cfg.qk_nope_dim + cfg.qk_rope_dim, cfg.kv_lora_rank
+        q_io = cfg.d + cfg.q_lora_rank * 2 + cfg.heads * qk if cfg.q_lora_rank else cfg.d + cfg.heads * qk
+        attn = q_io + cfg.d + r + cfg.qk_rope_dim + cfg.heads * cfg.v_head_dim + cfg.d
+    else:
+        attn = cfg.d + (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim + cfg.heads * cfg.head_dim + cfg.d
+    swiglu = lambda width: 2 * cfg.d + 3 * width + cfg.d  # w1, w3 in; w1, w3 out; w2 in; w2 out
+    if not moe:
+        return attn + swiglu(cfg.ffn)
+    ffn = cfg.d + cfg.experts + cfg.experts_per_token * swiglu(cfg.moe_ffn)
+    return attn + ffn + (swiglu(cfg.moe_ffn * cfg.shared_experts) if cfg.shared_experts else 0)
+
+
+def _stack_cost(cfg: ModelConfig, layers: int, n_moe: int, B: int, q: int, L: int, kv_len: int,
+                b: int, moe_impl: str, head_bytes: int, touched: float | None) -> dict:
+    """Shared by the main forward and an MTP module (a one-block stack)."""
+    N = B * q
+    touched = experts_touched(cfg, N, moe_impl) if touched is None else touched
+    n_dense = layers - n_moe
+    dense_w = layers * (2 * cfg.d + attention_params(cfg)) + n_dense * 3 * cfg.d * cfg.ffn + n_moe * moe_fixed_params(cfg)
+    expert_b = n_moe * touched * expert_params(cfg) * b
+    d_qk, d_v = _attention_dims(cfg)
+    attended = q * L + q * (q + 1) // 2
+    flops_attn = 2 * (d_qk + d_v) * cfg.heads * layers * B * attended
+    moe_active = cfg.d * cfg.experts + (cfg.experts_per_token + cfg.shared_experts) * expert_params(cfg)
+    if moe_impl == "dense":
+        moe_active = cfg.d * cfg.experts + (cfg.experts + cfg.shared_experts) * expert_params(cfg)
+    matmul = layers * attention_matmul_params(cfg) + n_dense * 3 * cfg.d * cfg.ffn + n_moe * moe_active
+    matmul += cfg.vocab * cfg.d  # LM head
+    kv_elems = cfg.kv_elems_per_token_layer
+    act_per_token = (n_dense * _linear_io(cfg, False) + n_moe * _linear_io(cfg, True) + cfg.d + cfg.vocab) * b
+    return dict(
+        weight_bytes=(dense_w + cfg.d) * b + head_bytes + expert_b,
+        expert_bytes=expert_b, experts_touched=touched,
+        kv_read_bytes=B * layers * kv_elems * kv_len * b,
+        kv_write_bytes=B * layers * kv_elems * q * b,
+        embed_bytes=N * cfg.d * b, activation_bytes_est=N * act_per_token,
+        flops_matmul=2 * matmul * N, flops_attention=flops_attn)
+
+
+def forward_cost(cfg: ModelConfig, dtype, B: int, q: int, L: int, kv_len: int | None = None,
+                 moe_impl: str = "touched", touched: float | None = None) -> ForwardCost:
+    """Cost of `Transformer.forward` on q new tokens for B sequences with L cached tokens each.
+
+    touched: experts per MoE layer actually run (the model's `last_touched`, averaged over
+    layers); default: the uniform-routing expectation U(B·q).
+    """
+    _check_shape(cfg, B, q, L)
+    b = DTYPE_BYTES[dtype_name(dtype)]
+    kv_len = L + q if kv_len is None else kv_len
+    c = _stack_cost(cfg, cfg.layers, moe_layers(cfg), B, q, L, kv_len, b, moe_impl,
+                    cfg.vocab * cfg.d * b, touched)
+    return ForwardCost(B=B, q=q, L=L, kv_len=kv_len, tokens=B * q, **c)
+
+
+def mtp_cost(cfg: ModelConfig, dtype, B: int, q: int, L: int, kv_len: int | None = None,
+             moe_impl: str = "touched", touched: float | None = None) -> ForwardCost:
+    """Cost of one `Transformer.mtp_forward` (one MTP module over q positions)."""
+    if cfg.mtp_layers < 1:
+        raise ValueError(f"model {cfg.name!r} has no MTP module (mtp_layers=0)")
+    _check_shape(cfg, B, q, L)
+    b = DTYPE_BYTES[dtype_name(dtype)]
+    kv_len = L + q if kv_len is None else kv_len
+    c = _stack_cost(cfg, 1, int(cfg.is_moe), B, q, L, kv_len, b, moe_impl,
+                    cfg.vocab * cfg.d * b, touched)
+    c["weight_bytes"] += (2 * cfg.d + 2 * cfg.d * cfg.d) * b  # enorm, hnorm (+ final norm above), eh_proj
+    c["flops_matmul"] += 2 * 2 * cfg.d * cfg.d * B * q
+    return ForwardCost(B=B, q=q, L=L, kv_len=kv_len, tokens=B * q, **c)
+
+
+def _check_shape(cfg: ModelConfig, B: int, q: int, L: int) -> None:
+    for name, v, lo in (("B", B, 1), ("q", q, 1), ("L", L, 0)):
+        if not isinstance(v, int) or v < lo:
+            raise ValueError(f"{name}={v!r}: must be an integer >= {lo}")
+    if L + q > cfg.max_context:
+        raise ValueError(f"L + q = {L + q}: exceeds model.max_context={cfg.max_context} of {cfg.name!r}")

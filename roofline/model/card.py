@@ -1,0 +1,101 @@
+"""The cost card: what one forward of a preset must move, and the floor that implies.
+
+Decode at small batch is bandwidth-bound: each step streams every active weight (and the
+KV cache) from memory once, so no step can be faster than bytes / bandwidth. The card states
+those bytes, the floor on a chosen device's datasheet bandwidth, and the ridge point
+(FLOP per byte) above which the same step would be compute-bound instead.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from roofline.model.accounting import dtype_name, forward_cost, kv_bytes_per_token, param_count
+from roofline.model.config import ConfigError, ModelConfig
+from roofline.measure.devices import DeviceSpec
+
+
+@dataclass(frozen=True)
+class CardRequest:
+    model: ModelConfig
+    dtype: str = "bfloat16"
+    device: DeviceSpec | None = None
+    batch: int = 1
+    context: int = 0
+
+    def __post_init__(self) -> None:
+        dtype_name(self.dtype)
+        if not isinstance(self.batch, int) or self.batch < 1:
+            raise ConfigError(f"batch={self.batch!r}: must be an integer >= 1")
+        if not isinstance(self.context, int) or not 0 <= self.context < self.model.max_context:
+            raise ConfigError(f"context={self.context!r}: must be in 0..{self.model.max_context - 1} (model.max_context)")
+
+
+def rel_diff(ours: float, published: float) -> float | None:
+    return None if not published else ours / published - 1.0
+
+
+def card_record(req: CardRequest) -> dict:
+    cfg, dtype = req.model, dtype_name(req.dtype)
+    pc = param_count(cfg)
+    step = forward_cost(cfg, dtype, 1, 1, 0)
+    at = forward_cost(cfg, dtype, req.batch, 1, req.context)
+    rec = dict(
+        model=cfg.name, dtype=dtype, layers=cfg.layers, attention=cfg.attention,
+        experts=cfg.experts, experts_per_token=cfg.experts_per_token, mtp_layers=cfg.mtp_layers,
+        params_total=pc.total, params_active=pc.active, params_mtp=pc.mtp,
+        params_total_with_mtp=pc.total_with_mtp,
+        published_params_total=cfg.published_params_total or None,
+        published_params_active=cfg.published_params_active or None,
+        rel_diff_total=rel_diff(pc.total, cfg.published_params_total),
+        rel_diff_active=rel_diff(pc.active, cfg.published_params_active),
+        weight_bytes=step.weight_bytes, kv_bytes_per_token=kv_bytes_per_token(cfg, dtype),
+        batch=req.batch, context=req.context,
+        step_bytes=at.bytes_total, step_flops=at.flops, step_intensity=at.intensity,
+    )
+    dev = req.device
+    if dev is not None and dev.bandwidth_Bps():
+        floor = at.bytes_total / dev.bandwidth_Bps()
+        rec.update(device=dev.key, device_bw_GBps=dev.mem_bw_GBps, decode_floor_s=floor,
+                   decode_ceiling_tok_s=req.batch / floor, ridge_flop_per_byte=dev.ridge(dtype))
+    return rec
+
+
+def _si(x: float, unit: str) -> str:
+    for f, p in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= f:
+            return f"{x / f:.3g} {p}{unit}"
+    return f"{x:.3g} {unit}"
+
+
+def render_card(rec: dict) -> str:
+    pct = lambda v: "n/a" if v is None else f"{100 * v:+.2f}%"
+    pub = lambda v: "n/a" if not v else _si(v, "")
+    lines = [
+        f"== cost card: {rec['model']} ({rec['dtype']}) ==",
+        f"layers {rec['layers']}, attention {rec['attention']}, experts {rec['experts']} (top-{rec['experts_per_token']}), MTP modules {rec['mtp_layers']}",
+        f"params total   {_si(rec['params_total'], '')}  (published {pub(rec['published_params_total'])}, diff {pct(rec['rel_diff_total'])})",
+        f"params active  {_si(rec['params_active'], '')}  per token (published {pub(rec['published_params_active'])}, diff {pct(rec['rel_diff_active'])})",
+        f"params MTP     {_si(rec['params_mtp'], '')}  (own weights; embedding and LM head shared)",
+        f"weight bytes   {_si(rec['weight_bytes'], 'B')} read per decode step (B=1, q=1; LM head in, embedding table out)",
+        f"KV cache       {_si(rec['kv_bytes_per_token'], 'B')} per token (all layers)",
+        f"decode step at B={rec['batch']}, L={rec['context']}: {_si(rec['step_bytes'], 'B')} moved, "
+        f"{_si(rec['step_flops'], 'FLOP')}, intensity {rec['step_intensity']:.2f} FLOP/B",
+    ]
+    if "device" in rec:
+        ridge = rec["ridge_flop_per_byte"]
+        lines += [
+            f"on {rec['device']} datasheet ({rec['device_bw_GBps']:.0f} GB/s): floor {1e3 * rec['decode_floor_s']:.3f} ms/step, "
+            f"ceiling {rec['decode_ceiling_tok_s']:.0f} tok/s (B={rec['batch']})",
+            f"ridge point    {ridge:.0f} FLOP/B ({rec['dtype']}); this step is "
+            f"{'memory' if rec['step_intensity'] < ridge else 'compute'}-bound" if ridge else "ridge point    n/a (no datasheet FLOP/s for this dtype)",
+        ]
+    return "\n".join(lines)
+
+
+def print_card(req: CardRequest) -> dict:
+    rec = card_record(req)
+    print(render_card(rec))
+    print(json.dumps(rec))
+    return rec

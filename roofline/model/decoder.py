@@ -1,0 +1,363 @@
+"""A compact decoder that runs the real shapes of today's inference models.
+
+One call, `Transformer.forward(tokens[B, q], start_pos[B])`, serves decode (q = 1),
+speculative verification (q = k + 1) and chunked prefill: each sequence writes its q new
+keys/values into a static cache at its OWN positions start_pos[b] .. start_pos[b] + q - 1
+and attends to cache positions <= its own query position, so ragged batches are exact.
+
+The cache is allocated once for (max batch, max context) — the gpt-fast design that makes
+CUDA-graph capture possible. Attention reads only cache[:B, :kv_len], with kv_len =
+max(start_pos) + q unless the caller fixes it (CUDA graphs need a static kv_len); the byte
+model in `roofline.model.accounting` charges exactly that slice.
+
+MLA (DeepSeek-V3) caches what the real model caches: the normalised KV latent (kv_lora_rank)
+and the shared RoPE key (qk_rope_dim), side by side in one buffer, and attends in the
+"absorbed" form serving engines use for decode: W_UK folds into the query and W_UV into
+the output, so the latent is never decompressed per cached token.
+
+MoE layers run only the experts the batch's tokens routed to ("touched", the weights a
+kernel must read) or, for graph capture, every expert ("dense"); `last_touched` records
+the count per forward so the byte model can be checked against what really ran.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from roofline.model.config import ModelConfig
+from roofline.model.rope import apply_rope, rope_table, yarn_softmax_scale
+
+MOE_IMPLS = ("touched", "dense")
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * self.weight.float()).to(x.dtype)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d: int, width: int):
+        super().__init__()
+        self.w1 = nn.Linear(d, width, bias=False)  # gate
+        self.w3 = nn.Linear(d, width, bias=False)  # up
+        self.w2 = nn.Linear(width, d, bias=False)  # down
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+def _causal_mask(start_pos: torch.Tensor, q: int, kv_len: int) -> torch.Tensor:
+    """[B, 1, q, kv_len] bool: key j is visible to query i of sequence b iff j <= start_pos[b] + i."""
+    qpos = start_pos[:, None] + torch.arange(q, device=start_pos.device)
+    keys = torch.arange(kv_len, device=start_pos.device)
+    return (keys[None, None, :] <= qpos[:, :, None])[:, None]
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None = None):
+    """Attention of q [B, h, q, d_k] over k [B, h_kv, L, d_k], v [B, h_kv, L, d_v] (head i reads
+    KV head i // (h / h_kv)) under a boolean mask [B, 1, q, L].
+
+    torch's CPU scaled_dot_product_attention runs the single-query case 3-4x slower than two
+    queries (measured here: 2.8 vs 0.8 ms per layer at B=4, L=1024, 16/4 heads, bf16), a kernel
+    switch that would masquerade as "verification is cheaper than decode". A CPU decode step
+    therefore uses one grouped matmul per KV head instead; same bytes, same FLOPs.
+    """
+    B, h, nq, dk = q.shape
+    hkv = k.shape[1]
+    if q.device.type != "cpu" or nq != 1:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=hkv != h)
+    g = h // hkv
+    scores = (q.reshape(B, hkv, g, dk) @ k.transpose(-1, -2)).float() * (scale or dk ** -0.5)
+    scores = scores.masked_fill(~mask, float("-inf"))  # mask [B, 1, 1, L] broadcasts over (h_kv, g)
+    return (scores.softmax(-1).to(v.dtype) @ v).reshape(B, h, 1, v.shape[-1])
+
+
+class GQAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_batch: int, max_context: int):
+        super().__init__()
+        self.cfg = cfg
+        h, hkv, dh = cfg.heads, cfg.kv_heads, cfg.head_dim
+        self.wqkv = nn.Linear(cfg.d, (h + 2 * hkv) * dh, bias=cfg.qkv_bias)
+        self.wo = nn.Linear(h * dh, cfg.d, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(dh, cfg.norm_eps)
+            self.k_norm = RMSNorm(dh, cfg.norm_eps)
+        shape = (max_batch, hkv, max_context, dh)
+        self.register_buffer("k_cache", torch.zeros(shape), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(shape), persistent=False)
+
+    def forward(self, x, cos, sin, start_pos, pos, kv_len):
+        cfg = self.cfg
+        B, q, _ = x.shape
+        h, hkv, dh = cfg.heads, cfg.kv_heads, cfg.head_dim
+        qkv = self.wqkv(x)
+        xq, xk, xv = qkv.split([h * dh, hkv * dh, hkv * dh], dim=-1)
+        xq, xk, xv = xq.view(B, q, h, dh), xk.view(B, q, hkv, dh), xv.view(B, q, hkv, dh)
+        if cfg.qk_norm:
+            xq, xk = self.q_norm(xq), self.k_norm(xk)
+        xq = apply_rope(xq, cos, sin, cfg.rope_interleave)
+        xk = apply_rope(xk, cos, sin, cfg.rope_interleave)
+        b_idx = torch.arange(B, device=x.device)[:, None]
+        self.k_cache[b_idx, :, pos] = xk
+        self.v_cache[b_idx, :, pos] = xv
+        k = self.k_cache[:B, :, :kv_len]
+        v = self.v_cache[:B, :, :kv_len]
+        mask = _causal_mask(start_pos, q, kv_len)
+        o = attend(xq.transpose(1, 2), k, v, mask)
+        return self.wo(o.transpose(1, 2).reshape(B, q, h * dh))
+
+
+class MLAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_batch: int, max_context: int):
+        super().__init__()
+        self.cfg = cfg
+        h, r = cfg.heads, cfg.kv_lora_rank
+        qk = cfg.qk_nope_dim + cfg.qk_rope_dim
+        if cfg.q_lora_rank:
+            self.q_a = nn.Linear(cfg.d, cfg.q_lora_rank, bias=False)
+            self.q_a_norm = RMSNorm(cfg.q_lora_rank, cfg.norm_eps)
+            self.q_b = nn.Linear(cfg.q_lora_rank, h * qk, bias=False)
+        else:
+            self.q_proj = nn.Linear(cfg.d, h * qk, bias=False)
+        self.kv_a = nn.Linear(cfg.d, r + cfg.qk_rope_dim, bias=False)
+        self.kv_a_norm = RMSNorm(r, cfg.norm_eps)
+        self.kv_b = nn.Linear(r, h * (cfg.qk_nope_dim + cfg.v_head_dim), bias=False)
+        self.wo = nn.Linear(h * cfg.v_head_dim, cfg.d, bias=False)
+        self.scale = yarn_softmax_scale(cfg.rope_scaling) / math.sqrt(qk)
+        self.register_buffer("kv_cache", torch.zeros(max_batch, max_context, r + cfg.qk_rope_dim), persistent=False)
+
+    def forward(self, x, cos, sin, start_pos, pos, kv_len):
+        cfg = self.cfg
+        B, q, _ = x.shape
+        h, r, nope, rope_d, vd = cfg.heads, cfg.kv_lora_rank, cfg.qk_nope_dim, cfg.qk_rope_dim, cfg.v_head_dim
+        xq = self.q_b(self.q_a_norm(self.q_a(x))) if cfg.q_lora_rank else self.q_proj(x)
+        xq = xq.view(B, q, h, nope + rope_d)
+        q_nope, q_pe = xq.split([nope, rope_d], dim=-1)
+        q_pe = apply_rope(q_pe, cos, sin, cfg.rope_interleave)
+        latent, k_pe = self.kv_a(x).split([r, rope_d], dim=-1)
+        k_pe = apply_rope(k_pe[:, :, None, :], cos, sin, cfg.rope_interleave)[:, :, 0]
+        b_idx = torch.arange(B, device=x.device)[:, None]
+        self.kv_cache[b_idx, pos] = torch.cat((self.kv_a_norm(latent), k_pe), dim=-1)
+        w = self.kv_b.weight.view(h, nope + vd, r)
+        w_uk, w_uv = w[:, :nope], w[:, nope:]
+        q_lat = torch.einsum("bqhn,hnr->bhqr", q_nope, w_uk)
+        query = torch.cat((q_lat, q_pe.transpose(1, 2)), dim=-1)  # [B, h, q, r + rope]
+        cache = self.kv_cache[:B, :kv_len][:, None]  # one latent "head" shared by all heads
+        mask = _causal_mask(start_pos, q, kv_len)
+        o_lat = attend(query, cache, cache[..., :r], mask, self.scale)
+        o = torch.einsum("bhqr,hvr->bqhv", o_lat, w_uv)
+        return self.wo(o.reshape(B, q, h * vd))
+
+
+class MoE(nn.Module):
+    def __init__(self, cfg: ModelConfig, impl: str):
+        super().__init__()
+        self.cfg, self.impl = cfg, impl
+        E, f, d = cfg.experts, cfg.moe_ffn, cfg.d
+        self.gate = nn.Linear(d, E, bias=False)
+        if cfg.router_scoring == "sigmoid":
+            self.score_bias = nn.Parameter(torch.zeros(E))  # e_score_correction_bias: selection only
+        self.w1 = nn.Parameter(torch.empty(E, f, d))
+        self.w3 = nn.Parameter(torch.empty(E, f, d))
+        self.w2 = nn.Parameter(torch.empty(E, d, f))
+        self.shared = SwiGLU(d, f * cfg.shared_experts) if cfg.shared_experts else None
+        self.last_touched = 0
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.cfg
+        logits = self.gate(x).float()
+        if cfg.router_scoring == "softmax":
+            scores = logits.softmax(-1)
+            w, idx = scores.topk(cfg.experts_per_token, dim=-1)
+        else:
+            scores = logits.sigmoid()
+            choice = scores + self.score_bias.float()
+            if cfg.router_topk_groups < cfg.router_groups:
+                # group-limited (DeepSeek-V3, as transformers): rank groups by the sum of their
+                # top-2 biased scores, keep the best router_topk_groups, pick experts only there
+                grouped = choice.view(-1, cfg.router_groups, cfg.experts // cfg.router_groups)
+                best = grouped.topk(2, dim=-1).values.sum(-1).topk(cfg.router_topk_groups, dim=-1).indices
+                keep = torch.zeros_like(grouped[..., 0], dtype=torch.bool).scatter_(1, best, True)
+                choice = grouped.masked_fill(~keep[..., None], float("-inf")).view_as(choice)
+            idx = choice.topk(cfg.experts_per_token, dim=-1).indices
+            w = scores.gather(-1, idx)
+        if cfg.norm_topk:
+            w = w / w.sum(-1, keepdim=True)
+        return w * cfg.routed_scale, idx
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        w, idx = self.route(x)
+        out = torch.zeros_like(x, dtype=torch.float32)
+        if self.impl == "dense":
+            dense_w = torch.zeros(x.shape[0], self.cfg.experts, device=x.device).scatter_(1, idx, w)
+            h = F.silu(torch.einsum("nd,efd->nef", x, self.w1)) * torch.einsum("nd,efd->nef", x, self.w3)
+            y = torch.einsum("nef,edf->ned", h, self.w2)
+            out += (y.float() * dense_w[:, :, None]).sum(1)
+            self.last_touched = self.cfg.experts
+        else:
+            experts = idx.unique().tolist()
+            self.last_touched = len(experts)
+            for e in experts:
+                tok, slot = (idx == e).nonzero(as_tuple=True)
+                xe = x[tok]
+                ye = (F.silu(xe @ self.w1[e].T) * (xe @ self.w3[e].T)) @ self.w2[e].T
+                out.index_add_(0, tok, ye.float() * w[tok, slot, None])
+        out = out.to(x.dtype)
+        if self.shared is not None:
+            out = out + self.shared(x)
+        return out.view(shape)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, moe: bool, max_batch: int, max_context: int, moe_impl: str):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d, cfg.norm_eps)
+        attn = MLAttention if cfg.is_mla else GQAttention
+        self.attn = attn(cfg, max_batch, max_context)
+        self.ffn_norm = RMSNorm(cfg.d, cfg.norm_eps)
+        self.ffn = MoE(cfg, moe_impl) if moe else SwiGLU(cfg.d, cfg.ffn)
+
+    def forward(self, x, cos, sin, start_pos, pos, kv_len):
+        x = x + self.attn(self.attn_norm(x), cos, sin, start_pos, pos, kv_len)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class MTPModule(nn.Module):
+    """DeepSeek-V3 §2.2 multi-token prediction module (also GLM-4.5's).
+
+    h' = eh_proj([enorm(emb(t_{i+1})); hnorm(h_i)]) -> one decoder block -> norm -> shared LM
+    head. The concatenation order (embedding first) is the one of the released weights as
+    vLLM and SGLang load them. Embedding and LM head are the main model's (shared).
+    """
+
+    def __init__(self, cfg: ModelConfig, max_batch: int, max_context: int, moe_impl: str):
+        super().__init__()
+        self.enorm = RMSNorm(cfg.d, cfg.norm_eps)
+        self.hnorm = RMSNorm(cfg.d, cfg.norm_eps)
+        self.eh_proj = nn.Linear(2 * cfg.d, cfg.d, bias=False)
+        self.block = Block(cfg, cfg.is_moe, max_batch, max_context, moe_impl)
+        self.norm = RMSNorm(cfg.d, cfg.norm_eps)
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_batch: int, max_context: int, moe_impl: str = "touched"):
+        super().__init__()
+        if moe_impl not in MOE_IMPLS:
+            raise ValueError(f"moe_impl={moe_impl!r}: allowed {MOE_IMPLS}")
+        if not 1 <= max_context <= cfg.max_context:
+            raise ValueError(f"max_context={max_context}: must be in 1..{cfg.max_context} (model.max_context)")
+        if max_batch < 1:
+            raise ValueError(f"max_batch={max_batch}: must be >= 1")
+        self.cfg, self.max_batch, self.max_context = cfg, max_batch, max_context
+        self.embed = nn.Embedding(cfg.vocab, cfg.d)
+        self.layers = nn.ModuleList(
+            Block(cfg, cfg.layer_is_moe(i), max_batch, max_context, moe_impl) for i in range(cfg.layers))
+        self.norm = RMSNorm(cfg.d, cfg.norm_eps)
+        self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d, cfg.vocab, bias=False)
+        self.mtp = nn.ModuleList(MTPModule(cfg, max_batch, max_context, moe_impl) for _ in range(cfg.mtp_layers))
+        cos, sin = rope_table(cfg, max_context)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    # ---- pieces shared by the main stack and the MTP modules -----------------------------
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.embed.weight) if self.lm_head is None else self.lm_head(x)
+
+    def _positions(self, tokens, start_pos, kv_len):
+        B, q = tokens.shape
+        if B > self.max_batch:
+            raise ValueError(f"batch {B} exceeds the cache's max_batch={self.max_batch}")
+        pos = start_pos[:, None] + torch.arange(q, device=tokens.device)
+        if kv_len is None:
+            kv_len = int(start_pos.max()) + q
+        if kv_len > self.max_context:
+            raise ValueError(f"kv_len={kv_len} exceeds the cache's max_context={self.max_context}")
+        return pos, self.rope_cos[pos], self.rope_sin[pos], kv_len
+
+    def forward(self, tokens: torch.Tensor, start_pos: torch.Tensor, kv_len: int | None = None,
+                return_hidden: bool = False):
+        """Logits [B, q, V] for q new tokens per sequence at positions start_pos[b] + 0..q-1.
+
+        kv_len: cache positions attention reads (>= max(start_pos) + q); fixed by callers that
+        capture CUDA graphs. return_hidden: also return the last hidden states after the final
+        norm (what vLLM hands DeepSeek-V3's MTP module as the target's hidden state),
+        which an MTP module consumes.
+        """
+        pos, cos, sin, kv_len = self._positions(tokens, start_pos, kv_len)
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x, cos, sin, start_pos, pos, kv_len)
+        h = self.norm(x)
+        logits = self.head(h)
+        return (logits, h) if return_hidden else logits
+
+    def mtp_forward(self, hidden: torch.Tensor, next_tokens: torch.Tensor, start_pos: torch.Tensor,
+                    depth: int = 0, kv_len: int | None = None):
+        """MTP module `depth` over q positions: hidden [B, q, d] of the previous depth at
+        positions start_pos + 0..q-1 and the tokens one step ahead -> (logits, hidden)."""
+        m = self.mtp[depth]
+        pos, cos, sin, kv_len = self._positions(next_tokens, start_pos, kv_len)
+        x = m.eh_proj(torch.cat((m.enorm(self.embed(next_tokens)), m.hnorm(hidden)), dim=-1))
+        x = m.block(x, cos, sin, start_pos, pos, kv_len)
+        return self.head(m.norm(x)), x
+
+    def last_experts_touched(self) -> float | None:
+        """Mean experts per MoE layer that the last main forward ran (None for dense models)."""
+        counts = [layer.ffn.last_touched for layer in self.layers if isinstance(layer.ffn, MoE)]
+        return sum(counts) / len(counts) if counts else None
+
+    def kv_cache_tensors(self) -> list[torch.Tensor]:
+        """Every cache buffer (main stack and MTP modules)."""
+        return [b for n, b in self.named_buffers() if "cache" in n]
+
+    def reset_cache(self) -> None:
+        for b in self.kv_cache_tensors():
+            b.zero_()
+
+
+LOGIT_STD = 4.0
+
+
+def init_weights(model: Transformer, seed: int, std: float = 0.02) -> None:
+    """Deterministic random weights: N(0, std) matrices, unit norms, zero biases.
+
+    The LM head (the embedding when tied) gets std LOGIT_STD/sqrt(d): after the final RMSNorm
+    the logits then spread like a trained model's (std ~4) instead of ~0.6, so the top-1 token
+    is usually clear of the runner-up by more than half-precision rounding and greedy decoding
+    in bf16 is decided by the model, not by which kernel computed it.
+    """
+    g = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    head = "embed.weight" if model.lm_head is None else "lm_head.weight"
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith("_norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                p.normal_(0.0, LOGIT_STD / model.cfg.d ** 0.5 if name == head else std, generator=g)
+
+
+def build_model(cfg: ModelConfig, *, max_batch: int, max_context: int, dtype: torch.dtype = torch.float32,
+                device: str | torch.device = "cpu", seed: int = 0, moe_impl: str = "touched") -> Transformer:
+    """Allocate on `device` in `dtype` (weights and cache), random-initialise deterministically."""
+    with torch.device(device):
+        model = Transformer(cfg, max_batch, max_context, moe_impl)
+    init_weights(model, seed)
+    model = model.to(dtype=dtype)
+    model.rope_cos.data = model.rope_cos.float()
+    model.rope_sin.data = model.rope_sin.float()
+    return model.eval().requires_grad_(False)

@@ -1,0 +1,349 @@
+"""The report of a run folder: pictures and key tables, as Markdown and as one self-contained
+HTML file (images embedded as base64 PNG data URIs, no external links).
+
+It reads the run folder alone, so it runs anywhere (no GPU, no torch): points.csv (or
+points.jsonl), ceilings.json and run.json when present, and any `report_*.md` section other
+modules drop into the folder (included in name order). Both outputs are rendered from one
+list of blocks, so the Markdown and HTML tables hold the same numbers.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from roofline.report import plots
+from roofline.model.config import ConfigError
+from roofline.io.results import load_run
+from roofline.measure.devices import DeviceSpec, canonical_dtype, detect
+
+PROVENANCE_FIELDS = ("device", "device_name", "cpu_model", "torch_version", "triton_version", "python_version",
+                     "cuda_version", "driver_version", "sm_clock_mhz", "mem_clock_mhz", "power_limit_w",
+                     "threads", "git_commit", "time_utc", "schema_version")
+CAPTIONS = {
+    "roofline": "Each ok point at its arithmetic intensity and achieved FLOP/s (colour = q, marker = B). "
+                "Solid roofs are measured on this device (ceilings.json), dashed ones the datasheet's; "
+                "dotted verticals mark the ridges.",
+    "step_time_vs_q": "Forward step time vs tokens per sequence per pass (median, p10-p90 band), one line per "
+                      "(B, L); dashed: the roofline prediction max(bytes/BW, FLOPs/F). Right: T(q)/T(1), "
+                      "the cost of verifying q tokens relative to one decode step.",
+    "bandwidth_vs_working_set": "Bandwidth kernels of ceilings.json vs working-set size, per kernel and L2 mode; "
+                                "dotted vertical: last-level cache size, dashed: datasheet bandwidth.",
+    "utilisation_vs_batch": "Achieved bandwidth and FLOP/s as % of the measured (solid) and datasheet (dashed) "
+                            "ceilings, vs batch, at the smallest context measured.",
+}
+
+
+# ---- reading the run folder ------------------------------------------------------------
+
+def _read_json(path: Path) -> dict | None:
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"results_dir: {path.name} is not valid JSON ({e})") from e
+
+
+def open_run(run_dir) -> tuple[Path, pd.DataFrame, dict | None, dict | None, DeviceSpec | None]:
+    """(run_dir, points, ceilings, run, datasheet spec). Fails fast naming results_dir."""
+    if run_dir is None or str(run_dir).strip() in ("", "None", "???"):
+        raise ConfigError("results_dir is required: a run folder holding points.csv or points.jsonl")
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ConfigError(f"results_dir={str(run_dir)!r}: no such folder")
+    if not ((run_dir / "points.csv").exists() or (run_dir / "points.jsonl").exists()):
+        raise ConfigError(f"results_dir={str(run_dir)!r}: not a run folder (no points.csv or points.jsonl)")
+    df = load_run(run_dir)
+    if df.empty or not {"dtype", "q", "B", "L", "status"} <= set(df.columns):
+        raise ConfigError(f"results_dir={str(run_dir)!r}: points table is empty or lacks the key columns")
+    ceilings = _read_json(run_dir / "ceilings.json")
+    run = _read_json(run_dir / "run.json")
+    spec = None
+    if not (ceilings or {}).get("datasheet") and "device_name" in df.columns and df["device_name"].notna().any():
+        found = detect(str(df["device_name"].dropna().iloc[0]))
+        spec = found if found is not None and not found.measured_only else None
+    return run_dir, df, ceilings, run, spec
+
+
+# ---- tables ----------------------------------------------------------------------------
+
+def _fmt(v) -> str:
+    if v is None or (isinstance(v, float) and pd.isna(v)):
+        return ""
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, float):
+        return f"{v:.0f}" if v.is_integer() and abs(v) < 1e15 else f"{v:.4g}"
+    return str(v)
+
+
+def _frame(rows: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame(rows).map(_fmt) if rows else pd.DataFrame()
+
+
+def tq_table(df: pd.DataFrame, ceilings: dict | None, spec: DeviceSpec | None) -> pd.DataFrame:
+    """T(q)/T(1) per (dtype, B, L) (and model/kind/mode/L2 when they vary), with T(1) and the
+    achieved GB/s at q=1 (bytes_total / t_median) and its % of the memory ceilings."""
+    ok = plots.ok_rows(df)
+    ok = ok[ok["kind"] == "forward"] if "kind" in ok.columns else ok
+    if ok.empty:
+        return pd.DataFrame()
+    cols, groups = plots._series(ok, ["dtype", "B", "L"])
+    qs = sorted(ok["q"].unique())
+    rows = []
+    for key, g in groups:
+        key = key if isinstance(key, tuple) else (key,)
+        row = {c.removeprefix("t_"): v for c, v in zip(cols, key)}
+        t1 = g.loc[g["q"] == 1, "t_median_s"]
+        row["T(1) ms"] = t1.iloc[0] * 1e3 if len(t1) else None
+        gbps = g.loc[g["q"] == 1, "achieved_GBps"]
+        row["GB/s at q=1"] = gbps.iloc[0] if len(gbps) else None
+        roofs = plots.roofs_for(str(row["dtype"]), ceilings, spec)
+        for name, ceil in (("% measured BW", roofs.bw_measured), ("% datasheet BW", roofs.bw_datasheet)):
+            if ceil:
+                row[name] = 100 * row["GB/s at q=1"] * 1e9 / ceil if row["GB/s at q=1"] is not None else None
+        for q in qs:
+            tq = g.loc[g["q"] == q, "t_median_s"]
+            row[f"q={q:g}"] = tq.iloc[0] / t1.iloc[0] if len(tq) and len(t1) else None
+        rows.append(row)
+    return _frame(rows)
+
+
+def ceilings_table(df: pd.DataFrame, ceilings: dict | None, spec: DeviceSpec | None) -> pd.DataFrame:
+    """Measured vs datasheet ceilings, side by side, with measured as % of datasheet."""
+    summary = (ceilings or {}).get("summary") or {}
+    sheet = (ceilings or {}).get("datasheet") or {}
+    dtypes = {canonical_dtype(d) for d in plots._values(df, "dtype")}
+    dtypes |= set(plots.dtype_table(summary.get("peak_tflops")))
+    dtypes |= {d for d, v in plots.dtype_table(sheet.get("peak_tflops")).items() if v}
+    rows = []
+    first = plots.roofs_for(sorted(dtypes)[0] if dtypes else "bf16", ceilings, spec)
+    mbw, dbw = first.bw_measured, first.bw_datasheet
+
+    def add(what, unit, m, d, how=""):
+        if m is None and d is None:
+            return
+        rows.append({"ceiling": what, "unit": unit, "measured": m, "datasheet": d,
+                     "measured / datasheet %": 100 * m / d if m and d else None, "how measured": how})
+
+    add("memory bandwidth", "GB/s", mbw and mbw / 1e9, dbw and dbw / 1e9, summary.get("mem_bw_kernel") or "")
+    for d in sorted(dtypes):
+        r = plots.roofs_for(d, ceilings, spec)
+        add(f"peak {d}", "TFLOP/s", r.flops_measured and r.flops_measured / 1e12,
+            r.flops_datasheet and r.flops_datasheet / 1e12, "matmul" if r.flops_measured else "")
+        add(f"ridge {d}", "FLOP/B", r.ridge_measured, r.ridge_datasheet, "peak / bandwidth")
+    cache_m = summary.get("cache_bytes")
+    cache_d = spec.cache_bytes() if spec is not None else sheet.get("cache_bytes")
+    add("last-level cache", "MiB", cache_m and cache_m / 2**20, cache_d and cache_d / 2**20)
+    return _frame(rows)
+
+
+def failed_table(df: pd.DataFrame) -> pd.DataFrame:
+    bad = df[df["status"] != "ok"]
+    cols = [c for c in ("point_id", "kind", "model", "dtype", "mode", "q", "B", "L", "status", "error")
+            if c in bad.columns]
+    out = bad[cols].copy()
+    if "error" in out.columns:
+        out["error"] = out["error"].astype(str).str.slice(0, 200)
+    return out.map(_fmt)
+
+
+def provenance_table(df: pd.DataFrame, ceilings: dict | None) -> pd.DataFrame:
+    prov = (ceilings or {}).get("provenance") or {}
+    rows = []
+    for f in PROVENANCE_FIELDS:
+        vals = sorted(plots._values(df, f))
+        if f == "time_utc" and len(vals) > 1:
+            vals = [f"{vals[0]} to {vals[-1]}"]
+        if vals or f in prov:
+            row = {"field": f, "points": ", ".join(vals)}
+            if ceilings is not None:
+                row["ceilings.json"] = prov.get(f)
+            rows.append(row)
+    return _frame(rows)
+
+
+# ---- the document ----------------------------------------------------------------------
+
+def build_blocks(run_dir: Path, df, ceilings, run, spec, figures: plots.FigureSet) -> list[tuple]:
+    """The report as blocks: ("h", level, text), ("p", text), ("table", frame), ("img", alt,
+    path relative to run_dir), ("code", text), ("md", raw markdown)."""
+    n_ok = int((df["status"] == "ok").sum())
+    models = ", ".join(plots._values(df, "model")) or "?"
+    b: list[tuple] = [("h", 1, f"Roofline report: {run_dir.name}"),
+                      ("p", f"Model {models}; {len(df)} points, {n_ok} ok, {len(df) - n_ok} failed. "
+                            "GB/s count 1 GB = 1e9 B of bytes_total (weights + KV read/write + embedding rows) "
+                            "over the median step time.")]
+    b.append(("h", 2, "Figures"))
+    for name, paths in figures.paths.items():
+        for png in [p for p in paths if p.suffix == ".png"]:
+            b += [("h", 3, png.stem), ("img", png.stem, png.relative_to(run_dir).as_posix()),
+                  ("p", CAPTIONS.get(name, "") + f" (SVG: `{png.with_suffix('.svg').relative_to(run_dir).as_posix()}`)")]
+    for name, why in figures.skipped.items():
+        b.append(("p", f"Figure `{name}` not drawn: {why}."))
+    b.append(("h", 2, "Step time vs tokens per pass: T(q)/T(1)"))
+    tq = tq_table(df, ceilings, spec)
+    b.append(("p", "Forward points. Columns `q=n`: T(n)/T(1), the median step time at n tokens per sequence "
+                   "over the one at q=1 (1 = verifying n tokens costs one decode step). T(1) in ms; GB/s at q=1"
+                   + (" and its % of the memory ceilings (measured, datasheet)." if "%" in " ".join(tq.columns)
+                      else ".")))
+    b.append(("table", tq) if not tq.empty else ("p", "No ok forward points."))
+    b.append(("h", 2, "Ceilings: measured vs datasheet"))
+    if ceilings is None:
+        b.append(("p", "No ceilings.json in this run folder: no measured ceilings (run roofline.measure.ceilings on the "
+                       "same device)." + ("" if spec else " No datasheet row for this device either.")))
+    ct = ceilings_table(df, ceilings, spec)
+    if not ct.empty:
+        b.append(("table", ct))
+    b.append(("h", 2, "Failed points"))
+    ft = failed_table(df)
+    b.append(("table", ft) if not ft.empty else ("p", f"None: all {len(df)} points ok."))
+    b.append(("h", 2, "Provenance"))
+    b.append(("table", provenance_table(df, ceilings)))
+    if run is not None:
+        b += [("h", 2, "Run configuration (run.json)"), ("code", json.dumps(run, indent=2, default=str))]
+    for extra in sorted(run_dir.glob("report_*.md")):
+        b.append(("md", extra.read_text()))
+    return b
+
+
+def md_table(frame: pd.DataFrame) -> str:
+    cell = lambda v: str(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    lines = ["| " + " | ".join(cell(c) for c in frame.columns) + " |",
+             "|" + "|".join("---" for _ in frame.columns) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def render_md(blocks: list[tuple]) -> str:
+    out = []
+    for kind, *a in blocks:
+        if kind == "h":
+            out.append("#" * a[0] + " " + a[1])
+        elif kind == "p":
+            out.append(a[0])
+        elif kind == "table":
+            out.append(md_table(a[0]))
+        elif kind == "img":
+            out.append(f"![{a[0]}]({a[1]})")
+        elif kind == "code":
+            out.append("```json\n" + a[0] + "\n```")
+        elif kind == "md":
+            out.append(a[0].strip())
+    return "\n\n".join(out) + "\n"
+
+
+CSS = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
+       "table{border-collapse:collapse;margin:1em 0;font-size:0.85em}"
+       "th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}"
+       "td:first-child,th:first-child{text-align:left}img{max-width:100%}"
+       "pre{background:#f6f6f6;padding:0.8em;overflow:auto;font-size:0.8em}code{background:#f3f3f3}")
+
+
+def _inline(text: str) -> str:
+    text = html.escape(text, quote=False)
+    text = re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
+    return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", text)
+
+
+def _img(run_dir: Path, alt: str, rel: str) -> str:
+    path = run_dir / rel
+    if path.suffix.lower() != ".png" or not path.exists():
+        return f"<p><em>image not embedded: {html.escape(rel)}</em></p>"
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></figure>'
+
+
+def html_table(frame: pd.DataFrame) -> str:
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
+    body = "".join("<tr>" + "".join(f"<td>{_inline(str(v))}</td>" for v in row) + "</tr>"
+                   for row in frame.itertuples(index=False))
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def markdown_to_html(text: str, run_dir: Path) -> str:
+    """The small Markdown subset the report's sections use: headings, paragraphs, pipe tables,
+    bullet lists, fenced code, images (embedded). Links are kept as text."""
+    out, lines, i = [], text.splitlines(), 0
+    while i < len(lines):
+        line = lines[i]
+        if not line.strip():
+            i += 1
+        elif line.startswith("```"):
+            j = next((k for k in range(i + 1, len(lines)) if lines[k].startswith("```")), len(lines))
+            out.append("<pre>" + html.escape("\n".join(lines[i + 1:j])) + "</pre>")
+            i = j + 1
+        elif m := re.match(r"(#{1,6})\s+(.*)", line):
+            n = len(m.group(1))
+            out.append(f"<h{n}>{_inline(m.group(2))}</h{n}>")
+            i += 1
+        elif m := re.match(r"!\[([^\]]*)\]\(([^)]+)\)\s*$", line.strip()):
+            out.append(_img(run_dir, m.group(1), m.group(2)))
+            i += 1
+        elif line.lstrip().startswith("|"):
+            j = i
+            while j < len(lines) and lines[j].lstrip().startswith("|"):
+                j += 1
+            cells = [re.split(r"(?<!\\)\|", r.strip().strip("|")) for r in lines[i:j]]
+            cells = [[c.strip().replace("\\|", "|") for c in r] for r in cells
+                     if not all(re.fullmatch(r":?-+:?", c.strip()) for c in r)]
+            out.append(html_table(pd.DataFrame(cells[1:], columns=cells[0])) if cells else "")
+            i = j
+        elif re.match(r"\s*[-*]\s+", line):
+            items = []
+            while i < len(lines) and re.match(r"\s*[-*]\s+", lines[i]):
+                items.append("<li>" + _inline(re.sub(r"\s*[-*]\s+", "", lines[i], count=1)) + "</li>")
+                i += 1
+            out.append("<ul>" + "".join(items) + "</ul>")
+        else:
+            j = i
+            while j < len(lines) and lines[j].strip() and not re.match(r"(#|```|\||\s*[-*]\s)", lines[j]):
+                j += 1
+            j = max(j, i + 1)
+            text_ = " ".join(lines[i:j])
+            text_ = re.sub(r"\[([^\]]+)\]\([^)]+\)", r"\1", text_)
+            out.append(f"<p>{_inline(text_)}</p>")
+            i = j
+    return "\n".join(out)
+
+
+def render_html(blocks: list[tuple], run_dir: Path, title: str) -> str:
+    out = []
+    for kind, *a in blocks:
+        if kind == "h":
+            out.append(f"<h{a[0]}>{_inline(a[1])}</h{a[0]}>")
+        elif kind == "p":
+            out.append(f"<p>{_inline(a[0])}</p>")
+        elif kind == "table":
+            out.append(html_table(a[0]))
+        elif kind == "img":
+            out.append(_img(run_dir, a[0], a[1]))
+        elif kind == "code":
+            out.append("<pre>" + html.escape(a[0]) + "</pre>")
+        elif kind == "md":
+            out.append(markdown_to_html(a[0], run_dir))
+    return (f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+            f"<style>{CSS}</style></head><body>\n" + "\n".join(out) + "\n</body></html>\n")
+
+
+def write_figures(run_dir, out_dir=None) -> plots.FigureSet:
+    """Every figure of a run folder into out_dir (default run_dir/figures/)."""
+    run_dir, df, ceilings, _, spec = open_run(run_dir)
+    return plots.plot_all(df, ceilings, spec, Path(out_dir) if out_dir else run_dir / "figures")
+
+
+def write_report(run_dir) -> tuple[Path, Path]:
+    """Figures into run_dir/figures/, then run_dir/report.md and run_dir/report.html."""
+    run_dir, df, ceilings, run, spec = open_run(run_dir)
+    figures = plots.plot_all(df, ceilings, spec, run_dir / "figures")
+    blocks = build_blocks(run_dir, df, ceilings, run, spec, figures)
+    md_path, html_path = run_dir / "report.md", run_dir / "report.html"
+    md_path.write_text(render_md(blocks))
+    html_path.write_text(render_html(blocks, run_dir, f"Roofline report: {run_dir.name}"))
+    return md_path, html_path

@@ -1,0 +1,156 @@
+"""Drafters for `roofline.spec.engine`, one interface: prefill, propose k, observe the verdict.
+
+- MTPDrafter: the target's own MTP module chained on the target's hidden states, as serving
+  engines run DeepSeek-V3's: after each verification one MTP pass over the k+1 verified
+  positions (ragged: each sequence reads its draft at its own last accepted position) yields
+  draft 1; drafts 2..k chain the module on its own hidden state, one position at a time.
+- DraftModelDrafter: a separate small model with its own cache. Each round it re-feeds the
+  target's last cached token and the pending one (two tokens: covers the case where all k
+  drafts were accepted and the last draft never went through it), then chains k-1 steps.
+- NgramDrafter: prompt lookup, ≈ free; proposals shorter than k are padded.
+- OracleDrafter: knows the target's greedy continuation and proposes the right token with
+  probability α (independently per position), a wrong one otherwise, while spending the
+  real compute of an inner drafter — acceptance under control, timing real.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from roofline.model.decoder import Transformer
+from roofline.spec.ngram import propose as ngram_propose
+from roofline.spec.engine import DecodeState
+
+
+def chain(st: DecodeState, k: int, logits: torch.Tensor, step) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """k drafts: pick from `logits`, then `step(i, previous draft)` gives the next logits."""
+    drafts, probs = [], []
+    for i in range(k):
+        if i:
+            logits = step(i, drafts[-1])
+        tok, q = st.pick(logits)
+        drafts.append(tok)
+        probs.append(q)
+    return torch.stack(drafts, 1), None if st.settings.greedy else torch.stack(probs, 1)
+
+
+class MTPDrafter:
+    name = "mtp"
+    needs_hidden = True
+
+    def __init__(self, target: Transformer, depth: int = 0):
+        if not target.mtp:
+            raise ValueError("the target has no MTP module (mtp_layers=0)")
+        self.target, self.depth = target, depth
+
+    def prefill(self, st: DecodeState, hidden: torch.Tensor) -> None:
+        B, P = hidden.shape[:2]
+        nxt = torch.zeros(B, P, dtype=torch.long, device=st.device)
+        for b, seq in enumerate(st.seqs):  # token one ahead of each position: x_1 .. x_P
+            n = st.prompt_lens[b]
+            nxt[b, :n] = torch.tensor(seq[1:n + 1], device=st.device)
+        self._pass = (hidden, nxt, torch.zeros(B, dtype=torch.long, device=st.device), st.lengths - 1)
+
+    def observe(self, st, n_acc, emitted, hidden, start) -> None:
+        nxt = torch.where(emitted >= 0, emitted, emitted[torch.arange(st.B), n_acc][:, None])
+        self._pass = (hidden, nxt, start, n_acc)
+
+    def propose(self, st: DecodeState, k: int):
+        hidden, nxt, start, last = self._pass
+        rows = torch.arange(st.B, device=st.device)
+        logits, h = self.target.mtp_forward(hidden, nxt, start, self.depth)
+        state = {"h": h[rows, last]}
+        pos = start + last
+
+        def step(i, prev):  # chain the module on its own hidden state, one position further
+            lg, state["h"] = self.target.mtp_forward(state["h"][:, None], prev[:, None], pos + i, self.depth)
+            state["h"] = state["h"][:, 0]
+            return lg[:, 0]
+
+        return chain(st, k, logits[rows, last], step)
+
+
+class DraftModelDrafter:
+    name = "draft_model"
+    needs_hidden = False
+
+    def __init__(self, model: Transformer, target_vocab: int):
+        if model.cfg.vocab != target_vocab:
+            raise ValueError(f"draft model vocab {model.cfg.vocab} != target vocab {target_vocab}: "
+                             "a draft model must share the target's vocabulary")
+        self.model = model
+
+    def prefill(self, st: DecodeState, hidden) -> None:
+        self.model.reset_cache()
+        P = max(st.prompt_lens)
+        padded = torch.tensor([s[:n] + [s[n - 1]] * (P - n) for s, n in zip(st.seqs, st.prompt_lens)],
+                              device=st.device)
+        self.model(padded, torch.zeros(st.B, dtype=torch.long, device=st.device))
+
+    def observe(self, st, n_acc, emitted, hidden, start) -> None:
+        pass
+
+    def propose(self, st: DecodeState, k: int):
+        last_cached = torch.tensor([s[-2] for s in st.seqs], device=st.device)
+        feed = torch.stack((last_cached, st.pending), 1)
+        logits = self.model(feed, st.lengths - 1)[:, -1]
+        return chain(st, k, logits, lambda i, prev: self.model(prev[:, None], st.lengths + i)[:, -1])
+
+
+class NgramDrafter:
+    name = "ngram"
+    needs_hidden = False
+
+    def __init__(self, vocab: int, max_ngram: int = 3):
+        self.vocab, self.max_ngram = vocab, max_ngram
+
+    def prefill(self, st, hidden) -> None:
+        pass
+
+    def observe(self, st, n_acc, emitted, hidden, start) -> None:
+        pass
+
+    def propose(self, st: DecodeState, k: int):
+        rows = []
+        for seq in st.seqs:
+            p = ngram_propose(seq, k, max_ngram=self.max_ngram)
+            rows.append(p + [p[-1] if p else seq[-1]] * (k - len(p)))
+        drafts = torch.tensor(rows, device=st.device)
+        if st.settings.greedy:
+            return drafts, None
+        # a deterministic proposal is a one-hot draft distribution: acceptance prob = p(x)
+        return drafts, torch.nn.functional.one_hot(drafts, self.vocab).float()
+
+
+class OracleDrafter:
+    name = "oracle"
+
+    def __init__(self, reference: list[list[int]], alpha: float, vocab: int, inner=None, seed: int = 0):
+        """reference[b]: prompt + the target's greedy continuation of sequence b."""
+        if not 0 <= alpha <= 1:
+            raise ValueError(f"alpha={alpha}: must be in [0, 1]")
+        self.reference, self.alpha, self.vocab, self.inner = reference, alpha, vocab, inner
+        self.needs_hidden = bool(inner and inner.needs_hidden)
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def prefill(self, st, hidden) -> None:
+        if not st.settings.greedy:
+            raise ValueError("the oracle drafter validates greedy decoding (temperature=0)")
+        if self.inner:
+            self.inner.prefill(st, hidden)
+
+    def observe(self, st, n_acc, emitted, hidden, start) -> None:
+        if self.inner:
+            self.inner.observe(st, n_acc, emitted, hidden, start)
+
+    def propose(self, st: DecodeState, k: int):
+        if self.inner:
+            self.inner.propose(st, k)  # the real drafter's compute; its tokens are replaced
+        right = torch.zeros(st.B, k, dtype=torch.long)
+        for b, seq in enumerate(st.seqs):
+            ref = self.reference[b]
+            n = len(seq) - 1  # the pending token's index
+            right[b] = torch.tensor([ref[min(n + i, len(ref) - 1)] for i in range(1, k + 1)])
+        hit = torch.rand(st.B, k, generator=self.gen) < self.alpha
+        wrong = (right + torch.randint(1, self.vocab, (st.B, k), generator=self.gen)) % self.vocab
+        return torch.where(hit, right, wrong).to(st.device), None

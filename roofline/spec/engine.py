@@ -1,0 +1,281 @@
+"""The speculative decoding engine: draft k, verify k+1 in ONE target forward, accept, bonus.
+
+Batched with ragged acceptance: every sequence keeps its own cache length and its own pending
+token (emitted, not yet in the cache), so no sequence waits for or is cut to another's. A
+round feeds [pending, d_1..d_k] at each sequence's own position; the cache then holds valid
+entries up to pending + the accepted drafts, and rolling back is by position only: entries
+past a sequence's length are masked until the next forward overwrites them.
+
+Greedy (accept while the draft equals the target's argmax) and sampling (min(1, p/q),
+residual on rejection, bonus from p) both come from `roofline.spec.verify`, so the output is
+the target's own: greedy token for token, sampling in distribution (tests prove both).
+
+Metrics follow vLLM's names (num_drafts, num_draft_tokens, num_accepted_tokens, accepted per
+position; mean acceptance length = 1 + accepted / drafts) and each round's wall time is split
+into draft, verify and the rest (acceptance, bookkeeping, host syncs): the O(k, B) of
+design.md §2, measured.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from roofline.spec.verify import greedy_accept, probs_from_logits, sample_accept
+from roofline.model.decoder import Transformer
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    max_new: int
+    k: int = 0  # drafts per round; 0 = plain decoding
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    eos: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_new < 1:
+            raise ValueError(f"max_new={self.max_new}: must be >= 1")
+        if self.k < 0:
+            raise ValueError(f"k={self.k}: must be >= 0")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"temperature={self.temperature}, top_p={self.top_p}: need temperature >= 0, 0 < top_p <= 1")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class SpecMetrics:
+    k: int
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    rounds: int = 0
+    emitted: int = 0
+    wall_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    prefill_s: float = 0.0
+    steady_s: float = 0.0  # rounds in which every sequence was active from start to end
+    steady_tokens: int = 0
+
+    @property
+    def overhead_s(self) -> float:
+        """Round time spent outside drafting and verification (acceptance, bookkeeping)."""
+        return self.wall_s - self.prefill_s - self.draft_s - self.verify_s
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.draft_tokens if self.draft_tokens else float("nan")
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """τ: tokens emitted per sequence-round, bonus included (vLLM's definition)."""
+        return 1 + self.accepted / self.drafts if self.drafts else 1.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Emitted tokens over decode time (prefill excluded)."""
+        return self.emitted / (self.wall_s - self.prefill_s)
+
+    @property
+    def steady_tokens_per_s(self) -> float:
+        """Throughput while the whole batch is generating: a static batch's tail, where finished
+        sequences idle until the slowest one is done, is left out (continuous batching refills
+        those slots); this is what the B·τ/R of design.md §2 describes."""
+        return self.steady_tokens / self.steady_s if self.steady_s else float("nan")
+
+    def per_position_alpha(self) -> list[float]:
+        """Conditional acceptance α_i = accepted at i / reached i."""
+        reached = [self.drafts] + self.accepted_per_pos[:-1]
+        return [a / r if r else float("nan") for a, r in zip(self.accepted_per_pos, reached)]
+
+    def as_row(self) -> dict:
+        return dict(k=self.k, drafts=self.drafts, draft_tokens=self.draft_tokens, accepted=self.accepted,
+                    rounds=self.rounds, emitted=self.emitted, wall_s=self.wall_s, prefill_s=self.prefill_s,
+                    draft_s=self.draft_s, verify_s=self.verify_s, overhead_s=self.overhead_s,
+                    tau=self.mean_acceptance_length, acceptance_rate=self.acceptance_rate,
+                    tokens_per_s=self.tokens_per_s, steady_tokens_per_s=self.steady_tokens_per_s,
+                    accepted_per_pos=" ".join(map(str, self.accepted_per_pos)))
+
+
+class Drafter(Protocol):
+    name: str
+    needs_hidden: bool
+
+    def prefill(self, st: "DecodeState", hidden: torch.Tensor | None) -> None: ...
+
+    def propose(self, st: "DecodeState", k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Drafts [B, k] and, when sampling, their probabilities q [B, k, V]."""
+        ...
+
+    def observe(self, st: "DecodeState", n_acc: torch.Tensor, emitted: torch.Tensor,
+                hidden: torch.Tensor | None, start: torch.Tensor) -> None:
+        """After a verification at positions start..start+k: what was accepted."""
+        ...
+
+
+@dataclass
+class DecodeState:
+    """seqs[b] = prompt + emitted tokens; its last token is pending (not yet in the cache);
+    lengths[b] = tokens in the target cache = len(seqs[b]) - 1."""
+    seqs: list[list[int]]
+    prompt_lens: list[int]
+    lengths: torch.Tensor
+    active: torch.Tensor
+    settings: DecodeSettings
+    generator: torch.Generator
+    device: torch.device
+
+    @property
+    def B(self) -> int:
+        return len(self.seqs)
+
+    @property
+    def pending(self) -> torch.Tensor:
+        return torch.tensor([s[-1] for s in self.seqs], device=self.device)
+
+    def generated(self, b: int) -> list[int]:
+        return self.seqs[b][self.prompt_lens[b]:]
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return probs_from_logits(logits, self.settings.temperature, self.settings.top_p)
+
+    def pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A token per row of logits [B, V]: argmax, or a sample (returned with its q)."""
+        if self.settings.greedy:
+            return logits.argmax(-1), None
+        q = self.probs(logits)
+        return torch.multinomial(q, 1, generator=self.generator)[:, 0], q
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Phase:
+    """Wall time of a phase, device work included (syncs at the boundaries)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def __enter__(self):
+        _sync(self.device)
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        _sync(self.device)
+        self.s = time.perf_counter() - self.t0
+
+
+class SpecEngine:
+    def __init__(self, target: Transformer, drafter: Drafter | None = None):
+        self.target, self.drafter = target, drafter
+        self.device = target.embed.weight.device
+
+    def _start(self, prompts: list[list[int]], s: DecodeSettings) -> tuple[DecodeState, torch.Tensor | None]:
+        B, P = len(prompts), max(len(p) for p in prompts)
+        if B > self.target.max_batch or P + s.max_new + 2 * s.k + 1 > self.target.max_context:
+            raise ValueError(f"batch {B} / prompt {P} + max_new {s.max_new} + 2k {2 * s.k} + 1 exceed the cache "
+                             f"(max_batch={self.target.max_batch}, max_context={self.target.max_context})")
+        if min(len(p) for p in prompts) < 1:
+            raise ValueError("every prompt needs at least one token")
+        self.target.reset_cache()
+        lens = torch.tensor([len(p) for p in prompts], device=self.device)
+        padded = torch.tensor([p + [p[-1]] * (P - len(p)) for p in prompts], device=self.device)
+        gen = torch.Generator(device=self.device).manual_seed(s.seed)
+        st = DecodeState(seqs=[list(p) for p in prompts], prompt_lens=[len(p) for p in prompts], lengths=lens.clone(),
+                         active=torch.ones(B, dtype=torch.bool, device=self.device), settings=s, generator=gen,
+                         device=self.device)
+        # ragged prompts share one padded forward: positions past a prompt's end are masked for
+        # its own later queries until real tokens overwrite them
+        need_hidden = self.drafter is not None and self.drafter.needs_hidden and s.k > 0
+        out = self.target(padded, torch.zeros(B, dtype=torch.long, device=self.device), return_hidden=need_hidden)
+        logits, hidden = out if need_hidden else (out, None)
+        last = logits[torch.arange(B, device=self.device), lens - 1]
+        tok, _ = st.pick(last)
+        self._append(st, [[t] for t in tok.tolist()])
+        return st, hidden
+
+    def _append(self, st: DecodeState, new: list[list[int]]) -> None:
+        s = st.settings
+        for b, toks in enumerate(new):
+            if not st.active[b]:
+                continue
+            room = s.max_new - len(st.generated(b))
+            toks = toks[:room]
+            if s.eos is not None and s.eos in toks:
+                toks = toks[:toks.index(s.eos) + 1]
+            st.seqs[b].extend(toks)
+            if len(st.generated(b)) >= s.max_new or (s.eos is not None and toks and toks[-1] == s.eos):
+                st.active[b] = False
+
+    def generate(self, prompts: list[list[int]], settings: DecodeSettings) -> tuple[list[list[int]], SpecMetrics]:
+        """Generated tokens per sequence (prompt excluded) and the run's metrics."""
+        s, m = settings, SpecMetrics(k=settings.k)
+        if s.k and self.drafter is None:
+            raise ValueError("k > 0 needs a drafter")
+        with torch.inference_mode(), Phase(self.device) as wall:
+            with Phase(self.device) as pre:
+                st, hidden = self._start(prompts, s)
+                if s.k:
+                    self.drafter.prefill(st, hidden)
+            m.prefill_s = pre.s
+            while st.active.any():
+                before = sum(len(q) for q in st.seqs)
+                full = bool(st.active.all())
+                with Phase(self.device) as rnd:
+                    if s.k == 0:
+                        self._plain_step(st, m)
+                    else:
+                        self._round(st, m)
+                if full and st.active.all():
+                    m.steady_s += rnd.s
+                    m.steady_tokens += sum(len(q) for q in st.seqs) - before
+                m.rounds += 1
+        m.wall_s = wall.s
+        m.emitted = sum(len(st.generated(b)) - 1 for b in range(st.B))  # the first token came from prefill
+        return [st.generated(b) for b in range(st.B)], m
+
+    def _plain_step(self, st: DecodeState, m: SpecMetrics) -> None:
+        with Phase(self.device) as ph:
+            logits = self.target(st.pending[:, None], st.lengths)[:, -1]
+        m.verify_s += ph.s
+        tok, _ = st.pick(logits)
+        st.lengths = st.lengths + st.active.long()
+        self._append(st, [[t] for t in tok.tolist()])
+
+    def _round(self, st: DecodeState, m: SpecMetrics) -> None:
+        s, k = st.settings, st.settings.k
+        with Phase(self.device) as ph:
+            drafts, q = self.drafter.propose(st, k)
+        m.draft_s += ph.s
+        start = st.lengths
+        with Phase(self.device) as ph:
+            tokens = torch.cat((st.pending[:, None], drafts), dim=1)
+            out = self.target(tokens, start, return_hidden=self.drafter.needs_hidden)
+        m.verify_s += ph.s
+        logits, hidden = out if self.drafter.needs_hidden else (out, None)
+        if s.greedy:
+            n_acc, emitted = greedy_accept(drafts, logits)
+        else:
+            n_acc, emitted = sample_accept(drafts, q, st.probs(logits), st.generator)
+        act = st.active
+        m.drafts += int(act.sum())
+        m.draft_tokens += k * int(act.sum())
+        m.accepted += int(n_acc[act].sum())
+        per = [int(((n_acc > i) & act).sum()) for i in range(k)]
+        m.accepted_per_pos = [a + b for a, b in zip(m.accepted_per_pos, per)] if m.accepted_per_pos else per
+        self.drafter.observe(st, n_acc, emitted, hidden, start)
+        st.lengths = torch.where(act, start + n_acc + 1, start)
+        rows = emitted.tolist()
+        self._append(st, [row[:n + 1] for row, n in zip(rows, n_acc.tolist())])

@@ -1,0 +1,76 @@
+"""Real acceptance per position: a checkpoint, its MTP head or a draft model, real prompts.
+
+The prompts reach the model as it was trained: rendered by the checkpoint's chat template
+with the generation prompt and tokenized once (roofline.checkpoints.prompts). The drafter proposes, the
+target verifies, and the counters come out under vLLM's names, so the per-position α can go
+straight into `experiments.predict` (as a profile) next to a vLLM metrics dump's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from roofline.checkpoints.loader import load_checkpoint
+from roofline.model.config import ConfigError
+from roofline.spec.drafters import DraftModelDrafter, MTPDrafter
+from roofline.checkpoints.prompts import encode_conversations
+from roofline.spec.engine import DecodeSettings, SpecEngine
+
+DRAFTERS = ("mtp", "draft_model")
+
+
+@dataclass(frozen=True)
+class AcceptanceRequest:
+    checkpoint: str
+    prompts: str  # JSONL of {"messages": [...]}
+    drafter: str = "mtp"
+    draft_checkpoint: str = ""
+    k: int = 3
+    max_new: int = 64
+    batch: int = 4
+    temperature: float = 0.0
+    top_p: float = 1.0
+    dtype: str = "bfloat16"
+    device: str = "cpu"
+    max_prompt: int = 2048
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.drafter not in DRAFTERS:
+            raise ConfigError(f"drafter={self.drafter!r}: allowed {DRAFTERS}")
+        if self.drafter == "draft_model" and not self.draft_checkpoint:
+            raise ConfigError("drafter='draft_model' needs draft_checkpoint (a model folder)")
+        if self.k < 1 or self.batch < 1 or self.max_new < 1:
+            raise ConfigError(f"k={self.k}, batch={self.batch}, max_new={self.max_new}: all must be >= 1")
+
+
+def measure_acceptance(req: AcceptanceRequest) -> dict:
+    """Counters summed over every batch of prompts, and the per-position acceptance."""
+    prompts = encode_conversations(req.checkpoint, req.prompts, max_len=req.max_prompt)
+    if not prompts:
+        raise ConfigError(f"prompts={req.prompts!r}: no conversation fits max_prompt={req.max_prompt}")
+    ctx = max(len(p) for p in prompts) + req.max_new + 2 * req.k + 2
+    kw = dict(dtype=req.dtype, device=req.device, max_batch=req.batch, max_context=ctx)
+    target = load_checkpoint(req.checkpoint, **kw)
+    drafter = MTPDrafter(target) if req.drafter == "mtp" else \
+        DraftModelDrafter(load_checkpoint(req.draft_checkpoint, **kw), target.cfg.vocab)
+    engine = SpecEngine(target, drafter)
+    s = DecodeSettings(max_new=req.max_new, k=req.k, temperature=req.temperature, top_p=req.top_p, seed=req.seed)
+    total = dict(num_drafts=0, num_draft_tokens=0, num_accepted_tokens=0, num_accepted_tokens_per_pos=[0] * req.k)
+    with torch.inference_mode():
+        for i in range(0, len(prompts), req.batch):
+            _, m = engine.generate(prompts[i:i + req.batch], s)
+            total["num_drafts"] += m.drafts
+            total["num_draft_tokens"] += m.draft_tokens
+            total["num_accepted_tokens"] += m.accepted
+            total["num_accepted_tokens_per_pos"] = [a + b for a, b in zip(total["num_accepted_tokens_per_pos"],
+                                                                          m.accepted_per_pos)]
+    reached = [total["num_drafts"]] + total["num_accepted_tokens_per_pos"][:-1]
+    total.update(prompts=len(prompts), drafter=req.drafter, k=req.k,
+                 acceptance_rate=total["num_accepted_tokens"] / max(total["num_draft_tokens"], 1),
+                 mean_acceptance_length=1 + total["num_accepted_tokens"] / max(total["num_drafts"], 1),
+                 alpha_per_pos=[a / r if r else float("nan")
+                                for a, r in zip(total["num_accepted_tokens_per_pos"], reached)])
+    return total

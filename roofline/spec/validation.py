@@ -1,0 +1,233 @@
+"""Validation: does a real speculative decoder run at the speed the cost model predicts?
+
+One run, on one model and device:
+1. a sweep of the target's forward (q = 1..k_max+1) and MTP step (q = 1 and k+1) over the
+   batches and the contexts the decoder will see, and a cost-model fit of it;
+2. a calibration of the per-round overhead O(k, B) (time outside drafting and verifying) and
+   of plain decoding's per-step overhead, on prompts that are not the ones evaluated;
+3. for each (α, k, B): plain greedy decoding and speculative decoding with the oracle drafter
+   (the real compute of the MTP module), interleaved `reps` times; the measured speedup is
+   the ratio of median steady-state tokens/s (rounds where the whole batch generates: a static
+   batch's straggler tail is not what B·τ/R describes); plus the real drafters (MTP, n-gram) at each (k, B). In
+   float32 every speculative output must equal plain greedy (else the run stops); in half
+   precision the first divergence from it is recorded instead.
+
+Predicted speedup (design.md §2), at the mid-generation context L = prompt + max_new/2:
+  S = τ · (T(1) + O(0, B)) / (T(k+1) + T_mtp(k+1) + (k−1)·T_mtp(1) + O(k, B))
+where the MTP drafter's round is one catch-up pass over the k+1 verified positions (which
+yields draft 1) and k−1 chained single steps. `S_pred` uses the measured τ (so its error is
+the cost model's alone); `S_pred_alpha` uses τ(α, k) of the i.i.d. formula.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from roofline.analysis import costmodel
+from roofline.model.accounting import torch_dtype
+from roofline.model.config import ConfigError, ModelConfig
+from roofline.spec.drafters import MTPDrafter, NgramDrafter, OracleDrafter
+from roofline.model.decoder import build_model
+from roofline.report.document import md_table
+from roofline.spec.theory import StepCosts, round_time, tau_iid
+from roofline.spec.engine import DecodeSettings, SpecEngine
+from roofline.measure.sweep import SweepSpec, run_sweep
+from roofline.measure.timer import TimerSettings
+
+
+@dataclass(frozen=True)
+class SpecValSpec:
+    model: ModelConfig
+    alphas: tuple[float, ...] = (0.5, 0.7, 0.9)
+    ks: tuple[int, ...] = (1, 2, 4)
+    Bs: tuple[int, ...] = (1, 4)
+    prompt_len: int = 64
+    max_new: int = 48
+    reps: int = 3
+    real_drafters: tuple[str, ...] = ("mtp", "ngram")
+    dtype: str = "bfloat16"
+    device: str = "cpu"
+    seed: int = 0
+    timer: TimerSettings = field(default_factory=lambda: TimerSettings(warmup=2, min_reps=5, max_reps=30,
+                                                                       rel_ci=0.03, budget_s=0.5))
+
+    def __post_init__(self) -> None:
+        if self.model.mtp_layers < 1:
+            raise ConfigError(f"model={self.model.name!r}: the validation drafts with the MTP module; "
+                              "pick a preset with mtp_layers >= 1")
+        if not all(0 <= a <= 1 for a in self.alphas):
+            raise ConfigError(f"alphas={list(self.alphas)}: allowed values in [0, 1]")
+        if min(self.ks) < 1 or min(self.Bs) < 1 or self.reps < 1 or self.max_new < 2 or self.prompt_len < 1:
+            raise ConfigError("ks, Bs, reps >= 1, max_new >= 2, prompt_len >= 1")
+        bad = set(self.real_drafters) - {"mtp", "ngram"}
+        if bad:
+            raise ConfigError(f"real_drafters={sorted(bad)}: allowed ['mtp', 'ngram']")
+
+    @property
+    def context_mid(self) -> int:
+        return self.prompt_len + self.max_new // 2
+
+    @property
+    def max_context(self) -> int:
+        return self.prompt_len + self.max_new + 2 * max(self.ks) + 2
+
+
+def calibration_sweep(spec: SpecValSpec, run_dir: Path, progress: bool = False) -> dict:
+    k_max = max(spec.ks)
+    sweep = SweepSpec(model=spec.model, q=tuple(range(1, k_max + 2)), B=spec.Bs,
+                      L=(spec.prompt_len, spec.context_mid, spec.prompt_len + spec.max_new),
+                      dtypes=(spec.dtype,), timer=spec.timer, device=spec.device,
+                      mtp_q=tuple(sorted({1, *(k + 1 for k in spec.ks)})), seed=spec.seed)
+    run_sweep(sweep, run_dir, progress=progress)
+    fit, points = costmodel.fit_run(run_dir)
+    costmodel.save_fit(fit, run_dir / "fit.json")
+    costmodel.write_report_section(fit, points, run_dir)
+    return fit
+
+
+def _prompts(spec: SpecValSpec, B: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, spec.model.vocab, (spec.prompt_len,), generator=g).tolist() for _ in range(B)]
+
+
+def _first_divergence(out: list[list[int]], reference: list[list[int]]) -> int:
+    """First generated index where any sequence left the plain greedy reference (-1: none).
+    In half precision the k+1-token verification and the 1-token decode round differently,
+    so a near-tie can flip the argmax: exactness is a float32 property (tests), and the
+    oracle's acceptance drifts below α after a divergence (S_pred uses the measured τ)."""
+    firsts = [next((i for i, (a, b) in enumerate(zip(o, r)) if a != b), -1) for o, r in zip(out, reference)]
+    hits = [f for f in firsts if f >= 0]
+    return min(hits) if hits else -1
+
+
+def _median_tps(runs) -> float:
+    return statistics.median(m.steady_tokens_per_s for m in runs)
+
+
+def predicted_speedup(fit: dict, spec: SpecValSpec, k: int, B: int, tau: float, o_plain: float, o_spec: float,
+                      drafter: str = "mtp") -> dict:
+    """S from roofline.spec.theory with the fitted steps. Every forward pays the engine's
+    per-step host overhead o_plain; a round pays o_spec in all, i.e. o_spec − o_plain beyond
+    its verification forward. Drafter "mtp" as roofline.analysis.predict models it; "ngram": free."""
+    from roofline.analysis.predict import Drafter, step_costs
+    L, dt = spec.context_mid, spec.dtype
+    base = step_costs(fit, dt, Drafter(drafter), spec.model).steps
+    costs = StepCosts(target=lambda q, B_, L_: base.target(q, B_, L_) + o_plain, draft=base.draft,
+                      overhead=lambda k_, B_: max(0.0, o_spec - o_plain))
+    R, t1 = round_time(k, B, L, costs), costs.target(1, B, L)
+    draft = sum(base.draft(i, k, B, L) for i in range(1, k + 1))
+    return dict(T1_pred_s=t1, verify_pred_s=costs.target(k + 1, B, L), draft_pred_s=draft, O_spec_s=o_spec,
+                O_plain_s=o_plain, R_pred_s=R, S_pred=tau * t1 / R)
+
+
+def run_validation(spec: SpecValSpec, run_dir: Path, log=print) -> pd.DataFrame:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log(f"[1/3] sweep + fit of {spec.model.name} ({spec.dtype}, {spec.device})")
+    fit = calibration_sweep(spec, run_dir / "sweep")
+    target = build_model(spec.model, max_batch=max(spec.Bs), max_context=spec.max_context,
+                         dtype=torch_dtype(spec.dtype), device=spec.device, seed=spec.seed)
+    rows, overheads = [], []
+    for B in spec.Bs:
+        log(f"[2/3] B={B}: overhead calibration")
+        cal = _prompts(spec, B, spec.seed + 1000)
+        plain_cal, m0 = SpecEngine(target).generate(cal, DecodeSettings(max_new=spec.max_new // 2))
+        o_plain = m0.overhead_s / m0.rounds
+        o_spec = {}
+        for k in spec.ks:
+            d = OracleDrafter([p + o for p, o in zip(cal, plain_cal)], 0.5, spec.model.vocab,
+                              inner=MTPDrafter(target), seed=spec.seed + 1)
+            _, mk = SpecEngine(target, d).generate(cal, DecodeSettings(max_new=spec.max_new // 2, k=k))
+            o_spec[k] = mk.overhead_s / mk.rounds
+            overheads.append(dict(k=k, B=B, O_spec_s=o_spec[k], O_plain_s=o_plain))
+        prompts = _prompts(spec, B, spec.seed)
+        reference, _ = SpecEngine(target).generate(prompts, DecodeSettings(max_new=spec.max_new))  # + warm-up
+        ref = [p + o for p, o in zip(prompts, reference)]
+        log(f"[3/3] B={B}: plain vs speculative, interleaved x{spec.reps}")
+        cases = [(f"oracle(mtp) a={a}", a, k, lambda a=a: OracleDrafter(ref, a, spec.model.vocab, inner=MTPDrafter(target), seed=spec.seed + 2))
+                 for a in spec.alphas for k in spec.ks]
+        cases += [(name, None, k, (lambda: MTPDrafter(target)) if name == "mtp" else (lambda: NgramDrafter(spec.model.vocab)))
+                  for name in spec.real_drafters for k in spec.ks]
+        for label, alpha, k, make in cases:
+            plain_runs, spec_runs, diverged = [], [], []
+            for _ in range(spec.reps):
+                out0, m_plain = SpecEngine(target).generate(prompts, DecodeSettings(max_new=spec.max_new))
+                out1, m_spec = SpecEngine(target, make()).generate(prompts, DecodeSettings(max_new=spec.max_new, k=k))
+                if spec.dtype == "float32" and (out1 != out0 or out0 != reference):
+                    raise RuntimeError(f"{label}, k={k}, B={B}: speculative output differs from plain greedy")
+                diverged.append(_first_divergence(out1, reference))
+                plain_runs.append(m_plain)
+                spec_runs.append(m_spec)
+            tau = statistics.median(m.mean_acceptance_length for m in spec_runs)
+            S_meas = _median_tps(spec_runs) / _median_tps(plain_runs)
+            kind = "ngram" if label == "ngram" else "mtp"
+            pred = predicted_speedup(fit, spec, k, B, tau, o_plain, o_spec[k], kind)
+            pred_alpha = predicted_speedup(fit, spec, k, B, tau_iid(alpha, k), o_plain, o_spec[k])["S_pred"] \
+                if alpha is not None else float("nan")
+            last = spec_runs[-1]
+            rows.append(dict(drafter=label, alpha=alpha, k=k, B=B, L_mid=spec.context_mid, tau_meas=tau,
+                             tau_alpha=tau_iid(alpha, k) if alpha is not None else float("nan"),
+                             alpha_meas=" ".join(f"{a:.3f}" for a in last.per_position_alpha()),
+                             first_divergence=min([d for d in diverged if d >= 0], default=-1),
+                             tps_plain=_median_tps(plain_runs), tps_spec=_median_tps(spec_runs), S_meas=S_meas,
+                             **pred, S_pred_alpha=pred_alpha, err=pred["S_pred"] / S_meas - 1,
+                             err_alpha=pred_alpha / S_meas - 1,
+                             draft_s_round=last.draft_s / last.rounds, verify_s_round=last.verify_s / last.rounds,
+                             overhead_s_round=last.overhead_s / last.rounds))
+            log(f"  {label:20s} k={k} B={B}: S measured {S_meas:.3f}, predicted {pred['S_pred']:.3f} (tau {tau:.2f})")
+    table = pd.DataFrame(rows)
+    table.to_csv(run_dir / "specdec.csv", index=False)
+    save_overhead_fit(overheads, run_dir / "overhead.json")
+    return table
+
+
+def save_overhead_fit(points: list[dict], path: Path) -> dict:
+    """O(k, B) beyond a plain step, least squares on [1, k, B] over the calibration rounds;
+    roofline.analysis.predict takes it (`overhead=`) in place of its t0-share assumption."""
+    import json
+
+    import numpy as np
+    X = np.array([[1.0, p["k"], p["B"]] for p in points])
+    y = np.array([p["O_spec_s"] - p["O_plain_s"] for p in points])
+    coef = np.linalg.lstsq(X, y, rcond=None)[0].tolist()
+    out = dict(form="O(k, B) = c0 + c1*k + c2*B seconds per round, beyond a plain decode step",
+               coef=coef, points=points)
+    path.write_text(json.dumps(out, indent=1))
+    return out
+
+
+def write_report_section(table: pd.DataFrame, run_dir: Path) -> Path:
+    """Table + predicted-vs-measured picture, as report_specdec.md in the run folder."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figs = run_dir / "figures"
+    figs.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    for (label, B), g in table.groupby([table["drafter"].str.split().str[0], "B"]):
+        ax.scatter(g["S_meas"], g["S_pred"], label=f"{label}, B={B}", s=22)
+    lo, hi = min(table["S_meas"].min(), table["S_pred"].min()) * 0.9, max(table["S_meas"].max(), table["S_pred"].max()) * 1.1
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="y = x")
+    ax.set_xlabel("measured speedup (tokens/s spec / plain)")
+    ax.set_ylabel("predicted speedup (cost model, measured τ)")
+    ax.set_title("Speculative decoding: predicted vs measured")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(figs / "specdec_pred_vs_meas.png", dpi=110)
+    plt.close(fig)
+    e = table["err"].abs()
+    cols = ["drafter", "k", "B", "tau_meas", "S_meas", "S_pred", "err", "S_pred_alpha", "err_alpha"]
+    md = ["## Speculative decoding: measured vs predicted", "",
+          f"{len(table)} points; |error| of S_pred (measured τ): median {100 * e.median():.1f}%, "
+          f"max {100 * e.max():.1f}%; with τ(α, k) instead: median "
+          f"{100 * table['err_alpha'].abs().median():.1f}% (oracle rows).", "",
+          "![predicted vs measured](figures/specdec_pred_vs_meas.png)", "",
+          md_table(table[cols].round(3))]
+    path = run_dir / "report_specdec.md"
+    path.write_text("\n".join(md) + "\n")
+    return path

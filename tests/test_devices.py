@@ -1,0 +1,168 @@
+"""The datasheet table: sources, units, invariants between columns, and device detection."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from roofline.measure import devices as specs
+from roofline.measure.devices import detect, get_spec, list_specs, spec_for_running_device
+
+GPUS = [s for s in list_specs() if s.kind == "gpu"]
+
+
+def _ids(rows):
+    return [r.key for r in rows]
+
+
+@pytest.mark.parametrize("spec", list_specs(), ids=_ids(list_specs()))
+def test_every_number_has_a_source_url(spec):
+    for field, dtype, _ in spec.numbers():
+        source = spec.source_for(field, dtype)
+        where = f"{spec.key}.{field}" + (f".{dtype}" if dtype else "")
+        assert source and "http" in source, f"{where} has no source URL"
+
+
+@pytest.mark.parametrize("spec", GPUS, ids=_ids(GPUS))
+def test_gpu_units_are_sane(spec):
+    assert 100 <= spec.mem_bw_GBps <= 20_000, "bandwidth must be GB/s (1 GB = 1e9 B)"
+    assert spec.bandwidth_Bps() == pytest.approx(spec.mem_bw_GBps * 1e9)
+    for field, _, value in spec.numbers():
+        assert value > 0, f"{spec.key}.{field} must be positive"
+    for d, tflops in spec.dense_tflops.items():
+        if tflops is not None:
+            assert 1 <= tflops <= 50_000, f"{spec.key}.dense_tflops.{d} must be TFLOP/s"
+    assert spec.mem_bytes is None or 1e9 <= spec.mem_bytes <= 1e12
+    assert spec.l2_bytes is None or 1 << 20 <= spec.l2_bytes <= 1 << 30
+
+
+@pytest.mark.parametrize("spec", GPUS, ids=_ids(GPUS))
+def test_dense_never_exceeds_sparse(spec):
+    both = [d for d in specs.DTYPES
+            if spec.dense_tflops.get(d) is not None and spec.sparse_tflops.get(d) is not None]
+    for d in both:
+        assert spec.dense_tflops[d] <= spec.sparse_tflops[d], f"{spec.key}.{d}"
+
+
+@pytest.mark.parametrize("spec", GPUS, ids=_ids(GPUS))
+def test_narrower_dtypes_are_not_slower(spec):
+    chain = [spec.dense_tflops.get(d) for d in ("fp32", "bf16", "fp8")]
+    present = [v for v in chain if v is not None]
+    assert present == sorted(present), f"{spec.key}: expected fp8 >= bf16 >= fp32, got {chain}"
+
+
+DEVICE_NAMES = [
+    ("NVIDIA H200", "h200_sxm"),
+    ("NVIDIA H200 NVL", "h200_nvl"),
+    ("NVIDIA H100 80GB HBM3", "h100_sxm"),
+    ("NVIDIA H100 PCIe", "h100_pcie"),
+    ("NVIDIA A100-SXM4-80GB", "a100_80gb_sxm"),
+    ("NVIDIA A100-SXM4-40GB", "a100_40gb_sxm"),
+    ("NVIDIA A100-PCIE-40GB", "a100_40gb_pcie"),
+    ("NVIDIA A100 80GB PCIe", "a100_80gb_pcie"),
+    ("NVIDIA L40S", "l40s"),
+    ("NVIDIA L4", "l4"),
+    ("NVIDIA A10G", "a10g"),
+    ("NVIDIA GeForce RTX 4090", "rtx4090"),
+    ("NVIDIA B200", "b200"),
+    ("AMD Instinct MI300X", "mi300x"),
+]
+
+
+@pytest.mark.parametrize(("device_name", "key"), DEVICE_NAMES)
+def test_detect_maps_real_device_names_to_their_row(device_name, key):
+    spec = detect(device_name)
+    assert spec is not None and spec.key == key
+
+
+@pytest.mark.parametrize("device_name",
+                         ["NVIDIA GeForce GTX 1080", "NVIDIA L40", "NVIDIA H100 NVL",
+                          "AMD EPYC 9B14", ""])
+def test_detect_returns_none_for_unknown_names(device_name):
+    assert detect(device_name) is None
+
+
+def test_every_gpu_row_is_detectable():
+    assert {key for _, key in DEVICE_NAMES} == {s.key for s in GPUS}
+
+
+def test_h200_bf16_ridge_is_206_flop_per_byte():
+    assert get_spec("h200_sxm").ridge("bfloat16") == pytest.approx(206, rel=0.02)
+
+
+def test_h100_sxm_bandwidth_matches_reference_figure():
+    assert get_spec("h100_sxm").bandwidth_Bps() == pytest.approx(3.35e12, rel=1e-3)
+
+
+def test_peak_flops_accepts_torch_and_short_dtype_names():
+    h200 = get_spec("h200_sxm")
+    assert h200.peak_flops(str(torch.bfloat16)) == h200.peak_flops("bf16") == 989.5e12
+    assert h200.peak_flops("float16") == h200.peak_flops("fp16")
+    assert h200.peak_flops("float32") == pytest.approx(67e12)
+    assert h200.peak_flops("bf16", sparse=True) == pytest.approx(1979e12)
+
+
+def test_unknown_dtype_fails_naming_allowed_names():
+    with pytest.raises(ValueError, match="allowed.*bf16"):
+        get_spec("h200_sxm").peak_flops("int4")
+
+
+def test_ridge_is_none_where_a_datasheet_number_is_missing():
+    assert get_spec("a100_80gb_sxm").ridge("fp8") is None
+    assert get_spec("cpu").ridge("bf16") is None
+
+
+def test_get_spec_error_names_allowed_keys():
+    with pytest.raises(ValueError) as err:
+        get_spec("h300")
+    assert "h300" in str(err.value) and "h200_sxm" in str(err.value) and "cpu" in str(err.value)
+
+
+def test_cpu_row_is_measured_only_with_no_numbers():
+    cpu = get_spec("cpu")
+    assert cpu.kind == "cpu" and cpu.measured_only
+    assert cpu.numbers() == []
+    assert cpu.bandwidth_Bps() is None and cpu.peak_flops("bf16") is None
+
+
+def test_mi300x_cache_for_flushing_is_the_infinity_cache_not_the_l2():
+    mi300x = get_spec("mi300x")
+    assert mi300x.l2_bytes == 32 * 2**20
+    assert mi300x.cache_bytes() == 256 * 2**20
+    assert get_spec("h200_sxm").cache_bytes() == get_spec("h200_sxm").l2_bytes
+
+
+def test_running_cpu_gets_the_measured_only_row():
+    spec, matched = spec_for_running_device("cpu")
+    assert spec.key == "cpu" and matched
+    assert specs.running_device_name("cpu")
+
+
+def test_unmatched_gpu_gets_a_measured_only_stand_in(monkeypatch):
+    monkeypatch.setattr(specs, "running_device_name", lambda device="cuda": "NVIDIA Quantum X9")
+    spec, matched = spec_for_running_device("cuda")
+    assert not matched
+    assert spec.measured_only and spec.name == "NVIDIA Quantum X9" and spec.ridge("bf16") is None
+
+
+def test_running_device_rejects_unknown_device_names():
+    with pytest.raises(ValueError, match="allowed"):
+        specs.running_device_name("tpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_running_gpu_name_and_l2_agree_with_the_table():
+    name = specs.running_device_name("cuda")
+    spec, matched = spec_for_running_device("cuda")
+    assert name == torch.cuda.get_device_name()
+    assert matched == (detect(name) is not None)
+    if matched and spec.l2_bytes is not None:
+        assert spec.l2_bytes == torch.cuda.get_device_properties(0).L2_cache_size
+
+
+def test_table_loader_rejects_a_number_written_as_text():
+    row = {"key": "x", "name": "X", "vendor": "nvidia", "kind": "gpu", "mem_bw_GBps": 100,
+           "dense_tflops": {}, "l2_bytes": None, "mem_bytes": "80.0e9", "sources": {}}
+    with pytest.raises(ValueError, match="mem_bytes"):
+        specs._row(row)

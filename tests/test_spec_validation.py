@@ -1,0 +1,50 @@
+"""The validation experiment runs end to end and its prediction follows design.md §2."""
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from roofline.model.config import ConfigError
+from roofline.model.presets import REPO_ROOT, get_preset
+from roofline.spec.validation import SpecValSpec, predicted_speedup
+
+
+def test_prediction_is_tau_times_plain_step_over_round_time(monkeypatch):
+    import types
+
+    import roofline.analysis.predict as pr
+    from roofline.spec.theory import StepCosts, no_cost
+    T = {1: 10.0, 3: 12.0}
+
+    def fake_costs(fit, dtype, drafter, target):
+        draft = (lambda i, k, B, L: 2.0 if i == 1 else 1.0) if drafter.kind == "mtp" else no_cost
+        return types.SimpleNamespace(steps=StepCosts(target=lambda q, B, L: T[q], draft=draft, overhead=no_cost))
+
+    monkeypatch.setattr(pr, "step_costs", fake_costs)
+    spec = SpecValSpec(model=get_preset("tiny"))
+    p = predicted_speedup({}, spec, k=2, B=1, tau=2.5, o_plain=1.0, o_spec=3.0)
+    # R = (T(3) + o_plain) + T_mtp(3) + (k-1) T_mtp(1) + (o_spec - o_plain) = 13 + 2 + 1 + 2
+    assert p["R_pred_s"] == 18.0
+    assert p["S_pred"] == pytest.approx(2.5 * (10 + 1) / 18)
+    assert predicted_speedup({}, spec, 2, 1, 2.5, 1.0, 3.0, drafter="ngram")["R_pred_s"] == 15.0
+
+
+def test_a_preset_without_mtp_is_refused():
+    with pytest.raises(ConfigError, match="mtp_layers"):
+        SpecValSpec(model=get_preset("llama-3.1-8b"))
+
+
+def test_entry_point_runs_on_tiny(tmp_path):
+    cmd = [sys.executable, "-m", "experiments.specdec", "model=tiny", "alphas=[0.8]", "ks=[2]", "Bs=[2]", "reps=1",
+           "max_new=10", "prompt_len=6", "real_drafters=[ngram]", "timer.min_reps=3", "timer.budget_s=0.05",
+           f"out_dir={tmp_path}"]
+    r = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    t = pd.read_csv(tmp_path / "specdec.csv")
+    assert summary["points"] == len(t) == 2
+    assert {"S_meas", "S_pred", "tau_meas", "err"} <= set(t.columns)
+    assert (tmp_path / "report_specdec.md").exists() and (tmp_path / "figures" / "specdec_pred_vs_meas.png").exists()
