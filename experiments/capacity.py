@@ -8,7 +8,7 @@ import hydra
 
 from experiments.entry import fail_fast, plain
 from roofline.analysis import capacity
-from roofline.analysis import costmodel
+from roofline.analysis import costmodel, quality
 from roofline.model.config import ConfigError
 from roofline.analysis.predict import Drafter
 from roofline.model.presets import get_preset
@@ -22,6 +22,7 @@ def main(cfg) -> None:
         model = get_preset(c["preset"])
         if c["fit"]:
             fit, extrapolated = costmodel.load_fit(c["fit"]), False
+            quality.check_model(fit, model.name, c["allow_other_model"])
             sheet = detect(fit["provenance"]["device_name"])
         else:
             sheet = get_spec(c["device"])

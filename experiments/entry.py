@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import sys
@@ -22,6 +23,23 @@ def plain(cfg: DictConfig) -> dict:
     c = OmegaConf.to_container(cfg, resolve=True)
     c["overrides"] = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     return c
+
+
+def axis(value, field: str) -> tuple:
+    """A grid axis from the config: a list, or one value (`q=4`, and each job of `-m 'q=1,2'`)."""
+    if value is None:
+        raise ConfigError(f"{field}: the grid has no points (null)")
+    return tuple(value) if isinstance(value, (list, tuple)) else (value,)
+
+
+def settings(cls, values: dict | None, field: str):
+    """A settings dataclass from a config group, an unknown key (`+timer.foo=1`) named."""
+    values = dict(values or {})
+    known = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ConfigError(f"{field}.{unknown[0]}: unknown key; allowed {known}")
+    return cls(**values)
 
 
 def _multirun() -> bool:

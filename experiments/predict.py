@@ -6,7 +6,7 @@ from pathlib import Path
 import hydra
 
 from experiments.entry import fail_fast, plain
-from roofline.analysis import costmodel
+from roofline.analysis import costmodel, quality
 from roofline.model.config import ConfigError
 from roofline.analysis.predict import Drafter, alphas_from_vllm, plot_all, step_costs, table
 from roofline.model.presets import get_preset
@@ -20,6 +20,7 @@ def main(cfg) -> None:
             raise ConfigError("fit is required: a fit.json written by experiments.fit")
         fit = costmodel.load_fit(c["fit"])
         target = get_preset(c["preset"]) if c["preset"] else costmodel.fitted_model(fit)
+        quality.check_model(fit, target.name, c["allow_other_model"])
         drafter = Drafter(c["drafter"], get_preset(c["draft_model"]) if c["draft_model"] else None,
                           costmodel.load_fit(c["draft_fit"]) if c["draft_fit"] else None)
         alphas = {float(a): float(a) for a in c["alphas"]}
@@ -34,7 +35,8 @@ def main(cfg) -> None:
         costs = step_costs(fit, c["dtype"], drafter, target, c["mode"], c["overhead_share"], overhead)
         plot_all(costs, c["B"], c["L"], c["plot_B"], c["plot_L"], out / "figures",
                  f"{target.name} ({costs.source}, {fit['provenance']['device_name']})")
-        best = t[t["k"] == t["k_star"]][["alpha", "B", "L", "k_star", "S", "throughput_tok_s", "extrapolated"]]
+        best = t[t["k"] == t["k_star"]][["alpha", "B", "L", "k_star", "S", "throughput_tok_s", "extrapolated",
+                                        "extrapolation"]]
         print(best.round(3).to_string(index=False))
         print(json.dumps(dict(csv=str(out / "predict.csv"), rows=len(t), source=costs.source,
                               overhead_source=costs.overhead_source)))

@@ -14,7 +14,7 @@ from roofline.measure.sweep import slicing_error
 def main(cfg) -> None:
     with fail_fast():
         c = plain(cfg)
-        t = slicing_error(load_run(c["full_dir"]), load_run(c["sliced_dir"]))
+        t = slicing_error(load_run(c["full_dir"], "full_dir"), load_run(c["sliced_dir"], "sliced_dir"))
         print(t.round(4).to_string(index=False))
         e = t["rel_err"].abs()
         print(json.dumps(dict(points=len(t), median_abs_err=float(e.median()), max_abs_err=float(e.max()),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import hydra
 
-from experiments.entry import fail_fast, job_dir, plain
+from experiments.entry import axis, fail_fast, job_dir, plain, settings
 from roofline.checkpoints.loader import checkpoint_config
 from roofline.model.config import ModelConfig
 from roofline.io.results import RUNS_ROOT
@@ -23,10 +23,10 @@ def main(cfg) -> None:
     with fail_fast():
         c = plain(cfg)
         model = checkpoint_config(c["checkpoint"]) if c["checkpoint"] else ModelConfig.from_dict(c["model"])
-        spec = SweepSpec(model=model, q=tuple(c["q"]), B=tuple(c["B"]),
-                         L=tuple(c["L"]), dtypes=tuple(c["dtypes"]), modes=tuple(c["modes"]),
-                         timer=TimerSettings(**c["timer"]), device=c["device"], layers=c["layers"],
-                         mtp_q=tuple(c["mtp_q"]), seed=c["seed"], ceilings=c["ceilings"] or "",
+        spec = SweepSpec(model=model, q=axis(c["q"], "q"), B=axis(c["B"], "B"),
+                         L=axis(c["L"], "L"), dtypes=axis(c["dtypes"], "dtypes"), modes=axis(c["modes"], "modes"),
+                         timer=settings(TimerSettings, c["timer"], "timer"), device=c["device"], layers=c["layers"],
+                         mtp_q=axis(c["mtp_q"], "mtp_q"), seed=c["seed"], ceilings=c["ceilings"] or "",
                          overrides=tuple(c["overrides"]), checkpoint=c["checkpoint"] or "")
         run_dir = Path(c["out_dir"]) if c["out_dir"] else spec.default_out_dir(RUNS_ROOT)
         summary = run_sweep(spec, run_dir, progress=c["progress"], force=c["force"], extend=c["extend"],

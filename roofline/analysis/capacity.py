@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from roofline.analysis import costmodel
+from roofline.analysis import costmodel, quality
 
 from roofline.spec import theory as speculative
 from roofline.model.accounting import DTYPE_BYTES, dtype_name, forward_cost, kv_bytes_per_token, param_count
@@ -35,6 +35,37 @@ class Workload:
     itl_target_ms: float = 50.0
     target_tok_s: float = 10000.0  # aggregate generation tokens/s wanted
 
+    def __post_init__(self) -> None:
+        for name, lo in (("context", 0), ("output", 1)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ConfigError(f"{name}={v!r}: allowed integers >= {lo}")
+        for name in ("itl_target_ms", "target_tok_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+                raise ConfigError(f"{name}={v!r}: allowed a number > 0")
+
+
+def check_inputs(mem_bytes: float, Bs, bw_eff: float = 0.8, f_eff: float = 0.7, t0_s: float = 0.0,
+                 spec: "Speculation | None" = None) -> None:
+    """Bad input fails before anything is computed or written, naming the field."""
+    if not (isinstance(mem_bytes, (int, float)) and 0 < mem_bytes < math.inf):
+        raise ConfigError(f"memory_gb={mem_bytes / 1e9 if isinstance(mem_bytes, (int, float)) else mem_bytes!r}: "
+                          "allowed a number > 0")
+    bad = [b for b in Bs if isinstance(b, bool) or not isinstance(b, int) or b < 1]
+    if bad or not list(Bs):
+        raise ConfigError(f"B={list(Bs)}: allowed a non-empty list of integers >= 1")
+    for name, v in (("bw_efficiency", bw_eff), ("flops_efficiency", f_eff)):
+        if not (isinstance(v, (int, float)) and 0 < v <= 1):
+            raise ConfigError(f"{name}={v!r}: allowed a fraction in (0, 1] of the datasheet ceiling")
+    if not (isinstance(t0_s, (int, float)) and 0 <= t0_s < math.inf):
+        raise ConfigError(f"t0_ms={t0_s * 1e3 if isinstance(t0_s, (int, float)) else t0_s!r}: allowed a number >= 0")
+    if spec is not None:
+        if not (isinstance(spec.alpha, (int, float)) and 0 <= spec.alpha < 1):
+            raise ConfigError(f"alpha={spec.alpha!r}: allowed an acceptance rate in [0, 1)")
+        if isinstance(spec.k, bool) or not isinstance(spec.k, int) or spec.k < 1:
+            raise ConfigError(f"k={spec.k!r}: allowed integers >= 1")
+
 
 @dataclass(frozen=True)
 class Speculation:
@@ -46,6 +77,7 @@ class Speculation:
 def datasheet_fit(spec: DeviceSpec, cfg: ModelConfig, dtype: str, bw_eff: float = 0.8, f_eff: float = 0.7,
                   t0_s: float = 0.0) -> dict:
     """A what-if fit document from a datasheet row: scaled ceilings, knee at the ridge (tokens)."""
+    check_inputs(1.0, [1], bw_eff, f_eff, t0_s)
     bw, f = spec.bandwidth_Bps(), spec.peak_flops(dtype)
     if bw is None or f is None:
         raise ConfigError(f"device={spec.key!r} has no datasheet bandwidth or {dtype} FLOP/s: use a fit.json")
@@ -95,6 +127,15 @@ def batch_table(fit: dict, cfg: ModelConfig, dtype: str, work: Workload, Bs, spe
 def plan(fit: dict, cfg: ModelConfig, dtype: str, work: Workload, mem_bytes: float, Bs,
          spec: Speculation | None = None, extrapolated: bool = False, mode: str | None = None) -> tuple[pd.DataFrame, dict]:
     """(per-batch table, summary): largest batch meeting the ITL target and memory, devices needed."""
+    check_inputs(mem_bytes, Bs, spec=spec)
+    if not fit["provenance"].get("what_if"):
+        bad = [g for g in fit["groups"] if not quality.usable(g)]
+        if bad:
+            raise ConfigError("fit: " + "; ".join(quality.fit_warnings(dict(groups=bad))) + ": refit on more points")
+    why = [f"what-if: {fit['provenance']['what_if']}"] if fit["provenance"].get("what_if") else \
+        quality.extrapolation(fit, cfg.name, dtype_name(dtype), q=[1] + ([spec.k + 1] if spec else []), B=list(Bs),
+                              L=work.context + work.output // 2)
+    extrapolated = extrapolated or bool(why)
     tokens_per_seq = work.context + work.output
     with_mtp = spec is not None and spec.drafter.kind == "mtp"
     weights, _ = memory_need(cfg, dtype, 1, tokens_per_seq, with_mtp)
@@ -106,7 +147,8 @@ def plan(fit: dict, cfg: ModelConfig, dtype: str, work: Workload, mem_bytes: flo
     summary = dict(model=cfg.name, dtype=dtype, device=fit["provenance"].get("device_name"),
                    memory_GB=mem_bytes / 1e9, weights_GB=weights / 1e9, workload=work.__dict__,
                    speculation=None if spec is None else dict(alpha=spec.alpha, k=spec.k, drafter=spec.drafter.kind),
-                   extrapolated=extrapolated, what_if=fit["provenance"].get("what_if"))
+                   extrapolated=extrapolated, extrapolation=why, fit_problems=quality.fit_warnings(fit),
+                   what_if=fit["provenance"].get("what_if"))
     if weights > mem_bytes:
         summary["fits_one_device"] = False
         summary["note"] = (f"weights alone need {weights / 1e9:.1f} GB > {mem_bytes / 1e9:.1f} GB on one device; "

@@ -38,6 +38,7 @@ from scipy.optimize import least_squares, nnls
 
 from roofline.report import plots
 
+from roofline.analysis import quality
 from roofline.io import provenance
 from roofline.model.accounting import forward_cost, mtp_cost
 from roofline.model.config import ConfigError, ModelConfig
@@ -227,6 +228,8 @@ def _error_tables(df, full_pred, regimes, settings: FitSettings, ceilings, dtype
 
 def fit_rows(df: pd.DataFrame) -> pd.DataFrame:
     """Rows the fit uses: ok, at full depth (layer-extrapolated rows included)."""
+    if "t_median_s" not in df or "status" not in df:  # every point failed: no timing columns at all
+        return df.iloc[0:0]
     ok = df[(df["status"] == "ok") & (df["layers_run"] == df["layers_full"])]
     return ok[np.isfinite(ok["t_median_s"].astype(float)) & (ok["t_median_s"] > 0)].reset_index(drop=True)
 
@@ -267,8 +270,17 @@ def fit_run(run_dir, settings: FitSettings = FitSettings()) -> tuple[dict, pd.Da
     groups, frames = [], []
     for _, g in df.groupby([k for k in GROUP_KEYS if k in df], sort=True):
         grp, pts = fit_group(g.reset_index(drop=True), settings, ceilings)
+        sheet = detect(grp["key"]["device_name"])
+        grp["problems"] = quality.fit_problems(grp, ceilings, None if sheet is None or sheet.measured_only else sheet)
+        if "converged" in g and (~g["converged"].astype(bool)).any():
+            grp["problems"].append(f"{int((~g['converged'].astype(bool)).sum())} of {len(g)} points did not "
+                                   "converge (median CI above the target)")
         groups.append(grp)
         frames.append(pts)
+    if not any(quality.usable(g) for g in groups):
+        raise ConfigError(f"results_dir={str(run_dir)!r}: too few points to fit: "
+                          + "; ".join(f"{'/'.join(g['key'][k] for k in ('model', 'dtype', 'mode', 'kind'))} has "
+                                      f"{g['n_points']}" for g in groups) + f" (at least {quality.MIN_POINTS} needed)")
     fit = dict(schema=FIT_SCHEMA, form=FORM, settings=asdict(settings),
                provenance=dict(run_folder=run_dir.name, fingerprint=run.get("fingerprint"),
                                device_name=str(df["device_name"].iloc[0]), git_commit=provenance.git_commit(),

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from roofline.analysis import costmodel
+from roofline.analysis import costmodel, quality
 
 from roofline.spec import theory as speculative
 from roofline.model.config import ConfigError, ModelConfig
@@ -86,8 +86,10 @@ def table(fit: dict, alphas, ks, Bs, Ls, dtype: str, drafter: Drafter, target: M
     target = target or costmodel.fitted_model(fit)
     c = step_costs(fit, dtype, drafter, target, mode, overhead_share, overhead)
     t = speculative.predict_table(alphas, ks, Bs, Ls, c.steps, measured_domain=c.domain)
-    if c.source != "fit":
-        t["extrapolated"] = True
+    why = ["; ".join(quality.extrapolation(fit, target.name, dtype, k + 1, B, L))
+           for k, B, L in zip(t["k"], t["B"], t["L"])]
+    t["extrapolation"] = why
+    t["extrapolated"] = t["extrapolated"].astype(bool) | (t["extrapolation"] != "") | (c.source != "fit")
     return t.assign(model=target.name, dtype=dtype, drafter=drafter.kind if drafter.kind != "model"
                     else f"model:{drafter.model.name}", source=c.source, overhead_source=c.overhead_source,
                     overhead_s=c.overhead_s, device_name=fit["provenance"]["device_name"])

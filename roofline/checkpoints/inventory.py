@@ -120,7 +120,8 @@ def _shard_files(folder: Path, field_name: str) -> tuple[list[Path], dict[str, s
             weight_map = json.loads(index.read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError) as e:
             raise ConfigError(f"{field_name}: {INDEX_FILE} has no readable weight_map ({e})") from e
-        files = [folder / s for s in sorted(set(weight_map.values()))]
+        from roofline.checkpoints.loader import shard_path
+        files = [shard_path(folder, s, field_name) for s in sorted(set(weight_map.values()), key=str)]
         for f in files:
             if not f.exists():
                 raise ConfigError(f"{field_name}: {INDEX_FILE} names shard {f.name}, which is not in the folder")
@@ -175,10 +176,16 @@ def read_checkpoint(folder, field_name: str = "checkpoint") -> Checkpoint:
     files, weight_map = _shard_files(folder, field_name)
     tensors: dict[str, TensorEntry] = {}
     for path in files:
-        for t in iter_tensors(path):
-            if t.name in tensors:
-                raise ConfigError(f"{field_name}: tensor {t.name} is in both {tensors[t.name].shard} and {t.shard}")
-            tensors[t.name] = t
+        try:
+            for t in iter_tensors(path):
+                if t.name in tensors:
+                    raise ConfigError(f"{field_name}: tensor {t.name} is in both {tensors[t.name].shard} and {t.shard}")
+                tensors[t.name] = t
+        except ConfigError as e:
+            raise ConfigError(str(e) if str(e).startswith(field_name) else f"{field_name}: {e}") from None
+        except Exception as e:  # safetensors' own parse errors, a short file, bad JSON in the header
+            raise ConfigError(f"{field_name}={str(folder)!r}: {path.name} is not a readable safetensors file "
+                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     if weight_map is not None:
         for name, shard in weight_map.items():
             if name not in tensors or tensors[name].shard != shard:

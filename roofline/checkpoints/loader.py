@@ -85,7 +85,20 @@ def _require(raw: Mapping[str, Any], arch: str, field: str, allowed: tuple, defa
 
 
 def config_from_hf(raw: Mapping[str, Any], name: str = "") -> ModelConfig:
-    """A transformers config.json (as a dict) -> ModelConfig, field by field as conf/model/*.yaml."""
+    """A transformers config.json (as a dict) -> ModelConfig, field by field as conf/model/*.yaml.
+    A missing required field is bad input naming that field."""
+    try:
+        return _config_from_hf(raw, name)
+    except KeyError as e:
+        archs = raw.get("architectures") or ["?"]
+        raise ConfigError(f"config.json: missing field {e.args[0]!r} (required for {archs[0]})") from None
+    except (TypeError, ValueError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"config.json: a field has the wrong type ({e})") from None
+
+
+def _config_from_hf(raw: Mapping[str, Any], name: str = "") -> ModelConfig:
     archs = raw.get("architectures") or []
     arch = archs[0] if len(archs) == 1 else None
     if arch not in ARCHITECTURES:
@@ -149,7 +162,23 @@ def read_config(folder: str | Path) -> dict:
     path = Path(folder) / "config.json"
     if not path.is_file():
         raise ConfigError(f"checkpoint={str(folder)!r}: no config.json (expected a Hugging Face model folder)")
-    return json.loads(path.read_text())
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"checkpoint={str(folder)!r}: config.json is not JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"checkpoint={str(folder)!r}: config.json is not a JSON object")
+    return raw
+
+
+def shard_path(folder: Path, name: object, field_name: str = "checkpoint") -> Path:
+    """The file a shard index names, refused unless it is a plain file name inside the folder
+    (an index naming ../ or an absolute path must not load a file from elsewhere)."""
+    if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts \
+            or not (folder / name).resolve().is_relative_to(folder.resolve()):
+        raise ConfigError(f"{field_name}={str(folder)!r}: model.safetensors.index.json names shard {name!r}, "
+                          "outside the folder; allowed file names inside it")
+    return folder / name
 
 
 def checkpoint_config(folder: str | Path) -> ModelConfig:
@@ -164,8 +193,12 @@ def shard_files(folder: str | Path) -> list[Path]:
     folder = Path(folder)
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        files = [folder / n for n in names]
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()), key=str)
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise ConfigError(f"checkpoint={str(folder)!r}: model.safetensors.index.json has no readable "
+                              f"weight_map ({e})") from None
+        files = [shard_path(folder, n) for n in names]
     elif (folder / "model.safetensors").is_file():
         files = [folder / "model.safetensors"]
     else:

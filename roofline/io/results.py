@@ -99,9 +99,14 @@ def write_csv(rows: Iterable[dict], path: Path) -> pd.DataFrame:
     return df
 
 
-def load_run(run_dir: Path) -> pd.DataFrame:
-    """The table of a run folder (points.csv, or rebuilt from points.jsonl)."""
+def load_run(run_dir: Path, field: str = "results_dir") -> pd.DataFrame:
+    """The table of a run folder (points.csv, or rebuilt from points.jsonl); bad input names `field`."""
+    from roofline.model.config import ConfigError
+    if run_dir is None or str(run_dir).strip() in ("", "None", "???"):
+        raise ConfigError(f"{field} is required: a run folder holding points.csv or points.jsonl")
     run_dir = Path(run_dir)
+    if not ((run_dir / "points.csv").is_file() or (run_dir / "points.jsonl").is_file()):
+        raise ConfigError(f"{field}={str(run_dir)!r}: not a run folder (no points.csv or points.jsonl)")
     if (run_dir / "points.csv").exists():
         return pd.read_csv(run_dir / "points.csv")
     return to_frame(read_rows(run_dir / "points.jsonl"))

@@ -90,6 +90,11 @@ class SweepSpec:
         if not isinstance(self.layers, int) or self.layers < 0 or 2 * self.layers > cfg.layers:
             raise ConfigError(f"layers={self.layers}: allowed 0 (full depth) or 1..{cfg.layers // 2} "
                               f"(n and 2n layers of {cfg.layers} are measured)")
+        for depth in ((self.layers, 2 * self.layers) if self.layers else ()):
+            try:
+                cfg.scaled(layers=depth)
+            except ConfigError as e:
+                raise ConfigError(f"layers={self.layers}: {depth} layers of {cfg.name!r} cannot be built ({e})") from None
 
     def identity(self) -> dict:
         """What changes the numbers (not where they are written): the request, the code
@@ -495,17 +500,31 @@ def slicing_error(full: "pd.DataFrame", sliced: "pd.DataFrame") -> "pd.DataFrame
     """Extrapolated full-depth times of a sliced run against a full-depth run of the same points:
     relative error (extrapolated / measured − 1) per point."""
     keys = ["kind", "dtype", "mode", "q", "B", "L"]
+    for name, t, need in (("full_dir", full, ["status", "layers_run", "layers_full", "t_median_s"]),
+                          ("sliced_dir", sliced, ["extrapolated", "t_median_s", "layers_measured"])):
+        missing = [c for c in keys + need if c not in t.columns]
+        if missing:
+            raise ConfigError(f"{name}: the run has no {missing} columns (every point failed, or a "
+                              + ("sliced run (layers=n)" if name == "sliced_dir" else "sweep") + " is needed)")
     f = full[(full["status"] == "ok") & (full["layers_run"] == full["layers_full"]) & (~full["extrapolated"].astype(bool))]
     s = sliced[sliced["extrapolated"].astype(bool)]
     m = f[keys + ["t_median_s"]].merge(s[keys + ["t_median_s", "layers_measured"]], on=keys, suffixes=("_measured", "_extrapolated"))
+    if m.empty:
+        raise ConfigError("full_dir, sliced_dir: no point in common (the sliced run needs layers=n and the same "
+                          "grid as a full-depth run of the same model)")
     m["rel_err"] = m["t_median_s_extrapolated"] / m["t_median_s_measured"] - 1
     return m
 
 
 def summary_text(run_dir: Path) -> str:
     """The one-screen end-of-run table: T(q)/T(1), ms, GB/s, TFLOP/s per (kind, dtype, mode, B, L)."""
-    t = summary_table(results.load_run(run_dir))
+    from roofline.analysis import quality
+    df = results.load_run(run_dir)
+    t = summary_table(df)
+    head = f"key figure: {quality.key_figure(df)}"
+    warnings = [f"warning: {w}" for w in quality.run_warnings(run_dir, df)]
     if t.empty:
-        return "no successful points"
+        return "\n".join([head, "no successful points"] + warnings)
     with pd.option_context("display.width", 160, "display.max_rows", 200):
-        return t.round({"t_ms": 3, "t_over_t1": 3, "GBps": 2, "TFLOPs": 4}).to_string(index=False)
+        table = t.round({"t_ms": 3, "t_over_t1": 3, "GBps": 2, "TFLOPs": 4}).to_string(index=False)
+    return "\n".join([head, table] + warnings)

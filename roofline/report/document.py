@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from roofline.analysis import quality
 from roofline.report import plots
 from roofline.model.config import ConfigError
 from roofline.io.results import load_run
@@ -176,7 +177,12 @@ def build_blocks(run_dir: Path, df, ceilings, run, spec, figures: plots.FigureSe
     path relative to run_dir), ("code", text), ("md", raw markdown)."""
     n_ok = int((df["status"] == "ok").sum())
     models = ", ".join(plots._values(df, "model")) or "?"
+    warnings = quality.run_warnings(run_dir, df)
     b: list[tuple] = [("h", 1, f"Roofline report: {run_dir.name}"),
+                      ("p", f"**Key figure:** {quality.key_figure(df, ceilings)}."),
+                      ("h", 2, "Warnings"),
+                      ("md", "\n".join(f"- {w}" for w in warnings)) if warnings
+                      else ("p", "None: every point ok and converged, no fit problems."),
                       ("p", f"Model {models}; {len(df)} points, {n_ok} ok, {len(df) - n_ok} failed. "
                             "GB/s count 1 GB = 1e9 B of bytes_total (weights + KV read/write + embedding rows) "
                             "over the median step time.")]

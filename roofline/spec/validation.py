@@ -28,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from roofline.analysis import costmodel
+from roofline.analysis import costmodel, quality
 from roofline.model.accounting import torch_dtype
 from roofline.model.config import ConfigError, ModelConfig
 from roofline.spec.drafters import MTPDrafter, NgramDrafter, OracleDrafter
@@ -175,10 +175,11 @@ def run_validation(spec: SpecValSpec, run_dir: Path, log=print) -> pd.DataFrame:
                              first_divergence=min([d for d in diverged if d >= 0], default=-1),
                              tps_plain=_median_tps(plain_runs), tps_spec=_median_tps(spec_runs), S_meas=S_meas,
                              **pred, S_pred_alpha=pred_alpha, err=pred["S_pred"] / S_meas - 1,
-                             err_alpha=pred_alpha / S_meas - 1,
+                             err_alpha=pred_alpha / S_meas - 1, mismatch=quality.mismatch(pred["S_pred"], S_meas),
                              draft_s_round=last.draft_s / last.rounds, verify_s_round=last.verify_s / last.rounds,
                              overhead_s_round=last.overhead_s / last.rounds))
-            log(f"  {label:20s} k={k} B={B}: S measured {S_meas:.3f}, predicted {pred['S_pred']:.3f} (tau {tau:.2f})")
+            log(f"  {label:20s} k={k} B={B}: S measured {S_meas:.3f}, predicted {pred['S_pred']:.3f} (tau {tau:.2f})"
+                + (f"  MISMATCH: more than {quality.GROSS_MISMATCH:g}x apart" if rows[-1]["mismatch"] else ""))
     table = pd.DataFrame(rows)
     table.to_csv(run_dir / "specdec.csv", index=False)
     save_overhead_fit(overheads, run_dir / "overhead.json")
@@ -221,7 +222,7 @@ def write_report_section(table: pd.DataFrame, run_dir: Path) -> Path:
     fig.savefig(figs / "specdec_pred_vs_meas.png", dpi=110)
     plt.close(fig)
     e = table["err"].abs()
-    cols = ["drafter", "k", "B", "tau_meas", "S_meas", "S_pred", "err", "S_pred_alpha", "err_alpha"]
+    cols = ["drafter", "k", "B", "tau_meas", "S_meas", "S_pred", "err", "S_pred_alpha", "err_alpha", "mismatch"]
     md = ["## Speculative decoding: measured vs predicted", "",
           f"{len(table)} points; |error| of S_pred (measured τ): median {100 * e.median():.1f}%, "
           f"max {100 * e.max():.1f}%; with τ(α, k) instead: median "

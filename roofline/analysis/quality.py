@@ -1,0 +1,175 @@
+"""Quality gates: what makes a number untrustworthy, said next to the number.
+
+- A point that stopped on its time budget before its median's CI met the target is
+  `converged=false` (the sweep row); runs list such points.
+- A fitted group is refused when it has too few points, and marked (with the reason) when
+  its parameters are physically impossible: an effective bandwidth above twice the device's
+  measured or datasheet memory ceiling, a FLOP rate above twice its matmul ceiling, weight
+  reads fitted as free, a negative time.
+- A prediction is marked extrapolated by what it leaves: another model than the one
+  measured (refused unless allowed), another dtype, another device, or a (q, B, L) outside
+  the measured range.
+- A speculative-decoding validation whose prediction is off by more than a factor of two
+  is flagged as a gross mismatch.
+"""
+
+from __future__ import annotations
+
+import math
+
+MIN_POINTS = 6  # more than the fit's free parameters (t0, 1/BW, 1/BW_kv, 1/F, 1/F_attn) and its knee
+CEILING_SLACK = 2.0  # a fitted roof above 2x the device's ceiling is not physics
+GROSS_MISMATCH = 2.0  # predicted / measured speedup outside [1/2, 2]
+
+
+def fit_problems(group: dict, ceilings: dict | None, datasheet) -> list[str]:
+    """Reasons a fitted group's parameters cannot be trusted; [] when none."""
+    p, out = group["params"], []
+    n = group["n_points"]
+    if n < MIN_POINTS:
+        out.append(f"too few points: {n} < {MIN_POINTS} (the fit has 5 parameters and a knee)")
+    if p["t0_ms"] < 0:
+        out.append(f"negative fixed time t0 = {p['t0_ms']:.3g} ms")
+    if math.isinf(p["BW_eff_GBps"]):
+        out.append("weight reads fitted as free (BW_eff infinite): the points do not constrain the bandwidth")
+    summary = (ceilings or {}).get("summary") or {}
+    bw_roof, bw_src = summary.get("mem_bw_GBps"), "measured ceiling"
+    if not bw_roof and datasheet is not None and getattr(datasheet, "mem_bw_GBps", None):
+        bw_roof, bw_src = datasheet.mem_bw_GBps, "datasheet"
+    for name in ("BW_eff_GBps", "BW_kv_GBps"):
+        v = p[name]
+        if bw_roof and math.isfinite(v) and v > CEILING_SLACK * bw_roof:
+            out.append(f"{name} = {v:.4g} GB/s is above {CEILING_SLACK:g}x the {bw_src} of {bw_roof:.4g} GB/s")
+    dtype = group["key"].get("dtype")
+    f_roof = ((summary.get("peak_tflops") or {}).get(dtype))
+    f_src = "measured ceiling"
+    if not f_roof and datasheet is not None:
+        from roofline.measure.devices import canonical_dtype
+        peak = datasheet.peak_flops(canonical_dtype(dtype)) if dtype else None
+        f_roof, f_src = (peak / 1e12 if peak else None), "datasheet"
+    v = p["F_eff_TFLOPs"]
+    if f_roof and math.isfinite(v) and v > CEILING_SLACK * f_roof:
+        out.append(f"F_eff_TFLOPs = {v:.4g} TFLOP/s is above {CEILING_SLACK:g}x the {f_src} of {f_roof:.4g} TFLOP/s")
+    return out
+
+
+def usable(group: dict) -> bool:
+    return not any(r.startswith("too few points") for r in group.get("problems", []))
+
+
+def extrapolation(fit: dict, model: str, dtype: str, q=None, B=None, L=None, device_name: str | None = None) -> list[str]:
+    """Why a prediction for (model, dtype, device, q, B, L) leaves what the fit measured; [] when it does not."""
+    out = []
+    groups = fit.get("groups", [])
+    fitted_models = sorted({g["key"]["model"] for g in groups})
+    if model not in fitted_models:
+        out.append(f"model: fit of {', '.join(fitted_models)} applied to {model}")
+    dtypes = sorted({g["key"]["dtype"] for g in groups})
+    if dtype not in dtypes:
+        out.append(f"dtype: fitted {', '.join(dtypes)}, predicted {dtype}")
+    fitted_dev = (fit.get("provenance") or {}).get("device_name")
+    if device_name and fitted_dev and device_name != fitted_dev:
+        out.append(f"device: fitted on {fitted_dev}, predicted for {device_name}")
+    same = [g for g in groups if g["key"]["model"] == model and g["key"]["dtype"] == dtype] or groups
+    for axis, v in (("q", q), ("B", B), ("L", L)):
+        if v is None or not same:
+            continue
+        lo = min(g["domain"][axis][0] for g in same)
+        hi = max(g["domain"][axis][1] for g in same)
+        vals = v if isinstance(v, (list, tuple)) else [v]
+        outside = [x for x in vals if not lo <= x <= hi]
+        if outside:
+            out.append(f"range: {axis}={outside} outside the measured [{lo}, {hi}]")
+    return out
+
+
+def check_model(fit: dict, model: str, allow_other_model: bool) -> None:
+    """Refuse a fit of one model applied to another unless asked (allow_other_model=true)."""
+    from roofline.model.config import ConfigError
+    fitted = sorted({g["key"]["model"] for g in fit.get("groups", [])})
+    if fitted and model not in fitted and not allow_other_model:
+        raise ConfigError(f"model {model!r}: the fit measured {fitted}; applying it to another model is a "
+                          "device-fit transfer (an extrapolation): pass allow_other_model=true to do it anyway")
+
+
+def fit_warnings(fit: dict) -> list[str]:
+    return [f"fit {g['key']['model']}/{g['key']['dtype']}/{g['key']['mode']}/{g['key']['kind']}: {r}"
+            for g in fit.get("groups", []) for r in g.get("problems", [])]
+
+
+def mismatch(S_pred: float, S_meas: float) -> bool:
+    """A gross mismatch: prediction and measurement more than a factor GROSS_MISMATCH apart."""
+    if not (S_pred > 0 and S_meas > 0):
+        return True
+    return max(S_pred / S_meas, S_meas / S_pred) > GROSS_MISMATCH
+
+
+def key_figure(df, ceilings: dict | None = None) -> str:
+    """The headline: what fraction of the memory roof decode (q=1 forward passes) reaches
+    (the rows' % of the measured ceiling, else of `ceilings`, else of the datasheet)."""
+    import numpy as np
+    if df is None or df.empty or "status" not in df or "achieved_GBps" not in df:
+        return "no successful decode points"
+    d = df[(df["status"] == "ok") & (df["kind"] == "forward") & (df["q"] == 1)]
+    if "layers_run" in d and "layers_full" in d:
+        d = d[d["layers_run"] == d["layers_full"]]
+    if d.empty:
+        return "no successful decode (q=1) points"
+    gb = d["achieved_GBps"].astype(float)
+    roof = ((ceilings or {}).get("summary") or {}).get("mem_bw_GBps")
+    if roof and not ("pct_measured_bw" in d and d["pct_measured_bw"].notna().any()):
+        d = d.assign(pct_measured_bw=100 * gb / roof, ceiling_bw_GBps=roof)
+    for col, roof_col, what in (("pct_measured_bw", "ceiling_bw_GBps", "measured"),
+                                ("pct_datasheet_bw", None, "datasheet")):
+        if col in d and d[col].notna().any():
+            pct = d[col].astype(float).dropna()
+            roof = (float(d[roof_col].dropna().iloc[0]) if roof_col and roof_col in d and d[roof_col].notna().any()
+                    else float(np.median(gb / (d[col].astype(float) / 100))))
+            return (f"decode (q=1) reaches {pct.median():.0f}% of the {what} memory roof "
+                    f"({gb.median():.3g} of {roof:.3g} GB/s, median of {len(pct)} points; "
+                    f"range {pct.min():.0f}-{pct.max():.0f}%)")
+    return (f"decode (q=1) moves {gb.median():.3g} GB/s (median of {len(gb)} points); no measured or datasheet "
+            "roof to compare with (sweep with ceilings=quick)")
+
+
+def run_warnings(run_dir, df) -> list[str]:
+    """Everything a reader must know before trusting a run folder's numbers."""
+    import json
+    from pathlib import Path
+    run_dir, out = Path(run_dir), []
+    if "status" in df:
+        bad = df[df["status"] != "ok"]
+        if len(bad):
+            out.append(f"{len(bad)} of {len(df)} points failed ({', '.join(sorted(set(bad['status'].astype(str))))})")
+        if "converged" in df:
+            ok = df[(df["status"] == "ok") & ~df.get("extrapolated", False).astype(bool)]
+            slow = ok[ok["converged"].astype(str).str.lower().isin(["false", "0", "0.0"])]
+            if len(slow):
+                worst = slow.sort_values("t_ci_rel", ascending=False).iloc[0] if "t_ci_rel" in slow else None
+                out.append(f"{len(slow)} of {len(ok)} points did not converge (median's 95% CI above the target)"
+                           + (f"; worst {worst['point_id']} at ±{100 * float(worst['t_ci_rel']):.0f}%"
+                              if worst is not None else ""))
+    q = run_dir / "points.quarantine.jsonl"
+    if q.exists():
+        out.append(f"{len(q.read_text().splitlines())} bad line(s) of points.jsonl were moved to {q.name}")
+    fit_path = run_dir / "fit.json"
+    if fit_path.exists():
+        try:
+            out += fit_warnings(json.loads(fit_path.read_text()))
+        except (OSError, ValueError):
+            out.append("fit.json is unreadable")
+    spec_csv = run_dir.parent / "specdec.csv" if run_dir.name == "sweep" else run_dir / "specdec.csv"
+    if spec_csv.exists():
+        import pandas as pd
+        t = pd.read_csv(spec_csv)
+        if {"S_pred", "S_meas"} <= set(t.columns):
+            gross = t[[mismatch(p, m) for p, m in zip(t["S_pred"], t["S_meas"])]]
+            for r in gross.itertuples():
+                out.append(f"speculative decoding {getattr(r, 'drafter', '?')} k={getattr(r, 'k', '?')} "
+                           f"B={getattr(r, 'B', '?')}: S measured {r.S_meas:.3g}, predicted {r.S_pred:.3g} "
+                           f"(off by more than {GROSS_MISMATCH:g}x)")
+    for col in ("busy", "machine_busy"):
+        if col in df and df[col].astype(str).str.lower().isin(["true", "1", "1.0"]).any():
+            out.append(f"{int(df[col].astype(str).str.lower().isin(['true', '1', '1.0']).sum())} points were "
+                       "measured while the machine was busy")
+    return out

@@ -1,0 +1,128 @@
+"""Bad input: one line, exit 2, the field named, nothing written; Ctrl-C and file-system errors too."""
+
+import errno
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from experiments.entry import axis, fail_fast, settings
+from roofline.checkpoints.inventory import read_checkpoint
+from roofline.checkpoints.loader import config_from_hf, shard_files
+from roofline.io import results
+from roofline.measure.sweep import SweepSpec, slicing_error
+from roofline.measure.timer import TimerSettings
+from roofline.model.config import ConfigError
+from roofline.model.presets import REPO_ROOT, get_preset
+
+
+def _exit_of(exc, capsys):
+    with pytest.raises(SystemExit) as e:
+        with fail_fast():
+            raise exc
+    return e.value.code, capsys.readouterr().err.strip().splitlines()
+
+
+@pytest.mark.parametrize("exc, code, line", [
+    (FileNotFoundError(errno.ENOENT, "No such file or directory", "/x/fit.json"), 2,
+     "error: No such file or directory: /x/fit.json"),
+    (PermissionError(errno.EACCES, "Permission denied", "/ro/run"), 2, "error: Permission denied: /ro/run"),
+    (OSError(errno.EROFS, "Read-only file system", "/ro/run.json"), 2, "error: Read-only file system: /ro/run.json"),
+    (OSError(errno.ENOSPC, "No space left on device", "/full/points.jsonl"), 1,
+     "error: No space left on device: /full/points.jsonl"),
+    (ConfigError("q=[0]: allowed integers >= 1"), 2, "error: q=[0]: allowed integers >= 1"),
+])
+def test_file_system_and_input_errors_are_one_line(exc, code, line, capsys):
+    assert _exit_of(exc, capsys) == (code, [line])
+
+
+def test_ctrl_c_exits_130_saying_what_was_saved(capsys):
+    from roofline.measure.sweep import SweepInterrupted
+    code, lines = _exit_of(SweepInterrupted(dict(ok=3, failed=1, run_dir="/r")), capsys)
+    assert code == 130 and lines == ["interrupted: 4 points saved in /r; the same command resumes"]
+
+
+def test_grid_axes_accept_a_scalar():
+    assert axis(4, "q") == (4,) and axis([1, 2], "q") == (1, 2)
+    with pytest.raises(ConfigError, match="q: the grid has no points"):
+        axis(None, "q")
+
+
+def test_an_unknown_timer_key_is_named():
+    with pytest.raises(ConfigError, match=r"timer.foo: unknown key; allowed \['warmup'"):
+        settings(TimerSettings, dict(warmup=1, foo=2), "timer")
+
+
+def test_a_sliced_config_that_cannot_be_built_fails_fast():
+    with pytest.raises(ConfigError, match="layers=1: 1 layers of 'deepseek-v3' cannot be built.*first_dense_layers"):
+        SweepSpec(model=get_preset("deepseek-v3"), q=(1,), B=(1,), L=(0,), layers=1)
+
+
+def test_slicing_bad_arguments_name_the_field(tmp_path):
+    with pytest.raises(ConfigError, match="full_dir='/nope': not a run folder"):
+        results.load_run("/nope", "full_dir")
+    with pytest.raises(ConfigError, match="sliced_dir is required"):
+        results.load_run(None, "sliced_dir")
+    import pandas as pd
+    failed = pd.DataFrame(dict(kind=["forward"], dtype="bfloat16", mode="eager", q=1, B=1, L=0, status="oom"))
+    with pytest.raises(ConfigError, match="full_dir: the run has no"):
+        slicing_error(failed, failed)
+
+
+def test_config_json_missing_a_field_names_it():
+    raw = dict(architectures=["LlamaForCausalLM"], hidden_size=64, num_attention_heads=4, vocab_size=128,
+               num_hidden_layers=2, max_position_embeddings=256)
+    with pytest.raises(ConfigError, match="config.json: missing field 'intermediate_size'"):
+        config_from_hf(raw)
+
+
+def _model_folder(tmp_path, name="m"):
+    folder = tmp_path / name
+    folder.mkdir()
+    save_file({"a.weight": torch.zeros(2, 2)}, str(folder / "model-1.safetensors"))
+    return folder
+
+
+@pytest.mark.parametrize("shard", ["../outside.safetensors", "/etc/passwd", "sub/../../x.safetensors"])
+def test_a_shard_index_naming_a_file_outside_the_folder_is_refused(tmp_path, shard):
+    folder = _model_folder(tmp_path)
+    save_file({"b.weight": torch.zeros(2)}, str(tmp_path / "outside.safetensors"))
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"a.weight": "model-1.safetensors", "b.weight": shard}}))
+    with pytest.raises(ConfigError, match="outside the folder"):
+        shard_files(folder)
+    with pytest.raises(ConfigError, match="after=.*outside the folder"):
+        read_checkpoint(folder, "after")
+
+
+def test_a_corrupt_safetensors_file_names_the_side(tmp_path):
+    folder = _model_folder(tmp_path)
+    (folder / "model-1.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all")
+    with pytest.raises(ConfigError, match="before=.*model-1.safetensors is not a readable safetensors file"):
+        read_checkpoint(folder, "before")
+
+
+def test_inventory_of_a_corrupt_file_exits_2_not_the_loss_code(tmp_path):
+    good = _model_folder(tmp_path, "good")
+    bad = _model_folder(tmp_path, "bad")
+    (bad / "model-1.safetensors").write_bytes(b"garbage")
+    r = subprocess.run([sys.executable, "-m", "experiments.inventory", f"before={good}", f"after={bad}"],
+                       cwd=REPO_ROOT, capture_output=True, text=True)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("error: after="), r.stderr
+
+
+def test_sweep_cli_takes_a_scalar_axis_and_names_an_unknown_timer_key(tmp_path):
+    ok = subprocess.run([sys.executable, "-m", "experiments.sweep", "model=tiny", "q=2", "B=1", "L=0", "progress=false",
+                         "timer.min_reps=3", "timer.budget_s=0.02", f"out_dir={tmp_path / 'a'}"],
+                        cwd=REPO_ROOT, capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout.strip().splitlines()[-1])["points"] == 2  # forward + mtp at q=2
+    bad = subprocess.run([sys.executable, "-m", "experiments.sweep", "model=tiny", "+timer.foo=1",
+                          f"out_dir={tmp_path / 'b'}"], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "error: timer.foo: unknown key; allowed ['warmup', 'min_reps', 'max_reps', 'rel_ci', 'budget_s', 'mode', "
+        "'l2', 'l2_bytes', 'threads']"]
+    assert not (tmp_path / "b").exists()
