@@ -13,6 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from roofline.measure.memory import TooBig
 from roofline.model.config import ConfigError
 
 JOB_FILE = "job.json"
@@ -86,7 +87,7 @@ def fail_fast():
         if _multirun():
             job_dir(dict(status="failed", error=f"{type(e).__name__}: {e}"))
             return
-        if isinstance(e, (ConfigError, ValueError)):
+        if isinstance(e, (ConfigError, ValueError, TooBig)):
             sys.exit(BAD_INPUT)
         if isinstance(e, OSError):
             sys.exit(BAD_INPUT if e.errno in _BAD_PATH else 1)

@@ -14,7 +14,7 @@ from experiments.entry import axis, fail_fast, job_dir, plain, settings
 from roofline.checkpoints.loader import checkpoint_config
 from roofline.model.config import ModelConfig
 from roofline.io.results import RUNS_ROOT
-from roofline.measure.sweep import SweepSpec, run_sweep, summary_text
+from roofline.measure.sweep import SweepSpec, dry_run, run_sweep, summary_text
 from roofline.measure.timer import TimerSettings
 
 
@@ -29,6 +29,9 @@ def main(cfg) -> None:
                          mtp_q=axis(c["mtp_q"], "mtp_q"), seed=c["seed"], ceilings=c["ceilings"] or "",
                          overrides=tuple(c["overrides"]), checkpoint=c["checkpoint"] or "")
         run_dir = Path(c["out_dir"]) if c["out_dir"] else spec.default_out_dir(RUNS_ROOT)
+        if c["dry_run"]:
+            print(dry_run(spec, run_dir))
+            return
         summary = run_sweep(spec, run_dir, progress=c["progress"], force=c["force"], extend=c["extend"],
                             retry_failed=c["retry_failed"])
         print(summary_text(run_dir))

@@ -40,7 +40,7 @@ from roofline.measure import timer as timing
 from roofline.model.accounting import DTYPE_BYTES, dtype_name
 from roofline.model.config import ConfigError, ModelConfig
 from roofline.model.presets import get_preset
-from roofline.measure.devices import spec_for_running_device
+from roofline.measure.devices import last_level_cache_bytes, spec_for_running_device
 from roofline.measure.telemetry import Telemetry
 
 SCHEMA_VERSION = 1
@@ -427,13 +427,14 @@ def measure_ceilings(spec: CeilingsSpec, log: Callable[[str], None] | None = Non
     tel, failures = Telemetry(spec.device), []
     with timing.set_threads(spec.timer.threads):
         prov = provenance.collect(spec.device)
-        log(f"ceilings on {prov['device_name']} ({prov['threads']} threads), cache {cache / MiB:.0f} MiB")
+        log(f"ceilings on {prov['device_name']} ({prov['threads']} threads), cache flush {cache / MiB:.0f} MiB")
         bandwidth = _measure_bandwidth(spec, cache, sheet, tel, failures, log)
         matmul = _measure_matmul(spec, cache, sheet, tel, failures, log)
     prov["config"] = spec.to_dict()
     prov.update(context or {})
     summary = summarize(bandwidth, matmul, cache)
     summary["throttled"] = tel.throttled
+    summary["llc_bytes"] = last_level_cache_bytes(spec.device)  # the real cache; cache_bytes is the flush size
     return {"schema_version": SCHEMA_VERSION, "provenance": prov, "datasheet": sheet,
             "bandwidth": bandwidth, "matmul": matmul, "telemetry": tel.records,
             "failures": failures, "summary": summary}
@@ -484,7 +485,8 @@ def format_summary(result: dict) -> str:
     bw_sheet = sheet.get("mem_bw_GBps")
     pct = lambda v, c: f" ({100 * v / c:.0f}% of datasheet {c:g})" if c and v else ""  # noqa: E731
     lines = [f"ceilings: {prov['device_name']} [{prov['device']}], {prov['threads']} threads, "
-             f"cache {s['cache_bytes'] / MiB:.0f} MiB"
+             f"flush {s['cache_bytes'] / MiB:.0f} MiB"
+             + (f", last-level cache {s['llc_bytes'] / MiB:.4g} MiB" if s.get("llc_bytes") else "")
              + ("" if sheet else ", no datasheet row (measured only)")]
     lines.append(f"memory, GB/s (read+written bytes / median, 1 GB = 1e9 B), best per kernel at "
                  f"working sets >= {LARGE_FACTOR}x cache (or its largest), l2 cold:")

@@ -189,3 +189,31 @@ def spec_for_running_device(device: str = "cuda") -> tuple[DeviceSpec, bool]:
                          l2_bytes=None, mem_bytes=None, sources=MappingProxyType({}),
                          measured_only=True)
     return unknown, False
+
+
+def last_level_cache_bytes(device: str = "cpu", root: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
+    """The device's real last-level cache: the CPU's highest cache level from sysfs (per
+    instance, as the kernel reports it), the GPU's L2 from torch; None when not readable.
+    (The cold-flush size is a different number: a default when nothing is queried.)"""
+    if device.startswith("cuda"):
+        import torch
+        if not torch.cuda.is_available():
+            return None
+        return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)) or None
+    import glob
+    best = None
+    for d in glob.glob(f"{root}/index*"):
+        try:
+            level = int(open(f"{d}/level").read())
+            kind = open(f"{d}/type").read().strip()
+            size = open(f"{d}/size").read().strip()
+        except (OSError, ValueError):
+            continue
+        if kind == "Instruction":
+            continue
+        mult = {"K": 2**10, "M": 2**20, "G": 2**30}.get(size[-1:].upper(), 1)
+        n = int(size.rstrip("KkMmGg")) * mult if size.rstrip("KkMmGg").isdigit() else None
+        if n and (best is None or level > best[0]):
+            best = (level, n)
+    return best[1] if best else None
+

@@ -29,12 +29,12 @@ from typing import Callable
 
 import numpy as np
 import pandas as pd
-import psutil
 import torch
 from tqdm import tqdm
 
 from roofline.io import files, provenance, results, runfolder
-from roofline.model.accounting import dtype_name, forward_cost, kv_bytes_per_token, mtp_cost, param_count, torch_dtype
+from roofline.measure import memory
+from roofline.model.accounting import dtype_name, forward_cost, mtp_cost, torch_dtype
 from roofline.model.config import ConfigError, ModelConfig
 from roofline.model.decoder import build_model
 from roofline.measure.devices import spec_for_running_device
@@ -156,16 +156,13 @@ def _moe_impl(mode: str) -> str:
     return "dense" if mode == "graph" else "touched"
 
 
-def _fits(cfg: ModelConfig, dtype: str, max_batch: int, max_context: int, device: str) -> tuple[bool, str]:
-    pc = param_count(cfg)
-    need = (pc.total_with_mtp) * torch.finfo(torch_dtype(dtype)).bits // 8
-    need += kv_bytes_per_token(cfg, dtype) * (1 + cfg.mtp_layers / cfg.layers) * max_batch * max_context
-    if device.startswith("cuda"):
-        free = torch.cuda.mem_get_info(torch.device(device))[0]
-    else:
-        free = psutil.virtual_memory().available
-    ok = need < 0.9 * free
-    return ok, f"needs {need / 1e9:.2f} GB (weights + cache), {free / 1e9:.2f} GB free on {device}"
+def memory_plan(spec: SweepSpec, dtype: str, depth: int, points: list["Point"]) -> tuple[list, dict]:
+    """Per point: does its peak (weights in dtype, its cache, its activations) fit what the
+    device can give (cgroup limit included)? ([(cache batch, cache context, [ids])], {id: too_big reason})."""
+    cfg = spec.model.scaled(layers=depth)
+    free, where = memory.available(spec.device)
+    return memory.plan_builds(cfg, dtype, [(p.point_id, p.B, p.L + p.q, p.q) for p in points], free, where,
+                              with_mtp=cfg.mtp_layers > 0)
 
 
 def _failure_status(e: BaseException) -> str:
@@ -179,20 +176,16 @@ def _failure_status(e: BaseException) -> str:
 class _Workload:
     """One built model (dtype, depth, mode) and the static inputs of each point."""
 
-    def __init__(self, spec: SweepSpec, dtype: str, depth: int, mode: str):
+    def __init__(self, spec: SweepSpec, dtype: str, depth: int, mode: str, max_batch: int, max_ctx: int):
         cfg = spec.model.scaled(layers=depth)
         self.cfg, self.spec, self.dtype, self.mode = cfg, spec, dtype, mode
         self.moe_impl = _moe_impl(mode)
-        max_ctx = max(spec.L) + max(spec.q + spec.mtp_q)
-        ok, why = _fits(cfg, dtype, max(spec.B), max_ctx, spec.device)
-        if not ok:
-            raise MemoryError(f"too_big: {why}")
         if spec.checkpoint:
             from roofline.checkpoints.loader import load_checkpoint
-            self.model = load_checkpoint(spec.checkpoint, dtype=dtype, device=spec.device, max_batch=max(spec.B),
+            self.model = load_checkpoint(spec.checkpoint, dtype=dtype, device=spec.device, max_batch=max_batch,
                                          max_context=max_ctx, moe_impl=self.moe_impl, layers=depth)
         else:
-            self.model = build_model(cfg, max_batch=max(spec.B), max_context=max_ctx, dtype=torch_dtype(dtype),
+            self.model = build_model(cfg, max_batch=max_batch, max_context=max_ctx, dtype=torch_dtype(dtype),
                                      device=spec.device, seed=spec.seed, moe_impl=self.moe_impl)
         self.gen = torch.Generator(device=spec.device).manual_seed(spec.seed)
 
@@ -434,35 +427,12 @@ def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t
     try:
         for (dtype, depth, mode), group in itertools.groupby(todo, key=lambda p: (p.dtype, p.layers_run, p.mode)):
             group = list(group)
-            try:
-                w = _Workload(spec, dtype, depth, mode)
-                w.check()
-                setup_error = None
-            except Exception as e:  # the whole group fails as data
-                setup_error, w = e, None
-            for p in group:
-                base = dict(point_id=p.point_id, kind=p.kind, model=spec.model.name, dtype=p.dtype, mode=p.mode,
-                            q=p.q, B=p.B, L=p.L, layers_run=p.layers_run, layers_full=spec.model.layers,
-                            extrapolated=False, schema_version=results.SCHEMA_VERSION,
-                            overrides=" ".join(spec.overrides), fingerprint=spec.fingerprint(), **prov)
-                samples = None
-                try:
-                    if setup_error is not None:
-                        raise setup_error
-                    row = measure(w, p, spec.timer)
-                    samples = row.pop("samples_s", None)
-                    row.update(status="ok", error=None, converged=bool(row["t_ci_rel"] <= spec.timer.rel_ci),
-                               **_bound(row, dev_spec.ridge(p.dtype)),
-                               **ceiling_columns(row, p.dtype, measured, dev_spec))
-                except Exception as e:
-                    status = "too_big" if str(e).startswith("too_big") else _failure_status(e)
-                    row = dict(status=status, error=f"{type(e).__name__}: {e}"[:500])
-                if samples:
-                    results.append_samples(run_dir, p.point_id, samples)
-                results.append_row(jsonl, {**base, **row})
-                new += 1
-                bar.update(1)
-            del w
+            builds, too_big = memory_plan(spec, dtype, depth, group)
+            by_id = {p.point_id: p for p in group}
+            batches = [(None, [by_id[k] for k in too_big])] + [((b, c), [by_id[k] for k in keys]) for b, c, keys in builds]
+            for cache, pts in batches:
+                new += _measure_build(spec, run_dir, jsonl, dtype, depth, mode, cache, pts, too_big, measure, measured,
+                                      dev_spec, prov, bar)
             if spec.device.startswith("cuda"):
                 torch.cuda.empty_cache()
     except KeyboardInterrupt:
@@ -470,6 +440,48 @@ def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t
         raise SweepInterrupted(_summarize(spec, run_dir, measured, points, todo, new, resumed, t0)) from None
     bar.close()
     return _summarize(spec, run_dir, measured, points, todo, new, resumed, t0)
+
+
+def _measure_build(spec, run_dir, jsonl, dtype, depth, mode, cache, group, too_big, measure, measured, dev_spec, prov,
+                   bar) -> int:
+    """Build one model (cache = (batch, context), None for points refused as too big) and
+    measure its points in grid order, appending one row each."""
+    order = {p.point_id: i for i, p in enumerate(grid(spec))}
+    group = sorted(group, key=lambda p: order[p.point_id])
+    w, setup_error = None, None
+    if cache is not None and group:
+        try:
+            w = _Workload(spec, dtype, depth, mode, *cache)
+            w.check()
+        except Exception as e:  # the whole build fails as data
+            setup_error, w = e, None
+    new = 0
+    for p in group:
+        base = dict(point_id=p.point_id, kind=p.kind, model=spec.model.name, dtype=p.dtype, mode=p.mode,
+                    q=p.q, B=p.B, L=p.L, layers_run=p.layers_run, layers_full=spec.model.layers,
+                    extrapolated=False, schema_version=results.SCHEMA_VERSION,
+                    overrides=" ".join(spec.overrides), fingerprint=spec.fingerprint(), **prov)
+        samples = None
+        try:
+            if p.point_id in too_big:
+                raise memory.TooBig(too_big[p.point_id])
+            if setup_error is not None:
+                raise setup_error
+            row = measure(w, p, spec.timer)
+            samples = row.pop("samples_s", None)
+            row.update(status="ok", error=None, converged=bool(row["t_ci_rel"] <= spec.timer.rel_ci),
+                       **_bound(row, dev_spec.ridge(p.dtype)),
+                       **ceiling_columns(row, p.dtype, measured, dev_spec))
+        except Exception as e:
+            status = "too_big" if str(e).startswith("too_big") else _failure_status(e)
+            row = dict(status=status, error=f"{type(e).__name__}: {e}"[:500])
+        if samples:
+            results.append_samples(run_dir, p.point_id, samples)
+        results.append_row(jsonl, {**base, **row})
+        new += 1
+        bar.update(1)
+    del w
+    return new
 
 
 def _summarize(spec, run_dir, measured, points, todo, new, resumed, t0) -> dict:
@@ -481,6 +493,45 @@ def _summarize(spec, run_dir, measured, points, todo, new, resumed, t0) -> dict:
                 ok=ok, failed=len(rows) - ok, not_converged=len(slow), not_converged_points=slow,
                 quarantined=resumed.quarantined, retried=resumed.retried, wall_s=round(time.time() - t0, 2),
                 rows=len(df))
+
+
+def dry_run(spec: SweepSpec, run_dir: Path) -> str:
+    """What a sweep would do, measuring and writing nothing: the expanded grid, each point's
+    memory fit against what the device can give now, and an upper bound on the time."""
+    pts = grid(spec)
+    done = set()
+    if (run_dir / "points.jsonl").exists():
+        done = {r.get("point_id") for r in results.read_rows(run_dir / "points.jsonl") if isinstance(r, dict)
+                and r.get("status") == "ok"}
+    rows, groups = [], 0
+    for (dtype, depth, mode), group in itertools.groupby(pts, key=lambda p: (p.dtype, p.layers_run, p.mode)):
+        group = list(group)
+        cfg = spec.model.scaled(layers=depth)
+        builds, too_big = memory_plan(spec, dtype, depth, group)
+        for p in group:
+            need = memory.peak_bytes(cfg, dtype, p.B, p.L + p.q, p.q, cfg.mtp_layers > 0)
+            build = next((i for i, (_, _, keys) in enumerate(builds) if p.point_id in keys), None)
+            rows.append(dict(point=p.point_id, peak_GB=round(need.total / 1e9, 3),
+                             memory="TOO BIG" if build is None else f"fits (build {groups + build + 1})",
+                             state="done (resumed)" if p.point_id in done else "to measure"))
+        groups += len(builds)
+    free, where = memory.available(spec.device)
+    todo = sum(r["state"] == "to measure" for r in rows)
+    t = spec.timer
+    with pd.option_context("display.width", 200, "display.max_rows", 10000, "display.max_colwidth", 80):
+        table = pd.DataFrame(rows).to_string(index=False)
+    axes = ", ".join(f"{a}={list(getattr(spec, a))}" for a in ("dtypes", "modes", "q", "B", "L"))
+    return "\n".join([
+        f"dry run of {spec.model.name} on {spec.device} into {run_dir} (nothing measured or written)",
+        f"grid: {axes}" + (f", layers {spec.layers} and {2 * spec.layers} of {spec.model.layers}" if spec.layers else ""),
+        f"{len(pts)} points in {groups} model builds; {len(pts) - todo} already in out_dir; {todo} to measure; "
+        f"{sum(r['memory'] == 'TOO BIG' for r in rows)} too big for {where} (peak: weights in their dtype + "
+        "static KV cache + one float32 parameter + the pass's activations)",
+        table,
+        f"time: at most {todo} points x timer.budget_s {t.budget_s:g} s = {todo * t.budget_s:.0f} s of timed "
+        f"repetitions (each point stops at its budget, or earlier at rel_ci {t.rel_ci:g} or max_reps {t.max_reps}), "
+        f"plus {t.warmup} warm-up passes per point, the correctness check and {groups} model build(s)",
+    ])
 
 
 def summary_table(df: pd.DataFrame) -> pd.DataFrame:

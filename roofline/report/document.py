@@ -139,7 +139,7 @@ def ceilings_table(df: pd.DataFrame, ceilings: dict | None, spec: DeviceSpec | N
         add(f"peak {d}", "TFLOP/s", r.flops_measured and r.flops_measured / 1e12,
             r.flops_datasheet and r.flops_datasheet / 1e12, "matmul" if r.flops_measured else "")
         add(f"ridge {d}", "FLOP/B", r.ridge_measured, r.ridge_datasheet, "peak / bandwidth")
-    cache_m = summary.get("cache_bytes")
+    cache_m = summary.get("llc_bytes")  # queried (sysfs / CUDA); cache_bytes is the flush size, not the cache
     cache_d = spec.cache_bytes() if spec is not None else sheet.get("cache_bytes")
     add("last-level cache", "MiB", cache_m and cache_m / 2**20, cache_d and cache_d / 2**20)
     return _frame(rows)

@@ -102,7 +102,7 @@ def roofs_for(dtype: str, ceilings: dict | None, spec: DeviceSpec | None) -> Roo
         bw_d = scale(sheet.get("mem_bw_GBps"), 1e9)
         f_d = scale(dtype_table(sheet.get("peak_tflops")).get(d), 1e12)
         cache = sheet.get("cache_bytes")
-    cache = summary.get("cache_bytes") or cache
+    cache = summary.get("llc_bytes") or cache  # the queried cache, never the flush size
     return Roofs(d, bw_m, f_m, bw_d, f_d, None if cache is None else int(cache), summary.get("mem_bw_kernel"))
 
 

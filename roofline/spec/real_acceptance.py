@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from roofline.checkpoints.loader import load_checkpoint
+from roofline.measure import memory
 from roofline.model.config import ConfigError
 from roofline.spec.drafters import DraftModelDrafter, MTPDrafter
 from roofline.checkpoints.prompts import encode_conversations
@@ -53,6 +54,13 @@ def measure_acceptance(req: AcceptanceRequest) -> dict:
         raise ConfigError(f"prompts={req.prompts!r}: no conversation fits max_prompt={req.max_prompt}")
     ctx = max(len(p) for p in prompts) + req.max_new + 2 * req.k + 2
     kw = dict(dtype=req.dtype, device=req.device, max_batch=req.batch, max_context=ctx)
+    from roofline.checkpoints.loader import checkpoint_config
+    need = memory.peak_bytes(checkpoint_config(req.checkpoint), req.dtype, req.batch, ctx, req.k + 1,
+                             with_mtp=req.drafter == "mtp")
+    if req.drafter == "draft_model":
+        need = memory.add(need, memory.peak_bytes(checkpoint_config(req.draft_checkpoint), req.dtype, req.batch, ctx,
+                                                  2, with_mtp=False))
+    memory.require(need, req.device, "acceptance (target" + (" + draft model)" if req.drafter == "draft_model" else ")"))
     target = load_checkpoint(req.checkpoint, **kw)
     drafter = MTPDrafter(target) if req.drafter == "mtp" else \
         DraftModelDrafter(load_checkpoint(req.draft_checkpoint, **kw), target.cfg.vocab)

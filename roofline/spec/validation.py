@@ -36,6 +36,7 @@ from roofline.model.decoder import build_model
 from roofline.report.document import md_table
 from roofline.spec.theory import StepCosts, round_time, tau_iid
 from roofline.spec.engine import DecodeSettings, SpecEngine
+from roofline.measure import memory
 from roofline.measure.sweep import SweepSpec, run_sweep
 from roofline.measure.timer import TimerSettings
 
@@ -126,6 +127,8 @@ def predicted_speedup(fit: dict, spec: SpecValSpec, k: int, B: int, tau: float, 
 
 
 def run_validation(spec: SpecValSpec, run_dir: Path, log=print) -> pd.DataFrame:
+    memory.require_fit(spec.model, spec.dtype, max(spec.Bs), spec.max_context, spec.device,
+                       q=max(spec.ks) + 1)  # before any folder or model
     run_dir.mkdir(parents=True, exist_ok=True)
     log(f"[1/3] sweep + fit of {spec.model.name} ({spec.dtype}, {spec.device})")
     fit = calibration_sweep(spec, run_dir / "sweep")
