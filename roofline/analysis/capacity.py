@@ -154,7 +154,7 @@ def run(req: CapacityRequest) -> tuple[pd.DataFrame, dict, Path]:
     out = Path(req.out_dir) / f"{req.model.name}-{summary['device'].replace(' ', '_')}-{req.dtype}"
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "capacity.csv", index=False)
-    files.write_json(out / "capacity.json", summary)
+    files.write_json_atomic(out / "capacity.json", summary)
     plot(table, summary, out / "throughput_vs_latency.png")
     return table, summary, out
 

@@ -279,7 +279,7 @@ def fit_run(run_dir, settings: FitSettings = FitSettings()) -> tuple[dict, pd.Da
 
 
 def save_fit(fit: dict, path) -> Path:
-    return files.write_json(path, fit, default=float)
+    return files.write_json_atomic(path, fit, default=float)
 
 
 def load_fit(path) -> dict:

@@ -409,4 +409,4 @@ def write_outputs(c: Comparison, out_dir) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "inventory.txt").write_text(format_report(c) + "\n")
-    return files.write_json(out / "inventory.json", to_json(c))
+    return files.write_json_atomic(out / "inventory.json", to_json(c))

@@ -435,8 +435,8 @@ def write_ceilings(result: dict, run_dir: str | Path) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     for name, rows, cols in (("bandwidth", result["bandwidth"], BANDWIDTH_COLUMNS),
                              ("matmul", result["matmul"], MATMUL_COLUMNS)):
-        files.write_csv(pd.DataFrame(rows, columns=cols), run_dir / f"ceilings_{name}.csv")
-    files.write_json(run_dir / "ceilings.json", result)
+        files.write_csv_atomic(pd.DataFrame(rows, columns=cols), run_dir / f"ceilings_{name}.csv")
+    files.write_json_atomic(run_dir / "ceilings.json", result)
     return run_dir
 
 
