@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import json
 import sys
@@ -31,16 +30,6 @@ def axis(value, field: str) -> tuple:
     if value is None:
         raise ConfigError(f"{field}: the grid has no points (null)")
     return tuple(value) if isinstance(value, (list, tuple)) else (value,)
-
-
-def settings(cls, values: dict | None, field: str):
-    """A settings dataclass from a config group, an unknown key (`+timer.foo=1`) named."""
-    values = dict(values or {})
-    known = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(values) - set(known))
-    if unknown:
-        raise ConfigError(f"{field}.{unknown[0]}: unknown key; allowed {known}")
-    return cls(**values)
 
 
 def _multirun() -> bool:

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import hydra
 
-from experiments.entry import axis, fail_fast, job_dir, plain, settings
+from experiments.entry import axis, fail_fast, job_dir, plain
 from roofline.checkpoints.loader import checkpoint_config
+from roofline.io.fields import from_dict
 from roofline.model.config import ModelConfig
 from roofline.io.results import RUNS_ROOT
 from roofline.measure.sweep import SweepSpec, dry_run, run_sweep, summary_text
@@ -25,7 +26,7 @@ def main(cfg) -> None:
         model = checkpoint_config(c["checkpoint"]) if c["checkpoint"] else ModelConfig.from_dict(c["model"])
         spec = SweepSpec(model=model, q=axis(c["q"], "q"), B=axis(c["B"], "B"),
                          L=axis(c["L"], "L"), dtypes=axis(c["dtypes"], "dtypes"), modes=axis(c["modes"], "modes"),
-                         timer=settings(TimerSettings, c["timer"], "timer"), device=c["device"], layers=c["layers"],
+                         timer=from_dict(TimerSettings, c["timer"], "timer"), device=c["device"], layers=c["layers"],
                          mtp_q=axis(c["mtp_q"], "mtp_q"), seed=c["seed"], ceilings=c["ceilings"] or "",
                          overrides=tuple(c["overrides"]), checkpoint=c["checkpoint"] or "")
         run_dir = Path(c["out_dir"]) if c["out_dir"] else spec.default_out_dir(RUNS_ROOT)

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from roofline.analysis import capacity, costmodel, quality
-from roofline.analysis.predict import Drafter, table
+from roofline.analysis.predict import DraftCost as Drafter, table
 from roofline.io import results
 from roofline.model.accounting import forward_cost
 from roofline.model.config import ConfigError

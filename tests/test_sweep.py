@@ -63,7 +63,8 @@ def test_a_model_that_cannot_fit_becomes_too_big_rows(tmp_path, monkeypatch):
     monkeypatch.setattr(memory, "available", lambda device: (1e3, "1 kB available"))
     run_sweep(spec(), tmp_path, progress=False)
     df = pd.read_csv(tmp_path / "points.csv")
-    assert (df["status"] == "too_big").all()
+    assert (df["status"] == "too_big").all(), df["error"].iloc[0]
+    assert df["error"].str.startswith("TooBig: needs").all()
 
 
 @pytest.mark.parametrize("field, kw, msg", [

@@ -13,7 +13,7 @@ RAM, capped by the container's cgroup limit (v2 memory.max − memory.current, v
 memory.limit_in_bytes − memory.usage_in_bytes), because a cgroup kills a process over its
 limit without a message however much the host has free.
 
-The sweep asks per point (`fit_points`): a grid value too large becomes a `too_big` row,
+The sweep asks per point (`plan_builds`): a grid value too large becomes a `too_big` row,
 the points that fit are still measured.
 """
 
@@ -25,8 +25,10 @@ from pathlib import Path
 import psutil
 import torch
 
-from roofline.model.accounting import DTYPE_BYTES, dtype_name, kv_bytes_per_token, param_count
+from roofline.measure.devices import parse_device
+from roofline.model.accounting import kv_bytes_per_token, param_count
 from roofline.model.config import ModelConfig
+from roofline.model.dtypes import dtype_bytes
 
 HEADROOM = 0.9  # share of the available memory a workload may claim (allocator slack)
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -56,7 +58,7 @@ class Resident:
 def resident_bytes(cfg: ModelConfig, dtype: str, batch: int, tokens_per_seq: int, with_mtp: bool = True) -> Resident:
     """Weights and KV cache of `batch` sequences of `tokens_per_seq` tokens, in bytes."""
     pc = param_count(cfg)
-    weights = (pc.total_with_mtp if with_mtp else pc.total) * DTYPE_BYTES[dtype_name(dtype)]
+    weights = (pc.total_with_mtp if with_mtp else pc.total) * dtype_bytes(dtype)
     kv_tok = kv_bytes_per_token(cfg, dtype) * (1 + (cfg.mtp_layers / cfg.layers if with_mtp else 0.0))
     return Resident(float(weights), float(kv_tok * tokens_per_seq * batch))
 
@@ -69,7 +71,7 @@ def largest_parameter(cfg: ModelConfig) -> int:
 
 def activation_bytes(cfg: ModelConfig, dtype: str, batch: int, q: int, context: int) -> float:
     """Transient bytes of one forward pass of B·q tokens at `context` tokens (an upper estimate)."""
-    b, n = DTYPE_BYTES[dtype_name(dtype)], batch * q
+    b, n = dtype_bytes(dtype), batch * q
     ffn = max(cfg.ffn, (cfg.moe_ffn or 0) * max(cfg.experts_per_token or 0, 1) + (cfg.moe_ffn or 0) * (cfg.shared_experts or 0))
     hidden = n * (3 * ffn + 8 * cfg.d) * b
     logits = n * cfg.vocab * (b + 4)  # the model's dtype and its float32 copy
@@ -120,7 +122,7 @@ def cgroup_memory(root: Path = CGROUP_ROOT, proc: Path = PROC_CGROUP) -> dict | 
 
 def available(device: str) -> tuple[float, str]:
     """(bytes the device can give now, where that figure comes from)."""
-    dev = torch.device(device)
+    dev = parse_device(device)
     if dev.type == "cuda":
         free = float(torch.cuda.mem_get_info(dev)[0])
         return free, f"{free / 1e9:.2f} GB free on {device}"
@@ -141,7 +143,7 @@ def require(need: Resident, device: str, what: str = "", headroom: float = HEADR
     """`need`, or TooBig (before anything is allocated) when it exceeds `headroom` of what the device can give."""
     free, where = available(device)
     if need.total >= headroom * free:
-        raise TooBig(f"too_big: {what + ' ' if what else ''}needs {need.describe()}, {where} "
+        raise TooBig(f"{what + ' ' if what else ''}needs {need.describe()}, {where} "
                      f"(at most {headroom:.0%} of it may be claimed)")
     return need
 
@@ -167,7 +169,7 @@ def plan_builds(cfg: ModelConfig, dtype: str, points, free: float, where: str, w
     for key, B, ctx, q in points:
         need = peak_bytes(cfg, dtype, B, ctx, q, with_mtp)
         if need.total >= limit:
-            too_big[key] = f"too_big: needs {need.describe()}, {where} (at most {headroom:.0%} may be claimed)"
+            too_big[key] = f"needs {need.describe()}, {where} (at most {headroom:.0%} may be claimed)"
         else:
             alone.append((need.total, key, B, ctx, q))
     builds: list[list] = []  # [cache batch, cache context, worst q, keys]

@@ -34,10 +34,11 @@ from tqdm import tqdm
 
 from roofline.io import files, provenance, results, runfolder
 from roofline.measure import memory
-from roofline.model.accounting import dtype_name, forward_cost, mtp_cost, torch_dtype
+from roofline.model.accounting import forward_cost, mtp_cost
+from roofline.model.dtypes import datasheet_column, dtype_name, torch_dtype
 from roofline.model.config import ConfigError, ModelConfig
 from roofline.model.decoder import build_model
-from roofline.measure.devices import spec_for_running_device
+from roofline.measure.devices import parse_device, running_device_name, spec_for_running_device
 from roofline.measure.timer import MODES, TimerSettings, time_fn
 
 KINDS = ("forward", "mtp")
@@ -82,11 +83,9 @@ class SweepSpec:
         bad = [m for m in self.modes if m not in MODES]
         if bad:
             raise ConfigError(f"modes={bad}: allowed {MODES}")
-        if "graph" in self.modes and not self.device.startswith("cuda"):
+        dev = parse_device(self.device, need_available=False)
+        if "graph" in self.modes and dev.type != "cuda":
             raise ConfigError(f"modes=['graph']: CUDA-graph replay needs device=cuda, got device={self.device!r}")
-        if not (self.device == "cpu" or self.device == "cuda" or
-                (self.device.startswith("cuda:") and self.device[5:].isdigit())):
-            raise ConfigError(f"device={self.device!r}: allowed 'cpu', 'cuda', 'cuda:N'")
         if not isinstance(self.layers, int) or self.layers < 0 or 2 * self.layers > cfg.layers:
             raise ConfigError(f"layers={self.layers}: allowed 0 (full depth) or 1..{cfg.layers // 2} "
                               f"(n and 2n layers of {cfg.layers} are measured)")
@@ -145,9 +144,6 @@ def grid(spec: SweepSpec) -> list[Point]:
 
 def spec_device_name(device: str) -> str:
     """The running device's name; bad input (exit 2) when CUDA is asked for and absent."""
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device={device!r}: CUDA is not available here; allowed ('cpu',)")
-    from roofline.measure.devices import running_device_name
     return running_device_name(device)
 
 
@@ -253,8 +249,7 @@ def _bound(row: dict, ridge: float | None) -> dict:
 def ceiling_columns(row: dict, dtype: str, measured: dict | None, datasheet) -> dict:
     """Achieved bandwidth and FLOP/s as % of the measured and of the datasheet ceiling, side
     by side, and the bound regime against the measured ridge."""
-    from roofline.measure.devices import canonical_dtype
-    short = canonical_dtype(dtype)
+    short = datasheet_column(dtype)
     pct = lambda v, c: None if not c or v is None else 100.0 * v / c
     out = dict(pct_datasheet_bw=pct(row.get("achieved_GBps"), datasheet.mem_bw_GBps),
                pct_datasheet_flops=pct(row.get("achieved_TFLOPs"), (datasheet.peak_flops(short) or 0) / 1e12))
@@ -433,7 +428,7 @@ def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t
             for cache, pts in batches:
                 new += _measure_build(spec, run_dir, jsonl, dtype, depth, mode, cache, pts, too_big, measure, measured,
                                       dev_spec, prov, bar)
-            if spec.device.startswith("cuda"):
+            if parse_device(spec.device).type == "cuda":
                 torch.cuda.empty_cache()
     except KeyboardInterrupt:
         bar.close()
@@ -473,7 +468,7 @@ def _measure_build(spec, run_dir, jsonl, dtype, depth, mode, cache, group, too_b
                        **_bound(row, dev_spec.ridge(p.dtype)),
                        **ceiling_columns(row, p.dtype, measured, dev_spec))
         except Exception as e:
-            status = "too_big" if str(e).startswith("too_big") else _failure_status(e)
+            status = "too_big" if isinstance(e, memory.TooBig) else _failure_status(e)
             row = dict(status=status, error=f"{type(e).__name__}: {e}"[:500])
         if samples:
             results.append_samples(run_dir, p.point_id, samples)
