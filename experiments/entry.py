@@ -12,10 +12,23 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from roofline.io.results import RUNS_ROOT
 from roofline.measure.memory import TooBig
 from roofline.model.config import ConfigError
 
 JOB_FILE = "job.json"
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+def _conf_text(name: str) -> str:
+    """A config file's text, comments included, for --help ($ escaped for Hydra's template)."""
+    path = CONF_DIR / f"{name}.yaml"
+    return path.read_text().replace("$", "$$") if path.is_file() else f"(no {path})"
+
+
+# ${roofline_runs:} is the one results root in every config; ${roofline_conf:NAME} is --help's text
+OmegaConf.register_new_resolver("roofline_runs", lambda: str(RUNS_ROOT), replace=True)
+OmegaConf.register_new_resolver("roofline_conf", _conf_text, replace=True)
 
 
 def plain(cfg: DictConfig) -> dict:

@@ -32,6 +32,7 @@ def main(cfg) -> None:
         run_dir = Path(c["out_dir"]) if c["out_dir"] else spec.default_out_dir(RUNS_ROOT)
         if c["dry_run"]:
             print(dry_run(spec, run_dir))
+            job_dir(dict(status="ok", dry_run=True))
             return
         summary = run_sweep(spec, run_dir, progress=c["progress"], force=c["force"], extend=c["extend"],
                             retry_failed=c["retry_failed"])

@@ -22,6 +22,7 @@ import pandas as pd
 
 from roofline.analysis import costmodel, quality
 from roofline.io import files
+from roofline.io.results import RUNS_ROOT
 from roofline.report import figures
 
 from roofline.spec import theory
@@ -177,7 +178,7 @@ class CapacityRequest:
     work: Workload = Workload()
     B: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
     speculation: Speculation | None = None
-    out_dir: str = "results/runs/capacity"
+    out_dir: str = ""  # default: <results root>/capacity
     allow_other_model: bool = False  # apply a fit of one model to another (a device-fit transfer, marked)
 
 
@@ -195,7 +196,7 @@ def run(req: CapacityRequest) -> tuple[pd.DataFrame, dict, Path]:
     if not mem:
         raise ConfigError("memory_gb is required: the device has no datasheet memory size (a CPU)")
     table, summary = plan(fit, req.model, req.dtype, req.work, mem, req.B, req.speculation, extrapolated)
-    out = Path(req.out_dir) / f"{req.model.name}-{summary['device'].replace(' ', '_')}-{req.dtype}"
+    out = Path(req.out_dir or RUNS_ROOT / "capacity") / f"{req.model.name}-{summary['device'].replace(' ', '_')}-{req.dtype}"
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "capacity.csv", index=False)
     files.write_json_atomic(out / "capacity.json", summary)

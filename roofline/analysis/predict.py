@@ -183,8 +183,13 @@ def plot_all(costs: Costs, Bs, Ls, B: int, L: int, out_dir: Path, title: str, k_
     fig.colorbar(im, ax=ax, label="k*")
     paths += _save(fig, out_dir, "kstar_map")
     fig, ax = figures.subplots(figsize=(6, 4.2))
-    for l in Ls:
-        ax.plot(grid, [breakeven_batch(float(a), l, Bs, costs.steps, k_max) for a in grid], label=f"L={l}")
+    styles = ["-", "--", ":", "-."]
+    for i, l in enumerate(Ls):  # lines that coincide (at the grid edge) stay visible: widths and dashes differ
+        ax.plot(grid, [breakeven_batch(float(a), l, Bs, costs.steps, k_max) for a in grid], label=f"L={l}",
+                ls=styles[i % len(styles)], lw=max(0.8, 3.0 - 0.7 * i), marker="os^vD"[i % 5], ms=3, markevery=6 + i)
+    ax.axhline(max(Bs), color="0.5", lw=0.6, ls=":")
+    ax.annotate(f"grid edge B={max(Bs)}: speculation still wins there", (0.02, max(Bs)), xycoords=("axes fraction", "data"),
+                fontsize=7, va="bottom", color="0.4")
     ax.set(xlabel="acceptance alpha", ylabel="largest batch with S* > 1", yscale="log",
            title=f"{title}: batch above which speculation loses")
     ax.legend(fontsize=8)

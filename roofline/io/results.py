@@ -20,7 +20,18 @@ from roofline.io import files
 from roofline.model.presets import REPO_ROOT
 
 SCHEMA_VERSION = 1
-RUNS_ROOT = REPO_ROOT / "results" / "runs"  # default output root (not committed)
+def runs_root() -> Path:
+    """The one results root every command writes under unless told otherwise: $ROOFLINE_RESULTS,
+    else results/runs of the source checkout, else results/runs under the working directory
+    (an installed package never writes into site-packages)."""
+    if os.environ.get("ROOFLINE_RESULTS"):
+        return Path(os.environ["ROOFLINE_RESULTS"])
+    if (REPO_ROOT / "pyproject.toml").is_file():
+        return REPO_ROOT / "results" / "runs"
+    return Path.cwd() / "results" / "runs"
+
+
+RUNS_ROOT = runs_root()  # default output root (not committed)
 STATUSES = ("ok", "oom", "error", "unsupported", "too_big")
 
 # Columns every row has, in order; physics columns are NaN on failed rows.

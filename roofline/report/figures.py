@@ -28,8 +28,24 @@ def subplots(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float], **
     return fig, fig.subplots(nrows, ncols, **kw)
 
 
+def label_log_axes(fig: Figure) -> None:
+    """A log axis whose view holds fewer than two labelled major ticks gets its minor ticks
+    labelled too (plain numbers), so that every log axis can be read."""
+    from matplotlib import ticker
+    for ax in fig.axes:
+        for axis, scale, lim in ((ax.xaxis, ax.get_xscale(), ax.get_xlim()), (ax.yaxis, ax.get_yscale(), ax.get_ylim())):
+            if scale != "log":
+                continue
+            lo, hi = sorted(lim)
+            majors = [t for t in axis.get_majorticklocs() if lo <= t <= hi]
+            if len(majors) < 2 and not isinstance(axis.get_minor_formatter(), ticker.FuncFormatter):
+                axis.set_minor_formatter(ticker.FuncFormatter(lambda v, _pos=None: f"{v:g}"))
+                axis.set_tick_params(which="minor", labelsize=7)
+
+
 def save(fig: Figure, out_dir: str | Path, stem: str, formats: tuple[str, ...] = ("png",), dpi: int = 110) -> list[Path]:
     """out_dir/stem.<ext> for each format; the folder is created. Returns the paths written."""
+    label_log_axes(fig)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []

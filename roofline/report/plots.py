@@ -385,14 +385,18 @@ def build_utilisation_vs_batch(df: pd.DataFrame, ceilings: dict | None,
                 ax.text(0.5, 0.5, f"no {what} ceiling for {short}", transform=ax.transAxes, ha="center")
         source = ax_m if len(ax_m.lines) >= len(ax_c.lines) else ax_c
         handles, _ = source.get_legend_handles_labels()
-        handles += [Line2D([], [], ls="-", marker="o", ms=3.5, color="0.4", label="% of measured"),
-                    Line2D([], [], ls="--", marker="s", ms=3, color="0.4", lw=1, label="% of datasheet")]
+        if roofs.bw_measured or roofs.flops_measured:
+            handles.append(Line2D([], [], ls="-", marker="o", ms=3.5, color="0.4", label="% of measured"))
+        if roofs.bw_datasheet or roofs.flops_datasheet:  # no "% of datasheet" where there is no datasheet
+            handles.append(Line2D([], [], ls="--", marker="s", ms=3, color="0.4", lw=1, label="% of datasheet"))
         fig.legend(handles=handles, fontsize=7, loc="center right")
         ax_m.set(ylabel="achieved GB/s as % of the memory ceiling",
                  title=_ceiling_title("Bandwidth", roofs.bw_measured, roofs.bw_datasheet, 1e9, "GB/s"))
         ax_c.set(ylabel="achieved FLOP/s as % of the compute ceiling",
                  title=_ceiling_title("Compute", roofs.flops_measured, roofs.flops_datasheet, 1e12, "TFLOP/s"))
-        fig.suptitle(f"Utilisation vs batch, {short} forward, L={L0:g} (solid: % of measured, dashed: % of datasheet)")
+        styles = [s for s, have in (("solid: % of measured", roofs.bw_measured or roofs.flops_measured),
+                                    ("dashed: % of datasheet", roofs.bw_datasheet or roofs.flops_datasheet)) if have]
+        fig.suptitle(f"Utilisation vs batch, {short} forward, L={L0:g} ({', '.join(styles)})")
         built[f"utilisation_vs_batch_{short}"] = _finish(fig, footer_text(rows, ceilings, dtype), right=0.86)
     if not built:
         raise Skip("no measured or datasheet ceiling for any dtype")
