@@ -172,7 +172,11 @@ def _failure_status(e: BaseException) -> str:
 class _Workload:
     """One built model (dtype, depth, mode) and the static inputs of each point."""
 
-    def __init__(self, spec: SweepSpec, dtype: str, depth: int, mode: str, max_batch: int, max_ctx: int):
+    def __init__(self, spec: SweepSpec, dtype: str, depth: int, mode: str, max_batch: int | None = None,
+                 max_ctx: int | None = None):
+        """max_batch x max_ctx: the static cache (default: the whole grid's largest)."""
+        max_batch = max_batch or max(spec.B)
+        max_ctx = max_ctx or max(spec.L) + max(spec.q + spec.mtp_q)
         cfg = spec.model.scaled(layers=depth)
         self.cfg, self.spec, self.dtype, self.mode = cfg, spec, dtype, mode
         self.moe_impl = _moe_impl(mode)
