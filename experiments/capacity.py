@@ -11,6 +11,7 @@ from roofline.analysis import capacity
 from roofline.analysis import costmodel
 from roofline.model.config import ConfigError
 from roofline.analysis.predict import Drafter
+from roofline.model.formats import with_overrides
 from roofline.model.presets import get_preset
 from roofline.measure.devices import detect, get_spec
 
@@ -20,6 +21,7 @@ def main(cfg) -> None:
     with fail_fast():
         c = plain(cfg)
         model = get_preset(c["preset"])
+        c["dtype"] = with_overrides([c["dtype"]], c["weights"], c["kv"], c["lm_head"], model.native_weights)[0]
         if c["fit"]:
             fit, extrapolated = costmodel.load_fit(c["fit"]), False
             sheet = detect(fit["provenance"]["device_name"])

@@ -9,6 +9,7 @@ from experiments.entry import fail_fast, plain
 from roofline.analysis import costmodel
 from roofline.model.config import ConfigError
 from roofline.analysis.predict import Drafter, alphas_from_vllm, plot_all, step_costs, table
+from roofline.model.formats import with_overrides
 from roofline.model.presets import get_preset
 
 
@@ -20,6 +21,7 @@ def main(cfg) -> None:
             raise ConfigError("fit is required: a fit.json written by experiments.fit")
         fit = costmodel.load_fit(c["fit"])
         target = get_preset(c["preset"]) if c["preset"] else costmodel.fitted_model(fit)
+        c["dtype"] = with_overrides([c["dtype"]], c["weights"], c["kv"], c["lm_head"], target.native_weights)[0]
         drafter = Drafter(c["drafter"], get_preset(c["draft_model"]) if c["draft_model"] else None,
                           costmodel.load_fit(c["draft_fit"]) if c["draft_fit"] else None)
         alphas = {float(a): float(a) for a in c["alphas"]}

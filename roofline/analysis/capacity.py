@@ -22,7 +22,8 @@ import pandas as pd
 from roofline.analysis import costmodel
 
 from roofline.spec import theory as speculative
-from roofline.model.accounting import DTYPE_BYTES, dtype_name, forward_cost, kv_bytes_per_token, param_count
+from roofline.model.accounting import forward_cost, kv_bytes_per_token, resident_weight_bytes
+from roofline.model.formats import compute_dtype, parse_precision, precision_columns
 from roofline.model.config import ConfigError, ModelConfig
 from roofline.analysis.predict import Drafter, step_costs
 from roofline.measure.devices import DeviceSpec
@@ -46,13 +47,14 @@ class Speculation:
 def datasheet_fit(spec: DeviceSpec, cfg: ModelConfig, dtype: str, bw_eff: float = 0.8, f_eff: float = 0.7,
                   t0_s: float = 0.0) -> dict:
     """A what-if fit document from a datasheet row: scaled ceilings, knee at the ridge (tokens)."""
-    bw, f = spec.bandwidth_Bps(), spec.peak_flops(dtype)
+    bw, f = spec.bandwidth_Bps(), spec.peak_flops(compute_dtype(dtype))
     if bw is None or f is None:
-        raise ConfigError(f"device={spec.key!r} has no datasheet bandwidth or {dtype} FLOP/s: use a fit.json")
+        raise ConfigError(f"device={spec.key!r} has no datasheet bandwidth or {compute_dtype(dtype)} FLOP/s: "
+                          "use a fit.json")
     c = forward_cost(cfg, dtype, 1, 1, 0)
     knee = (c.weight_bytes / (bw_eff * bw)) / (c.flops_matmul / (f_eff * f))  # tokens where FLOPs catch up
     inv_bw, inv_f = 1.0 / (bw_eff * bw), 1.0 / (f_eff * f)
-    group = dict(key=dict(device_name=spec.name, model=cfg.name, dtype=dtype_name(dtype), mode="eager",
+    group = dict(key=dict(device_name=spec.name, model=cfg.name, dtype=parse_precision(dtype).label, mode="eager",
                           kind="forward"), coefs=[t0_s, inv_bw, inv_bw, inv_f, inv_f], knee_tokens=knee,
                  band=dict(p10=np.nan, p90=np.nan), domain=dict(q=[0, 0], B=[0, 0], L=[0, 0]))
     return dict(schema=costmodel.FIT_SCHEMA, model_spec=None, groups=[group],
@@ -61,10 +63,8 @@ def datasheet_fit(spec: DeviceSpec, cfg: ModelConfig, dtype: str, bw_eff: float 
 
 
 def memory_need(cfg: ModelConfig, dtype: str, batch: int, tokens_per_seq: int, with_mtp: bool) -> tuple[float, float]:
-    """(weight bytes, KV bytes) resident on one device."""
-    pc = param_count(cfg)
-    b = DTYPE_BYTES[dtype_name(dtype)]
-    weights = (pc.total_with_mtp if with_mtp else pc.total) * b
+    """(weight bytes, KV bytes) resident on one device, in the precision's formats (scales included)."""
+    weights = resident_weight_bytes(cfg, dtype, with_mtp)
     kv_tok = kv_bytes_per_token(cfg, dtype) * (1 + (cfg.mtp_layers / cfg.layers if with_mtp else 0.0))
     return float(weights), float(kv_tok * tokens_per_seq * batch)
 
@@ -103,7 +103,8 @@ def plan(fit: dict, cfg: ModelConfig, dtype: str, work: Workload, mem_bytes: flo
     t["fits_memory"] = t["mem_GB"] * 1e9 <= mem_bytes
     t["meets_itl"] = t["itl_ms"] <= work.itl_target_ms
     t["extrapolated"] = extrapolated
-    summary = dict(model=cfg.name, dtype=dtype, device=fit["provenance"].get("device_name"),
+    summary = dict(model=cfg.name, dtype=parse_precision(dtype).label, **precision_columns(dtype),
+                   device=fit["provenance"].get("device_name"),
                    memory_GB=mem_bytes / 1e9, weights_GB=weights / 1e9, workload=work.__dict__,
                    speculation=None if spec is None else dict(alpha=spec.alpha, k=spec.k, drafter=spec.drafter.kind),
                    extrapolated=extrapolated, what_if=fit["provenance"].get("what_if"))

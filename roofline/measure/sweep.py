@@ -35,7 +35,9 @@ from tqdm import tqdm
 from roofline.io import provenance
 
 from roofline.io import results
-from roofline.model.accounting import dtype_name, forward_cost, kv_bytes_per_token, mtp_cost, param_count, torch_dtype
+from roofline.model.accounting import (forward_cost, kv_bytes_per_token, mtp_cost, resident_weight_bytes,
+                                       torch_dtype)
+from roofline.model.formats import activation_dtype, parse_precision, precision_columns
 from roofline.model.config import ConfigError, ModelConfig
 from roofline.model.decoder import build_model
 from roofline.measure.devices import spec_for_running_device
@@ -79,7 +81,7 @@ class SweepSpec:
             raise ConfigError(f"L={max(self.L)} + q={max(self.q + self.mtp_q)}: exceeds model.max_context="
                               f"{cfg.max_context} of {cfg.name!r}; allowed L + q <= {cfg.max_context}")
         for d in self.dtypes:
-            dtype_name(d)
+            parse_precision(d)
         bad = [m for m in self.modes if m not in MODES]
         if bad:
             raise ConfigError(f"modes={bad}: allowed {MODES}")
@@ -125,9 +127,10 @@ def grid(spec: SweepSpec) -> list[Point]:
     pts = []
     for dtype, depth in itertools.product(spec.dtypes, layer_depths(spec)):
         for mode, B, L in itertools.product(spec.modes, spec.B, spec.L):
-            pts += [Point("forward", dtype_name(dtype), mode, q, B, L, depth) for q in spec.q]
+            label = parse_precision(dtype).label
+            pts += [Point("forward", label, mode, q, B, L, depth) for q in spec.q]
             if spec.model.mtp_layers:
-                pts += [Point("mtp", dtype_name(dtype), mode, q, B, L, depth) for q in spec.mtp_q]
+                pts += [Point("mtp", label, mode, q, B, L, depth) for q in spec.mtp_q]
     return pts
 
 
@@ -137,8 +140,7 @@ def _moe_impl(mode: str) -> str:
 
 
 def _fits(cfg: ModelConfig, dtype: str, max_batch: int, max_context: int, device: str) -> tuple[bool, str]:
-    pc = param_count(cfg)
-    need = (pc.total_with_mtp) * torch.finfo(torch_dtype(dtype)).bits // 8
+    need = resident_weight_bytes(cfg, dtype, with_mtp=True)
     need += kv_bytes_per_token(cfg, dtype) * (1 + cfg.mtp_layers / cfg.layers) * max_batch * max_context
     if device.startswith("cuda"):
         free = torch.cuda.mem_get_info(torch.device(device))[0]
@@ -167,13 +169,22 @@ class _Workload:
         ok, why = _fits(cfg, dtype, max(spec.B), max_ctx, spec.device)
         if not ok:
             raise MemoryError(f"too_big: {why}")
+        prec = parse_precision(dtype)
+        quantized = None if prec.is_plain else prec
         if spec.checkpoint:
             from roofline.checkpoints.loader import load_checkpoint
-            self.model = load_checkpoint(spec.checkpoint, dtype=dtype, device=spec.device, max_batch=max(spec.B),
-                                         max_context=max_ctx, moe_impl=self.moe_impl, layers=depth)
+            from roofline.model.quant import quantize_model
+            self.model = load_checkpoint(spec.checkpoint, dtype=prec.activations, device=spec.device,
+                                         max_batch=max(spec.B), max_context=max_ctx, moe_impl=self.moe_impl,
+                                         layers=depth)
+            if quantized is not None:
+                quantize_model(self.model, quantized, spec.device)
         else:
-            self.model = build_model(cfg, max_batch=max(spec.B), max_context=max_ctx, dtype=torch_dtype(dtype),
-                                     device=spec.device, seed=spec.seed, moe_impl=self.moe_impl)
+            self.model = build_model(cfg, max_batch=max(spec.B), max_context=max_ctx,
+                                     dtype=torch_dtype(prec.activations), device=spec.device, seed=spec.seed,
+                                     moe_impl=self.moe_impl, precision=quantized)
+        from roofline.model.quant import require_fast
+        require_fast(self.model, prec, spec.device)  # a dequantise-then-matmul is never timed as its format
         self.gen = torch.Generator(device=spec.device).manual_seed(spec.seed)
 
     def fill_cache(self, L: int) -> None:
@@ -239,6 +250,7 @@ def ceiling_columns(row: dict, dtype: str, measured: dict | None, datasheet) -> 
     """Achieved bandwidth and FLOP/s as % of the measured and of the datasheet ceiling, side
     by side, and the bound regime against the measured ridge."""
     from roofline.measure.devices import canonical_dtype
+    dtype = activation_dtype(dtype)
     short = canonical_dtype(dtype)
     pct = lambda v, c: None if not c or v is None else 100.0 * v / c
     out = dict(pct_datasheet_bw=pct(row.get("achieved_GBps"), datasheet.mem_bw_GBps),
@@ -246,7 +258,7 @@ def ceiling_columns(row: dict, dtype: str, measured: dict | None, datasheet) -> 
     if measured:
         summ = measured["summary"]
         peaks = summ.get("peak_tflops") or {}
-        bw, tf = summ.get("mem_bw_GBps"), peaks.get(dtype_name(dtype), peaks.get(short))
+        bw, tf = summ.get("mem_bw_GBps"), peaks.get(dtype, peaks.get(short))
         ridge = tf * 1e12 / (bw * 1e9) if bw and tf else None
         out.update(ceiling_bw_GBps=bw, ceiling_TFLOPs=tf, ridge_measured=ridge,
                    pct_measured_bw=pct(row.get("achieved_GBps"), bw),
@@ -292,7 +304,7 @@ def finalize(spec: SweepSpec, run_dir: Path, rows: list[dict], measured: dict | 
             t = r["t_median_s"]
             r.update(achieved_GBps=c.bytes_total / t / 1e9, achieved_TFLOPs=c.flops / t / 1e12,
                      tokens_per_s=r["B"] * r["q"] / t, point_id=r["point_id"] + "|extrapolated",
-                     **_bound(r, dev_spec.ridge(r["dtype"])))
+                     **_bound(r, dev_spec.ridge(activation_dtype(r["dtype"]))))
             r.update(ceiling_columns(r, r["dtype"], measured, dev_spec))
             table.append(r)
     return results.write_csv(table, run_dir / "points.csv")
@@ -348,12 +360,13 @@ def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
             base = dict(point_id=p.point_id, kind=p.kind, model=spec.model.name, dtype=p.dtype, mode=p.mode,
                         q=p.q, B=p.B, L=p.L, layers_run=p.layers_run, layers_full=spec.model.layers,
                         extrapolated=False, schema_version=results.SCHEMA_VERSION,
-                        overrides=" ".join(spec.overrides), fingerprint=spec.fingerprint(), **prov)
+                        overrides=" ".join(spec.overrides), fingerprint=spec.fingerprint(), **prov,
+                        **precision_columns(p.dtype))
             try:
                 if setup_error is not None:
                     raise setup_error
                 row = measure(w, p, spec.timer)
-                row.update(status="ok", error=None, **_bound(row, dev_spec.ridge(p.dtype)),
+                row.update(status="ok", error=None, **_bound(row, dev_spec.ridge(activation_dtype(p.dtype))),
                            **ceiling_columns(row, p.dtype, measured, dev_spec))
             except Exception as e:
                 status = "too_big" if str(e).startswith("too_big") else _failure_status(e)

@@ -352,12 +352,18 @@ def init_weights(model: Transformer, seed: int, std: float = 0.02) -> None:
 
 
 def build_model(cfg: ModelConfig, *, max_batch: int, max_context: int, dtype: torch.dtype = torch.float32,
-                device: str | torch.device = "cpu", seed: int = 0, moe_impl: str = "touched") -> Transformer:
-    """Allocate on `device` in `dtype` (weights and cache), random-initialise deterministically."""
+                device: str | torch.device = "cpu", seed: int = 0, moe_impl: str = "touched",
+                precision=None) -> Transformer:
+    """Allocate on `device` in `dtype` (weights and cache), random-initialise deterministically.
+    precision (a roofline.model.formats label or Precision): quantise the linears its weight and
+    LM-head formats name, round-to-nearest from these weights, into packed linears."""
     with torch.device(device):
         model = Transformer(cfg, max_batch, max_context, moe_impl)
     init_weights(model, seed)
     model = model.to(dtype=dtype)
     model.rope_cos.data = model.rope_cos.float()
     model.rope_sin.data = model.rope_sin.float()
+    if precision is not None:
+        from roofline.model.quant import quantize_model
+        quantize_model(model, precision, device)
     return model.eval().requires_grad_(False)

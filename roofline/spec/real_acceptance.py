@@ -14,6 +14,8 @@ import torch
 
 from roofline.checkpoints.loader import load_checkpoint
 from roofline.model.config import ConfigError
+from roofline.model.formats import precision
+from roofline.model.quant import kernel_for, quantize_model
 from roofline.spec.drafters import DraftModelDrafter, MTPDrafter
 from roofline.checkpoints.prompts import encode_conversations
 from roofline.spec.engine import DecodeSettings, SpecEngine
@@ -33,6 +35,9 @@ class AcceptanceRequest:
     temperature: float = 0.0
     top_p: float = 1.0
     dtype: str = "bfloat16"
+    weights: str | None = None  # measure in another precision (roofline.model.formats): quantization
+    kv: str | None = None  # changes outputs, so acceptance measured in one precision may not transfer
+    lm_head: str | None = None
     device: str = "cpu"
     max_prompt: int = 2048
     seed: int = 0
@@ -54,6 +59,9 @@ def measure_acceptance(req: AcceptanceRequest) -> dict:
     ctx = max(len(p) for p in prompts) + req.max_new + 2 * req.k + 2
     kw = dict(dtype=req.dtype, device=req.device, max_batch=req.batch, max_context=ctx)
     target = load_checkpoint(req.checkpoint, **kw)
+    prec = precision(req.dtype, req.weights, req.kv, req.lm_head, target.cfg.native_weights)
+    if not prec.is_plain:  # outputs, not speed, matter here: formats without a fast kernel run dequantised
+        quantize_model(target, prec, req.device, reference=kernel_for(prec.weights, req.device) is None)
     drafter = MTPDrafter(target) if req.drafter == "mtp" else \
         DraftModelDrafter(load_checkpoint(req.draft_checkpoint, **kw), target.cfg.vocab)
     engine = SpecEngine(target, drafter)
@@ -68,7 +76,7 @@ def measure_acceptance(req: AcceptanceRequest) -> dict:
             total["num_accepted_tokens_per_pos"] = [a + b for a, b in zip(total["num_accepted_tokens_per_pos"],
                                                                           m.accepted_per_pos)]
     reached = [total["num_drafts"]] + total["num_accepted_tokens_per_pos"][:-1]
-    total.update(prompts=len(prompts), drafter=req.drafter, k=req.k,
+    total.update(prompts=len(prompts), drafter=req.drafter, k=req.k, precision=prec.label,
                  acceptance_rate=total["num_accepted_tokens"] / max(total["num_draft_tokens"], 1),
                  mean_acceptance_length=1 + total["num_accepted_tokens"] / max(total["num_drafts"], 1),
                  alpha_per_pos=[a / r if r else float("nan")
