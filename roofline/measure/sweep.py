@@ -37,7 +37,7 @@ from roofline.io import provenance
 from roofline.io import results
 from roofline.model.accounting import (forward_cost, kv_bytes_per_token, mtp_cost, resident_weight_bytes,
                                        torch_dtype)
-from roofline.model.formats import activation_dtype, parse_precision, precision_columns
+from roofline.model.formats import activation_dtype, parse_precision, precision, precision_columns
 from roofline.model.config import ConfigError, ModelConfig
 from roofline.model.decoder import build_model
 from roofline.measure.devices import spec_for_running_device
@@ -250,7 +250,7 @@ def ceiling_columns(row: dict, dtype: str, measured: dict | None, datasheet) -> 
     """Achieved bandwidth and FLOP/s as % of the measured and of the datasheet ceiling, side
     by side, and the bound regime against the measured ridge."""
     from roofline.measure.devices import canonical_dtype
-    dtype = activation_dtype(dtype)
+    label, dtype = dtype, activation_dtype(dtype)
     short = canonical_dtype(dtype)
     pct = lambda v, c: None if not c or v is None else 100.0 * v / c
     out = dict(pct_datasheet_bw=pct(row.get("achieved_GBps"), datasheet.mem_bw_GBps),
@@ -264,6 +264,10 @@ def ceiling_columns(row: dict, dtype: str, measured: dict | None, datasheet) -> 
                    pct_measured_bw=pct(row.get("achieved_GBps"), bw),
                    pct_measured_flops=pct(row.get("achieved_TFLOPs"), tf),
                    bound_measured=None if ridge is None else ("memory" if row["intensity"] < ridge else "compute"))
+        p = parse_precision(label)
+        if not p.weights.is_float:  # the roof the format's own packed kernel reached (decode GEMM, M=1)
+            roof = (summ.get("decode_m1_GBps") or {}).get(precision(p.activations, p.weights.name).label)
+            out.update(format_roof_GBps=roof, pct_format_roof=pct(row.get("achieved_GBps"), roof))
     return out
 
 

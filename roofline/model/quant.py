@@ -333,6 +333,35 @@ def packed_linear(w: torch.Tensor, fmt: Format, bias: torch.Tensor | None = None
     raise ValueError(f"packed_linear: {fmt.name} is a float format")
 
 
+def _blocks(model: nn.Module) -> list[tuple[nn.Module, bool]]:
+    """(block, is MoE) of the main stack and the MTP modules."""
+    cfg = model.cfg
+    blocks = [(layer, cfg.layer_is_moe(i)) for i, layer in enumerate(model.layers)]
+    return blocks + [(m.block, cfg.is_moe) for m in getattr(model, "mtp", [])]
+
+
+def store_quantized(model: nn.Module, fmt: Format, reference: bool) -> None:
+    """Empty block-scaled fp8 storage, on the model's device, for a checkpoint to fill: every
+    linear of `block_matrices` and the routed experts (a checkpoint loader's job)."""
+    if fmt.kind != "fp8" or fmt.granularity != "block":
+        raise ValueError(f"store_quantized: {fmt.name} is not a block-scaled fp8 format")
+    p = next(model.parameters())
+    dev, act, (r, c) = p.device, p.dtype, fmt.block
+    empty = lambda *lead, N, K: Quantized(fmt, torch.empty(*lead, N, K, dtype=_fp8_dtype(fmt), device=dev),  # noqa: E731
+                                          torch.empty(*lead, -(-N // r), -(-K // c), device=dev))
+    for block, moe in _blocks(model):
+        for path, N, K in block_matrices(model.cfg, moe):
+            parent_path, _, leaf = path.rpartition(".")
+            parent = _get(block, parent_path)
+            setattr(parent, leaf, Fp8Linear(empty(N=N, K=K), getattr(parent, leaf).bias, reference=reference))
+        if moe:
+            for name in ("w1", "w3", "w2"):
+                E, N, K = getattr(block.ffn, name).shape
+                qz = empty(E, N=N, K=K)
+                delattr(block.ffn, name)
+                setattr(block.ffn, name, QuantExperts(fmt, qz.q, qz.scale, act))
+
+
 def _get(root: nn.Module, path: str) -> nn.Module:
     for p in path.split("."):
         root = getattr(root, p)
@@ -361,9 +390,7 @@ def quantize_model(model: nn.Module, prec, device=None, reference: bool = False)
         if cfg.is_moe:
             raise Unsupported(f"weights={prec.weights.name} on device={device}: routed experts have no packed "
                               "kernel in the compact decoder")
-        blocks = [(layer, cfg.layer_is_moe(i)) for i, layer in enumerate(model.layers)]
-        blocks += [(m.block, cfg.is_moe) for m in getattr(model, "mtp", [])]
-        for block, moe in blocks:
+        for block, moe in _blocks(model):
             for path, _, _ in block_matrices(cfg, moe):
                 parent_path, _, leaf = path.rpartition(".")
                 parent = _get(block, parent_path)
