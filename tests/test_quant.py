@@ -181,3 +181,21 @@ def test_precision_label_round_trips_and_native_picks_the_release_format():
     ds = get_preset("deepseek-v3")
     assert precision("bfloat16", "native", native=ds.native_weights).weights.name == "fp8_e4m3_b128"
     assert precision("bfloat16", "native", native=get_preset("llama-3.1-70b").native_weights).is_plain
+
+
+def test_sweep_times_int8_rows_and_records_unsupported_ones(tmp_path):
+    from roofline.io.results import read_rows
+    from roofline.measure.sweep import SweepSpec, run_sweep
+    from roofline.measure.timer import TimerSettings
+    labels = ("bfloat16+weights=int8", "bfloat16+weights=fp8_e4m3_b128", "bfloat16+kv=fp8_e4m3")
+    spec = SweepSpec(model=tiny(), q=(1, 2), B=(1,), L=(8,), dtypes=labels, mtp_q=(1,),
+                     timer=TimerSettings(warmup=0, min_reps=2, max_reps=2))
+    run_sweep(spec, tmp_path, progress=False)
+    rows = {(r["dtype"], r["kind"], r["q"]): r for r in read_rows(tmp_path / "points.jsonl")}
+    ok = rows[(labels[0], "forward", 2)]
+    assert ok["status"] == "ok" and ok["weights_format"] == "int8" and ok["act_dtype"] == "bfloat16"
+    assert ok["weight_bytes"] == forward_cost(tiny(), labels[0], 1, 2, 8).weight_bytes
+    assert ok["dequant_ops"] > 0
+    for label, where in ((labels[1], "weights=fp8_e4m3_b128 on device=cpu"), (labels[2], "kv=fp8_e4m3 on device=cpu")):
+        r = rows[(label, "forward", 1)]
+        assert r["status"] == "unsupported" and where in r["error"]

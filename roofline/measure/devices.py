@@ -82,7 +82,8 @@ class DeviceSpec:
 
 
 def canonical_dtype(dtype: str) -> str:
-    name = str(dtype).lower().removeprefix("torch.")
+    # a precision label (roofline.model.formats: "bfloat16+weights=int8") is judged by its activation dtype
+    name = str(dtype).lower().removeprefix("torch.").split("+")[0]
     name = _DTYPE_ALIASES.get(name, name)
     if name not in DTYPES:
         raise ValueError(f"dtype={dtype!r}: unknown; allowed {list(DTYPES)} or torch names "
