@@ -199,3 +199,22 @@ def test_sweep_times_int8_rows_and_records_unsupported_ones(tmp_path):
     for label, where in ((labels[1], "weights=fp8_e4m3_b128 on device=cpu"), (labels[2], "kv=fp8_e4m3 on device=cpu")):
         r = rows[(label, "forward", 1)]
         assert r["status"] == "unsupported" and where in r["error"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["int4_g128", "fp8", "fp8_channel", "fp8_e4m3_b128"])
+def test_cuda_kernels_match_the_dequantised_reference(name):
+    """tinygemm int4 and _scaled_mm fp8 (activations quantised per call: e4m3 rounding of x as
+    well, hence the looser 2^-3 bound for fp8) against the dequantised float64 matmul."""
+    fmt = parse_format(name)
+    if quant.kernel_for(fmt, "cuda") is None:
+        pytest.skip(f"{name}: this GPU is below the kernel's compute capability")
+    w = weight(256, 512, seed=6).cuda()
+    lin = quant.packed_linear(w, fmt, device="cuda")
+    assert not lin.reference and lin.held_bytes() == fmt.matrix_bytes(256, 512, 2)
+    x = torch.randn(8, 512, device="cuda", generator=torch.Generator("cuda").manual_seed(7)).to(torch.bfloat16)
+    deq = quant.quantize(w.cpu(), fmt).dequantize().double()
+    ref = x.cpu().double() @ deq.T
+    scale = x.cpu().double().abs() @ deq.abs().T
+    tol = 2 ** -3 if fmt.kind == "fp8" else 2 ** -7
+    assert ((lin(x).cpu().double() - ref).abs() <= tol * scale + 1e-4).all()
