@@ -40,7 +40,8 @@ from typing import Any, Mapping
 
 import torch
 
-from roofline.model.accounting import block_matrices, torch_dtype
+from roofline.model.accounting import block_matrices
+from roofline.model.dtypes import torch_dtype
 from roofline.model.formats import parse_format
 from roofline.model.quant import QuantExperts, QuantLinear, expand_scale, kernel_for, store_quantized
 from roofline.model.config import ConfigError, ModelConfig, RopeScaling

@@ -28,27 +28,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-import torch
-
 from roofline.model.config import ModelConfig
 from roofline.model.formats import Precision, parse_precision
-
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-DTYPES = tuple(DTYPE_BYTES)
-
-
-def dtype_name(dtype: torch.dtype | str) -> str:
-    name = str(dtype).removeprefix("torch.")
-    aliases = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
-    name = aliases.get(name, name)
-    if name not in DTYPE_BYTES:
-        raise ValueError(f"dtype={dtype!r}: allowed {DTYPES} (or bf16/fp16/fp32)")
-    return name
-
-
-def torch_dtype(dtype: torch.dtype | str) -> torch.dtype:
-    return getattr(torch, dtype_name(dtype))
-
 
 # ---- parameter counts, per module, matching roofline.model.decoder exactly ------------------------
 

@@ -31,9 +31,8 @@ import re
 from dataclasses import dataclass
 
 from roofline.model.config import ConfigError
+from roofline.model.dtypes import dtype_bytes, dtype_name
 
-FLOAT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-_FLOAT_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
 KINDS = ("float", "fp8", "int8", "int4")
 CLASSES = ("weights", "kv", "lm_head")
 FP8_SCALE_BYTES = 4  # fp32 scales (DeepSeek-V3's weight_scale_inv, vLLM's k_scale / v_scale)
@@ -102,15 +101,6 @@ class Format:
         return {"int8": 1, "int4": 3}.get(self.kind, 0)
 
 
-def float_name(name: str) -> str:
-    """Canonical float dtype name; ConfigError naming the allowed ones."""
-    n = str(name).removeprefix("torch.")
-    n = _FLOAT_ALIASES.get(n, n)
-    if n not in FLOAT_BYTES:
-        raise ConfigError(f"dtype={name!r}: allowed {list(FLOAT_BYTES)} (or bf16 | fp16 | fp32)")
-    return n
-
-
 def _fp8(variant: str, gran: str, name: str, kv: bool) -> Format:
     storage = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}[variant]
     base = f"fp8_{variant}"
@@ -137,9 +127,12 @@ def parse_format(name: str, tensor_class: str = "weights") -> Format:
         raise ValueError(f"tensor_class={tensor_class!r}: allowed {CLASSES}")
     raw = str(name).strip().lower()
     kv = tensor_class == "kv"
-    short = _FLOAT_ALIASES.get(raw.removeprefix("torch."), raw.removeprefix("torch."))
-    if short in FLOAT_BYTES:
-        return Format(short, "float", 8 * FLOAT_BYTES[short], storage=short)
+    if not raw.startswith(("fp8", "int")):  # a float dtype of the decoder (roofline.model.dtypes)
+        try:
+            short = dtype_name(raw)
+        except ConfigError:
+            raise ConfigError(f"{tensor_class}={name!r}: unknown format; allowed {NAMES_HELP}") from None
+        return Format(short, "float", 8 * dtype_bytes(short), storage=short)
     m = re.fullmatch(r"fp8(?:_(e4m3|e5m2))?(?:_(.+))?", raw)
     if m:
         return _fp8(m.group(1) or "e4m3", m.group(2) or "", name, kv)
@@ -166,7 +159,7 @@ class Precision:
     lm_head: Format | None = None
 
     def __post_init__(self) -> None:
-        act = float_name(self.activations)
+        act = dtype_name(self.activations)
         object.__setattr__(self, "activations", act)
         plain = parse_format(act)
         for f in CLASSES:
@@ -175,7 +168,7 @@ class Precision:
 
     @property
     def act_bytes(self) -> int:
-        return FLOAT_BYTES[self.activations]
+        return dtype_bytes(self.activations)
 
     @property
     def is_plain(self) -> bool:
