@@ -40,6 +40,7 @@ from roofline.model.config import ConfigError, ModelConfig
 from roofline.model.decoder import build_model
 from roofline.measure.devices import spec_for_running_device
 from roofline.measure.timer import MODES, TimerSettings, time_fn
+from roofline.parallel.layout import Layout
 
 KINDS = ("forward", "mtp")
 
@@ -61,6 +62,7 @@ class SweepSpec:
     ceilings: str = ""  # a ceilings.json, or "quick" to measure one first; rows then give % of measured ceilings
     out_dir: str = ""
     overrides: tuple[str, ...] = ()
+    parallel: Layout = field(default_factory=Layout)  # tp/ep > 1: ranks of torch.distributed (roofline.parallel.runner)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -90,11 +92,16 @@ class SweepSpec:
         if not isinstance(self.layers, int) or self.layers < 0 or 2 * self.layers > cfg.layers:
             raise ConfigError(f"layers={self.layers}: allowed 0 (full depth) or 1..{cfg.layers // 2} "
                               f"(n and 2n layers of {cfg.layers} are measured)")
+        if self.parallel.devices > 1:
+            from roofline.parallel.runner import check_spec
+            check_spec(self)
 
     def fingerprint(self) -> str:
         """What identifies the measurement (not where it is written)."""
         d = dataclasses.asdict(self)
         d.pop("out_dir"), d.pop("overrides"), d.pop("ceilings")
+        if self.parallel == Layout():  # one device: the fingerprint of runs made before layouts existed
+            d.pop("parallel")
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
     def default_out_dir(self, root: Path) -> Path:
@@ -167,14 +174,17 @@ class _Workload:
         ok, why = _fits(cfg, dtype, max(spec.B), max_ctx, spec.device)
         if not ok:
             raise MemoryError(f"too_big: {why}")
+        self.model = self.build(max_ctx)
+        self.gen = torch.Generator(device=spec.device).manual_seed(spec.seed)
+
+    def build(self, max_ctx: int):
+        spec, cfg, dtype = self.spec, self.cfg, self.dtype
         if spec.checkpoint:
             from roofline.checkpoints.loader import load_checkpoint
-            self.model = load_checkpoint(spec.checkpoint, dtype=dtype, device=spec.device, max_batch=max(spec.B),
-                                         max_context=max_ctx, moe_impl=self.moe_impl, layers=depth)
-        else:
-            self.model = build_model(cfg, max_batch=max(spec.B), max_context=max_ctx, dtype=torch_dtype(dtype),
-                                     device=spec.device, seed=spec.seed, moe_impl=self.moe_impl)
-        self.gen = torch.Generator(device=spec.device).manual_seed(spec.seed)
+            return load_checkpoint(spec.checkpoint, dtype=dtype, device=spec.device, max_batch=max(spec.B),
+                                   max_context=max_ctx, moe_impl=self.moe_impl, layers=cfg.layers)
+        return build_model(cfg, max_batch=max(spec.B), max_context=max_ctx, dtype=torch_dtype(dtype),
+                           device=spec.device, seed=spec.seed, moe_impl=self.moe_impl)
 
     def fill_cache(self, L: int) -> None:
         """Random keys/values in positions < L of every cache (their values do not change the
@@ -314,9 +324,14 @@ def prepare_run_dir(spec: SweepSpec, run_dir: Path) -> list[dict]:
 
 
 def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
-              measure: Callable[[_Workload, Point, TimerSettings], dict] = _measure) -> dict:
+              measure: Callable[[_Workload, Point, TimerSettings], dict] = _measure, workload=None) -> dict:
     """Measure every point not already in run_dir; return the counts. `measure` is the
-    per-point step (tests inject failures through it)."""
+    per-point step (tests inject failures through it); `workload` the class that builds the
+    model (the distributed runner's sharded one). tp/ep > 1 starts the ranks first."""
+    if workload is None and spec.parallel.devices > 1:
+        from roofline.parallel.runner import run_parallel_sweep
+        return run_parallel_sweep(spec, run_dir, progress)
+    workload = workload or _Workload
     t0 = time.time()
     done_rows = prepare_run_dir(spec, run_dir)
     done = {r["point_id"] for r in done_rows}
@@ -339,7 +354,7 @@ def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
     for (dtype, depth, mode), group in itertools.groupby(todo, key=lambda p: (p.dtype, p.layers_run, p.mode)):
         group = list(group)
         try:
-            w = _Workload(spec, dtype, depth, mode)
+            w = workload(spec, dtype, depth, mode)
             w.check()
             setup_error = None
         except Exception as e:  # the whole group fails as data
@@ -348,7 +363,8 @@ def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
             base = dict(point_id=p.point_id, kind=p.kind, model=spec.model.name, dtype=p.dtype, mode=p.mode,
                         q=p.q, B=p.B, L=p.L, layers_run=p.layers_run, layers_full=spec.model.layers,
                         extrapolated=False, schema_version=results.SCHEMA_VERSION,
-                        overrides=" ".join(spec.overrides), fingerprint=spec.fingerprint(), **prov)
+                        overrides=" ".join(spec.overrides), fingerprint=spec.fingerprint(), **prov,
+                        **spec.parallel.as_row())
             try:
                 if setup_error is not None:
                     raise setup_error
