@@ -91,6 +91,7 @@ class RankCost:
     kv_len: int
     tokens: int
     blocks: int  # decoder blocks this rank runs (the per-layer fixed cost counts these)
+    moe_blocks: int  # of which MoE blocks
     weight_bytes: float
     expert_bytes: float
     experts_touched: float  # per MoE layer, on this rank
@@ -113,7 +114,7 @@ class RankCost:
         return float(sum(c.size_bytes * c.count for c in self.collectives if kind in (None, c.kind)))
 
     def as_row(self) -> dict:
-        row = {k: getattr(self, k) for k in ("B", "q", "L", "kv_len", "tokens", "blocks", "weight_bytes",
+        row = {k: getattr(self, k) for k in ("B", "q", "L", "kv_len", "tokens", "blocks", "moe_blocks", "weight_bytes",
                                              "expert_bytes", "experts_touched", "kv_read_bytes", "kv_write_bytes",
                                              "embed_bytes", "flops_matmul", "flops_attention")}
         row.update(bytes_total=self.bytes_total, flops=self.flops, intensity=self.flops / self.bytes_total,
@@ -186,7 +187,7 @@ def rank_forward_cost(cfg: ModelConfig, layout: Layout, dtype, B: int, q: int, L
     c = _with_head(_blocks_cost(cfg, layout, n, n_moe, B, q, L, kv_len, b, moe_impl, touched), cfg, layout, b)
     if layout.pp > 1:
         c["collectives"] += (Collective("send_recv", B * q * cfg.d * b, layout.pp - 1),)
-    return RankCost(B=B, q=q, L=L, kv_len=kv_len, tokens=B * q, blocks=n, **c)
+    return RankCost(B=B, q=q, L=L, kv_len=kv_len, tokens=B * q, blocks=n, moe_blocks=n_moe, **c)
 
 
 def rank_mtp_cost(cfg: ModelConfig, layout: Layout, dtype, B: int, q: int, L: int, kv_len: int | None = None,
@@ -201,4 +202,4 @@ def rank_mtp_cost(cfg: ModelConfig, layout: Layout, dtype, B: int, q: int, L: in
     Br = math.ceil(B / layout.batch_split)
     c["weight_bytes"] += (2 * cfg.d + 2 * cfg.d * cfg.d) * b
     c["flops_matmul"] += 2 * 2 * cfg.d * cfg.d * Br * q
-    return RankCost(B=B, q=q, L=L, kv_len=kv_len, tokens=B * q, blocks=1, **c)
+    return RankCost(B=B, q=q, L=L, kv_len=kv_len, tokens=B * q, blocks=1, moe_blocks=int(cfg.is_moe), **c)
