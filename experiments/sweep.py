@@ -32,7 +32,8 @@ def main(cfg) -> None:
                          overrides=tuple(c["overrides"]), checkpoint=c["checkpoint"] or "",
                          parallel=Layout(tp=c["tp"], ep=c["ep"], dp_attention=c["dp_attention"]))
         run_dir = Path(c["out_dir"]) if c["out_dir"] else spec.default_out_dir(RUNS_ROOT)
-        summary = run_sweep(spec, run_dir, progress=c["progress"])
+        summary = run_sweep(spec, run_dir, progress=c["progress"], force=c["force"], extend=c["extend"],
+                            retry_failed=c["retry_failed"])
         print(summary_text(run_dir))
         job_dir(dict(status="ok", **summary))
         print(json.dumps(summary))

@@ -155,17 +155,19 @@ def follow(rank: int, spec: SweepSpec, device: str) -> None:
             return
 
 
-def _rank_main(rank: int, world: int, device: str, spec: SweepSpec, run_dir: str, progress: bool):
+def _rank_main(rank: int, world: int, device: str, spec: SweepSpec, run_dir: str, progress: bool, options: dict):
     spec = dataclasses.replace(spec, device=device)
     if rank != 0:
         return follow(rank, spec, device)
     try:
-        return run_sweep(spec, Path(run_dir), progress, measure=leader_measure, workload=LeaderWorkload)
+        return run_sweep(spec, Path(run_dir), progress, measure=leader_measure, workload=LeaderWorkload, **options)
     finally:
         _send(("done",))
 
 
-def run_parallel_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True, timeout_s: float = 1800.0) -> dict:
-    """The sweep of `spec` over spec.parallel.devices ranks (spawned here, or under torchrun/srun)."""
+def run_parallel_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True, timeout_s: float = 1800.0,
+                       **options) -> dict:
+    """The sweep of `spec` over spec.parallel.devices ranks (spawned here, or under torchrun/srun);
+    options (force, extend, retry_failed) go to roofline.measure.sweep.run_sweep on rank 0."""
     check_spec(spec)
-    return run(_rank_main, spec.parallel.devices, spec.device, (spec, str(run_dir), progress), timeout_s)
+    return run(_rank_main, spec.parallel.devices, spec.device, (spec, str(run_dir), progress, options), timeout_s)
