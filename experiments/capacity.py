@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import hydra
+import pandas as pd
 
 from experiments.entry import fail_fast, plain
 from roofline.analysis import capacity
@@ -13,6 +14,7 @@ from roofline.model.config import ConfigError
 from roofline.analysis.predict import Drafter
 from roofline.model.presets import get_preset
 from roofline.measure.devices import detect, get_spec
+from roofline.parallel import whatif
 
 
 @hydra.main(config_path="../conf", config_name="capacity", version_base="1.3")
@@ -20,6 +22,12 @@ def main(cfg) -> None:
     with fail_fast():
         c = plain(cfg)
         model = get_preset(c["preset"])
+        if c["layouts"]:  # how many devices, which layout: datasheet row + sourced priors (an interval)
+            rows = pd.DataFrame(whatif.capacity(
+                model, get_spec(c["device"]), c["dtype"], c["context"], c["output"], c["itl_target_ms"],
+                c["target_tok_s"], c["price_per_device_hour"], c["alpha"] if c["speculative"] else None, c["k"]))
+            print(rows.round(3).to_string(index=False) if not rows.empty else "no layout meets the ITL target")
+            return
         if c["fit"]:
             fit, extrapolated = costmodel.load_fit(c["fit"]), False
             sheet = detect(fit["provenance"]["device_name"])

@@ -34,6 +34,8 @@ def main(cfg) -> None:
         run_dir = Path(c["out_dir"]) if c["out_dir"] else spec.default_out_dir(RUNS_ROOT)
         summary = run_sweep(spec, run_dir, progress=c["progress"], force=c["force"], extend=c["extend"],
                             retry_failed=c["retry_failed"])
+        if summary is None:  # a follower rank of a torchrun / srun launch: rank 0 reports
+            return
         print(summary_text(run_dir))
         job_dir(dict(status="ok", **summary))
         print(json.dumps(summary))

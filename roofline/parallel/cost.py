@@ -179,14 +179,14 @@ def _with_head(c: dict, cfg: ModelConfig, layout: Layout, b: int) -> dict:
 def rank_forward_cost(cfg: ModelConfig, layout: Layout, dtype, B: int, q: int, L: int, kv_len: int | None = None,
                       moe_impl: str = "touched", touched: float | None = None) -> RankCost:
     """One rank's share of `Transformer.forward` (the largest pipeline stage, charged with the
-    embedding gather and the LM head; pp > 1 adds one send of the activations per boundary)."""
+    embedding gather and the LM head; pp > 1 adds the stage's send of its activations)."""
     _check_shape(cfg, B, q, L)
     b = DTYPE_BYTES[dtype_name(dtype)]
     kv_len = L + q if kv_len is None else kv_len
     n, n_moe = _stage_layers(cfg, layout)
     c = _with_head(_blocks_cost(cfg, layout, n, n_moe, B, q, L, kv_len, b, moe_impl, touched), cfg, layout, b)
-    if layout.pp > 1:
-        c["collectives"] += (Collective("send_recv", B * q * cfg.d * b, layout.pp - 1),)
+    if layout.pp > 1:  # this stage's send of its activations to the next one
+        c["collectives"] += (Collective("send_recv", B * q * cfg.d * b, 1),)
     return RankCost(B=B, q=q, L=L, kv_len=kv_len, tokens=B * q, blocks=n, moe_blocks=n_moe, **c)
 
 

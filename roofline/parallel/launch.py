@@ -43,10 +43,14 @@ def _free_port() -> int:
 
 
 def init(rank: int, world: int, device: str, timeout_s: float) -> str:
-    """Join the group; returns the device string this rank uses."""
+    """Join the group; returns the device string this rank uses. Under Slurm without an explicit
+    MASTER_ADDR / MASTER_PORT the node srun launched from and a port derived from the job id are used."""
+    if "SLURM_PROCID" in os.environ:
+        os.environ.setdefault("MASTER_ADDR", os.environ.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1"))
+        os.environ.setdefault("MASTER_PORT", str(29500 + int(os.environ.get("SLURM_JOB_ID", "0")) % 1000))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     if device.startswith("cuda"):
-        local = int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", rank % torch.cuda.device_count())))
+        local = int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", rank))) % torch.cuda.device_count()
         torch.cuda.set_device(local)
         device = f"cuda:{local}"
     else:

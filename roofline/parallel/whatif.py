@@ -98,8 +98,9 @@ class WhatIf:
         self.layout.check(self.cfg)
 
     def target(self, q: int, B: int, L: int, scenario: int) -> float:
+        """One forward through every pipeline stage (pp stages run one after the other for a token)."""
         c = rank_forward_cost(self.cfg, self.layout, self.dtype, B, q, L)
-        return step_seconds(c, self.device, self.dtype, self.layout, self.setting, scenario)["seconds"]
+        return self.layout.pp * step_seconds(c, self.device, self.dtype, self.layout, self.setting, scenario)["seconds"]
 
     def mtp(self, q: int, B: int, L: int, scenario: int) -> float:
         c = rank_mtp_cost(self.cfg, self.layout, self.dtype, B, q, L)
