@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from roofline.model.accounting import DTYPE_BYTES, _check_shape, attention_matmul_params, attention_params, dtype_name
+from roofline.model.accounting import DTYPE_BYTES, ForwardCost, _check_shape, attention_matmul_params, attention_params, dtype_name
 from roofline.model.config import ModelConfig
 from roofline.parallel.layout import Layout, experts_touched_per_rank, local_shapes
 
@@ -102,13 +102,8 @@ class RankCost:
     flops_attention: int
     collectives: tuple[Collective, ...] = field(default=())
 
-    @property
-    def bytes_total(self) -> float:
-        return self.weight_bytes + self.kv_read_bytes + self.kv_write_bytes + self.embed_bytes
-
-    @property
-    def flops(self) -> float:
-        return self.flops_matmul + self.flops_attention
+    bytes_total = ForwardCost.bytes_total  # the same definitions as one device's
+    flops = ForwardCost.flops
 
     def comm_bytes(self, kind: str | None = None) -> float:
         return float(sum(c.size_bytes * c.count for c in self.collectives if kind in (None, c.kind)))
