@@ -90,3 +90,25 @@ def test_capacity_prices_a_million_tokens_and_plans_speculation():
     spec = capacity(get_preset("deepseek-v3"), get_spec("h200_sxm"), "bfloat16", 1024, 256, 200.0, 1000.0, alpha=0.85)
     assert {r["speculative"] for r in spec} == {False, True}
     assert set(SCENARIOS) == {"optimistic", "typical", "pessimistic"}
+
+
+def test_speedup_table_gives_intervals_and_k0_is_plain_decode():
+    from roofline.parallel.whatif import speedup_table
+    rows = speedup_table(get_preset("deepseek-v3"), get_spec("h200_sxm"), "bfloat16", Layout(tp=8), [0.8], [0, 1],
+                         [1], [512])
+    assert rows[0]["S"] == 1.0 and rows[1]["S_low"] <= rows[1]["S"] <= rows[1]["S_high"]
+    with pytest.raises(ValueError, match="no MTP module"):
+        speedup_table(get_preset("llama-3.1-8b"), get_spec("h200_sxm"), "bfloat16", Layout(tp=2), [0.8], [1], [1], [8])
+
+
+@pytest.mark.slow
+def test_anchors_entry_point_prints_table_and_median_error():
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    r = subprocess.run([sys.executable, "-m", "experiments.anchors"], cwd=Path(__file__).parents[1],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["anchors"] >= 8 and summary["median_abs_error_pct"] >= 0

@@ -200,3 +200,23 @@ def capacity(cfg: ModelConfig, device: DeviceSpec, dtype: str, context: int, out
                 row["usd_per_million_tokens"] = price_per_device_hour * lay.devices / (tok_s * 3600) * 1e6
             rows.append(row)
     return rows
+
+
+def speedup_table(cfg: ModelConfig, device: DeviceSpec, dtype: str, layout: Layout, alphas, ks, Bs, Ls,
+                  setting: Setting = Setting()) -> list[dict]:
+    """MTP speculative speedup and plain ITL per (alpha, k, B, L) from the datasheet row + priors,
+    each as the interval of the three prior scenarios (the preset must have an MTP module)."""
+    if cfg.mtp_layers < 1:
+        raise ConfigError(f"model {cfg.name!r} has no MTP module (mtp_layers=0): the what-if prices MTP drafts")
+    w = WhatIf(cfg, device, dtype, layout, setting)
+    rows = []
+    for L in Ls:
+        for B in Bs:
+            itl = w.itl(B, L)
+            for a in alphas:
+                for k in ks:
+                    s = w.mtp_speedup((a, a, a), k, B, L) if k else dict.fromkeys(SCENARIOS, 1.0)
+                    rows.append(dict(layout=layout.label(), alpha=a, k=k, B=B, L=L, S=s["typical"], S_low=min(s.values()),
+                                     S_high=max(s.values()), itl_ms=itl["typical"] * 1e3,
+                                     itl_ms_low=itl["optimistic"] * 1e3, itl_ms_high=itl["pessimistic"] * 1e3))
+    return rows
