@@ -10,7 +10,7 @@ import hydra
 
 from experiments.entry import fail_fast, plain
 from roofline.io.results import RUNS_ROOT
-from roofline.parallel.collectives import CollectiveSpec, run_collectives, table
+from roofline.parallel.collectives import CollectiveSpec, link_reference, run_collectives, table
 
 
 @hydra.main(config_path="../conf", config_name="collectives", version_base="1.3")
@@ -27,6 +27,7 @@ def main(cfg) -> None:
                 print(f"{kind:>15}: latency {f['latency_us']:.1f} us + S / {f['algbw_GBps']:.2f} GB/s "
                       f"(busbw {f['busbw_GBps']:.2f} GB/s, factor {f['bus_factor']:.2f}, n={f['ranks']}; "
                       f"median |fit error| {f['median_abs_err_pct']:.1f}%)")
+            print("beside:", link_reference(doc["device_name"]))
             print(json.dumps(dict(out_dir=str(out), fit=doc["fit"])))
 
 

@@ -210,3 +210,20 @@ def run_collectives(spec: CollectiveSpec, out_dir) -> dict:
     (out / "collectives.json").write_text(json.dumps(doc, indent=1))
     pd.DataFrame(rows).to_csv(out / "collectives.csv", index=False)
     return doc
+
+
+def link_reference(device_name: str) -> str:
+    """What the measured busbw should be read against: the device's link from priors.yaml (a GPU
+    with a datasheet row), else a note that ranks on one CPU exchange through shared memory."""
+    from roofline.measure.devices import detect
+    from roofline.parallel.whatif import load_priors
+    spec = detect(device_name)
+    priors = load_priors()
+    link = priors["device_links"].get(spec.key) if spec is not None else None
+    if link is None:
+        return (f"{device_name}: ranks exchange through shared memory (gloo); compare busbw with the DRAM "
+                "bandwidth of python -m experiments.ceilings (no link datasheet)")
+    p = priors["interconnects"][link]
+    return (f"{device_name}: {link} prior busbw {p['busbw_GBps'][0]}/{p['busbw_GBps'][1]}/{p['busbw_GBps'][2]} GB/s, "
+            f"latency {p['latency_us'][0]}/{p['latency_us'][1]}/{p['latency_us'][2]} us "
+            "(optimistic/typical/pessimistic, roofline/data/priors.yaml)")
