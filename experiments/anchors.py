@@ -1,6 +1,7 @@
 """Published multi-GPU measurements beside our what-if predictions: `python -m experiments.anchors`."""
 
 import json
+from pathlib import Path
 
 import hydra
 import pandas as pd
@@ -23,6 +24,14 @@ def main(cfg) -> None:
                       .to_string(index=False))
         summary = dict(anchors=len(t), median_abs_error_pct=float(t["error_pct"].abs().median()),
                        inside_interval=int(t["inside"].sum()))
+        if c["out_dir"]:
+            out = Path(c["out_dir"])
+            out.mkdir(parents=True, exist_ok=True)
+            t.to_csv(out / "anchors.csv", index=False)
+            for aid in c["trend"]:
+                anchors.trend(aid, tuple(c["trend_B"]), c["anchors"] or anchors.ANCHORS_PATH).to_csv(
+                    out / f"trend-{aid}.csv", index=False)
+            (out / "anchors.json").write_text(json.dumps(summary, indent=1))
         print(json.dumps(summary))
 
 
