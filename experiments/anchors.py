@@ -7,6 +7,7 @@ import hydra
 import pandas as pd
 
 from experiments.entry import fail_fast, plain
+from roofline.io.files import write_csv_atomic, write_json_atomic
 from roofline.parallel import anchors
 
 
@@ -27,11 +28,11 @@ def main(cfg) -> None:
         if c["out_dir"]:
             out = Path(c["out_dir"])
             out.mkdir(parents=True, exist_ok=True)
-            t.to_csv(out / "anchors.csv", index=False)
+            write_csv_atomic(t, out / "anchors.csv")
             for aid in c["trend"]:
-                anchors.trend(aid, tuple(c["trend_B"]), c["anchors"] or anchors.ANCHORS_PATH).to_csv(
-                    out / f"trend-{aid}.csv", index=False)
-            (out / "anchors.json").write_text(json.dumps(summary, indent=1))
+                write_csv_atomic(anchors.trend(aid, tuple(c["trend_B"]), c["anchors"] or anchors.ANCHORS_PATH),
+                                 out / f"trend-{aid}.csv")
+            write_json_atomic(out / "anchors.json", summary)
         print(json.dumps(summary))
 
 

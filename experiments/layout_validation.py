@@ -7,6 +7,7 @@ from pathlib import Path
 import hydra
 
 from experiments.entry import fail_fast, plain
+from roofline.io.files import write_csv_atomic, write_json_atomic
 from roofline.model.config import ConfigError
 from roofline.parallel.validate import held_out
 
@@ -22,8 +23,8 @@ def main(cfg) -> None:
         if c["out_dir"]:
             out = Path(c["out_dir"])
             out.mkdir(parents=True, exist_ok=True)
-            table.to_csv(out / "layout_validation.csv", index=False)
-            (out / "layout_validation.json").write_text(json.dumps(summary, indent=1, default=float))
+            write_csv_atomic(table, out / "layout_validation.csv")
+            write_json_atomic(out / "layout_validation.json", summary, default=float)
         print(table.round(5).to_string(index=False))
         print(json.dumps(summary, default=float))
 

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from scipy.optimize import nnls
 
-from roofline.model.accounting import DTYPE_BYTES, dtype_name, torch_dtype
+from roofline.model.dtypes import dtype_bytes, dtype_name, torch_dtype
 from roofline.model.config import ConfigError
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
@@ -72,7 +72,7 @@ class CollectiveSpec:
 
     def sizes(self) -> list[int]:
         """Sizes S in bytes, each a multiple of world × element size (rounded up)."""
-        unit = self.world * DTYPE_BYTES[dtype_name(self.dtype)]
+        unit = self.world * dtype_bytes(self.dtype)
         out, s = [], self.min_bytes
         while s <= self.max_bytes:
             out.append(max(unit, math.ceil(s / unit) * unit))
@@ -198,6 +198,7 @@ def run_collectives(spec: CollectiveSpec, out_dir) -> dict:
 
     import pandas as pd
 
+    from roofline.io.files import write_csv_atomic, write_json_atomic
     from roofline.measure.devices import running_device_name
     from roofline.parallel.launch import run
 
@@ -207,8 +208,8 @@ def run_collectives(spec: CollectiveSpec, out_dir) -> dict:
     doc = document(spec, rows, running_device_name(spec.device))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "collectives.json").write_text(json.dumps(doc, indent=1))
-    pd.DataFrame(rows).to_csv(out / "collectives.csv", index=False)
+    write_json_atomic(out / "collectives.json", doc)
+    write_csv_atomic(pd.DataFrame(rows), out / "collectives.csv")
     return doc
 
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from roofline.model.accounting import DTYPE_BYTES, ForwardCost, _check_shape, attention_matmul_params, attention_params, dtype_name
+from roofline.model.accounting import ForwardCost, _check_shape, attention_matmul_params, attention_params
+from roofline.model.dtypes import dtype_bytes
 from roofline.model.config import ModelConfig
 from roofline.parallel.layout import Layout, experts_touched_per_rank, local_shapes
 
@@ -67,7 +68,7 @@ def kv_elems_per_token_rank(cfg: ModelConfig, layout: Layout) -> int:
 def memory_per_rank(cfg: ModelConfig, layout: Layout, dtype: str, batch: int, tokens_per_seq: int,
                     with_mtp: bool = False) -> tuple[float, float]:
     """(weight bytes, KV-cache bytes) resident on one rank for `batch` sequences of `tokens_per_seq`."""
-    b = DTYPE_BYTES[dtype_name(dtype)]
+    b = dtype_bytes(dtype)
     n, _ = _stage_layers(cfg, layout)
     blocks = n + (cfg.mtp_layers if with_mtp else 0)
     seqs = math.ceil(batch / layout.batch_split)
@@ -176,7 +177,7 @@ def rank_forward_cost(cfg: ModelConfig, layout: Layout, dtype, B: int, q: int, L
     """One rank's share of `Transformer.forward` (the largest pipeline stage, charged with the
     embedding gather and the LM head; pp > 1 adds the stage's send of its activations)."""
     _check_shape(cfg, B, q, L)
-    b = DTYPE_BYTES[dtype_name(dtype)]
+    b = dtype_bytes(dtype)
     kv_len = L + q if kv_len is None else kv_len
     n, n_moe = _stage_layers(cfg, layout)
     c = _with_head(_blocks_cost(cfg, layout, n, n_moe, B, q, L, kv_len, b, moe_impl, touched), cfg, layout, b)
@@ -191,7 +192,7 @@ def rank_mtp_cost(cfg: ModelConfig, layout: Layout, dtype, B: int, q: int, L: in
     if cfg.mtp_layers < 1:
         raise ValueError(f"model {cfg.name!r} has no MTP module (mtp_layers=0)")
     _check_shape(cfg, B, q, L)
-    b = DTYPE_BYTES[dtype_name(dtype)]
+    b = dtype_bytes(dtype)
     kv_len = L + q if kv_len is None else kv_len
     c = _with_head(_blocks_cost(cfg, layout, 1, int(cfg.is_moe), B, q, L, kv_len, b, moe_impl, touched), cfg, layout, b)
     Br = math.ceil(B / layout.batch_split)

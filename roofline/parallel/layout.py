@@ -18,7 +18,6 @@ A layout uses tp · pp devices: pp pipeline stages, each a group of tp ranks.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -69,14 +68,6 @@ class Layout:
     def label(self) -> str:
         parts = [f"tp{self.tp}"] + ([f"ep{self.ep}"] if self.ep > 1 else []) + (["dpattn"] if self.dp_attention else [])
         return "-".join(parts + ([f"pp{self.pp}"] if self.pp > 1 else []))
-
-    @classmethod
-    def from_dict(cls, raw) -> "Layout":
-        known = {f.name for f in dataclasses.fields(cls)}
-        bad = sorted(set(raw or {}) - known)
-        if bad:
-            raise ConfigError(f"layout: unknown field(s) {bad}; allowed {sorted(known)}")
-        return cls(**(raw or {}))
 
     # ---- against a model and a world --------------------------------------------------------
     def check(self, cfg: ModelConfig, world: int | None = None) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from roofline.model.accounting import torch_dtype
+from roofline.model.dtypes import torch_dtype
 from roofline.model.config import ConfigError
 from roofline.model.decoder import build_model
 from roofline.measure.sweep import Point, SweepSpec, _Workload, run_sweep
