@@ -218,3 +218,21 @@ def test_cuda_kernels_match_the_dequantised_reference(name):
     scale = x.cpu().double().abs() @ deq.abs().T
     tol = 2 ** -3 if fmt.kind == "fp8" else 2 ** -7
     assert ((lin(x).cpu().double() - ref).abs() <= tol * scale + 1e-4).all()
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-70b", "deepseek-v3"])
+def test_rank_memory_in_a_quantized_precision(name):
+    """One rank of tp1 holds exactly the single-device bytes; tp2 of a dense model splits the
+    blocks and the head and keeps the embedding whole; the KV cache shrinks with its format."""
+    from roofline.parallel.cost import memory_per_rank
+    from roofline.parallel.layout import Layout
+    cfg = get_preset(name)
+    label = "bfloat16+weights=int4_g128+kv=fp8_e4m3" if name.startswith("llama") else "bfloat16+weights=fp8_e4m3_b128"
+    w1, kv1 = memory_per_rank(cfg, Layout(tp=1), label, 4, 1024, with_mtp=True)
+    assert w1 == pytest.approx(resident_weight_bytes(cfg, label, with_mtp=True), rel=1e-12)
+    _, kv_bf16 = memory_per_rank(cfg, Layout(tp=1), "bfloat16", 4, 1024, with_mtp=True)
+    assert kv1 == kv_bf16 / (2 if "kv=" in label else 1)
+    if name.startswith("llama"):
+        w2, _ = memory_per_rank(cfg, Layout(tp=2), label, 4, 1024)
+        embed = cfg.vocab * cfg.d * 2
+        assert w2 - embed == pytest.approx((resident_weight_bytes(cfg, label, with_mtp=False) - embed) / 2, rel=1e-6)
