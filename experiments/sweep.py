@@ -3,6 +3,7 @@
 Multirun: `python -m experiments.sweep -m model=cpu-demo,tiny 'dtypes=[bfloat16],[float32]'`
 (add `hydra/launcher=submitit_local` or `hydra/launcher=slurm` to go through submitit).
 A Hugging Face model folder in place of a preset: `python -m experiments.sweep checkpoint=path/to/folder`.
+Several ranks: `python -m experiments.sweep tp=2 [ep=2]` (spawned here; or under torchrun / srun).
 """
 
 import json
@@ -14,9 +15,11 @@ from experiments.entry import axis, fail_fast, job_dir, plain
 from roofline.checkpoints.loader import checkpoint_config
 from roofline.io.fields import from_dict
 from roofline.model.config import ModelConfig
+from roofline.model.formats import with_overrides
 from roofline.io.results import RUNS_ROOT
 from roofline.measure.sweep import SweepSpec, dry_run, run_sweep, summary_text
 from roofline.measure.timer import TimerSettings
+from roofline.parallel.layout import Layout
 
 
 @hydra.main(config_path="../conf", config_name="sweep", version_base="1.3")
@@ -25,10 +28,12 @@ def main(cfg) -> None:
         c = plain(cfg)
         model = checkpoint_config(c["checkpoint"]) if c["checkpoint"] else ModelConfig.from_dict(c["model"])
         spec = SweepSpec(model=model, q=axis(c["q"], "q"), B=axis(c["B"], "B"),
-                         L=axis(c["L"], "L"), dtypes=axis(c["dtypes"], "dtypes"), modes=axis(c["modes"], "modes"),
+                         L=axis(c["L"], "L"), modes=axis(c["modes"], "modes"),
+                         dtypes=with_overrides(axis(c["dtypes"], "dtypes"), c["weights"], c["kv"], c["lm_head"], model.native_weights),
                          timer=from_dict(TimerSettings, c["timer"], "timer"), device=c["device"], layers=c["layers"],
                          mtp_q=axis(c["mtp_q"], "mtp_q"), seed=c["seed"], ceilings=c["ceilings"] or "",
-                         overrides=tuple(c["overrides"]), checkpoint=c["checkpoint"] or "")
+                         overrides=tuple(c["overrides"]), checkpoint=c["checkpoint"] or "",
+                         parallel=Layout(tp=c["tp"], ep=c["ep"], dp_attention=c["dp_attention"]))
         run_dir = Path(c["out_dir"]) if c["out_dir"] else spec.default_out_dir(RUNS_ROOT)
         if c["dry_run"]:
             print(dry_run(spec, run_dir))
@@ -36,6 +41,8 @@ def main(cfg) -> None:
             return
         summary = run_sweep(spec, run_dir, progress=c["progress"], force=c["force"], extend=c["extend"],
                             retry_failed=c["retry_failed"])
+        if summary is None:  # a follower rank of a torchrun / srun launch: rank 0 reports
+            return
         print(summary_text(run_dir))
         job_dir(dict(status="ok", **summary))
         print(json.dumps(summary))

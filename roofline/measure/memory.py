@@ -26,9 +26,10 @@ import psutil
 import torch
 
 from roofline.measure.devices import parse_device
-from roofline.model.accounting import kv_bytes_per_token, param_count
+from roofline.model.accounting import kv_bytes_per_token, resident_weight_bytes
 from roofline.model.config import ModelConfig
 from roofline.model.dtypes import dtype_bytes
+from roofline.model.formats import activation_dtype
 
 HEADROOM = 0.9  # share of the available memory a workload may claim (allocator slack)
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -56,9 +57,9 @@ class Resident:
 
 
 def resident_bytes(cfg: ModelConfig, dtype: str, batch: int, tokens_per_seq: int, with_mtp: bool = True) -> Resident:
-    """Weights and KV cache of `batch` sequences of `tokens_per_seq` tokens, in bytes."""
-    pc = param_count(cfg)
-    weights = (pc.total_with_mtp if with_mtp else pc.total) * dtype_bytes(dtype)
+    """Weights and KV cache of `batch` sequences of `tokens_per_seq` tokens, in bytes; `dtype` may
+    be a precision label (roofline.model.formats): each tensor class in its format, scales included."""
+    weights = resident_weight_bytes(cfg, dtype, with_mtp)
     kv_tok = kv_bytes_per_token(cfg, dtype) * (1 + (cfg.mtp_layers / cfg.layers if with_mtp else 0.0))
     return Resident(float(weights), float(kv_tok * tokens_per_seq * batch))
 
@@ -71,7 +72,7 @@ def largest_parameter(cfg: ModelConfig) -> int:
 
 def activation_bytes(cfg: ModelConfig, dtype: str, batch: int, q: int, context: int) -> float:
     """Transient bytes of one forward pass of B·q tokens at `context` tokens (an upper estimate)."""
-    b, n = dtype_bytes(dtype), batch * q
+    b, n = dtype_bytes(activation_dtype(dtype)), batch * q
     ffn = max(cfg.ffn, (cfg.moe_ffn or 0) * max(cfg.experts_per_token or 0, 1) + (cfg.moe_ffn or 0) * (cfg.shared_experts or 0))
     hidden = n * (3 * ffn + 8 * cfg.d) * b
     logits = n * cfg.vocab * (b + 4)  # the model's dtype and its float32 copy
