@@ -126,7 +126,7 @@ def plan(fit: dict, cfg: ModelConfig, dtype: str, work: Workload, mem_bytes: flo
         if bad:
             raise ConfigError("fit: " + "; ".join(quality.fit_warnings(dict(groups=bad))) + ": refit on more points")
     why = [f"what-if: {fit['provenance']['what_if']}"] if fit["provenance"].get("what_if") else \
-        quality.extrapolation(fit, cfg.name, dtype_name(dtype), q=[1] + ([spec.k + 1] if spec else []), B=list(Bs),
+        quality.extrapolation(fit, cfg.name, parse_precision(dtype).label, q=[1] + ([spec.k + 1] if spec else []), B=list(Bs),
                               L=work.context + work.output // 2)
     extrapolated = extrapolated or bool(why)
     tokens_per_seq = work.context + work.output
