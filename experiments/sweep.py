@@ -14,6 +14,7 @@ from experiments.entry import fail_fast, job_dir, plain
 from roofline.checkpoints.loader import checkpoint_config
 from roofline.model.config import ModelConfig
 from roofline.io.results import RUNS_ROOT
+from roofline.measure.noise import NoiseSettings
 from roofline.measure.sweep import SweepSpec, run_sweep, summary_text
 from roofline.measure.timer import TimerSettings
 
@@ -29,7 +30,9 @@ def main(cfg) -> None:
                          mtp_q=tuple(c["mtp_q"]), seed=c["seed"], ceilings=c["ceilings"] or "",
                          overrides=tuple(c["overrides"]), checkpoint=c["checkpoint"] or "")
         run_dir = Path(c["out_dir"]) if c["out_dir"] else spec.default_out_dir(RUNS_ROOT)
-        summary = run_sweep(spec, run_dir, progress=c["progress"])
+        noise = {k: v for k, v in c["noise"].items() if k != "enabled"}
+        summary = run_sweep(spec, run_dir, progress=c["progress"],
+                            noise=NoiseSettings(**noise) if c["noise"]["enabled"] else None)
         print(summary_text(run_dir))
         job_dir(dict(status="ok", **summary))
         print(json.dumps(summary))

@@ -67,3 +67,12 @@ def test_vectorised_prediction_equals_one_at_a_time():
     many = m.predict(q, B, L)
     one = [model().seconds(*p) for p in zip(q, B, L)]
     np.testing.assert_allclose(many["seconds"], one, rtol=1e-12)
+
+
+def test_a_q_step_faster_than_the_one_token_step_is_listed_as_a_kernel_effect():
+    from roofline.analysis.steptable import kernel_effects
+    pts = pd.DataFrame(dict(kind="forward", dtype="bfloat16", mode="eager", B=1, L=128, q=[1, 2, 4, 8],
+                            t_median_s=[0.020, 0.016, 0.0199, 0.030]))
+    k = kernel_effects(pts)
+    assert k["q"].tolist() == [2]  # 4 is within the 2% margin; 8 is slower
+    assert k["Tq_over_T1"].iloc[0] == pytest.approx(0.8)

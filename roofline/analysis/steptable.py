@@ -105,3 +105,20 @@ class StepModel:
     def source(self, q: int, B: int, L: int) -> str:
         self.seconds(q, B, L)
         return self._memo[(int(q), int(B), int(L))][1]
+
+
+def kernel_effects(points: pd.DataFrame, margin: float = 0.02) -> pd.DataFrame:
+    """Measured steps over q > 1 tokens that ran faster than the 1-token step at the same
+    (kind, dtype, mode, B, L), by more than `margin`: T(q) < T(1) is a kernel switch, since
+    the q-token pass reads at least the same bytes."""
+    keys = [k for k in ("model", "kind", "dtype", "mode", "B", "L") if k in points]
+    out = []
+    for key, g in points.groupby(keys):
+        one = g.loc[g["q"] == 1, "t_median_s"]
+        if one.empty:
+            continue
+        t1 = float(one.median())
+        for r in g[(g["q"] > 1) & (g["t_median_s"] < (1 - margin) * t1)].itertuples():
+            out.append({**dict(zip(keys, key)), "q": int(r.q), "T1_ms": 1e3 * t1, "Tq_ms": 1e3 * r.t_median_s,
+                        "Tq_over_T1": r.t_median_s / t1})
+    return pd.DataFrame(out)

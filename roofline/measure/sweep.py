@@ -39,6 +39,7 @@ from roofline.model.accounting import dtype_name, forward_cost, kv_bytes_per_tok
 from roofline.model.config import ConfigError, ModelConfig
 from roofline.model.decoder import build_model
 from roofline.measure.devices import spec_for_running_device
+from roofline.measure.noise import NoiseMonitor, NoiseSettings
 from roofline.measure.timer import MODES, TimerSettings, time_fn
 
 KINDS = ("forward", "mtp")
@@ -314,9 +315,11 @@ def prepare_run_dir(spec: SweepSpec, run_dir: Path) -> list[dict]:
 
 
 def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
-              measure: Callable[[_Workload, Point, TimerSettings], dict] = _measure) -> dict:
+              measure: Callable[[_Workload, Point, TimerSettings], dict] = _measure,
+              noise: NoiseSettings | None = NoiseSettings()) -> dict:
     """Measure every point not already in run_dir; return the counts. `measure` is the
-    per-point step (tests inject failures through it)."""
+    per-point step (tests inject failures through it); `noise`: the busy-machine check
+    (roofline.measure.noise; None: off)."""
     t0 = time.time()
     done_rows = prepare_run_dir(spec, run_dir)
     done = {r["point_id"] for r in done_rows}
@@ -336,6 +339,14 @@ def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
     bar = tqdm(total=len(points), initial=len(points) - len(todo), desc=f"sweep {spec.model.name}",
                unit="pt", disable=not progress, file=sys.stderr)
     new = 0
+    monitor = NoiseMonitor(noise, spec.device, log=lambda m: tqdm.write(m, file=sys.stderr)) if noise and todo else None
+
+    def ok_row(w, p):
+        row = measure(w, p, spec.timer)
+        row.update(status="ok", error=None, **_bound(row, dev_spec.ridge(p.dtype)),
+                   **ceiling_columns(row, p.dtype, measured, dev_spec))
+        return row
+
     for (dtype, depth, mode), group in itertools.groupby(todo, key=lambda p: (p.dtype, p.layers_run, p.mode)):
         group = list(group)
         try:
@@ -352,24 +363,28 @@ def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
             try:
                 if setup_error is not None:
                     raise setup_error
-                row = measure(w, p, spec.timer)
-                row.update(status="ok", error=None, **_bound(row, dev_spec.ridge(p.dtype)),
-                           **ceiling_columns(row, p.dtype, measured, dev_spec))
+                row = ok_row(w, p)
             except Exception as e:
                 status = "too_big" if str(e).startswith("too_big") else _failure_status(e)
                 row = dict(status=status, error=f"{type(e).__name__}: {e}"[:500])
-            results.append_row(jsonl, {**base, **row})
+            again = (lambda w=w, p=p, base=base: {**base, **ok_row(w, p)}) if row["status"] == "ok" else None
+            for r in monitor.add({**base, **row}, again) if monitor else [{**base, **row}]:
+                results.append_row(jsonl, r)
             new += 1
             bar.update(1)
+        for r in monitor.flush() if monitor else []:
+            results.append_row(jsonl, r)
         del w
         if spec.device.startswith("cuda"):
             torch.cuda.empty_cache()
     bar.close()
+    quiet = monitor.finish(run_dir) if monitor else {}
     rows = results.read_rows(jsonl)
     df = finalize(spec, run_dir, rows, measured)
     ok = sum(r["status"] == "ok" for r in rows)
     return dict(run_dir=str(run_dir), points=len(points), measured_now=new, resumed=len(points) - len(todo),
-                ok=ok, failed=len(rows) - ok, wall_s=round(time.time() - t0, 2), rows=len(df))
+                ok=ok, failed=len(rows) - ok, wall_s=round(time.time() - t0, 2), rows=len(df),
+                noisy=sum(bool(r.get("noisy")) for r in rows), noise_monitor_s=quiet.get("monitor_s", 0.0))
 
 
 def summary_table(df: pd.DataFrame) -> pd.DataFrame:
