@@ -39,6 +39,7 @@ from roofline.model.accounting import dtype_name, forward_cost, kv_bytes_per_tok
 from roofline.model.config import ConfigError, ModelConfig
 from roofline.model.decoder import build_model
 from roofline.measure.devices import spec_for_running_device
+from roofline.measure import slicing
 from roofline.measure.noise import NoiseMonitor, NoiseSettings
 from roofline.measure.timer import MODES, TimerSettings, time_fn
 
@@ -276,7 +277,8 @@ def extrapolate_layers(rows: list[dict], layers_full: int) -> list[dict]:
         for k in ("t_p10_s", "t_p90_s"):  # the 2n-layer run's relative spread around the extrapolated median
             full[k] = full["t_median_s"] * depths[n2][k] / depths[n2]["t_median_s"]
         full.update(layers_run=layers_full, extrapolated=True, layers_measured=f"{n},{n2}",
-                    per_layer_s=per_layer, fixed_s=depths[n]["t_median_s"] - n * per_layer)
+                    per_layer_s=per_layer, fixed_s=depths[n]["t_median_s"] - n * per_layer,
+                    **slicing.judge(depths[n], depths[n2], layers_full))
         out.append(full)
     return out
 
@@ -296,6 +298,10 @@ def finalize(spec: SweepSpec, run_dir: Path, rows: list[dict], measured: dict | 
                      **_bound(r, dev_spec.ridge(r["dtype"])))
             r.update(ceiling_columns(r, r["dtype"], measured, dev_spec))
             table.append(r)
+        refused = [r for r in table if r.get("status") == "refused"]
+        if refused:
+            print(f"WARNING slicing: {len(refused)} point(s) not extrapolated to {spec.model.layers} layers; "
+                  f"first: {refused[0]['point_id']}: {refused[0]['error']}", file=sys.stderr)
     return results.write_csv(table, run_dir / "points.csv")
 
 
@@ -406,7 +412,8 @@ def slicing_error(full: "pd.DataFrame", sliced: "pd.DataFrame") -> "pd.DataFrame
     keys = ["kind", "dtype", "mode", "q", "B", "L"]
     f = full[(full["status"] == "ok") & (full["layers_run"] == full["layers_full"]) & (~full["extrapolated"].astype(bool))]
     s = sliced[sliced["extrapolated"].astype(bool)]
-    m = f[keys + ["t_median_s"]].merge(s[keys + ["t_median_s", "layers_measured"]], on=keys, suffixes=("_measured", "_extrapolated"))
+    m = f[keys + ["t_median_s"]].merge(s[keys + ["t_median_s", "layers_measured", "status"]], on=keys,
+                                       suffixes=("_measured", "_extrapolated"))
     m["rel_err"] = m["t_median_s_extrapolated"] / m["t_median_s_measured"] - 1
     return m
 
