@@ -31,7 +31,8 @@ def main(cfg) -> None:
                          overrides=tuple(c["overrides"]), checkpoint=c["checkpoint"] or "")
         run_dir = Path(c["out_dir"]) if c["out_dir"] else spec.default_out_dir(RUNS_ROOT)
         noise = {k: v for k, v in c["noise"].items() if k != "enabled"}
-        summary = run_sweep(spec, run_dir, progress=c["progress"],
+        summary = run_sweep(spec, run_dir, progress=c["progress"], force=c["force"], extend=c["extend"],
+                            retry_failed=c["retry_failed"],
                             noise=NoiseSettings(**noise) if c["noise"]["enabled"] else None)
         print(summary_text(run_dir))
         job_dir(dict(status="ok", **summary))
