@@ -1,6 +1,7 @@
 """The compact decoder: one forward over q tokens equals q single-token forwards, ragged."""
 
 import math
+import weakref
 
 import pytest
 import torch
@@ -125,3 +126,54 @@ def test_llama3_rope_scaling_keeps_short_and_stretches_long_wavelengths():
 def test_deepseek_yarn_softmax_scale():
     rs = get_preset("deepseek-v3").rope_scaling
     assert yarn_softmax_scale(rs) == pytest.approx((0.1 * math.log(40) + 1) ** 2)
+
+
+class _LiveFloat32(torch.utils._python_dispatch.TorchDispatchMode):
+    """Peak bytes of float32 CPU storage alive at once among tensors created inside the mode
+    (a storage counted once, however many views of it ops return)."""
+
+    def __init__(self):
+        super().__init__()
+        self.live, self.peak = {}, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.device.type == "cpu":
+                ptr = t.untyped_storage().data_ptr()
+                if ptr not in self.live:
+                    self.live[ptr] = t.untyped_storage().nbytes()
+                    weakref.finalize(t.untyped_storage(), self.live.pop, ptr, None)
+                    self.peak = max(self.peak, sum(self.live.values()))
+        return out
+
+
+def test_bf16_build_never_materialises_the_model_in_float32():
+    cfg = mini("llama-3.1-8b")
+    with _LiveFloat32() as log:
+        m = build_model(cfg, max_batch=2, max_context=16, seed=2, dtype=torch.bfloat16)
+    params = list(m.parameters())
+    assert all(p.dtype == torch.bfloat16 for p in params)
+    assert all(b.dtype == torch.bfloat16 for b in m.kv_cache_tensors())
+    largest = max(p.numel() for p in params) * 4
+    model_f32 = sum(p.numel() for p in params) * 4
+    rope = 2 * m.rope_cos.numel() * 4
+    # one float32 draw alive at a time (the largest parameter at most) + the float32 RoPE tables
+    assert log.peak <= largest + rope < model_f32 / 2
+
+
+def test_rope_tables_stay_float32_in_half_precision_models():
+    from roofline.model.rope import rope_table
+    cfg = mini("llama-3.1-8b")
+    m = build_model(cfg, max_batch=1, max_context=64, dtype=torch.bfloat16)
+    cos, sin = rope_table(cfg, 64)
+    assert m.rope_cos.dtype == torch.float32
+    assert torch.equal(m.rope_cos, cos) and torch.equal(m.rope_sin, sin)
+
+
+def test_meta_build_has_shapes_and_dtypes_and_no_storage():
+    cfg = get_preset("llama-3.1-8b")  # the real 8B: instant on the meta device
+    m = build_model(cfg, max_batch=4, max_context=4096, dtype=torch.bfloat16, device="meta")
+    assert all(p.is_meta and p.dtype == torch.bfloat16 for p in m.parameters())
+    from roofline.model.accounting import param_count
+    assert sum(p.numel() for p in m.parameters()) == param_count(cfg).total

@@ -29,3 +29,18 @@ def test_llama_3_1_8b_bf16_decode_step_runs():
     m = build_model(cfg, max_batch=1, max_context=512, dtype=torch.bfloat16, device="cuda")
     out = m(torch.randint(0, cfg.vocab, (1, 4), device="cuda"), torch.zeros(1, dtype=torch.long, device="cuda"))
     assert out.shape == (1, 4, cfg.vocab) and torch.isfinite(out.float()).all()
+
+
+def test_bf16_build_peaks_near_the_models_own_bytes():
+    """Meta-device build: the 8B in bf16 never holds a float32 copy (that would be 2x its bytes)."""
+    cfg = get_preset("llama-3.1-8b")
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    m = build_model(cfg, max_batch=1, max_context=512, dtype=torch.bfloat16, device="cuda")
+    params = list(m.parameters())
+    model_bytes = sum(p.numel() * p.element_size() for p in params)
+    model_bytes += sum(b.numel() * b.element_size() for b in m.buffers())
+    largest_f32 = max(p.numel() for p in params) * 4
+    peak = torch.cuda.max_memory_allocated() - base
+    assert peak <= model_bytes + largest_f32 + 64 * 2**20, (peak, model_bytes)

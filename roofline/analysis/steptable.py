@@ -75,14 +75,15 @@ class StepModel:
     other bytes, so its prediction is the fit's.
     """
 
-    def __init__(self, group: dict, cost_rows, terms, own: bool = True):
-        self.group, self._rows, self._terms = group, cost_rows, terms
+    def __init__(self, group: dict, cost_rows, terms, own: bool = True,
+                 names: tuple[str, ...] = ("t0", "weights", "kv", "matmul", "attention")):
+        self.group, self._rows, self._terms, self.names = group, cost_rows, terms, names
         table = group.get("table") if own else None
         self.grid = RatioGrid(table) if table and table.get("q") else None
         self._memo: dict[tuple[int, int, int], tuple[float, str]] = {}
 
     def predict(self, q, B, L) -> pd.DataFrame:
-        """Columns seconds, fit_s, source ("table" | "fit") and the five terms, one row per step."""
+        """Columns seconds, fit_s, source ("table" | "fit") and the fit's terms, one row per step."""
         q, B, L = (np.atleast_1d(np.asarray(x, dtype=int)) for x in np.broadcast_arrays(q, B, L))
         t = self._terms(self._rows(q, B, L))
         fit_s = t.sum(axis=1)
@@ -90,7 +91,7 @@ class StepModel:
         use = np.isfinite(ratio)
         out = pd.DataFrame(dict(q=q, B=B, L=L, seconds=np.where(use, fit_s * np.exp(np.where(use, ratio, 0.0)), fit_s),
                                 fit_s=fit_s, source=np.where(use, "table", "fit")))
-        for name, col in zip(("t0", "weights", "kv", "matmul", "attention"), t.T):
+        for name, col in zip(self.names, t.T):
             out[f"{name}_s"] = col
         return out
 

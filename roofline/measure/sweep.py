@@ -29,18 +29,19 @@ from typing import Callable
 
 import numpy as np
 import pandas as pd
-import psutil
 import torch
 from tqdm import tqdm
 
 from roofline.io import files, provenance, results, runfolder
-from roofline.model.accounting import dtype_name, forward_cost, kv_bytes_per_token, mtp_cost, param_count, torch_dtype
+from roofline.model.accounting import forward_cost, mtp_cost
+from roofline.model.dtypes import datasheet_column, dtype_name, torch_dtype
 from roofline.model.config import ConfigError, ModelConfig
 from roofline.model.decoder import build_model
-from roofline.measure.devices import spec_for_running_device
-from roofline.measure import slicing
+from roofline.measure import memory, slicing
+from roofline.measure.devices import parse_device, running_device_name, spec_for_running_device
 from roofline.measure.noise import NoiseMonitor, NoiseSettings
 from roofline.measure.timer import MODES, TimerSettings, time_fn
+from roofline.parallel.layout import Layout
 
 KINDS = ("forward", "mtp")
 
@@ -62,6 +63,7 @@ class SweepSpec:
     ceilings: str = ""  # a ceilings.json, or "quick" to measure one first; rows then give % of measured ceilings
     out_dir: str = ""
     overrides: tuple[str, ...] = ()
+    parallel: Layout = field(default_factory=Layout)  # tp/ep > 1: ranks of torch.distributed (roofline.parallel.runner)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -84,14 +86,15 @@ class SweepSpec:
         bad = [m for m in self.modes if m not in MODES]
         if bad:
             raise ConfigError(f"modes={bad}: allowed {MODES}")
-        if "graph" in self.modes and not self.device.startswith("cuda"):
+        dev = parse_device(self.device, need_available=False)
+        if "graph" in self.modes and dev.type != "cuda":
             raise ConfigError(f"modes=['graph']: CUDA-graph replay needs device=cuda, got device={self.device!r}")
-        if not (self.device == "cpu" or self.device == "cuda" or
-                (self.device.startswith("cuda:") and self.device[5:].isdigit())):
-            raise ConfigError(f"device={self.device!r}: allowed 'cpu', 'cuda', 'cuda:N'")
         if not isinstance(self.layers, int) or self.layers < 0 or 2 * self.layers > cfg.layers:
             raise ConfigError(f"layers={self.layers}: allowed 0 (full depth) or 1..{cfg.layers // 2} "
                               f"(n and 2n layers of {cfg.layers} are measured)")
+        if self.parallel.devices > 1:
+            from roofline.parallel.runner import check_spec
+            check_spec(self)
 
     def identity(self) -> dict:
         """What changes the numbers (not where they are written): the request, the code
@@ -142,27 +145,12 @@ def grid(spec: SweepSpec) -> list[Point]:
 
 def spec_device_name(device: str) -> str:
     """The running device's name; bad input (exit 2) when CUDA is asked for and absent."""
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device={device!r}: CUDA is not available here; allowed ('cpu',)")
-    from roofline.measure.devices import running_device_name
     return running_device_name(device)
 
 
 def _moe_impl(mode: str) -> str:
     # Routing to the touched experts syncs with the host; graph capture needs the dense path.
     return "dense" if mode == "graph" else "touched"
-
-
-def _fits(cfg: ModelConfig, dtype: str, max_batch: int, max_context: int, device: str) -> tuple[bool, str]:
-    pc = param_count(cfg)
-    need = (pc.total_with_mtp) * torch.finfo(torch_dtype(dtype)).bits // 8
-    need += kv_bytes_per_token(cfg, dtype) * (1 + cfg.mtp_layers / cfg.layers) * max_batch * max_context
-    if device.startswith("cuda"):
-        free = torch.cuda.mem_get_info(torch.device(device))[0]
-    else:
-        free = psutil.virtual_memory().available
-    ok = need < 0.9 * free
-    return ok, f"needs {need / 1e9:.2f} GB (weights + cache), {free / 1e9:.2f} GB free on {device}"
 
 
 def _failure_status(e: BaseException) -> str:
@@ -181,17 +169,18 @@ class _Workload:
         self.cfg, self.spec, self.dtype, self.mode = cfg, spec, dtype, mode
         self.moe_impl = _moe_impl(mode)
         max_ctx = max(spec.L) + max(spec.q + spec.mtp_q)
-        ok, why = _fits(cfg, dtype, max(spec.B), max_ctx, spec.device)
-        if not ok:
-            raise MemoryError(f"too_big: {why}")
+        memory.require_fit(cfg, dtype, max(spec.B), max_ctx, spec.device)
+        self.model = self.build(max_ctx)
+        self.gen = torch.Generator(device=spec.device).manual_seed(spec.seed)
+
+    def build(self, max_ctx: int):
+        spec, cfg, dtype = self.spec, self.cfg, self.dtype
         if spec.checkpoint:
             from roofline.checkpoints.loader import load_checkpoint
-            self.model = load_checkpoint(spec.checkpoint, dtype=dtype, device=spec.device, max_batch=max(spec.B),
-                                         max_context=max_ctx, moe_impl=self.moe_impl, layers=depth)
-        else:
-            self.model = build_model(cfg, max_batch=max(spec.B), max_context=max_ctx, dtype=torch_dtype(dtype),
-                                     device=spec.device, seed=spec.seed, moe_impl=self.moe_impl)
-        self.gen = torch.Generator(device=spec.device).manual_seed(spec.seed)
+            return load_checkpoint(spec.checkpoint, dtype=dtype, device=spec.device, max_batch=max(spec.B),
+                                   max_context=max_ctx, moe_impl=self.moe_impl, layers=cfg.layers)
+        return build_model(cfg, max_batch=max(spec.B), max_context=max_ctx, dtype=torch_dtype(dtype),
+                           device=spec.device, seed=spec.seed, moe_impl=self.moe_impl)
 
     def fill_cache(self, L: int) -> None:
         """Random keys/values in positions < L of every cache (their values do not change the
@@ -257,8 +246,7 @@ def _bound(row: dict, ridge: float | None) -> dict:
 def ceiling_columns(row: dict, dtype: str, measured: dict | None, datasheet) -> dict:
     """Achieved bandwidth and FLOP/s as % of the measured and of the datasheet ceiling, side
     by side, and the bound regime against the measured ridge."""
-    from roofline.measure.devices import canonical_dtype
-    short = canonical_dtype(dtype)
+    short = datasheet_column(dtype)
     pct = lambda v, c: None if not c or v is None else 100.0 * v / c
     out = dict(pct_datasheet_bw=pct(row.get("achieved_GBps"), datasheet.mem_bw_GBps),
                pct_datasheet_flops=pct(row.get("achieved_TFLOPs"), (datasheet.peak_flops(short) or 0) / 1e12))
@@ -401,13 +389,17 @@ class SweepInterrupted(KeyboardInterrupt):
 
 def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
               measure: Callable[[_Workload, Point, TimerSettings], dict] = _measure,
-              force: bool = False, extend: bool = False, retry_failed: bool = True,
+              force: bool = False, extend: bool = False, retry_failed: bool = True, workload=None,
               noise: NoiseSettings | None = NoiseSettings()) -> dict:
     """Measure every point not already in run_dir; return the counts. `measure` is the
-    per-point step (tests inject failures through it); `noise`: the busy-machine check
-    (roofline.measure.noise; None: off). Bad input (a device that is not
-    here, a ceilings file of another device, a folder of another sweep) is refused before
-    anything is written; see roofline.io.runfolder for the folder's lock and resume."""
+    per-point step (tests inject failures through it); `workload` the class that builds the
+    model (the distributed runner's sharded one; tp/ep > 1 starts the ranks first); `noise`
+    the busy-machine check (roofline.measure.noise; None: off). Bad input
+    (a device that is not here, a ceilings file of another device, a folder of another sweep)
+    is refused before anything is written; see roofline.io.runfolder for the folder's lock and resume."""
+    if workload is None and spec.parallel.devices > 1:
+        from roofline.parallel.runner import run_parallel_sweep
+        return run_parallel_sweep(spec, run_dir, progress, force=force, extend=extend, retry_failed=retry_failed)
     t0 = time.time()
     run_dir = Path(run_dir)
     spec.identity()  # the device must exist before a folder is made
@@ -415,10 +407,11 @@ def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
         _ceilings_for(spec, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     with runfolder.locked(run_dir):
-        return _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t0, noise)
+        return _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t0, workload or _Workload,
+                           noise)
 
 
-def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t0, noise=None) -> dict:
+def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t0, workload, noise=None) -> dict:
     spec = prepare_run_dir(spec, run_dir, force, extend)
     resumed = runfolder.load_points(run_dir, runfolder.TRANSIENT if retry_failed else ())
     done = {r["point_id"] for r in resumed.rows}
@@ -453,7 +446,7 @@ def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t
         for (dtype, depth, mode), group in itertools.groupby(todo, key=lambda p: (p.dtype, p.layers_run, p.mode)):
             group = list(group)
             try:
-                w = _Workload(spec, dtype, depth, mode)
+                w = workload(spec, dtype, depth, mode)
                 w.check()
                 setup_error = None
             except Exception as e:  # the whole group fails as data
@@ -462,14 +455,15 @@ def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t
                 base = dict(point_id=p.point_id, kind=p.kind, model=spec.model.name, dtype=p.dtype, mode=p.mode,
                             q=p.q, B=p.B, L=p.L, layers_run=p.layers_run, layers_full=spec.model.layers,
                             extrapolated=False, schema_version=results.SCHEMA_VERSION,
-                            overrides=" ".join(spec.overrides), fingerprint=spec.fingerprint(), **prov)
+                            overrides=" ".join(spec.overrides), fingerprint=spec.fingerprint(), **prov,
+                            **spec.parallel.as_row())
                 samples = None
                 try:
                     if setup_error is not None:
                         raise setup_error
                     row, samples = ok_row(w, p)
                 except Exception as e:
-                    status = "too_big" if str(e).startswith("too_big") else _failure_status(e)
+                    status = "too_big" if isinstance(e, memory.TooBig) else _failure_status(e)
                     row = dict(status=status, error=f"{type(e).__name__}: {e}"[:500])
                 if monitor is None:
                     write({**base, **row}, samples)
@@ -483,7 +477,7 @@ def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t
             for r in monitor.flush() if monitor else []:
                 write(r, r.pop("_samples", None))
             del w
-            if spec.device.startswith("cuda"):
+            if parse_device(spec.device).type == "cuda":
                 torch.cuda.empty_cache()
     except KeyboardInterrupt:
         bar.close()

@@ -338,6 +338,10 @@ def init_weights(model: Transformer, seed: int, std: float = 0.02) -> None:
     the logits then spread like a trained model's (std ~4) instead of ~0.6, so the top-1 token
     is usually clear of the runner-up by more than half-precision rounding and greedy decoding
     in bf16 is decided by the model, not by which kernel computed it.
+
+    Values are drawn in float32, one parameter at a time, and rounded into the parameter's own
+    dtype: the same numbers whatever the target dtype, and never more than one float32
+    parameter alive at once (the largest, the embedding or LM head, is the peak overhead).
     """
     g = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     head = "embed.weight" if model.lm_head is None else "lm_head.weight"
@@ -348,16 +352,29 @@ def init_weights(model: Transformer, seed: int, std: float = 0.02) -> None:
             elif name.endswith("bias"):
                 p.zero_()
             else:
-                p.normal_(0.0, LOGIT_STD / model.cfg.d ** 0.5 if name == head else std, generator=g)
+                draw = p if p.dtype == torch.float32 else torch.empty(p.shape, device=p.device)
+                draw.normal_(0.0, LOGIT_STD / model.cfg.d ** 0.5 if name == head else std, generator=g)
+                if draw is not p:
+                    p.copy_(draw)
+                    del draw
 
 
 def build_model(cfg: ModelConfig, *, max_batch: int, max_context: int, dtype: torch.dtype = torch.float32,
                 device: str | torch.device = "cpu", seed: int = 0, moe_impl: str = "touched") -> Transformer:
-    """Allocate on `device` in `dtype` (weights and cache), random-initialise deterministically."""
-    with torch.device(device):
+    """The model in `dtype` on `device` (weights and cache), random-initialised deterministically.
+
+    Built on the meta device and materialised straight into `dtype`: an 8B model in bf16 peaks
+    at its 16 GB plus one float32 parameter, not at a float32 copy of everything. RoPE tables
+    are computed in float32 on `device` (never rounded through `dtype`). device="meta" returns
+    the model unmaterialised (shapes and dtypes only, no memory): for planning what fits.
+    """
+    with torch.device("meta"):
         model = Transformer(cfg, max_batch, max_context, moe_impl)
-    init_weights(model, seed)
     model = model.to(dtype=dtype)
-    model.rope_cos.data = model.rope_cos.float()
-    model.rope_sin.data = model.rope_sin.float()
+    if torch.device(device).type != "meta":
+        model = model.to_empty(device=device)
+        model.reset_cache()
+        init_weights(model, seed)
+    cos, sin = rope_table(cfg, max_context, device)
+    model.rope_cos, model.rope_sin = cos, sin
     return model.eval().requires_grad_(False)

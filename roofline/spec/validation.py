@@ -36,10 +36,11 @@ import pandas as pd
 import torch
 
 from roofline.analysis import costmodel
-from roofline.model.accounting import torch_dtype
+from roofline.model.dtypes import torch_dtype
 from roofline.model.config import ConfigError, ModelConfig
 from roofline.spec.drafters import MTPDrafter, NgramDrafter, OracleDrafter
 from roofline.model.decoder import build_model
+from roofline.report import figures
 from roofline.report.document import md_table
 from roofline.spec.theory import StepCosts, round_time, tau, tau_iid
 from roofline.spec.engine import DecodeSettings, SpecEngine
@@ -119,9 +120,10 @@ def _median_tps(runs) -> float:
 def acceptance_check(runs, alpha: float | None) -> dict:
     """Per-position conditional acceptance pooled over runs (accepted at i / reached i) and,
     for a requested α, the largest |α̂_i − α| in binomial standard errors sqrt(α(1−α)/n_i)."""
-    k = max(len(m.accepted_per_pos) for m in runs)
-    acc = [sum(m.accepted_per_pos[i] for m in runs if len(m.accepted_per_pos) > i) for i in range(k)]
-    reached = [sum(m.drafts for m in runs)] + acc[:-1]
+    per_pos = [m.counters.accepted_per_pos for m in runs]
+    k = max(len(a) for a in per_pos)
+    acc = [sum(a[i] for a in per_pos if len(a) > i) for i in range(k)]
+    reached = [sum(m.counters.drafts for m in runs)] + acc[:-1]
     prof = [a / n if n else float("nan") for a, n in zip(acc, reached)]
     z = float("nan")
     if alpha is not None and 0 < alpha < 1:
@@ -134,9 +136,9 @@ def predicted_speedup(fit: dict, spec: SpecValSpec, k: int, B: int, tau: float, 
     """S from roofline.spec.theory with the fitted steps. Every forward pays the engine's
     per-step host overhead o_plain; a round pays o_spec in all, i.e. o_spec − o_plain beyond
     its verification forward. Drafter "mtp" as roofline.analysis.predict models it; "ngram": free."""
-    from roofline.analysis.predict import Drafter, step_costs
+    from roofline.analysis.predict import DraftCost, step_costs
     L, dt = spec.context_mid, spec.dtype
-    c = step_costs(fit, dt, Drafter(drafter), spec.model)
+    c = step_costs(fit, dt, DraftCost(drafter), spec.model)
     base = c.steps
     costs = StepCosts(target=lambda q, B_, L_: base.target(q, B_, L_) + o_plain, draft=base.draft,
                       overhead=lambda k_, B_: max(0.0, o_spec - o_plain))
@@ -182,7 +184,7 @@ def run_validation(spec: SpecValSpec, run_dir: Path, log=print) -> pd.DataFrame:
                 diverged.append(_first_divergence(out1, reference))
                 plain_runs.append(m_plain)
                 spec_runs.append(m_spec)
-            tau_meas = statistics.median(m.mean_acceptance_length for m in spec_runs)
+            tau_meas = statistics.median(m.counters.mean_acceptance_length() for m in spec_runs)
             acc = acceptance_check(spec_runs, alpha)
             S_meas = _median_tps(spec_runs) / _median_tps(plain_runs)
             kind = "ngram" if label == "ngram" else "mtp"
@@ -229,13 +231,7 @@ def save_overhead_fit(points: list[dict], path: Path) -> dict:
 
 def write_report_section(table: pd.DataFrame, run_dir: Path) -> Path:
     """Table + predicted-vs-measured picture, as report_specdec.md in the run folder."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figs = run_dir / "figures"
-    figs.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(5.5, 5))
+    fig, ax = figures.subplots(figsize=(5.5, 5))
     for (label, B), g in table.groupby([table["drafter"].str.split().str[0], "B"]):
         ax.scatter(g["S_meas"], g["S_pred"], label=f"{label}, B={B}", s=22)
     lo, hi = min(table["S_meas"].min(), table["S_pred"].min()) * 0.9, max(table["S_meas"].max(), table["S_pred"].max()) * 1.1
@@ -245,8 +241,7 @@ def write_report_section(table: pd.DataFrame, run_dir: Path) -> Path:
     ax.set_title("Speculative decoding: predicted vs measured")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(figs / "specdec_pred_vs_meas.png", dpi=110)
-    plt.close(fig)
+    figures.save(fig, run_dir / "figures", "specdec_pred_vs_meas", dpi=110)
     e = table["err"].abs()
     cols = ["drafter", "k", "B", "tau_alpha", "tau_meas", "alpha_meas", "alpha_max_z", "S_meas", "S_pred", "err",
             "step_source", "S_pred_profile", "err_profile", "S_pred_tau", "err_tau"]
