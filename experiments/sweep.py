@@ -17,6 +17,7 @@ from roofline.io.fields import from_dict
 from roofline.model.config import ModelConfig
 from roofline.model.formats import with_overrides
 from roofline.io.results import RUNS_ROOT
+from roofline.measure.noise import NoiseSettings
 from roofline.measure.sweep import SweepSpec, dry_run, run_sweep, summary_text
 from roofline.measure.timer import TimerSettings
 from roofline.parallel.layout import Layout
@@ -39,8 +40,10 @@ def main(cfg) -> None:
             print(dry_run(spec, run_dir))
             job_dir(dict(status="ok", dry_run=True))
             return
+        noise = {k: v for k, v in c["noise"].items() if k != "enabled"}
         summary = run_sweep(spec, run_dir, progress=c["progress"], force=c["force"], extend=c["extend"],
-                            retry_failed=c["retry_failed"])
+                            retry_failed=c["retry_failed"],
+                            noise=NoiseSettings(**noise) if c["noise"]["enabled"] else None)
         if summary is None:  # a follower rank of a torchrun / srun launch: rank 0 reports
             return
         print(summary_text(run_dir))
