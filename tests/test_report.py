@@ -12,7 +12,7 @@ import pytest
 
 from roofline.model.config import ConfigError
 from roofline.report.document import md_table, write_report
-from tests.test_plots import make_synthetic_run
+from tests.helpers import make_synthetic_run
 
 REPO = Path(__file__).resolve().parent.parent
 

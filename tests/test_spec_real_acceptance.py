@@ -6,8 +6,7 @@ import pytest
 
 from roofline.model.config import ConfigError
 from roofline.spec.real_acceptance import AcceptanceRequest, measure_acceptance
-from tests.test_checkpoint import add_mtp_layer, hf_model
-from tests.test_prompts import CONVERSATION, save_tokenizer
+from tests.helpers import CONVERSATION, add_mtp_layer, hf_model, save_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The validation experiment runs end to end and its prediction follows design.md §2."""
+"""The validation experiment runs end to end and its prediction follows docs/design.md §2."""
 
 import json
 import subprocess
