@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from roofline.measure.ceilings import SUMMARY_KEYS, load_ceilings
 from tests.helpers import make_synthetic_run
 
 REPO = Path(__file__).resolve().parent.parent
@@ -75,10 +76,15 @@ def test_sweep(tmp_path):
 
 def test_ceilings(tmp_path):
     out, r = run_cli("ceilings", "quick=true", f"out_dir={tmp_path}", "working_sets=[262144]",
-                     "square_sizes=[64]", "decode_ms=[]", "kernels=[torch_read]", "l2_modes=[warm]",
-                     "timer.min_reps=2", "timer.max_reps=3")
+                     "square_sizes=[64]", "decode_model=tiny", "decode_ms=[1]", "kernels=[torch_copy,torch_read]",
+                     "l2_modes=[warm]", "timer.min_reps=2", "timer.max_reps=3")
     assert r.returncode == 0, r.stderr
-    assert last_json(out)["summary"]["mem_bw_GBps"] > 0 and (tmp_path / "ceilings.json").exists()
+    last = last_json(out)
+    assert Path(last["run_dir"]) == tmp_path
+    assert set(SUMMARY_KEYS) <= set(last["summary"]) and last["summary"]["mem_bw_GBps"] > 0
+    assert "GFLOP/s" in out and "GB/s" in out
+    assert load_ceilings(tmp_path)["summary"] == last["summary"]
+    assert (tmp_path / "ceilings_bandwidth.csv").exists() and (tmp_path / "ceilings_matmul.csv").exists()
 
 
 def test_fit(reference_run):
