@@ -34,12 +34,14 @@ from tqdm import tqdm
 
 from roofline.io import files, provenance, results, runfolder
 from roofline.model.accounting import forward_cost, mtp_cost
-from roofline.model.dtypes import datasheet_column, dtype_name, torch_dtype
+from roofline.model.dtypes import datasheet_column, torch_dtype
+from roofline.model.formats import activation_dtype, parse_precision, precision, precision_columns
 from roofline.model.config import ConfigError, ModelConfig
 from roofline.model.decoder import build_model
 from roofline.measure import memory
 from roofline.measure.devices import parse_device, running_device_name, spec_for_running_device
 from roofline.measure.timer import MODES, TimerSettings, time_fn
+from roofline.parallel.layout import Layout
 
 KINDS = ("forward", "mtp")
 
@@ -61,6 +63,7 @@ class SweepSpec:
     ceilings: str = ""  # a ceilings.json, or "quick" to measure one first; rows then give % of measured ceilings
     out_dir: str = ""
     overrides: tuple[str, ...] = ()
+    parallel: Layout = field(default_factory=Layout)  # tp/ep > 1: ranks of torch.distributed (roofline.parallel.runner)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -79,7 +82,7 @@ class SweepSpec:
             raise ConfigError(f"L={max(self.L)} + q={max(self.q + self.mtp_q)}: exceeds model.max_context="
                               f"{cfg.max_context} of {cfg.name!r}; allowed L + q <= {cfg.max_context}")
         for d in self.dtypes:
-            dtype_name(d)
+            parse_precision(d)
         bad = [m for m in self.modes if m not in MODES]
         if bad:
             raise ConfigError(f"modes={bad}: allowed {MODES}")
@@ -89,6 +92,9 @@ class SweepSpec:
         if not isinstance(self.layers, int) or self.layers < 0 or 2 * self.layers > cfg.layers:
             raise ConfigError(f"layers={self.layers}: allowed 0 (full depth) or 1..{cfg.layers // 2} "
                               f"(n and 2n layers of {cfg.layers} are measured)")
+        if self.parallel.devices > 1:
+            from roofline.parallel.runner import check_spec
+            check_spec(self)
 
     def identity(self) -> dict:
         """What changes the numbers (not where they are written): the request, the code
@@ -131,9 +137,10 @@ def grid(spec: SweepSpec) -> list[Point]:
     pts = []
     for dtype, depth in itertools.product(spec.dtypes, layer_depths(spec)):
         for mode, B, L in itertools.product(spec.modes, spec.B, spec.L):
-            pts += [Point("forward", dtype_name(dtype), mode, q, B, L, depth) for q in spec.q]
+            label = parse_precision(dtype).label
+            pts += [Point("forward", label, mode, q, B, L, depth) for q in spec.q]
             if spec.model.mtp_layers:
-                pts += [Point("mtp", dtype_name(dtype), mode, q, B, L, depth) for q in spec.mtp_q]
+                pts += [Point("mtp", label, mode, q, B, L, depth) for q in spec.mtp_q]
     return pts
 
 
@@ -164,14 +171,23 @@ class _Workload:
         self.moe_impl = _moe_impl(mode)
         max_ctx = max(spec.L) + max(spec.q + spec.mtp_q)
         memory.require_fit(cfg, dtype, max(spec.B), max_ctx, spec.device)
+        self.model = self.build(max_ctx)
+        from roofline.model.quant import require_fast
+        require_fast(self.model, dtype, spec.device)  # a dequantise-then-matmul is never timed as its format
+        self.gen = torch.Generator(device=spec.device).manual_seed(spec.seed)
+
+    def build(self, max_ctx: int):
+        spec, cfg = self.spec, self.cfg
+        prec = parse_precision(self.dtype)
+        quantized = None if prec.is_plain else prec
         if spec.checkpoint:
             from roofline.checkpoints.loader import load_checkpoint
-            self.model = load_checkpoint(spec.checkpoint, dtype=dtype, device=spec.device, max_batch=max(spec.B),
-                                         max_context=max_ctx, moe_impl=self.moe_impl, layers=depth)
-        else:
-            self.model = build_model(cfg, max_batch=max(spec.B), max_context=max_ctx, dtype=torch_dtype(dtype),
-                                     device=spec.device, seed=spec.seed, moe_impl=self.moe_impl)
-        self.gen = torch.Generator(device=spec.device).manual_seed(spec.seed)
+            from roofline.model.quant import quantize_model
+            model = load_checkpoint(spec.checkpoint, dtype=prec.activations, device=spec.device, max_batch=max(spec.B),
+                                    max_context=max_ctx, moe_impl=self.moe_impl, layers=cfg.layers)
+            return model if quantized is None else quantize_model(model, quantized, spec.device)
+        return build_model(cfg, max_batch=max(spec.B), max_context=max_ctx, dtype=torch_dtype(prec.activations),
+                           device=spec.device, seed=spec.seed, moe_impl=self.moe_impl, precision=quantized)
 
     def fill_cache(self, L: int) -> None:
         """Random keys/values in positions < L of every cache (their values do not change the
@@ -237,6 +253,7 @@ def _bound(row: dict, ridge: float | None) -> dict:
 def ceiling_columns(row: dict, dtype: str, measured: dict | None, datasheet) -> dict:
     """Achieved bandwidth and FLOP/s as % of the measured and of the datasheet ceiling, side
     by side, and the bound regime against the measured ridge."""
+    label, dtype = dtype, activation_dtype(dtype)
     short = datasheet_column(dtype)
     pct = lambda v, c: None if not c or v is None else 100.0 * v / c
     out = dict(pct_datasheet_bw=pct(row.get("achieved_GBps"), datasheet.mem_bw_GBps),
@@ -244,12 +261,16 @@ def ceiling_columns(row: dict, dtype: str, measured: dict | None, datasheet) -> 
     if measured:
         summ = measured["summary"]
         peaks = summ.get("peak_tflops") or {}
-        bw, tf = summ.get("mem_bw_GBps"), peaks.get(dtype_name(dtype), peaks.get(short))
+        bw, tf = summ.get("mem_bw_GBps"), peaks.get(dtype, peaks.get(short))
         ridge = tf * 1e12 / (bw * 1e9) if bw and tf else None
         out.update(ceiling_bw_GBps=bw, ceiling_TFLOPs=tf, ridge_measured=ridge,
                    pct_measured_bw=pct(row.get("achieved_GBps"), bw),
                    pct_measured_flops=pct(row.get("achieved_TFLOPs"), tf),
                    bound_measured=None if ridge is None else ("memory" if row["intensity"] < ridge else "compute"))
+        p = parse_precision(label)
+        if not p.weights.is_float:  # the roof the format's own packed kernel reached (decode GEMM, M=1)
+            roof = (summ.get("decode_m1_GBps") or {}).get(precision(p.activations, p.weights.name).label)
+            out.update(format_roof_GBps=roof, pct_format_roof=pct(row.get("achieved_GBps"), roof))
     return out
 
 
@@ -290,7 +311,7 @@ def finalize(spec: SweepSpec, run_dir: Path, rows: list[dict], measured: dict | 
             t = r["t_median_s"]
             r.update(achieved_GBps=c.bytes_total / t / 1e9, achieved_TFLOPs=c.flops / t / 1e12,
                      tokens_per_s=r["B"] * r["q"] / t, point_id=r["point_id"] + "|extrapolated",
-                     **_bound(r, dev_spec.ridge(r["dtype"])))
+                     **_bound(r, dev_spec.ridge(activation_dtype(r["dtype"]))))
             r.update(ceiling_columns(r, r["dtype"], measured, dev_spec))
             table.append(r)
     return results.write_csv(table, run_dir / "points.csv")
@@ -375,11 +396,15 @@ class SweepInterrupted(KeyboardInterrupt):
 
 def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
               measure: Callable[[_Workload, Point, TimerSettings], dict] = _measure,
-              force: bool = False, extend: bool = False, retry_failed: bool = True) -> dict:
+              force: bool = False, extend: bool = False, retry_failed: bool = True, workload=None) -> dict:
     """Measure every point not already in run_dir; return the counts. `measure` is the
-    per-point step (tests inject failures through it). Bad input (a device that is not
-    here, a ceilings file of another device, a folder of another sweep) is refused before
-    anything is written; see roofline.io.runfolder for the folder's lock and resume."""
+    per-point step (tests inject failures through it); `workload` the class that builds the
+    model (the distributed runner's sharded one; tp/ep > 1 starts the ranks first). Bad input
+    (a device that is not here, a ceilings file of another device, a folder of another sweep)
+    is refused before anything is written; see roofline.io.runfolder for the folder's lock and resume."""
+    if workload is None and spec.parallel.devices > 1:
+        from roofline.parallel.runner import run_parallel_sweep
+        return run_parallel_sweep(spec, run_dir, progress, force=force, extend=extend, retry_failed=retry_failed)
     t0 = time.time()
     run_dir = Path(run_dir)
     spec.identity()  # the device must exist before a folder is made
@@ -387,10 +412,10 @@ def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
         _ceilings_for(spec, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     with runfolder.locked(run_dir):
-        return _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t0)
+        return _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t0, workload or _Workload)
 
 
-def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t0) -> dict:
+def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t0, workload) -> dict:
     spec = prepare_run_dir(spec, run_dir, force, extend)
     resumed = runfolder.load_points(run_dir, runfolder.TRANSIENT if retry_failed else ())
     done = {r["point_id"] for r in resumed.rows}
@@ -411,7 +436,7 @@ def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t
         for (dtype, depth, mode), group in itertools.groupby(todo, key=lambda p: (p.dtype, p.layers_run, p.mode)):
             group = list(group)
             try:
-                w = _Workload(spec, dtype, depth, mode)
+                w = workload(spec, dtype, depth, mode)
                 w.check()
                 setup_error = None
             except Exception as e:  # the whole group fails as data
@@ -420,7 +445,8 @@ def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t
                 base = dict(point_id=p.point_id, kind=p.kind, model=spec.model.name, dtype=p.dtype, mode=p.mode,
                             q=p.q, B=p.B, L=p.L, layers_run=p.layers_run, layers_full=spec.model.layers,
                             extrapolated=False, schema_version=results.SCHEMA_VERSION,
-                            overrides=" ".join(spec.overrides), fingerprint=spec.fingerprint(), **prov)
+                            overrides=" ".join(spec.overrides), fingerprint=spec.fingerprint(), **prov,
+                            **spec.parallel.as_row(), **precision_columns(p.dtype))
                 samples = None
                 try:
                     if setup_error is not None:
@@ -428,7 +454,7 @@ def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t
                     row = measure(w, p, spec.timer)
                     samples = row.pop("samples_s", None)
                     row.update(status="ok", error=None, converged=bool(row["t_ci_rel"] <= spec.timer.rel_ci),
-                               **_bound(row, dev_spec.ridge(p.dtype)),
+                               **_bound(row, dev_spec.ridge(activation_dtype(p.dtype))),
                                **ceiling_columns(row, p.dtype, measured, dev_spec))
                 except Exception as e:
                     status = "too_big" if isinstance(e, memory.TooBig) else _failure_status(e)
