@@ -20,6 +20,7 @@ from roofline.measure.ceilings import SUMMARY_KEYS, load_ceilings
 from tests.helpers import make_synthetic_run
 
 REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow  # one Python start-up and a real run per command
 HELP_END = "=== end of help ==="
 DRIVER = f"""
 import runpy, sys

@@ -88,6 +88,7 @@ def tiny_run(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_fit_entry_point_writes_fit_json_report_and_figure(tiny_run):
     r = subprocess.run([sys.executable, "-m", "experiments.fit", f"results_dir={tiny_run}"], cwd=REPO,
                        capture_output=True, text=True, timeout=120)
@@ -99,6 +100,7 @@ def test_fit_entry_point_writes_fit_json_report_and_figure(tiny_run):
     assert (tiny_run / "figures" / "costmodel_pred_vs_meas.png").stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_fit_entry_point_without_results_dir_fails_naming_it():
     r = subprocess.run([sys.executable, "-m", "experiments.fit"], cwd=REPO, capture_output=True, text=True,
                        timeout=60)

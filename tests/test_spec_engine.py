@@ -36,6 +36,7 @@ def drafters(t, ref, name):
 @pytest.mark.parametrize("B", [1, 4])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.slow
 def test_greedy_speculative_output_equals_plain_greedy(name, B, seed, k):
     t = target(seed)
     ps = prompts(seed)[:B]
@@ -95,6 +96,7 @@ def test_mtp_drafts_equal_a_from_scratch_recomputation():
         assert chained[0, -1].argmax().item() == drafts[b, 1].item()
 
 
+@pytest.mark.slow
 def test_oracle_acceptance_matches_alpha_within_sampling_error():
     t = build_model(CFG, max_batch=16, max_context=200, seed=6)
     ps = [prompts(s, (4,))[0] for s in range(16)]
