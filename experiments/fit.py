@@ -19,7 +19,7 @@ def main(cfg) -> None:
         run_dir = Path(c["results_dir"])
         settings = FitSettings(folds=c["folds"], seed=c["seed"], q_split=c["q_split"], band=tuple(c["band"]),
                                collectives=c.get("collectives") or "")
-        fit, points = fit_run(run_dir, settings)
+        fit, points = fit_run(run_dir, settings, sliced_dir=c["sliced_dir"])
         path = save_fit(fit, run_dir / "fit.json")
         report = write_report_section(fit, points, run_dir)
         errs = error_table(fit)

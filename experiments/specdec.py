@@ -40,7 +40,7 @@ def main(cfg) -> None:
         write_report_section(table, run_dir / "sweep")
         report, _ = write_report(run_dir / "sweep")
         e = table["err"].abs()
-        print(table[["drafter", "k", "B", "tau_meas", "S_meas", "S_pred", "err"]].round(3).to_string(index=False))
+        print(table[["drafter", "k", "B", "tau_meas", "alpha_meas", "S_meas", "S_pred", "err"]].round(3).to_string(index=False))
         print(json.dumps(dict(run_dir=str(run_dir), report=str(report), points=len(table),
                               median_abs_err=float(e.median()), max_abs_err=float(e.max()))))
 

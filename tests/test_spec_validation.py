@@ -46,5 +46,8 @@ def test_entry_point_runs_on_tiny(tmp_path):
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     t = pd.read_csv(tmp_path / "specdec.csv")
     assert summary["points"] == len(t) == 2
-    assert {"S_meas", "S_pred", "tau_meas", "err"} <= set(t.columns)
+    assert {"S_meas", "S_pred", "tau_meas", "err", "S_pred_tau", "S_pred_profile", "alpha_max_z"} <= set(t.columns)
+    oracle = t[t["drafter"].str.startswith("oracle")].iloc[0]
+    # S from the requested alpha: its tau(0.8, 2) = 2.44 enters the prediction, not the measured tau
+    assert oracle["S_pred"] == pytest.approx(oracle["S_pred_tau"] * 2.44 / oracle["tau_meas"], rel=1e-9)
     assert (tmp_path / "report_specdec.md").exists() and (tmp_path / "figures" / "specdec_pred_vs_meas.png").exists()

@@ -103,12 +103,26 @@ def test_torn_last_line_is_dropped_and_cut(tmp_path):
 
 def test_layer_extrapolation_is_linear_in_depth():
     base = dict(kind="forward", dtype="bfloat16", mode="eager", q=1, B=1, L=0, status="ok")
-    rows = [dict(base, layers_run=2, t_median_s=3.0, t_p10_s=2.9, t_p90_s=3.1),
-            dict(base, layers_run=4, t_median_s=5.0, t_p10_s=4.8, t_p90_s=5.2)]
+    rows = [dict(base, layers_run=2, t_median_s=3.0, t_p10_s=2.9, t_p90_s=3.1, t_ci_rel=0.01),
+            dict(base, layers_run=4, t_median_s=5.0, t_p10_s=4.8, t_p90_s=5.2, t_ci_rel=0.01)]
     full = extrapolate_layers(rows, 12)[0]
     assert full["t_median_s"] == pytest.approx(1.0 + 12 * 1.0)  # a = 1 s, b = 1 s/layer
+    assert full["status"] == "ok"
+    # lever m = (12 - 2) / 2 = 5: T = -4 T_2 + 5 T_4, so +-sqrt((4 * 1% * 3 s)^2 + (5 * 1% * 5 s)^2) = 0.277 s of 13 s
+    assert full["extrapolation_rel_err"] == pytest.approx(0.02133, rel=1e-3)
     assert full["t_p10_s"] == pytest.approx(13.0 * 4.8 / 5.0) and full["t_p90_s"] == pytest.approx(13.0 * 5.2 / 5.0)
     assert full["extrapolated"] and full["layers_measured"] == "2,4" and full["layers_run"] == 12
+
+
+@pytest.mark.parametrize("ci, noisy, why", [(0.05, False, "lever of 5.0"), (0.01, True, "noisy")])
+def test_layer_extrapolation_is_refused_when_it_cannot_hold_10_percent(ci, noisy, why):
+    """5% CIs through a lever of 5 give +-20% at 12 layers: refused, with the reason; and a
+    noisy input is never extrapolated."""
+    base = dict(kind="forward", dtype="bfloat16", mode="eager", q=1, B=1, L=0, status="ok", t_p10_s=1, t_p90_s=1)
+    rows = [dict(base, layers_run=2, t_median_s=3.0, t_ci_rel=ci, noisy=noisy),
+            dict(base, layers_run=4, t_median_s=5.0, t_ci_rel=ci)]
+    full = extrapolate_layers(rows, 12)[0]
+    assert full["status"] == "refused" and why in full["error"]
 
 
 def test_sliced_sweep_writes_extrapolated_full_depth_rows(tmp_path):
