@@ -21,9 +21,6 @@ Where things live (one subpackage per part of the pipeline; data flows top to bo
                   cost model, acceptance measured on real prompts, vLLM metrics
     report/       figures (making and saving), pictures of a run, report sections (cost model,
                   speculative decoding), the Markdown/HTML report
-    parallel/     several devices: layouts (tp, ep, dp-attention, pp), per-rank bytes and
-                  collectives, collectives timed as nccl-tests, the sharded forward and the
-                  sweep across ranks, what-if priors for unmeasured devices, published anchors
 
 The library never imports Hydra; experiments/ turns a composed config into the frozen
 dataclasses these modules take.
