@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The prepared device check (one short run on a lent GPU; see README "GPU"). Writes small
-# tables under $OUT (or results/gpu/ when unset): correctness, the llama-3.1-8b bf16 sweep
-# with CUDA graphs, and the device's ceilings.
+# tables under $OUT (or results/gpu/ when unset): nvidia-smi's view of the device, the
+# GPU-marked tests, and the llama-3.1-8b bf16 sweep with CUDA graphs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/gpu}

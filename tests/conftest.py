@@ -1,8 +1,9 @@
 import os
 import shutil
 
-# Without a GPU, Triton kernels can only run under the interpreter, and Triton fixes the mode
-# when it is imported: set it before anything imports triton.
+# Without a GPU, Triton kernels can only run under the interpreter. Triton reads the flag when
+# a kernel is jitted, and roofline.measure.kernels jits on first launch, so setting it here,
+# before any test launches a kernel, is enough.
 if shutil.which("nvidia-smi") is None:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

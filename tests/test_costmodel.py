@@ -89,6 +89,7 @@ def tiny_run(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_fit_entry_point_writes_fit_json_report_and_figure(tiny_run):
     r = subprocess.run([sys.executable, "-m", "experiments.fit", f"results_dir={tiny_run}"], cwd=REPO,
                        capture_output=True, text=True, timeout=120)
@@ -100,13 +101,14 @@ def test_fit_entry_point_writes_fit_json_report_and_figure(tiny_run):
     assert (tiny_run / "figures" / "costmodel_pred_vs_meas.png").stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_fit_entry_point_without_results_dir_fails_naming_it():
     r = subprocess.run([sys.executable, "-m", "experiments.fit"], cwd=REPO, capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 2 and "results_dir" in r.stderr
 
 
-def test_predict_of_a_measured_point_matches_it_and_json_round_trips(tiny_run, tmp_path):
+def test_predict_of_a_measured_point_matches_its_fitted_row_and_json_round_trips(tiny_run, tmp_path):
     fit, points = cm.fit_run(tiny_run)
     loaded = cm.load_fit(cm.save_fit(fit, tmp_path / "fit.json"))
     assert loaded["groups"][0]["coefs"] == fit["groups"][0]["coefs"]

@@ -33,7 +33,7 @@ def _legend_texts(fig) -> list[str]:
 
 def test_no_percent_of_datasheet_legend_without_a_datasheet(tmp_path):
     from roofline.io.results import load_run
-    from tests.test_plots import make_synthetic_run, synthetic_ceilings
+    from tests.helpers import make_synthetic_run, synthetic_ceilings
     run = make_synthetic_run(tmp_path / "run", ceilings=False)
     df = load_run(run)
     without = plots.build_utilisation_vs_batch(df, synthetic_ceilings(datasheet=False), None)

@@ -36,6 +36,7 @@ def drafters(t, ref, name):
 @pytest.mark.parametrize("B", [1, 4])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.slow
 def test_greedy_speculative_output_equals_plain_greedy(name, B, seed, k):
     t = target(seed)
     ps = prompts(seed)[:B]

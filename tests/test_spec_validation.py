@@ -1,4 +1,4 @@
-"""The validation experiment runs end to end and its prediction follows design.md §2."""
+"""The validation experiment runs end to end and its prediction follows docs/design.md §2."""
 
 import json
 import subprocess
@@ -37,6 +37,7 @@ def test_a_preset_without_mtp_is_refused():
         SpecValSpec(model=get_preset("llama-3.1-8b"))
 
 
+@pytest.mark.slow
 def test_entry_point_runs_on_tiny(tmp_path):
     cmd = [sys.executable, "-m", "experiments.specdec", "model=tiny", "alphas=[0.8]", "ks=[2]", "Bs=[2]", "reps=1",
            "max_new=10", "prompt_len=6", "real_drafters=[ngram]", "timer.min_reps=3", "timer.budget_s=0.05",

@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -27,6 +26,7 @@ def spec(**kw):
     return SweepSpec(**base)
 
 
+@pytest.mark.slow
 def test_rows_carry_timing_physics_and_provenance(tmp_path):
     s = spec()
     out = run_sweep(s, tmp_path, progress=False)
@@ -88,6 +88,7 @@ def test_unknown_timer_mode_names_the_field():
         TimerSettings(mode="turbo")
 
 
+@pytest.mark.slow
 def test_a_run_folder_of_another_sweep_is_refused(tmp_path):
     run_sweep(spec(), tmp_path, progress=False)
     with pytest.raises(ConfigError, match="different sweep"):
@@ -139,6 +140,7 @@ def _sweep_cmd(out_dir):
             "timer.min_reps=20", "timer.max_reps=20", "timer.budget_s=10", "progress=false", f"out_dir={out_dir}"]
 
 
+@pytest.mark.slow
 def test_resume_after_a_kill_loses_and_repeats_nothing(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.Popen(_sweep_cmd(out), cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -163,6 +165,7 @@ def test_resume_after_a_kill_loses_and_repeats_nothing(tmp_path):
     assert all(kept[r["point_id"]] == r["t_median_s"] for r in before)
 
 
+@pytest.mark.slow
 def test_bad_input_exits_nonzero_naming_the_field(tmp_path):
     for arg, msg in (("q=[0]", "q=[0]"), ("model=nope", "Available options in 'model'"),
                      ("timer.mode=turbo", "timer.mode"), ("L=[99999]", "max_context")):
@@ -173,6 +176,7 @@ def test_bad_input_exits_nonzero_naming_the_field(tmp_path):
 
 
 @pytest.mark.parametrize("launcher", ["basic", "submitit_local"])
+@pytest.mark.slow
 def test_multirun_aggregates_every_job_even_a_failed_one(tmp_path, launcher):
     sweep_dir = tmp_path / "mr"
     cmd = [sys.executable, "-m", "experiments.sweep", "-m", f"hydra/launcher={launcher}", "model=tiny",

@@ -42,16 +42,15 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares, nnls
 
-from roofline.report import figures, plots
+from roofline.analysis.roofs import predict_step_time, roofs_for
 
 from roofline.analysis import quality
 from roofline.io import files, provenance
 from roofline.model.accounting import forward_cost, mtp_cost
 from roofline.model.config import ConfigError, ModelConfig
-from roofline.report.document import md_table
 from roofline.io.results import load_run
 from roofline.measure.devices import detect
-from roofline.analysis.steptable import StepModel, kernel_effects, measured_table
+from roofline.analysis.steptable import StepModel, measured_table
 
 FIT_SCHEMA = "roofline.fit/1"
 GROUP_KEYS = ("device_name", "model", "dtype", "mode", "kind")
@@ -228,13 +227,13 @@ def roofline_baseline(df: pd.DataFrame, dtype: str, ceilings: dict | None) -> tu
     name = str(df["device_name"].iloc[0]) if "device_name" in df else ""
     spec = detect(name)
     spec = None if spec is None or spec.measured_only else spec
-    roofs = plots.roofs_for(dtype, ceilings, spec)
+    roofs = roofs_for(dtype, ceilings, spec)
     bw, flops, source = roofs.for_prediction()
     if bw is None:
         return np.full(len(df), np.nan), (f"n/a: no ceilings.json summary in the run folder and no datasheet "
                                           f"row for {name!r}")
     label = f"roofline max(bytes/{bw / 1e9:.0f} GB/s, FLOPs/{(flops or 0) / 1e12:.3g} TFLOP/s) [{source}]"
-    return np.asarray(plots.predict_step_time(df, roofs), dtype=float), label
+    return np.asarray(predict_step_time(df, roofs), dtype=float), label
 
 
 def _error_tables(df, full_pred, regimes, settings: FitSettings, ceilings, dtype,
@@ -522,23 +521,7 @@ def predict(fit: dict, kind: str, dtype: str, q: int, B: int, L: int, mode: str 
     return predict_detail(fit, kind, dtype, q, B, L, mode, cfg)["seconds"]
 
 
-# ---- report section ------------------------------------------------------------------------
-
-def plot_pred_vs_meas(points: pd.DataFrame, path) -> Path:
-    """Predicted vs measured step time, log-log, y = x line, colour = regime."""
-    fig, ax = figures.subplots(figsize=(5.5, 5))
-    for rg, g in points.groupby("regime"):
-        ax.scatter(g["t_median_s"] * 1e3, g["t_pred_s"] * 1e3, s=14, label=rg, alpha=0.8)
-    lo = 0.8 * min(points["t_median_s"].min(), points["t_pred_s"].min()) * 1e3
-    hi = 1.25 * max(points["t_median_s"].max(), points["t_pred_s"].max()) * 1e3
-    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="y = x")
-    ax.set(xscale="log", yscale="log", xlabel="measured median step time (ms)",
-           ylabel="fitted model (ms, in-sample)", title="Cost model: predicted vs measured")
-    ax.legend(title="regime", fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    return figures.save(fig, path.parent, path.stem, dpi=120)[0]
-
+# ---- tables of a fit ------------------------------------------------------------------------
 
 def error_table(fit: dict) -> pd.DataFrame:
     rows = [dict(group=f"{g['key']['model']}/{g['key']['dtype']}/{g['key']['mode']}/{g['key']['kind']}", **e)
@@ -551,65 +534,3 @@ def params_table(fit: dict) -> pd.DataFrame:
                               n=g["n_points"], **g["params"], band_p10=g["band"]["p10"], band_p90=g["band"]["p90"],
                               per_layer=g["layer_terms"].get("per_layer_ms_median", "n/a"))
                          for g in fit["groups"]])
-
-
-def _beats(main: pd.DataFrame) -> list[str]:
-    """One sentence per group and split: the fit's MAPE against each baseline's."""
-    out = []
-    for (group, split), g in main.groupby(["group", "split"], sort=False):
-        fit_row = g[g["method"] == "fit"]
-        if fit_row.empty:
-            continue
-        f = float(fit_row["MAPE_pct"].iloc[0])
-        others = [f"{r.method.split(' [')[0].split(' (')[0]}: {r.MAPE_pct:.1f}% ({r.MAPE_pct / f:.1f}x the fit's)"
-                  for r in g[g["method"] != "fit"].itertuples() if np.isfinite(r.MAPE_pct) and f > 0]
-        if others:
-            out.append(f"- {group}, {split}: fit MAPE {f:.1f}%; " + "; ".join(others))
-    return ["How much the fit beats the baselines (MAPE):\n\n" + "\n".join(out)] if out else []
-
-
-def _noise_text(fit: dict) -> str:
-    e = fit.get("excluded") or {}
-    if not e.get("noisy_points"):
-        return "Busy-machine check: no point of this run was marked noisy."
-    return (f"Busy-machine check: {e['noisy_points']} of {e['of_points']} ok points were marked noisy by the "
-            f"sweep; {e['meaning']}. See noise.json.")
-
-
-def _kernel_text(points: pd.DataFrame) -> list[str]:
-    k = kernel_effects(points)
-    if k.empty:
-        return []
-    return ["Kernel effects: a step over q tokens measured FASTER than over 1 token at the same (B, L). "
-            "A q-token pass moves at least the bytes of a 1-token pass, so this is the device's kernels "
-            "switching (e.g. a matrix-vector path at B*q = 1 slower per byte than the small-matrix path), "
-            "not verification being cheaper than decoding. Inside the measured range predictions use the "
-            "measured table, so they keep this effect.", md_table(k.round(4))]
-
-
-def write_report_section(fit: dict, points: pd.DataFrame, run_dir) -> Path:
-    """run_dir/report_costmodel.md (picked up by roofline.report.document) and its figure."""
-    run_dir = Path(run_dir)
-    png = plot_pred_vs_meas(points, run_dir / "figures" / "costmodel_pred_vs_meas.png")
-    errs = error_table(fit)
-    main = errs[errs["regime"] == "all"]
-    text = "\n\n".join([
-        "## Cost model: fitted step time",
-        fit["form"].replace("\n", " "),
-        "Parameters (t0 in ms, bandwidths in GB/s with 1 GB = 1e9 B, FLOP rates in TFLOP/s, knee in tokens "
-        "B*q per pass; inf = term fitted as free; band: held-out pred/meas quantiles p10/p90).",
-        md_table(params_table(fit)),
-        "Errors, all points of each split (signed error = pred/meas - 1, in %). Baselines on the same points.",
-        md_table(main),
-        *_beats(main),
-        _noise_text(fit),
-        *_kernel_text(points),
-        "Errors by regime (the regime is the dominant term of the fitted prediction).",
-        md_table(errs[errs["regime"] != "all"]),
-        f"![costmodel_pred_vs_meas]({png.relative_to(run_dir).as_posix()})",
-        f"Provenance: run fingerprint {fit['provenance']['fingerprint']}, device {fit['provenance']['device_name']}, "
-        f"fitted at {fit['provenance']['time_utc']} with git {fit['provenance']['git_commit']}.",
-    ]) + "\n"
-    out = run_dir / "report_costmodel.md"
-    out.write_text(text)
-    return out

@@ -6,9 +6,10 @@ Where each cost comes from:
 - draft(i, k, B, L): as roofline.spec.engine runs the drafters. MTP: the first draft of a round is
   one MTP pass over the k+1 verified positions (its catch-up), the others chained single
   steps; a draft model: a two-token catch-up forward, then single steps; n-gram: 0 (`no_cost`);
-- overhead(k, B): per-round sampling/bookkeeping/host sync. No measurement of it exists yet,
-  so it is a constant share of the fitted per-forward overhead t0, and every row says so
-  (`overhead_source="fit_t0"`); the speculative engine will measure it.
+- overhead(k, B): per-round sampling/bookkeeping/host sync: measured by the engine when an
+  overhead.json of roofline.spec.validation is given (`overhead_source="measured"`), else a
+  constant share of the fitted per-forward overhead t0, and every row says which
+  (`overhead_source="fit_t0"`).
 A preset that was not measured is predicted by applying the fitted device parameters to its
 accounting (`source="device-fit-transfer"`): such rows are extrapolations by construction.
 """

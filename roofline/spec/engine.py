@@ -13,7 +13,7 @@ the target's own: greedy token for token, sampling in distribution (tests prove 
 Metrics follow vLLM's names (num_drafts, num_draft_tokens, num_accepted_tokens, accepted per
 position; mean acceptance length = 1 + accepted / drafts) and each round's wall time is split
 into draft, verify and the rest (acceptance, bookkeeping, host syncs): the O(k, B) of
-design.md §2, measured.
+docs/design.md §2, measured.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class SpecMetrics:
     def steady_tokens_per_s(self) -> float:
         """Throughput while the whole batch is generating: a static batch's tail, where finished
         sequences idle until the slowest one is done, is left out (continuous batching refills
-        those slots); this is what the B·τ/R of design.md §2 describes."""
+        those slots); this is what the B·τ/R of docs/design.md §2 describes."""
         return self.steady_tokens / self.steady_s if self.steady_s else float("nan")
 
     def as_row(self) -> dict:

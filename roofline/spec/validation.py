@@ -15,7 +15,7 @@ One run, on one model and device:
 The oracle delivers the requested per-position α in any precision (it learns the target's
 pick each round from a shadow of the verification, outside the timed region; see
 roofline.spec.drafters.OracleDrafter), so the prediction takes the REQUESTED α, as a user's
-would. Predicted speedup (design.md §2), at the mid-generation context L = prompt + max_new/2:
+would. Predicted speedup (docs/design.md §2), at the mid-generation context L = prompt + max_new/2:
   S = τ · (T(1) + O(0, B)) / (T(k+1) + T_mtp(k+1) + (k−1)·T_mtp(1) + O(k, B))
 where the MTP drafter's round is one catch-up pass over the k+1 verified positions (which
 yields draft 1) and k−1 chained single steps. Step times come from the run's own fit: the
@@ -36,12 +36,12 @@ import pandas as pd
 import torch
 
 from roofline.analysis import costmodel, quality
+from roofline.io import files
 from roofline.model.dtypes import torch_dtype
 from roofline.model.config import ConfigError, ModelConfig
 from roofline.spec.drafters import MTPDrafter, NgramDrafter, OracleDrafter
 from roofline.model.decoder import build_model
-from roofline.report import figures
-from roofline.report.document import md_table
+from roofline.report import sections
 from roofline.spec.theory import StepCosts, round_time, tau, tau_iid
 from roofline.spec.engine import DecodeSettings, SpecEngine
 from roofline.measure import memory
@@ -95,7 +95,7 @@ def calibration_sweep(spec: SpecValSpec, run_dir: Path, progress: bool = False) 
     run_sweep(sweep, run_dir, progress=progress)
     fit, points = costmodel.fit_run(run_dir)
     costmodel.save_fit(fit, run_dir / "fit.json")
-    costmodel.write_report_section(fit, points, run_dir)
+    sections.write_costmodel_section(fit, points, run_dir)
     return fit
 
 
@@ -221,46 +221,11 @@ def run_validation(spec: SpecValSpec, run_dir: Path, log=print) -> pd.DataFrame:
 def save_overhead_fit(points: list[dict], path: Path) -> dict:
     """O(k, B) beyond a plain step, least squares on [1, k, B] over the calibration rounds;
     roofline.analysis.predict takes it (`overhead=`) in place of its t0-share assumption."""
-    import json
-
     import numpy as np
     X = np.array([[1.0, p["k"], p["B"]] for p in points])
     y = np.array([p["O_spec_s"] - p["O_plain_s"] for p in points])
     coef = np.linalg.lstsq(X, y, rcond=None)[0].tolist()
     out = dict(form="O(k, B) = c0 + c1*k + c2*B seconds per round, beyond a plain decode step",
                coef=coef, points=points)
-    path.write_text(json.dumps(out, indent=1))
+    files.write_json_atomic(path, out)
     return out
-
-
-def write_report_section(table: pd.DataFrame, run_dir: Path) -> Path:
-    """Table + predicted-vs-measured picture, as report_specdec.md in the run folder."""
-    fig, ax = figures.subplots(figsize=(5.5, 5))
-    for (label, B), g in table.groupby([table["drafter"].str.split().str[0], "B"]):
-        ax.scatter(g["S_meas"], g["S_pred"], label=f"{label}, B={B}", s=22)
-    lo, hi = min(table["S_meas"].min(), table["S_pred"].min()) * 0.9, max(table["S_meas"].max(), table["S_pred"].max()) * 1.1
-    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="y = x")
-    ax.set_xlabel("measured speedup (tokens/s spec / plain)")
-    ax.set_ylabel("predicted speedup (cost model, requested α)")
-    ax.set_title("Speculative decoding: predicted vs measured")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    figures.save(fig, run_dir / "figures", "specdec_pred_vs_meas", dpi=110)
-    e = table["err"].abs()
-    cols = ["drafter", "k", "B", "tau_alpha", "tau_meas", "alpha_meas", "alpha_max_z", "S_meas", "S_pred", "err",
-            "step_source", "S_pred_profile", "err_profile", "S_pred_tau", "err_tau", "mismatch"]
-    oracle = table[table["alpha"].notna()]
-    z = oracle["alpha_max_z"].abs()
-    md = ["## Speculative decoding: measured vs predicted", "",
-          f"{len(table)} points; |error| of S_pred (requested α for the oracle rows, the measured per-position "
-          f"profile for the real drafters): median {100 * e.median():.1f}%, max {100 * e.max():.1f}%. "
-          f"With the measured per-position profile: median {100 * table['err_profile'].abs().median():.1f}%; "
-          f"with the measured τ: median {100 * table['err_tau'].abs().median():.1f}%.", "",
-          (f"Delivered acceptance (oracle rows): the largest |α̂_i − α| over positions is "
-           f"{z.max():.2f} binomial standard errors (median {z.median():.2f}); step_source: measured table "
-           "or physical fit for T(1)/T(k+1).") if len(oracle) else "", "",
-          "![predicted vs measured](figures/specdec_pred_vs_meas.png)", "",
-          md_table(table[cols].round(3))]
-    path = run_dir / "report_specdec.md"
-    path.write_text("\n".join(md) + "\n")
-    return path

@@ -1,0 +1,77 @@
+"""The `roofline` command: subcommands, Hydra completion through it, --help with every key's
+comment, presets from $ROOFLINE_PRESETS in the model group, and a wheel that ships conf/."""
+
+import os
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from experiments import cli
+from roofline.model.presets import REPO_ROOT
+
+
+def test_usage_lists_every_subcommand(capsys):
+    cli.main([])
+    out = capsys.readouterr().out
+    assert out.startswith("usage: roofline <command>") and all(f"  {c} " in out for c in cli.COMMANDS)
+
+
+def test_an_unknown_subcommand_exits_2_naming_the_allowed_ones(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["swep"])
+    assert e.value.code == 2 and "error: command 'swep': allowed ['sweep'" in capsys.readouterr().err
+
+
+def test_completion_of_the_subcommand_name(capsys, monkeypatch):
+    monkeypatch.setenv("COMP_LINE", "roofline c")
+    cli.main(["-sc", "query=bash"])
+    assert capsys.readouterr().out.split() == ["ceilings", "card", "compare", "capacity"]
+
+
+def _run(args, env=None, cwd=REPO_ROOT):
+    return subprocess.run([sys.executable, "-m", "experiments.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=300)
+
+
+def test_completion_goes_through_to_the_subcommands_config():
+    r = _run(["-sc", "query=bash"], env={"COMP_LINE": "roofline sweep model="})
+    assert r.returncode == 0 and "model=cpu-demo" in r.stdout.split() and "model=tiny" in r.stdout.split()
+
+
+def test_help_shows_each_keys_comment():
+    r = _run(["sweep", "--help"])
+    assert r.returncode == 0
+    assert "dry_run: false         # true: print the expanded grid" in r.stdout
+    assert "# tokens already in each sequence's KV cache" in r.stdout
+    assert "model: cpu-demo, deepseek-v3" in r.stdout
+
+
+def test_presets_of_roofline_presets_are_in_the_model_group(tmp_path):
+    text = (REPO_ROOT / "conf" / "model" / "tiny.yaml").read_text().replace("name: tiny", "name: my-tiny")
+    (tmp_path / "my-tiny.yaml").write_text(text)
+    r = _run(["card", "model=my-tiny"], env={"ROOFLINE_PRESETS": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert '"model": "my-tiny"' in r.stdout.splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_a_wheel_ships_conf_and_runs_outside_the_checkout(tmp_path):
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                            str(tmp_path / "whl"), str(REPO_ROOT)], capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr
+    wheel = next((tmp_path / "whl").glob("roofline-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {"conf/sweep.yaml", "conf/model/tiny.yaml", "conf/hydra/quiet.yaml"} <= set(names)
+    assert "roofline = experiments.cli:main" in zipfile.ZipFile(wheel).read(
+        next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    work = tmp_path / "work"
+    work.mkdir()
+    r = _run(["card", "model=tiny"], env={"PYTHONPATH": str(site)}, cwd=work)
+    assert r.returncode == 0, r.stderr  # no "Primary config directory not found"
+    r = _run(["capacity", "model=tiny", "B=[1]", "memory_gb=1", "context=64", "output=16", "speculative=false"], env={"PYTHONPATH": str(site)}, cwd=work)
+    assert r.returncode == 0, r.stderr
+    assert (work / "results" / "runs" / "capacity").is_dir()  # the results root, not site-packages
