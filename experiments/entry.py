@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import sys
 from contextlib import contextmanager
@@ -35,19 +36,40 @@ def job_dir(record: dict) -> None:
         (out / JOB_FILE).write_text(json.dumps(record))
 
 
+BAD_INPUT = 2  # exit status of bad input (a field, a path, a file), everywhere
+INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), after what was measured is saved
+# file-system errors that mean the path given was wrong (missing, not writable, not a folder)
+_BAD_PATH = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR, errno.ENOTDIR, errno.EEXIST}
+
+
+def _one_line(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.strerror}: {e.filename}" if e.filename else e.strerror
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
 @contextmanager
 def fail_fast():
-    """Bad input exits 2 with the library's message (it names the field and the allowed values).
+    """Bad input exits 2 with the library's message (it names the field and the allowed values);
+    a file-system error is one line too (2 when the path is wrong, 1 when the disk is full).
+    Ctrl-C says what was saved and exits 130.
 
     In a multirun a failed job records its error in its job.json and returns, so the other
     jobs run and the aggregation callback sees every job (and then exits non-zero)."""
     try:
         yield
+    except KeyboardInterrupt as e:
+        saved = getattr(e, "summary", None)
+        print("interrupted" + (f": {saved['ok'] + saved['failed']} points saved in {saved['run_dir']}; the same "
+                               "command resumes" if saved else ""), file=sys.stderr)
+        sys.exit(INTERRUPTED)
     except Exception as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_one_line(e)}", file=sys.stderr)
         if _multirun():
             job_dir(dict(status="failed", error=f"{type(e).__name__}: {e}"))
             return
         if isinstance(e, (ConfigError, ValueError)):
-            sys.exit(2)
+            sys.exit(BAD_INPUT)
+        if isinstance(e, OSError):
+            sys.exit(BAD_INPUT if e.errno in _BAD_PATH else 1)
         raise

@@ -29,7 +29,8 @@ def main(cfg) -> None:
                          mtp_q=tuple(c["mtp_q"]), seed=c["seed"], ceilings=c["ceilings"] or "",
                          overrides=tuple(c["overrides"]), checkpoint=c["checkpoint"] or "")
         run_dir = Path(c["out_dir"]) if c["out_dir"] else spec.default_out_dir(RUNS_ROOT)
-        summary = run_sweep(spec, run_dir, progress=c["progress"])
+        summary = run_sweep(spec, run_dir, progress=c["progress"], force=c["force"], extend=c["extend"],
+                            retry_failed=c["retry_failed"])
         print(summary_text(run_dir))
         job_dir(dict(status="ok", **summary))
         print(json.dumps(summary))

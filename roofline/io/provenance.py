@@ -27,6 +27,18 @@ def git_commit() -> str:
         return "unknown"
 
 
+def code_version() -> str:
+    """What code measured: the git commit of the checkout, else the installed package's version."""
+    commit = git_commit()
+    if commit != "unknown":
+        return commit
+    try:
+        from importlib.metadata import version
+        return "roofline " + version("roofline")
+    except Exception:  # not installed either
+        return "unknown"
+
+
 def _triton_version() -> str | None:
     try:
         import triton

@@ -24,7 +24,7 @@ STATUSES = ("ok", "oom", "error", "unsupported", "too_big")
 
 # Columns every row has, in order; physics columns are NaN on failed rows.
 KEY_COLUMNS = ["point_id", "kind", "model", "dtype", "mode", "q", "B", "L", "layers_run", "layers_full"]
-TIMING_COLUMNS = ["t_median_s", "t_p10_s", "t_p90_s", "t_mean_s", "t_min_s", "t_cv", "t_n", "t_ci_rel",
+TIMING_COLUMNS = ["t_median_s", "t_p10_s", "t_p90_s", "t_p99_s", "t_mean_s", "t_min_s", "t_cv", "t_n", "t_ci_rel",
                   "t_stopped_by", "t_clock", "t_l2", "t_threads"]
 PHYSICS_COLUMNS = ["kv_len", "tokens", "moe_impl", "experts_touched", "weight_bytes", "expert_bytes",
                    "kv_read_bytes", "kv_write_bytes", "embed_bytes", "activation_bytes_est", "bytes_total",
@@ -33,7 +33,7 @@ PHYSICS_COLUMNS = ["kv_len", "tokens", "moe_impl", "experts_touched", "weight_by
                    "pct_datasheet_bw", "pct_datasheet_flops"]
 CEILING_COLUMNS = ["ceiling_bw_GBps", "ceiling_TFLOPs", "ridge_measured", "pct_measured_bw",
                    "pct_measured_flops", "bound_measured"]  # present when the sweep had a ceilings file
-STATUS_COLUMNS = ["status", "error", "extrapolated", "schema_version"]
+STATUS_COLUMNS = ["status", "error", "converged", "extrapolated", "schema_version"]
 
 
 def append_row(path: Path, row: dict) -> None:
@@ -42,6 +42,22 @@ def append_row(path: Path, row: dict) -> None:
         f.write(line + "\n")
         f.flush()
         os.fsync(f.fileno())
+
+
+SAMPLES = "samples.jsonl"  # every repetition's time of each ok point, one line per point
+
+
+def append_samples(run_dir: Path, point_id: str, samples_s: list[float]) -> None:
+    append_row(Path(run_dir) / SAMPLES, dict(point_id=point_id, samples_s=[float(t) for t in samples_s]))
+
+
+def read_samples(run_dir: Path) -> dict[str, list[float]]:
+    """point_id -> the repetition times (s) of a run folder; the last line of a point wins."""
+    out = {}
+    for r in read_rows(Path(run_dir) / SAMPLES):
+        if isinstance(r, dict) and isinstance(r.get("samples_s"), list):
+            out[r.get("point_id")] = r["samples_s"]
+    return out
 
 
 def read_rows(path: Path, repair: bool = False) -> list[dict]:

@@ -27,14 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import pandas as pd
 import psutil
 import torch
 from tqdm import tqdm
 
-from roofline.io import provenance
-
-from roofline.io import results
+from roofline.io import files, provenance, results, runfolder
 from roofline.model.accounting import dtype_name, forward_cost, kv_bytes_per_token, mtp_cost, param_count, torch_dtype
 from roofline.model.config import ConfigError, ModelConfig
 from roofline.model.decoder import build_model
@@ -87,17 +86,25 @@ class SweepSpec:
             raise ConfigError(f"modes={bad}: allowed {MODES}")
         if "graph" in self.modes and not self.device.startswith("cuda"):
             raise ConfigError(f"modes=['graph']: CUDA-graph replay needs device=cuda, got device={self.device!r}")
-        if not (self.device == "cpu" or self.device.startswith("cuda")):
+        if not (self.device == "cpu" or self.device == "cuda" or
+                (self.device.startswith("cuda:") and self.device[5:].isdigit())):
             raise ConfigError(f"device={self.device!r}: allowed 'cpu', 'cuda', 'cuda:N'")
         if not isinstance(self.layers, int) or self.layers < 0 or 2 * self.layers > cfg.layers:
             raise ConfigError(f"layers={self.layers}: allowed 0 (full depth) or 1..{cfg.layers // 2} "
                               f"(n and 2n layers of {cfg.layers} are measured)")
 
-    def fingerprint(self) -> str:
-        """What identifies the measurement (not where it is written)."""
+    def identity(self) -> dict:
+        """What changes the numbers (not where they are written): the request, the code
+        version, torch and the device."""
         d = dataclasses.asdict(self)
         d.pop("out_dir"), d.pop("overrides"), d.pop("ceilings")
-        return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:10]
+        d = json.loads(json.dumps(d, default=str))
+        d.update(code_version=provenance.code_version(), torch_version=torch.__version__,
+                 device_name=spec_device_name(self.device))
+        return d
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(json.dumps(self.identity(), sort_keys=True).encode()).hexdigest()[:10]
 
     def default_out_dir(self, root: Path) -> Path:
         return root / f"sweep-{self.model.name}-{self.fingerprint()}"
@@ -131,6 +138,14 @@ def grid(spec: SweepSpec) -> list[Point]:
             if spec.model.mtp_layers:
                 pts += [Point("mtp", dtype_name(dtype), mode, q, B, L, depth) for q in spec.mtp_q]
     return pts
+
+
+def spec_device_name(device: str) -> str:
+    """The running device's name; bad input (exit 2) when CUDA is asked for and absent."""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device={device!r}: CUDA is not available here; allowed ('cpu',)")
+    from roofline.measure.devices import running_device_name
+    return running_device_name(device)
 
 
 def _moe_impl(mode: str) -> str:
@@ -234,7 +249,9 @@ def _measure(w: _Workload, p: Point, timer: TimerSettings) -> dict:
     seen = t.probe.pop("kernel_attn_backend")
     row.update(t.probe, attn_backend=seen or backend)
     row.update(moe_impl=w.moe_impl, achieved_GBps=c.bytes_total / t.median_s / 1e9,
-               achieved_TFLOPs=c.flops / t.median_s / 1e12, tokens_per_s=p.B * p.q / t.median_s)
+               achieved_TFLOPs=c.flops / t.median_s / 1e12, tokens_per_s=p.B * p.q / t.median_s,
+               t_p99_s=float(np.quantile(t.samples_s, 0.99)),
+               samples_s=list(t.samples_s))  # to the samples sidecar, not the row
     return row
 
 
@@ -307,81 +324,170 @@ def finalize(spec: SweepSpec, run_dir: Path, rows: list[dict], measured: dict | 
     return results.write_csv(table, run_dir / "points.csv")
 
 
-def prepare_run_dir(spec: SweepSpec, run_dir: Path) -> list[dict]:
-    """Create or reopen a run folder; refuse one that holds a different measurement."""
+GRID_AXES = ("q", "B", "L", "dtypes", "modes", "mtp_q")
+
+
+def _union(old: list, new: tuple) -> tuple:
+    merged = list(old) + [v for v in new if v not in old]
+    return tuple(sorted(merged)) if all(isinstance(v, int) for v in merged) else tuple(merged)
+
+
+def prepare_run_dir(spec: SweepSpec, run_dir: Path, force: bool = False, extend: bool = False) -> SweepSpec:
+    """Create or reopen a run folder (its lock held); return the spec to measure. A folder
+    holding another measurement is refused, naming what differs, unless `force` (the old
+    files are set aside) or, when only grid values differ, `extend` (the union grid is
+    measured: the points already there are kept, the new ones added)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     meta = run_dir / "run.json"
+    if force:
+        runfolder.set_aside(run_dir)
+    elif not meta.exists() and (run_dir / "points.jsonl").exists():
+        raise ConfigError(f"out_dir={str(run_dir)!r} holds points.jsonl but no run.json: not a run folder this "
+                          "code wrote or can resume; choose another out_dir, or force=true to set it aside")
+    identity, extended = spec.identity(), []
     if meta.exists():
-        old = json.loads(meta.read_text())
+        try:
+            old = json.loads(meta.read_text())
+            old_id = old.get("identity") or {}
+        except (json.JSONDecodeError, AttributeError) as e:
+            raise ConfigError(f"out_dir={str(run_dir)!r}: run.json is unreadable ({e}); force=true sets the folder aside")
         if old.get("fingerprint") != spec.fingerprint():
-            raise ConfigError(f"out_dir={str(run_dir)!r} holds a different sweep (fingerprint "
-                              f"{old.get('fingerprint')} != {spec.fingerprint()}); choose another out_dir")
+            diff = sorted(k for k in set(old_id) | set(identity) if old_id.get(k) != identity.get(k))
+            if extend and old_id and set(diff) <= set(GRID_AXES):
+                spec = dataclasses.replace(spec, **{k: _union(old_id[k], getattr(spec, k)) for k in GRID_AXES})
+                identity, extended = spec.identity(), old.get("extended", []) + [
+                    dict(time_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                         added={k: identity[k] for k in diff})]
+            else:
+                what = "; ".join(f"{k}: {old_id.get(k)!r} -> {identity.get(k)!r}" for k in diff) if old_id \
+                    else "written by an older version of this code"
+                hint = "extend=true to add the new grid values" if set(diff) <= set(GRID_AXES) and old_id else ""
+                raise ConfigError(f"out_dir={str(run_dir)!r} holds a different sweep (fingerprint "
+                                  f"{old.get('fingerprint')} != {spec.fingerprint()}; {what}); choose another "
+                                  f"out_dir, force=true to re-measure{', or ' + hint if hint else ''}")
+            files.write_json_atomic(meta, dict(old, fingerprint=spec.fingerprint(), identity=identity,
+                                               spec=dataclasses.asdict(spec), extended=extended))
     else:
-        meta.write_text(json.dumps(dict(fingerprint=spec.fingerprint(), schema_version=results.SCHEMA_VERSION,
-                                        spec=dataclasses.asdict(spec)), indent=1, default=str))
-    return results.read_rows(run_dir / "points.jsonl", repair=True)
+        files.write_json_atomic(meta, dict(fingerprint=spec.fingerprint(), schema_version=results.SCHEMA_VERSION,
+                                           identity=identity, spec=dataclasses.asdict(spec)))
+    return spec
+
+
+def _ceilings_for(spec: SweepSpec, run_dir: Path) -> dict | None:
+    """The measured ceilings the rows are put against, checked to be of this device."""
+    from roofline.measure.ceilings import load_ceilings
+    if not spec.ceilings:
+        return None
+    path = Path(spec.ceilings) if spec.ceilings != "quick" else run_dir / "ceilings.json"
+    if spec.ceilings == "quick" and not path.exists():
+        return None
+    if not path.exists() or (path.is_dir() and not (path / "ceilings.json").exists()):
+        raise ConfigError(f"ceilings={spec.ceilings!r}: no such ceilings.json; allowed a file written by "
+                          "experiments.ceilings, or quick")
+    doc = load_ceilings(path)
+    here = spec_device_name(spec.device)
+    there = (doc.get("provenance") or {}).get("device_name")
+    if there != here:
+        raise ConfigError(f"ceilings={str(path)!r}: measured on {there!r}, this sweep runs on {here!r} "
+                          f"(device={spec.device}); measure this device's ceilings or use ceilings=quick")
+    return doc
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C: the points saved so far are in the run folder (summary attached)."""
+
+    def __init__(self, summary: dict):
+        super().__init__(summary)
+        self.summary = summary
 
 
 def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
-              measure: Callable[[_Workload, Point, TimerSettings], dict] = _measure) -> dict:
+              measure: Callable[[_Workload, Point, TimerSettings], dict] = _measure,
+              force: bool = False, extend: bool = False, retry_failed: bool = True) -> dict:
     """Measure every point not already in run_dir; return the counts. `measure` is the
-    per-point step (tests inject failures through it)."""
+    per-point step (tests inject failures through it). Bad input (a device that is not
+    here, a ceilings file of another device, a folder of another sweep) is refused before
+    anything is written; see roofline.io.runfolder for the folder's lock and resume."""
     t0 = time.time()
-    done_rows = prepare_run_dir(spec, run_dir)
-    done = {r["point_id"] for r in done_rows}
+    run_dir = Path(run_dir)
+    spec.identity()  # the device must exist before a folder is made
+    if spec.ceilings and spec.ceilings != "quick":
+        _ceilings_for(spec, run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with runfolder.locked(run_dir):
+        return _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t0)
+
+
+def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t0) -> dict:
+    spec = prepare_run_dir(spec, run_dir, force, extend)
+    resumed = runfolder.load_points(run_dir, runfolder.TRANSIENT if retry_failed else ())
+    done = {r["point_id"] for r in resumed.rows}
     points = grid(spec)
     todo = [p for p in points if p.point_id not in done]
     prov = provenance.collect(spec.device)
     dev_spec, _ = spec_for_running_device(spec.device)
-    measured = None
-    if spec.ceilings == "quick":  # measure a quick set of ceilings into the run folder first
+    measured = _ceilings_for(spec, run_dir)
+    if spec.ceilings == "quick" and measured is None:  # measure a quick set into the run folder, once
         from roofline.measure.ceilings import CeilingsSpec, measure_ceilings, write_ceilings
         measured = measure_ceilings(CeilingsSpec(device=spec.device, quick=True))
         write_ceilings(measured, run_dir)
-    elif spec.ceilings:
-        from roofline.measure.ceilings import load_ceilings
-        measured = load_ceilings(spec.ceilings)
     jsonl = run_dir / "points.jsonl"
     bar = tqdm(total=len(points), initial=len(points) - len(todo), desc=f"sweep {spec.model.name}",
                unit="pt", disable=not progress, file=sys.stderr)
     new = 0
-    for (dtype, depth, mode), group in itertools.groupby(todo, key=lambda p: (p.dtype, p.layers_run, p.mode)):
-        group = list(group)
-        try:
-            w = _Workload(spec, dtype, depth, mode)
-            w.check()
-            setup_error = None
-        except Exception as e:  # the whole group fails as data
-            setup_error, w = e, None
-        for p in group:
-            base = dict(point_id=p.point_id, kind=p.kind, model=spec.model.name, dtype=p.dtype, mode=p.mode,
-                        q=p.q, B=p.B, L=p.L, layers_run=p.layers_run, layers_full=spec.model.layers,
-                        extrapolated=False, schema_version=results.SCHEMA_VERSION,
-                        overrides=" ".join(spec.overrides), fingerprint=spec.fingerprint(), **prov)
+    try:
+        for (dtype, depth, mode), group in itertools.groupby(todo, key=lambda p: (p.dtype, p.layers_run, p.mode)):
+            group = list(group)
             try:
-                if setup_error is not None:
-                    raise setup_error
-                row = measure(w, p, spec.timer)
-                row.update(status="ok", error=None, **_bound(row, dev_spec.ridge(p.dtype)),
-                           **ceiling_columns(row, p.dtype, measured, dev_spec))
-                if is_math_fallback(row, spec.device):
-                    row.update(status=MATH_FALLBACK, error=f"attention ran torch's math path ({row['attn_backend']}): "
-                               "it moves bytes the accounting does not charge; not a memory measurement")
-            except Exception as e:
-                status = "too_big" if str(e).startswith("too_big") else _failure_status(e)
-                row = dict(status=status, error=f"{type(e).__name__}: {e}"[:500])
-            results.append_row(jsonl, {**base, **row})
-            new += 1
-            bar.update(1)
-        del w
-        if spec.device.startswith("cuda"):
-            torch.cuda.empty_cache()
+                w = _Workload(spec, dtype, depth, mode)
+                w.check()
+                setup_error = None
+            except Exception as e:  # the whole group fails as data
+                setup_error, w = e, None
+            for p in group:
+                base = dict(point_id=p.point_id, kind=p.kind, model=spec.model.name, dtype=p.dtype, mode=p.mode,
+                            q=p.q, B=p.B, L=p.L, layers_run=p.layers_run, layers_full=spec.model.layers,
+                            extrapolated=False, schema_version=results.SCHEMA_VERSION,
+                            overrides=" ".join(spec.overrides), fingerprint=spec.fingerprint(), **prov)
+                samples = None
+                try:
+                    if setup_error is not None:
+                        raise setup_error
+                    row = measure(w, p, spec.timer)
+                    samples = row.pop("samples_s", None)
+                    row.update(status="ok", error=None, converged=bool(row["t_ci_rel"] <= spec.timer.rel_ci),
+                               **_bound(row, dev_spec.ridge(p.dtype)),
+                               **ceiling_columns(row, p.dtype, measured, dev_spec))
+                    if is_math_fallback(row, spec.device):
+                        row.update(status=MATH_FALLBACK, error=f"attention ran torch's math path ({row['attn_backend']}):"
+                                   " it moves bytes the accounting does not charge; not a memory measurement")
+                except Exception as e:
+                    status = "too_big" if str(e).startswith("too_big") else _failure_status(e)
+                    row = dict(status=status, error=f"{type(e).__name__}: {e}"[:500])
+                if samples:
+                    results.append_samples(run_dir, p.point_id, samples)
+                results.append_row(jsonl, {**base, **row})
+                new += 1
+                bar.update(1)
+            del w
+            if spec.device.startswith("cuda"):
+                torch.cuda.empty_cache()
+    except KeyboardInterrupt:
+        bar.close()
+        raise SweepInterrupted(_summarize(spec, run_dir, measured, points, todo, new, resumed, t0)) from None
     bar.close()
-    rows = results.read_rows(jsonl)
+    return _summarize(spec, run_dir, measured, points, todo, new, resumed, t0)
+
+
+def _summarize(spec, run_dir, measured, points, todo, new, resumed, t0) -> dict:
+    rows = results.read_rows(run_dir / "points.jsonl")
     df = finalize(spec, run_dir, rows, measured)
     ok = sum(r["status"] == "ok" for r in rows)
+    slow = [r["point_id"] for r in rows if r["status"] == "ok" and r.get("converged") is False]
     return dict(run_dir=str(run_dir), points=len(points), measured_now=new, resumed=len(points) - len(todo),
-                ok=ok, failed=len(rows) - ok, wall_s=round(time.time() - t0, 2), rows=len(df))
+                ok=ok, failed=len(rows) - ok, not_converged=len(slow), not_converged_points=slow,
+                quarantined=resumed.quarantined, retried=resumed.retried, wall_s=round(time.time() - t0, 2),
+                rows=len(df))
 
 
 def summary_table(df: pd.DataFrame) -> pd.DataFrame:

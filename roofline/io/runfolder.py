@@ -1,0 +1,167 @@
+"""A run folder that cannot be corrupted: one writer at a time, every line checked on resume.
+
+- `locked(run_dir)`: an exclusive lock (flock on `run.lock`, which names the holder's pid).
+  A second writer is refused with that pid; a lock left by a dead process is free again
+  (the kernel drops a lock with its holder), so it is simply taken over.
+- `load_points(run_dir, retry)`: every line of points.jsonl is parsed and checked (a JSON
+  object with a point_id and a known status). A bad line anywhere (garbage, `{}`, `null`,
+  a torn last line, a second row of the same point) is moved to points.quarantine.jsonl
+  with its line number and the reason, and the good rows after it are kept. Rows whose
+  status is in `retry` (transient failures: an OOM, a momentary too_big) are moved to
+  points.retried.jsonl so that the sweep measures those points again.
+- `set_aside(run_dir)`: `force=true` moves a previous run's files into `previous-<time>/`
+  (nothing is deleted) so that the folder starts empty.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import json
+import os
+import socket
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Collection, Iterator
+
+from roofline.io.files import write_atomic
+from roofline.model.config import ConfigError
+
+LOCK = "run.lock"
+POINTS = "points.jsonl"
+QUARANTINE = "points.quarantine.jsonl"
+RETRIED = "points.retried.jsonl"
+RUN_FILES = ("run.json", POINTS, "points.csv", "samples.jsonl", QUARANTINE, RETRIED, "ceilings.json",
+             "ceilings_bandwidth.csv", "ceilings_matmul.csv")
+TRANSIENT = ("oom", "too_big", "error")
+
+
+class RunLocked(ConfigError):
+    """Another live process is writing this run folder."""
+
+
+@contextmanager
+def locked(run_dir: Path) -> Iterator[Path]:
+    """Hold the folder's write lock for the duration of the block."""
+    run_dir = Path(run_dir)
+    path = run_dir / LOCK
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RunLocked(f"out_dir={str(run_dir)!r} is being written by another sweep ({holder}); "
+                            f"wait for it, or choose another out_dir") from None
+        # the holder we waited on may have removed the file: lock the file that is at the path now
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    me = f"pid {os.getpid()} on {socket.gethostname()} since {dt.datetime.now(dt.timezone.utc):%Y-%m-%dT%H:%M:%SZ}"
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, me.encode(), 0)
+    try:
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
+        os.close(fd)
+
+
+def _problem(row) -> str | None:
+    from roofline.io.results import STATUSES
+    if not isinstance(row, dict):
+        return f"not a JSON object ({type(row).__name__})"
+    if not isinstance(row.get("point_id"), str) or not row["point_id"]:
+        return "no point_id"
+    if row.get("status") not in STATUSES:
+        return f"status={row.get('status')!r}, allowed {STATUSES}"
+    if row["status"] == "ok" and not (isinstance(row.get("t_median_s"), (int, float)) and row["t_median_s"] > 0):
+        return f"status 'ok' without a positive t_median_s ({row.get('t_median_s')!r})"
+    return None
+
+
+@dataclass
+class Resumed:
+    rows: list[dict]  # the valid rows kept, in file order
+    quarantined: list[dict] = field(default_factory=list)  # {line, reason} of each line moved out
+    retried: list[str] = field(default_factory=list)  # point_ids of failed rows moved out to be measured again
+
+
+def _append_lines(path: Path, lines: list[str]) -> None:
+    with open(path, "a") as f:
+        f.writelines(line + "\n" for line in lines)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def load_points(run_dir: Path, retry: Collection[str] = TRANSIENT) -> Resumed:
+    """Read and check points.jsonl (see the module docstring); rewrite it atomically when
+    anything had to be moved out. Call with the folder's lock held."""
+    path = Path(run_dir) / POINTS
+    if not path.exists():
+        return Resumed([])
+    raw = path.read_bytes()
+    kept: list[tuple[bytes, dict]] = []
+    bad: list[tuple[int, bytes, str]] = []
+    seen: dict[str, int] = {}
+    chunks = raw.split(b"\n")
+    torn = chunks.pop()  # b"" when the file ends with a newline
+    for n, line in enumerate(chunks, 1):
+        if not line.strip():
+            bad.append((n, line, "empty line"))
+            continue
+        try:
+            row = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            bad.append((n, line, f"not JSON ({e.msg if hasattr(e, 'msg') else e})"))
+            continue
+        why = _problem(row)
+        if why is None and row["point_id"] in seen:
+            first = kept[seen[row["point_id"]]][1]
+            if first["status"] != "ok" and row["status"] == "ok":  # keep the measured one
+                bad.append((n, kept[seen[row["point_id"]]][0], "duplicate point_id (a failed row, superseded)"))
+                kept[seen[row["point_id"]]] = (line, row)
+                continue
+            why = "duplicate point_id"
+        if why:
+            bad.append((n, line, why))
+            continue
+        seen[row["point_id"]] = len(kept)
+        kept.append((line, row))
+    if torn:
+        bad.append((len(chunks) + 1, torn, "torn last line (the writer was killed mid-line)"))
+    out = Resumed([r for _, r in kept])
+    moved_retry = [(line, r) for line, r in kept if r["status"] in retry]
+    if moved_retry:
+        _append_lines(path.with_name(RETRIED), [line.decode() for line, _ in moved_retry])
+        out.retried = [r["point_id"] for _, r in moved_retry]
+        out.rows = [r for _, r in kept if r["status"] not in retry]
+    if bad:
+        _append_lines(path.with_name(QUARANTINE), [json.dumps(dict(line=n, reason=why, text=text.decode(errors="replace")))
+                                                   for n, text, why in bad])
+        out.quarantined = [dict(line=n, reason=why) for n, _, why in bad]
+    if bad or moved_retry:
+        keep_lines = [line for line, r in kept if r["status"] not in retry]
+        write_atomic(path, b"".join(line + b"\n" for line in keep_lines))
+    return out
+
+
+def set_aside(run_dir: Path) -> Path | None:
+    """Move a previous run's files into run_dir/previous-<UTC time>/; None when there were none."""
+    run_dir = Path(run_dir)
+    present = [run_dir / f for f in RUN_FILES if (run_dir / f).exists()]
+    if (run_dir / "figures").is_dir():
+        present.append(run_dir / "figures")
+    if not present:
+        return None
+    dest = run_dir / f"previous-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S%fZ}"
+    dest.mkdir()
+    for p in present:
+        os.replace(p, dest / p.name)
+    return dest
