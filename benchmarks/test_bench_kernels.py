@@ -15,7 +15,7 @@ import torch
 
 from roofline.measure import kernels
 
-from roofline.measure import timer as timing
+from roofline.measure import timer
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -45,7 +45,7 @@ def test_bandwidth_kernel(benchmark, name, working_set):
     if CUDA:
         synced = lambda: (run(), torch.cuda.synchronize())  # noqa: E731
         benchmark.pedantic(synced, rounds=20, iterations=1, warmup_rounds=3)
-        r = timing.time_fn(run, timing.TimerSettings(l2="cold"), DEVICE)
+        r = timer.time_fn(run, timer.TimerSettings(l2="cold"), DEVICE)
         benchmark.extra_info.update(device_median_s=r.median_s, timer_clock=r.clock,
                                     GBps=moved / r.median_s / 1e9)
     else:

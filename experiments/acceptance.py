@@ -6,6 +6,7 @@ import json
 import hydra
 
 from experiments.entry import fail_fast, plain
+from roofline.io.fields import from_dict
 from roofline.model.config import ConfigError
 from roofline.spec.real_acceptance import AcceptanceRequest, measure_acceptance
 
@@ -18,7 +19,7 @@ def main(cfg) -> None:
         for field in ("checkpoint", "prompts"):
             if not c.get(field):
                 raise ConfigError(f"{field} is required")
-        out = measure_acceptance(AcceptanceRequest(**c))
+        out = measure_acceptance(from_dict(AcceptanceRequest, c, "acceptance"))
         for i, (a, n) in enumerate(zip(out["alpha_per_pos"], out["num_accepted_tokens_per_pos"])):
             print(f"position {i + 1}: accepted {n}, conditional alpha {a:.3f}")
         print(f"acceptance rate {out['acceptance_rate']:.3f}, mean acceptance length {out['mean_acceptance_length']:.3f}")

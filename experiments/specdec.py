@@ -9,6 +9,7 @@ from pathlib import Path
 import hydra
 
 from experiments.entry import fail_fast, plain
+from roofline.io.fields import from_dict
 from roofline.model.config import ModelConfig
 from roofline.spec.real_acceptance import AcceptanceRequest, measure_acceptance
 from roofline.report.document import write_report
@@ -31,7 +32,7 @@ def main(cfg) -> None:
         spec = SpecValSpec(model=ModelConfig.from_dict(c["model"]), alphas=tuple(c["alphas"]), ks=tuple(c["ks"]),
                            Bs=tuple(c["Bs"]), prompt_len=c["prompt_len"], max_new=c["max_new"], reps=c["reps"],
                            real_drafters=tuple(c["real_drafters"]), dtype=c["dtype"], device=c["device"],
-                           seed=c["seed"], timer=TimerSettings(**c["timer"]))
+                           seed=c["seed"], timer=from_dict(TimerSettings, c["timer"], "timer"))
         run_dir = Path(c["out_dir"] or RUNS_ROOT / f"specdec-{spec.model.name}")
         table = run_validation(spec, run_dir)
         write_report_section(table, run_dir)

@@ -12,6 +12,7 @@ import hydra
 
 from experiments.entry import fail_fast, job_dir, plain
 from roofline.checkpoints.loader import checkpoint_config
+from roofline.io.fields import from_dict
 from roofline.model.config import ModelConfig
 from roofline.io.results import RUNS_ROOT
 from roofline.measure.sweep import SweepSpec, run_sweep, summary_text
@@ -25,7 +26,7 @@ def main(cfg) -> None:
         model = checkpoint_config(c["checkpoint"]) if c["checkpoint"] else ModelConfig.from_dict(c["model"])
         spec = SweepSpec(model=model, q=tuple(c["q"]), B=tuple(c["B"]),
                          L=tuple(c["L"]), dtypes=tuple(c["dtypes"]), modes=tuple(c["modes"]),
-                         timer=TimerSettings(**c["timer"]), device=c["device"], layers=c["layers"],
+                         timer=from_dict(TimerSettings, c["timer"], "timer"), device=c["device"], layers=c["layers"],
                          mtp_q=tuple(c["mtp_q"]), seed=c["seed"], ceilings=c["ceilings"] or "",
                          overrides=tuple(c["overrides"]), checkpoint=c["checkpoint"] or "")
         run_dir = Path(c["out_dir"]) if c["out_dir"] else spec.default_out_dir(RUNS_ROOT)

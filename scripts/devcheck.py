@@ -14,8 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the source tree, whatever the cwd
 
-import torch  # noqa: E402
-
+from roofline.model.dtypes import torch_dtype  # noqa: E402
 from roofline.model.presets import get_preset  # noqa: E402
 from roofline.report import devcheck  # noqa: E402
 
@@ -35,7 +34,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.cmd == "env":
         shapes = [tuple(int(x) for x in sh.split(",")) for sh in a.shapes]
-        env = devcheck.environment(a.device, get_preset(a.model), getattr(torch, a.dtype), shapes)
+        env = devcheck.environment(a.device, get_preset(a.model), torch_dtype(a.dtype), shapes)
         Path(a.out).write_text(json.dumps(env, indent=1, default=str))
         print(json.dumps({k: env.get(k) for k in ("device_name", "torch", "triton", "l2_bytes_queried",
                                                    "datasheet_l2_bytes", "TRITON_INTERPRET")}))

@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from roofline.model.accounting import (forward_cost, kv_bytes_per_token, mtp_cost, param_count,
-                                 experts_touched, dtype_name)
+from roofline.model.accounting import experts_touched, forward_cost, kv_bytes_per_token, mtp_cost, param_count
 from roofline.model.decoder import build_model
 from roofline.model.presets import get_preset, list_presets, scaled_down
 
@@ -116,4 +115,4 @@ def test_bad_shapes_and_dtypes_are_rejected_with_the_field_named():
     with pytest.raises(ValueError, match="max_context"):
         forward_cost(cfg, "float32", 1, 1, cfg.max_context)
     with pytest.raises(ValueError, match="allowed"):
-        dtype_name("int8")
+        forward_cost(cfg, "int8", 1, 1, 0)

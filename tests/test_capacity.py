@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from roofline.analysis import capacity
+from roofline.measure import memory
 from roofline.model.presets import get_preset
 from roofline.measure.devices import get_spec
 
@@ -17,9 +18,9 @@ REPO = Path(__file__).resolve().parent.parent
 def test_max_batch_by_memory_hand_checked(monkeypatch):
     # weights 16 GB, KV 128 kB/token, 80 GB device, 2048 tokens per sequence:
     # (80e9 - 16e9) / (128e3 * 2048) = 244.1 -> 244 sequences
-    monkeypatch.setattr(capacity, "memory_need",
-                        lambda cfg, dtype, b, tps, mtp: (16e9, 128e3 * tps * b))
-    assert capacity.max_batch_by_memory(None, "bfloat16", 80e9, 2048, False) == 244
+    monkeypatch.setattr(memory, "resident_bytes",
+                        lambda cfg, dtype, b, tps, mtp: memory.Resident(16e9, 128e3 * tps * b))
+    assert memory.max_batch(None, "bfloat16", 80e9, 2048, False) == 244
 
 
 def test_itl_target_bounds_the_batch_on_a_datasheet_what_if():
@@ -43,7 +44,7 @@ def test_model_that_does_not_fit_one_device_says_so():
 
 
 def test_capacity_entry_point_writes_csv_json_png(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "experiments.capacity", "preset=llama-3.1-8b", "B=[1,16]",
+    r = subprocess.run([sys.executable, "-m", "experiments.capacity", "model=llama-3.1-8b", "B=[1,16]",
                         f"out_dir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     out = next(tmp_path.iterdir())

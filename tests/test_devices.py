@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from roofline.measure import devices as specs
-from roofline.measure.devices import detect, get_spec, list_specs, spec_for_running_device
+from roofline.measure import devices
+from roofline.measure.devices import detect, get_spec, list_specs, parse_device, spec_for_running_device
+from roofline.model.dtypes import DATASHEET_COLUMNS
 
 GPUS = [s for s in list_specs() if s.kind == "gpu"]
 
@@ -38,7 +39,7 @@ def test_gpu_units_are_sane(spec):
 
 @pytest.mark.parametrize("spec", GPUS, ids=_ids(GPUS))
 def test_dense_never_exceeds_sparse(spec):
-    both = [d for d in specs.DTYPES
+    both = [d for d in DATASHEET_COLUMNS
             if spec.dense_tflops.get(d) is not None and spec.sparse_tflops.get(d) is not None]
     for d in both:
         assert spec.dense_tflops[d] <= spec.sparse_tflops[d], f"{spec.key}.{d}"
@@ -135,11 +136,11 @@ def test_mi300x_cache_for_flushing_is_the_infinity_cache_not_the_l2():
 def test_running_cpu_gets_the_measured_only_row():
     spec, matched = spec_for_running_device("cpu")
     assert spec.key == "cpu" and matched
-    assert specs.running_device_name("cpu")
+    assert devices.running_device_name("cpu")
 
 
 def test_unmatched_gpu_gets_a_measured_only_stand_in(monkeypatch):
-    monkeypatch.setattr(specs, "running_device_name", lambda device="cuda": "NVIDIA Quantum X9")
+    monkeypatch.setattr(devices, "running_device_name", lambda device="cuda": "NVIDIA Quantum X9")
     spec, matched = spec_for_running_device("cuda")
     assert not matched
     assert spec.measured_only and spec.name == "NVIDIA Quantum X9" and spec.ridge("bf16") is None
@@ -147,13 +148,13 @@ def test_unmatched_gpu_gets_a_measured_only_stand_in(monkeypatch):
 
 def test_running_device_rejects_unknown_device_names():
     with pytest.raises(ValueError, match="allowed"):
-        specs.running_device_name("tpu")
+        devices.running_device_name("tpu")
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_running_gpu_name_and_l2_agree_with_the_table():
-    name = specs.running_device_name("cuda")
+    name = devices.running_device_name("cuda")
     spec, matched = spec_for_running_device("cuda")
     assert name == torch.cuda.get_device_name()
     assert matched == (detect(name) is not None)
@@ -165,4 +166,22 @@ def test_table_loader_rejects_a_number_written_as_text():
     row = {"key": "x", "name": "X", "vendor": "nvidia", "kind": "gpu", "mem_bw_GBps": 100,
            "dense_tflops": {}, "l2_bytes": None, "mem_bytes": "80.0e9", "sources": {}}
     with pytest.raises(ValueError, match="mem_bytes"):
-        specs._row(row)
+        devices._row(row)
+
+
+@pytest.mark.parametrize("text, kind, index", [("cpu", "cpu", None), ("cuda", "cuda", None), ("cuda:1", "cuda", 1)])
+def test_parse_device_reads_the_three_forms(text, kind, index):
+    dev = parse_device(text, need_available=False)
+    assert (dev.type, dev.index) == (kind, index)
+
+
+@pytest.mark.parametrize("bad", ["gpu", "meta", "cuda:x", "mps", "cpu:3", ""])
+def test_parse_device_refuses_other_strings_naming_the_forms(bad):
+    with pytest.raises(ValueError, match="allowed 'cpu', 'cuda', 'cuda:N'"):
+        parse_device(bad, need_available=False)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised without CUDA")
+def test_parse_device_refuses_cuda_where_there_is_none():
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        parse_device("cuda:0")

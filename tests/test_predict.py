@@ -12,8 +12,8 @@ import pytest
 
 from roofline.analysis import costmodel
 
-from roofline.spec import theory as speculative
-from roofline.analysis.predict import Drafter, step_costs, table
+from roofline.spec import theory
+from roofline.analysis.predict import DraftCost, step_costs, table
 from roofline.model.presets import get_preset
 
 REPO = Path(__file__).resolve().parent.parent
@@ -31,7 +31,7 @@ def hand_fit(bw: float = 20e9, f: float = 0.5e12, knee: float = 8.0) -> dict:
 
 def test_step_costs_use_the_fitted_forward_and_mtp_steps():
     fit = hand_fit()
-    c = step_costs(fit, "bfloat16", Drafter("mtp"))
+    c = step_costs(fit, "bfloat16", DraftCost("mtp"))
     assert c.steps.target(3, 2, 16) == costmodel.predict(fit, "forward", "bfloat16", 3, 2, 16)
     # the first draft of a round of k=3 is the MTP catch-up over 4 positions, then single steps
     assert c.steps.draft(1, 3, 2, 16) == costmodel.predict(fit, "mtp", "bfloat16", 4, 2, 16)
@@ -42,16 +42,16 @@ def test_step_costs_use_the_fitted_forward_and_mtp_steps():
 
 def test_ngram_drafter_costs_nothing_and_matches_speculative_arithmetic():
     fit = hand_fit()
-    t = table(fit, [0.8], [0, 2], [1], [16], "bfloat16", Drafter("ngram"))
+    t = table(fit, [0.8], [0, 2], [1], [16], "bfloat16", DraftCost("ngram"))
     row = t[t["k"] == 2].iloc[0]
-    c = step_costs(fit, "bfloat16", Drafter("ngram"))
-    expect = speculative.tau_iid(0.8, 2) * c.steps.target(1, 1, 16) / (c.steps.target(3, 1, 16) + T0)
+    c = step_costs(fit, "bfloat16", DraftCost("ngram"))
+    expect = theory.tau_iid(0.8, 2) * c.steps.target(1, 1, 16) / (c.steps.target(3, 1, 16) + T0)
     assert row["S"] == pytest.approx(expect, rel=1e-12)
     assert not row["extrapolated"]
 
 
 def test_unmeasured_preset_is_a_labelled_device_fit_transfer():
-    t = table(hand_fit(), [0.6, 0.9], [0, 1, 2], [1, 64], [1024], "bfloat16", Drafter("mtp"),
+    t = table(hand_fit(), [0.6, 0.9], [0, 1, 2], [1, 64], [1024], "bfloat16", DraftCost("mtp"),
               target=get_preset("deepseek-v3"))
     assert set(t["source"]) == {"device-fit-transfer"} and t["extrapolated"].all()
     best = t[(t["k"] == t["k_star"]) & (t["alpha"] == 0.9) & (t["B"] == 1)].iloc[0]
@@ -60,7 +60,7 @@ def test_unmeasured_preset_is_a_labelled_device_fit_transfer():
 
 def test_speculation_loses_when_the_pass_is_compute_bound():
     fit = hand_fit(bw=1e15, f=1e9, knee=0)  # every token costs its FLOPs: T(k+1) = (k+1) T(1)
-    t = table(fit, [0.7], [0, 1, 2, 4], [4], [16], "bfloat16", Drafter("ngram"))
+    t = table(fit, [0.7], [0, 1, 2, 4], [4], [16], "bfloat16", DraftCost("ngram"))
     assert (t["k_star"] == 0).all()
 
 

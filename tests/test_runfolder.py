@@ -10,6 +10,7 @@ import pytest
 
 import roofline.measure.sweep as sw
 from roofline.io import results, runfolder
+from roofline.measure.memory import TooBig
 from roofline.model.config import ConfigError
 from roofline.model.presets import REPO_ROOT, get_preset
 from roofline.measure.sweep import SweepSpec, grid, run_sweep
@@ -67,7 +68,7 @@ def test_a_torn_last_line_and_a_duplicate_row_are_quarantined(tmp_path):
 def test_transient_failures_are_retried_on_resume(tmp_path):
     def failing(w, p, timer):
         if p.q == 2:
-            raise MemoryError("too_big: needs 9 GB, 1 GB free")
+            raise TooBig("needs 9 GB, 1 GB free")
         return sw._measure(w, p, timer)
     first = run_sweep(spec(), tmp_path, progress=False, measure=failing)
     assert first["failed"] == 2

@@ -66,8 +66,8 @@ def test_a_draft_model_identical_to_the_target_is_always_accepted():
     same = build_model(CFG, max_batch=4, max_context=160, seed=4)
     ps = prompts(4)
     out, m = SpecEngine(t, DraftModelDrafter(same, CFG.vocab)).generate(ps, DecodeSettings(max_new=25, k=4))
-    assert m.acceptance_rate == 1.0
-    assert m.mean_acceptance_length == 5.0
+    assert m.counters.acceptance_rate() == 1.0
+    assert m.counters.mean_acceptance_length() == 5.0
 
 
 def test_mtp_drafts_equal_a_from_scratch_recomputation():
@@ -102,8 +102,9 @@ def test_oracle_acceptance_matches_alpha_within_sampling_error():
     alpha = 0.7
     d = OracleDrafter([p + o for p, o in zip(ps, plain)], alpha, CFG.vocab, seed=7)
     _, m = SpecEngine(t, d).generate(ps, DecodeSettings(max_new=80, k=3))
-    reached = [m.drafts] + m.accepted_per_pos[:-1]
-    for a_hat, n in zip(m.per_position_alpha(), reached):
+    c = m.counters
+    reached = (c.drafts,) + c.accepted_per_pos[:-1]
+    for a_hat, n in zip(c.per_position_alpha(), reached):
         assert abs(a_hat - alpha) < 4 * math.sqrt(alpha * (1 - alpha) / n), (a_hat, n)
 
 
@@ -112,7 +113,7 @@ def test_sampling_with_identical_draft_accepts_everything_and_stops_at_max_new()
     same = build_model(CFG, max_batch=4, max_context=160, seed=8)
     s = DecodeSettings(max_new=17, k=3, temperature=1.0, top_p=0.95, seed=3)
     out, m = SpecEngine(t, DraftModelDrafter(same, CFG.vocab)).generate(prompts(8), s)
-    assert m.acceptance_rate > 0.99  # p = q: min(1, p/q) = 1 (up to float rounding)
+    assert m.counters.acceptance_rate() > 0.99  # p = q: min(1, p/q) = 1 (up to float rounding)
     assert all(len(o) == 17 for o in out)
 
 
@@ -132,5 +133,5 @@ def test_metrics_split_round_time():
     _, m = SpecEngine(t, MTPDrafter(t)).generate(prompts(2), DecodeSettings(max_new=12, k=2))
     assert m.draft_s > 0 and m.verify_s > 0 and m.overhead_s >= 0
     assert m.wall_s == pytest.approx(m.prefill_s + m.draft_s + m.verify_s + m.overhead_s)
-    assert m.draft_tokens == 2 * m.drafts
+    assert m.counters.draft_tokens == 2 * m.counters.drafts
     assert 0 < m.steady_s <= m.wall_s and 0 < m.steady_tokens <= m.emitted + 4

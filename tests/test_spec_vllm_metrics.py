@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
 
 import pytest
 
 from roofline.spec.theory import tau
+from roofline.spec.counters import AcceptanceCounters
 from roofline.spec.vllm_metrics import (
-    SpecDecodeCounters,
     SpecDecodeMetricsError,
     diff,
     parse_spec_decode,
@@ -88,7 +87,7 @@ BEFORE = _dump((200, 600, 390, (170, 128, 92)), (100, 300, 185, (84, 60, 41)))
 
 def test_counters_are_summed_over_engines_ignoring_created_and_unrelated_series():
     c = parse_spec_decode(AFTER)
-    assert c == SpecDecodeCounters(drafts=1600, draft_tokens=4800, accepted_tokens=3060,
+    assert c == AcceptanceCounters(drafts=1600, draft_tokens=4800, accepted_tokens=3060,
                                    accepted_per_pos=(1350, 1000, 710))
     assert c.num_positions == 3
 
@@ -122,7 +121,7 @@ def test_measured_acceptance_length_is_tau_of_the_conditional_profile():
 
 def test_diff_measures_only_the_benchmark_window():
     d = diff(BEFORE, AFTER)
-    assert d == SpecDecodeCounters(drafts=1300, draft_tokens=3900, accepted_tokens=2485,
+    assert d == AcceptanceCounters(drafts=1300, draft_tokens=3900, accepted_tokens=2485,
                                    accepted_per_pos=(1096, 812, 577))
     assert d.mean_acceptance_length() == pytest.approx(1 + 2485 / 1300, rel=1e-15)
 
@@ -137,7 +136,7 @@ def test_diff_refuses_counters_that_went_backwards():
 
 
 def test_diff_refuses_a_different_number_of_positions():
-    k2 = SpecDecodeCounters(drafts=2000, draft_tokens=4000, accepted_tokens=2000,
+    k2 = AcceptanceCounters(drafts=2000, draft_tokens=4000, accepted_tokens=2000,
                             accepted_per_pos=(1200, 800))
     with pytest.raises(SpecDecodeMetricsError, match="positions"):
         diff(AFTER, k2)
@@ -151,7 +150,7 @@ def test_names_without_total_suffix_are_read():
         'vllm:spec_decode_num_accepted_tokens_per_pos{model_name="m",position="0"} 8',
         'vllm:spec_decode_num_accepted_tokens_per_pos{model_name="m",position="1"} 4',
     ])
-    assert parse_spec_decode(text) == SpecDecodeCounters(10, 20, 12, (8, 4))
+    assert parse_spec_decode(text) == AcceptanceCounters(10, 20, 12, (8, 4))
 
 
 def test_a_series_given_with_and_without_suffix_is_not_counted_twice():
@@ -161,9 +160,9 @@ def test_a_series_given_with_and_without_suffix_is_not_counted_twice():
 
 def test_model_name_filter_keeps_only_that_model():
     other = AFTER.replace(f'engine="1",model_name="{MODEL}"', 'engine="1",model_name="draft-b"')
-    assert parse_spec_decode(other, model_name=MODEL) == SpecDecodeCounters(
+    assert parse_spec_decode(other, model_name=MODEL) == AcceptanceCounters(
         1000, 3000, 1950, (850, 640, 460))
-    assert parse_spec_decode(other, model_name="draft-b") == SpecDecodeCounters(
+    assert parse_spec_decode(other, model_name="draft-b") == AcceptanceCounters(
         600, 1800, 1110, (500, 360, 250))
     assert parse_spec_decode(other).drafts == 1600
 
@@ -195,15 +194,3 @@ def test_a_gap_in_positions_is_an_error():
 def test_a_malformed_line_names_its_line_number():
     with pytest.raises(SpecDecodeMetricsError, match="line 2"):
         parse_spec_decode('# ok\nvllm:spec_decode_num_drafts_total{engine="0" 5\n')
-
-
-def test_rates_are_nan_when_nothing_was_drafted():
-    idle = SpecDecodeCounters(0, 0, 0, (0, 0))
-    assert math.isnan(idle.acceptance_rate())
-    assert math.isnan(idle.mean_acceptance_length())
-    assert all(math.isnan(a) for a in idle.per_position_alpha())
-
-
-def test_per_position_methods_need_per_position_counters():
-    with pytest.raises(SpecDecodeMetricsError, match="per_pos"):
-        SpecDecodeCounters(10, 30, 12, ()).per_position_alpha()

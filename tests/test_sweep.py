@@ -82,11 +82,12 @@ def test_an_oom_point_becomes_a_row_and_the_sweep_goes_on(tmp_path):
 
 
 def test_a_model_that_cannot_fit_becomes_too_big_rows(tmp_path, monkeypatch):
-    import roofline.measure.sweep as sw
-    monkeypatch.setattr(sw, "_fits", lambda *a: (False, "needs 1e12 GB"))
+    from roofline.measure import memory
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 1e3)  # 1 kB free: tiny needs more
     run_sweep(spec(), tmp_path, progress=False)
     df = pd.read_csv(tmp_path / "points.csv")
     assert (df["status"] == "too_big").all()
+    assert df["error"].str.startswith("TooBig: needs").all()
 
 
 @pytest.mark.parametrize("field, kw, msg", [

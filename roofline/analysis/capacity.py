@@ -15,17 +15,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from roofline.analysis import costmodel
+from roofline.io import files
+from roofline.report import figures
 
-from roofline.spec import theory as speculative
-from roofline.model.accounting import DTYPE_BYTES, dtype_name, forward_cost, kv_bytes_per_token, param_count
+from roofline.spec import theory
+from roofline.model.accounting import forward_cost
+from roofline.model.dtypes import dtype_name
 from roofline.model.config import ConfigError, ModelConfig
-from roofline.analysis.predict import Drafter, step_costs
-from roofline.measure.devices import DeviceSpec
+from roofline.analysis.predict import DraftCost, step_costs
+from roofline.measure import memory
+from roofline.measure.devices import DeviceSpec, detect, get_spec
 
 
 @dataclass(frozen=True)
@@ -40,7 +45,7 @@ class Workload:
 class Speculation:
     alpha: float = 0.8
     k: int = 2
-    drafter: Drafter = Drafter("mtp")
+    drafter: DraftCost = DraftCost("mtp")
 
 
 def datasheet_fit(spec: DeviceSpec, cfg: ModelConfig, dtype: str, bw_eff: float = 0.8, f_eff: float = 0.7,
@@ -60,33 +65,19 @@ def datasheet_fit(spec: DeviceSpec, cfg: ModelConfig, dtype: str, bw_eff: float 
                                                                f"t0 {t0_s * 1e3:g} ms"))
 
 
-def memory_need(cfg: ModelConfig, dtype: str, batch: int, tokens_per_seq: int, with_mtp: bool) -> tuple[float, float]:
-    """(weight bytes, KV bytes) resident on one device."""
-    pc = param_count(cfg)
-    b = DTYPE_BYTES[dtype_name(dtype)]
-    weights = (pc.total_with_mtp if with_mtp else pc.total) * b
-    kv_tok = kv_bytes_per_token(cfg, dtype) * (1 + (cfg.mtp_layers / cfg.layers if with_mtp else 0.0))
-    return float(weights), float(kv_tok * tokens_per_seq * batch)
-
-
-def max_batch_by_memory(cfg: ModelConfig, dtype: str, mem_bytes: float, tokens_per_seq: int, with_mtp: bool) -> int:
-    weights, kv_one = memory_need(cfg, dtype, 1, tokens_per_seq, with_mtp)
-    return max(0, int((mem_bytes - weights) // kv_one)) if kv_one > 0 else 0
-
-
 def batch_table(fit: dict, cfg: ModelConfig, dtype: str, work: Workload, Bs, spec: Speculation | None,
                 mode: str | None = None) -> pd.DataFrame:
     """Per-device tokens/s and ITL for each batch, plain decode and (optionally) speculative."""
     L = work.context + work.output // 2
-    plain = step_costs(fit, dtype, Drafter("ngram"), cfg, mode)
+    plain = step_costs(fit, dtype, DraftCost("ngram"), cfg, mode)
     rows = []
     for B in Bs:
         t1 = plain.steps.target(1, B, L)
         rows.append(dict(B=B, spec=False, alpha=np.nan, k=0, step_s=t1, itl_ms=t1 * 1e3, tok_s=B / t1))
         if spec is not None:
             c = step_costs(fit, dtype, spec.drafter, cfg, mode)
-            r = speculative.round_time(spec.k, B, L, c.steps)
-            tau = speculative.tau_iid(spec.alpha, spec.k)
+            r = theory.round_time(spec.k, B, L, c.steps)
+            tau = theory.tau_iid(spec.alpha, spec.k)
             rows.append(dict(B=B, spec=True, alpha=spec.alpha, k=spec.k, step_s=r, itl_ms=r / tau * 1e3,
                              tok_s=B * tau / r))
     return pd.DataFrame(rows).assign(L_priced=L)
@@ -97,9 +88,9 @@ def plan(fit: dict, cfg: ModelConfig, dtype: str, work: Workload, mem_bytes: flo
     """(per-batch table, summary): largest batch meeting the ITL target and memory, devices needed."""
     tokens_per_seq = work.context + work.output
     with_mtp = spec is not None and spec.drafter.kind == "mtp"
-    weights, _ = memory_need(cfg, dtype, 1, tokens_per_seq, with_mtp)
+    weights = memory.resident_bytes(cfg, dtype, 1, tokens_per_seq, with_mtp).weights
     t = batch_table(fit, cfg, dtype, work, Bs, spec, mode)
-    t["mem_GB"] = [sum(memory_need(cfg, dtype, b, tokens_per_seq, s)) / 1e9 for b, s in zip(t["B"], t["spec"])]
+    t["mem_GB"] = [memory.resident_bytes(cfg, dtype, b, tokens_per_seq, s).total / 1e9 for b, s in zip(t["B"], t["spec"])]
     t["fits_memory"] = t["mem_GB"] * 1e9 <= mem_bytes
     t["meets_itl"] = t["itl_ms"] <= work.itl_target_ms
     t["extrapolated"] = extrapolated
@@ -116,7 +107,7 @@ def plan(fit: dict, cfg: ModelConfig, dtype: str, work: Workload, mem_bytes: flo
     for label, sub in (("plain", t[~t["spec"]]), ("spec", t[t["spec"]])):
         if sub.empty:
             continue
-        b_mem = max_batch_by_memory(cfg, dtype, mem_bytes, tokens_per_seq, label == "spec" and with_mtp)
+        b_mem = memory.max_batch(cfg, dtype, mem_bytes, tokens_per_seq, label == "spec" and with_mtp)
         ok = sub[sub["fits_memory"] & sub["meets_itl"]]
         best = ok.loc[ok["tok_s"].idxmax()] if not ok.empty else None
         summary[label] = dict(
@@ -129,12 +120,47 @@ def plan(fit: dict, cfg: ModelConfig, dtype: str, work: Workload, mem_bytes: flo
     return t, summary
 
 
-def plot(table: pd.DataFrame, summary: dict, path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+@dataclass(frozen=True)
+class CapacityRequest:
+    """One capacity plan (conf/capacity.yaml): a fitted device, or a datasheet what-if."""
 
-    fig, ax = plt.subplots(figsize=(6, 4.2))
+    model: ModelConfig
+    dtype: str = "bfloat16"
+    fit: str | None = None  # a fit.json: its fitted device parameters (measured)
+    device: str = "h200_sxm"  # else: a datasheet row, a what-if flagged extrapolated
+    bw_efficiency: float = 0.8  # what-if: share of datasheet bandwidth achieved
+    flops_efficiency: float = 0.7  # what-if: share of datasheet FLOP/s achieved
+    t0_ms: float = 0.0  # what-if: per-forward fixed overhead
+    memory_gb: float | None = None  # device memory (GB, 1e9 B); None: the datasheet row's
+    work: Workload = Workload()
+    B: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    speculation: Speculation | None = None
+    out_dir: str = "results/runs/capacity"
+
+
+def run(req: CapacityRequest) -> tuple[pd.DataFrame, dict, Path]:
+    """capacity.csv, capacity.json and the throughput-vs-latency picture in one folder."""
+    if req.fit:
+        fit, extrapolated = costmodel.load_fit(req.fit), False
+        sheet = detect(fit["provenance"]["device_name"])
+    else:
+        sheet = get_spec(req.device)
+        fit = datasheet_fit(sheet, req.model, req.dtype, req.bw_efficiency, req.flops_efficiency, req.t0_ms / 1e3)
+        extrapolated = True
+    mem = req.memory_gb * 1e9 if req.memory_gb else (sheet.mem_bytes if sheet is not None else None)
+    if not mem:
+        raise ConfigError("memory_gb is required: the device has no datasheet memory size (a CPU)")
+    table, summary = plan(fit, req.model, req.dtype, req.work, mem, req.B, req.speculation, extrapolated)
+    out = Path(req.out_dir) / f"{req.model.name}-{summary['device'].replace(' ', '_')}-{req.dtype}"
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "capacity.csv", index=False)
+    files.write_json_atomic(out / "capacity.json", summary)
+    plot(table, summary, out / "throughput_vs_latency.png")
+    return table, summary, out
+
+
+def plot(table: pd.DataFrame, summary: dict, path) -> None:
+    fig, ax = figures.subplots(figsize=(6, 4.2))
     for spec, g in table.groupby("spec"):
         ok = g["fits_memory"]
         ax.plot(g["itl_ms"], g["tok_s"], "-o" if spec else "-s", label="speculative" if spec else "plain decode")
@@ -147,5 +173,5 @@ def plot(table: pd.DataFrame, summary: dict, path) -> None:
            title=f"{summary['model']} on {summary['device']}{flag}")
     ax.legend(fontsize=8, title="x: does not fit in memory", title_fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    path = Path(path)
+    figures.save(fig, path.parent, path.stem, dpi=110)

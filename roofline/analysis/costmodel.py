@@ -36,9 +36,9 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares, nnls
 
-from roofline.report import plots
+from roofline.report import figures, plots
 
-from roofline.io import provenance
+from roofline.io import files, provenance
 from roofline.model.accounting import forward_cost, mtp_cost
 from roofline.model.config import ConfigError, ModelConfig
 from roofline.report.document import md_table
@@ -279,9 +279,7 @@ def fit_run(run_dir, settings: FitSettings = FitSettings()) -> tuple[dict, pd.Da
 
 
 def save_fit(fit: dict, path) -> Path:
-    path = Path(path)
-    path.write_text(json.dumps(fit, indent=1, default=float))
-    return path
+    return files.write_json_atomic(path, fit, default=float)
 
 
 def load_fit(path) -> dict:
@@ -363,11 +361,7 @@ def predict(fit: dict, kind: str, dtype: str, q: int, B: int, L: int, mode: str 
 
 def plot_pred_vs_meas(points: pd.DataFrame, path) -> Path:
     """Predicted vs measured step time, log-log, y = x line, colour = regime."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.5, 5))
+    fig, ax = figures.subplots(figsize=(5.5, 5))
     for rg, g in points.groupby("regime"):
         ax.scatter(g["t_median_s"] * 1e3, g["t_pred_s"] * 1e3, s=14, label=rg, alpha=0.8)
     lo = 0.8 * min(points["t_median_s"].min(), points["t_pred_s"].min()) * 1e3
@@ -378,10 +372,7 @@ def plot_pred_vs_meas(points: pd.DataFrame, path) -> Path:
     ax.legend(title="regime", fontsize=8)
     fig.tight_layout()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return figures.save(fig, path.parent, path.stem, dpi=120)[0]
 
 
 def error_table(fit: dict) -> pd.DataFrame:

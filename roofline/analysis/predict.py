@@ -15,6 +15,7 @@ accounting (`source="device-fit-transfer"`): such rows are extrapolations by con
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,25 +23,29 @@ import numpy as np
 import pandas as pd
 
 from roofline.analysis import costmodel
+from roofline.report import figures
 
-from roofline.spec import theory as speculative
+from roofline.spec import theory
 from roofline.model.config import ConfigError, ModelConfig
 from roofline.spec.theory import StepCosts, no_cost
 
-DRAFTERS = ("mtp", "model", "ngram")
+DRAFTERS = ("mtp", "draft_model", "ngram")
 
 
 @dataclass(frozen=True)
-class Drafter:
-    kind: str = "mtp"  # mtp | model | ngram
-    model: ModelConfig | None = None  # the draft preset when kind == "model"
+class DraftCost:
+    """Which drafter a prediction prices, and where its step costs come from (the engine's
+    drafters themselves are roofline.spec.drafters)."""
+
+    kind: str = "mtp"  # mtp | draft_model | ngram
+    model: ModelConfig | None = None  # the draft preset when kind == "draft_model"
     fit: dict | None = None  # the draft model's own fit (default: the target's device fit)
 
     def __post_init__(self) -> None:
         if self.kind not in DRAFTERS:
             raise ConfigError(f"drafter={self.kind!r}: allowed {DRAFTERS}")
-        if self.kind == "model" and self.model is None:
-            raise ConfigError("drafter=model needs draft_model (a preset name)")
+        if self.kind == "draft_model" and self.model is None:
+            raise ConfigError("drafter=draft_model needs draft_model (a preset name)")
 
 
 @dataclass(frozen=True)
@@ -52,7 +57,7 @@ class Costs:
     domain: dict = field(default_factory=dict)
 
 
-def step_costs(fit: dict, dtype: str, drafter: Drafter, target: ModelConfig | None = None,
+def step_costs(fit: dict, dtype: str, drafter: DraftCost, target: ModelConfig | None = None,
                mode: str | None = None, overhead_share: float = 1.0, overhead: dict | None = None) -> Costs:
     """StepCosts for roofline.spec.theory from a target fit (and optionally a draft fit)."""
     target = target or costmodel.fitted_model(fit)
@@ -64,7 +69,7 @@ def step_costs(fit: dict, dtype: str, drafter: Drafter, target: ModelConfig | No
             raise ConfigError(f"drafter=mtp: model {target.name!r} has no MTP module (mtp_layers=0)")
         draft = lambda i, k, B, L: costmodel.predict(  # noqa: E731
             fit, "mtp", dtype, k + 1 if i == 1 else 1, B, L + i - 1, mode, target)
-    elif drafter.kind == "model":
+    elif drafter.kind == "draft_model":
         dfit = drafter.fit or fit
         draft = lambda i, k, B, L: costmodel.predict(  # noqa: E731
             dfit, "forward", dtype, 2 if i == 1 else 1, B, L + i - 1, mode, drafter.model)
@@ -80,17 +85,65 @@ def step_costs(fit: dict, dtype: str, drafter: Drafter, target: ModelConfig | No
                  domain={a: tuple(group["domain"][a]) for a in ("q", "B", "L")})
 
 
-def table(fit: dict, alphas, ks, Bs, Ls, dtype: str, drafter: Drafter, target: ModelConfig | None = None,
+def table(fit: dict, alphas, ks, Bs, Ls, dtype: str, drafter: DraftCost, target: ModelConfig | None = None,
           mode: str | None = None, overhead_share: float = 1.0, overhead: dict | None = None) -> pd.DataFrame:
-    """speculative.predict_table over (alpha or profile, k, B, L), labelled with where the costs came from."""
+    """theory.predict_table over (alpha or profile, k, B, L), labelled with where the costs came from."""
     target = target or costmodel.fitted_model(fit)
     c = step_costs(fit, dtype, drafter, target, mode, overhead_share, overhead)
-    t = speculative.predict_table(alphas, ks, Bs, Ls, c.steps, measured_domain=c.domain)
+    t = theory.predict_table(alphas, ks, Bs, Ls, c.steps, measured_domain=c.domain)
     if c.source != "fit":
         t["extrapolated"] = True
-    return t.assign(model=target.name, dtype=dtype, drafter=drafter.kind if drafter.kind != "model"
-                    else f"model:{drafter.model.name}", source=c.source, overhead_source=c.overhead_source,
+    return t.assign(model=target.name, dtype=dtype, drafter=drafter.kind if drafter.kind != "draft_model"
+                    else f"draft_model:{drafter.model.name}", source=c.source, overhead_source=c.overhead_source,
                     overhead_s=c.overhead_s, device_name=fit["provenance"]["device_name"])
+
+
+@dataclass(frozen=True)
+class PredictRequest:
+    """One prediction run: a fit, a target, a drafter and the grid (conf/predict.yaml)."""
+
+    fit: str  # a fit.json written by experiments.fit
+    model: ModelConfig | None = None  # the target; None: the fitted model. Another = device-fit transfer
+    dtype: str = "bfloat16"
+    mode: str | None = None  # None: the fitted mode
+    drafter: str = "mtp"  # mtp | draft_model | ngram
+    draft_model: ModelConfig | None = None  # the draft model (drafter=draft_model)
+    draft_fit: str | None = None  # its own fit.json (default: the target's device fit, transferred)
+    alphas: tuple[float, ...] = (0.6, 0.7, 0.8, 0.9)
+    vllm_metrics: str | None = None  # a vLLM /metrics dump: adds its per-position profile
+    k: tuple[int, ...] = tuple(range(9))
+    B: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    L: tuple[int, ...] = (128, 1024, 4096)
+    plot_B: int = 1
+    plot_L: int = 1024
+    overhead_share: float = 1.0
+    overhead: str | None = None  # overhead.json of a specdec run: measured O(k, B)
+    out_dir: str | None = None  # default: <fit's folder>/predict-<model>-<drafter>
+
+    def __post_init__(self) -> None:
+        if self.fit in (None, "", "???"):
+            raise ConfigError("fit is required: a fit.json written by experiments.fit")
+
+
+def run(req: PredictRequest) -> tuple[pd.DataFrame, dict]:
+    """predict.csv and the figures in the output folder; returns (the k* rows, a summary)."""
+    fit = costmodel.load_fit(req.fit)
+    target = req.model or costmodel.fitted_model(fit)
+    drafter = DraftCost(req.drafter, req.draft_model, costmodel.load_fit(req.draft_fit) if req.draft_fit else None)
+    alphas = {float(a): float(a) for a in req.alphas}
+    if req.vllm_metrics:
+        alphas.update(alphas_from_vllm(Path(req.vllm_metrics).read_text()))
+    overhead = json.loads(Path(req.overhead).read_text()) if req.overhead else None
+    out = Path(req.out_dir or Path(req.fit).parent / f"predict-{target.name}-{req.drafter}")
+    out.mkdir(parents=True, exist_ok=True)
+    t = table(fit, alphas, req.k, req.B, req.L, req.dtype, drafter, target, req.mode, req.overhead_share, overhead)
+    t.to_csv(out / "predict.csv", index=False)
+    costs = step_costs(fit, req.dtype, drafter, target, req.mode, req.overhead_share, overhead)
+    plot_all(costs, req.B, req.L, req.plot_B, req.plot_L, out / "figures",
+             f"{target.name} ({costs.source}, {fit['provenance']['device_name']})")
+    best = t[t["k"] == t["k_star"]][["alpha", "B", "L", "k_star", "S", "throughput_tok_s", "extrapolated"]]
+    return best, dict(csv=str(out / "predict.csv"), rows=len(t), source=costs.source,
+                      overhead_source=costs.overhead_source)
 
 
 def alphas_from_vllm(text: str, model_name: str | None = None) -> dict:
@@ -104,53 +157,42 @@ def alphas_from_vllm(text: str, model_name: str | None = None) -> dict:
 
 # ---- pictures -------------------------------------------------------------------------------
 
-def _plt():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
 def plot_all(costs: Costs, Bs, Ls, B: int, L: int, out_dir: Path, title: str, k_max: int = 8) -> list[Path]:
     """S vs alpha (k = 1..k_max) at (B, L); k* map over (B, L) at alpha 0.8; break-even batch vs alpha."""
-    plt = _plt()
-    out_dir.mkdir(parents=True, exist_ok=True)
     grid = np.linspace(0.05, 0.99, 48)
     paths = []
-    fig, ax = plt.subplots(figsize=(6, 4.2))
+    fig, ax = figures.subplots(figsize=(6, 4.2))
     for k in range(1, k_max + 1):
-        ax.plot(grid, [speculative.speedup(float(a), k, B, L, costs.steps) for a in grid], label=f"k={k}")
+        ax.plot(grid, [theory.speedup(float(a), k, B, L, costs.steps) for a in grid], label=f"k={k}")
     ax.axhline(1.0, color="k", lw=0.7)
     ax.set(xlabel="acceptance alpha (i.i.d.)", ylabel="speedup S = tau T(1) / R", title=f"{title}: B={B}, L={L}")
     ax.legend(fontsize=7, ncol=2)
-    paths.append(_save(fig, out_dir / "speedup_vs_alpha.png"))
-    kstar = np.array([[speculative.best_k(0.8, b, l, costs.steps, k_max)[0] for b in Bs] for l in Ls])
-    fig, ax = plt.subplots(figsize=(6, 4.2))
+    paths += _save(fig, out_dir, "speedup_vs_alpha")
+    kstar = np.array([[theory.best_k(0.8, b, l, costs.steps, k_max)[0] for b in Bs] for l in Ls])
+    fig, ax = figures.subplots(figsize=(6, 4.2))
     im = ax.imshow(kstar, origin="lower", aspect="auto", cmap="viridis", vmin=0, vmax=k_max)
     ax.set(xticks=range(len(Bs)), xticklabels=Bs, yticks=range(len(Ls)), yticklabels=Ls, xlabel="batch B",
            ylabel="context L", title=f"{title}: k* at alpha=0.8 (0 = do not speculate)")
     for (i, j), v in np.ndenumerate(kstar):
         ax.text(j, i, str(v), ha="center", va="center", color="w", fontsize=8)
     fig.colorbar(im, ax=ax, label="k*")
-    paths.append(_save(fig, out_dir / "kstar_map.png"))
-    fig, ax = plt.subplots(figsize=(6, 4.2))
+    paths += _save(fig, out_dir, "kstar_map")
+    fig, ax = figures.subplots(figsize=(6, 4.2))
     for l in Ls:
         ax.plot(grid, [breakeven_batch(float(a), l, Bs, costs.steps, k_max) for a in grid], label=f"L={l}")
     ax.set(xlabel="acceptance alpha", ylabel="largest batch with S* > 1", yscale="log",
            title=f"{title}: batch above which speculation loses")
     ax.legend(fontsize=8)
-    paths.append(_save(fig, out_dir / "breakeven_batch.png"))
+    paths += _save(fig, out_dir, "breakeven_batch")
     return paths
 
 
 def breakeven_batch(alpha: float, L: int, Bs, steps: StepCosts, k_max: int = 8) -> float:
     """Largest B of the grid at which the best k still gives S > 1; NaN if none does."""
-    wins = [b for b in Bs if speculative.best_k(alpha, b, L, steps, k_max)[0] > 0]
+    wins = [b for b in Bs if theory.best_k(alpha, b, L, steps, k_max)[0] > 0]
     return float(max(wins)) if wins else np.nan
 
 
-def _save(fig, path: Path) -> Path:
+def _save(fig, out_dir: Path, stem: str) -> list[Path]:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    _plt().close(fig)
-    return path
+    return figures.save(fig, out_dir, stem, dpi=110)

@@ -25,6 +25,7 @@ from typing import Iterator
 
 import yaml
 
+from roofline.io import files
 from roofline.model.config import ConfigError
 from roofline.spec.theory import tau
 
@@ -408,8 +409,4 @@ def write_outputs(c: Comparison, out_dir) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "inventory.txt").write_text(format_report(c) + "\n")
-    path = out / "inventory.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(to_json(c), indent=1, default=str))
-    tmp.replace(path)
-    return path
+    return files.write_json_atomic(out / "inventory.json", to_json(c))

@@ -31,7 +31,7 @@ from typing import Any, Mapping
 
 import torch
 
-from roofline.model.accounting import torch_dtype
+from roofline.model.dtypes import torch_dtype
 from roofline.model.config import ConfigError, ModelConfig, RopeScaling
 from roofline.model.decoder import MOE_IMPLS, Transformer
 from roofline.model.rope import rope_table

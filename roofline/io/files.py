@@ -6,6 +6,8 @@ import json
 import os
 from pathlib import Path
 
+import pandas as pd
+
 
 def write_atomic(path: str | Path, data: str | bytes) -> Path:
     """Write `data` to a temporary file beside `path`, fsync it, then rename it over `path`."""
@@ -19,5 +21,10 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
     return path
 
 
-def write_json_atomic(path: str | Path, doc, indent: int | None = 1) -> Path:
-    return write_atomic(path, json.dumps(doc, indent=indent, default=str))
+def write_json_atomic(path: str | Path, doc, indent: int | None = 1, default=str) -> Path:
+    """`doc` as JSON; `default` converts what json cannot (str; float for numpy scalars)."""
+    return write_atomic(path, json.dumps(doc, indent=indent, default=default))
+
+
+def write_csv_atomic(df: pd.DataFrame, path: str | Path) -> Path:
+    return write_atomic(path, df.to_csv(index=False))

@@ -16,6 +16,7 @@ from typing import Iterable
 
 import pandas as pd
 
+from roofline.io import files
 from roofline.model.presets import REPO_ROOT
 
 SCHEMA_VERSION = 1
@@ -95,9 +96,7 @@ def to_frame(rows: Iterable[dict]) -> pd.DataFrame:
 
 def write_csv(rows: Iterable[dict], path: Path) -> pd.DataFrame:
     df = to_frame(rows)
-    tmp = Path(path).with_suffix(".csv.tmp")
-    df.to_csv(tmp, index=False)
-    os.replace(tmp, path)
+    files.write_csv_atomic(df, path)
     return df
 
 

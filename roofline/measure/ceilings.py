@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,13 +33,14 @@ import torch
 
 from roofline.measure import kernels
 
-from roofline.io import provenance
+from roofline.io import files, provenance
+from roofline.io.fields import check_fields
 
-from roofline.measure import timer as timing
-from roofline.model.accounting import DTYPE_BYTES, dtype_name
+from roofline.measure import timer
+from roofline.model.dtypes import MODEL_DTYPES, dtype_bytes, dtype_name, torch_dtype
 from roofline.model.config import ConfigError, ModelConfig
 from roofline.model.presets import get_preset
-from roofline.measure.devices import spec_for_running_device
+from roofline.measure.devices import parse_device, spec_for_running_device
 from roofline.measure.telemetry import Telemetry
 
 SCHEMA_VERSION = 1
@@ -60,18 +60,18 @@ SUMMARY_KEYS = ["mem_bw_GBps", "mem_bw_kernel", "peak_tflops", "ridge_measured",
 
 # Device defaults; (full, quick).
 _TIMERS = {
-    "cpu": (timing.TimerSettings(warmup=2, min_reps=5, max_reps=30, rel_ci=0.03, budget_s=0.2),
-            timing.TimerSettings(warmup=1, min_reps=3, max_reps=10, rel_ci=0.05, budget_s=0.1)),
-    "cuda": (timing.TimerSettings(warmup=5, min_reps=10, max_reps=200, rel_ci=0.01, budget_s=0.5,
+    "cpu": (timer.TimerSettings(warmup=2, min_reps=5, max_reps=30, rel_ci=0.03, budget_s=0.2),
+            timer.TimerSettings(warmup=1, min_reps=3, max_reps=10, rel_ci=0.05, budget_s=0.1)),
+    "cuda": (timer.TimerSettings(warmup=5, min_reps=10, max_reps=200, rel_ci=0.01, budget_s=0.5,
                                   mode="graph"),
-             timing.TimerSettings(warmup=2, min_reps=5, max_reps=50, rel_ci=0.02, budget_s=0.2,
+             timer.TimerSettings(warmup=2, min_reps=5, max_reps=50, rel_ci=0.02, budget_s=0.2,
                                   mode="graph")),
 }
 _WORKING_SETS = {
     "cpu": (tuple(2**p for p in range(18, 30)), (1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB)),
     "cuda": (tuple(2**p for p in range(18, 31)), (1 * MiB, 16 * MiB, 256 * MiB, 1 * GiB)),
 }
-_DTYPES = {"cpu": ("bfloat16", "float32"), "cuda": ("bfloat16", "float16", "float32")}
+_DEFAULT_DTYPES = {"cpu": ("bfloat16", "float32"), "cuda": ("bfloat16", "float16", "float32")}
 _SQUARE = {"cpu": ((1024, 2048), (1024,)), "cuda": ((4096, 8192), (4096,))}
 _DECODE_MODEL = {"cpu": "cpu-demo", "cuda": "llama-3.1-8b"}
 _QUICK_MS = (1, 16, 128)
@@ -107,14 +107,7 @@ def decode_gemm_shapes(cfg: ModelConfig) -> list[tuple[str, int, int]]:
 
 
 def _device_kind(device: str) -> str:
-    if device == "cpu":
-        return "cpu"
-    if device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit()):
-        if not torch.cuda.is_available():
-            raise ConfigError(f"ceilings.device={device!r}: CUDA is not available here; "
-                              "allowed ('cpu',)")
-        return "cuda"
-    raise ConfigError(f"ceilings.device={device!r}: allowed 'cpu', 'cuda', 'cuda:N'")
+    return parse_device(device).type
 
 
 def _ints(field: str, values, lo: int) -> tuple[int, ...]:
@@ -141,21 +134,21 @@ class CeilingsSpec:
     square_sizes: tuple[int, ...] | None = None
     decode_model: ModelConfig | None = None
     decode_ms: tuple[int, ...] | None = None  # () measures no decode GEMMs
-    timer: timing.TimerSettings | None = None
+    timer: timer.TimerSettings | None = None
 
     def __post_init__(self) -> None:
         kind = _device_kind(self.device)
         quick = 1 if self.quick else 0
         fill = lambda f, v: object.__setattr__(self, f, v)  # noqa: E731  (frozen: fill defaults)
-        fill("dtypes", _dtypes("dtypes", self.dtypes or _DTYPES[kind]))
+        fill("dtypes", _dtypes("dtypes", self.dtypes or _DEFAULT_DTYPES[kind]))
         default_bw = ("float32",) if kind == "cpu" else self.dtypes
         fill("bandwidth_dtypes", _dtypes("bandwidth_dtypes", self.bandwidth_dtypes or default_bw))
         fill("working_sets", _ints("working_sets", self.working_sets or
                                    _WORKING_SETS[kind][quick], KiB))
-        bad_l2 = [m for m in self.l2_modes if m not in timing.L2_MODES]
+        bad_l2 = [m for m in self.l2_modes if m not in timer.L2_MODES]
         if not self.l2_modes or bad_l2:
             raise ConfigError(f"ceilings.l2_modes={list(self.l2_modes)!r}: allowed a non-empty "
-                              f"subset of {timing.L2_MODES}")
+                              f"subset of {timer.L2_MODES}")
         fill("l2_modes", tuple(self.l2_modes))
         fill("kernels", tuple(self.kernels) if self.kernels is not None else default_kernels(kind))
         _check_kernels(self.kernels, kind)
@@ -164,33 +157,27 @@ class CeilingsSpec:
             fill("decode_model", get_preset(_DECODE_MODEL[kind]))
         ms = self.decode_ms if self.decode_ms is not None else (_QUICK_MS if quick else DECODE_MS)
         fill("decode_ms", _ints("decode_ms", ms, 1) if ms else ())
-        timer = self.timer or _TIMERS[kind][quick]
-        if kind == "cpu" and timer.mode == "graph":
+        settings = self.timer or _TIMERS[kind][quick]
+        if kind == "cpu" and settings.mode == "graph":
             raise ConfigError("ceilings.timer.mode='graph': CUDA-graph replay needs CUDA; "
                               "on device='cpu' allowed ('eager',)")
-        fill("timer", timer)
+        fill("timer", settings)
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> "CeilingsSpec":
         """From a plain dict (a composed config): None means default, lists become tuples,
         `decode_model` is a preset name, `timer` a dict of TimerSettings fields (None: default)."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise ConfigError(f"ceilings: unknown field(s) {unknown}; allowed {sorted(known)}")
+        check_fields(cls, raw, "ceilings")
         kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in raw.items()}
         device = kw.get("device", "cpu")
         kind = _device_kind(str(device))
         if isinstance(kw.get("decode_model"), str):
             kw["decode_model"] = get_preset(kw["decode_model"])
-        timer = kw.get("timer")
-        if isinstance(timer, Mapping):
-            fields = {f.name for f in dataclasses.fields(timing.TimerSettings)}
-            bad = sorted(set(timer) - fields)
-            if bad:
-                raise ConfigError(f"ceilings.timer: unknown field(s) {bad}; allowed {sorted(fields)}")
+        given = kw.get("timer")
+        if isinstance(given, Mapping):
+            check_fields(timer.TimerSettings, given, "ceilings.timer")
             base = _TIMERS[kind][1 if kw.get("quick") else 0]
-            given = {k: v for k, v in timer.items() if v is not None}
+            given = {k: v for k, v in given.items() if v is not None}
             kw["timer"] = dataclasses.replace(base, **given) if given else None
         return cls(**kw)
 
@@ -207,7 +194,7 @@ def _dtypes(field: str, values) -> tuple[str, ...]:
             out.append(dtype_name(d))
         except (ValueError, TypeError):
             raise ConfigError(f"ceilings.{field}: unknown dtype {d!r}; allowed "
-                              f"{list(DTYPE_BYTES)} (or bf16/fp16/fp32)") from None
+                              f"{list(MODEL_DTYPES)} (or bf16/fp16/fp32)") from None
     return tuple(out)
 
 
@@ -236,7 +223,7 @@ def _datasheet(device: str) -> tuple[dict | None, Any]:
     if spec.measured_only or not matched:
         return None, spec
     peak = {d: (None if spec.peak_flops(d) is None else spec.peak_flops(d) / 1e12)
-            for d in DTYPE_BYTES}
+            for d in MODEL_DTYPES}
     return {"key": spec.key, "name": spec.name, "mem_bw_GBps": spec.mem_bw_GBps,
             "peak_tflops": peak, "cache_bytes": spec.cache_bytes()}, spec
 
@@ -244,11 +231,11 @@ def _datasheet(device: str) -> tuple[dict | None, Any]:
 def _cache_bytes(spec: CeilingsSpec, datasheet: dict | None) -> int:
     """The cache a large working set must exceed and the cold flush must evict: the timer's
     l2_bytes if set, else the larger of the datasheet's last-level cache and the queried or
-    default cache (timing.resolve_l2_bytes)."""
+    default cache (timer.resolve_l2_bytes)."""
     if spec.timer.l2_bytes > 0:
         return spec.timer.l2_bytes
     sheet = (datasheet or {}).get("cache_bytes") or 0
-    return max(int(sheet), timing.resolve_l2_bytes(spec.device, spec.timer))
+    return max(int(sheet), timer.resolve_l2_bytes(spec.device, spec.timer))
 
 
 def _arrays(k: kernels.KernelSpec, elem: int) -> int:
@@ -277,7 +264,7 @@ def _measure_bandwidth(spec: CeilingsSpec, cache: int, sheet: dict | None, tel: 
     for name in spec.kernels:
         k = kernels.KERNELS[name]
         for dt in spec.bandwidth_dtypes:
-            tdtype, elem = getattr(torch, dt), DTYPE_BYTES[dt]
+            tdtype, elem = torch_dtype(dt), dtype_bytes(dt)
             with tel.block(f"bandwidth/{name}/{dt}"):
                 try:
                     kernels.check(k, CHECK_ELEMS, tdtype, dev)
@@ -292,7 +279,7 @@ def _measure_bandwidth(spec: CeilingsSpec, cache: int, sheet: dict | None, tel: 
                         moved, footprint = k.bytes_moved(n, elem), _footprint(bufs)
                         for l2 in spec.l2_modes:
                             settings = dataclasses.replace(spec.timer, l2=l2, l2_bytes=cache)
-                            r = timing.time_fn(lambda: k.run(bufs), settings, dev)
+                            r = timer.time_fn(lambda: k.run(bufs), settings, dev)
                             rows.append({
                                 "kernel": name, "variant": k.variant, "dtype": dt, "l2": l2,
                                 "working_set_bytes": footprint, "bytes_moved": moved,
@@ -332,16 +319,16 @@ def check_gemm(out: torch.Tensor, a: torch.Tensor, b_kn: torch.Tensor) -> None:
 
 def _gemm_row(kind: str, name: str, dt: str, M: int, N: int, K: int, t: float,
               peak: float | None) -> dict:
-    flops, nbytes = 2 * M * N * K, (M * K + N * K + M * N) * DTYPE_BYTES[dt]
+    flops, nbytes = 2 * M * N * K, (M * K + N * K + M * N) * dtype_bytes(dt)
     return {"kind": kind, "name": name, "dtype": dt, "M": M, "N": N, "K": K, "t_median_s": t,
             "TFLOPs": flops / t / 1e12, "GBps": nbytes / t / 1e9,
             "pct_datasheet_flops": _pct(flops / t / 1e12, peak)}
 
 
 def _time_gemm(fn: Callable[[], torch.Tensor], a: torch.Tensor, b_kn: torch.Tensor,
-               settings: timing.TimerSettings, dev: torch.device) -> float:
+               settings: timer.TimerSettings, dev: torch.device) -> float:
     check_gemm(fn(), a, b_kn)
-    return timing.time_fn(fn, settings, dev).median_s
+    return timer.time_fn(fn, settings, dev).median_s
 
 
 def _measure_matmul(spec: CeilingsSpec, cache: int, sheet: dict | None, tel: Telemetry,
@@ -425,7 +412,7 @@ def measure_ceilings(spec: CeilingsSpec, log: Callable[[str], None] | None = Non
     sheet, _ = _datasheet(spec.device)
     cache = _cache_bytes(spec, sheet)
     tel, failures = Telemetry(spec.device), []
-    with timing.set_threads(spec.timer.threads):
+    with timer.set_threads(spec.timer.threads):
         prov = provenance.collect(spec.device)
         log(f"ceilings on {prov['device_name']} ({prov['threads']} threads), cache {cache / MiB:.0f} MiB")
         bandwidth = _measure_bandwidth(spec, cache, sheet, tel, failures, log)
@@ -442,21 +429,14 @@ def measure_ceilings(spec: CeilingsSpec, log: Callable[[str], None] | None = Non
 # --------------------------------------------------------------------------- files
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def write_ceilings(result: dict, run_dir: str | Path) -> Path:
     """run_dir/ceilings.json (everything) + ceilings_bandwidth.csv + ceilings_matmul.csv."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     for name, rows, cols in (("bandwidth", result["bandwidth"], BANDWIDTH_COLUMNS),
                              ("matmul", result["matmul"], MATMUL_COLUMNS)):
-        _atomic_write(run_dir / f"ceilings_{name}.csv",
-                      pd.DataFrame(rows, columns=cols).to_csv(index=False))
-    _atomic_write(run_dir / "ceilings.json", json.dumps(result, indent=1, default=str))
+        files.write_csv_atomic(pd.DataFrame(rows, columns=cols), run_dir / f"ceilings_{name}.csv")
+    files.write_json_atomic(run_dir / "ceilings.json", result)
     return run_dir
 
 

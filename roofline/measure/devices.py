@@ -22,15 +22,13 @@ from functools import lru_cache
 from importlib import resources
 from types import MappingProxyType
 
+import torch
 import yaml
 
-DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
-_DTYPE_ALIASES = {
-    "float32": "fp32", "float": "fp32", "f32": "fp32",
-    "bfloat16": "bf16",
-    "float16": "fp16", "half": "fp16", "f16": "fp16",
-    "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "float8": "fp8",
-}
+from roofline.io.fields import check_fields
+from roofline.model.config import ConfigError
+from roofline.model.dtypes import DATASHEET_COLUMNS, datasheet_column
+
 _NUMBER_FIELDS = ("mem_bw_GBps", "l2_bytes", "llc_bytes", "mem_bytes")
 
 
@@ -56,7 +54,7 @@ class DeviceSpec:
     def peak_flops(self, dtype: str, sparse: bool = False) -> float | None:
         """Datasheet peak in FLOP/s for a dtype name ("bfloat16", "torch.float16", "bf16", ...)."""
         table = self.sparse_tflops if sparse else self.dense_tflops
-        tflops = table.get(canonical_dtype(dtype))
+        tflops = table.get(datasheet_column(dtype))
         return None if tflops is None else tflops * 1e12
 
     def ridge(self, dtype: str) -> float | None:
@@ -81,13 +79,23 @@ class DeviceSpec:
         return out
 
 
-def canonical_dtype(dtype: str) -> str:
-    name = str(dtype).lower().removeprefix("torch.")
-    name = _DTYPE_ALIASES.get(name, name)
-    if name not in DTYPES:
-        raise ValueError(f"dtype={dtype!r}: unknown; allowed {list(DTYPES)} or torch names "
-                         f"{sorted(_DTYPE_ALIASES)}")
-    return name
+def parse_device(device: str | torch.device, *, need_available: bool = True) -> torch.device:
+    """The one reading of a device string: "cpu", "cuda" or "cuda:N" -> torch.device.
+
+    Anything else fails naming the allowed forms. A CUDA device on a machine without CUDA
+    fails too (need_available=False only checks the spelling: a config validated before it
+    runs elsewhere). A bare "cuda" stays index-less; callers that need the index ask torch.
+    """
+    text = str(device)
+    try:
+        dev = torch.device(text)
+    except (RuntimeError, ValueError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda") or (dev.type == "cpu" and dev.index not in (None, 0)):
+        raise ConfigError(f"device={text!r}: allowed 'cpu', 'cuda', 'cuda:N'")
+    if dev.type == "cuda" and need_available and not torch.cuda.is_available():
+        raise ConfigError(f"device={text!r}: CUDA is not available here; allowed ('cpu',)")
+    return dev
 
 
 def _row(raw: dict) -> DeviceSpec:
@@ -95,10 +103,10 @@ def _row(raw: dict) -> DeviceSpec:
     key = raw.get("key", "?")
     for field in ("dense_tflops", "sparse_tflops"):
         table = raw.get(field) or {}
-        unknown = set(table) - set(DTYPES)
+        unknown = set(table) - set(DATASHEET_COLUMNS)
         if unknown:
             raise ValueError(f"devices.yaml {key}.{field}: unknown dtypes {sorted(unknown)}; "
-                             f"allowed {list(DTYPES)}")
+                             f"allowed {list(DATASHEET_COLUMNS)}")
         if any(v is not None and not isinstance(v, int | float) for v in table.values()):
             raise ValueError(f"devices.yaml {key}.{field}: every entry must be a number or null")
         raw[field] = MappingProxyType({d: (None if v is None else float(v))
@@ -110,10 +118,7 @@ def _row(raw: dict) -> DeviceSpec:
                              "(YAML 1.1 reads 80.0e9 as text; write 80.0e+9)")
     raw["sources"] = MappingProxyType(dict(raw.get("sources") or {}))
     raw["match"] = tuple(raw.get("match") or ())
-    allowed = {f.name for f in dataclasses.fields(DeviceSpec)}
-    if set(raw) - allowed:
-        raise ValueError(f"devices.yaml {key}: unknown fields {sorted(set(raw) - allowed)}; "
-                         f"allowed {sorted(allowed)}")
+    check_fields(DeviceSpec, raw, f"devices.yaml {key}", error=ValueError)
     if raw.get("kind") not in ("gpu", "cpu"):
         raise ValueError(f"devices.yaml {key}.kind={raw.get('kind')!r}; allowed ['cpu', 'gpu']")
     return DeviceSpec(**raw)
@@ -164,22 +169,15 @@ def _cpu_model() -> str:
 
 def running_device_name(device: str = "cuda") -> str:
     """torch.cuda.get_device_name for "cuda"/"cuda:N"; the CPU model for "cpu"."""
-    if device == "cpu":
-        return _cpu_model()
-    if device == "cuda" or device.startswith("cuda:"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise RuntimeError(f"device={device!r}: CUDA is not available on this machine")
-        return torch.cuda.get_device_name(device)
-    raise ValueError(f"device={device!r}: unknown; allowed 'cpu', 'cuda', 'cuda:N'")
+    dev = parse_device(device)
+    return _cpu_model() if dev.type == "cpu" else torch.cuda.get_device_name(dev)
 
 
 def spec_for_running_device(device: str = "cuda") -> tuple[DeviceSpec, bool]:
     """(spec, matched). CPUs get the measured-only "cpu" row. A GPU the table does not know
     gets a measured-only stand-in named after the device, and matched=False."""
     name = running_device_name(device)
-    if device == "cpu":
+    if parse_device(device, need_available=False).type == "cpu":
         return get_spec("cpu"), True
     spec = detect(name)
     if spec is not None:

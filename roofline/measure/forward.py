@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from roofline.model import decoder
+from roofline.model.dtypes import torch_dtype
 
 MATH_FALLBACK = "math_fallback"  # row status: attention ran torch's math path on CUDA
 FLOOR = 1e-3  # 1 - cosine always allowed: the gate of float32 (and of shallow half models)
@@ -53,8 +54,7 @@ def min_cosine(layers: int, dtype: torch.dtype | str) -> float:
     Real bugs are far outside either: a query that sees the future, a wrong RoPE position or
     a cache slot written twice change the logits by tens of percent (1 - cos >> 1e-2).
     """
-    dt = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    eps = torch.finfo(dt).eps
+    eps = torch.finfo(torch_dtype(dtype)).eps
     return 1.0 - max(FLOOR, 2.0 * layers * eps * eps)
 
 

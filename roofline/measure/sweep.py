@@ -29,15 +29,16 @@ from typing import Callable
 
 import numpy as np
 import pandas as pd
-import psutil
 import torch
 from tqdm import tqdm
 
 from roofline.io import files, provenance, results, runfolder
-from roofline.model.accounting import dtype_name, forward_cost, kv_bytes_per_token, mtp_cost, param_count, torch_dtype
+from roofline.model.accounting import forward_cost, mtp_cost
+from roofline.model.dtypes import datasheet_column, dtype_name, torch_dtype
 from roofline.model.config import ConfigError, ModelConfig
 from roofline.model.decoder import build_model
-from roofline.measure.devices import spec_for_running_device
+from roofline.measure import memory
+from roofline.measure.devices import parse_device, running_device_name, spec_for_running_device
 from roofline.measure.forward import (MATH_FALLBACK, count_kernels, depth_cosine_gate, eager_attention_backend,
                                       is_math_fallback)
 from roofline.measure.timer import MODES, TimerSettings, time_fn
@@ -84,11 +85,9 @@ class SweepSpec:
         bad = [m for m in self.modes if m not in MODES]
         if bad:
             raise ConfigError(f"modes={bad}: allowed {MODES}")
-        if "graph" in self.modes and not self.device.startswith("cuda"):
+        dev = parse_device(self.device, need_available=False)
+        if "graph" in self.modes and dev.type != "cuda":
             raise ConfigError(f"modes=['graph']: CUDA-graph replay needs device=cuda, got device={self.device!r}")
-        if not (self.device == "cpu" or self.device == "cuda" or
-                (self.device.startswith("cuda:") and self.device[5:].isdigit())):
-            raise ConfigError(f"device={self.device!r}: allowed 'cpu', 'cuda', 'cuda:N'")
         if not isinstance(self.layers, int) or self.layers < 0 or 2 * self.layers > cfg.layers:
             raise ConfigError(f"layers={self.layers}: allowed 0 (full depth) or 1..{cfg.layers // 2} "
                               f"(n and 2n layers of {cfg.layers} are measured)")
@@ -142,27 +141,12 @@ def grid(spec: SweepSpec) -> list[Point]:
 
 def spec_device_name(device: str) -> str:
     """The running device's name; bad input (exit 2) when CUDA is asked for and absent."""
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device={device!r}: CUDA is not available here; allowed ('cpu',)")
-    from roofline.measure.devices import running_device_name
     return running_device_name(device)
 
 
 def _moe_impl(mode: str) -> str:
     # Routing to the touched experts syncs with the host; graph capture and compile need the dense path.
     return "touched" if mode == "eager" else "dense"
-
-
-def _fits(cfg: ModelConfig, dtype: str, max_batch: int, max_context: int, device: str) -> tuple[bool, str]:
-    pc = param_count(cfg)
-    need = (pc.total_with_mtp) * torch.finfo(torch_dtype(dtype)).bits // 8
-    need += kv_bytes_per_token(cfg, dtype) * (1 + cfg.mtp_layers / cfg.layers) * max_batch * max_context
-    if device.startswith("cuda"):
-        free = torch.cuda.mem_get_info(torch.device(device))[0]
-    else:
-        free = psutil.virtual_memory().available
-    ok = need < 0.9 * free
-    return ok, f"needs {need / 1e9:.2f} GB (weights + cache), {free / 1e9:.2f} GB free on {device}"
 
 
 def _failure_status(e: BaseException) -> str:
@@ -181,9 +165,7 @@ class _Workload:
         self.cfg, self.spec, self.dtype, self.mode = cfg, spec, dtype, mode
         self.moe_impl = _moe_impl(mode)
         max_ctx = max(spec.L) + max(spec.q + spec.mtp_q)
-        ok, why = _fits(cfg, dtype, max(spec.B), max_ctx, spec.device)
-        if not ok:
-            raise MemoryError(f"too_big: {why}")
+        memory.require_fit(cfg, dtype, max(spec.B), max_ctx, spec.device)
         if spec.checkpoint:
             from roofline.checkpoints.loader import load_checkpoint
             self.model = load_checkpoint(spec.checkpoint, dtype=dtype, device=spec.device, max_batch=max(spec.B),
@@ -264,8 +246,7 @@ def _bound(row: dict, ridge: float | None) -> dict:
 def ceiling_columns(row: dict, dtype: str, measured: dict | None, datasheet) -> dict:
     """Achieved bandwidth and FLOP/s as % of the measured and of the datasheet ceiling, side
     by side, and the bound regime against the measured ridge."""
-    from roofline.measure.devices import canonical_dtype
-    short = canonical_dtype(dtype)
+    short = datasheet_column(dtype)
     pct = lambda v, c: None if not c or v is None else 100.0 * v / c
     out = dict(pct_datasheet_bw=pct(row.get("achieved_GBps"), datasheet.mem_bw_GBps),
                pct_datasheet_flops=pct(row.get("achieved_TFLOPs"), (datasheet.peak_flops(short) or 0) / 1e12))
@@ -462,7 +443,7 @@ def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t
                         row.update(status=MATH_FALLBACK, error=f"attention ran torch's math path ({row['attn_backend']}):"
                                    " it moves bytes the accounting does not charge; not a memory measurement")
                 except Exception as e:
-                    status = "too_big" if str(e).startswith("too_big") else _failure_status(e)
+                    status = "too_big" if isinstance(e, memory.TooBig) else _failure_status(e)
                     row = dict(status=status, error=f"{type(e).__name__}: {e}"[:500])
                 if samples:
                     results.append_samples(run_dir, p.point_id, samples)
@@ -470,7 +451,7 @@ def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t
                 new += 1
                 bar.update(1)
             del w
-            if spec.device.startswith("cuda"):
+            if parse_device(spec.device).type == "cuda":
                 torch.cuda.empty_cache()
     except KeyboardInterrupt:
         bar.close()

@@ -46,6 +46,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Protocol, Sequence
 
 import torch
 
+from roofline.measure.devices import parse_device
 from roofline.model.config import ConfigError
 
 MODES = ("eager", "graph", "compiled")
@@ -304,16 +305,9 @@ class CudaEventClock:
 
 
 def _resolve_device(device: str | torch.device) -> torch.device:
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(
-                f"device={str(device)!r}: CUDA is not available here; allowed ('cpu',)"
-            )
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-    elif dev.type != "cpu":
-        raise ConfigError(f"device={str(device)!r}: allowed device types ('cpu', 'cuda')")
+    dev = parse_device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
     return dev
 
 

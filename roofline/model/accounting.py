@@ -24,26 +24,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-import torch
-
 from roofline.model.config import ModelConfig
-
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-DTYPES = tuple(DTYPE_BYTES)
-
-
-def dtype_name(dtype: torch.dtype | str) -> str:
-    name = str(dtype).removeprefix("torch.")
-    aliases = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
-    name = aliases.get(name, name)
-    if name not in DTYPE_BYTES:
-        raise ValueError(f"dtype={dtype!r}: allowed {DTYPES} (or bf16/fp16/fp32)")
-    return name
-
-
-def torch_dtype(dtype: torch.dtype | str) -> torch.dtype:
-    return getattr(torch, dtype_name(dtype))
-
+from roofline.model.dtypes import dtype_bytes
 
 # ---- parameter counts, per module, matching roofline.model.decoder exactly ------------------------
 
@@ -144,7 +126,7 @@ def experts_touched(cfg: ModelConfig, tokens: int, moe_impl: str = "touched") ->
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype) -> int:
     """Cache bytes one token adds across all layers of the main stack."""
-    return cfg.layers * cfg.kv_elems_per_token_layer * DTYPE_BYTES[dtype_name(dtype)]
+    return cfg.layers * cfg.kv_elems_per_token_layer * dtype_bytes(dtype)
 
 
 @dataclass(frozen=True)
@@ -241,7 +223,7 @@ def forward_cost(cfg: ModelConfig, dtype, B: int, q: int, L: int, kv_len: int | 
     layers); default: the uniform-routing expectation U(B·q).
     """
     _check_shape(cfg, B, q, L)
-    b = DTYPE_BYTES[dtype_name(dtype)]
+    b = dtype_bytes(dtype)
     kv_len = L + q if kv_len is None else kv_len
     c = _stack_cost(cfg, cfg.layers, moe_layers(cfg), B, q, L, kv_len, b, moe_impl,
                     cfg.vocab * cfg.d * b, touched)
@@ -254,7 +236,7 @@ def mtp_cost(cfg: ModelConfig, dtype, B: int, q: int, L: int, kv_len: int | None
     if cfg.mtp_layers < 1:
         raise ValueError(f"model {cfg.name!r} has no MTP module (mtp_layers=0)")
     _check_shape(cfg, B, q, L)
-    b = DTYPE_BYTES[dtype_name(dtype)]
+    b = dtype_bytes(dtype)
     kv_len = L + q if kv_len is None else kv_len
     c = _stack_cost(cfg, 1, int(cfg.is_moe), B, q, L, kv_len, b, moe_impl,
                     cfg.vocab * cfg.d * b, touched)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from roofline.model.accounting import dtype_name, forward_cost, kv_bytes_per_token, param_count
+from roofline.model.accounting import forward_cost, kv_bytes_per_token, param_count
+from roofline.model.dtypes import dtype_name
 from roofline.model.config import ConfigError, ModelConfig
 from roofline.measure.devices import DeviceSpec
 

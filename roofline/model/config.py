@@ -11,13 +11,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from roofline.io.fields import ConfigError, from_dict
+
 ATTENTION_KINDS = ("gqa", "mla")
 ROPE_SCALING_KINDS = ("none", "llama3", "yarn", "linear")
 ROUTER_SCORING = ("softmax", "sigmoid")
-
-
-class ConfigError(ValueError):
-    """Bad input: names the field and the allowed values."""
 
 
 @dataclass(frozen=True)
@@ -165,21 +163,12 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> "ModelConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise ConfigError(f"model: unknown field(s) {unknown}; allowed {sorted(known)}")
-        kw = dict(raw)
-        rs = kw.get("rope_scaling")
+        rs = raw.get("rope_scaling")
         if rs is None:
-            kw["rope_scaling"] = RopeScaling()
+            rs = RopeScaling()
         elif isinstance(rs, Mapping):
-            rknown = {f.name for f in dataclasses.fields(RopeScaling)}
-            bad = sorted(set(rs) - rknown)
-            if bad:
-                raise ConfigError(f"model.rope_scaling: unknown field(s) {bad}; allowed {sorted(rknown)}")
-            kw["rope_scaling"] = RopeScaling(**rs)
-        return cls(**kw)
+            rs = from_dict(RopeScaling, rs, "model.rope_scaling")
+        return from_dict(cls, raw, "model", rope_scaling=rs)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -20,7 +20,8 @@ import pandas as pd
 from roofline.report import plots
 from roofline.model.config import ConfigError
 from roofline.io.results import load_run
-from roofline.measure.devices import DeviceSpec, canonical_dtype, detect
+from roofline.measure.devices import DeviceSpec, detect
+from roofline.model.dtypes import datasheet_column
 
 PROVENANCE_FIELDS = ("device", "device_name", "cpu_model", "torch_version", "triton_version", "python_version",
                      "cuda_version", "driver_version", "sm_clock_mhz", "mem_clock_mhz", "power_limit_w",
@@ -119,7 +120,7 @@ def ceilings_table(df: pd.DataFrame, ceilings: dict | None, spec: DeviceSpec | N
     """Measured vs datasheet ceilings, side by side, with measured as % of datasheet."""
     summary = (ceilings or {}).get("summary") or {}
     sheet = (ceilings or {}).get("datasheet") or {}
-    dtypes = {canonical_dtype(d) for d in plots._values(df, "dtype")}
+    dtypes = {datasheet_column(d) for d in plots._values(df, "dtype")}
     dtypes |= set(plots.dtype_table(summary.get("peak_tflops")))
     dtypes |= {d for d, v in plots.dtype_table(sheet.get("peak_tflops")).items() if v}
     rows = []

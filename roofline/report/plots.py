@@ -18,24 +18,22 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib import ticker
+from matplotlib.colors import LogNorm
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.colors import LogNorm  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
-
-from roofline.measure.devices import DeviceSpec, canonical_dtype  # noqa: E402
+from roofline.measure.devices import DeviceSpec
+from roofline.model.dtypes import datasheet_column
+from roofline.report import figures
 
 log = logging.getLogger(__name__)
 
 FORMATS = ("png", "svg")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">")
 PREDICTION_LABEL = "roofline prediction"
-_RC = {"svg.fonttype": "none", "font.size": 9, "axes.grid": True, "grid.alpha": 0.3}
 
 
 class Skip(Exception):
@@ -81,7 +79,7 @@ def dtype_table(table: dict | None) -> dict[str, float]:
     out = {}
     for key, value in (table or {}).items():
         try:
-            out[canonical_dtype(key)] = value
+            out[datasheet_column(key)] = value
         except ValueError:
             log.warning("ignoring unknown dtype %r in ceilings.json", key)
     return out
@@ -90,7 +88,7 @@ def dtype_table(table: dict | None) -> dict[str, float]:
 def roofs_for(dtype: str, ceilings: dict | None, spec: DeviceSpec | None) -> Roofs:
     """Measured ceilings from ceilings.json's summary, datasheet ceilings from `spec` (or the
     datasheet block ceilings.json recorded when no spec is given)."""
-    d = canonical_dtype(dtype)
+    d = datasheet_column(dtype)
     summary = (ceilings or {}).get("summary") or {}
     sheet = (ceilings or {}).get("datasheet") or {}
     scale = lambda v, k: None if v is None else float(v) * k  # noqa: E731
@@ -171,21 +169,12 @@ def _label(cols: list[str], key) -> str:
 
 
 def save(fig: Figure, out_dir: Path, stem: str) -> list[Path]:
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    with plt.rc_context(_RC):
-        for ext in FORMATS:
-            path = out_dir / f"{stem}.{ext}"
-            fig.savefig(path, dpi=130)
-            paths.append(path)
-    plt.close(fig)
-    return paths
+    return figures.save(fig, out_dir, stem, FORMATS, dpi=130)
 
 
 def _by_dtype(df: pd.DataFrame):
     for dtype, rows in df.groupby("dtype", sort=True):
-        yield str(dtype), canonical_dtype(str(dtype)), rows
+        yield str(dtype), datasheet_column(str(dtype)), rows
 
 
 # ---- the roofline ---------------------------------------------------------------------
@@ -213,13 +202,13 @@ def build_roofline(df: pd.DataFrame, ceilings: dict | None, spec: DeviceSpec | N
         if not ok.empty else ok
     if ok.empty:
         raise Skip("no ok points with intensity and achieved FLOP/s")
-    figures = {}
+    built = {}
     for dtype, short, rows in _by_dtype(ok):
         roofs = roofs_for(dtype, ceilings, spec)
         ridges = [r for r in (roofs.ridge_measured, roofs.ridge_datasheet) if r]
         i = rows["intensity"].astype(float)
         x = np.logspace(np.log10(min([i.min(), *ridges]) / 3), np.log10(max([i.max(), *ridges]) * 3), 200)
-        fig, ax = plt.subplots(figsize=(8.5, 5.8))
+        fig, ax = figures.subplots(figsize=(8.5, 5.8))
         _draw_roof(ax, x, roofs.bw_measured, roofs.flops_measured, "-", "C0", "measured")
         _draw_roof(ax, x, roofs.bw_datasheet, roofs.flops_datasheet, "--", "C3", "datasheet")
         norm = LogNorm(vmin=max(rows["q"].min(), 1), vmax=max(rows["q"].max(), 2))
@@ -239,8 +228,8 @@ def build_roofline(df: pd.DataFrame, ceilings: dict | None, spec: DeviceSpec | N
         ax.yaxis.set_major_formatter(_PLAIN)
         if not (roofs.bw_measured or roofs.bw_datasheet):
             ax.set_title(ax.get_title() + "\n(no ceilings: neither ceilings.json nor a datasheet row)", fontsize=9)
-        figures[f"roofline_{short}"] = _finish(fig, footer_text(rows, ceilings, dtype))
-    return figures
+        built[f"roofline_{short}"] = _finish(fig, footer_text(rows, ceilings, dtype))
+    return built
 
 
 # ---- step time vs q: "guessing is free" ------------------------------------------------
@@ -255,12 +244,12 @@ def _ok_forward(df: pd.DataFrame) -> pd.DataFrame:
 
 def build_step_time_vs_q(df: pd.DataFrame, ceilings: dict | None, spec: DeviceSpec | None) -> dict[str, Figure]:
     ok = _ok_forward(df)
-    figures = {}
+    built = {}
     for dtype, short, rows in _by_dtype(ok):
         roofs = roofs_for(dtype, ceilings, spec)
         bw, flops, source = roofs.for_prediction()
         rows = rows.assign(t_pred_s=predict_step_time(rows, roofs))
-        fig, (ax_t, ax_r) = plt.subplots(1, 2, figsize=(11, 5.2))
+        fig, (ax_t, ax_r) = figures.subplots(1, 2, figsize=(11, 5.2))
         cols, groups = _series(rows, ["B", "L"])
         for n, (key, g) in enumerate(groups):
             g = g.sort_values("q")
@@ -303,8 +292,8 @@ def build_step_time_vs_q(df: pd.DataFrame, ceilings: dict | None, spec: DeviceSp
             handles.append(Line2D([], [], ls="--", color="0.4", lw=1, label=PREDICTION_LABEL))
         ax_t.legend(handles=handles, fontsize=7, loc="upper left", title=", ".join(cols), title_fontsize=7)
         fig.suptitle(f"Guessing is free: {short} forward step time vs tokens per pass")
-        figures[f"step_time_vs_q_{short}"] = _finish(fig, footer_text(rows, ceilings, dtype))
-    return figures
+        built[f"step_time_vs_q_{short}"] = _finish(fig, footer_text(rows, ceilings, dtype))
+    return built
 
 
 # ---- bandwidth vs working set (ceilings.json) ------------------------------------------
@@ -315,7 +304,7 @@ def build_bandwidth_vs_working_set(df: pd.DataFrame, ceilings: dict | None,
     if bw_rows.empty or not {"working_set_bytes", "GBps"} <= set(bw_rows.columns):
         raise Skip("no bandwidth rows (ceilings.json absent or without 'bandwidth')")
     bw_rows = bw_rows.rename(columns={"l2": "t_l2"})
-    fig, ax = plt.subplots(figsize=(8.5, 5.5))
+    fig, ax = figures.subplots(figsize=(8.5, 5.5))
     cols, groups = _series(bw_rows, ["kernel", "t_l2"], maybe=("variant", "dtype"))
     for n, (key, g) in enumerate(groups):
         g = g.sort_values("working_set_bytes")
@@ -332,7 +321,7 @@ def build_bandwidth_vs_working_set(df: pd.DataFrame, ceilings: dict | None,
         ax.annotate(f"last-level cache\n{roofs.cache_bytes / 2**20:.4g} MiB", (roofs.cache_bytes, 0.02),
                     xycoords=("data", "axes fraction"), xytext=(4, 0), textcoords="offset points", fontsize=7)
     ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_bytes_label))
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(_bytes_label))
     ax.set(xlabel="working set (bytes, binary units)", ylabel="achieved GB/s (1e9 B/s, bytes as each kernel counts them)",
            title="Memory bandwidth vs working set (ceilings.json)")
     ax.set_ylim(bottom=0)
@@ -340,7 +329,7 @@ def build_bandwidth_vs_working_set(df: pd.DataFrame, ceilings: dict | None,
     return {"bandwidth_vs_working_set": _finish(fig, footer_text(df, ceilings, ", ".join(dtypes)))}
 
 
-_PLAIN = matplotlib.ticker.FuncFormatter(lambda v, _pos=None: f"{v:g}")
+_PLAIN = ticker.FuncFormatter(lambda v, _pos=None: f"{v:g}")
 
 
 def _bytes_label(v: float, _pos=None) -> str:
@@ -362,7 +351,7 @@ def pick_q(qs, n: int = 4) -> list:
 def build_utilisation_vs_batch(df: pd.DataFrame, ceilings: dict | None,
                                spec: DeviceSpec | None) -> dict[str, Figure]:
     ok = _ok_forward(df)
-    figures = {}
+    built = {}
     for dtype, short, rows in _by_dtype(ok):
         roofs = roofs_for(dtype, ceilings, spec)
         if not (roofs.bw_measured or roofs.bw_datasheet or roofs.flops_measured or roofs.flops_datasheet):
@@ -370,7 +359,7 @@ def build_utilisation_vs_batch(df: pd.DataFrame, ceilings: dict | None,
             continue
         L0 = rows["L"].min()
         rows = rows[rows["L"] == L0]
-        fig, (ax_m, ax_c) = plt.subplots(1, 2, figsize=(11, 5.0), sharex=True)
+        fig, (ax_m, ax_c) = figures.subplots(1, 2, figsize=(11, 5.0), sharex=True)
         cols, _ = _series(rows, ["q"])
         for n, q in enumerate(pick_q(rows["q"].unique())):
             color = f"C{n % 10}"
@@ -404,10 +393,10 @@ def build_utilisation_vs_batch(df: pd.DataFrame, ceilings: dict | None,
         ax_c.set(ylabel="achieved FLOP/s as % of the compute ceiling",
                  title=_ceiling_title("Compute", roofs.flops_measured, roofs.flops_datasheet, 1e12, "TFLOP/s"))
         fig.suptitle(f"Utilisation vs batch, {short} forward, L={L0:g} (solid: % of measured, dashed: % of datasheet)")
-        figures[f"utilisation_vs_batch_{short}"] = _finish(fig, footer_text(rows, ceilings, dtype), right=0.86)
-    if not figures:
+        built[f"utilisation_vs_batch_{short}"] = _finish(fig, footer_text(rows, ceilings, dtype), right=0.86)
+    if not built:
         raise Skip("no measured or datasheet ceiling for any dtype")
-    return figures
+    return built
 
 
 def _ceiling_title(what: str, measured, datasheet, k: float, unit: str) -> str:
@@ -433,14 +422,14 @@ class FigureSet:
 
 def _save_all(name: str, df, ceilings, spec, out_dir, skipped: dict | None = None) -> list[Path]:
     try:
-        with plt.rc_context(_RC):
-            figures = BUILDERS[name](df, ceilings, spec)
+        with figures.style():
+            built = BUILDERS[name](df, ceilings, spec)
     except Skip as why:
         log.warning("figure %s skipped: %s", name, why)
         if skipped is not None:
             skipped[name] = str(why)
         return []
-    return [p for stem, fig in figures.items() for p in save(fig, out_dir, stem)]
+    return [p for stem, fig in built.items() for p in save(fig, out_dir, stem)]
 
 
 def plot_roofline(df, ceilings, spec, out_dir) -> list[Path]:

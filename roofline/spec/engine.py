@@ -19,11 +19,12 @@ design.md §2, measured.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
+from roofline.spec.counters import AcceptanceCounters
 from roofline.spec.verify import greedy_accept, probs_from_logits, sample_accept
 from roofline.model.decoder import Transformer
 
@@ -53,10 +54,7 @@ class DecodeSettings:
 @dataclass
 class SpecMetrics:
     k: int
-    drafts: int = 0
-    draft_tokens: int = 0
-    accepted: int = 0
-    accepted_per_pos: list[int] = field(default_factory=list)
+    counters: AcceptanceCounters = AcceptanceCounters()
     rounds: int = 0
     emitted: int = 0
     wall_s: float = 0.0
@@ -72,15 +70,6 @@ class SpecMetrics:
         return self.wall_s - self.prefill_s - self.draft_s - self.verify_s
 
     @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.draft_tokens if self.draft_tokens else float("nan")
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        """τ: tokens emitted per sequence-round, bonus included (vLLM's definition)."""
-        return 1 + self.accepted / self.drafts if self.drafts else 1.0
-
-    @property
     def tokens_per_s(self) -> float:
         """Emitted tokens over decode time (prefill excluded)."""
         return self.emitted / (self.wall_s - self.prefill_s)
@@ -92,18 +81,14 @@ class SpecMetrics:
         those slots); this is what the B·τ/R of design.md §2 describes."""
         return self.steady_tokens / self.steady_s if self.steady_s else float("nan")
 
-    def per_position_alpha(self) -> list[float]:
-        """Conditional acceptance α_i = accepted at i / reached i."""
-        reached = [self.drafts] + self.accepted_per_pos[:-1]
-        return [a / r if r else float("nan") for a, r in zip(self.accepted_per_pos, reached)]
-
     def as_row(self) -> dict:
-        return dict(k=self.k, drafts=self.drafts, draft_tokens=self.draft_tokens, accepted=self.accepted,
+        c = self.counters
+        return dict(k=self.k, drafts=c.drafts, draft_tokens=c.draft_tokens, accepted=c.accepted_tokens,
                     rounds=self.rounds, emitted=self.emitted, wall_s=self.wall_s, prefill_s=self.prefill_s,
                     draft_s=self.draft_s, verify_s=self.verify_s, overhead_s=self.overhead_s,
-                    tau=self.mean_acceptance_length, acceptance_rate=self.acceptance_rate,
+                    tau=c.mean_acceptance_length(), acceptance_rate=c.acceptance_rate(),
                     tokens_per_s=self.tokens_per_s, steady_tokens_per_s=self.steady_tokens_per_s,
-                    accepted_per_pos=" ".join(map(str, self.accepted_per_pos)))
+                    accepted_per_pos=" ".join(map(str, c.accepted_per_pos)))
 
 
 class Drafter(Protocol):
@@ -221,7 +206,8 @@ class SpecEngine:
 
     def generate(self, prompts: list[list[int]], settings: DecodeSettings) -> tuple[list[list[int]], SpecMetrics]:
         """Generated tokens per sequence (prompt excluded) and the run's metrics."""
-        s, m = settings, SpecMetrics(k=settings.k)
+        s = settings
+        m = SpecMetrics(k=s.k, counters=AcceptanceCounters(accepted_per_pos=(0,) * s.k))
         if s.k and self.drafter is None:
             raise ValueError("k > 0 needs a drafter")
         with torch.inference_mode(), Phase(self.device) as wall:
@@ -270,11 +256,9 @@ class SpecEngine:
         else:
             n_acc, emitted = sample_accept(drafts, q, st.probs(logits), st.generator)
         act = st.active
-        m.drafts += int(act.sum())
-        m.draft_tokens += k * int(act.sum())
-        m.accepted += int(n_acc[act].sum())
-        per = [int(((n_acc > i) & act).sum()) for i in range(k)]
-        m.accepted_per_pos = [a + b for a, b in zip(m.accepted_per_pos, per)] if m.accepted_per_pos else per
+        n = int(act.sum())
+        m.counters += AcceptanceCounters(drafts=n, draft_tokens=k * n, accepted_tokens=int(n_acc[act].sum()),
+                                         accepted_per_pos=tuple(int(((n_acc > i) & act).sum()) for i in range(k)))
         self.drafter.observe(st, n_acc, emitted, hidden, start)
         st.lengths = torch.where(act, start + n_acc + 1, start)
         rows = emitted.tolist()

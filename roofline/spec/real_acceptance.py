@@ -14,6 +14,7 @@ import torch
 
 from roofline.checkpoints.loader import load_checkpoint
 from roofline.model.config import ConfigError
+from roofline.spec.counters import AcceptanceCounters
 from roofline.spec.drafters import DraftModelDrafter, MTPDrafter
 from roofline.checkpoints.prompts import encode_conversations
 from roofline.spec.engine import DecodeSettings, SpecEngine
@@ -58,19 +59,11 @@ def measure_acceptance(req: AcceptanceRequest) -> dict:
         DraftModelDrafter(load_checkpoint(req.draft_checkpoint, **kw), target.cfg.vocab)
     engine = SpecEngine(target, drafter)
     s = DecodeSettings(max_new=req.max_new, k=req.k, temperature=req.temperature, top_p=req.top_p, seed=req.seed)
-    total = dict(num_drafts=0, num_draft_tokens=0, num_accepted_tokens=0, num_accepted_tokens_per_pos=[0] * req.k)
+    total = AcceptanceCounters(accepted_per_pos=(0,) * req.k)
     with torch.inference_mode():
         for i in range(0, len(prompts), req.batch):
             _, m = engine.generate(prompts[i:i + req.batch], s)
-            total["num_drafts"] += m.drafts
-            total["num_draft_tokens"] += m.draft_tokens
-            total["num_accepted_tokens"] += m.accepted
-            total["num_accepted_tokens_per_pos"] = [a + b for a, b in zip(total["num_accepted_tokens_per_pos"],
-                                                                          m.accepted_per_pos)]
-    reached = [total["num_drafts"]] + total["num_accepted_tokens_per_pos"][:-1]
-    total.update(prompts=len(prompts), drafter=req.drafter, k=req.k,
-                 acceptance_rate=total["num_accepted_tokens"] / max(total["num_draft_tokens"], 1),
-                 mean_acceptance_length=1 + total["num_accepted_tokens"] / max(total["num_drafts"], 1),
-                 alpha_per_pos=[a / r if r else float("nan")
-                                for a, r in zip(total["num_accepted_tokens_per_pos"], reached)])
-    return total
+            total += m.counters
+    return dict(**total.vllm_names(), prompts=len(prompts), drafter=req.drafter, k=req.k,
+                acceptance_rate=total.acceptance_rate(), mean_acceptance_length=total.mean_acceptance_length(),
+                alpha_per_pos=list(total.per_position_alpha()))

@@ -29,10 +29,11 @@ import pandas as pd
 import torch
 
 from roofline.analysis import costmodel
-from roofline.model.accounting import torch_dtype
+from roofline.model.dtypes import torch_dtype
 from roofline.model.config import ConfigError, ModelConfig
 from roofline.spec.drafters import MTPDrafter, NgramDrafter, OracleDrafter
 from roofline.model.decoder import build_model
+from roofline.report import figures
 from roofline.report.document import md_table
 from roofline.spec.theory import StepCosts, round_time, tau_iid
 from roofline.spec.engine import DecodeSettings, SpecEngine
@@ -114,9 +115,9 @@ def predicted_speedup(fit: dict, spec: SpecValSpec, k: int, B: int, tau: float, 
     """S from roofline.spec.theory with the fitted steps. Every forward pays the engine's
     per-step host overhead o_plain; a round pays o_spec in all, i.e. o_spec − o_plain beyond
     its verification forward. Drafter "mtp" as roofline.analysis.predict models it; "ngram": free."""
-    from roofline.analysis.predict import Drafter, step_costs
+    from roofline.analysis.predict import DraftCost, step_costs
     L, dt = spec.context_mid, spec.dtype
-    base = step_costs(fit, dt, Drafter(drafter), spec.model).steps
+    base = step_costs(fit, dt, DraftCost(drafter), spec.model).steps
     costs = StepCosts(target=lambda q, B_, L_: base.target(q, B_, L_) + o_plain, draft=base.draft,
                       overhead=lambda k_, B_: max(0.0, o_spec - o_plain))
     R, t1 = round_time(k, B, L, costs), costs.target(1, B, L)
@@ -162,7 +163,7 @@ def run_validation(spec: SpecValSpec, run_dir: Path, log=print) -> pd.DataFrame:
                 diverged.append(_first_divergence(out1, reference))
                 plain_runs.append(m_plain)
                 spec_runs.append(m_spec)
-            tau = statistics.median(m.mean_acceptance_length for m in spec_runs)
+            tau = statistics.median(m.counters.mean_acceptance_length() for m in spec_runs)
             S_meas = _median_tps(spec_runs) / _median_tps(plain_runs)
             kind = "ngram" if label == "ngram" else "mtp"
             pred = predicted_speedup(fit, spec, k, B, tau, o_plain, o_spec[k], kind)
@@ -171,7 +172,7 @@ def run_validation(spec: SpecValSpec, run_dir: Path, log=print) -> pd.DataFrame:
             last = spec_runs[-1]
             rows.append(dict(drafter=label, alpha=alpha, k=k, B=B, L_mid=spec.context_mid, tau_meas=tau,
                              tau_alpha=tau_iid(alpha, k) if alpha is not None else float("nan"),
-                             alpha_meas=" ".join(f"{a:.3f}" for a in last.per_position_alpha()),
+                             alpha_meas=" ".join(f"{a:.3f}" for a in last.counters.per_position_alpha()),
                              first_divergence=min([d for d in diverged if d >= 0], default=-1),
                              tps_plain=_median_tps(plain_runs), tps_spec=_median_tps(spec_runs), S_meas=S_meas,
                              **pred, S_pred_alpha=pred_alpha, err=pred["S_pred"] / S_meas - 1,
@@ -202,13 +203,7 @@ def save_overhead_fit(points: list[dict], path: Path) -> dict:
 
 def write_report_section(table: pd.DataFrame, run_dir: Path) -> Path:
     """Table + predicted-vs-measured picture, as report_specdec.md in the run folder."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figs = run_dir / "figures"
-    figs.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(5.5, 5))
+    fig, ax = figures.subplots(figsize=(5.5, 5))
     for (label, B), g in table.groupby([table["drafter"].str.split().str[0], "B"]):
         ax.scatter(g["S_meas"], g["S_pred"], label=f"{label}, B={B}", s=22)
     lo, hi = min(table["S_meas"].min(), table["S_pred"].min()) * 0.9, max(table["S_meas"].max(), table["S_pred"].max()) * 1.1
@@ -218,8 +213,7 @@ def write_report_section(table: pd.DataFrame, run_dir: Path) -> Path:
     ax.set_title("Speculative decoding: predicted vs measured")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(figs / "specdec_pred_vs_meas.png", dpi=110)
-    plt.close(fig)
+    figures.save(fig, run_dir / "figures", "specdec_pred_vs_meas", dpi=110)
     e = table["err"].abs()
     cols = ["drafter", "k", "B", "tau_meas", "S_meas", "S_pred", "err", "S_pred_alpha", "err_alpha"]
     md = ["## Speculative decoding: measured vs predicted", "",

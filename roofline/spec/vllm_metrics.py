@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 from typing import Union
+
+from roofline.spec.counters import AcceptanceCounters
 
 DRAFTS = "vllm:spec_decode_num_drafts"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
@@ -77,57 +78,6 @@ def _count(value: float, name: str) -> int:
     return int(value)
 
 
-@dataclass(frozen=True)
-class SpecDecodeCounters:
-    """Spec-decode event counts, summed over engines (and models unless one was chosen)."""
-
-    drafts: int
-    draft_tokens: int
-    accepted_tokens: int
-    accepted_per_pos: tuple[int, ...]
-
-    @property
-    def num_positions(self) -> int:
-        """k, the number of speculative tokens the server was configured with."""
-        return len(self.accepted_per_pos)
-
-    def acceptance_rate(self) -> float:
-        """Accepted / drafted tokens (vLLM's "draft acceptance rate"); NaN with no drafts."""
-        return _ratio(self.accepted_tokens, self.draft_tokens)
-
-    def mean_acceptance_length(self) -> float:
-        """Tokens emitted per round, bonus/correction token included: 1 + accepted / drafts.
-
-        This is the measured tau of roofline.spec.theory. NaN with no drafts.
-        """
-        return 1.0 + _ratio(self.accepted_tokens, self.drafts)
-
-    def per_position_rate(self) -> tuple[float, ...]:
-        """Unconditional acceptance accepted_pos_i / drafts: the survival s_1..s_k.
-
-        Rounds that drafted fewer than i tokens count in the denominator (vLLM's choice).
-        """
-        self._need_positions()
-        return tuple(_ratio(n, self.drafts) for n in self.accepted_per_pos)
-
-    def per_position_alpha(self) -> tuple[float, ...]:
-        """Conditional acceptance alpha_1..alpha_k: alpha_1 = accepted_pos_0 / drafts,
-        alpha_i = accepted_pos_{i-1} / accepted_pos_{i-2}; NaN where nothing reached i."""
-        self._need_positions()
-        reached = (self.drafts,) + self.accepted_per_pos[:-1]
-        return tuple(_ratio(n, d) for n, d in zip(self.accepted_per_pos, reached))
-
-    def _need_positions(self) -> None:
-        if not self.accepted_per_pos:
-            raise SpecDecodeMetricsError(
-                f"the dump has no {ACCEPTED_PER_POS} counters: per-position acceptance "
-                "needs a vLLM version that exports them")
-
-
-def _ratio(numerator: int, denominator: int) -> float:
-    return numerator / denominator if denominator else math.nan
-
-
 def _base_name(name: str) -> tuple[str, bool] | None:
     """(counter, has `_total` suffix) for our counters; None for any other series."""
     for counter in COUNTERS:
@@ -138,7 +88,7 @@ def _base_name(name: str) -> tuple[str, bool] | None:
     return None
 
 
-def parse_spec_decode(text: str, model_name: str | None = None) -> SpecDecodeCounters:
+def parse_spec_decode(text: str, model_name: str | None = None) -> AcceptanceCounters:
     """Spec-decode counters from a /metrics text dump.
 
     Accepts the counter names with or without the `_total` suffix (with it preferred when a
@@ -187,24 +137,24 @@ def parse_spec_decode(text: str, model_name: str | None = None) -> SpecDecodeCou
     if sorted(per_pos) != list(range(len(per_pos))):
         raise SpecDecodeMetricsError(f"{ACCEPTED_PER_POS} positions must be 0..k-1, "
                                      f"got {sorted(per_pos)}")
-    return SpecDecodeCounters(
+    return AcceptanceCounters(
         drafts=totals[DRAFTS], draft_tokens=totals[DRAFT_TOKENS],
         accepted_tokens=totals[ACCEPTED_TOKENS],
         accepted_per_pos=tuple(_count(per_pos[i], f"{ACCEPTED_PER_POS}{{position={i}}}")
                                for i in range(len(per_pos))))
 
 
-Dump = Union[str, SpecDecodeCounters]
+Dump = Union[str, AcceptanceCounters]
 
 
-def diff(before: Dump, after: Dump, model_name: str | None = None) -> SpecDecodeCounters:
+def diff(before: Dump, after: Dump, model_name: str | None = None) -> AcceptanceCounters:
     """Counts accumulated between two dumps (text or parsed) taken around a benchmark."""
     b, a = (parse_spec_decode(d, model_name) if isinstance(d, str) else d
             for d in (before, after))
     if b.num_positions != a.num_positions:
         raise SpecDecodeMetricsError(f"before has {b.num_positions} draft positions, after "
                                      f"{a.num_positions}: not the same server configuration")
-    delta = SpecDecodeCounters(
+    delta = AcceptanceCounters(
         drafts=a.drafts - b.drafts, draft_tokens=a.draft_tokens - b.draft_tokens,
         accepted_tokens=a.accepted_tokens - b.accepted_tokens,
         accepted_per_pos=tuple(x - y for x, y in zip(a.accepted_per_pos, b.accepted_per_pos)))

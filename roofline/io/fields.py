@@ -1,0 +1,46 @@
+"""Strict construction of frozen dataclasses from plain dicts (a composed config, a YAML row).
+
+A misspelt key must fail loudly, naming the field and the allowed ones, instead of being
+dropped or surfacing as a TypeError deep inside a constructor. Every `from_dict` of the
+library goes through `check_fields` / `from_dict` here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """Bad input: names the field and the allowed values."""
+
+
+def field_names(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def check_fields(cls: type, raw: Mapping[str, Any], where: str, error: type[Exception] = ConfigError) -> None:
+    """Raise `error` naming the unknown keys of `raw` and the fields `cls` allows."""
+    known = field_names(cls)
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise error(f"{where}: unknown field(s) {unknown}; allowed {sorted(known)}")
+
+
+def from_dict(cls: type[T], raw: Mapping[str, Any], where: str, *, drop_none: bool = False,
+              lists_to_tuples: bool = False, error: type[Exception] = ConfigError, **replace: Any) -> T:
+    """`cls(**raw)` after checking every key is a field of `cls`.
+
+    drop_none: None values mean "the field's default" (they are left out);
+    lists_to_tuples: YAML/JSON lists become tuples (frozen dataclasses hold tuples);
+    replace: values that override raw's after the check (already-converted fields).
+    """
+    check_fields(cls, raw, where, error)
+    kw = {k: v for k, v in raw.items() if not (drop_none and v is None)}
+    if lists_to_tuples:
+        kw = {k: tuple(v) if isinstance(v, list) else v for k, v in kw.items()}
+    kw.update(replace)
+    return cls(**kw)
