@@ -23,13 +23,15 @@
 #   summary.md      steps, and the GPU goals as ratios measured in this run
 # Full run folders and logs stay in $WORK (a temporary folder unless set).
 #
-# Estimated time on one H200 (limits in brackets; estimated from the work each step does: model
-# and cache bytes over ~4 TB/s, ~1 s per sweep point for capture + profile + reps at a 0.3 s
-# budget, ~45 s per torch.compile of the 8B forward with 16 CPU cores, python + torch import
-# ~5 s per step; none of it measured yet):
-#   setup 2 s [15] · env 15 s [30] · gpu tests 60 s [75] · ceilings 50 s [60] ·
-#   sweep (graph, 48 points) 75 s [90] · sweep (compiled, 2 points) 100 s [150] ·
-#   fit 8 s [10] · predict 8 s [10] · summary 3 s [5]   =  about 5.4 min expected, 7.4 min at most.
+# Estimated time on one H200 (limits in brackets). Estimated, not measured: from the work each
+# step does (the 16 GB of weights and up to 17 GB of cache at ~4 TB/s; ~1 s per sweep point for
+# cache fill, graph capture, one profiled forward and the reps at a 0.3 s budget; an assumed
+# ~50 s per torch.compile of the 8B forward with 16 CPU cores; ~5 s per step to start python
+# and import torch):
+#   setup 2 s [15] · env 20 s [45] · gpu tests 60 s [75] · ceilings 45 s [60] ·
+#   sweep (graph, 48 points) 70 s [90] · sweep (compiled decode, 2 points) 115 s [140] ·
+#   fit 10 s [20] · predict 10 s [20] · summary 6 s [15]
+#   = about 5.6 min expected; the limits add up to 8.0 min, the most it can take.
 
 cd "$(dirname "$0")/.." || exit 1
 REPO=$(pwd)
@@ -57,7 +59,7 @@ else
   CEIL="device=cuda quick=true dtypes=[bfloat16] bandwidth_dtypes=[bfloat16]"
   GPU_TESTS=${GPU_TESTS:-tests}
   SHAPES="1,1,512 1,1,4096 8,1,4096 32,1,4096 1,4,512 8,4,4096 32,16,4096 1,128,512"
-  LIMITS=(15 30 75 60 90 150 10 10 5)
+  LIMITS=(15 45 75 60 90 140 20 20 15)
 fi
 OUT=${OUT:-results/$SLUG}
 WORK=${WORK:-$(mktemp -d "${TMPDIR:-/tmp}/roofline-check.XXXXXX")}

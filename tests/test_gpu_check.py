@@ -61,6 +61,9 @@ def test_the_script_never_stops_on_failure_and_limits_every_step():
     assert "dev.py setup" not in text
     calls = [line.split()[1] for line in code if line.startswith("step ")]
     assert calls == STEPS  # every step goes through `step` (timeout + recorded exit status)
+    limits = [line for line in code if line.strip().startswith("LIMITS=")]
+    gpu = [int(x) for x in limits[-1].split("(")[1].split(")")[0].split()]
+    assert len(gpu) == len(STEPS) and sum(gpu) <= 8 * 60  # the H200 run fits its 8 minutes
 
 
 @pytest.mark.skipif(not list((REPO / "wheelhouse").glob("*.whl")), reason="no ./wheelhouse (python3 dev.py wheels)")
