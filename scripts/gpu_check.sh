@@ -118,7 +118,7 @@ step fit "${LIMITS[6]}" "$PY" -m experiments.fit "results_dir=$WORK/sweep"
 cp "$WORK/sweep/fit.json" "$OUT/fit.json" 2>/dev/null
 
 # 7. a prediction from the fit
-step predict "${LIMITS[7]}" "$PY" -m experiments.predict "fit=$WORK/sweep/fit.json" "preset=$MODEL" drafter=ngram \
+step predict "${LIMITS[7]}" "$PY" -m experiments.predict "fit=$WORK/sweep/fit.json" drafter=ngram \
   'alphas=[0.6,0.8]' 'k=[0,1,2,3,4]' "B=$B" "L=$L" "plot_B=1" "plot_L=$(echo "$L" | tr -d '[]' | cut -d, -f1)" \
   "out_dir=$WORK/predict"
 cp "$WORK/predict/predict.csv" "$OUT/predict.csv" 2>/dev/null
