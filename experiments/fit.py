@@ -17,7 +17,8 @@ def main(cfg) -> None:
         if c.get("results_dir") in (None, "", "???"):
             raise ConfigError("results_dir is required: a sweep run folder")
         run_dir = Path(c["results_dir"])
-        settings = FitSettings(folds=c["folds"], seed=c["seed"], q_split=c["q_split"], band=tuple(c["band"]))
+        settings = FitSettings(folds=c["folds"], seed=c["seed"], q_split=c["q_split"], band=tuple(c["band"]),
+                               collectives=c.get("collectives") or "")
         fit, points = fit_run(run_dir, settings)
         path = save_fit(fit, run_dir / "fit.json")
         report = write_report_section(fit, points, run_dir)

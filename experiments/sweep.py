@@ -3,6 +3,7 @@
 Multirun: `python -m experiments.sweep -m model=cpu-demo,tiny 'dtypes=[bfloat16],[float32]'`
 (add `hydra/launcher=submitit_local` or `hydra/launcher=slurm` to go through submitit).
 A Hugging Face model folder in place of a preset: `python -m experiments.sweep checkpoint=path/to/folder`.
+Several ranks: `python -m experiments.sweep tp=2 [ep=2]` (spawned here; or under torchrun / srun).
 """
 
 import json
@@ -17,6 +18,7 @@ from roofline.model.config import ModelConfig
 from roofline.io.results import RUNS_ROOT
 from roofline.measure.sweep import SweepSpec, run_sweep, summary_text
 from roofline.measure.timer import TimerSettings
+from roofline.parallel.layout import Layout
 
 
 @hydra.main(config_path="../conf", config_name="sweep", version_base="1.3")
@@ -28,10 +30,13 @@ def main(cfg) -> None:
                          L=tuple(c["L"]), dtypes=tuple(c["dtypes"]), modes=tuple(c["modes"]),
                          timer=from_dict(TimerSettings, c["timer"], "timer"), device=c["device"], layers=c["layers"],
                          mtp_q=tuple(c["mtp_q"]), seed=c["seed"], ceilings=c["ceilings"] or "",
-                         overrides=tuple(c["overrides"]), checkpoint=c["checkpoint"] or "")
+                         overrides=tuple(c["overrides"]), checkpoint=c["checkpoint"] or "",
+                         parallel=Layout(tp=c["tp"], ep=c["ep"], dp_attention=c["dp_attention"]))
         run_dir = Path(c["out_dir"]) if c["out_dir"] else spec.default_out_dir(RUNS_ROOT)
         summary = run_sweep(spec, run_dir, progress=c["progress"], force=c["force"], extend=c["extend"],
                             retry_failed=c["retry_failed"])
+        if summary is None:  # a follower rank of a torchrun / srun launch: rank 0 reports
+            return
         print(summary_text(run_dir))
         job_dir(dict(status="ok", **summary))
         print(json.dumps(summary))

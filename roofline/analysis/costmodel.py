@@ -47,12 +47,14 @@ from roofline.measure.devices import detect
 
 FIT_SCHEMA = "roofline.fit/1"
 GROUP_KEYS = ("device_name", "model", "dtype", "mode", "kind")
-TERMS = ("t0", "weights", "kv", "matmul", "attention")
+TERMS = ("t0", "weights", "kv", "matmul", "attention", "per_layer", "comm")
+COEF_UNITS = ["s", "s/B", "s/B", "s/FLOP", "s/FLOP", "s/block", "1 (collectives.json fit, not fitted here)"]
 ERROR_COLUMNS = ("split", "method", "regime", "n", "MAPE_pct", "median_abs_pct", "max_abs_pct", "bias_pct")
 
-FORM = ("T = t0 + W / BW_eff + KV / BW_kv + F_mm * max(0, 1 - m0 / N) / F_eff + F_attn / F_at; "
-        "W weight bytes, KV cache bytes read + written, F_mm matmul FLOPs, F_attn attention FLOPs, "
-        "N = B*q tokens, m0 the knee (tokens)")
+FORM = ("T = t0 + W / BW_eff + KV / BW_kv + F_mm * max(0, 1 - m0 / N) / F_eff + F_attn / F_at + n_blocks * t_layer "
+        "+ T_comm; W weight bytes, KV cache bytes read + written, F_mm matmul FLOPs, F_attn attention FLOPs (all per "
+        "rank), N = B*q tokens, m0 the knee (tokens), n_blocks decoder blocks run (fitted only when the rows vary it), "
+        "T_comm the forward's collectives priced by the measured collective fit (latency + bytes / bandwidth)")
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ class FitSettings:
     seed: int = 0
     q_split: int = 16  # extrapolation test: train q <= q_split, predict q > q_split
     band: tuple[float, float] = (0.1, 0.9)  # quantiles of held-out pred/meas for the interval
+    collectives: str = ""  # a collectives.json pricing the rows' collectives (default: the run folder's)
 
 
 # ---- the model ----------------------------------------------------------------------------
@@ -69,19 +72,37 @@ def _col(df, name: str) -> np.ndarray:
     return np.asarray(df[name], dtype=float) if name in df else np.zeros(len(df))
 
 
+def blocks(df: pd.DataFrame) -> np.ndarray:
+    """Decoder blocks each row ran: the `blocks` column, else layers_run (forward) or 1 (an MTP module)."""
+    if "blocks" in df and df["blocks"].notna().all():
+        return _col(df, "blocks")
+    mtp = np.asarray(df["kind"] == "mtp") if "kind" in df else np.zeros(len(df), bool)
+    return np.where(mtp, 1.0, _col(df, "layers_run"))
+
+
 def features(df: pd.DataFrame, knee: float) -> np.ndarray:
-    """Columns [1, W, KV, F_mm·max(0, 1 − m0/N), F_attn] of the form above (bytes, FLOPs)."""
+    """Columns [1, W, KV, F_mm·max(0, 1 − m0/N), F_attn, n_blocks, T_comm] of the form above
+    (bytes, FLOPs, blocks, seconds; T_comm is the `comm_s` column, 0 where absent)."""
     tokens = np.maximum(_col(df, "tokens"), 1.0)
     w = _col(df, "weight_bytes") + _col(df, "embed_bytes")
     kv = _col(df, "kv_read_bytes") + _col(df, "kv_write_bytes")
     mm = _col(df, "flops_matmul") * np.maximum(0.0, 1.0 - knee / tokens)
-    return np.column_stack([np.ones(len(df)), w, kv, mm, _col(df, "flops_attention")])
+    return np.column_stack([np.ones(len(df)), w, kv, mm, _col(df, "flops_attention"), blocks(df), _col(df, "comm_s")])
+
+
+def full_coefs(coefs) -> np.ndarray:
+    """Coefficients of every TERMS column (fits written before the per-layer and comm terms have 5)."""
+    c = np.zeros(len(TERMS))
+    c[:len(coefs)] = coefs
+    if len(coefs) < len(TERMS):
+        c[-1] = 1.0
+    return c
 
 
 ROBUST_SCALE = 0.05  # relative residual beyond which a point's pull grows only linearly
 
 
-def _solve(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+def _solve(X: np.ndarray, y: np.ndarray, offset: np.ndarray | None = None) -> np.ndarray:
     """Non-negative fit of relative residuals (columns scaled for conditioning): nnls for the
     start, then scipy's least_squares with bounds >= 0 and a soft-L1 loss, so a few points
     timed while the machine was busy (shared CPUs) do not drag the physics."""
@@ -89,9 +110,10 @@ def _solve(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     scale = np.abs(A).max(axis=0)
     scale[scale == 0] = 1.0
     A = A / scale
-    z, _ = nnls(A, np.ones(len(y)), maxiter=50 * X.shape[1])
+    target = np.ones(len(y)) if offset is None else 1.0 - offset / y  # a known term (T_comm) moved to the left
+    z, _ = nnls(A, target, maxiter=50 * X.shape[1])
     if len(y) > X.shape[1]:
-        z = least_squares(lambda v: A @ v - 1.0, np.maximum(z, 1e-9), jac=lambda v: A, bounds=(0.0, np.inf),
+        z = least_squares(lambda v: A @ v - target, np.maximum(z, 1e-9), jac=lambda v: A, bounds=(0.0, np.inf),
                           loss="soft_l1", f_scale=ROBUST_SCALE, method="trf").x
     return z / scale
 
@@ -102,6 +124,12 @@ def weights_vary(df: pd.DataFrame, spread: float = 0.02) -> bool:
     return bool(w.size and (w.max() - w.min()) > spread * w.max())
 
 
+def blocks_vary(df: pd.DataFrame) -> bool:
+    """Whether the rows ran different numbers of blocks (else t0 and n_blocks · t_layer are one column)."""
+    n = blocks(df)
+    return bool(n.size and n.max() > n.min())
+
+
 def fit_coefs(df: pd.DataFrame, tie_kv: bool | None = None) -> tuple[np.ndarray, float]:
     """(coefficients in s, s/B, s/B, s/FLOP, s/FLOP; knee in tokens) minimising relative error.
 
@@ -110,15 +138,19 @@ def fit_coefs(df: pd.DataFrame, tie_kv: bool | None = None) -> tuple[np.ndarray,
     (one BW for W + KV) and t0 is identified through the KV traffic, which varies with B and L.
     """
     tie_kv = not weights_vary(df) if tie_kv is None else tie_kv
+    per_layer = blocks_vary(df)
     y = _col(df, "t_median_s")
     best = None
     for knee in [0.0] + sorted(set(_col(df, "tokens"))):
         X = features(df, knee)
+        comm = X[:, 6]
+        layer_col = [X[:, 5]] if per_layer else []
         if tie_kv:
-            c = _solve(np.column_stack([X[:, 0], X[:, 1] + X[:, 2], X[:, 3], X[:, 4]]), y)
-            c = np.array([c[0], c[1], c[1], c[2], c[3]])
+            c = _solve(np.column_stack([X[:, 0], X[:, 1] + X[:, 2], X[:, 3], X[:, 4], *layer_col]), y, comm)
+            c = np.array([c[0], c[1], c[1], c[2], c[3], c[4] if per_layer else 0.0, 1.0])
         else:
-            c = _solve(X, y)
+            c = _solve(np.column_stack([X[:, :5], *layer_col]), y, comm)
+            c = np.array([*c[:5], c[5] if per_layer else 0.0, 1.0])
         r = np.abs(X @ c / y - 1.0) / ROBUST_SCALE
         err = float(np.sum(2 * (np.sqrt(1 + r**2) - 1)))  # the same soft-L1 loss
         if best is None or err < best[0] - 1e-12:
@@ -128,20 +160,24 @@ def fit_coefs(df: pd.DataFrame, tie_kv: bool | None = None) -> tuple[np.ndarray,
 
 def terms(df: pd.DataFrame, coefs, knee: float) -> np.ndarray:
     """Seconds each term contributes, one column per TERMS entry."""
-    return features(df, knee) * np.asarray(coefs, dtype=float)
+    return features(df, knee) * full_coefs(coefs)
 
 
 def regime(term_s: np.ndarray) -> np.ndarray:
-    """Which term dominates: overhead (t0), kv, compute (matmul + attention FLOPs), else memory."""
-    parts = np.column_stack([term_s[:, 0], term_s[:, 1], term_s[:, 2], term_s[:, 3] + term_s[:, 4]])
-    return np.array(["overhead", "memory", "kv", "compute"])[parts.argmax(axis=1)]
+    """Which term dominates: overhead (t0 + per-block floor), kv, compute (matmul + attention
+    FLOPs), comm (collectives), else memory."""
+    parts = np.column_stack([term_s[:, 0] + term_s[:, 5], term_s[:, 1], term_s[:, 2], term_s[:, 3] + term_s[:, 4],
+                             term_s[:, 6]])
+    return np.array(["overhead", "memory", "kv", "compute", "comm"])[parts.argmax(axis=1)]
 
 
 def physical(coefs, knee: float) -> dict:
     """The coefficients as physics with units (inf where a term was fitted as free)."""
     inv = lambda c, unit: float("inf") if c <= 0 else 1.0 / c / unit  # noqa: E731
+    coefs = full_coefs(coefs)
     return dict(t0_ms=float(coefs[0]) * 1e3, BW_eff_GBps=inv(coefs[1], 1e9), BW_kv_GBps=inv(coefs[2], 1e9),
-                F_eff_TFLOPs=inv(coefs[3], 1e12), F_attn_TFLOPs=inv(coefs[4], 1e12), knee_tokens=float(knee))
+                F_eff_TFLOPs=inv(coefs[3], 1e12), F_attn_TFLOPs=inv(coefs[4], 1e12), knee_tokens=float(knee),
+                per_block_us=float(coefs[5]) * 1e6)
 
 
 # ---- errors -------------------------------------------------------------------------------
@@ -245,8 +281,8 @@ def fit_group(g: pd.DataFrame, settings: FitSettings, ceilings: dict | None) -> 
     rg = regime(t)
     errors, band = _error_tables(g, t.sum(axis=1), rg, settings, ceilings, key["dtype"])
     domain = {a: [int(g[a].min()), int(g[a].max())] for a in ("q", "B", "L")}
-    group = dict(key=key, n_points=len(g), kv_tied_to_weights=not weights_vary(g), coefs=[float(c) for c in coefs], coef_units=["s", "s/B", "s/B",
-                 "s/FLOP", "s/FLOP"], knee_tokens=float(knee), params=physical(coefs, knee), band=band,
+    group = dict(key=key, n_points=len(g), kv_tied_to_weights=not weights_vary(g), coefs=[float(c) for c in coefs],
+                 coef_units=COEF_UNITS, knee_tokens=float(knee), params=physical(coefs, knee), band=band,
                  domain=domain, layer_terms=_layer_terms(g), errors=errors)
     points = g.assign(t_pred_s=t.sum(axis=1), regime=rg)
     return group, points
@@ -264,6 +300,9 @@ def fit_run(run_dir, settings: FitSettings = FitSettings()) -> tuple[dict, pd.Da
     ceilings = json.loads((run_dir / "ceilings.json").read_text()) if (run_dir / "ceilings.json").exists() else None
     if "device_name" not in df:
         df["device_name"] = "unknown"
+    comm_fit, comm_note = _collective_fit(df, run_dir, settings)
+    if comm_fit:
+        df["comm_s"] = comm_seconds(df, comm_fit)
     groups, frames = [], []
     for _, g in df.groupby([k for k in GROUP_KEYS if k in df], sort=True):
         grp, pts = fit_group(g.reset_index(drop=True), settings, ceilings)
@@ -274,8 +313,30 @@ def fit_run(run_dir, settings: FitSettings = FitSettings()) -> tuple[dict, pd.Da
                                device_name=str(df["device_name"].iloc[0]), git_commit=provenance.git_commit(),
                                run_git_commit=str(df["git_commit"].iloc[0]) if "git_commit" in df else None,
                                time_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())),
-               model_spec=(run.get("spec") or {}).get("model"), groups=groups)
+               model_spec=(run.get("spec") or {}).get("model"), groups=groups, collectives_fit=comm_fit,
+               comm=comm_note)
     return fit, pd.concat(frames, ignore_index=True)
+
+
+def _collective_fit(df: pd.DataFrame, run_dir: Path, settings: FitSettings) -> tuple[dict | None, str]:
+    """The collective fit that prices T_comm: settings.collectives, else run_dir/collectives.json."""
+    from roofline.parallel.collectives import load
+    path = Path(settings.collectives) if settings.collectives else run_dir / "collectives.json"
+    if path.exists():
+        return load(path)["fit"], f"T_comm from {path.name} (measured collectives)"
+    if settings.collectives:
+        raise ConfigError(f"collectives={settings.collectives!r}: no such file (python -m experiments.collectives)")
+    has = "collectives" in df and df["collectives"].fillna("").astype(str).str.len().gt(0).any()
+    return None, ("n/a: rows have collectives but no collectives.json prices them (T_comm = 0)" if has
+                  else "no collectives (one device)")
+
+
+def comm_seconds(df: pd.DataFrame, comm_fit: dict) -> np.ndarray:
+    """T_comm of each row: its `collectives` column priced by a collective fit."""
+    from roofline.parallel.collectives import seconds
+    from roofline.parallel.cost import parse_collectives
+    col = df["collectives"] if "collectives" in df else pd.Series([""] * len(df))
+    return np.array([seconds(parse_collectives(c if isinstance(c, str) else ""), comm_fit) for c in col])
 
 
 def save_fit(fit: dict, path) -> Path:

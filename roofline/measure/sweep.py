@@ -42,6 +42,7 @@ from roofline.measure.devices import parse_device, running_device_name, spec_for
 from roofline.measure.forward import (MATH_FALLBACK, count_kernels, depth_cosine_gate, eager_attention_backend,
                                       is_math_fallback)
 from roofline.measure.timer import MODES, TimerSettings, time_fn
+from roofline.parallel.layout import Layout
 
 KINDS = ("forward", "mtp")
 
@@ -63,6 +64,7 @@ class SweepSpec:
     ceilings: str = ""  # a ceilings.json, or "quick" to measure one first; rows then give % of measured ceilings
     out_dir: str = ""
     overrides: tuple[str, ...] = ()
+    parallel: Layout = field(default_factory=Layout)  # tp/ep > 1: ranks of torch.distributed (roofline.parallel.runner)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -91,6 +93,9 @@ class SweepSpec:
         if not isinstance(self.layers, int) or self.layers < 0 or 2 * self.layers > cfg.layers:
             raise ConfigError(f"layers={self.layers}: allowed 0 (full depth) or 1..{cfg.layers // 2} "
                               f"(n and 2n layers of {cfg.layers} are measured)")
+        if self.parallel.devices > 1:
+            from roofline.parallel.runner import check_spec
+            check_spec(self)
 
     def identity(self) -> dict:
         """What changes the numbers (not where they are written): the request, the code
@@ -166,14 +171,17 @@ class _Workload:
         self.moe_impl = _moe_impl(mode)
         max_ctx = max(spec.L) + max(spec.q + spec.mtp_q)
         memory.require_fit(cfg, dtype, max(spec.B), max_ctx, spec.device)
+        self.model = self.build(max_ctx)
+        self.gen = torch.Generator(device=spec.device).manual_seed(spec.seed)
+
+    def build(self, max_ctx: int):
+        spec, cfg, dtype = self.spec, self.cfg, self.dtype
         if spec.checkpoint:
             from roofline.checkpoints.loader import load_checkpoint
-            self.model = load_checkpoint(spec.checkpoint, dtype=dtype, device=spec.device, max_batch=max(spec.B),
-                                         max_context=max_ctx, moe_impl=self.moe_impl, layers=depth)
-        else:
-            self.model = build_model(cfg, max_batch=max(spec.B), max_context=max_ctx, dtype=torch_dtype(dtype),
-                                     device=spec.device, seed=spec.seed, moe_impl=self.moe_impl)
-        self.gen = torch.Generator(device=spec.device).manual_seed(spec.seed)
+            return load_checkpoint(spec.checkpoint, dtype=dtype, device=spec.device, max_batch=max(spec.B),
+                                   max_context=max_ctx, moe_impl=self.moe_impl, layers=cfg.layers)
+        return build_model(cfg, max_batch=max(spec.B), max_context=max_ctx, dtype=torch_dtype(dtype),
+                           device=spec.device, seed=spec.seed, moe_impl=self.moe_impl)
 
     def fill_cache(self, L: int) -> None:
         """Random keys/values in positions < L of every cache (their values do not change the
@@ -384,11 +392,15 @@ class SweepInterrupted(KeyboardInterrupt):
 
 def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
               measure: Callable[[_Workload, Point, TimerSettings], dict] = _measure,
-              force: bool = False, extend: bool = False, retry_failed: bool = True) -> dict:
+              force: bool = False, extend: bool = False, retry_failed: bool = True, workload=None) -> dict:
     """Measure every point not already in run_dir; return the counts. `measure` is the
-    per-point step (tests inject failures through it). Bad input (a device that is not
-    here, a ceilings file of another device, a folder of another sweep) is refused before
-    anything is written; see roofline.io.runfolder for the folder's lock and resume."""
+    per-point step (tests inject failures through it); `workload` the class that builds the
+    model (the distributed runner's sharded one; tp/ep > 1 starts the ranks first). Bad input
+    (a device that is not here, a ceilings file of another device, a folder of another sweep)
+    is refused before anything is written; see roofline.io.runfolder for the folder's lock and resume."""
+    if workload is None and spec.parallel.devices > 1:
+        from roofline.parallel.runner import run_parallel_sweep
+        return run_parallel_sweep(spec, run_dir, progress, force=force, extend=extend, retry_failed=retry_failed)
     t0 = time.time()
     run_dir = Path(run_dir)
     spec.identity()  # the device must exist before a folder is made
@@ -396,10 +408,10 @@ def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
         _ceilings_for(spec, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     with runfolder.locked(run_dir):
-        return _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t0)
+        return _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t0, workload or _Workload)
 
 
-def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t0) -> dict:
+def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t0, workload) -> dict:
     spec = prepare_run_dir(spec, run_dir, force, extend)
     resumed = runfolder.load_points(run_dir, runfolder.TRANSIENT if retry_failed else ())
     done = {r["point_id"] for r in resumed.rows}
@@ -420,7 +432,7 @@ def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t
         for (dtype, depth, mode), group in itertools.groupby(todo, key=lambda p: (p.dtype, p.layers_run, p.mode)):
             group = list(group)
             try:
-                w = _Workload(spec, dtype, depth, mode)
+                w = workload(spec, dtype, depth, mode)
                 w.check()
                 setup_error = None
             except Exception as e:  # the whole group fails as data
@@ -429,7 +441,8 @@ def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t
                 base = dict(point_id=p.point_id, kind=p.kind, model=spec.model.name, dtype=p.dtype, mode=p.mode,
                             q=p.q, B=p.B, L=p.L, layers_run=p.layers_run, layers_full=spec.model.layers,
                             extrapolated=False, schema_version=results.SCHEMA_VERSION,
-                            overrides=" ".join(spec.overrides), fingerprint=spec.fingerprint(), **prov)
+                            overrides=" ".join(spec.overrides), fingerprint=spec.fingerprint(), **prov,
+                            **spec.parallel.as_row())
                 samples = None
                 try:
                     if setup_error is not None:

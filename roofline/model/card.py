@@ -60,7 +60,21 @@ def card_record(req: CardRequest) -> dict:
         floor = at.bytes_total / dev.bandwidth_Bps()
         rec.update(device=dev.key, device_bw_GBps=dev.mem_bw_GBps, decode_floor_s=floor,
                    decode_ceiling_tok_s=req.batch / floor, ridge_flop_per_byte=dev.ridge(dtype))
+    if dev is not None and dev.mem_bytes:
+        rec.update(_fit_on(cfg, dtype, dev, req.batch, max(req.context, 1)))
     return rec
+
+
+def _fit_on(cfg: ModelConfig, dtype: str, dev: DeviceSpec, batch: int, tokens: int) -> dict:
+    """Per-GPU memory of the smallest layout whose shard fits 90% of the device (roofline.parallel)."""
+    from roofline.parallel.cost import memory_per_rank
+    from roofline.parallel.whatif import smallest_layout
+    lay = smallest_layout(cfg, dev, dtype, batch, tokens)
+    if lay is None:
+        return dict(smallest_layout=None, device_mem_GB=dev.mem_bytes / 1e9)
+    w, kv = memory_per_rank(cfg, lay, dtype, batch, tokens)
+    return dict(smallest_layout=lay.label(), layout_devices=lay.devices, per_gpu_weights_GB=w / 1e9,
+                per_gpu_kv_GB=kv / 1e9, device_mem_GB=dev.mem_bytes / 1e9)
 
 
 def _si(x: float, unit: str) -> str:
@@ -92,6 +106,12 @@ def render_card(rec: dict) -> str:
             f"ridge point    {ridge:.0f} FLOP/B ({rec['dtype']}); this step is "
             f"{'memory' if rec['step_intensity'] < ridge else 'compute'}-bound" if ridge else "ridge point    n/a (no datasheet FLOP/s for this dtype)",
         ]
+    if rec.get("smallest_layout"):
+        lines.append(f"fits on {rec['layout_devices']} x {rec['device']} as {rec['smallest_layout']}: per GPU "
+                     f"{rec['per_gpu_weights_GB']:.1f} GB weights + {rec['per_gpu_kv_GB']:.2f} GB KV "
+                     f"(B={rec['batch']}, L={max(rec['context'], 1)}) of {rec['device_mem_GB']:.0f} GB")
+    elif "smallest_layout" in rec:
+        lines.append(f"does not fit on up to 64 x {rec['device']} ({rec['device_mem_GB']:.0f} GB each)")
     return "\n".join(lines)
 
 

@@ -1,0 +1,40 @@
+"""Published multi-GPU measurements beside our what-if predictions: `python -m experiments.anchors`."""
+
+import json
+from pathlib import Path
+
+import hydra
+import pandas as pd
+
+from experiments.entry import fail_fast, plain
+from roofline.io.files import write_csv_atomic, write_json_atomic
+from roofline.parallel import anchors
+
+
+@hydra.main(config_path="../conf", config_name="anchors", version_base="1.3")
+def main(cfg) -> None:
+    with fail_fast():
+        c = plain(cfg)
+        t = anchors.table(c["anchors"] or anchors.ANCHORS_PATH)
+        cols = ["id", "tp", "B", "metric", "published", "predicted", "low", "high", "error_pct", "inside"]
+        with pd.option_context("display.width", 200):
+            print(t[cols].round(3).to_string(index=False))
+            for aid in c["trend"]:
+                print(f"\n{aid}: predicted vs batch (optimistic / typical / pessimistic priors)")
+                print(anchors.trend(aid, tuple(c["trend_B"]), c["anchors"] or anchors.ANCHORS_PATH).round(3)
+                      .to_string(index=False))
+        summary = dict(anchors=len(t), median_abs_error_pct=float(t["error_pct"].abs().median()),
+                       inside_interval=int(t["inside"].sum()))
+        if c["out_dir"]:
+            out = Path(c["out_dir"])
+            out.mkdir(parents=True, exist_ok=True)
+            write_csv_atomic(t, out / "anchors.csv")
+            for aid in c["trend"]:
+                write_csv_atomic(anchors.trend(aid, tuple(c["trend_B"]), c["anchors"] or anchors.ANCHORS_PATH),
+                                 out / f"trend-{aid}.csv")
+            write_json_atomic(out / "anchors.json", summary)
+        print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""The sweep across ranks: rank 0 runs the ordinary sweep, the other ranks follow it in lockstep.
+
+Rank 0 runs `roofline.measure.sweep.run_sweep` unchanged (resume, failures as rows, the one
+timer) with two injections: a workload that builds ITS shard and a model proxy that tells
+the other ranks what to run. The followers build their shards when told, replay every call
+rank 0 makes (the correctness check, the point's first call), and then, for the timed
+repetitions, one call per 8-byte broadcast from rank 0: the broadcast opens every timed step,
+so each step starts with all ranks synchronised and the timer's adaptive stopping on rank 0
+decides for everyone. That broadcast is part of the step and is charged in its collectives.
+
+Rows hold rank 0's share (per-rank bytes, FLOPs and collectives from
+`roofline.parallel.cost`), GB/s and TFLOP/s of that rank, and the layout columns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from roofline.model.dtypes import torch_dtype
+from roofline.model.config import ConfigError
+from roofline.model.decoder import build_model
+from roofline.measure.sweep import Point, SweepSpec, _Workload, run_sweep
+from roofline.measure.timer import TimerSettings, time_fn
+from roofline.parallel.cost import Collective, rank_forward_cost, rank_mtp_cost
+from roofline.parallel.launch import run
+from roofline.parallel.sharded import experts_touched, shard
+
+SYNC = Collective("broadcast", 8, 1)  # the step's opening broadcast (int64 flag)
+
+
+def check_spec(spec: SweepSpec) -> None:
+    """What a distributed sweep cannot do, named before anything runs."""
+    lay = spec.parallel
+    lay.check(spec.model, world=lay.devices)
+    if lay.pp > 1:
+        raise ConfigError(f"parallel.pp={lay.pp}: the sharded forward runs one stage; pp is accounting only")
+    if "graph" in spec.modes:
+        raise ConfigError("modes=['graph']: CUDA-graph replay is not captured across ranks; use eager with tp/ep > 1")
+    if spec.layers:
+        raise ConfigError(f"layers={spec.layers}: layer slicing is single-device; vary model.layers across sweeps")
+    if spec.checkpoint:
+        raise ConfigError("checkpoint=...: sharded sweeps run random weights of the preset's shapes")
+    if lay.dp_attention and any(b % lay.tp for b in spec.B):
+        raise ConfigError(f"B={list(spec.B)}: with parallel.dp_attention each of the tp={lay.tp} ranks runs B/tp "
+                          "sequences; every B must be a multiple of tp")
+
+
+def _send(obj) -> object:
+    box = [obj]
+    dist.broadcast_object_list(box, 0)
+    return box[0]
+
+
+def _flag(device: str, value: int = 0) -> int:
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.broadcast(t, 0)
+    return int(t.item())
+
+
+def _sharded(spec: SweepSpec, dtype: str, depth: int, max_ctx: int, rank: int, device: str):
+    per = max(spec.B) // spec.parallel.batch_split
+    model = build_model(spec.model.scaled(layers=depth), max_batch=per, max_context=max_ctx, dtype=torch_dtype(dtype),
+                        device=device, seed=spec.seed, moe_impl="touched")
+    return shard(model, spec.parallel, rank)
+
+
+def _cpu(x):
+    return x.cpu() if isinstance(x, torch.Tensor) else x
+
+
+class LeaderModel:
+    """Rank 0's model: every call is announced to the followers (with its inputs) unless
+    `fast`, when one broadcast flag replays the announced call."""
+
+    def __init__(self, inner, device: str):
+        self.inner, self.device, self.fast = inner, device, False
+
+    def _call(self, method: str, *args, **kw):
+        if self.fast:
+            _flag(self.device, 1)
+        else:
+            _send(("call", method, [_cpu(a) for a in args], {k: _cpu(v) for k, v in kw.items()}))
+        return getattr(self.inner, method)(*args, **kw)
+
+    def __call__(self, *args, **kw):
+        return self._call("forward", *args, **kw)
+
+    def mtp_forward(self, *args, **kw):
+        return self._call("mtp_forward", *args, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+class LeaderWorkload(_Workload):
+    def build(self, max_ctx: int):
+        _send(("build", self.dtype, self.cfg.layers, max_ctx))
+        return LeaderModel(_sharded(self.spec, self.dtype, self.cfg.layers, max_ctx, 0, self.spec.device),
+                           self.spec.device)
+
+    def callable_for(self, p: Point):
+        return super().callable_for(dataclasses.replace(p, B=p.B // self.spec.parallel.batch_split))
+
+
+def leader_measure(w: LeaderWorkload, p: Point, timer: TimerSettings) -> dict:
+    """Time one point on rank 0 with every rank stepping in lockstep; rank 0's per-rank physics."""
+    w.fill_cache(p.L)
+    fn, _ = w.callable_for(p)
+    fn()  # announced: the followers run it too and keep it as their step
+    proxy = w.model
+    _send(("follow",))
+    proxy.fast = True
+    try:
+        t = time_fn(fn, dataclasses.replace(timer, mode=p.mode), w.spec.device)
+    finally:
+        proxy.fast = False
+        _flag(w.spec.device, 0)
+    touched = experts_touched(proxy.inner) if w.cfg.is_moe and p.kind == "forward" else None
+    if w.cfg.is_moe and p.kind == "mtp":
+        touched = proxy.inner.mtp[0].block.ffn.last_touched
+    cost = (rank_forward_cost if p.kind == "forward" else rank_mtp_cost)(
+        w.cfg, w.spec.parallel, p.dtype, p.B, p.q, p.L, p.L + p.q, "touched", touched)
+    cost = dataclasses.replace(cost, collectives=cost.collectives + (SYNC,))
+    row = t.to_row()
+    row.update(cost.as_row())
+    row.update(moe_impl="touched", achieved_GBps=cost.bytes_total / t.median_s / 1e9,
+               achieved_TFLOPs=cost.flops / t.median_s / 1e12, tokens_per_s=p.B * p.q / t.median_s,
+               per_rank=True)
+    return row
+
+
+def follow(rank: int, spec: SweepSpec, device: str) -> None:
+    """A follower rank: build, replay and step as rank 0 says, until it says done."""
+    model, last = None, None
+    while True:
+        cmd = _send(None)
+        if cmd[0] == "build":
+            model = None
+            _, dtype, depth, max_ctx = cmd
+            model = _sharded(spec, dtype, depth, max_ctx, rank, device)
+        elif cmd[0] == "call":
+            _, method, args, kw = cmd
+            args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
+            kw = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+            last = (getattr(model, method), args, kw)
+            last[0](*args, **kw)
+        elif cmd[0] == "follow":
+            while _flag(device) == 1:
+                last[0](*last[1], **last[2])
+        elif cmd[0] == "done":
+            return
+
+
+def _rank_main(rank: int, world: int, device: str, spec: SweepSpec, run_dir: str, progress: bool, options: dict):
+    spec = dataclasses.replace(spec, device=device)
+    if rank != 0:
+        return follow(rank, spec, device)
+    try:
+        return run_sweep(spec, Path(run_dir), progress, measure=leader_measure, workload=LeaderWorkload, **options)
+    finally:
+        _send(("done",))
+
+
+def run_parallel_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True, timeout_s: float = 1800.0,
+                       **options) -> dict:
+    """The sweep of `spec` over spec.parallel.devices ranks (spawned here, or under torchrun/srun);
+    options (force, extend, retry_failed) go to roofline.measure.sweep.run_sweep on rank 0."""
+    check_spec(spec)
+    return run(_rank_main, spec.parallel.devices, spec.device, (spec, str(run_dir), progress, options), timeout_s)

@@ -1,0 +1,61 @@
+"""Does the cost model predict a layout it never saw? Fit on some sweeps, predict others.
+
+Typical use: fit on single-rank sweeps (several depths, so the per-block fixed cost is
+identified; forward and MTP steps together, one block vs many) and predict tp=2 / ep=2 sweeps
+of the same shapes. The fit's byte and FLOP terms are per rank (each rank reads its shard at
+the bandwidth one rank had alone), the per-block floor is counted in blocks, and the collectives
+are priced by the measured collective fit (collectives.json), which the fit never adjusts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from roofline.analysis.costmodel import comm_seconds, features, fit_coefs, fit_rows, full_coefs, physical, terms
+from roofline.io.results import load_run
+from roofline.model.config import ConfigError
+from roofline.parallel import collectives
+
+
+def _rows(dirs, comm_fit: dict) -> pd.DataFrame:
+    frames = []
+    for d in dirs:
+        d = Path(d)
+        if not (d / "points.jsonl").exists() and not (d / "points.csv").exists():
+            raise ConfigError(f"{str(d)!r}: not a run folder (no points.jsonl / points.csv)")
+        frames.append(fit_rows(load_run(d)).assign(run=d.name))
+    df = pd.concat(frames, ignore_index=True)
+    for col, default in (("tp", 1), ("ep", 1)):
+        df[col] = df[col].fillna(default) if col in df else default
+    df["collectives"] = df["collectives"].astype(object).where(df["collectives"].notna(), "") \
+        if "collectives" in df else ""
+    df["comm_s"] = comm_seconds(df, comm_fit)
+    return df
+
+
+def held_out(train_dirs, test_dirs, collectives_json) -> tuple[pd.DataFrame, dict]:
+    """(per-point table of the test runs, summary) from a fit on the train runs only."""
+    comm_fit = collectives.load(collectives_json)["fit"]
+    train, test = _rows(train_dirs, comm_fit), _rows(test_dirs, comm_fit)
+    overlap = set(train["fingerprint"]) & set(test["fingerprint"]) if "fingerprint" in train else set()
+    if overlap:
+        raise ConfigError(f"train and test share run fingerprints {sorted(overlap)}: the test must be unseen")
+    coefs, knee = fit_coefs(train)
+    t = terms(test, coefs, knee)
+    test = test.assign(t_pred_s=t.sum(axis=1), comm_pred_s=t[:, 6], per_block_s=t[:, 5])
+    test["error_pct"] = 100.0 * (test["t_pred_s"] / test["t_median_s"] - 1.0)
+    cols = ["run", "kind", "tp", "ep", "q", "B", "L", "blocks", "t_median_s", "t_pred_s", "comm_pred_s", "error_pct"]
+    table = test[[c for c in cols if c in test]]
+    by = table.groupby(["kind", "tp", "ep"])["error_pct"].agg(lambda e: float(np.median(np.abs(e))))
+    train_err = 100.0 * (features(train, knee) @ full_coefs(coefs) / train["t_median_s"] - 1.0)
+    summary = dict(n_train=len(train), n_test=len(test), median_abs_error_pct=float(table["error_pct"].abs().median()),
+                   max_abs_error_pct=float(table["error_pct"].abs().max()),
+                   median_abs_error_pct_by=[dict(kind=k, tp=int(tp), ep=int(ep), value=v) for (k, tp, ep), v in by.items()],
+                   train_in_sample_median_abs_pct=float(np.median(np.abs(train_err))),
+                   params=physical(coefs, knee), collectives_fit={k: dict(latency_us=v["latency_us"],
+                                                                         algbw_GBps=v["algbw_GBps"])
+                                                                  for k, v in comm_fit.items()})
+    return table, summary
