@@ -13,6 +13,7 @@ from roofline.analysis.predict import DraftCost
 from roofline.io.fields import from_dict
 from roofline.measure.devices import get_spec
 from roofline.model.config import ModelConfig
+from roofline.model.formats import with_overrides
 from roofline.model.presets import get_preset
 from roofline.parallel import whatif
 
@@ -34,6 +35,8 @@ def main(cfg) -> None:
         alpha, k, drafter, draft = (c.pop(f) for f in ("alpha", "k", "drafter", "draft_model"))
         spec = Speculation(alpha, k, DraftCost(drafter, get_preset(draft) if draft else None)) \
             if c.pop("speculative") else None
+        model = ModelConfig.from_dict(c["model"])
+        c["dtype"] = with_overrides([c["dtype"]], c.pop("weights"), c.pop("kv"), c.pop("lm_head"), model.native_weights)[0]
         req = from_dict(CapacityRequest, c, "capacity", lists_to_tuples=True,
                         model=ModelConfig.from_dict(c["model"]), work=work, speculation=spec)
         table, summary, _ = run(req)

@@ -7,6 +7,7 @@ from experiments.entry import fail_fast, plain
 from roofline.model.card import CardRequest, print_card
 from roofline.checkpoints.loader import checkpoint_config
 from roofline.model.config import ModelConfig
+from roofline.model.formats import with_overrides
 from roofline.measure.devices import get_spec
 
 
@@ -15,7 +16,8 @@ def main(cfg) -> None:
     with fail_fast():
         c = plain(cfg)
         model = checkpoint_config(c["checkpoint"]) if c["checkpoint"] else ModelConfig.from_dict(c["model"])
-        print_card(CardRequest(model=model, dtype=c["dtype"],
+        dtype = with_overrides([c["dtype"]], c["weights"], c["kv"], c["lm_head"], model.native_weights)[0]
+        print_card(CardRequest(model=model, dtype=dtype,
                                device=get_spec(c["device"]) if c["device"] else None,
                                batch=c["batch"], context=c["context"]))
 

@@ -12,6 +12,7 @@ from roofline.analysis.predict import PredictRequest, run
 from roofline.io.fields import from_dict
 from roofline.measure.devices import get_spec
 from roofline.model.config import ConfigError, ModelConfig
+from roofline.model.formats import with_overrides
 from roofline.model.presets import get_preset
 from roofline.parallel import whatif
 from roofline.parallel.layout import Layout
@@ -31,6 +32,8 @@ def main(cfg) -> None:
             print(pd.DataFrame(rows).round(3).to_string(index=False))
             return
         draft = get_preset(c.pop("draft_model")) if c.get("draft_model") else None
+        native = model.native_weights if model else ""  # weights=native needs the target: model=
+        c["dtype"] = with_overrides([c["dtype"]], c.pop("weights"), c.pop("kv"), c.pop("lm_head"), native)[0]
         best, summary = run(from_dict(PredictRequest, c, "predict", lists_to_tuples=True, model=model,
                                       draft_model=draft))
         print(best.round(3).to_string(index=False))

@@ -15,6 +15,7 @@ from experiments.entry import fail_fast, job_dir, plain
 from roofline.checkpoints.loader import checkpoint_config
 from roofline.io.fields import from_dict
 from roofline.model.config import ModelConfig
+from roofline.model.formats import with_overrides
 from roofline.io.results import RUNS_ROOT
 from roofline.measure.sweep import SweepSpec, run_sweep, summary_text
 from roofline.measure.timer import TimerSettings
@@ -27,7 +28,8 @@ def main(cfg) -> None:
         c = plain(cfg)
         model = checkpoint_config(c["checkpoint"]) if c["checkpoint"] else ModelConfig.from_dict(c["model"])
         spec = SweepSpec(model=model, q=tuple(c["q"]), B=tuple(c["B"]),
-                         L=tuple(c["L"]), dtypes=tuple(c["dtypes"]), modes=tuple(c["modes"]),
+                         L=tuple(c["L"]), modes=tuple(c["modes"]),
+                         dtypes=with_overrides(c["dtypes"], c["weights"], c["kv"], c["lm_head"], model.native_weights),
                          timer=from_dict(TimerSettings, c["timer"], "timer"), device=c["device"], layers=c["layers"],
                          mtp_q=tuple(c["mtp_q"]), seed=c["seed"], ceilings=c["ceilings"] or "",
                          overrides=tuple(c["overrides"]), checkpoint=c["checkpoint"] or "",

@@ -30,7 +30,7 @@ FAST = TimerSettings(warmup=0, min_reps=2, max_reps=2, budget_s=5.0, l2_bytes=64
 def tiny_spec(**changes) -> CeilingsSpec:
     base = dict(device="cpu", dtypes=("float32",), working_sets=(16 * KiB, 256 * KiB),
                 kernels=("torch_copy", "torch_read"), square_sizes=(48,),
-                decode_model=get_preset("tiny"), decode_ms=(1, 4), timer=FAST)
+                decode_model=get_preset("tiny"), decode_ms=(1, 4), formats=(), timer=FAST)
     return CeilingsSpec(**{**base, **changes})
 
 
@@ -306,3 +306,22 @@ def test_cuda_quick_ceilings_include_triton_and_reach_a_plausible_roof():
     s = out["summary"]
     if out["datasheet"]:
         assert 0.3 * out["datasheet"]["mem_bw_GBps"] < s["mem_bw_GBps"] < 1.05 * out["datasheet"]["mem_bw_GBps"]
+
+
+def test_format_gemms_read_the_format_bytes_and_record_what_has_no_kernel():
+    """Decode GEMMs per weight format: int8 through its packed CPU kernel with bytes = the
+    format's exact bytes (scales included) + bf16 input and output; fp8 has no fast CPU kernel
+    and int4_g128 cannot group K=64: both failures named, never timed."""
+    r = measure_ceilings(tiny_spec(formats=("int8", "fp8", "int4_g128"), decode_ms=(1,), kernels=("torch_read",)))
+    int8 = [m for m in r["matmul"] if m["dtype"] == "bfloat16+weights=int8"]
+    assert {m["name"] for m in int8} == {n for n, _, _ in decode_gemm_shapes(get_preset("tiny"))}
+    for m in int8:
+        nbytes = m["N"] * m["K"] + 2 * m["N"] + 2 * (m["K"] + m["N"])
+        assert m["GBps"] == pytest.approx(nbytes / m["t_median_s"] / 1e9, rel=1e-12)
+    assert r["summary"]["decode_m1_GBps"]["bfloat16+weights=int8"] == max(m["GBps"] for m in int8)
+    failed = {f["dtype"]: f for f in r["failures"]}
+    assert "weights=fp8_e4m3 on device=cpu" in failed["bfloat16+weights=fp8_e4m3"]["error"]
+    assert failed["bfloat16+weights=fp8_e4m3"]["status"] == "unsupported"
+    assert "K=64" in failed["bfloat16+weights=int4_g128"]["error"]
+    assert not [m for m in r["matmul"] if "fp8" in m["dtype"]]
+    assert {m["K"] for m in r["matmul"] if "int4" in m["dtype"]} == {128}  # ffn_down only

@@ -297,7 +297,9 @@ HUB_CONFIGS = {  # the published config.json fields the preset YAMLs cite (older
         hidden_act="silu", max_position_embeddings=163840, rms_norm_eps=1e-6, rope_theta=10000,
         num_nextn_predict_layers=1, tie_word_embeddings=False, attention_bias=False,
         rope_scaling=dict(beta_fast=32, beta_slow=1, factor=40, mscale=1.0, mscale_all_dim=1.0,
-                          original_max_position_embeddings=4096, type="yarn")),
+                          original_max_position_embeddings=4096, type="yarn"),
+        quantization_config=dict(activation_scheme="dynamic", fmt="e4m3", quant_method="fp8",
+                                 weight_block_size=[128, 128])),
     "glm-4.5-air": dict(
         architectures=["Glm4MoeForCausalLM"], vocab_size=151552, hidden_size=4096, num_hidden_layers=46,
         num_attention_heads=96, num_key_value_heads=8, head_dim=128, partial_rotary_factor=0.5, attention_bias=True,
@@ -375,3 +377,77 @@ def test_sweep_times_the_checkpoint_weights_layer_sliced(llama_dir, tmp_path):
         assert torch.equal(model.layers[0].attn.wqkv.weight, qkv)
     out = run_sweep(spec, tmp_path / "run", progress=False)
     assert out["ok"] == out["points"] == 8  # forward q in {1, 2} x L in {0, 4} x depths {1, 2}
+
+
+# ----------------------------------------------------------------------------- fp8 block-scaled checkpoints
+
+def fp8_block_checkpoint(hf, folder, deq_folder, block):
+    """Rewrite a saved checkpoint as DeepSeek-V3 releases it: every attention / MLP projection
+    (experts and shared experts too) fp8 e4m3 with a float32 weight_scale_inv per block;
+    `deq_folder` gets the dequantised float weights of the same checkpoint (the reference)."""
+    from roofline.model.formats import parse_format
+    from roofline.model.quant import quantize
+    fmt = parse_format(f"fp8_e4m3_b{block}")
+    path = folder / "model.safetensors"
+    with safe_open(str(path), framework="pt") as fh:
+        tensors = {k: fh.get_tensor(k) for k in fh.keys()}
+    fp8, deq = {}, {}
+    for k, v in tensors.items():
+        if k.endswith(".weight") and "_proj" in k.split(".")[-2] and (".self_attn." in k or ".mlp." in k):
+            qz = quantize(v.float(), fmt)
+            fp8[k], fp8[k + "_scale_inv"], deq[k] = qz.q, qz.scale, qz.dequantize()
+        else:
+            fp8[k] = deq[k] = v
+    shutil.copytree(folder, deq_folder)
+    safetensors_torch.save_file(deq, str(deq_folder / "model.safetensors"), metadata={"format": "pt"})
+    safetensors_torch.save_file(fp8, str(path), metadata={"format": "pt"})
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["quantization_config"] = dict(activation_scheme="dynamic", fmt="e4m3", quant_method="fp8",
+                                      weight_block_size=[block, block])
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("block", [16, 128])
+def test_fp8_block_scaled_checkpoint_loads_fp8_and_runs(block, tmp_path):
+    from roofline.model.accounting import resident_weight_bytes
+    from roofline.model.formats import precision
+    from roofline.model.quant import held_weight_bytes
+    hf = hf_model("deepseek_v3", seed=9)
+    hf.save_pretrained(tmp_path / "fp8")
+    add_mtp_layer(hf, tmp_path / "fp8")
+    fp8_block_checkpoint(hf, tmp_path / "fp8", tmp_path / "deq", block)
+    cfg = checkpoint_config(tmp_path / "fp8")
+    assert cfg.native_weights == f"fp8_e4m3_b{block}"
+    model = load_checkpoint(tmp_path / "fp8", dtype="float32", max_batch=2, max_context=16)
+    ref = load_checkpoint(tmp_path / "deq", dtype="float32", max_batch=2, max_context=16)
+    assert model.layers[1].attn.q_a.weight.dtype == torch.float8_e4m3fn  # kept as stored
+    assert model.layers[1].ffn.w1.weight.dtype == torch.float8_e4m3fn  # routed experts too
+    assert model.layers[1].attn.kv_b.weight.dtype == torch.float32  # dequantised on load (absorbed MLA)
+    assert held_weight_bytes(model) == resident_weight_bytes(cfg, precision("float32", "native", native=cfg.native_weights))
+    tokens = torch.randint(0, cfg.vocab, (2, 6), generator=torch.Generator().manual_seed(3))
+    start = torch.zeros(2, dtype=torch.long)
+    with torch.no_grad():
+        ours, want = model(tokens, start).double(), ref(tokens, start).double()
+    assert torch.isfinite(ours).all()
+    assert (ours - want).abs().max().item() < 1e-4 * want.abs().max().item()
+
+
+def test_fp8_checkpoint_sweep_rows_say_unsupported_on_cpu(tmp_path):
+    from roofline.io.results import read_rows
+    from roofline.measure.sweep import SweepSpec, run_sweep
+    from roofline.measure.timer import TimerSettings
+    hf = hf_model("deepseek_v3", seed=10, num_nextn_predict_layers=0)
+    hf.save_pretrained(tmp_path / "fp8")
+    fp8_block_checkpoint(hf, tmp_path / "fp8", tmp_path / "deq", 16)
+    spec = SweepSpec(model=checkpoint_config(tmp_path / "fp8"), q=(1,), B=(1,), L=(4,), checkpoint=str(tmp_path / "fp8"),
+                     timer=TimerSettings(warmup=0, min_reps=2, max_reps=2))
+    run_sweep(spec, tmp_path / "run", progress=False)
+    rows = read_rows(tmp_path / "run" / "points.jsonl")
+    assert [r["status"] for r in rows] == ["unsupported"]
+    assert "weights=fp8_e4m3_b16 on device=cpu" in rows[0]["error"]
+
+
+def test_quantization_config_that_is_not_fp8_block_scaled_is_refused():
+    raw = dict(HUB_CONFIGS["llama-3.1-8b"], quantization_config=dict(quant_method="awq", bits=4))
+    with pytest.raises(ConfigError, match="quantization_config.*allowed fp8 block-scaled"):
+        config_from_hf(raw)

@@ -26,7 +26,7 @@ from roofline.report import figures
 
 from roofline.spec import theory
 from roofline.model.accounting import forward_cost
-from roofline.model.dtypes import dtype_name
+from roofline.model.formats import compute_dtype, parse_precision, precision_columns
 from roofline.model.config import ConfigError, ModelConfig
 from roofline.analysis.predict import DraftCost, step_costs
 from roofline.measure import memory
@@ -51,13 +51,14 @@ class Speculation:
 def datasheet_fit(spec: DeviceSpec, cfg: ModelConfig, dtype: str, bw_eff: float = 0.8, f_eff: float = 0.7,
                   t0_s: float = 0.0) -> dict:
     """A what-if fit document from a datasheet row: scaled ceilings, knee at the ridge (tokens)."""
-    bw, f = spec.bandwidth_Bps(), spec.peak_flops(dtype)
+    bw, f = spec.bandwidth_Bps(), spec.peak_flops(compute_dtype(dtype))
     if bw is None or f is None:
-        raise ConfigError(f"device={spec.key!r} has no datasheet bandwidth or {dtype} FLOP/s: use a fit.json")
+        raise ConfigError(f"device={spec.key!r} has no datasheet bandwidth or {compute_dtype(dtype)} FLOP/s: "
+                          "use a fit.json")
     c = forward_cost(cfg, dtype, 1, 1, 0)
     knee = (c.weight_bytes / (bw_eff * bw)) / (c.flops_matmul / (f_eff * f))  # tokens where FLOPs catch up
     inv_bw, inv_f = 1.0 / (bw_eff * bw), 1.0 / (f_eff * f)
-    group = dict(key=dict(device_name=spec.name, model=cfg.name, dtype=dtype_name(dtype), mode="eager",
+    group = dict(key=dict(device_name=spec.name, model=cfg.name, dtype=parse_precision(dtype).label, mode="eager",
                           kind="forward"), coefs=[t0_s, inv_bw, inv_bw, inv_f, inv_f], knee_tokens=knee,
                  band=dict(p10=np.nan, p90=np.nan), domain=dict(q=[0, 0], B=[0, 0], L=[0, 0]))
     return dict(schema=costmodel.FIT_SCHEMA, model_spec=None, groups=[group],
@@ -94,7 +95,8 @@ def plan(fit: dict, cfg: ModelConfig, dtype: str, work: Workload, mem_bytes: flo
     t["fits_memory"] = t["mem_GB"] * 1e9 <= mem_bytes
     t["meets_itl"] = t["itl_ms"] <= work.itl_target_ms
     t["extrapolated"] = extrapolated
-    summary = dict(model=cfg.name, dtype=dtype, device=fit["provenance"].get("device_name"),
+    summary = dict(model=cfg.name, dtype=parse_precision(dtype).label, **precision_columns(dtype),
+                   device=fit["provenance"].get("device_name"),
                    memory_GB=mem_bytes / 1e9, weights_GB=weights / 1e9, workload=work.__dict__,
                    speculation=None if spec is None else dict(alpha=spec.alpha, k=spec.k, drafter=spec.drafter.kind),
                    extrapolated=extrapolated, what_if=fit["provenance"].get("what_if"))

@@ -18,6 +18,15 @@ head and embedding (checked by content hash, loaded once).
 
 Sliding-window models (Mistral v0.1, Qwen with use_sliding_window) get max_context = the
 window: within it, sliding-window attention is full causal attention, so the forward is exact.
+
+fp8 block-scaled checkpoints as DeepSeek-V3 releases them (quantization_config quant_method
+fp8, weight_block_size [128, 128]; each quantized `*.weight` has a float32 `*.weight_scale_inv`
+per block, w = q · s) load as stored: the linears of `accounting.block_matrices` and the
+routed experts stay fp8 with their scales (`roofline.model.quant`), so the model holds the
+checkpoint's bytes. Dequantising on load would be a different measurement (a bf16 model).
+Where the device has no fp8 kernel the layers run by dequantising per call: right for outputs
+and acceptance, refused by a timed sweep (`unsupported`). MLA's kv_b is dequantised on load,
+as vLLM does: the absorbed attention multiplies by its halves directly.
 """
 
 from __future__ import annotations
@@ -31,7 +40,10 @@ from typing import Any, Mapping
 
 import torch
 
+from roofline.model.accounting import block_matrices
 from roofline.model.dtypes import torch_dtype
+from roofline.model.formats import parse_format
+from roofline.model.quant import QuantExperts, QuantLinear, expand_scale, kernel_for, store_quantized
 from roofline.model.config import ConfigError, ModelConfig, RopeScaling
 from roofline.model.decoder import MOE_IMPLS, Transformer
 from roofline.model.rope import rope_table
@@ -39,6 +51,7 @@ from roofline.model.rope import rope_table
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
                  "MistralForCausalLM", "MixtralForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeForCausalLM")
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+FP8_DTYPES = ("F8_E4M3", "F8_E5M2")
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some older checkpoints saved
 
 
@@ -92,7 +105,6 @@ def config_from_hf(raw: Mapping[str, Any], name: str = "") -> ModelConfig:
         raise ConfigError(f"config.json architectures={archs!r}: allowed one of {list(ARCHITECTURES)}")
     _require(raw, arch, "hidden_act", ("silu",), "silu")
     _require(raw, arch, "mlp_bias", (False,), False)
-    _require(raw, arch, "quantization_config", (None,), None)
     d, heads = raw["hidden_size"], raw["num_attention_heads"]
     theta, scaling, partial = _rope(raw)
     max_ctx = raw["max_position_embeddings"]
@@ -105,7 +117,8 @@ def config_from_hf(raw: Mapping[str, Any], name: str = "") -> ModelConfig:
         kv_heads=raw.get("num_key_value_heads") or heads, head_dim=raw.get("head_dim") or d // heads,
         ffn=raw["intermediate_size"], max_context=max_ctx, rope_theta=theta, rope_scaling=scaling,
         partial_rotary=partial, norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        tie_embeddings=bool(raw.get("tie_word_embeddings", False)), source=f"Hugging Face config.json ({arch})")
+        tie_embeddings=bool(raw.get("tie_word_embeddings", False)), source=f"Hugging Face config.json ({arch})",
+        native_weights=native_format(raw.get("quantization_config")))
     if arch in ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
         _require(raw, arch, "attention_bias", (False,), False)  # would add an o_proj bias too
     if arch == "Qwen2ForCausalLM":
@@ -143,6 +156,22 @@ def config_from_hf(raw: Mapping[str, Any], name: str = "") -> ModelConfig:
                   kv_lora_rank=raw["kv_lora_rank"], qk_nope_dim=nope, qk_rope_dim=rope_d, v_head_dim=raw["v_head_dim"],
                   rope_interleave=bool(raw.get("rope_interleave", True)), partial_rotary=1.0)
     return ModelConfig(**kw)
+
+
+def native_format(q: Mapping[str, Any] | None) -> str:
+    """The weight format (roofline.model.formats name) of a quantization_config: "" for none;
+    fp8 with weight_block_size [R, C] and dynamic activations (DeepSeek-V3) -> fp8_<fmt>_b<R>[x<C>]."""
+    if not q:
+        return ""
+    block = list(q.get("weight_block_size") or [])
+    ok = (q.get("quant_method") == "fp8" and q.get("fmt", "e4m3") in ("e4m3", "e5m2") and len(block) == 2
+          and q.get("activation_scheme", "dynamic") == "dynamic")
+    if not ok:
+        raise ConfigError(f"config.json quantization_config={dict(q)!r}: not loaded; allowed fp8 block-scaled "
+                          "(quant_method 'fp8', fmt e4m3|e5m2, weight_block_size [R, C], activation_scheme "
+                          "'dynamic', as DeepSeek-V3)")
+    r, c = block
+    return parse_format(f"fp8_{q.get('fmt', 'e4m3')}_b{r}" + (f"x{c}" if c != r else "")).name
 
 
 def read_config(folder: str | Path) -> dict:
@@ -252,17 +281,18 @@ def _block_plan(cfg: ModelConfig, hf: str, ours: str, moe: bool, shapes: dict, k
     whole(f"{m}.gate.weight", "ffn.gate.weight")
     if cfg.router_scoring == "sigmoid":
         whole(f"{m}.gate.e_score_correction_bias", "ffn.score_bias")
+    xp = lambda o: f"{ours}.ffn.{o}" if f"{ours}.ffn.{o}" in shapes else f"{ours}.ffn.{o}.weight"  # noqa: E731  (fp8: a module)
     if f"{hf}.{m}.experts.gate_up_proj" in keys or f"{hf}.{m}.experts.down_proj" in keys:  # fused (transformers 5 in memory)
-        w1, w2 = shapes[f"{ours}.ffn.w1"], shapes[f"{ours}.ffn.w2"]
+        w1, w2 = shapes[xp("w1")], shapes[xp("w2")]
         plan[f"{hf}.{m}.experts.gate_up_proj"] = Entry((E, 2 * f, w1[2]), (
-            Copy(f"{ours}.ffn.w1", (), (slice(None), slice(0, f))), Copy(f"{ours}.ffn.w3", (), (slice(None), slice(f, 2 * f)))))
-        plan[f"{hf}.{m}.experts.down_proj"] = Entry(w2, (Copy(f"{ours}.ffn.w2"),))
+            Copy(xp("w1"), (), (slice(None), slice(0, f))), Copy(xp("w3"), (), (slice(None), slice(f, 2 * f)))))
+        plan[f"{hf}.{m}.experts.down_proj"] = Entry(w2, (Copy(xp("w2")),))
     else:
         names = (("w1", "w1"), ("w3", "w3"), ("w2", "w2")) if m == "block_sparse_moe" else \
             (("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2"))
         for e in range(E):
             for h, o in names:
-                plan[f"{hf}.{m}.experts.{e}.{h}.weight"] = Entry(shapes[f"{ours}.ffn.{o}"][1:], (Copy(f"{ours}.ffn.{o}", (e,)),))
+                plan[f"{hf}.{m}.experts.{e}.{h}.weight"] = Entry(shapes[xp(o)][1:], (Copy(xp(o), (e,)),))
     if cfg.shared_experts:
         for h, o in (("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")):
             whole(f"{m}.shared_experts.{h}.weight", f"ffn.shared.{o}.weight")
@@ -302,22 +332,61 @@ def load_plan(cfg: ModelConfig, keys: set, shapes: dict, layers_stored: int) -> 
             if f"{hf}.{h}" in keys:
                 dups[f"{hf}.{h}"] = what
     skipped = {k for k in keys if cfg.layers <= _layer_of(k) < layers_stored}
-    return plan, dups, skipped
+    scales, dequant = _scale_plan(cfg, plan, shapes, keys)
+    plan.update(scales)
+    return plan, dups, skipped, dequant
+
+
+SCALE = "_scale_inv"
+
+
+def _block_index(idx: tuple, r: int, what: str) -> tuple:
+    """An index into a weight's rows -> the same rows of its per-block scales."""
+    out = []
+    for i in idx:
+        if isinstance(i, slice) and (i.start or i.stop):
+            if (i.start or 0) % r:
+                raise ConfigError(f"tensor {what!r}: rows from {i.start} do not start on a {r}-row scale block "
+                                  "(fused projections need block-aligned parts)")
+            i = slice((i.start or 0) // r, -(-i.stop // r))
+        out.append(i)
+    return tuple(out)
+
+
+def _scale_plan(cfg: ModelConfig, plan: dict, shapes: dict, keys: set) -> tuple[dict, dict]:
+    """(scale entries, dequantised-on-load weights) of an fp8 block-scaled checkpoint: a weight
+    whose target is held fp8 brings its weight_scale_inv along (same rows, in blocks); a
+    quantized weight whose target is a float parameter (MLA's kv_b) is dequantised on load."""
+    if not cfg.native_weights:
+        return {}, {}
+    r, c = parse_format(cfg.native_weights).block
+    scales, dequant = {}, {}
+    for h, e in plan.items():
+        held = [cp.ours + SCALE in shapes for cp in e.copies]
+        if e.copies and all(held):
+            shape = (*e.shape[:-2], -(-e.shape[-2] // r), -(-e.shape[-1] // c))
+            scales[h + SCALE] = Entry(shape, tuple(Copy(cp.ours + SCALE, _block_index(cp.dst, r, h), _block_index(cp.src, r, h))
+                                                   for cp in e.copies))
+        elif h + SCALE in keys:
+            dequant[h] = h + SCALE
+    return scales, dequant
 
 
 def _main_name(what: str, cfg: ModelConfig) -> str:
     return "model.embed_tokens.weight" if what == "embed" or cfg.tie_embeddings else "lm_head.weight"
 
 
-def check_against(cfg: ModelConfig, headers: dict[str, TensorInfo], layers_stored: int, shapes: dict):
+def check_against(cfg: ModelConfig, headers: dict[str, TensorInfo], layers_stored: int, shapes: dict,
+                  fp8_names: set = frozenset()):
     keys = set(headers)
-    plan, dups, skipped = load_plan(cfg, keys, shapes, layers_stored)
+    plan, dups, skipped, dequant = load_plan(cfg, keys, shapes, layers_stored)
     missing = sorted(set(plan) - keys)
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise ConfigError(f"checkpoint is missing tensor {missing[0]!r}{more} that its config.json implies"
                           f" ({cfg.name}: {cfg.layers} layers, {cfg.mtp_layers} MTP)")
-    extra = sorted(k for k in keys - set(plan) - set(dups) - skipped if not k.endswith(IGNORED_SUFFIXES))
+    extra = sorted(k for k in keys - set(plan) - set(dups) - skipped - set(dequant.values())
+                   if not k.endswith(IGNORED_SUFFIXES))
     if extra:
         hint = ""
         if any(k.startswith(f"model.layers.{layers_stored + cfg.mtp_layers}.") for k in extra):
@@ -327,16 +396,29 @@ def check_against(cfg: ModelConfig, headers: dict[str, TensorInfo], layers_store
                           f"describes{hint}")
     for k, e in plan.items():
         info = headers[k]
-        if info.dtype not in FLOAT_DTYPES:
-            raise ConfigError(f"tensor {k!r}: dtype {info.dtype}; allowed floating point {list(FLOAT_DTYPES)} "
-                              "(quantized checkpoints are not loaded)")
+        held_fp8 = any(cp.ours in fp8_names for cp in e.copies)
+        allowed = ("F32",) if k.endswith(SCALE) else FP8_DTYPES if held_fp8 else \
+            FLOAT_DTYPES + FP8_DTYPES if k in dequant else FLOAT_DTYPES
+        if info.dtype not in allowed:
+            raise ConfigError(f"tensor {k!r}: dtype {info.dtype}; allowed {list(allowed)} "
+                              f"(weight format {cfg.native_weights or 'float'} from config.json)")
         if info.shape != tuple(e.shape):
             raise ConfigError(f"tensor {k!r}: shape {list(info.shape)}, config.json implies {list(e.shape)}")
     for k, what in dups.items():
         main = headers[_main_name(what, cfg)]
         if headers[k].shape != main.shape:
             raise ConfigError(f"tensor {k!r}: shape {list(headers[k].shape)}, a copy of the main {what} has {list(main.shape)}")
-    return plan, dups
+    return plan, dups, dequant
+
+
+def _read(info: TensorInfo, name: str) -> torch.Tensor:
+    from safetensors import safe_open
+    with safe_open(str(info.file), framework="pt", device="cpu") as f:
+        return f.get_tensor(name)
+
+
+def _dequantize(q: torch.Tensor, scale: torch.Tensor, fmt) -> torch.Tensor:
+    return q.float() * expand_scale(scale.float(), fmt, *q.shape)
 
 
 def _digest(t: torch.Tensor) -> str:
@@ -361,18 +443,30 @@ def load_checkpoint(folder: str | Path, *, dtype: str | torch.dtype = "bfloat16"
     cfg = full if layers is None else full.scaled(layers=layers)
     max_context = max_context or cfg.max_context
     with torch.device("meta"):
-        meta = Transformer(cfg, max_batch, max_context, moe_impl)
-    shapes = {n: tuple(p.shape) for n, p in meta.named_parameters()}
+        meta = Transformer(cfg, max_batch, max_context, moe_impl).to(dtype=torch_dtype(dtype))
+    fmt = parse_format(cfg.native_weights) if cfg.native_weights else None
+    if fmt is not None:  # storage for the checkpoint's fp8 tensors, filled as they are
+        store_quantized(meta, fmt, reference=kernel_for(fmt, device) is None)
+    held = dict(meta.named_parameters())
+    fp8_names = set()
+    for name, mod in meta.named_modules():
+        if isinstance(mod, (QuantLinear, QuantExperts)):
+            held.update({f"{name}.{b}": t for b, t in mod.named_buffers(recurse=False)})
+            fp8_names.add(f"{name}.weight")
+    shapes = {n: tuple(t.shape) for n, t in held.items()}
     headers = tensor_headers(folder)
-    plan, dups = check_against(cfg, headers, full.layers, shapes)
+    plan, dups, dequant = check_against(cfg, headers, full.layers, shapes, fp8_names)
     covered = {c.ours for e in plan.values() for c in e.copies}
     assert covered == set(shapes), f"loader plan misses {sorted(set(shapes) - covered)}"  # a bug here, not in the checkpoint
 
-    model = meta.to(dtype=torch_dtype(dtype)).to_empty(device=device)
+    model = meta.to_empty(device=device)
     cos, sin = rope_table(cfg, max_context, device)
     model.rope_cos, model.rope_sin = cos, sin
     model.reset_cache()
     params = dict(model.named_parameters())
+    for name, mod in model.named_modules():
+        if isinstance(mod, (QuantLinear, QuantExperts)):
+            params.update({f"{name}.{b}": t for b, t in mod.named_buffers(recurse=False)})
     digests: dict[str, str] = {}
     want_digest = set(dups) | {_main_name(w, cfg) for w in dups.values()}
     by_file: dict[Path, list[str]] = {}
@@ -383,6 +477,8 @@ def load_checkpoint(folder: str | Path, *, dtype: str | torch.dtype = "bfloat16"
             with safe_open(str(path), framework="pt", device="cpu") as f:
                 for k in sorted(names):
                     t = f.get_tensor(k)
+                    if k in dequant:  # MLA's kv_b: the absorbed attention needs it in float
+                        t = _dequantize(t, _read(headers[dequant[k]], dequant[k]), fmt)
                     if k in want_digest:
                         digests[k] = _digest(t)
                     for c in plan[k].copies if k in plan else ():

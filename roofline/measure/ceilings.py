@@ -8,7 +8,11 @@ memory ceiling is the best of them at working sets >= 4x the cache with the cach
 between reps (l2 "cold"). Compute: square matmuls per dtype. Between the two sit the
 decode-shaped GEMMs a forward pass really runs, x[M,K] @ W[N,K]^T at a preset's (N, K) for
 small M: at M=1 they should read W at close to the memory ceiling, and as M grows they cross
-the ridge I* = F_peak / BW_peak.
+the ridge I* = F_peak / BW_peak. The same shapes run once more per quantized weight format
+(`formats`, M = B·(k+1) of a decode or verify step) through the packed kernel that format
+runs on this device (roofline.model.quant): the roof a quantized sweep can reach. Their bytes
+are the format's exact bytes (scales and zero points included) plus the bf16 input and
+output; a format without a fast kernel here is recorded in `failures` as unsupported.
 
 Conventions. bytes_moved = bytes read + bytes written (BabelStream, and a datasheet's
 bandwidth). working_set_bytes = the bytes of all buffers a kernel touches. GEMM FLOPs =
@@ -39,6 +43,7 @@ from roofline.io.fields import check_fields
 from roofline.measure import timer
 from roofline.model.dtypes import MODEL_DTYPES, dtype_bytes, dtype_name, torch_dtype
 from roofline.model.config import ConfigError, ModelConfig
+from roofline.model.formats import parse_format, precision
 from roofline.model.presets import get_preset
 from roofline.measure.devices import parse_device, spec_for_running_device
 from roofline.measure.telemetry import Telemetry
@@ -74,6 +79,7 @@ _WORKING_SETS = {
 _DEFAULT_DTYPES = {"cpu": ("bfloat16", "float32"), "cuda": ("bfloat16", "float16", "float32")}
 _SQUARE = {"cpu": ((1024, 2048), (1024,)), "cuda": ((4096, 8192), (4096,))}
 _DECODE_MODEL = {"cpu": "cpu-demo", "cuda": "llama-3.1-8b"}
+_FORMATS = {"cpu": ("int8", "int4_g128"), "cuda": ("int4_g128", "fp8", "fp8_e4m3_b128")}
 _QUICK_MS = (1, 16, 128)
 
 
@@ -134,6 +140,7 @@ class CeilingsSpec:
     square_sizes: tuple[int, ...] | None = None
     decode_model: ModelConfig | None = None
     decode_ms: tuple[int, ...] | None = None  # () measures no decode GEMMs
+    formats: tuple[str, ...] | None = None  # quantized weight formats of the decode GEMMs; () none
     timer: timer.TimerSettings | None = None
 
     def __post_init__(self) -> None:
@@ -157,6 +164,7 @@ class CeilingsSpec:
             fill("decode_model", get_preset(_DECODE_MODEL[kind]))
         ms = self.decode_ms if self.decode_ms is not None else (_QUICK_MS if quick else DECODE_MS)
         fill("decode_ms", _ints("decode_ms", ms, 1) if ms else ())
+        fill("formats", tuple(parse_format(f).name for f in (_FORMATS[kind] if self.formats is None else self.formats)))
         settings = self.timer or _TIMERS[kind][quick]
         if kind == "cpu" and settings.mode == "graph":
             raise ConfigError("ceilings.timer.mode='graph': CUDA-graph replay needs CUDA; "
@@ -370,6 +378,53 @@ def _measure_matmul(spec: CeilingsSpec, cache: int, sheet: dict | None, tel: Tel
                 w = x = None
         log(f"  matmul {dt}: {len(spec.square_sizes)} square, "
             f"{len(shapes)} x {len(spec.decode_ms)} decode shapes")
+    for name in spec.formats:
+        with tel.block(f"matmul/decode/{name}"):
+            rows += _measure_format_gemms(spec, parse_format(name), shapes, cold, failures)
+        log(f"  matmul {name}: {len(shapes)} x {len(spec.decode_ms)} decode shapes")
+    return rows
+
+
+def check_format_gemm(out: torch.Tensor, x: torch.Tensor, w_deq: torch.Tensor) -> None:
+    """A packed kernel's x @ W^T against float64 on the dequantised weights, within bf16 rounding
+    of the output and of in-kernel partial sums: |err| <= 2^-7 · (|x| @ |W|^T)."""
+    m, n = min(out.shape[0], CHECK_SLICE), min(out.shape[1], CHECK_SLICE)
+    ref = x[:m].double() @ w_deq[:n].double().T
+    tol = 2 ** -7 * (x[:m].double().abs() @ w_deq[:n].double().abs().T) + 1e-6
+    err = (out[:m, :n].double() - ref).abs()
+    if not bool((err <= tol).all()):
+        raise AssertionError(f"packed GEMM M={out.shape[0]} N={out.shape[1]}: |err| {err.max().item():.3g} "
+                             f"exceeds bf16 rounding of the dequantised reference")
+
+
+def _measure_format_gemms(spec: CeilingsSpec, fmt, shapes, settings, failures: list) -> list[dict]:
+    from roofline.model import quant
+    dev, act = torch.device(spec.device), torch.bfloat16
+    label = precision("bfloat16", fmt.name).label
+    rows = []
+    for name, N, K in shapes:
+        try:
+            quant.require_kernel(fmt, dev)
+            w = torch.randn(N, K, device=dev, dtype=act) * 0.02
+            lin = quant.packed_linear(w, fmt, device=dev, act_dtype=act)
+            w_deq = quant.quantize(w, fmt, act).dequantize().to(dev)
+            w = None
+        except Exception as e:  # no kernel, or a shape its packing refuses: recorded, never timed
+            failures.append(_failure("matmul", e, kind="decode", name=name, dtype=label, N=N, K=K,
+                                     status="unsupported" if isinstance(e, NotImplementedError) else "error"))
+            continue
+        for M in spec.decode_ms:
+            try:
+                x = torch.randn(M, K, device=dev, dtype=act)
+                check_format_gemm(lin(x), x, w_deq)
+                t = timer.time_fn(lambda: lin(x), settings, dev).median_s
+                flops, nbytes = 2 * M * N * K, fmt.matrix_bytes(N, K, 2) + (M * K + M * N) * 2
+                rows.append({"kind": "decode", "name": name, "dtype": label, "M": M, "N": N, "K": K,
+                             "t_median_s": t, "TFLOPs": flops / t / 1e12, "GBps": nbytes / t / 1e9,
+                             "pct_datasheet_flops": None})
+            except Exception as e:
+                failures.append(_failure("matmul", e, kind="decode", name=name, dtype=label, M=M, N=N, K=K))
+        lin = w_deq = None
     return rows
 
 
@@ -393,7 +448,12 @@ def summarize(bandwidth: list[dict], matmul: list[dict], cache_bytes: int) -> di
         if r["kind"] == "square":
             peak[r["dtype"]] = max(peak.get(r["dtype"], 0.0), r["TFLOPs"])
     bw = best["GBps"] if best else None
+    decode_m1: dict[str, float] = {}  # best decode GEMM GB/s at M=1 per dtype / weight format
+    for r in matmul:
+        if r["kind"] == "decode" and r["M"] == 1:
+            decode_m1[r["dtype"]] = max(decode_m1.get(r["dtype"], 0.0), r["GBps"])
     return {
+        "decode_m1_GBps": decode_m1,
         "mem_bw_GBps": bw,
         "mem_bw_kernel": best["kernel"] if best else None,
         "peak_tflops": peak,
@@ -482,6 +542,10 @@ def format_summary(result: dict) -> str:
         lines.append(f"  {dt:<9s} square {1e3 * tf:9.1f} GFLOP/s{pct(tf, peak)}"
                      + (f", ridge {ridge:.1f} FLOP/B" if ridge else "")
                      + (f", decode M=1 best {max(m1):.1f} GB/s" if m1 else ""))
+    for label, gbps in s.get("decode_m1_GBps", {}).items():
+        if "+" in label:
+            of = f"; {100 * gbps / s['mem_bw_GBps']:.0f}% of the memory ceiling" if s["mem_bw_GBps"] else ""
+            lines.append(f"  {label:<26s} decode M=1 best {gbps:.1f} GB/s (format bytes incl. scales{of})")
     if result["failures"]:
         lines.append(f"failures: {len(result['failures'])} (see ceilings.json 'failures')")
     if s.get("throttled"):

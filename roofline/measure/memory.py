@@ -15,9 +15,8 @@ import psutil
 import torch
 
 from roofline.measure.devices import parse_device
-from roofline.model.accounting import kv_bytes_per_token, param_count
+from roofline.model.accounting import kv_bytes_per_token, resident_weight_bytes
 from roofline.model.config import ModelConfig
-from roofline.model.dtypes import dtype_bytes
 
 HEADROOM = 0.9  # share of the available memory a workload may claim (allocator slack, activations)
 
@@ -40,9 +39,9 @@ class Resident:
 
 
 def resident_bytes(cfg: ModelConfig, dtype: str, batch: int, tokens_per_seq: int, with_mtp: bool = True) -> Resident:
-    """Weights and KV cache of `batch` sequences of `tokens_per_seq` tokens, in bytes."""
-    pc = param_count(cfg)
-    weights = (pc.total_with_mtp if with_mtp else pc.total) * dtype_bytes(dtype)
+    """Weights and KV cache of `batch` sequences of `tokens_per_seq` tokens, in bytes; `dtype` may
+    be a precision label (roofline.model.formats): each tensor class in its format, scales included."""
+    weights = resident_weight_bytes(cfg, dtype, with_mtp)
     kv_tok = kv_bytes_per_token(cfg, dtype) * (1 + (cfg.mtp_layers / cfg.layers if with_mtp else 0.0))
     return Resident(float(weights), float(kv_tok * tokens_per_seq * batch))
 

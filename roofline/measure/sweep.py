@@ -34,7 +34,8 @@ from tqdm import tqdm
 
 from roofline.io import files, provenance, results, runfolder
 from roofline.model.accounting import forward_cost, mtp_cost
-from roofline.model.dtypes import datasheet_column, dtype_name, torch_dtype
+from roofline.model.dtypes import datasheet_column, torch_dtype
+from roofline.model.formats import activation_dtype, parse_precision, precision, precision_columns
 from roofline.model.config import ConfigError, ModelConfig
 from roofline.model.decoder import build_model
 from roofline.measure import memory
@@ -83,7 +84,7 @@ class SweepSpec:
             raise ConfigError(f"L={max(self.L)} + q={max(self.q + self.mtp_q)}: exceeds model.max_context="
                               f"{cfg.max_context} of {cfg.name!r}; allowed L + q <= {cfg.max_context}")
         for d in self.dtypes:
-            dtype_name(d)
+            parse_precision(d)
         bad = [m for m in self.modes if m not in MODES]
         if bad:
             raise ConfigError(f"modes={bad}: allowed {MODES}")
@@ -138,9 +139,10 @@ def grid(spec: SweepSpec) -> list[Point]:
     pts = []
     for dtype, depth in itertools.product(spec.dtypes, layer_depths(spec)):
         for mode, B, L in itertools.product(spec.modes, spec.B, spec.L):
-            pts += [Point("forward", dtype_name(dtype), mode, q, B, L, depth) for q in spec.q]
+            label = parse_precision(dtype).label
+            pts += [Point("forward", label, mode, q, B, L, depth) for q in spec.q]
             if spec.model.mtp_layers:
-                pts += [Point("mtp", dtype_name(dtype), mode, q, B, L, depth) for q in spec.mtp_q]
+                pts += [Point("mtp", label, mode, q, B, L, depth) for q in spec.mtp_q]
     return pts
 
 
@@ -172,16 +174,22 @@ class _Workload:
         max_ctx = max(spec.L) + max(spec.q + spec.mtp_q)
         memory.require_fit(cfg, dtype, max(spec.B), max_ctx, spec.device)
         self.model = self.build(max_ctx)
+        from roofline.model.quant import require_fast
+        require_fast(self.model, dtype, spec.device)  # a dequantise-then-matmul is never timed as its format
         self.gen = torch.Generator(device=spec.device).manual_seed(spec.seed)
 
     def build(self, max_ctx: int):
-        spec, cfg, dtype = self.spec, self.cfg, self.dtype
+        spec, cfg = self.spec, self.cfg
+        prec = parse_precision(self.dtype)
+        quantized = None if prec.is_plain else prec
         if spec.checkpoint:
             from roofline.checkpoints.loader import load_checkpoint
-            return load_checkpoint(spec.checkpoint, dtype=dtype, device=spec.device, max_batch=max(spec.B),
-                                   max_context=max_ctx, moe_impl=self.moe_impl, layers=cfg.layers)
-        return build_model(cfg, max_batch=max(spec.B), max_context=max_ctx, dtype=torch_dtype(dtype),
-                           device=spec.device, seed=spec.seed, moe_impl=self.moe_impl)
+            from roofline.model.quant import quantize_model
+            model = load_checkpoint(spec.checkpoint, dtype=prec.activations, device=spec.device, max_batch=max(spec.B),
+                                    max_context=max_ctx, moe_impl=self.moe_impl, layers=cfg.layers)
+            return model if quantized is None else quantize_model(model, quantized, spec.device)
+        return build_model(cfg, max_batch=max(spec.B), max_context=max_ctx, dtype=torch_dtype(prec.activations),
+                           device=spec.device, seed=spec.seed, moe_impl=self.moe_impl, precision=quantized)
 
     def fill_cache(self, L: int) -> None:
         """Random keys/values in positions < L of every cache (their values do not change the
@@ -254,6 +262,7 @@ def _bound(row: dict, ridge: float | None) -> dict:
 def ceiling_columns(row: dict, dtype: str, measured: dict | None, datasheet) -> dict:
     """Achieved bandwidth and FLOP/s as % of the measured and of the datasheet ceiling, side
     by side, and the bound regime against the measured ridge."""
+    label, dtype = dtype, activation_dtype(dtype)
     short = datasheet_column(dtype)
     pct = lambda v, c: None if not c or v is None else 100.0 * v / c
     out = dict(pct_datasheet_bw=pct(row.get("achieved_GBps"), datasheet.mem_bw_GBps),
@@ -261,12 +270,16 @@ def ceiling_columns(row: dict, dtype: str, measured: dict | None, datasheet) -> 
     if measured:
         summ = measured["summary"]
         peaks = summ.get("peak_tflops") or {}
-        bw, tf = summ.get("mem_bw_GBps"), peaks.get(dtype_name(dtype), peaks.get(short))
+        bw, tf = summ.get("mem_bw_GBps"), peaks.get(dtype, peaks.get(short))
         ridge = tf * 1e12 / (bw * 1e9) if bw and tf else None
         out.update(ceiling_bw_GBps=bw, ceiling_TFLOPs=tf, ridge_measured=ridge,
                    pct_measured_bw=pct(row.get("achieved_GBps"), bw),
                    pct_measured_flops=pct(row.get("achieved_TFLOPs"), tf),
                    bound_measured=None if ridge is None else ("memory" if row["intensity"] < ridge else "compute"))
+        p = parse_precision(label)
+        if not p.weights.is_float:  # the roof the format's own packed kernel reached (decode GEMM, M=1)
+            roof = (summ.get("decode_m1_GBps") or {}).get(precision(p.activations, p.weights.name).label)
+            out.update(format_roof_GBps=roof, pct_format_roof=pct(row.get("achieved_GBps"), roof))
     return out
 
 
@@ -307,7 +320,7 @@ def finalize(spec: SweepSpec, run_dir: Path, rows: list[dict], measured: dict | 
             t = r["t_median_s"]
             r.update(achieved_GBps=c.bytes_total / t / 1e9, achieved_TFLOPs=c.flops / t / 1e12,
                      tokens_per_s=r["B"] * r["q"] / t, point_id=r["point_id"] + "|extrapolated",
-                     **_bound(r, dev_spec.ridge(r["dtype"])))
+                     **_bound(r, dev_spec.ridge(activation_dtype(r["dtype"]))))
             r.update(ceiling_columns(r, r["dtype"], measured, dev_spec))
             table.append(r)
     return results.write_csv(table, run_dir / "points.csv")
@@ -442,7 +455,7 @@ def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t
                             q=p.q, B=p.B, L=p.L, layers_run=p.layers_run, layers_full=spec.model.layers,
                             extrapolated=False, schema_version=results.SCHEMA_VERSION,
                             overrides=" ".join(spec.overrides), fingerprint=spec.fingerprint(), **prov,
-                            **spec.parallel.as_row())
+                            **spec.parallel.as_row(), **precision_columns(p.dtype))
                 samples = None
                 try:
                     if setup_error is not None:
@@ -450,7 +463,7 @@ def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t
                     row = measure(w, p, spec.timer)
                     samples = row.pop("samples_s", None)
                     row.update(status="ok", error=None, converged=bool(row["t_ci_rel"] <= spec.timer.rel_ci),
-                               **_bound(row, dev_spec.ridge(p.dtype)),
+                               **_bound(row, dev_spec.ridge(activation_dtype(p.dtype))),
                                **ceiling_columns(row, p.dtype, measured, dev_spec))
                     if is_math_fallback(row, spec.device):
                         row.update(status=MATH_FALLBACK, error=f"attention ran torch's math path ({row['attn_backend']}):"

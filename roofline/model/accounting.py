@@ -16,6 +16,10 @@ Conventions (design.md §2):
   2·(d_qk + d_v) per head, i.e. 2·(d_qk + d_v)·h·layers·B·(q·L + q(q+1)/2).
   MLA in absorbed form has d_qk = kv_lora_rank + qk_rope_dim and d_v = kv_lora_rank; its
   W_UK/W_UV absorption is matmul work on the kv_b weights.
+- Quantized formats (roofline.model.formats; `dtype` may be a precision label): each matrix
+  in `block_matrices` / `expert_matrices` and the LM head costs its format's exact bytes,
+  scales and zero points included; norms, biases, router, embedding and MTP's eh_proj stay in
+  the activation dtype. FLOPs do not change; dequantisation is reported as `dequant_ops`.
 - Activation bytes are an ESTIMATE (every linear's input read and output written once,
   logits included) and are reported apart: they are not in the roofline's denominator.
 """
@@ -25,7 +29,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from roofline.model.config import ModelConfig
-from roofline.model.dtypes import dtype_bytes
+from roofline.model.formats import Precision, parse_precision
 
 # ---- parameter counts, per module, matching roofline.model.decoder exactly ------------------------
 
@@ -125,8 +129,74 @@ def experts_touched(cfg: ModelConfig, tokens: int, moe_impl: str = "touched") ->
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype) -> int:
-    """Cache bytes one token adds across all layers of the main stack."""
-    return cfg.layers * cfg.kv_elems_per_token_layer * dtype_bytes(dtype)
+    """Cache bytes one token adds across all layers of the main stack (scales included when
+    the precision's KV format has per-token scales)."""
+    return cfg.layers * kv_token_layer_bytes(cfg, parse_precision(dtype))
+
+
+# ---- quantized formats: which matrices take the weight format, and their exact bytes ---------------
+
+def block_matrices(cfg: ModelConfig, moe: bool) -> list[tuple[str, int, int]]:
+    """(name, N, K) of the linears of one block that take the weights format (W[N, K]); routed
+    experts apart (`expert_matrices`). Norms, biases and the MoE router stay in the activation
+    dtype, and so does MLA's kv_b: the absorbed attention multiplies by its halves directly,
+    which is why serving engines hold it dequantised (vLLM does at load)."""
+    d = cfg.d
+    if cfg.is_mla:
+        qk = cfg.qk_nope_dim + cfg.qk_rope_dim
+        attn = ([("attn.q_a", cfg.q_lora_rank, d), ("attn.q_b", cfg.heads * qk, cfg.q_lora_rank)]
+                if cfg.q_lora_rank else [("attn.q_proj", cfg.heads * qk, d)])
+        attn += [("attn.kv_a", cfg.kv_lora_rank + cfg.qk_rope_dim, d), ("attn.wo", d, cfg.heads * cfg.v_head_dim)]
+    else:
+        attn = [("attn.wqkv", (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim, d), ("attn.wo", d, cfg.heads * cfg.head_dim)]
+    swiglu = lambda p, f: [(f"{p}.w1", f, d), (f"{p}.w3", f, d), (f"{p}.w2", d, f)]  # noqa: E731
+    if not moe:
+        return attn + swiglu("ffn", cfg.ffn)
+    return attn + (swiglu("ffn.shared", cfg.moe_ffn * cfg.shared_experts) if cfg.shared_experts else [])
+
+
+def expert_matrices(cfg: ModelConfig) -> list[tuple[str, int, int]]:
+    return [("ffn.w1", cfg.moe_ffn, cfg.d), ("ffn.w3", cfg.moe_ffn, cfg.d), ("ffn.w2", cfg.d, cfg.moe_ffn)]
+
+
+def block_weight_bytes(cfg: ModelConfig, moe: bool, prec: Precision) -> int:
+    """Bytes of one block's weights, routed experts excluded."""
+    mats = block_matrices(cfg, moe)
+    params = 2 * cfg.d + attention_params(cfg) + (moe_fixed_params(cfg) if moe else 3 * cfg.d * cfg.ffn)
+    a = prec.act_bytes
+    return (params - sum(N * K for _, N, K in mats)) * a + sum(prec.weights.matrix_bytes(N, K, a) for _, N, K in mats)
+
+
+def expert_bytes(cfg: ModelConfig, prec: Precision) -> int:
+    """Bytes of one routed expert."""
+    return sum(prec.weights.matrix_bytes(N, K, prec.act_bytes) for _, N, K in expert_matrices(cfg))
+
+
+def head_bytes(cfg: ModelConfig, prec: Precision) -> int:
+    """The LM head read by a forward: its format, or the embedding table's dtype when tied."""
+    if cfg.tie_embeddings:
+        return cfg.vocab * cfg.d * prec.act_bytes
+    return prec.lm_head.matrix_bytes(cfg.vocab, cfg.d, prec.act_bytes)
+
+
+def resident_weight_bytes(cfg: ModelConfig, dtype, with_mtp: bool = True) -> int:
+    """Every weight held in memory (embedding table included; MTP modules when asked)."""
+    prec = parse_precision(dtype)
+    a = prec.act_bytes
+    stack = sum(block_weight_bytes(cfg, cfg.layer_is_moe(i), prec) for i in range(cfg.layers))
+    stack += moe_layers(cfg) * cfg.experts * expert_bytes(cfg, prec)
+    total = embedding_params(cfg) * a + (0 if cfg.tie_embeddings else head_bytes(cfg, prec)) + stack + cfg.d * a
+    if with_mtp and cfg.mtp_layers:
+        one = (3 * cfg.d + 2 * cfg.d * cfg.d) * a + block_weight_bytes(cfg, cfg.is_moe, prec)
+        one += cfg.experts * expert_bytes(cfg, prec) if cfg.is_moe else 0
+        total += cfg.mtp_layers * one
+    return total
+
+
+def kv_token_layer_bytes(cfg: ModelConfig, prec: Precision) -> int:
+    """Bytes one token adds to one layer's cache: GQA keeps K and V per KV head, MLA one latent."""
+    heads = 1 if cfg.is_mla else 2 * cfg.kv_heads
+    return prec.kv.kv_token_bytes(cfg.kv_elems_per_token_layer, heads, prec.act_bytes)
 
 
 @dataclass(frozen=True)
@@ -147,6 +217,7 @@ class ForwardCost:
     flops_matmul: int
     flops_attention: int
     mask_bytes: int = 0  # an attention mask the forward built and read (the model's last_mask_bytes)
+    dequant_ops: float = 0.0  # weight elements x element operations to dequantise them (not FLOPs)
 
     @property
     def bytes_total(self) -> float:
@@ -189,13 +260,18 @@ def _linear_io(cfg: ModelConfig, moe: bool) -> int:
 
 
 def _stack_cost(cfg: ModelConfig, layers: int, n_moe: int, B: int, q: int, L: int, kv_len: int,
-                b: int, moe_impl: str, head_bytes: int, touched: float | None) -> dict:
+                prec: Precision, moe_impl: str, touched: float | None) -> dict:
     """Shared by the main forward and an MTP module (a one-block stack)."""
     N = B * q
+    b = prec.act_bytes
     touched = experts_touched(cfg, N, moe_impl) if touched is None else touched
     n_dense = layers - n_moe
-    dense_w = layers * (2 * cfg.d + attention_params(cfg)) + n_dense * 3 * cfg.d * cfg.ffn + n_moe * moe_fixed_params(cfg)
-    expert_b = n_moe * touched * expert_params(cfg) * b
+    dense_b = n_dense * block_weight_bytes(cfg, False, prec) + n_moe * block_weight_bytes(cfg, True, prec)
+    expert_b = n_moe * touched * expert_bytes(cfg, prec)
+    quantized = n_dense * sum(n * k for _, n, k in block_matrices(cfg, False))
+    quantized += n_moe * (sum(n * k for _, n, k in block_matrices(cfg, True)) + touched * expert_params(cfg))
+    dequant = quantized * prec.weights.dequant_ops_per_weight()
+    dequant += 0 if cfg.tie_embeddings else cfg.vocab * cfg.d * prec.lm_head.dequant_ops_per_weight()
     d_qk, d_v = _attention_dims(cfg)
     attended = q * L + q * (q + 1) // 2
     flops_attn = 2 * (d_qk + d_v) * cfg.heads * layers * B * attended
@@ -204,15 +280,16 @@ def _stack_cost(cfg: ModelConfig, layers: int, n_moe: int, B: int, q: int, L: in
         moe_active = cfg.d * cfg.experts + (cfg.experts + cfg.shared_experts) * expert_params(cfg)
     matmul = layers * attention_matmul_params(cfg) + n_dense * 3 * cfg.d * cfg.ffn + n_moe * moe_active
     matmul += cfg.vocab * cfg.d  # LM head
-    kv_elems = cfg.kv_elems_per_token_layer
+    kv_tok = kv_token_layer_bytes(cfg, prec)
+    kv_fixed = layers * prec.kv.kv_layer_fixed_bytes(b)
     act_per_token = (n_dense * _linear_io(cfg, False) + n_moe * _linear_io(cfg, True) + cfg.d + cfg.vocab) * b
     return dict(
-        weight_bytes=(dense_w + cfg.d) * b + head_bytes + expert_b,
+        weight_bytes=dense_b + cfg.d * b + head_bytes(cfg, prec) + expert_b,
         expert_bytes=expert_b, experts_touched=touched,
-        kv_read_bytes=B * layers * kv_elems * kv_len * b,
-        kv_write_bytes=B * layers * kv_elems * q * b,
+        kv_read_bytes=B * layers * kv_tok * kv_len + kv_fixed,
+        kv_write_bytes=B * layers * kv_tok * q,
         embed_bytes=N * cfg.d * b, activation_bytes_est=N * act_per_token,
-        flops_matmul=2 * matmul * N, flops_attention=flops_attn)
+        flops_matmul=2 * matmul * N, flops_attention=flops_attn, dequant_ops=float(dequant))
 
 
 def forward_cost(cfg: ModelConfig, dtype, B: int, q: int, L: int, kv_len: int | None = None,
@@ -223,10 +300,8 @@ def forward_cost(cfg: ModelConfig, dtype, B: int, q: int, L: int, kv_len: int | 
     layers); default: the uniform-routing expectation U(B·q).
     """
     _check_shape(cfg, B, q, L)
-    b = dtype_bytes(dtype)
     kv_len = L + q if kv_len is None else kv_len
-    c = _stack_cost(cfg, cfg.layers, moe_layers(cfg), B, q, L, kv_len, b, moe_impl,
-                    cfg.vocab * cfg.d * b, touched)
+    c = _stack_cost(cfg, cfg.layers, moe_layers(cfg), B, q, L, kv_len, parse_precision(dtype), moe_impl, touched)
     return ForwardCost(B=B, q=q, L=L, kv_len=kv_len, tokens=B * q, **c)
 
 
@@ -236,11 +311,10 @@ def mtp_cost(cfg: ModelConfig, dtype, B: int, q: int, L: int, kv_len: int | None
     if cfg.mtp_layers < 1:
         raise ValueError(f"model {cfg.name!r} has no MTP module (mtp_layers=0)")
     _check_shape(cfg, B, q, L)
-    b = dtype_bytes(dtype)
+    prec = parse_precision(dtype)
     kv_len = L + q if kv_len is None else kv_len
-    c = _stack_cost(cfg, 1, int(cfg.is_moe), B, q, L, kv_len, b, moe_impl,
-                    cfg.vocab * cfg.d * b, touched)
-    c["weight_bytes"] += (2 * cfg.d + 2 * cfg.d * cfg.d) * b  # enorm, hnorm (+ final norm above), eh_proj
+    c = _stack_cost(cfg, 1, int(cfg.is_moe), B, q, L, kv_len, prec, moe_impl, touched)
+    c["weight_bytes"] += (2 * cfg.d + 2 * cfg.d * cfg.d) * prec.act_bytes  # enorm, hnorm (+ final norm above), eh_proj
     c["flops_matmul"] += 2 * 2 * cfg.d * cfg.d * B * q
     return ForwardCost(B=B, q=q, L=L, kv_len=kv_len, tokens=B * q, **c)
 

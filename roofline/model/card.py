@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from roofline.model.accounting import forward_cost, kv_bytes_per_token, param_count
-from roofline.model.dtypes import dtype_name
+from roofline.model.accounting import forward_cost, kv_bytes_per_token, param_count, resident_weight_bytes
+from roofline.model.formats import QUALITY_NOTE, compute_dtype, parse_precision, precision_columns
 from roofline.model.config import ConfigError, ModelConfig
 from roofline.measure.devices import DeviceSpec
 
@@ -20,13 +20,13 @@ from roofline.measure.devices import DeviceSpec
 @dataclass(frozen=True)
 class CardRequest:
     model: ModelConfig
-    dtype: str = "bfloat16"
+    dtype: str = "bfloat16"  # a dtype or a precision label (roofline.model.formats)
     device: DeviceSpec | None = None
     batch: int = 1
     context: int = 0
 
     def __post_init__(self) -> None:
-        dtype_name(self.dtype)
+        parse_precision(self.dtype)
         if not isinstance(self.batch, int) or self.batch < 1:
             raise ConfigError(f"batch={self.batch!r}: must be an integer >= 1")
         if not isinstance(self.context, int) or not 0 <= self.context < self.model.max_context:
@@ -38,7 +38,7 @@ def rel_diff(ours: float, published: float) -> float | None:
 
 
 def card_record(req: CardRequest) -> dict:
-    cfg, dtype = req.model, dtype_name(req.dtype)
+    cfg, dtype = req.model, parse_precision(req.dtype).label
     pc = param_count(cfg)
     step = forward_cost(cfg, dtype, 1, 1, 0)
     at = forward_cost(cfg, dtype, req.batch, 1, req.context)
@@ -52,6 +52,10 @@ def card_record(req: CardRequest) -> dict:
         rel_diff_total=rel_diff(pc.total, cfg.published_params_total),
         rel_diff_active=rel_diff(pc.active, cfg.published_params_active),
         weight_bytes=step.weight_bytes, kv_bytes_per_token=kv_bytes_per_token(cfg, dtype),
+        **precision_columns(dtype), native_weights=cfg.native_weights or None,
+        resident_weight_bytes=resident_weight_bytes(cfg, dtype, with_mtp=False),
+        resident_weight_bytes_with_mtp=resident_weight_bytes(cfg, dtype, with_mtp=True),
+        quality_note=None if parse_precision(dtype).is_plain else QUALITY_NOTE,
         batch=req.batch, context=req.context,
         step_bytes=at.bytes_total, step_flops=at.flops, step_intensity=at.intensity,
     )
@@ -59,7 +63,7 @@ def card_record(req: CardRequest) -> dict:
     if dev is not None and dev.bandwidth_Bps():
         floor = at.bytes_total / dev.bandwidth_Bps()
         rec.update(device=dev.key, device_bw_GBps=dev.mem_bw_GBps, decode_floor_s=floor,
-                   decode_ceiling_tok_s=req.batch / floor, ridge_flop_per_byte=dev.ridge(dtype))
+                   decode_ceiling_tok_s=req.batch / floor, ridge_flop_per_byte=dev.ridge(compute_dtype(dtype)))
     if dev is not None and dev.mem_bytes:
         rec.update(_fit_on(cfg, dtype, dev, req.batch, max(req.context, 1)))
     return rec
@@ -94,6 +98,9 @@ def render_card(rec: dict) -> str:
         f"params active  {_si(rec['params_active'], '')}  per token (published {pub(rec['published_params_active'])}, diff {pct(rec['rel_diff_active'])})",
         f"params MTP     {_si(rec['params_mtp'], '')}  (own weights; embedding and LM head shared)",
         f"weight bytes   {_si(rec['weight_bytes'], 'B')} read per decode step (B=1, q=1; LM head in, embedding table out)",
+        f"weights held   {_si(rec['resident_weight_bytes'], 'B')} (main model, embedding included; "
+        f"{_si(rec['resident_weight_bytes_with_mtp'], 'B')} with MTP), scales and zero points included"
+        + (f"; released as {rec['native_weights']}" if rec['native_weights'] else ""),
         f"KV cache       {_si(rec['kv_bytes_per_token'], 'B')} per token (all layers)",
         f"decode step at B={rec['batch']}, L={rec['context']}: {_si(rec['step_bytes'], 'B')} moved, "
         f"{_si(rec['step_flops'], 'FLOP')}, intensity {rec['step_intensity']:.2f} FLOP/B",
@@ -103,7 +110,7 @@ def render_card(rec: dict) -> str:
         lines += [
             f"on {rec['device']} datasheet ({rec['device_bw_GBps']:.0f} GB/s): floor {1e3 * rec['decode_floor_s']:.3f} ms/step, "
             f"ceiling {rec['decode_ceiling_tok_s']:.0f} tok/s (B={rec['batch']})",
-            f"ridge point    {ridge:.0f} FLOP/B ({rec['dtype']}); this step is "
+            f"ridge point    {ridge:.0f} FLOP/B ({compute_dtype(rec['dtype'])} matmuls); this step is "
             f"{'memory' if rec['step_intensity'] < ridge else 'compute'}-bound" if ridge else "ridge point    n/a (no datasheet FLOP/s for this dtype)",
         ]
     if rec.get("smallest_layout"):
@@ -112,6 +119,8 @@ def render_card(rec: dict) -> str:
                      f"(B={rec['batch']}, L={max(rec['context'], 1)}) of {rec['device_mem_GB']:.0f} GB")
     elif "smallest_layout" in rec:
         lines.append(f"does not fit on up to 64 x {rec['device']} ({rec['device_mem_GB']:.0f} GB each)")
+    if rec.get("quality_note"):
+        lines.append(f"note           {rec['quality_note']}")
     return "\n".join(lines)
 
 

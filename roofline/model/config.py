@@ -74,6 +74,9 @@ class ModelConfig:
     router_topk_groups: int = 1
     # MTP (DeepSeek-V3 / GLM-4.5): num_nextn_predict_layers
     mtp_layers: int = 0
+    # the weight format the model is released in (roofline.model.formats name; "" = its float dtype),
+    # chosen by `weights=native`
+    native_weights: str = ""
     # provenance of the shapes and the authors' published totals (for the card)
     source: str = ""
     published_params_total: float = 0.0

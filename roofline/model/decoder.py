@@ -434,13 +434,16 @@ def init_weights(model: Transformer, seed: int, std: float = 0.02) -> None:
 
 
 def build_model(cfg: ModelConfig, *, max_batch: int, max_context: int, dtype: torch.dtype = torch.float32,
-                device: str | torch.device = "cpu", seed: int = 0, moe_impl: str = "touched") -> Transformer:
+                device: str | torch.device = "cpu", seed: int = 0, moe_impl: str = "touched",
+                precision=None) -> Transformer:
     """The model in `dtype` on `device` (weights and cache), random-initialised deterministically.
 
     Built on the meta device and materialised straight into `dtype`: an 8B model in bf16 peaks
     at its 16 GB plus one float32 parameter, not at a float32 copy of everything. RoPE tables
     are computed in float32 on `device` (never rounded through `dtype`). device="meta" returns
     the model unmaterialised (shapes and dtypes only, no memory): for planning what fits.
+    precision (a roofline.model.formats label or Precision): quantise the linears its weight and
+    LM-head formats name, round-to-nearest from these weights, into packed linears.
     """
     with torch.device("meta"):
         model = Transformer(cfg, max_batch, max_context, moe_impl)
@@ -451,4 +454,7 @@ def build_model(cfg: ModelConfig, *, max_batch: int, max_context: int, dtype: to
         init_weights(model, seed)
     cos, sin = rope_table(cfg, max_context, device)
     model.rope_cos, model.rope_sin = cos, sin
+    if precision is not None and torch.device(device).type != "meta":
+        from roofline.model.quant import quantize_model
+        quantize_model(model, precision, device)
     return model.eval().requires_grad_(False)

@@ -79,8 +79,9 @@ def dtype_bytes(dtype: torch.dtype | str) -> int:
 
 
 def datasheet_column(dtype: torch.dtype | str) -> str:
-    """The devices.yaml column of a dtype ("bfloat16" -> "bf16")."""
-    d = lookup(dtype)
+    """The devices.yaml column of a dtype ("bfloat16" -> "bf16"). A precision label
+    (roofline.model.formats: "bfloat16+weights=int8") is judged by its activation dtype."""
+    d = lookup(str(dtype).split("+")[0])
     if d.short not in DATASHEET_COLUMNS:
         raise ConfigError(f"dtype={str(dtype)!r}: no datasheet column; allowed {list(DATASHEET_COLUMNS)}")
     return d.short

@@ -18,7 +18,10 @@ import math
 from dataclasses import dataclass, field
 
 from roofline.model.accounting import ForwardCost, _check_shape, attention_matmul_params, attention_params
+from roofline.model.accounting import (block_params, block_weight_bytes, expert_bytes, head_bytes,
+                                       kv_bytes_per_token)
 from roofline.model.dtypes import dtype_bytes
+from roofline.model.formats import parse_precision
 from roofline.model.config import ModelConfig
 from roofline.parallel.layout import Layout, experts_touched_per_rank, local_shapes
 
@@ -67,13 +70,42 @@ def kv_elems_per_token_rank(cfg: ModelConfig, layout: Layout) -> int:
 
 def memory_per_rank(cfg: ModelConfig, layout: Layout, dtype: str, batch: int, tokens_per_seq: int,
                     with_mtp: bool = False) -> tuple[float, float]:
-    """(weight bytes, KV-cache bytes) resident on one rank for `batch` sequences of `tokens_per_seq`."""
-    b = dtype_bytes(dtype)
+    """(weight bytes, KV-cache bytes) resident on one rank for `batch` sequences of `tokens_per_seq`.
+    `dtype` may be a precision label (roofline.model.formats): see `_quantized_rank_weights`."""
+    prec = parse_precision(dtype)
+    b = prec.act_bytes
     n, _ = _stage_layers(cfg, layout)
     blocks = n + (cfg.mtp_layers if with_mtp else 0)
     seqs = math.ceil(batch / layout.batch_split)
     kv = seqs * blocks * kv_elems_per_token_rank(cfg, layout) * tokens_per_seq * b
-    return float(params_per_rank(cfg, layout, with_mtp) * b), float(kv)
+    if prec.is_plain:
+        return float(params_per_rank(cfg, layout, with_mtp) * b), float(kv)
+    kv *= kv_bytes_per_token(cfg, prec) / kv_bytes_per_token(cfg, prec.activations)  # the KV format's bytes
+    return _quantized_rank_weights(cfg, layout, prec, with_mtp), float(kv)
+
+
+def _quantized_rank_weights(cfg: ModelConfig, layout: Layout, prec, with_mtp: bool) -> float:
+    """A rank's weights in a quantized precision: embedding, norms and eh_proj in the activation
+    dtype; each block's shard at that block's mean bytes per parameter in the format (scales and
+    zero points included, as roofline.model.accounting charges the whole block); the head rows
+    at the head format's. Exact where a split cuts every matrix of a block alike (dense tensor
+    parallelism, up to scale groups a cut divides); where it does not (expert parallelism keeps
+    attention whole), off by the share of float tensors (norms, router, MLA's kv_b) in the block."""
+    a, s = prec.act_bytes, local_shapes(cfg, layout)
+    n, n_moe = _stage_layers(cfg, layout)
+
+    def per_param(moe: bool) -> float:
+        full = block_weight_bytes(cfg, moe, prec) + (cfg.experts * expert_bytes(cfg, prec) if moe else 0)
+        return full / block_params(cfg, moe)
+
+    w = (cfg.vocab * cfg.d + cfg.d) * a
+    w += 0 if cfg.tie_embeddings else s.vocab_head * head_bytes(cfg, prec) / cfg.vocab
+    w += (n - n_moe) * block_params_rank(cfg, layout, False) * per_param(False)
+    w += n_moe * block_params_rank(cfg, layout, True) * per_param(True)
+    if with_mtp:
+        w += cfg.mtp_layers * ((3 * cfg.d + 2 * cfg.d * cfg.d) * a + block_params_rank(cfg, layout, cfg.is_moe)
+                               * per_param(cfg.is_moe))
+    return float(w)
 
 
 @dataclass(frozen=True)

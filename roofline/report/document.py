@@ -22,6 +22,7 @@ from roofline.model.config import ConfigError
 from roofline.io.results import load_run
 from roofline.measure.devices import DeviceSpec, detect
 from roofline.model.dtypes import datasheet_column
+from roofline.model.formats import QUALITY_NOTE
 
 PROVENANCE_FIELDS = ("device", "device_name", "cpu_model", "torch_version", "triton_version", "python_version",
                      "cuda_version", "driver_version", "sm_clock_mhz", "mem_clock_mhz", "power_limit_w",
@@ -181,6 +182,9 @@ def build_blocks(run_dir: Path, df, ceilings, run, spec, figures: plots.FigureSe
                       ("p", f"Model {models}; {len(df)} points, {n_ok} ok, {len(df) - n_ok} failed. "
                             "GB/s count 1 GB = 1e9 B of bytes_total (weights + KV read/write + embedding rows) "
                             "over the median step time.")]
+    if any("+" in d for d in plots._values(df, "dtype")):  # quantized precisions (roofline.model.formats)
+        b.append(("p", f"Quantized rows: bytes are the formats' exact bytes, scales and zero points included. "
+                       f"Note: {QUALITY_NOTE}."))
     b.append(("h", 2, "Figures"))
     for name, paths in figures.paths.items():
         for png in [p for p in paths if p.suffix == ".png"]:

@@ -14,6 +14,8 @@ import torch
 
 from roofline.checkpoints.loader import load_checkpoint
 from roofline.model.config import ConfigError
+from roofline.model.formats import precision
+from roofline.model.quant import kernel_for, quantize_model
 from roofline.spec.counters import AcceptanceCounters
 from roofline.spec.drafters import DraftModelDrafter, MTPDrafter
 from roofline.checkpoints.prompts import encode_conversations
@@ -34,6 +36,9 @@ class AcceptanceRequest:
     temperature: float = 0.0
     top_p: float = 1.0
     dtype: str = "bfloat16"
+    weights: str | None = None  # measure in another precision (roofline.model.formats): quantization
+    kv: str | None = None  # changes outputs, so acceptance measured in one precision may not transfer
+    lm_head: str | None = None
     device: str = "cpu"
     max_prompt: int = 2048
     seed: int = 0
@@ -55,6 +60,9 @@ def measure_acceptance(req: AcceptanceRequest) -> dict:
     ctx = max(len(p) for p in prompts) + req.max_new + 2 * req.k + 2
     kw = dict(dtype=req.dtype, device=req.device, max_batch=req.batch, max_context=ctx)
     target = load_checkpoint(req.checkpoint, **kw)
+    prec = precision(req.dtype, req.weights, req.kv, req.lm_head, target.cfg.native_weights)
+    if not prec.is_plain:  # outputs, not speed, matter here: formats without a fast kernel run dequantised
+        quantize_model(target, prec, req.device, reference=kernel_for(prec.weights, req.device) is None)
     drafter = MTPDrafter(target) if req.drafter == "mtp" else \
         DraftModelDrafter(load_checkpoint(req.draft_checkpoint, **kw), target.cfg.vocab)
     engine = SpecEngine(target, drafter)
@@ -64,6 +72,6 @@ def measure_acceptance(req: AcceptanceRequest) -> dict:
         for i in range(0, len(prompts), req.batch):
             _, m = engine.generate(prompts[i:i + req.batch], s)
             total += m.counters
-    return dict(**total.vllm_names(), prompts=len(prompts), drafter=req.drafter, k=req.k,
+    return dict(**total.vllm_names(), prompts=len(prompts), drafter=req.drafter, k=req.k, precision=prec.label,
                 acceptance_rate=total.acceptance_rate(), mean_acceptance_length=total.mean_acceptance_length(),
                 alpha_per_pos=list(total.per_position_alpha()))

@@ -1,0 +1,242 @@
+"""Number formats per tensor class, as data: what a weight matrix or a KV cache entry really
+occupies in memory, scales and zero points included.
+
+A decode step at small batch is bound by the bytes it reads, so the format of the weights is
+the largest lever on its time. A format is not just bits per element: int4 with groups of g
+stores a scale and a zero point per g weights (in the activation dtype, the layout torch's
+packed kernels take), so a g=32 layer costs 0.5 + 2·2/32 = 0.625 B/weight in bf16, not 0.5;
+fp8 with DeepSeek-V3's 128x128 blocks stores one fp32 scale per 16,384 weights.
+
+Names (`parse_format`):
+  bf16 | fp16 | fp32 (or bfloat16 | float16 | float32)   plain floats, no scales
+  fp8 | fp8_e4m3 | fp8_e5m2 [_tensor | _channel | _b128 | _b<R>x<C>]
+        one fp32 scale per tensor (default), per output channel, or per R x C block
+        (b128 = 128 x 128, DeepSeek-V3's weight_scale_inv)
+  int8                  weight-only, symmetric, one scale per output channel
+  int4_g<g>             weight-only, asymmetric, a scale and a zero point per g weights along K
+  KV cache: fp8 | fp8_e4m3 | fp8_e5m2 (one fp32 scale per layer for K and one for V, as vLLM's
+  fp8 cache), int8 (symmetric, one fp32 scale per token per KV head).
+
+A `Precision` gives each tensor class its format: activations (a float dtype; the embedding
+table, norms, biases and the MoE router stay in it), weights (every other linear), the KV
+cache and the LM head. Its `label` (e.g. `bfloat16+weights=int4_g128+kv=fp8_e4m3`) is the key
+rows, fits and predictions carry in their `dtype` field; a plain dtype name is the label of
+an all-float precision, so every existing dtype is a valid precision.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from roofline.model.config import ConfigError
+from roofline.model.dtypes import dtype_bytes, dtype_name
+
+KINDS = ("float", "fp8", "int8", "int4")
+CLASSES = ("weights", "kv", "lm_head")
+FP8_SCALE_BYTES = 4  # fp32 scales (DeepSeek-V3's weight_scale_inv, vLLM's k_scale / v_scale)
+NAMES_HELP = ("bf16 | fp16 | fp32 | fp8[_e4m3|_e5m2][_tensor|_channel|_b128|_b<R>x<C>] | int8 | int4_g<g> "
+              "(weights); bf16 | fp16 | fp32 | fp8[_e4m3|_e5m2] | int8 (kv)")
+
+
+@dataclass(frozen=True)
+class Format:
+    """How one tensor class is stored. granularity: 'none' (plain float), 'tensor', 'channel'
+    (per output row), 'block' (block rows x cols), 'group' (groups of `group` along K),
+    'token' (KV: per token per KV head). scale_bytes 0 means: the activation dtype's size."""
+
+    name: str
+    kind: str
+    bits: int
+    granularity: str = "none"
+    block: tuple[int, int] = (0, 0)
+    group: int = 0
+    scale_bytes: int = 0
+    zero_point: bool = False
+    storage: str = ""  # torch dtype of the stored elements
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "float"
+
+    def scale_size(self, act_bytes: int) -> int:
+        return self.scale_bytes or act_bytes
+
+    def scales(self, N: int, K: int) -> int:
+        """Scale count of an [N, K] weight matrix (zero points: as many again)."""
+        g = self.granularity
+        if g == "none":
+            return 0
+        if g == "tensor":
+            return 1
+        if g == "channel":
+            return N
+        if g == "block":
+            return math.ceil(N / self.block[0]) * math.ceil(K / self.block[1])
+        if g == "group":
+            return N * math.ceil(K / self.group)
+        raise ValueError(f"format {self.name!r}: granularity {g!r} has no per-matrix scales")
+
+    def matrix_bytes(self, N: int, K: int, act_bytes: int) -> int:
+        """Exact bytes of an [N, K] weight matrix: packed elements + scales (+ zero points)."""
+        elems = N * K * self.bits // 8 if self.bits >= 8 else N * math.ceil(K * self.bits / 8)
+        per = self.scale_size(act_bytes) * (2 if self.zero_point else 1)
+        return elems + self.scales(N, K) * per
+
+    def kv_token_bytes(self, elems: int, heads: int, act_bytes: int) -> int:
+        """Bytes one token adds to one layer's cache: `elems` elements over `heads` KV heads."""
+        data = elems * self.bits // 8
+        return data + (heads * self.scale_size(act_bytes) if self.granularity == "token" else 0)
+
+    def kv_layer_fixed_bytes(self, act_bytes: int) -> int:
+        """Per-layer bytes independent of tokens: the per-tensor K and V scales."""
+        return 2 * self.scale_size(act_bytes) if self.granularity == "tensor" else 0
+
+    def dequant_ops_per_weight(self) -> int:
+        """Element operations a weight-only kernel spends turning one stored weight into the
+        matmul's dtype each forward: int8 a conversion (its scale multiplies the output row);
+        int4 unpack + (q - 8)·s + z. fp8 on tensor cores: none (scales apply to outputs or
+        block partial sums). Reported apart from FLOPs."""
+        return {"int8": 1, "int4": 3}.get(self.kind, 0)
+
+
+def _fp8(variant: str, gran: str, name: str, kv: bool) -> Format:
+    storage = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}[variant]
+    base = f"fp8_{variant}"
+    if kv:
+        if gran not in ("", "tensor"):
+            raise ConfigError(f"kv={name!r}: an fp8 KV cache has one scale per layer for K and V; allowed "
+                              "fp8 | fp8_e4m3 | fp8_e5m2")
+        return Format(base, "fp8", 8, "tensor", scale_bytes=FP8_SCALE_BYTES, storage=storage)
+    if gran in ("", "tensor"):
+        return Format(base, "fp8", 8, "tensor", scale_bytes=FP8_SCALE_BYTES, storage=storage)
+    if gran == "channel":
+        return Format(f"{base}_channel", "fp8", 8, "channel", scale_bytes=FP8_SCALE_BYTES, storage=storage)
+    m = re.fullmatch(r"b(\d+)(?:x(\d+))?", gran)
+    if not m or int(m.group(1)) < 1 or (m.group(2) and int(m.group(2)) < 1):
+        raise ConfigError(f"weights={name!r}: fp8 granularity {gran!r}; allowed _tensor, _channel, _b<N>, _b<R>x<C>")
+    r, c = int(m.group(1)), int(m.group(2) or m.group(1))
+    label = f"b{r}" if r == c else f"b{r}x{c}"
+    return Format(f"{base}_{label}", "fp8", 8, "block", block=(r, c), scale_bytes=FP8_SCALE_BYTES, storage=storage)
+
+
+def parse_format(name: str, tensor_class: str = "weights") -> Format:
+    """A format from its name (module docstring); ConfigError naming the field and what is allowed."""
+    if tensor_class not in CLASSES:
+        raise ValueError(f"tensor_class={tensor_class!r}: allowed {CLASSES}")
+    raw = str(name).strip().lower()
+    kv = tensor_class == "kv"
+    if not raw.startswith(("fp8", "int")):  # a float dtype of the decoder (roofline.model.dtypes)
+        try:
+            short = dtype_name(raw)
+        except ConfigError:
+            raise ConfigError(f"{tensor_class}={name!r}: unknown format; allowed {NAMES_HELP}") from None
+        return Format(short, "float", 8 * dtype_bytes(short), storage=short)
+    m = re.fullmatch(r"fp8(?:_(e4m3|e5m2))?(?:_(.+))?", raw)
+    if m:
+        return _fp8(m.group(1) or "e4m3", m.group(2) or "", name, kv)
+    if raw == "int8":
+        if kv:
+            return Format("int8", "int8", 8, "token", scale_bytes=4, storage="int8")
+        return Format("int8", "int8", 8, "channel", storage="int8")
+    m = re.fullmatch(r"int4_g(\d+)", raw)
+    if m and not kv:
+        g = int(m.group(1))
+        if g < 2 or g & (g - 1):
+            raise ConfigError(f"{tensor_class}={name!r}: group size {g} must be a power of two >= 2")
+        return Format(f"int4_g{g}", "int4", 4, "group", group=g, zero_point=True, storage="uint8")
+    raise ConfigError(f"{tensor_class}={name!r}: unknown format; allowed {NAMES_HELP}")
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The format of each tensor class of a forward pass."""
+
+    activations: str = "bfloat16"
+    weights: Format | None = None  # None: the activation dtype
+    kv: Format | None = None
+    lm_head: Format | None = None
+
+    def __post_init__(self) -> None:
+        act = dtype_name(self.activations)
+        object.__setattr__(self, "activations", act)
+        plain = parse_format(act)
+        for f in CLASSES:
+            if getattr(self, f) is None:
+                object.__setattr__(self, f, plain)
+
+    @property
+    def act_bytes(self) -> int:
+        return dtype_bytes(self.activations)
+
+    @property
+    def is_plain(self) -> bool:
+        """Every class in the activation dtype: the old single-dtype world."""
+        return all(getattr(self, f).name == self.activations for f in CLASSES)
+
+    @property
+    def label(self) -> str:
+        parts = [self.activations]
+        parts += [f"{f}={getattr(self, f).name}" for f in CLASSES if getattr(self, f).name != self.activations]
+        return "+".join(parts)
+
+    def __str__(self) -> str:
+        return self.label
+
+
+def precision(dtype="bfloat16", weights: str | None = None, kv: str | None = None, lm_head: str | None = None,
+              native: str = "") -> Precision:
+    """A precision from a dtype (or an existing label) and per-class overrides; None keeps what
+    the label says. weights='native': the format the preset or checkpoint is released in."""
+    base = parse_precision(dtype)
+    if weights == "native":
+        weights = native or base.activations
+    pick = lambda v, cls, cur: cur if v in (None, "") else parse_format(v, cls)  # noqa: E731
+    return Precision(base.activations, pick(weights, "weights", base.weights), pick(kv, "kv", base.kv),
+                     pick(lm_head, "lm_head", base.lm_head))
+
+
+def parse_precision(p) -> Precision:
+    """Precision from a Precision, a torch dtype, a dtype name or a label `act+cls=fmt+...`."""
+    if isinstance(p, Precision):
+        return p
+    text = str(p).removeprefix("torch.")
+    act, *rest = text.split("+")
+    kw = {}
+    for part in rest:
+        cls, _, fmt = part.partition("=")
+        if cls not in CLASSES or not fmt:
+            raise ConfigError(f"precision {text!r}: part {part!r}; allowed <dtype>+<class>=<format> with "
+                              f"class in {CLASSES}")
+        kw[cls] = parse_format(fmt, cls)
+    return Precision(act, **kw)
+
+
+def activation_dtype(p) -> str:
+    """The float dtype name of a precision or label (what the datasheet's FLOP/s are quoted in)."""
+    return parse_precision(p).activations
+
+
+def precision_columns(p) -> dict:
+    """The per-class formats of a precision, as row columns."""
+    p = parse_precision(p)
+    return dict(act_dtype=p.activations, weights_format=p.weights.name, kv_format=p.kv.name,
+                lm_head_format=p.lm_head.name)
+
+
+def with_overrides(dtypes, weights: str | None = None, kv: str | None = None, lm_head: str | None = None,
+                   native: str = "") -> tuple[str, ...]:
+    """The precision labels of a list of dtypes under the `weights= kv= lm_head=` overrides."""
+    return tuple(precision(d, weights, kv, lm_head, native).label for d in dtypes)
+
+
+def compute_dtype(p) -> str:
+    """The dtype whose datasheet FLOP/s the matmuls run at: fp8 weights multiply on fp8 tensor
+    cores (activations quantised per call); weight-only int8/int4 dequantise to the activations."""
+    p = parse_precision(p)
+    return "float8_e4m3fn" if p.weights.kind == "fp8" else p.activations
+
+
+QUALITY_NOTE = ("quantization changes the model's outputs: acceptance rates measured in one precision may not "
+                "hold in another (measure them with experiments.acceptance in the served precision)")

@@ -1,0 +1,238 @@
+"""Quantized formats: the bytes the byte model charges are the bytes the packed tensors hold,
+round-to-nearest stays within each format's bound, the packed int8/int4 kernels compute the
+dequantised matmul, and combinations without a fast kernel fail naming format and device."""
+
+import pytest
+import torch
+
+from roofline.model.accounting import forward_cost, param_count, resident_weight_bytes
+from roofline.model.config import ConfigError
+from roofline.model.decoder import build_model
+from roofline.model.formats import parse_format, parse_precision, precision
+from roofline.model.presets import get_preset, scaled_down
+from roofline.model import quant
+
+WEIGHT_FORMATS = ["int8", "int4_g32", "int4_g64", "fp8", "fp8_channel", "fp8_e4m3_b128", "fp8_e5m2_b128",
+                  "fp8_e4m3_b64x32"]
+FAST_CPU = ["int8", "int4_g32", "int4_g64"]
+
+
+def weight(N, K, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(N, K, generator=g) * 0.05).to(torch.bfloat16).float()
+
+
+def layer(w, fmt):
+    return quant.packed_linear(w, fmt, reference=fmt.kind == "fp8")
+
+
+@pytest.mark.parametrize("name", WEIGHT_FORMATS)
+def test_format_bytes_equal_the_packed_tensors_held(name):
+    fmt = parse_format(name)
+    N, K = (200, 320) if fmt.kind == "fp8" else (96, 256)  # fp8 blocks: ragged edges in both dims
+    lin = layer(weight(N, K), fmt)
+    assert lin.held_bytes() == fmt.matrix_bytes(N, K, act_bytes=2)
+
+
+def test_int4_bytes_per_weight_include_scales_and_zero_points():
+    g32, g128 = parse_format("int4_g32"), parse_format("int4_g128")
+    assert g32.matrix_bytes(4096, 4096, 2) / 4096**2 == 0.5 + 2 * 2 / 32
+    assert g128.matrix_bytes(4096, 4096, 2) / 4096**2 == 0.5 + 2 * 2 / 128
+    assert parse_format("fp8_e4m3_b128").matrix_bytes(4096, 4096, 2) == 4096**2 + 4 * 32 * 32
+
+
+@pytest.mark.parametrize("name", ["int8", "int4_g32", "int4_g128", "fp8", "fp8_channel", "fp8_e4m3_b128",
+                                  "fp8_e5m2"])
+def test_quantise_dequantise_error_within_the_format_bound(name):
+    fmt = parse_format(name)
+    w = weight(160, 384, seed=3)
+    w[0, :5] = torch.tensor([0.0, 1e-6, -3.0, 2.5, 1e-3])  # zeros, tiny values and outliers
+    qz = quant.quantize(w, fmt)
+    ratio = (qz.dequantize() - w).abs() / quant.error_bound(qz)
+    assert ratio.max() <= 1.0
+    assert ratio.max() > 0.3  # the bound is a real one, not a loose guess
+
+
+@pytest.mark.parametrize("name", FAST_CPU)
+@pytest.mark.parametrize("M", [1, 5, 33])
+def test_packed_forward_matches_a_dequantised_float_reference(name, M):
+    fmt = parse_format(name)
+    w = weight(96, 256, seed=1)
+    qz = quant.quantize(w, fmt)
+    lin = quant.packed_linear(w, fmt)
+    x = torch.randn(M, 256, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    y = lin(x).float()
+    ref = x.double() @ qz.dequantize().double().T
+    scale = x.double().abs() @ qz.dequantize().double().abs().T
+    assert ((y.double() - ref).abs() <= 2 ** -7 * scale + 1e-6).all()
+
+
+def test_int8_and_int4_differ_from_the_float_weights_by_their_rounding():
+    """The packed layer is not secretly running the float weights: its error vs the unquantised
+    matmul matches the quantisation error of its format."""
+    w = weight(96, 256, seed=4)
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    exact = x.float() @ w.T
+    errs = {n: (quant.packed_linear(w, parse_format(n))(x).float() - exact).abs().mean().item()
+            for n in ("int8", "int4_g32")}
+    assert errs["int4_g32"] > 4 * errs["int8"] > 0
+
+
+def tiny():
+    return get_preset("tiny")
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4_g32"])
+def test_quantized_model_holds_the_bytes_the_accounting_charges(weights):
+    cfg = tiny()
+    prec = precision("bfloat16", weights, lm_head=weights)
+    m = build_model(cfg, max_batch=1, max_context=16, dtype=torch.bfloat16, precision=prec)
+    assert quant.held_weight_bytes(m) == resident_weight_bytes(cfg, prec, with_mtp=True)
+    assert resident_weight_bytes(cfg, prec) < resident_weight_bytes(cfg, "bfloat16")
+
+
+def test_fp8_block_model_holds_the_bytes_the_accounting_charges():
+    cfg = tiny()
+    prec = precision("bfloat16", "fp8_e4m3_b32")
+    m = build_model(cfg, max_batch=1, max_context=16, dtype=torch.bfloat16)
+    quant.quantize_model(m, prec, "cpu", reference=True)
+    assert quant.held_weight_bytes(m) == resident_weight_bytes(cfg, prec, with_mtp=True)
+
+
+def test_plain_precision_bytes_are_the_parameter_bytes():
+    cfg = scaled_down(get_preset("deepseek-v3"))
+    m = build_model(cfg, max_batch=1, max_context=16, dtype=torch.bfloat16)
+    assert quant.held_weight_bytes(m) == resident_weight_bytes(cfg, "bfloat16") == 2 * param_count(cfg).total_with_mtp
+
+
+def test_step_weight_bytes_follow_the_format_and_flops_do_not():
+    cfg = get_preset("cpu-demo")
+    bf, i4 = forward_cost(cfg, "bfloat16", 1, 1, 128), forward_cost(cfg, "bfloat16+weights=int4_g128", 1, 1, 128)
+    head = cfg.vocab * cfg.d * 2  # LM head stays bf16
+    quantized = bf.weight_bytes - head - 2 * cfg.d * (2 * cfg.layers + 1)  # all but head and norms
+    assert i4.weight_bytes - head - 2 * cfg.d * (2 * cfg.layers + 1) == pytest.approx(quantized * 0.53125 / 2)
+    assert i4.flops == bf.flops and i4.dequant_ops == 3 * quantized / 2 and bf.dequant_ops == 0
+    assert i4.kv_read_bytes == bf.kv_read_bytes
+
+
+def test_kv_format_bytes_equal_the_quantized_cache_and_the_cost():
+    cfg = tiny()
+    fp8, int8 = parse_precision("bfloat16+kv=fp8_e4m3"), parse_precision("bfloat16+kv=int8")
+    x = torch.randn(10, cfg.kv_elems_per_token_layer)
+    qz = quant.quantize_kv(x, int8.kv, heads=2 * cfg.kv_heads)
+    assert qz.q.nbytes + qz.scale.nbytes == 10 * int8.kv.kv_token_bytes(x.shape[1], 2 * cfg.kv_heads, 2)
+    q8 = quant.quantize_kv(x, fp8.kv, heads=2 * cfg.kv_heads)
+    assert (q8.q.nbytes, q8.scale.numel()) == (10 * x.shape[1], 1)
+    bf = forward_cost(cfg, "bfloat16", 2, 1, 64)
+    c = forward_cost(cfg, fp8, 2, 1, 64)
+    assert c.kv_read_bytes == bf.kv_read_bytes / 2 + cfg.layers * 2 * 4  # + K and V scales per layer
+
+
+def test_quantized_tiny_model_tracks_its_float_twin():
+    cfg = tiny()
+    toks = torch.randint(0, cfg.vocab, (2, 5), generator=torch.Generator().manual_seed(0))
+    start = torch.zeros(2, dtype=torch.long)
+    ref = build_model(cfg, max_batch=2, max_context=16, dtype=torch.bfloat16)(toks, start).float()
+    q = build_model(cfg, max_batch=2, max_context=16, dtype=torch.bfloat16, precision="bfloat16+weights=int8")
+    out = q(toks, start).float()
+    cos = torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), dim=0)
+    assert 0.99 < cos < 1.0  # close, and not bit-identical: quantization changes outputs
+
+
+def test_fp8_on_cpu_is_unsupported_naming_format_and_device():
+    m = build_model(tiny(), max_batch=1, max_context=16, dtype=torch.bfloat16)
+    with pytest.raises(quant.Unsupported, match=r"weights=fp8_e4m3_b128 on device=cpu"):
+        quant.quantize_model(m, "bfloat16+weights=fp8_e4m3_b128", "cpu")
+
+
+def test_reference_layers_are_refused_for_timing():
+    m = build_model(tiny(), max_batch=1, max_context=16, dtype=torch.bfloat16)
+    quant.quantize_model(m, "bfloat16+weights=fp8", "cpu", reference=True)
+    with pytest.raises(quant.Unsupported, match=r"weights=fp8_e4m3 on device=cpu.*dequantise-then-matmul"):
+        quant.require_fast(m, "bfloat16+weights=fp8", "cpu")
+
+
+def test_quantized_kv_and_moe_experts_are_unsupported_naming_why():
+    m = build_model(tiny(), max_batch=1, max_context=16, dtype=torch.bfloat16)
+    with pytest.raises(quant.Unsupported, match=r"kv=fp8_e4m3 on device=cpu"):
+        quant.quantize_model(m, "bfloat16+kv=fp8", "cpu")
+    moe = build_model(scaled_down(get_preset("mixtral-8x7b")), max_batch=1, max_context=16, dtype=torch.bfloat16)
+    with pytest.raises(quant.Unsupported, match=r"weights=int8 on device=cpu: routed experts"):
+        quant.quantize_model(moe, "bfloat16+weights=int8", "cpu")
+
+
+def test_int4_group_that_does_not_divide_k_names_format_and_device():
+    m = build_model(tiny(), max_batch=1, max_context=16, dtype=torch.bfloat16)
+    with pytest.raises(quant.Unsupported, match=r"weights=int4_g128 on device=cpu: K=64"):
+        quant.quantize_model(m, "bfloat16+weights=int4_g128", "cpu")
+
+
+@pytest.mark.parametrize("bad, field", [("int3", "weights='int3'"), ("int4_g100", "group size 100"),
+                                        ("fp8_b0", "fp8 granularity"), ("fp8_channel", "kv='fp8_channel'")])
+def test_bad_format_names_fail_naming_field_and_allowed(bad, field):
+    with pytest.raises(ConfigError, match=field.replace("(", r"\(")):
+        parse_format(bad, "kv" if field.startswith("kv") else "weights")
+
+
+def test_precision_label_round_trips_and_native_picks_the_release_format():
+    p = precision("bf16", "int4_g128", "fp8")
+    assert p.label == "bfloat16+weights=int4_g128+kv=fp8_e4m3" and parse_precision(p.label) == p
+    assert parse_precision("float32").is_plain and parse_precision("float32").label == "float32"
+    ds = get_preset("deepseek-v3")
+    assert precision("bfloat16", "native", native=ds.native_weights).weights.name == "fp8_e4m3_b128"
+    assert precision("bfloat16", "native", native=get_preset("llama-3.1-70b").native_weights).is_plain
+
+
+def test_sweep_times_int8_rows_and_records_unsupported_ones(tmp_path):
+    from roofline.io.results import read_rows
+    from roofline.measure.sweep import SweepSpec, run_sweep
+    from roofline.measure.timer import TimerSettings
+    labels = ("bfloat16+weights=int8", "bfloat16+weights=fp8_e4m3_b128", "bfloat16+kv=fp8_e4m3")
+    spec = SweepSpec(model=tiny(), q=(1, 2), B=(1,), L=(8,), dtypes=labels, mtp_q=(1,),
+                     timer=TimerSettings(warmup=0, min_reps=2, max_reps=2))
+    run_sweep(spec, tmp_path, progress=False)
+    rows = {(r["dtype"], r["kind"], r["q"]): r for r in read_rows(tmp_path / "points.jsonl")}
+    ok = rows[(labels[0], "forward", 2)]
+    assert ok["status"] == "ok" and ok["weights_format"] == "int8" and ok["act_dtype"] == "bfloat16"
+    assert ok["weight_bytes"] == forward_cost(tiny(), labels[0], 1, 2, 8).weight_bytes
+    assert ok["dequant_ops"] > 0
+    for label, where in ((labels[1], "weights=fp8_e4m3_b128 on device=cpu"), (labels[2], "kv=fp8_e4m3 on device=cpu")):
+        r = rows[(label, "forward", 1)]
+        assert r["status"] == "unsupported" and where in r["error"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["int4_g128", "fp8", "fp8_channel", "fp8_e4m3_b128"])
+def test_cuda_kernels_match_the_dequantised_reference(name):
+    """tinygemm int4 and _scaled_mm fp8 (activations quantised per call: e4m3 rounding of x as
+    well, hence the looser 2^-3 bound for fp8) against the dequantised float64 matmul."""
+    fmt = parse_format(name)
+    if quant.kernel_for(fmt, "cuda") is None:
+        pytest.skip(f"{name}: this GPU is below the kernel's compute capability")
+    w = weight(256, 512, seed=6).cuda()
+    lin = quant.packed_linear(w, fmt, device="cuda")
+    assert not lin.reference and lin.held_bytes() == fmt.matrix_bytes(256, 512, 2)
+    x = torch.randn(8, 512, device="cuda", generator=torch.Generator("cuda").manual_seed(7)).to(torch.bfloat16)
+    deq = quant.quantize(w.cpu(), fmt).dequantize().double()
+    ref = x.cpu().double() @ deq.T
+    scale = x.cpu().double().abs() @ deq.abs().T
+    tol = 2 ** -3 if fmt.kind == "fp8" else 2 ** -7
+    assert ((lin(x).cpu().double() - ref).abs() <= tol * scale + 1e-4).all()
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-70b", "deepseek-v3"])
+def test_rank_memory_in_a_quantized_precision(name):
+    """One rank of tp1 holds exactly the single-device bytes; tp2 of a dense model splits the
+    blocks and the head and keeps the embedding whole; the KV cache shrinks with its format."""
+    from roofline.parallel.cost import memory_per_rank
+    from roofline.parallel.layout import Layout
+    cfg = get_preset(name)
+    label = "bfloat16+weights=int4_g128+kv=fp8_e4m3" if name.startswith("llama") else "bfloat16+weights=fp8_e4m3_b128"
+    w1, kv1 = memory_per_rank(cfg, Layout(tp=1), label, 4, 1024, with_mtp=True)
+    assert w1 == pytest.approx(resident_weight_bytes(cfg, label, with_mtp=True), rel=1e-12)
+    _, kv_bf16 = memory_per_rank(cfg, Layout(tp=1), "bfloat16", 4, 1024, with_mtp=True)
+    assert kv1 == kv_bf16 / (2 if "kv=" in label else 1)
+    if name.startswith("llama"):
+        w2, _ = memory_per_rank(cfg, Layout(tp=2), label, 4, 1024)
+        embed = cfg.vocab * cfg.d * 2
+        assert w2 - embed == pytest.approx((resident_weight_bytes(cfg, label, with_mtp=False) - embed) / 2, rel=1e-6)
