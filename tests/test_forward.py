@@ -79,3 +79,8 @@ def test_math_attention_is_not_a_memory_measurement_on_cuda_only():
     assert forward.is_math_fallback({"attn_backend": "flash+math"}, "cuda:0")
     assert not forward.is_math_fallback({"attn_backend": "flash"}, "cuda")
     assert not forward.is_math_fallback({"attn_backend": "math"}, "cpu")
+
+
+def test_min_cosine_of_a_precision_label_uses_its_compute_dtype():
+    assert forward.min_cosine(32, "bfloat16+weights=int8") == forward.min_cosine(32, torch.bfloat16)
+    assert forward.min_cosine(32, "bfloat16+weights=fp8_e4m3_b128") == 1 - forward.CEILING  # fp8 math: capped

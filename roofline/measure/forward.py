@@ -31,9 +31,11 @@ import torch
 
 from roofline.model import decoder
 from roofline.model.dtypes import torch_dtype
+from roofline.model.formats import compute_dtype
 
 MATH_FALLBACK = "math_fallback"  # row status: attention ran torch's math path on CUDA
 FLOOR = 1e-3  # 1 - cosine always allowed: the gate of float32 (and of shallow half models)
+CEILING = 0.1  # 1 - cosine never allowed: past it the gate could not tell rounding from a bug (fp8 math)
 _BACKENDS = {-1: "error", 0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}
 
 
@@ -51,11 +53,16 @@ def min_cosine(layers: int, dtype: torch.dtype | str) -> float:
 
     Measured on the CPU at the real llama-3.1-8b shapes in bf16 (32 layers): cosine 0.9991,
     i.e. 1 - cos = 9e-4, 2.8e-5 per layer; the bound gives 32 * 2 * 2^-14 = 3.9e-3 (0.9961).
+    `dtype` may be a precision label (roofline.model.formats): the matmuls' compute dtype
+    counts (fp8 for fp8 weights; the activations for weight-only int8/int4, whose weights are
+    the same in both evaluation orders), capped at CEILING.
+
     Real bugs are far outside either: a query that sees the future, a wrong RoPE position or
     a cache slot written twice change the logits by tens of percent (1 - cos >> 1e-2).
     """
-    eps = torch.finfo(torch_dtype(dtype)).eps
-    return 1.0 - max(FLOOR, 2.0 * layers * eps * eps)
+    name = compute_dtype(dtype)
+    eps = torch.finfo(getattr(torch, name) if name.startswith("float8") else torch_dtype(name)).eps
+    return 1.0 - min(CEILING, max(FLOOR, 2.0 * layers * eps * eps))
 
 
 # --------------------------------------------------------------------------- attention backend
