@@ -235,4 +235,5 @@ def test_rank_memory_in_a_quantized_precision(name):
     if name.startswith("llama"):
         w2, _ = memory_per_rank(cfg, Layout(tp=2), label, 4, 1024)
         embed = cfg.vocab * cfg.d * 2
-        assert w2 - embed == pytest.approx((resident_weight_bytes(cfg, label, with_mtp=False) - embed) / 2, rel=1e-6)
+        half = (resident_weight_bytes(cfg, label, with_mtp=False) - embed) / 2  # norms stay whole: ~2e-5 more
+        assert half < w2 - embed < half * (1 + 1e-4)
