@@ -17,8 +17,10 @@ def main(cfg) -> None:
         t = slicing_error(load_run(c["full_dir"]), load_run(c["sliced_dir"]))
         print(t.round(4).to_string(index=False))
         e = t["rel_err"].abs()
+        ok = t["status"] == "ok"
         print(json.dumps(dict(points=len(t), median_abs_err=float(e.median()), max_abs_err=float(e.max()),
-                              mean_signed_err=float(t["rel_err"].mean()))))
+                              mean_signed_err=float(t["rel_err"].mean()), refused=int((~ok).sum()),
+                              median_abs_err_not_refused=float(e[ok].median()) if ok.any() else None)))
 
 
 if __name__ == "__main__":

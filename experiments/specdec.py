@@ -14,7 +14,8 @@ from roofline.model.config import ModelConfig
 from roofline.spec.real_acceptance import AcceptanceRequest, measure_acceptance
 from roofline.report.document import write_report
 from roofline.io.results import RUNS_ROOT
-from roofline.spec.validation import SpecValSpec, run_validation, write_report_section
+from roofline.report.sections import write_specdec_section
+from roofline.spec.validation import SpecValSpec, run_validation
 from roofline.measure.timer import TimerSettings
 
 
@@ -35,12 +36,12 @@ def main(cfg) -> None:
                            seed=c["seed"], timer=from_dict(TimerSettings, c["timer"], "timer"))
         run_dir = Path(c["out_dir"] or RUNS_ROOT / f"specdec-{spec.model.name}")
         table = run_validation(spec, run_dir)
-        write_report_section(table, run_dir)
+        write_specdec_section(table, run_dir)
         # the run's report: its sweep, cost-model fit and this validation, one document
-        write_report_section(table, run_dir / "sweep")
+        write_specdec_section(table, run_dir / "sweep")
         report, _ = write_report(run_dir / "sweep")
         e = table["err"].abs()
-        print(table[["drafter", "k", "B", "tau_meas", "S_meas", "S_pred", "err"]].round(3).to_string(index=False))
+        print(table[["drafter", "k", "B", "tau_meas", "alpha_meas", "S_meas", "S_pred", "err"]].round(3).to_string(index=False))
         print(json.dumps(dict(run_dir=str(run_dir), report=str(report), points=len(table),
                               median_abs_err=float(e.median()), max_abs_err=float(e.max()))))
 

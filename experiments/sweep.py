@@ -17,6 +17,7 @@ from roofline.io.fields import from_dict
 from roofline.model.config import ModelConfig
 from roofline.model.formats import with_overrides
 from roofline.io.results import RUNS_ROOT
+from roofline.measure.noise import NoiseSettings
 from roofline.measure.sweep import SweepSpec, run_sweep, summary_text
 from roofline.measure.timer import TimerSettings
 from roofline.parallel.layout import Layout
@@ -35,8 +36,10 @@ def main(cfg) -> None:
                          overrides=tuple(c["overrides"]), checkpoint=c["checkpoint"] or "",
                          parallel=Layout(tp=c["tp"], ep=c["ep"], dp_attention=c["dp_attention"]))
         run_dir = Path(c["out_dir"]) if c["out_dir"] else spec.default_out_dir(RUNS_ROOT)
+        noise = {k: v for k, v in c["noise"].items() if k != "enabled"}
         summary = run_sweep(spec, run_dir, progress=c["progress"], force=c["force"], extend=c["extend"],
-                            retry_failed=c["retry_failed"])
+                            retry_failed=c["retry_failed"],
+                            noise=NoiseSettings(**noise) if c["noise"]["enabled"] else None)
         if summary is None:  # a follower rank of a torchrun / srun launch: rank 0 reports
             return
         print(summary_text(run_dir))

@@ -3,19 +3,24 @@
 Where things live (one subpackage per part of the pipeline; data flows top to bottom):
 
     model/        what a forward pass is: shapes (config), presets, the dtype vocabulary (dtypes),
-                  the compact decoder, RoPE, the byte/FLOP model of that exact code (accounting),
+                  number formats per tensor class (formats) and quantised linears (quant), the
+                  compact decoder, RoPE, the byte/FLOP model of that exact code (accounting),
                   the cost card
     checkpoints/  Hugging Face folders: safetensors loader, tensor inventory, chat prompts
-    measure/      how it is timed: the one timer, Triton kernels, ceilings, telemetry, the device
-                  datasheet table and device strings (devices), resident memory (memory), the
-                  resumable sweep
+    measure/      how it is timed: the one timer, Triton kernels, ceilings, telemetry, busy-machine
+                  detection (noise), the device datasheet table and device strings (devices),
+                  resident memory (memory), the resumable sweep, layer-sliced extrapolation
     io/           what is written: the results schema and run folders, provenance, strict
                   dict -> dataclass (fields), atomic writes (files)
-    analysis/     what the numbers mean: cost-model fit, predictions, capacity planning
+    parallel/     several devices: layouts, per-rank accounting, collectives, the sharded
+                  forward and its launcher, what-if pricing from priors, published anchors
+    analysis/     what the numbers mean: roofline physics (roofs), cost-model fit and its step
+                  table, predictions, capacity planning
     spec/         speculative decoding: theory (tau, speedup, k*), the verification rules,
                   acceptance counters, the engine and its drafters, validation against the
                   cost model, acceptance measured on real prompts, vLLM metrics
-    report/       figures (making and saving), pictures of a run, the Markdown/HTML report
+    report/       figures (making and saving), pictures of a run, report sections (cost model,
+                  speculative decoding), the Markdown/HTML report
 
 The library never imports Hydra; experiments/ turns a composed config into the frozen
 dataclasses these modules take.

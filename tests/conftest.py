@@ -19,3 +19,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _fixed_seeds():
+    """Every test starts from the same random state: a failure reproduces, and none depends on luck."""
+    import random
+
+    import numpy as np
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)

@@ -1,9 +1,4 @@
-"""Capacity arithmetic on hand-checked cases, and the entry point end to end."""
-
-import json
-import subprocess
-import sys
-from pathlib import Path
+"""Capacity arithmetic on hand-checked cases (the entry point: tests/test_cli.py)."""
 
 import pytest
 
@@ -11,8 +6,6 @@ from roofline.analysis import capacity
 from roofline.measure import memory
 from roofline.model.presets import get_preset
 from roofline.measure.devices import get_spec
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def test_max_batch_by_memory_hand_checked(monkeypatch):
@@ -41,13 +34,3 @@ def test_model_that_does_not_fit_one_device_says_so():
     fit = capacity.datasheet_fit(get_spec("h200_sxm"), cfg, "bfloat16")
     _, summary = capacity.plan(fit, cfg, "bfloat16", capacity.Workload(), 141e9, [1], None, extrapolated=True)
     assert summary["fits_one_device"] is False and "tensor parallelism is not modelled" in summary["note"]
-
-
-def test_capacity_entry_point_writes_csv_json_png(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "experiments.capacity", "model=llama-3.1-8b", "B=[1,16]",
-                        f"out_dir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    out = next(tmp_path.iterdir())
-    summary = json.loads((out / "capacity.json").read_text())
-    assert summary["extrapolated"] is True and "spec" in summary
-    assert (out / "capacity.csv").exists() and (out / "throughput_vs_latency.png").stat().st_size > 1000

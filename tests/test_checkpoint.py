@@ -16,51 +16,7 @@ from safetensors import safe_open  # noqa: E402
 from roofline.checkpoints.loader import ARCHITECTURES, checkpoint_config, config_from_hf, load_checkpoint  # noqa: E402
 from roofline.model.config import ConfigError  # noqa: E402
 from roofline.model.presets import REPO_ROOT  # noqa: E402
-
-BASE = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False)
-MOE = dict(num_experts_per_tok=2, moe_intermediate_size=32)
-SIGMOID_MOE = dict(MOE, n_routed_experts=8, n_shared_experts=1, first_k_dense_replace=1, norm_topk_prob=True)
-FAMILIES = {
-    "llama": dict(rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
-                                       high_freq_factor=4.0, original_max_position_embeddings=32)),
-    "qwen2": dict(),
-    "qwen3": dict(head_dim=24),
-    "mistral": dict(sliding_window=None),
-    "qwen3_moe": dict(MOE, num_experts=8, norm_topk_prob=True, mlp_only_layers=[0]),
-    "mixtral": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32),
-    "deepseek_v3": dict(SIGMOID_MOE, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16,
-                        qk_rope_head_dim=8, v_head_dim=16, n_group=2, topk_group=1, routed_scaling_factor=2.5,
-                        num_nextn_predict_layers=1,
-                        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, beta_fast=32.0,
-                                             beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0,
-                                             original_max_position_embeddings=32)),
-    "glm4_moe": dict(SIGMOID_MOE, head_dim=16, attention_bias=True, use_qk_norm=True, n_group=1, topk_group=1,
-                     num_nextn_predict_layers=1, routed_scaling_factor=1.5,
-                     rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5)),
-}
-
-
-def hf_model(family: str, seed: int = 0, **changes):
-    """A seeded random transformers model: every weight, norm, bias and router bias random."""
-    torch.manual_seed(seed)
-    cfg = transformers.AutoConfig.for_model(family, **{**BASE, **FAMILIES[family], **changes})
-    cfg._attn_implementation = "eager"
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-    randomize(model)
-    return model
-
-
-def randomize(module: torch.nn.Module) -> None:
-    with torch.no_grad():
-        for name, t in [*module.named_parameters(), *module.named_buffers()]:
-            if not t.is_floating_point() or "inv_freq" in name:
-                continue
-            if name.endswith("norm.weight") or "layernorm" in name:
-                t.copy_(1 + 0.1 * torch.randn_like(t))
-            else:
-                t.copy_(0.05 * torch.randn_like(t))
-
+from tests.helpers import BASE, FAMILIES, add_mtp_layer, hf_model, rms  # noqa: E402
 
 def ours_vs_hf(hf, folder, B=2, q=7, seed=1):
     cfg = hf.config
@@ -123,45 +79,10 @@ def test_group_limited_routing_picks_only_the_best_groups(tmp_path):
 
 # ---- MTP: transformers drops it; we write it and check it against the equations ---------------
 
-def rms(x, w, eps):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
-def add_mtp_layer(hf, folder, seed=5) -> dict:
-    """Append model.layers.{n}.* (a random MoE decoder block + enorm, hnorm, eh_proj, shared_head,
-    embed_tokens) to the checkpoint, per-expert names as released checkpoints store them."""
-    cfg, n = hf.config, hf.config.num_hidden_layers
-    torch.manual_seed(seed)
-    layer = type(hf.model.layers[-1])(cfg, layer_idx=n).eval()
-    randomize(layer)
-    d = cfg.hidden_size
-    extra = {"enorm.weight": 1 + 0.1 * torch.randn(d), "hnorm.weight": 1 + 0.1 * torch.randn(d),
-             "eh_proj.weight": 0.05 * torch.randn(d, 2 * d), "shared_head.norm.weight": 1 + 0.1 * torch.randn(d),
-             "shared_head.head.weight": hf.lm_head.weight.detach().clone(),
-             "embed_tokens.weight": hf.model.embed_tokens.weight.detach().clone()}
-    f = cfg.moe_intermediate_size
-    for k, v in layer.state_dict().items():
-        if k.endswith("experts.gate_up_proj"):
-            for e in range(v.shape[0]):
-                extra[k.replace("gate_up_proj", f"{e}.gate_proj.weight")] = v[e, :f]
-                extra[k.replace("gate_up_proj", f"{e}.up_proj.weight")] = v[e, f:]
-        elif k.endswith("experts.down_proj"):
-            for e in range(v.shape[0]):
-                extra[k.replace("down_proj", f"{e}.down_proj.weight")] = v[e]
-        else:
-            extra[k] = v
-    path = folder / "model.safetensors"
-    with safe_open(str(path), framework="pt") as fh:
-        tensors = {k: fh.get_tensor(k) for k in fh.keys()}
-    tensors.update({f"model.layers.{n}.{k}": v.contiguous().clone() for k, v in extra.items()})
-    safetensors_torch.save_file(tensors, str(path), metadata={"format": "pt"})
-    return dict(layer=layer, **extra)
-
-
 def mtp_reference(hf, mtp, hidden, next_tokens):
     """DeepSeek-V3 §2.2: h' = M [RMSNorm(h); RMSNorm(Emb(t_{i+1}))]-> TRM -> OutHead, with the
     concatenation order of the released weights (embedding first)."""
-    cfg, eps = hf.config, hf.config.rms_norm_eps
+    eps = hf.config.rms_norm_eps
     emb = hf.model.embed_tokens(next_tokens)
     x = torch.cat((rms(emb, mtp["enorm.weight"], eps), rms(hidden, mtp["hnorm.weight"], eps)), -1) @ mtp["eh_proj.weight"].T
     q = x.shape[1]

@@ -28,6 +28,7 @@ def fill_ragged(m, ctx, lengths):
 
 
 @pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.slow
 def test_q_token_forward_equals_single_token_forwards_ragged(name):
     cfg = mini(name)
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""Figures of a run folder, from a synthetic run with CPU-like physics (design.md §5): a 0.43 GB
+"""Figures of a run folder, from a synthetic run with CPU-like physics (docs/design.md §5): a 0.43 GB
 bf16 model decoding at ~19 GB/s, step time flat to q≈8 then linear."""
 
 from __future__ import annotations
@@ -12,97 +12,8 @@ import pandas as pd
 import pytest
 
 from roofline.report import plots
-from roofline.io.results import append_row, write_csv
 from roofline.measure.devices import get_spec
-
-WEIGHT_BYTES = 0.43e9
-PARAMS = WEIGHT_BYTES / 2  # bf16
-LAYERS, KV_ELEMS, D, HEAD_FLOPS = 4, 2 * 4 * 128, 2048, 2048  # kv heads x head dim x 2 (K,V); d; h x d_h
-# T(tokens)/T(1) measured on the project's CPUs (design.md §5), extended linearly past 128.
-RATIO_TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
-RATIO = [1.0, 0.99, 0.97, 1.15, 1.5, 2.2, 3.8, 6.9, 13.5, 26.5]
-BW_Q1 = 19e9
-MEASURED_BW_GBPS, MEASURED_BF16_TFLOPS = 21.0, 0.42
-PROVENANCE = dict(device="cpu", device_name="AMD EPYC 9R14 (synthetic)", cpu_model="AMD EPYC 9R14 (synthetic)",
-                  torch_version="2.13.0+cpu", threads=2, git_commit="0123456789ab",
-                  time_utc="2026-03-01T12:00:00+00:00", schema_version=1)
-
-
-def physics(kind: str, q: int, B: int, L: int, weight_bytes: float = WEIGHT_BYTES) -> dict:
-    tokens = B * q
-    kv_read = B * LAYERS * KV_ELEMS * (L + q) * 2
-    kv_write = B * LAYERS * KV_ELEMS * q * 2
-    embed = tokens * D * 2
-    total = weight_bytes + kv_read + kv_write + embed
-    flops = 2 * (weight_bytes / 2) * tokens + 4 * B * q * (L + q / 2) * HEAD_FLOPS * LAYERS
-    return dict(kv_len=L + q, tokens=tokens, weight_bytes=weight_bytes, kv_read_bytes=kv_read,
-                kv_write_bytes=kv_write, embed_bytes=embed, bytes_total=total, flops=flops,
-                intensity=flops / total)
-
-
-def make_synthetic_run(run_dir: Path, ceilings: bool = True, datasheet: bool = True, seed: int = 0) -> Path:
-    """points.jsonl + points.csv (+ run.json, ceilings.json) of a small CPU sweep: q 1..128,
-    B in {1, 4}, L in {0, 4096}, two MTP points and one failed (oom) point."""
-    rng = np.random.default_rng(seed)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    rows = []
-    grid = [("forward", q, B, L) for B in (1, 4) for L in (0, 4096) for q in (1, 2, 4, 8, 16, 32, 64, 128)]
-    grid += [("mtp", 1, 1, 0), ("mtp", 1, 4, 0)]
-    for n, (kind, q, B, L) in enumerate(grid):
-        key = dict(point_id=f"p{n:03d}", kind=kind, model="cpu-demo", dtype="bfloat16", mode="eager",
-                   q=q, B=B, L=L, layers_run=LAYERS, layers_full=LAYERS)
-        if (B, L, q) == (4, 4096, 128):
-            rows.append(key | PROVENANCE | dict(status="oom", error="RuntimeError: DefaultCPUAllocator: "
-                                                "can't allocate memory: you tried to allocate 4294967296 bytes",
-                                                extrapolated=False, t_l2="warm", t_threads=2))
-            continue
-        p = physics(kind, q, B, L, WEIGHT_BYTES if kind == "forward" else 0.16e9)
-        t = p["bytes_total"] / BW_Q1 * np.interp(np.log2(B * q), np.log2(RATIO_TOKENS), RATIO)
-        t *= 1 + 0.01 * rng.standard_normal()
-        timing = dict(t_median_s=t, t_p10_s=0.97 * t, t_p90_s=1.05 * t, t_cv=0.03, t_n=15, t_l2="warm", t_threads=2)
-        derived = dict(achieved_GBps=p["bytes_total"] / t / 1e9, achieved_TFLOPs=p["flops"] / t / 1e12,
-                       tokens_per_s=B * q / t, ridge_datasheet=None, bound_datasheet=None)
-        rows.append(key | timing | p | derived | PROVENANCE | dict(status="ok", error=None, extrapolated=False))
-    for row in rows:
-        append_row(run_dir / "points.jsonl", row)
-    write_csv(rows, run_dir / "points.csv")
-    (run_dir / "run.json").write_text(json.dumps({"model": "cpu-demo", "dtype": "bfloat16", "device": "cpu",
-                                                  "mode": "eager", "l2": "warm"}))
-    if ceilings:
-        (run_dir / "ceilings.json").write_text(json.dumps(synthetic_ceilings(datasheet)))
-    return run_dir
-
-
-def synthetic_ceilings(datasheet: bool = True) -> dict:
-    bandwidth = []
-    for kernel, scale in (("copy", 0.9), ("triad", 1.0)):
-        for l2 in ("warm", "cold"):
-            for e in range(16, 32):
-                ws = 2 ** e
-                in_cache = ws <= 32 * 2**20
-                gbps = scale * (MEASURED_BW_GBPS if not in_cache else (150.0 if ws <= 2**20 else 60.0))
-                if l2 == "cold" and in_cache:
-                    gbps = scale * MEASURED_BW_GBPS * 0.95
-                bandwidth.append(dict(kernel=kernel, variant="torch", dtype="fp32", l2=l2, working_set_bytes=ws,
-                                      bytes_moved=ws, t_median_s=ws / gbps / 1e9, t_p10_s=None, t_p90_s=None,
-                                      GBps=gbps, pct_datasheet=100 * gbps / 38.4 if datasheet else None))
-    return {
-        "schema_version": 1,
-        "provenance": {k: PROVENANCE[k] for k in ("device", "device_name", "torch_version", "git_commit",
-                                                   "time_utc")},
-        "datasheet": ({"key": "synthetic", "name": "synthetic test datasheet", "mem_bw_GBps": 38.4,
-                       "peak_tflops": {"bf16": 1.2, "fp32": 0.6}, "cache_bytes": 32 * 2**20}
-                      if datasheet else None),
-        "bandwidth": bandwidth,
-        "matmul": [dict(kind="square", name="4096^3", dtype="bf16", M=4096, N=4096, K=4096, t_median_s=0.33,
-                        TFLOPs=MEASURED_BF16_TFLOPS, GBps=0.3, pct_datasheet_flops=35.0)],
-        "telemetry": [],
-        "summary": {"mem_bw_GBps": MEASURED_BW_GBPS, "mem_bw_kernel": "triad",
-                    "peak_tflops": {"bf16": MEASURED_BF16_TFLOPS},
-                    "ridge_measured": {"bf16": MEASURED_BF16_TFLOPS * 1e12 / (MEASURED_BW_GBPS * 1e9)},
-                    "cache_bytes": 32 * 2**20},
-    }
-
+from tests.helpers import MEASURED_BF16_TFLOPS, MEASURED_BW_GBPS, make_synthetic_run
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:

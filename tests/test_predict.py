@@ -1,22 +1,13 @@
 """Speculative predictions glue fitted step times to roofline.spec.theory, labelled by source."""
 
 import dataclasses
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-import numpy as np
-import pandas as pd
 import pytest
 
 from roofline.analysis import costmodel
-
 from roofline.spec import theory
 from roofline.analysis.predict import DraftCost, step_costs, table
 from roofline.model.presets import get_preset
 
-REPO = Path(__file__).resolve().parent.parent
 T0 = 1e-3
 
 
@@ -62,17 +53,3 @@ def test_speculation_loses_when_the_pass_is_compute_bound():
     fit = hand_fit(bw=1e15, f=1e9, knee=0)  # every token costs its FLOPs: T(k+1) = (k+1) T(1)
     t = table(fit, [0.7], [0, 1, 2, 4], [4], [16], "bfloat16", DraftCost("ngram"))
     assert (t["k_star"] == 0).all()
-
-
-def test_predict_entry_point_writes_csv_and_figures(tmp_path):
-    (tmp_path / "fit.json").write_text(json.dumps(hand_fit()))
-    r = subprocess.run([sys.executable, "-m", "experiments.predict", f"fit={tmp_path / 'fit.json'}",
-                        "B=[1,4]", "L=[16,64]", "k=[0,1,2]", "plot_L=16"], cwd=REPO, capture_output=True,
-                       text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    out = tmp_path / "predict-tiny-mtp"
-    t = pd.read_csv(out / "predict.csv")
-    assert {"tau", "S", "k_star", "extrapolated", "source", "overhead_source"} <= set(t.columns)
-    assert len(t) == 4 * 3 * 2 * 2
-    assert {p.name for p in (out / "figures").iterdir()} == {"speedup_vs_alpha.png", "kstar_map.png",
-                                                              "breakeven_batch.png"}

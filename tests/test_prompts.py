@@ -4,34 +4,12 @@ import json
 import warnings
 
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers, processors
-from transformers import PreTrainedTokenizerFast
 
 from roofline.checkpoints.prompts import encode, encode_conversations, load_tokenizer, prompt_answer_split, render
+from tests.helpers import CONVERSATION, TEMPLATE, save_tokenizer
 
-# Emits BOS as text; the prompt is a byte-exact prefix of prompt + answer.
-TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}{{ eos_token }}\n{% endfor %}"
-            "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
 OTHER = ("{% for m in messages %}[{{ m.role }}] {{ m.content }} {% endfor %}"
          "{% if add_generation_prompt %}[assistant]{% endif %}")
-WORDS = "hello what is two plus two four the sky blue why because light scatters you are a helpful bot".split()
-SPECIAL = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
-CONVERSATION = [{"role": "system", "content": "you are a helpful bot"},
-                {"role": "user", "content": "what is two plus two"},
-                {"role": "assistant", "content": "four"}]
-
-
-def save_tokenizer(folder, template=TEMPLATE):
-    """A word-level tokenizer whose encode() adds BOS, the way Llama's does, saved like a checkpoint."""
-    vocab = {t: i for i, t in enumerate(SPECIAL + WORDS)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.add_special_tokens(SPECIAL)
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", vocab["<s>"])])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
-    fast.chat_template = template
-    fast.save_pretrained(str(folder))
-    return folder
 
 
 @pytest.fixture

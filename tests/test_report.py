@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
@@ -12,7 +11,7 @@ import pytest
 
 from roofline.model.config import ConfigError
 from roofline.report.document import md_table, write_report
-from tests.test_plots import make_synthetic_run
+from tests.helpers import make_synthetic_run
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -114,15 +113,6 @@ def test_bad_results_dir_raises_config_error_naming_it(tmp_path, bad):
 def test_md_table_escapes_pipes():
     import pandas as pd
     assert md_table(pd.DataFrame({"a": ["x|y"]})) == "| a |\n|---|\n| x\\|y |"
-
-
-def test_entry_point_writes_report_and_prints_json(tmp_path):
-    run = make_synthetic_run(tmp_path / "run", ceilings=False)
-    out = subprocess.run([sys.executable, "-m", "experiments.report", f"results_dir={run}"], cwd=REPO,
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    paths = json.loads(out.stdout.strip().splitlines()[-1])
-    assert Path(paths["report_md"]).exists() and Path(paths["report_html"]).exists()
 
 
 def test_entry_point_names_results_dir_when_missing(tmp_path):

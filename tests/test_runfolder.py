@@ -186,6 +186,7 @@ def test_device_cuda_without_a_gpu_is_one_line_and_writes_nothing(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.slow
 def test_ctrl_c_ends_cleanly_with_what_was_saved(tmp_path):
     import signal
     import time

@@ -6,8 +6,7 @@ import pytest
 
 from roofline.model.config import ConfigError
 from roofline.spec.real_acceptance import AcceptanceRequest, measure_acceptance
-from tests.test_checkpoint import add_mtp_layer, hf_model
-from tests.test_prompts import CONVERSATION, save_tokenizer
+from tests.helpers import CONVERSATION, add_mtp_layer, hf_model, save_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -22,6 +21,7 @@ def checkpoint(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 def test_mtp_acceptance_counters_are_consistent(checkpoint):
     out = measure_acceptance(AcceptanceRequest(checkpoint=str(checkpoint), prompts=str(checkpoint / "chats.jsonl"),
                                                drafter="mtp", k=2, max_new=8, batch=2, dtype="float32"))
@@ -43,6 +43,7 @@ def test_draft_model_without_a_folder_is_refused():
         AcceptanceRequest(checkpoint="x", prompts="y", drafter="draft_model")
 
 
+@pytest.mark.slow
 def test_specdec_entry_point_measures_real_acceptance(checkpoint):
     import subprocess
     import sys

@@ -1,6 +1,6 @@
 """Verification rules of speculative decoding: greedy and sampling, both exact.
 
-The sampling rule is tested the way design.md §5 asks: with a context-free target (p_j at
+The sampling rule is tested the way docs/design.md §5 asks: with a context-free target (p_j at
 position j does not depend on the tokens before it), the token emitted at position j,
 among rounds that reach position j, must be distributed as p_j. A chi-square goodness-of-fit
 test checks that at every position, the bonus token included, for a generic pair and for

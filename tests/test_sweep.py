@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -27,6 +26,7 @@ def spec(**kw):
     return SweepSpec(**base)
 
 
+@pytest.mark.slow
 def test_rows_carry_timing_physics_and_provenance(tmp_path):
     s = spec()
     out = run_sweep(s, tmp_path, progress=False)
@@ -111,6 +111,7 @@ def test_unknown_timer_mode_names_the_field():
         TimerSettings(mode="turbo")
 
 
+@pytest.mark.slow
 def test_a_run_folder_of_another_sweep_is_refused(tmp_path):
     run_sweep(spec(), tmp_path, progress=False)
     with pytest.raises(ConfigError, match="different sweep"):
@@ -126,12 +127,26 @@ def test_torn_last_line_is_dropped_and_cut(tmp_path):
 
 def test_layer_extrapolation_is_linear_in_depth():
     base = dict(kind="forward", dtype="bfloat16", mode="eager", q=1, B=1, L=0, status="ok")
-    rows = [dict(base, layers_run=2, t_median_s=3.0, t_p10_s=2.9, t_p90_s=3.1),
-            dict(base, layers_run=4, t_median_s=5.0, t_p10_s=4.8, t_p90_s=5.2)]
+    rows = [dict(base, layers_run=2, t_median_s=3.0, t_p10_s=2.9, t_p90_s=3.1, t_ci_rel=0.01),
+            dict(base, layers_run=4, t_median_s=5.0, t_p10_s=4.8, t_p90_s=5.2, t_ci_rel=0.01)]
     full = extrapolate_layers(rows, 12)[0]
     assert full["t_median_s"] == pytest.approx(1.0 + 12 * 1.0)  # a = 1 s, b = 1 s/layer
+    assert full["status"] == "ok"
+    # lever m = (12 - 2) / 2 = 5: T = -4 T_2 + 5 T_4, so +-sqrt((4 * 1% * 3 s)^2 + (5 * 1% * 5 s)^2) = 0.277 s of 13 s
+    assert full["extrapolation_rel_err"] == pytest.approx(0.02133, rel=1e-3)
     assert full["t_p10_s"] == pytest.approx(13.0 * 4.8 / 5.0) and full["t_p90_s"] == pytest.approx(13.0 * 5.2 / 5.0)
     assert full["extrapolated"] and full["layers_measured"] == "2,4" and full["layers_run"] == 12
+
+
+@pytest.mark.parametrize("ci, noisy, why", [(0.05, False, "lever of 5.0"), (0.01, True, "noisy")])
+def test_layer_extrapolation_is_refused_when_it_cannot_hold_10_percent(ci, noisy, why):
+    """5% CIs through a lever of 5 give +-20% at 12 layers: refused, with the reason; and a
+    noisy input is never extrapolated."""
+    base = dict(kind="forward", dtype="bfloat16", mode="eager", q=1, B=1, L=0, status="ok", t_p10_s=1, t_p90_s=1)
+    rows = [dict(base, layers_run=2, t_median_s=3.0, t_ci_rel=ci, noisy=noisy),
+            dict(base, layers_run=4, t_median_s=5.0, t_ci_rel=ci)]
+    full = extrapolate_layers(rows, 12)[0]
+    assert full["status"] == "refused" and why in full["error"]
 
 
 def test_sliced_sweep_writes_extrapolated_full_depth_rows(tmp_path):
@@ -148,6 +163,7 @@ def _sweep_cmd(out_dir):
             "timer.min_reps=20", "timer.max_reps=20", "timer.budget_s=10", "progress=false", f"out_dir={out_dir}"]
 
 
+@pytest.mark.slow
 def test_resume_after_a_kill_loses_and_repeats_nothing(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.Popen(_sweep_cmd(out), cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -172,6 +188,7 @@ def test_resume_after_a_kill_loses_and_repeats_nothing(tmp_path):
     assert all(kept[r["point_id"]] == r["t_median_s"] for r in before)
 
 
+@pytest.mark.slow
 def test_bad_input_exits_nonzero_naming_the_field(tmp_path):
     for arg, msg in (("q=[0]", "q=[0]"), ("model=nope", "Available options in 'model'"),
                      ("timer.mode=turbo", "timer.mode"), ("L=[99999]", "max_context")):
@@ -182,6 +199,7 @@ def test_bad_input_exits_nonzero_naming_the_field(tmp_path):
 
 
 @pytest.mark.parametrize("launcher", ["basic", "submitit_local"])
+@pytest.mark.slow
 def test_multirun_aggregates_every_job_even_a_failed_one(tmp_path, launcher):
     sweep_dir = tmp_path / "mr"
     cmd = [sys.executable, "-m", "experiments.sweep", "-m", f"hydra/launcher={launcher}", "model=tiny",

@@ -61,13 +61,16 @@ class ScriptedClock:
 # ----------------------------------------------------------------------- real CPU clock
 
 
-def test_busy_wait_of_1ms_has_median_within_10_percent():
-    # 1 ms, not longer: with other jobs on our 2 cores, reps of 2 ms and more often span a
-    # scheduler time slice (measured: medians of 3-4 ms), which moves even the median.
+def test_busy_wait_of_1ms_is_timed_in_seconds_between_two_bounds():
+    """No tolerance on this machine's speed: the busy-wait cannot end early (lower bound), and
+    the timed samples cannot add up to more than the wall time around the whole call (upper
+    bound, whatever else runs on the machine); a unit error breaks one of the two."""
     s = TimerSettings(warmup=2, min_reps=15, max_reps=60, rel_ci=0.05, budget_s=1.0)
+    t0 = time.perf_counter()
     r = time_fn(lambda: busy_wait(1e-3), s)
-    assert r.median_s == pytest.approx(1e-3, rel=0.10)
-    assert r.min_s >= 1e-3  # the busy-wait cannot end early; a unit error would show here
+    outer = time.perf_counter() - t0
+    assert r.min_s >= 1e-3
+    assert sum(r.samples_s) <= outer
     assert r.p10_s <= r.median_s <= r.p90_s
     assert r.clock == "cpu_perf_counter_ns"
 
@@ -112,8 +115,9 @@ def test_cuda_device_without_cuda_raises():
 
 
 def test_cpu_clock_measures_one_call_in_seconds():
+    t0 = time.perf_counter()
     t = CpuClock().measure(lambda: busy_wait(3e-3))
-    assert 3e-3 <= t < 3e-3 + 0.05  # never early; generous upper bound for a loaded machine
+    assert 3e-3 <= t <= time.perf_counter() - t0  # never early, never longer than the wall time around it
 
 
 # ----------------------------------------------------------------------- stopping rules

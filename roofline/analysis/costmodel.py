@@ -18,11 +18,17 @@ no negative bandwidths) on relative residuals (rows scaled by 1/T: a 1 ms and a 
 weigh the same). Because W/f ≈ bytes per weight / 2 for every model, m0 in tokens is a property
 of device + dtype + kernels, which is what lets a fit be transferred to an unmeasured preset.
 
-Honesty: K-fold held-out errors (the knee is searched again inside each fold), two
+Honesty: K-fold held-out errors (the knee is searched again inside each fold), four
 extrapolation tests (train on q <= q_split, predict q > q_split; train on the smallest B,
-predict larger B), and two baselines on the same points: the plain roofline max(bytes/BW,
+predict larger B; train on the shorter contexts, predict the longest L; train on fewer
+layers, predict full depth — when the run folder holds sliced depths beside full-depth
+measurements), and two baselines on the same points: the plain roofline max(bytes/BW,
 FLOPs/F) with the run's ceilings (ceilings.json) or the datasheet, and "verify is free"
 T(q) = T(1) measured at the same (B, L). Errors are signed relative errors pred/meas − 1.
+
+Points a sweep marked as timed on a busy machine (`noisy`, roofline.measure.noise) are left
+out of the fit and its errors; the report says how many. Prediction inside the measured
+range uses the measured table (roofline.analysis.steptable), the fit outside it.
 """
 
 from __future__ import annotations
@@ -36,14 +42,14 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares, nnls
 
-from roofline.report import figures, plots
+from roofline.analysis.roofs import predict_step_time, roofs_for
 
 from roofline.io import files, provenance
 from roofline.model.accounting import forward_cost, mtp_cost
 from roofline.model.config import ConfigError, ModelConfig
-from roofline.report.document import md_table
 from roofline.io.results import load_run
 from roofline.measure.devices import detect
+from roofline.analysis.steptable import StepModel, measured_table
 
 FIT_SCHEMA = "roofline.fit/1"
 GROUP_KEYS = ("device_name", "model", "dtype", "mode", "kind")
@@ -220,16 +226,17 @@ def roofline_baseline(df: pd.DataFrame, dtype: str, ceilings: dict | None) -> tu
     name = str(df["device_name"].iloc[0]) if "device_name" in df else ""
     spec = detect(name)
     spec = None if spec is None or spec.measured_only else spec
-    roofs = plots.roofs_for(dtype, ceilings, spec)
+    roofs = roofs_for(dtype, ceilings, spec)
     bw, flops, source = roofs.for_prediction()
     if bw is None:
         return np.full(len(df), np.nan), (f"n/a: no ceilings.json summary in the run folder and no datasheet "
                                           f"row for {name!r}")
     label = f"roofline max(bytes/{bw / 1e9:.0f} GB/s, FLOPs/{(flops or 0) / 1e12:.3g} TFLOP/s) [{source}]"
-    return np.asarray(plots.predict_step_time(df, roofs), dtype=float), label
+    return np.asarray(predict_step_time(df, roofs), dtype=float), label
 
 
-def _error_tables(df, full_pred, regimes, settings: FitSettings, ceilings, dtype) -> tuple[list[dict], dict]:
+def _error_tables(df, full_pred, regimes, settings: FitSettings, ceilings, dtype,
+                  sliced: pd.DataFrame | None = None) -> tuple[list[dict], dict]:
     meas = _col(df, "t_median_s")
     roof, roof_label = roofline_baseline(df, dtype, ceilings)
     free = verify_is_free(df)
@@ -244,6 +251,15 @@ def _error_tables(df, full_pred, regimes, settings: FitSettings, ceilings, dtype
     if (~train).any() and train.sum() >= 4:
         c, knee = fit_coefs(df[train])
         splits[f"train B={int(Bs.min())}, predict B>{int(Bs.min())}"] = (~train, features(df, knee) @ c)
+    Ls = _col(df, "L")
+    if len(set(Ls)) >= 3:  # two contexts to train on (the KV slope), the longest to predict
+        train = Ls < Ls.max()
+        c, knee = fit_coefs(df[train])
+        splits[f"train L<{int(Ls.max())}, predict L={int(Ls.max())}"] = (~train, features(df, knee) @ c)
+    if sliced is not None and len(sliced) >= 4:
+        c, knee = fit_coefs(sliced)
+        depths = ",".join(map(str, sorted(set(sliced["layers_run"].astype(int)))))
+        splits[f"train layers {depths}, predict full depth"] = (np.ones(len(df), bool), features(df, knee) @ c)
     rows = []
     for split, (mask, pred) in splits.items():
         for method, p in (("fit", pred), (roof_label, roof), ("verify is free T(q)=T(1)", free)):
@@ -261,10 +277,47 @@ def _error_tables(df, full_pred, regimes, settings: FitSettings, ceilings, dtype
 
 # ---- fitting a run folder -------------------------------------------------------------------
 
+CLEAN_SHARE = 2 / 3  # noisy points are left out when at least this share of the ok points is clean
+
+
+def _noisy(df: pd.DataFrame) -> pd.Series:
+    if "noisy" not in df:
+        return pd.Series(False, index=df.index)
+    return df["noisy"].map(lambda v: v is True or str(v).lower() == "true")
+
+
+def _usable(df: pd.DataFrame) -> pd.DataFrame:
+    """ok rows with a time; noisy ones left out unless too few clean ones remain (a run timed
+    entirely on a busy machine is fitted as it is, and the report says so)."""
+    ok = df[df["status"] == "ok"]
+    ok = ok[np.isfinite(ok["t_median_s"].astype(float)) & (ok["t_median_s"] > 0)]
+    noisy = _noisy(ok)
+    return ok[~noisy] if len(ok) and (~noisy).mean() >= CLEAN_SHARE else ok
+
+
 def fit_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows the fit uses: ok, at full depth (layer-extrapolated rows included)."""
-    ok = df[(df["status"] == "ok") & (df["layers_run"] == df["layers_full"])]
-    return ok[np.isfinite(ok["t_median_s"].astype(float)) & (ok["t_median_s"] > 0)].reset_index(drop=True)
+    """Rows the fit uses: ok, at full depth (layer-extrapolated rows included), not marked
+    noisy by the sweep's busy-machine check."""
+    ok = _usable(df)
+    return ok[ok["layers_run"] == ok["layers_full"]].reset_index(drop=True)
+
+
+def sliced_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """Measured rows at fewer layers than the model has (a layer-sliced sweep), for the
+    "train on fewer layers, predict full depth" split."""
+    ok = _usable(df)
+    extrapolated = ok["extrapolated"].fillna(False).astype(bool) if "extrapolated" in ok else False
+    return ok[(ok["layers_run"] < ok["layers_full"]) & ~extrapolated].reset_index(drop=True)
+
+
+def noise_note(df: pd.DataFrame) -> dict:
+    ok = df[df["status"] == "ok"]
+    n, noisy = len(ok), int(_noisy(ok).sum())
+    left_out = bool(noisy and n and 1 - noisy / n >= CLEAN_SHARE)
+    return dict(noisy_points=noisy, of_points=n, left_out=left_out,
+                meaning="points the sweep marked as timed on a busy machine (roofline.measure.noise); "
+                        + ("left out of the fit" if left_out or not noisy else
+                           f"KEPT in the fit: fewer than {CLEAN_SHARE:.0%} of the points are clean"))
 
 
 def _layer_terms(g: pd.DataFrame) -> dict:
@@ -274,26 +327,41 @@ def _layer_terms(g: pd.DataFrame) -> dict:
     return dict(source="n/a: one layer depth measured (no sliced runs)")
 
 
-def fit_group(g: pd.DataFrame, settings: FitSettings, ceilings: dict | None) -> tuple[dict, pd.DataFrame]:
+def fit_group(g: pd.DataFrame, settings: FitSettings, ceilings: dict | None,
+              sliced: pd.DataFrame | None = None) -> tuple[dict, pd.DataFrame]:
     key = {k: (str(g[k].iloc[0]) if k in g else "?") for k in GROUP_KEYS}
     coefs, knee = fit_coefs(g)
     t = terms(g, coefs, knee)
     rg = regime(t)
-    errors, band = _error_tables(g, t.sum(axis=1), rg, settings, ceilings, key["dtype"])
+    real = ~g["extrapolated"].fillna(False).astype(bool) if "extrapolated" in g else np.ones(len(g), bool)
+    errors, band = _error_tables(g, t.sum(axis=1), rg, settings, ceilings, key["dtype"],
+                                 sliced if sliced is not None and real.all() else None)
     domain = {a: [int(g[a].min()), int(g[a].max())] for a in ("q", "B", "L")}
     group = dict(key=key, n_points=len(g), kv_tied_to_weights=not weights_vary(g), coefs=[float(c) for c in coefs],
                  coef_units=COEF_UNITS, knee_tokens=float(knee), params=physical(coefs, knee), band=band,
                  domain=domain, layer_terms=_layer_terms(g), errors=errors)
     points = g.assign(t_pred_s=t.sum(axis=1), regime=rg)
+    group["table"] = measured_table(points)
     return group, points
 
 
-def fit_run(run_dir, settings: FitSettings = FitSettings()) -> tuple[dict, pd.DataFrame]:
-    """Fit every group of a run folder; returns (fit document, per-point predictions)."""
-    run_dir = Path(run_dir)
+def _load(run_dir: Path, what: str) -> pd.DataFrame:
     if not (run_dir / "points.csv").exists() and not (run_dir / "points.jsonl").exists():
-        raise ConfigError(f"results_dir={str(run_dir)!r}: not a run folder (no points.csv or points.jsonl)")
-    df = fit_rows(load_run(run_dir))
+        raise ConfigError(f"{what}={str(run_dir)!r}: not a run folder (no points.csv or points.jsonl)")
+    return load_run(run_dir)
+
+
+def fit_run(run_dir, settings: FitSettings = FitSettings(), sliced_dir=None) -> tuple[dict, pd.DataFrame]:
+    """Fit every group of a run folder; returns (fit document, per-point predictions).
+    `sliced_dir`: a layer-sliced run of the same model and grid, whose measured shallow rows
+    train the "fewer layers -> full depth" split (rows at fewer layers in run_dir count too)."""
+    run_dir = Path(run_dir)
+    raw = _load(run_dir, "results_dir")
+    if sliced_dir:
+        raw = pd.concat([raw, _load(Path(sliced_dir), "sliced_dir")], ignore_index=True)
+    df = fit_rows(raw)
+    shallow = sliced_rows(raw)
+    excluded = noise_note(raw)
     if df.empty:
         raise ConfigError(f"results_dir={str(run_dir)!r}: no ok full-depth rows to fit")
     run = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else {}
@@ -304,8 +372,12 @@ def fit_run(run_dir, settings: FitSettings = FitSettings()) -> tuple[dict, pd.Da
     if comm_fit:
         df["comm_s"] = comm_seconds(df, comm_fit)
     groups, frames = [], []
-    for _, g in df.groupby([k for k in GROUP_KEYS if k in df], sort=True):
-        grp, pts = fit_group(g.reset_index(drop=True), settings, ceilings)
+    keys = [k for k in GROUP_KEYS if k in df]
+    for name, g in df.groupby(keys, sort=True):
+        sl = shallow
+        for k, v in zip(keys, name):
+            sl = sl[sl[k].astype(str) == str(v)] if k in sl else sl.iloc[:0]
+        grp, pts = fit_group(g.reset_index(drop=True), settings, ceilings, sl.reset_index(drop=True))
         groups.append(grp)
         frames.append(pts)
     fit = dict(schema=FIT_SCHEMA, form=FORM, settings=asdict(settings),
@@ -314,7 +386,7 @@ def fit_run(run_dir, settings: FitSettings = FitSettings()) -> tuple[dict, pd.Da
                                run_git_commit=str(df["git_commit"].iloc[0]) if "git_commit" in df else None,
                                time_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())),
                model_spec=(run.get("spec") or {}).get("model"), groups=groups, collectives_fit=comm_fit,
-               comm=comm_note)
+               comm=comm_note, excluded=excluded)
     return fit, pd.concat(frames, ignore_index=True)
 
 
@@ -381,13 +453,14 @@ def cost_row(cfg: ModelConfig, kind: str, dtype: str, q: int, B: int, L: int, mo
     return fn(cfg, dtype, B, q, L, moe_impl=moe_impl).as_row()
 
 
-def predict_detail(fit: dict, kind: str, dtype: str, q: int, B: int, L: int, mode: str | None = None,
-                   cfg: ModelConfig | None = None) -> dict:
-    """Seconds of one step with its terms, band and source.
+def step_model(fit: dict, kind: str, dtype: str, mode: str | None = None,
+               cfg: ModelConfig | None = None) -> StepModel:
+    """The group that predicts (kind, dtype, mode) for cfg, as a vectorised, memoised StepModel.
 
-    source "fit": the fitted group of this very (model, kind). "device-fit-transfer": a preset
-    (or kind) that was not measured, predicted by applying the fitted device parameters of the
-    forward group (t0, BW, F, knee) to that preset's accounting.
+    source "fit": the fitted group of this very (model, kind); its measured table is used
+    inside the measured range. "device-fit-transfer": a preset (or kind) that was not
+    measured, predicted by applying the fitted device parameters of the forward group (t0, BW,
+    F, knee) to that preset's accounting (the fit alone: the table holds other bytes).
     """
     measured = fitted_model(fit) if fit.get("model_spec") else None
     cfg = cfg or measured
@@ -401,15 +474,33 @@ def predict_detail(fit: dict, kind: str, dtype: str, q: int, B: int, L: int, mod
     source = "fit"
     if g is None:
         g, source = find_group(fit, "forward", dtype, mode), "device-fit-transfer"
-    row = pd.DataFrame([cost_row(cfg, kind, dtype, q, B, L, mode or g["key"]["mode"])])
-    t = terms(row, g["coefs"], g["knee_tokens"])[0]
-    seconds = float(t.sum())
-    return dict(seconds=seconds, source=source, regime=str(regime(t[None, :])[0]),
+    step_mode = mode or g["key"]["mode"]
+
+    def rows(q, B, L) -> pd.DataFrame:
+        return pd.DataFrame([cost_row(cfg, kind, dtype, int(a), int(b), int(c), step_mode) for a, b, c in zip(q, B, L)])
+
+    model = StepModel(g, rows, lambda r: terms(r, g["coefs"], g["knee_tokens"]), own=source == "fit", names=TERMS)
+    model.fit_source = source
+    return model
+
+
+def predict_detail(fit: dict, kind: str, dtype: str, q: int, B: int, L: int, mode: str | None = None,
+                   cfg: ModelConfig | None = None, model: StepModel | None = None) -> dict:
+    """Seconds of one step with its terms, band and sources: `source` says which fit (see
+    step_model), `step_source` whether the measured table ("table") or the fit ("fit") gave it."""
+    model = model or step_model(fit, kind, dtype, mode, cfg)
+    g = model.group
+    r = model.predict(q, B, L).iloc[0]
+    t = np.array([r[f"{n}_s"] for n in TERMS])
+    seconds = float(r["seconds"])
+    return dict(seconds=seconds, source=model.fit_source, step_source=str(r["source"]),
+                regime=str(regime(t[None, :])[0]),
                 p10_s=seconds / g["band"]["p90"] if np.isfinite(g["band"]["p90"]) else np.nan,
                 p90_s=seconds / g["band"]["p10"] if np.isfinite(g["band"]["p10"]) else np.nan,
                 terms_s=dict(zip(TERMS, map(float, t))),
                 extrapolated=any(not lo <= v <= hi for v, (lo, hi) in
-                                 zip((q, B, L), (g["domain"][a] for a in ("q", "B", "L")))) or source != "fit")
+                                 zip((q, B, L), (g["domain"][a] for a in ("q", "B", "L"))))
+                or model.fit_source != "fit")
 
 
 def predict(fit: dict, kind: str, dtype: str, q: int, B: int, L: int, mode: str | None = None,
@@ -418,23 +509,7 @@ def predict(fit: dict, kind: str, dtype: str, q: int, B: int, L: int, mode: str 
     return predict_detail(fit, kind, dtype, q, B, L, mode, cfg)["seconds"]
 
 
-# ---- report section ------------------------------------------------------------------------
-
-def plot_pred_vs_meas(points: pd.DataFrame, path) -> Path:
-    """Predicted vs measured step time, log-log, y = x line, colour = regime."""
-    fig, ax = figures.subplots(figsize=(5.5, 5))
-    for rg, g in points.groupby("regime"):
-        ax.scatter(g["t_median_s"] * 1e3, g["t_pred_s"] * 1e3, s=14, label=rg, alpha=0.8)
-    lo = 0.8 * min(points["t_median_s"].min(), points["t_pred_s"].min()) * 1e3
-    hi = 1.25 * max(points["t_median_s"].max(), points["t_pred_s"].max()) * 1e3
-    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="y = x")
-    ax.set(xscale="log", yscale="log", xlabel="measured median step time (ms)",
-           ylabel="fitted model (ms, in-sample)", title="Cost model: predicted vs measured")
-    ax.legend(title="regime", fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    return figures.save(fig, path.parent, path.stem, dpi=120)[0]
-
+# ---- tables of a fit ------------------------------------------------------------------------
 
 def error_table(fit: dict) -> pd.DataFrame:
     rows = [dict(group=f"{g['key']['model']}/{g['key']['dtype']}/{g['key']['mode']}/{g['key']['kind']}", **e)
@@ -447,44 +522,3 @@ def params_table(fit: dict) -> pd.DataFrame:
                               n=g["n_points"], **g["params"], band_p10=g["band"]["p10"], band_p90=g["band"]["p90"],
                               per_layer=g["layer_terms"].get("per_layer_ms_median", "n/a"))
                          for g in fit["groups"]])
-
-
-def _beats(main: pd.DataFrame) -> list[str]:
-    """One sentence per group and split: the fit's MAPE against each baseline's."""
-    out = []
-    for (group, split), g in main.groupby(["group", "split"], sort=False):
-        fit_row = g[g["method"] == "fit"]
-        if fit_row.empty:
-            continue
-        f = float(fit_row["MAPE_pct"].iloc[0])
-        others = [f"{r.method.split(' [')[0].split(' (')[0]}: {r.MAPE_pct:.1f}% ({r.MAPE_pct / f:.1f}x the fit's)"
-                  for r in g[g["method"] != "fit"].itertuples() if np.isfinite(r.MAPE_pct) and f > 0]
-        if others:
-            out.append(f"- {group}, {split}: fit MAPE {f:.1f}%; " + "; ".join(others))
-    return ["How much the fit beats the baselines (MAPE):\n\n" + "\n".join(out)] if out else []
-
-
-def write_report_section(fit: dict, points: pd.DataFrame, run_dir) -> Path:
-    """run_dir/report_costmodel.md (picked up by roofline.report.document) and its figure."""
-    run_dir = Path(run_dir)
-    png = plot_pred_vs_meas(points, run_dir / "figures" / "costmodel_pred_vs_meas.png")
-    errs = error_table(fit)
-    main = errs[errs["regime"] == "all"]
-    text = "\n\n".join([
-        "## Cost model: fitted step time",
-        fit["form"].replace("\n", " "),
-        "Parameters (t0 in ms, bandwidths in GB/s with 1 GB = 1e9 B, FLOP rates in TFLOP/s, knee in tokens "
-        "B*q per pass; inf = term fitted as free; band: held-out pred/meas quantiles p10/p90).",
-        md_table(params_table(fit)),
-        "Errors, all points of each split (signed error = pred/meas - 1, in %). Baselines on the same points.",
-        md_table(main),
-        *_beats(main),
-        "Errors by regime (the regime is the dominant term of the fitted prediction).",
-        md_table(errs[errs["regime"] != "all"]),
-        f"![costmodel_pred_vs_meas]({png.relative_to(run_dir).as_posix()})",
-        f"Provenance: run fingerprint {fit['provenance']['fingerprint']}, device {fit['provenance']['device_name']}, "
-        f"fitted at {fit['provenance']['time_utc']} with git {fit['provenance']['git_commit']}.",
-    ]) + "\n"
-    out = run_dir / "report_costmodel.md"
-    out.write_text(text)
-    return out

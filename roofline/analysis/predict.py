@@ -6,9 +6,10 @@ Where each cost comes from:
 - draft(i, k, B, L): as roofline.spec.engine runs the drafters. MTP: the first draft of a round is
   one MTP pass over the k+1 verified positions (its catch-up), the others chained single
   steps; a draft model: a two-token catch-up forward, then single steps; n-gram: 0 (`no_cost`);
-- overhead(k, B): per-round sampling/bookkeeping/host sync. No measurement of it exists yet,
-  so it is a constant share of the fitted per-forward overhead t0, and every row says so
-  (`overhead_source="fit_t0"`); the speculative engine will measure it.
+- overhead(k, B): per-round sampling/bookkeeping/host sync: measured by the engine when an
+  overhead.json of roofline.spec.validation is given (`overhead_source="measured"`), else a
+  constant share of the fitted per-forward overhead t0, and every row says which
+  (`overhead_source="fit_t0"`).
 A preset that was not measured is predicted by applying the fitted device parameters to its
 accounting (`source="device-fit-transfer"`): such rows are extrapolations by construction.
 """
@@ -55,24 +56,24 @@ class Costs:
     overhead_source: str
     overhead_s: float
     domain: dict = field(default_factory=dict)
+    target_model: object = None  # the target's costmodel.StepModel (says "table" or "fit" per step)
 
 
 def step_costs(fit: dict, dtype: str, drafter: DraftCost, target: ModelConfig | None = None,
                mode: str | None = None, overhead_share: float = 1.0, overhead: dict | None = None) -> Costs:
     """StepCosts for roofline.spec.theory from a target fit (and optionally a draft fit)."""
     target = target or costmodel.fitted_model(fit)
-    probe = costmodel.predict_detail(fit, "forward", dtype, 1, 1, 0, mode, target)
+    forward = costmodel.step_model(fit, "forward", dtype, mode, target)
     group = costmodel.find_group(fit, "forward", dtype, mode)
-    tgt = lambda q, B, L: costmodel.predict(fit, "forward", dtype, q, B, L, mode, target)  # noqa: E731
+    tgt = forward.seconds
     if drafter.kind == "mtp":
         if target.mtp_layers < 1:
             raise ConfigError(f"drafter=mtp: model {target.name!r} has no MTP module (mtp_layers=0)")
-        draft = lambda i, k, B, L: costmodel.predict(  # noqa: E731
-            fit, "mtp", dtype, k + 1 if i == 1 else 1, B, L + i - 1, mode, target)
+        mtp = costmodel.step_model(fit, "mtp", dtype, mode, target)
+        draft = lambda i, k, B, L: mtp.seconds(k + 1 if i == 1 else 1, B, L + i - 1)  # noqa: E731
     elif drafter.kind == "draft_model":
-        dfit = drafter.fit or fit
-        draft = lambda i, k, B, L: costmodel.predict(  # noqa: E731
-            dfit, "forward", dtype, 2 if i == 1 else 1, B, L + i - 1, mode, drafter.model)
+        dm = costmodel.step_model(drafter.fit or fit, "forward", dtype, mode, drafter.model)
+        draft = lambda i, k, B, L: dm.seconds(2 if i == 1 else 1, B, L + i - 1)  # noqa: E731
     else:
         draft = no_cost
     overhead_s = overhead_share * group["coefs"][0]
@@ -81,8 +82,8 @@ def step_costs(fit: dict, dtype: str, drafter: DraftCost, target: ModelConfig | 
         c0, c1, c2 = overhead["coef"]
         per_round, source = (lambda k, B: max(0.0, c0 + c1 * k + c2 * B)), "measured"
     return Costs(StepCosts(target=tgt, draft=draft, overhead=per_round),
-                 source=probe["source"], overhead_source=source, overhead_s=overhead_s,
-                 domain={a: tuple(group["domain"][a]) for a in ("q", "B", "L")})
+                 source=forward.fit_source, overhead_source=source, overhead_s=overhead_s,
+                 domain={a: tuple(group["domain"][a]) for a in ("q", "B", "L")}, target_model=forward)
 
 
 def table(fit: dict, alphas, ks, Bs, Ls, dtype: str, drafter: DraftCost, target: ModelConfig | None = None,

@@ -38,10 +38,11 @@ from roofline.model.dtypes import datasheet_column, torch_dtype
 from roofline.model.formats import activation_dtype, parse_precision, precision, precision_columns
 from roofline.model.config import ConfigError, ModelConfig
 from roofline.model.decoder import build_model
-from roofline.measure import memory
+from roofline.measure import memory, slicing
 from roofline.measure.devices import parse_device, running_device_name, spec_for_running_device
 from roofline.measure.forward import (MATH_FALLBACK, count_kernels, depth_cosine_gate, eager_attention_backend,
                                       is_math_fallback)
+from roofline.measure.noise import NoiseMonitor, NoiseSettings
 from roofline.measure.timer import MODES, TimerSettings, time_fn
 from roofline.parallel.layout import Layout
 
@@ -303,7 +304,8 @@ def extrapolate_layers(rows: list[dict], layers_full: int) -> list[dict]:
         for k in ("t_p10_s", "t_p90_s"):  # the 2n-layer run's relative spread around the extrapolated median
             full[k] = full["t_median_s"] * depths[n2][k] / depths[n2]["t_median_s"]
         full.update(layers_run=layers_full, extrapolated=True, layers_measured=f"{n},{n2}",
-                    per_layer_s=per_layer, fixed_s=depths[n]["t_median_s"] - n * per_layer)
+                    per_layer_s=per_layer, fixed_s=depths[n]["t_median_s"] - n * per_layer,
+                    **slicing.judge(depths[n], depths[n2], layers_full))
         out.append(full)
     return out
 
@@ -323,6 +325,10 @@ def finalize(spec: SweepSpec, run_dir: Path, rows: list[dict], measured: dict | 
                      **_bound(r, dev_spec.ridge(activation_dtype(r["dtype"]))))
             r.update(ceiling_columns(r, r["dtype"], measured, dev_spec))
             table.append(r)
+        refused = [r for r in table if r.get("status") == "refused"]
+        if refused:
+            print(f"WARNING slicing: {len(refused)} point(s) not extrapolated to {spec.model.layers} layers; "
+                  f"first: {refused[0]['point_id']}: {refused[0]['error']}", file=sys.stderr)
     return results.write_csv(table, run_dir / "points.csv")
 
 
@@ -405,10 +411,12 @@ class SweepInterrupted(KeyboardInterrupt):
 
 def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
               measure: Callable[[_Workload, Point, TimerSettings], dict] = _measure,
-              force: bool = False, extend: bool = False, retry_failed: bool = True, workload=None) -> dict:
+              force: bool = False, extend: bool = False, retry_failed: bool = True, workload=None,
+              noise: NoiseSettings | None = NoiseSettings()) -> dict:
     """Measure every point not already in run_dir; return the counts. `measure` is the
     per-point step (tests inject failures through it); `workload` the class that builds the
-    model (the distributed runner's sharded one; tp/ep > 1 starts the ranks first). Bad input
+    model (the distributed runner's sharded one; tp/ep > 1 starts the ranks first); `noise`
+    the busy-machine check (roofline.measure.noise; None: off). Bad input
     (a device that is not here, a ceilings file of another device, a folder of another sweep)
     is refused before anything is written; see roofline.io.runfolder for the folder's lock and resume."""
     if workload is None and spec.parallel.devices > 1:
@@ -421,10 +429,11 @@ def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
         _ceilings_for(spec, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     with runfolder.locked(run_dir):
-        return _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t0, workload or _Workload)
+        return _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t0, workload or _Workload,
+                           noise)
 
 
-def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t0, workload) -> dict:
+def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t0, workload, noise=None) -> dict:
     spec = prepare_run_dir(spec, run_dir, force, extend)
     resumed = runfolder.load_points(run_dir, runfolder.TRANSIENT if retry_failed else ())
     done = {r["point_id"] for r in resumed.rows}
@@ -441,6 +450,24 @@ def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t
     bar = tqdm(total=len(points), initial=len(points) - len(todo), desc=f"sweep {spec.model.name}",
                unit="pt", disable=not progress, file=sys.stderr)
     new = 0
+    monitor = NoiseMonitor(noise, spec.device, log=lambda m: tqdm.write(m, file=sys.stderr)) if noise and todo else None
+
+    def ok_row(w, p):
+        row = measure(w, p, spec.timer)
+        samples = row.pop("samples_s", None)
+        row.update(status="ok", error=None, converged=bool(row["t_ci_rel"] <= spec.timer.rel_ci),
+                   **_bound(row, dev_spec.ridge(activation_dtype(p.dtype))),
+                   **ceiling_columns(row, p.dtype, measured, dev_spec))
+        if is_math_fallback(row, spec.device):
+            row.update(status=MATH_FALLBACK, error=f"attention ran torch's math path ({row['attn_backend']}):"
+                       " it moves bytes the accounting does not charge; not a memory measurement")
+        return row, samples
+
+    def write(r, samples):
+        if samples:
+            results.append_samples(run_dir, r["point_id"], samples)
+        results.append_row(run_dir / "points.jsonl", r)
+
     try:
         for (dtype, depth, mode), group in itertools.groupby(todo, key=lambda p: (p.dtype, p.layers_run, p.mode)):
             group = list(group)
@@ -460,22 +487,21 @@ def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t
                 try:
                     if setup_error is not None:
                         raise setup_error
-                    row = measure(w, p, spec.timer)
-                    samples = row.pop("samples_s", None)
-                    row.update(status="ok", error=None, converged=bool(row["t_ci_rel"] <= spec.timer.rel_ci),
-                               **_bound(row, dev_spec.ridge(activation_dtype(p.dtype))),
-                               **ceiling_columns(row, p.dtype, measured, dev_spec))
-                    if is_math_fallback(row, spec.device):
-                        row.update(status=MATH_FALLBACK, error=f"attention ran torch's math path ({row['attn_backend']}):"
-                                   " it moves bytes the accounting does not charge; not a memory measurement")
+                    row, samples = ok_row(w, p)
                 except Exception as e:
                     status = "too_big" if isinstance(e, memory.TooBig) else _failure_status(e)
                     row = dict(status=status, error=f"{type(e).__name__}: {e}"[:500])
-                if samples:
-                    results.append_samples(run_dir, p.point_id, samples)
-                results.append_row(jsonl, {**base, **row})
+                if monitor is None:
+                    write({**base, **row}, samples)
+                else:  # held until the busy-machine check has judged its window (samples ride along)
+                    again = (lambda w=w, p=p, base=base: _with_samples(base, ok_row(w, p))) \
+                        if row["status"] == "ok" else None
+                    for r in monitor.add({**base, **row, "_samples": samples}, again):
+                        write(r, r.pop("_samples", None))
                 new += 1
                 bar.update(1)
+            for r in monitor.flush() if monitor else []:
+                write(r, r.pop("_samples", None))
             del w
             if parse_device(spec.device).type == "cuda":
                 torch.cuda.empty_cache()
@@ -483,10 +509,16 @@ def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t
         bar.close()
         raise SweepInterrupted(_summarize(spec, run_dir, measured, points, todo, new, resumed, t0)) from None
     bar.close()
-    return _summarize(spec, run_dir, measured, points, todo, new, resumed, t0)
+    quiet = monitor.finish(run_dir) if monitor else {}
+    return _summarize(spec, run_dir, measured, points, todo, new, resumed, t0, quiet)
 
 
-def _summarize(spec, run_dir, measured, points, todo, new, resumed, t0) -> dict:
+def _with_samples(base: dict, measured: tuple[dict, list | None]) -> dict:
+    row, samples = measured
+    return {**base, **row, "_samples": samples}
+
+
+def _summarize(spec, run_dir, measured, points, todo, new, resumed, t0, quiet=None) -> dict:
     rows = results.read_rows(run_dir / "points.jsonl")
     df = finalize(spec, run_dir, rows, measured)
     ok = sum(r["status"] == "ok" for r in rows)
@@ -494,7 +526,8 @@ def _summarize(spec, run_dir, measured, points, todo, new, resumed, t0) -> dict:
     return dict(run_dir=str(run_dir), points=len(points), measured_now=new, resumed=len(points) - len(todo),
                 ok=ok, failed=len(rows) - ok, not_converged=len(slow), not_converged_points=slow,
                 quarantined=resumed.quarantined, retried=resumed.retried, wall_s=round(time.time() - t0, 2),
-                rows=len(df))
+                rows=len(df), noisy=sum(bool(r.get("noisy")) for r in rows),
+                noise_monitor_s=(quiet or {}).get("monitor_s", 0.0))
 
 
 def summary_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -516,7 +549,8 @@ def slicing_error(full: "pd.DataFrame", sliced: "pd.DataFrame") -> "pd.DataFrame
     keys = ["kind", "dtype", "mode", "q", "B", "L"]
     f = full[(full["status"] == "ok") & (full["layers_run"] == full["layers_full"]) & (~full["extrapolated"].astype(bool))]
     s = sliced[sliced["extrapolated"].astype(bool)]
-    m = f[keys + ["t_median_s"]].merge(s[keys + ["t_median_s", "layers_measured"]], on=keys, suffixes=("_measured", "_extrapolated"))
+    m = f[keys + ["t_median_s"]].merge(s[keys + ["t_median_s", "layers_measured", "status"]], on=keys,
+                                       suffixes=("_measured", "_extrapolated"))
     m["rel_err"] = m["t_median_s_extrapolated"] / m["t_median_s_measured"] - 1
     return m
 

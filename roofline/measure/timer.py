@@ -1,6 +1,6 @@
 """The one timing primitive: every number the project measures goes through `time_fn`.
 
-Semantics (design.md §4), in the order they happen:
+Semantics (docs/design.md §4), in the order they happen:
 
 1. Fail fast: settings are validated when built; the device and mode are checked before
    `fn` is ever called (graph mode needs CUDA; only cpu and cuda are timed).
@@ -95,7 +95,7 @@ class TimerSettings:
         if self.l2 not in L2_MODES:
             raise ConfigError(f"timer.l2={self.l2!r}: allowed {L2_MODES}")
         _check_int("warmup", self.warmup, 0)
-        # Two reps at least: design.md forbids reporting a single run.
+        # Two reps at least: docs/design.md forbids reporting a single run.
         _check_int("min_reps", self.min_reps, 2)
         at_least_min = f"integers >= min_reps={self.min_reps}"
         _check_int("max_reps", self.max_reps, self.min_reps, at_least_min)

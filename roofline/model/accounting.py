@@ -3,7 +3,7 @@
 It describes the code beside it, not an idealised kernel, and the tests hold it to that:
 parameter counts equal the instantiated modules, KV bytes equal the cache tensors.
 
-Conventions (design.md §2):
+Conventions (docs/design.md §2):
 - Weight bytes: every weight the forward multiplies by, once, the LM head included (when
   tied, the embedding matrix read as the head), the embedding TABLE excluded: the forward
   gathers B·q rows of it (`embed_bytes`). MoE layers read the experts the batch touched:

@@ -1,7 +1,7 @@
 """Model shapes as data: one frozen dataclass, filled from a preset YAML or a dict.
 
 A preset is the published config.json of a model, renamed into the few fields a decoder
-needs. Field names follow the physics notation of design.md: d (hidden), layers, heads,
+needs. Field names follow the physics notation of docs/design.md: d (hidden), layers, heads,
 kv_heads, head_dim, ffn, vocab. MoE and MLA fields are zero/None for dense GQA models.
 """
 

@@ -8,7 +8,8 @@ repetitions, one call per 8-byte broadcast from rank 0: the broadcast opens ever
 so each step starts with all ranks synchronised and the timer's adaptive stopping on rank 0
 decides for everyone. That broadcast is part of the step and is charged in its collectives.
 
-Rows hold rank 0's share (per-rank bytes, FLOPs and collectives from
+The followers' caches are not refilled with each point's random context: attention reads the
+same positions whatever they hold. Rows hold rank 0's share (per-rank bytes, FLOPs and collectives from
 `roofline.parallel.cost`), GB/s and TFLOP/s of that rank, and the layout columns.
 """
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from roofline.analysis.roofs import dtype_table, roofs_for
 from roofline.report import plots
 from roofline.model.config import ConfigError
 from roofline.io.results import load_run
@@ -106,7 +107,7 @@ def tq_table(df: pd.DataFrame, ceilings: dict | None, spec: DeviceSpec | None) -
         row["T(1) ms"] = t1.iloc[0] * 1e3 if len(t1) else None
         gbps = g.loc[g["q"] == 1, "achieved_GBps"]
         row["GB/s at q=1"] = gbps.iloc[0] if len(gbps) else None
-        roofs = plots.roofs_for(str(row["dtype"]), ceilings, spec)
+        roofs = roofs_for(str(row["dtype"]), ceilings, spec)
         for name, ceil in (("% measured BW", roofs.bw_measured), ("% datasheet BW", roofs.bw_datasheet)):
             if ceil:
                 row[name] = 100 * row["GB/s at q=1"] * 1e9 / ceil if row["GB/s at q=1"] is not None else None
@@ -122,10 +123,10 @@ def ceilings_table(df: pd.DataFrame, ceilings: dict | None, spec: DeviceSpec | N
     summary = (ceilings or {}).get("summary") or {}
     sheet = (ceilings or {}).get("datasheet") or {}
     dtypes = {datasheet_column(d) for d in plots._values(df, "dtype")}
-    dtypes |= set(plots.dtype_table(summary.get("peak_tflops")))
-    dtypes |= {d for d, v in plots.dtype_table(sheet.get("peak_tflops")).items() if v}
+    dtypes |= set(dtype_table(summary.get("peak_tflops")))
+    dtypes |= {d for d, v in dtype_table(sheet.get("peak_tflops")).items() if v}
     rows = []
-    first = plots.roofs_for(sorted(dtypes)[0] if dtypes else "bf16", ceilings, spec)
+    first = roofs_for(sorted(dtypes)[0] if dtypes else "bf16", ceilings, spec)
     mbw, dbw = first.bw_measured, first.bw_datasheet
 
     def add(what, unit, m, d, how=""):
@@ -136,7 +137,7 @@ def ceilings_table(df: pd.DataFrame, ceilings: dict | None, spec: DeviceSpec | N
 
     add("memory bandwidth", "GB/s", mbw and mbw / 1e9, dbw and dbw / 1e9, summary.get("mem_bw_kernel") or "")
     for d in sorted(dtypes):
-        r = plots.roofs_for(d, ceilings, spec)
+        r = roofs_for(d, ceilings, spec)
         add(f"peak {d}", "TFLOP/s", r.flops_measured and r.flops_measured / 1e12,
             r.flops_datasheet and r.flops_datasheet / 1e12, "matmul" if r.flops_measured else "")
         add(f"ridge {d}", "FLOP/B", r.ridge_measured, r.ridge_datasheet, "peak / bandwidth")

@@ -25,6 +25,7 @@ from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from roofline.analysis.roofs import predict_step_time, ridge_point, roofs_for
 from roofline.measure.devices import DeviceSpec
 from roofline.model.dtypes import datasheet_column
 from roofline.report import figures
@@ -38,82 +39,6 @@ PREDICTION_LABEL = "roofline prediction"
 
 class Skip(Exception):
     """A figure whose data is absent; the message says which data."""
-
-
-@dataclass(frozen=True)
-class Roofs:
-    """The ceilings for one dtype, in B/s and FLOP/s; None where unknown."""
-
-    dtype: str
-    bw_measured: float | None = None
-    flops_measured: float | None = None
-    bw_datasheet: float | None = None
-    flops_datasheet: float | None = None
-    cache_bytes: int | None = None
-    bw_kernel: str | None = None
-
-    @property
-    def ridge_measured(self) -> float | None:
-        return _ratio(self.flops_measured, self.bw_measured)
-
-    @property
-    def ridge_datasheet(self) -> float | None:
-        return _ratio(self.flops_datasheet, self.bw_datasheet)
-
-    def for_prediction(self) -> tuple[float | None, float | None, str]:
-        """(BW, F, source): measured ceilings when present, else the datasheet's."""
-        bw = self.bw_measured or self.bw_datasheet
-        flops = self.flops_measured or self.flops_datasheet
-        source = "measured" if self.bw_measured else "datasheet"
-        if flops is not None and (self.flops_measured is None) != (self.bw_measured is None):
-            source = "measured BW, datasheet F" if self.bw_measured else "datasheet BW, measured F"
-        return bw, flops, source
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None or b == 0 else a / b
-
-
-def dtype_table(table: dict | None) -> dict[str, float]:
-    """{dtype: value} with dtype keys in short form ("bfloat16" and "bf16" both become "bf16")."""
-    out = {}
-    for key, value in (table or {}).items():
-        try:
-            out[datasheet_column(key)] = value
-        except ValueError:
-            log.warning("ignoring unknown dtype %r in ceilings.json", key)
-    return out
-
-
-def roofs_for(dtype: str, ceilings: dict | None, spec: DeviceSpec | None) -> Roofs:
-    """Measured ceilings from ceilings.json's summary, datasheet ceilings from `spec` (or the
-    datasheet block ceilings.json recorded when no spec is given)."""
-    d = datasheet_column(dtype)
-    summary = (ceilings or {}).get("summary") or {}
-    sheet = (ceilings or {}).get("datasheet") or {}
-    scale = lambda v, k: None if v is None else float(v) * k  # noqa: E731
-    bw_m = scale(summary.get("mem_bw_GBps"), 1e9)
-    f_m = scale(dtype_table(summary.get("peak_tflops")).get(d), 1e12)
-    if spec is not None:
-        bw_d, f_d, cache = spec.bandwidth_Bps(), spec.peak_flops(d), spec.cache_bytes()
-    else:
-        bw_d = scale(sheet.get("mem_bw_GBps"), 1e9)
-        f_d = scale(dtype_table(sheet.get("peak_tflops")).get(d), 1e12)
-        cache = sheet.get("cache_bytes")
-    cache = summary.get("cache_bytes") or cache
-    return Roofs(d, bw_m, f_m, bw_d, f_d, None if cache is None else int(cache), summary.get("mem_bw_kernel"))
-
-
-def predict_step_time(df: pd.DataFrame, roofs: Roofs) -> pd.Series:
-    """Roofline step time in seconds: max(bytes_total / BW, flops / F); memory term alone
-    when no compute ceiling is known; NaN when no bandwidth ceiling is known."""
-    bw, flops, _ = roofs.for_prediction()
-    if bw is None:
-        return pd.Series(np.nan, index=df.index)
-    t_mem = df["bytes_total"].astype(float) / bw
-    if flops is None:
-        return t_mem
-    return np.maximum(t_mem, df["flops"].astype(float) / flops)
 
 
 # ---- shared helpers -------------------------------------------------------------------
@@ -188,7 +113,7 @@ def _draw_roof(ax, x: np.ndarray, bw: float | None, flops: float | None, style: 
     ax.plot(x, y / 1e12, style, color=color, lw=1.8,
             label=f"{what} roof: " + ", ".join(
                 ([f"{bw / 1e9:.3g} GB/s"] if bw else []) + ([f"{flops / 1e12:.3g} TFLOP/s"] if flops else [])))
-    ridge = _ratio(flops, bw)
+    ridge = ridge_point(flops, bw)
     if ridge is not None:
         ax.axvline(ridge, color=color, ls=":", lw=1)
         ax.annotate(f"ridge {ridge:.3g} FLOP/B\n({what})", (ridge, 0.03 if what == "measured" else 0.12),

@@ -8,9 +8,12 @@
   target's last cached token and the pending one (two tokens: covers the case where all k
   drafts were accepted and the last draft never went through it), then chains k-1 steps.
 - NgramDrafter: prompt lookup, ≈ free; proposals shorter than k are padded.
-- OracleDrafter: knows the target's greedy continuation and proposes the right token with
-  probability α (independently per position), a wrong one otherwise, while spending the
-  real compute of an inner drafter — acceptance under control, timing real.
+- OracleDrafter: proposes the token the target will pick NOW with probability α
+  (independently per position), a wrong one otherwise, while spending the real compute of an
+  inner drafter — acceptance under control, timing real. It learns the target's pick from
+  the current state each round (a shadow verification outside the timed region, see
+  `before_round`), so a near-tie that flips an argmax costs one position, never the rest
+  of the sequence, and α is delivered in any precision.
 """
 
 from __future__ import annotations
@@ -123,15 +126,30 @@ class NgramDrafter:
 
 
 class OracleDrafter:
+    """Delivers the requested per-position acceptance α with the real drafter's compute.
+
+    Each round, before the draft phase and outside every timed phase (the engine calls
+    `before_round` untimed), it decides hit or miss per position by a coin flip with
+    probability α and learns the target's greedy token at each position it needs with
+    "shadow" verification passes: the target's forward over [pending, g_1..g_k], the very
+    shape, start positions and kernels of the verification that follows, with g_1..g_{p-1}
+    already fixed when position p is read. Row p of a forward depends only on tokens <= p
+    (causal attention; each matmul row is computed alone for a fixed shape), so the shadow's
+    pick is bit for bit the verification's, in bf16 as in float32. A miss proposes a token
+    that differs from it. The shadow passes write cache positions that the verification
+    overwrites before it reads them. Passes per round: the first miss position (k if none).
+    """
+
     name = "oracle"
 
-    def __init__(self, reference: list[list[int]], alpha: float, vocab: int, inner=None, seed: int = 0):
-        """reference[b]: prompt + the target's greedy continuation of sequence b."""
+    def __init__(self, target: Transformer, alpha: float, vocab: int, inner=None, seed: int = 0):
         if not 0 <= alpha <= 1:
             raise ValueError(f"alpha={alpha}: must be in [0, 1]")
-        self.reference, self.alpha, self.vocab, self.inner = reference, alpha, vocab, inner
+        self.target, self.alpha, self.vocab, self.inner = target, alpha, vocab, inner
         self.needs_hidden = bool(inner and inner.needs_hidden)
         self.gen = torch.Generator().manual_seed(seed)
+        self._drafts = None
+        self.shadow_passes = 0
 
     def prefill(self, st, hidden) -> None:
         if not st.settings.greedy:
@@ -143,14 +161,22 @@ class OracleDrafter:
         if self.inner:
             self.inner.observe(st, n_acc, emitted, hidden, start)
 
+    def before_round(self, st: DecodeState, k: int) -> None:
+        """Untimed: this round's drafts, right with probability α at each position."""
+        hit = torch.rand(st.B, k, generator=self.gen) < self.alpha
+        offset = torch.randint(1, self.vocab, (st.B, k), generator=self.gen)
+        first_miss = torch.where(~hit.all(1), (~hit).float().argmax(1), torch.full((st.B,), k - 1))
+        tokens = st.pending[:, None].repeat(1, k + 1)
+        for p in range(int(first_miss.max()) + 1):  # position p+1 needs p fixed drafts before it
+            right = self.target(tokens, st.lengths)[:, p].argmax(-1).cpu()
+            tokens[:, p + 1] = torch.where(hit[:, p], right, (right + offset[:, p]) % self.vocab).to(tokens.device)
+            self.shadow_passes += 1
+        self._drafts = tokens[:, 1:]
+
     def propose(self, st: DecodeState, k: int):
         if self.inner:
             self.inner.propose(st, k)  # the real drafter's compute; its tokens are replaced
-        right = torch.zeros(st.B, k, dtype=torch.long)
-        for b, seq in enumerate(st.seqs):
-            ref = self.reference[b]
-            n = len(seq) - 1  # the pending token's index
-            right[b] = torch.tensor([ref[min(n + i, len(ref) - 1)] for i in range(1, k + 1)])
-        hit = torch.rand(st.B, k, generator=self.gen) < self.alpha
-        wrong = (right + torch.randint(1, self.vocab, (st.B, k), generator=self.gen)) % self.vocab
-        return torch.where(hit, right, wrong).to(st.device), None
+        if self._drafts is None or self._drafts.shape[1] != k:
+            raise RuntimeError("OracleDrafter.propose before before_round (the engine calls it each round)")
+        drafts, self._drafts = self._drafts, None
+        return drafts, None

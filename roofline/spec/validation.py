@@ -12,11 +12,18 @@ One run, on one model and device:
    float32 every speculative output must equal plain greedy (else the run stops); in half
    precision the first divergence from it is recorded instead.
 
-Predicted speedup (design.md §2), at the mid-generation context L = prompt + max_new/2:
+The oracle delivers the requested per-position α in any precision (it learns the target's
+pick each round from a shadow of the verification, outside the timed region; see
+roofline.spec.drafters.OracleDrafter), so the prediction takes the REQUESTED α, as a user's
+would. Predicted speedup (docs/design.md §2), at the mid-generation context L = prompt + max_new/2:
   S = τ · (T(1) + O(0, B)) / (T(k+1) + T_mtp(k+1) + (k−1)·T_mtp(1) + O(k, B))
 where the MTP drafter's round is one catch-up pass over the k+1 verified positions (which
-yields draft 1) and k−1 chained single steps. `S_pred` uses the measured τ (so its error is
-the cost model's alone); `S_pred_alpha` uses τ(α, k) of the i.i.d. formula.
+yields draft 1) and k−1 chained single steps. Step times come from the run's own fit: the
+measured table inside the measured range, the physical fit outside (roofline.analysis.steptable).
+`S_pred` uses τ(α, k) of the requested α for the oracle rows and τ of the measured
+per-position profile for the real drafters (MTP, n-gram: no α is requested);
+`S_pred_profile` uses the measured per-position profile for every row and `S_pred_tau` the
+measured τ (diagnostics: their errors are the cost model's alone).
 """
 
 from __future__ import annotations
@@ -29,13 +36,13 @@ import pandas as pd
 import torch
 
 from roofline.analysis import costmodel
+from roofline.io import files
 from roofline.model.dtypes import torch_dtype
 from roofline.model.config import ConfigError, ModelConfig
 from roofline.spec.drafters import MTPDrafter, NgramDrafter, OracleDrafter
 from roofline.model.decoder import build_model
-from roofline.report import figures
-from roofline.report.document import md_table
-from roofline.spec.theory import StepCosts, round_time, tau_iid
+from roofline.report import sections
+from roofline.spec.theory import StepCosts, round_time, tau, tau_iid
 from roofline.spec.engine import DecodeSettings, SpecEngine
 from roofline.measure.sweep import SweepSpec, run_sweep
 from roofline.measure.timer import TimerSettings
@@ -87,7 +94,7 @@ def calibration_sweep(spec: SpecValSpec, run_dir: Path, progress: bool = False) 
     run_sweep(sweep, run_dir, progress=progress)
     fit, points = costmodel.fit_run(run_dir)
     costmodel.save_fit(fit, run_dir / "fit.json")
-    costmodel.write_report_section(fit, points, run_dir)
+    sections.write_costmodel_section(fit, points, run_dir)
     return fit
 
 
@@ -99,8 +106,8 @@ def _prompts(spec: SpecValSpec, B: int, seed: int) -> list[list[int]]:
 def _first_divergence(out: list[list[int]], reference: list[list[int]]) -> int:
     """First generated index where any sequence left the plain greedy reference (-1: none).
     In half precision the k+1-token verification and the 1-token decode round differently,
-    so a near-tie can flip the argmax: exactness is a float32 property (tests), and the
-    oracle's acceptance drifts below α after a divergence (S_pred uses the measured τ)."""
+    so a near-tie can flip the argmax: exactness is a float32 property (tests). The oracle's
+    acceptance does not depend on it (it drafts from the verification's own computation)."""
     firsts = [next((i for i, (a, b) in enumerate(zip(o, r)) if a != b), -1) for o, r in zip(out, reference)]
     hits = [f for f in firsts if f >= 0]
     return min(hits) if hits else -1
@@ -110,6 +117,20 @@ def _median_tps(runs) -> float:
     return statistics.median(m.steady_tokens_per_s for m in runs)
 
 
+def acceptance_check(runs, alpha: float | None) -> dict:
+    """Per-position conditional acceptance pooled over runs (accepted at i / reached i) and,
+    for a requested α, the largest |α̂_i − α| in binomial standard errors sqrt(α(1−α)/n_i)."""
+    per_pos = [m.counters.accepted_per_pos for m in runs]
+    k = max(len(a) for a in per_pos)
+    acc = [sum(a[i] for a in per_pos if len(a) > i) for i in range(k)]
+    reached = [sum(m.counters.drafts for m in runs)] + acc[:-1]
+    prof = [a / n if n else float("nan") for a, n in zip(acc, reached)]
+    z = float("nan")
+    if alpha is not None and 0 < alpha < 1:
+        z = max(abs(a - alpha) / (alpha * (1 - alpha) / n) ** 0.5 for a, n in zip(prof, reached) if n)
+    return dict(alpha_profile=prof, reached=reached, max_z=z)
+
+
 def predicted_speedup(fit: dict, spec: SpecValSpec, k: int, B: int, tau: float, o_plain: float, o_spec: float,
                       drafter: str = "mtp") -> dict:
     """S from roofline.spec.theory with the fitted steps. Every forward pays the engine's
@@ -117,13 +138,15 @@ def predicted_speedup(fit: dict, spec: SpecValSpec, k: int, B: int, tau: float, 
     its verification forward. Drafter "mtp" as roofline.analysis.predict models it; "ngram": free."""
     from roofline.analysis.predict import DraftCost, step_costs
     L, dt = spec.context_mid, spec.dtype
-    base = step_costs(fit, dt, DraftCost(drafter), spec.model).steps
+    c = step_costs(fit, dt, DraftCost(drafter), spec.model)
+    base = c.steps
     costs = StepCosts(target=lambda q, B_, L_: base.target(q, B_, L_) + o_plain, draft=base.draft,
                       overhead=lambda k_, B_: max(0.0, o_spec - o_plain))
     R, t1 = round_time(k, B, L, costs), costs.target(1, B, L)
     draft = sum(base.draft(i, k, B, L) for i in range(1, k + 1))
     return dict(T1_pred_s=t1, verify_pred_s=costs.target(k + 1, B, L), draft_pred_s=draft, O_spec_s=o_spec,
-                O_plain_s=o_plain, R_pred_s=R, S_pred=tau * t1 / R)
+                O_plain_s=o_plain, R_pred_s=R, S_pred=tau * t1 / R, step_source="/".join(
+                    c.target_model.source(q, B, L) for q in (1, k + 1)) if getattr(c, "target_model", None) else "n/a")
 
 
 def run_validation(spec: SpecValSpec, run_dir: Path, log=print) -> pd.DataFrame:
@@ -140,16 +163,14 @@ def run_validation(spec: SpecValSpec, run_dir: Path, log=print) -> pd.DataFrame:
         o_plain = m0.overhead_s / m0.rounds
         o_spec = {}
         for k in spec.ks:
-            d = OracleDrafter([p + o for p, o in zip(cal, plain_cal)], 0.5, spec.model.vocab,
-                              inner=MTPDrafter(target), seed=spec.seed + 1)
+            d = OracleDrafter(target, 0.5, spec.model.vocab, inner=MTPDrafter(target), seed=spec.seed + 1)
             _, mk = SpecEngine(target, d).generate(cal, DecodeSettings(max_new=spec.max_new // 2, k=k))
             o_spec[k] = mk.overhead_s / mk.rounds
             overheads.append(dict(k=k, B=B, O_spec_s=o_spec[k], O_plain_s=o_plain))
         prompts = _prompts(spec, B, spec.seed)
         reference, _ = SpecEngine(target).generate(prompts, DecodeSettings(max_new=spec.max_new))  # + warm-up
-        ref = [p + o for p, o in zip(prompts, reference)]
         log(f"[3/3] B={B}: plain vs speculative, interleaved x{spec.reps}")
-        cases = [(f"oracle(mtp) a={a}", a, k, lambda a=a: OracleDrafter(ref, a, spec.model.vocab, inner=MTPDrafter(target), seed=spec.seed + 2))
+        cases = [(f"oracle(mtp) a={a}", a, k, lambda a=a: OracleDrafter(target, a, spec.model.vocab, inner=MTPDrafter(target), seed=spec.seed + 2))
                  for a in spec.alphas for k in spec.ks]
         cases += [(name, None, k, (lambda: MTPDrafter(target)) if name == "mtp" else (lambda: NgramDrafter(spec.model.vocab)))
                   for name in spec.real_drafters for k in spec.ks]
@@ -163,23 +184,30 @@ def run_validation(spec: SpecValSpec, run_dir: Path, log=print) -> pd.DataFrame:
                 diverged.append(_first_divergence(out1, reference))
                 plain_runs.append(m_plain)
                 spec_runs.append(m_spec)
-            tau = statistics.median(m.counters.mean_acceptance_length() for m in spec_runs)
+            tau_meas = statistics.median(m.counters.mean_acceptance_length() for m in spec_runs)
+            acc = acceptance_check(spec_runs, alpha)
             S_meas = _median_tps(spec_runs) / _median_tps(plain_runs)
             kind = "ngram" if label == "ngram" else "mtp"
-            pred = predicted_speedup(fit, spec, k, B, tau, o_plain, o_spec[k], kind)
-            pred_alpha = predicted_speedup(fit, spec, k, B, tau_iid(alpha, k), o_plain, o_spec[k])["S_pred"] \
-                if alpha is not None else float("nan")
+            profile = [a for a in acc["alpha_profile"] if a == a] or [0.0]
+            pred = {kind_: predicted_speedup(fit, spec, k, B, t_, o_plain, o_spec[k], kind)
+                    for kind_, t_ in (("tau", tau_meas), ("profile", tau((profile + [0.0] * k)[:k])),
+                                      ("alpha", tau_iid(alpha, k) if alpha is not None else float("nan")))}
+            main = pred["alpha"] if alpha is not None else pred["profile"]
             last = spec_runs[-1]
-            rows.append(dict(drafter=label, alpha=alpha, k=k, B=B, L_mid=spec.context_mid, tau_meas=tau,
+            rows.append(dict(drafter=label, alpha=alpha, k=k, B=B, L_mid=spec.context_mid, tau_meas=tau_meas,
                              tau_alpha=tau_iid(alpha, k) if alpha is not None else float("nan"),
-                             alpha_meas=" ".join(f"{a:.3f}" for a in last.counters.per_position_alpha()),
+                             alpha_meas=" ".join(f"{a:.3f}" for a in acc["alpha_profile"]),
+                             alpha_reached=" ".join(map(str, acc["reached"])), alpha_max_z=acc["max_z"],
                              first_divergence=min([d for d in diverged if d >= 0], default=-1),
                              tps_plain=_median_tps(plain_runs), tps_spec=_median_tps(spec_runs), S_meas=S_meas,
-                             **pred, S_pred_alpha=pred_alpha, err=pred["S_pred"] / S_meas - 1,
-                             err_alpha=pred_alpha / S_meas - 1,
+                             **{k_: v for k_, v in main.items() if k_ != "S_pred"}, S_pred=main["S_pred"],
+                             err=main["S_pred"] / S_meas - 1,
+                             S_pred_profile=pred["profile"]["S_pred"], err_profile=pred["profile"]["S_pred"] / S_meas - 1,
+                             S_pred_tau=pred["tau"]["S_pred"], err_tau=pred["tau"]["S_pred"] / S_meas - 1,
                              draft_s_round=last.draft_s / last.rounds, verify_s_round=last.verify_s / last.rounds,
                              overhead_s_round=last.overhead_s / last.rounds))
-            log(f"  {label:20s} k={k} B={B}: S measured {S_meas:.3f}, predicted {pred['S_pred']:.3f} (tau {tau:.2f})")
+            log(f"  {label:20s} k={k} B={B}: S measured {S_meas:.3f}, predicted {main['S_pred']:.3f} "
+                f"(tau {tau_meas:.2f}, alpha measured {rows[-1]['alpha_meas']})")
     table = pd.DataFrame(rows)
     table.to_csv(run_dir / "specdec.csv", index=False)
     save_overhead_fit(overheads, run_dir / "overhead.json")
@@ -189,39 +217,11 @@ def run_validation(spec: SpecValSpec, run_dir: Path, log=print) -> pd.DataFrame:
 def save_overhead_fit(points: list[dict], path: Path) -> dict:
     """O(k, B) beyond a plain step, least squares on [1, k, B] over the calibration rounds;
     roofline.analysis.predict takes it (`overhead=`) in place of its t0-share assumption."""
-    import json
-
     import numpy as np
     X = np.array([[1.0, p["k"], p["B"]] for p in points])
     y = np.array([p["O_spec_s"] - p["O_plain_s"] for p in points])
     coef = np.linalg.lstsq(X, y, rcond=None)[0].tolist()
     out = dict(form="O(k, B) = c0 + c1*k + c2*B seconds per round, beyond a plain decode step",
                coef=coef, points=points)
-    path.write_text(json.dumps(out, indent=1))
+    files.write_json_atomic(path, out)
     return out
-
-
-def write_report_section(table: pd.DataFrame, run_dir: Path) -> Path:
-    """Table + predicted-vs-measured picture, as report_specdec.md in the run folder."""
-    fig, ax = figures.subplots(figsize=(5.5, 5))
-    for (label, B), g in table.groupby([table["drafter"].str.split().str[0], "B"]):
-        ax.scatter(g["S_meas"], g["S_pred"], label=f"{label}, B={B}", s=22)
-    lo, hi = min(table["S_meas"].min(), table["S_pred"].min()) * 0.9, max(table["S_meas"].max(), table["S_pred"].max()) * 1.1
-    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="y = x")
-    ax.set_xlabel("measured speedup (tokens/s spec / plain)")
-    ax.set_ylabel("predicted speedup (cost model, measured τ)")
-    ax.set_title("Speculative decoding: predicted vs measured")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    figures.save(fig, run_dir / "figures", "specdec_pred_vs_meas", dpi=110)
-    e = table["err"].abs()
-    cols = ["drafter", "k", "B", "tau_meas", "S_meas", "S_pred", "err", "S_pred_alpha", "err_alpha"]
-    md = ["## Speculative decoding: measured vs predicted", "",
-          f"{len(table)} points; |error| of S_pred (measured τ): median {100 * e.median():.1f}%, "
-          f"max {100 * e.max():.1f}%; with τ(α, k) instead: median "
-          f"{100 * table['err_alpha'].abs().median():.1f}% (oracle rows).", "",
-          "![predicted vs measured](figures/specdec_pred_vs_meas.png)", "",
-          md_table(table[cols].round(3))]
-    path = run_dir / "report_specdec.md"
-    path.write_text("\n".join(md) + "\n")
-    return path

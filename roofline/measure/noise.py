@@ -1,0 +1,181 @@
+"""Busy-machine detection for a sweep: notice, re-measure, mark.
+
+A step time is only a property of the device when nothing else runs on it. Other processes on
+the same cores (a shared CI machine, a build beside the sweep) or thermal throttling slow
+the timed call and spread its repetitions, and a fit of such points reports them without a
+word. Three signals, none of which costs a quiet run more than about a percent:
+
+- the point's own spread: CV of its repetitions above `max_cv`;
+- an interleaved reference: every `every` points the same fixed memory-bound call (a sum
+  over a buffer larger than the caches) is timed again; slower than the quietest time seen in
+  this run by more than `max_drift` means the machine changed under the points measured
+  since the last reference (busy or throttling);
+- the reference's CPU share: process CPU time / (wall time × threads) while it runs. The
+  intra-op threads work (or spin) the whole time on an idle machine, so a share well below 1
+  means the scheduler gave our threads' cores to someone else, even if the whole run is busy
+  and the reference never looks slower than itself.
+
+Points measured in a busy window are held back (at most `every` of them: rows are appended
+once, after their window is judged), measured again when the reference says the machine is
+quiet, and marked `noisy` with the reason when it never is. The run folder gets noise.json
+and the console a warning; roofline.analysis.costmodel leaves marked points out of the fit.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class NoiseSettings:
+    every: int = 6  # points between reference measurements
+    max_cv: float = 0.25  # a point's repetitions spread more than this: noisy
+    max_drift: float = 0.30  # reference slower than its quietest time by more than this: busy
+    min_cpu_share: float = 0.80  # reference got less than this share of its threads' CPU time: busy
+    retries: int = 2  # re-measurements of a busy window before its points are marked
+    give_up: int = 2  # after this many busy windows in a row, mark without retrying until a quiet check
+    settle_s: float = 1.0  # wait before a retry (at most as long as the window took), to let a burst pass
+    ref_bytes: int = 48 * 2**20  # the reference buffer (larger than a CPU's L3)
+    ref_reps: int = 3
+
+
+@dataclass
+class Reference:
+    """Timed repetitions of one fixed call, with the CPU share the process got meanwhile."""
+    device: str
+    nbytes: int
+    reps: int
+    buf: torch.Tensor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.buf = torch.ones(self.nbytes // 4, dtype=torch.float32, device=self.device)
+
+    def __call__(self) -> tuple[float, float]:
+        """(median seconds, CPU share in [0, ~1])."""
+        times, cpu, wall = [], 0.0, 0.0
+        self.buf.sum()  # warm-up
+        for _ in range(self.reps):
+            c0, t0 = time.process_time(), time.perf_counter()
+            self.buf.sum()
+            if self.device.startswith("cuda"):
+                torch.cuda.synchronize()
+            t1, c1 = time.perf_counter(), time.process_time()
+            times.append(t1 - t0)
+            cpu, wall = cpu + (c1 - c0), wall + (t1 - t0)
+        share = cpu / (wall * torch.get_num_threads()) if wall > 0 and not self.device.startswith("cuda") else 1.0
+        return statistics.median(times), share
+
+
+@dataclass
+class _Held:
+    row: dict
+    remeasure: Callable[[], dict] | None
+
+
+class NoiseMonitor:
+    """Wraps the sweep's per-point loop: `add` each measured row, `flush` at the end of a
+    workload (while it can still re-measure), `finish` once. Both return rows ready to write."""
+
+    def __init__(self, settings: NoiseSettings = NoiseSettings(), device: str = "cpu", log=print,
+                 reference: Callable[[], tuple[float, float]] | None = None):
+        self.s, self.log = settings, log
+        self.reference = reference or Reference(device, settings.ref_bytes, settings.ref_reps)
+        self.held: list[_Held] = []
+        self.quietest = float("inf")
+        self.checks: list[dict] = []
+        self.counts = dict(points=0, flagged=0, remeasured=0, noisy=0)
+        self.busy_streak = 0  # busy windows in a row: a machine that stays busy is not retried
+        self.own_s = 0.0  # time spent on references and waits: the monitor's cost
+        self.check()
+        self.window_start = time.perf_counter()
+
+    def check(self) -> dict:
+        t0 = time.perf_counter()
+        ref_s, share = self.reference()
+        self.own_s += time.perf_counter() - t0
+        self.quietest = min(self.quietest, ref_s)
+        drift = ref_s / self.quietest - 1.0
+        why = []
+        if drift > self.s.max_drift:
+            why.append(f"reference {1 + drift:.2f}x its quietest time in this run")
+        if share < self.s.min_cpu_share:
+            why.append(f"reference got {100 * share:.0f}% of its threads' CPU time")
+        c = dict(time_s=time.time(), ref_s=ref_s, drift=drift, cpu_share=share, busy=bool(why), why="; ".join(why))
+        self.checks.append(c)
+        return c
+
+    def add(self, row: dict, remeasure: Callable[[], dict] | None = None) -> list[dict]:
+        self.counts["points"] += 1
+        self.held.append(_Held(row, remeasure))
+        return self.flush() if len(self.held) >= self.s.every else []
+
+    def _spread(self, row: dict) -> str:
+        cv = row.get("t_cv")
+        if row.get("status", "ok") == "ok" and cv is not None and cv == cv and cv > self.s.max_cv:
+            return f"CV {cv:.2f} > {self.s.max_cv}"
+        return ""
+
+    def flush(self) -> list[dict]:
+        """Judge the held window against a fresh reference; re-measure busy or spread points."""
+        if not self.held:
+            return []
+        c = self.check()
+        bad = [h for h in self.held if h.row.get("status", "ok") == "ok" and (c["busy"] or self._spread(h.row))]
+        reasons = {id(h): c["why"] if c["busy"] else self._spread(h.row) for h in bad}
+        self.counts["flagged"] += len(bad)
+        if bad:
+            self.log(f"noise: {len(bad)} point(s) timed on a busy machine ({c['why'] or 'high CV'}); re-measuring")
+        self.busy_streak = self.busy_streak + 1 if c["busy"] else 0
+        retries = 0 if self.busy_streak > self.s.give_up else self.s.retries
+        for attempt in range(retries):
+            bad = [h for h in bad if h.remeasure is not None]
+            if not bad:
+                break
+            if c["busy"]:
+                wait = min(self.s.settle_s, time.perf_counter() - self.window_start)
+                time.sleep(wait)
+                self.own_s += wait
+                c = self.check()
+                if c["busy"]:
+                    continue
+                self.busy_streak = 0
+            for h in bad:
+                h.row = {**h.remeasure(), "remeasured": attempt + 1}
+                self.counts["remeasured"] += 1
+            c = self.check()
+            still = [h for h in bad if c["busy"] or self._spread(h.row)]
+            reasons.update({id(h): c["why"] if c["busy"] else self._spread(h.row) for h in still})
+            bad = still
+        noisy = {id(h) for h in bad} | {id(h) for h in self.held if id(h) in reasons and h.remeasure is None}
+        out = []
+        for h in self.held:
+            marked = id(h) in noisy
+            self.counts["noisy"] += marked
+            out.append({**h.row, "noisy": marked, "noise_reason": reasons.get(id(h)) if marked else None,
+                        "ref_drift": c["drift"], "ref_cpu_share": c["cpu_share"]})
+        self.held = []
+        self.window_start = time.perf_counter()
+        return out
+
+    def summary(self) -> dict:
+        return dict(settings=asdict(self.s), **self.counts, monitor_s=round(self.own_s, 3),
+                    busy_checks=sum(c["busy"] for c in self.checks), checks=self.checks)
+
+    def finish(self, run_dir: Path | None = None) -> dict:
+        """noise.json in the run folder; a console warning when anything was busy."""
+        out = self.summary()
+        if run_dir is not None:
+            Path(run_dir, "noise.json").write_text(json.dumps(out, indent=1))
+        if out["busy_checks"] or out["flagged"]:
+            self.log(f"WARNING noise: the machine was busy or throttling during this sweep: "
+                     f"{out['busy_checks']} of {len(self.checks)} reference checks busy, {out['flagged']} of "
+                     f"{out['points']} points flagged, {out['remeasured']} re-measurements, {out['noisy']} points "
+                     f"marked noisy (left out of the fit); see noise.json")
+        return out

@@ -1,0 +1,121 @@
+"""A sweep notices a busy machine, re-measures what it can and marks what it cannot."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from roofline.measure.noise import NoiseMonitor, NoiseSettings
+from roofline.model.presets import get_preset
+
+FAST = NoiseSettings(every=3, retries=2, settle_s=0.0)
+
+
+class FakeReference:
+    """Returns the scripted (seconds, CPU share) of each reference check in turn."""
+
+    def __init__(self, script):
+        self.script, self.calls = list(script), 0
+
+    def __call__(self):
+        self.calls += 1
+        return self.script.pop(0) if len(self.script) > 1 else self.script[0]
+
+
+QUIET, SLOW, STARVED = (1.0, 1.0), (2.0, 1.0), (1.0, 0.4)
+
+
+def row(i, cv=0.01):
+    return dict(point_id=f"p{i}", status="ok", t_median_s=1.0, t_cv=cv)
+
+
+def run(monitor, n, cv=0.01, again=None):
+    out = []
+    for i in range(n):
+        out += monitor.add(row(i, cv), again or (lambda i=i: {**row(i), "fresh": True}))
+    return out + monitor.flush()
+
+
+def test_a_quiet_machine_passes_every_point_once_in_order():
+    m = NoiseMonitor(FAST, reference=FakeReference([QUIET]), log=lambda _: None)
+    out = run(m, 7)
+    assert [r["point_id"] for r in out] == [f"p{i}" for i in range(7)]
+    assert not any(r["noisy"] for r in out) and not any("fresh" in r for r in out)
+    assert m.summary()["flagged"] == 0
+
+
+def test_a_slow_reference_window_is_remeasured_once_the_machine_is_quiet_again():
+    # start quiet; the first window's check is slow; the retry's check is quiet; the check after it too
+    m = NoiseMonitor(FAST, reference=FakeReference([QUIET, SLOW, QUIET, QUIET]), log=lambda _: None)
+    out = run(m, 3)
+    assert all(r["fresh"] and r["remeasured"] == 1 and not r["noisy"] for r in out)
+    assert m.summary()["flagged"] == 3 and m.summary()["remeasured"] == 3
+
+
+@pytest.mark.parametrize("busy", [SLOW, STARVED], ids=["slow", "starved-of-cpu"])
+def test_a_machine_that_stays_busy_gets_its_points_marked_with_the_reason(busy):
+    logs = []
+    m = NoiseMonitor(FAST, reference=FakeReference([QUIET, busy]), log=logs.append)
+    out = run(m, 3)
+    assert all(r["noisy"] for r in out)
+    assert "reference" in out[0]["noise_reason"]
+    assert m.finish()["noisy"] == 3 and any("WARNING" in s for s in logs)
+
+
+def test_a_whole_run_on_a_busy_machine_is_caught_by_the_cpu_share():
+    """The reference never looks slower than itself (busy from the start): the CPU share still says so."""
+    m = NoiseMonitor(FAST, reference=FakeReference([STARVED]), log=lambda _: None)
+    assert all(r["noisy"] for r in run(m, 3))
+
+
+def test_a_spread_point_is_remeasured_and_kept_when_the_remeasurement_is_tight():
+    m = NoiseMonitor(FAST, reference=FakeReference([QUIET]), log=lambda _: None)
+    out = run(m, 3, cv=0.6)
+    assert all(r["fresh"] and not r["noisy"] for r in out)
+    m = NoiseMonitor(FAST, reference=FakeReference([QUIET]), log=lambda _: None)
+    out = run(m, 3, cv=0.6, again=lambda: row(0, cv=0.6))
+    assert all(r["noisy"] and r["noise_reason"].startswith("CV") for r in out)
+
+
+def test_failed_points_are_never_flagged():
+    m = NoiseMonitor(FAST, reference=FakeReference([QUIET, SLOW]), log=lambda _: None)
+    out = m.add(dict(point_id="x", status="oom", t_cv=None)) + m.flush()
+    assert out[0]["noisy"] is False
+
+
+def _busy_loop():
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+
+
+@pytest.mark.slow
+def test_a_sweep_beside_busy_loops_is_flagged(tmp_path):
+    """Busy loops on every core while a small sweep runs: the run must say so (noise.json, the
+    console, the rows). No timing tolerance: only that the busy machine was noticed."""
+    from roofline.measure.sweep import SweepSpec, run_sweep
+    from roofline.measure.timer import TimerSettings
+    loops = [_busy_loop() for _ in range(os.cpu_count() or 2)]
+    try:
+        time.sleep(0.5)
+        spec = SweepSpec(model=get_preset("tiny"), q=(1, 4), B=(1,), L=(16, 64), timer=TimerSettings(
+            warmup=1, min_reps=3, max_reps=5, budget_s=0.05))
+        summary = run_sweep(spec, tmp_path, progress=False,
+                            noise=NoiseSettings(every=2, retries=1, settle_s=0.1))
+    finally:
+        for p in loops:
+            p.kill()
+            p.wait()
+    noise = json.loads((tmp_path / "noise.json").read_text())
+    assert noise["busy_checks"] >= 1 and noise["flagged"] >= 1
+    assert summary["noisy"] >= 1
+
+
+def test_a_machine_that_stays_busy_is_not_retried_window_after_window():
+    ref = FakeReference([QUIET, SLOW])
+    m = NoiseMonitor(FAST, reference=ref, log=lambda _: None)
+    run(m, 12)  # four windows, all busy
+    # windows 1-2: one check + two retry checks each; windows 3-4: one check each (plus the start)
+    assert ref.calls == 1 + 3 + 3 + 1 + 1
+    assert m.summary()["noisy"] == 12
