@@ -177,5 +177,5 @@ class NoiseMonitor:
             self.log(f"WARNING noise: the machine was busy or throttling during this sweep: "
                      f"{out['busy_checks']} of {len(self.checks)} reference checks busy, {out['flagged']} of "
                      f"{out['points']} points flagged, {out['remeasured']} re-measurements, {out['noisy']} points "
-                     f"marked noisy (left out of the fit); see noise.json")
+                     f"marked noisy (the fit leaves them out while at least 2/3 of the points are clean); see noise.json")
         return out
