@@ -4,6 +4,7 @@
     python3 dev.py demo    # set up .venv, run the main job on the CPU
     python3 dev.py test    # set up .venv, run the tests
     python3 dev.py bench   # set up .venv, run the kernel benchmarks (never part of CI)
+    python3 dev.py wheels  # ./wheelhouse for an offline GPU node (no .venv needed; needs the index)
 
 Set-up creates .venv and, on a machine without an NVIDIA driver (no nvidia-smi), installs the
 CPU build of torch first, so that the project's open "torch>=2.5" is already met and pip does
@@ -15,6 +16,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tempfile
 import venv
 from pathlib import Path
 
@@ -23,6 +25,13 @@ VENV = ROOT / ".venv"
 PY = VENV / "bin" / "python"
 TORCH_CPU = "torch==2.13.0"
 DEMO = "results/runs/demo"
+WHEELHOUSE = ROOT / "wheelhouse"
+# What a GPU node with its own torch lacks. Its image has the rest of the project's needs (numpy,
+# pandas, matplotlib, scipy, pyyaml, tqdm, psutil, packaging, pytest, pytest-benchmark); these
+# three are pure Python, so one wheelhouse serves any CPython 3 and any platform. Pinned to the
+# versions the tests run with; antlr4 4.9.3 (hydra 1.3's grammar runtime) exists only as a
+# source distribution, which `pip wheel` builds here into a py3-none-any wheel.
+OFFLINE = ("hydra-core==1.3.8", "omegaconf==2.3.1", "antlr4-python3-runtime==4.9.3")
 
 
 def run(*cmd: str | Path) -> None:
@@ -62,10 +71,31 @@ def bench() -> None:
     run(PY, "-m", "pytest", "benchmarks", "-q", "--benchmark-only")
 
 
-JOBS = {"setup": lambda: None, "demo": demo, "test": test, "bench": bench}
+def wheels() -> None:
+    """Build ./wheelhouse (OFFLINE, no dependencies pulled), then prove it complete: install it
+    with --no-index into a scratch folder, as scripts/gpu_check.sh does on the node, and import
+    hydra from there."""
+    shutil.rmtree(WHEELHOUSE, ignore_errors=True)  # one version of each, nothing stale
+    WHEELHOUSE.mkdir()
+    run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--wheel-dir", WHEELHOUSE, *OFFLINE)
+    built = sorted(WHEELHOUSE.glob("*.whl"))
+    if len(built) != len(OFFLINE) or any(not w.name.endswith("-py3-none-any.whl") for w in built):
+        sys.exit(f"wheelhouse: expected {len(OFFLINE)} pure-Python wheels, got {[w.name for w in built]}")
+    with tempfile.TemporaryDirectory() as site:
+        run(sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+            "--target", site, *built)
+        run(sys.executable, "-c", f"import sys; sys.path.insert(0, {site!r}); import hydra, omegaconf, antlr4; "
+            f"assert hydra.__file__.startswith({site!r}), hydra.__file__; "
+            "print('wheelhouse complete: hydra-core', hydra.__version__, 'omegaconf', omegaconf.__version__)")
+    print(f"{WHEELHOUSE}: {', '.join(w.name for w in built)} "
+          f"({sum(w.stat().st_size for w in built) / 1e6:.2f} MB); carry it to the node with the repository")
+
+
+JOBS = {"setup": lambda: None, "demo": demo, "test": test, "bench": bench, "wheels": wheels}
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in JOBS:
         sys.exit(f"usage: python3 dev.py {{{'|'.join(JOBS)}}}")
-    setup()
+    if sys.argv[1] != "wheels":  # the wheelhouse needs only pip and the index, not the project's venv
+        setup()
     JOBS[sys.argv[1]]()

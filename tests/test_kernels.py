@@ -1,23 +1,20 @@
 """Bandwidth kernels: every Triton kernel agrees with torch before anything is timed.
 
-The Triton kernels run on the CPU under Triton's interpreter. TRITON_INTERPRET=1 must be set
-before a kernel is jitted; it is set here, at the top, before anything imports triton, and
-roofline.measure.kernels jits on first launch, so an earlier import of roofline.measure.kernels in the same
-process without the variable still works (test_interpreter_set_after_import proves it).
+Without a GPU the Triton kernels run on the CPU under Triton's interpreter: conftest.py sets
+TRITON_INTERPRET=1 there (and only there) before anything imports triton. With a GPU the same
+checks run on it, with real kernels. roofline.measure.kernels jits on first launch, so an
+earlier import of it without the variable still works (test_interpreter_set_after_import).
 """
 
+import dataclasses
+import math
 import os
+import subprocess
+import sys
+from pathlib import Path
 
-os.environ["TRITON_INTERPRET"] = "1"
-
-import dataclasses  # noqa: E402
-import math  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 pytest.importorskip("triton", reason="Triton kernels need triton (pip install -e .[triton])")
 
@@ -25,6 +22,8 @@ from roofline.measure import kernels  # noqa: E402
 from roofline.measure.kernels import KERNELS, check  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+interpreter_only = pytest.mark.skipif(DEVICE != "cpu", reason="a property of the CPU interpreter's fixed grid")
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 SIZES = [1, 1000, 4097, 65537]  # none a multiple of BLOCK (4096 fp32, 8192 bf16/fp16)
 TRITON_SPECS = [name for name, spec in KERNELS.items() if spec.uses_triton]
@@ -51,16 +50,17 @@ def test_registry_has_every_op_in_every_variant():
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("name", TRITON_SPECS)
 def test_triton_kernel_matches_torch(name, dtype, n):
-    check(KERNELS[name], n, dtype, "cpu")
+    check(KERNELS[name], n, dtype, DEVICE)
 
 
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("name", TORCH_SPECS)
 def test_torch_line_matches_reference(name, dtype, n):
-    check(KERNELS[name], n, dtype, "cpu")
+    check(KERNELS[name], n, dtype, DEVICE)
 
 
+@interpreter_only
 def test_persistent_programs_loop_over_blocks_at_test_sizes():
     # Under the interpreter: 2 SMs x 4 programs = 8 programs; 65537 elements are 17 fp32
     # blocks and 9 bf16 blocks, so the persistent loop runs more than once per program.
@@ -90,7 +90,7 @@ def test_block_is_16_bytes_per_thread_per_access():
         # 13 blocks of 8192 bf16: 13 fp32 partials written and read back, + the fp32 result
         ("triton_read_grid", 100_000, 2, 200_000 + 2 * 13 * 4 + 4),
         # persistent under the interpreter: 8 programs, so 8 partials
-        ("triton_read_persistent", 100_000, 2, 200_000 + 2 * 8 * 4 + 4),
+        pytest.param("triton_read_persistent", 100_000, 2, 200_000 + 2 * 8 * 4 + 4, marks=interpreter_only),
     ],
 )
 def test_bytes_moved_hand_checked(name, n, elem_bytes, expected):
@@ -99,7 +99,7 @@ def test_bytes_moved_hand_checked(name, n, elem_bytes, expected):
 
 def test_read_partials_buffer_matches_bytes_counted():
     spec = KERNELS["triton_read_persistent"]
-    bufs = spec.make_buffers(100_000, torch.bfloat16, "cpu")
+    bufs = spec.make_buffers(100_000, torch.bfloat16, DEVICE)
     partials = bufs["partials"].numel()
     assert spec.bytes_moved(100_000, 2) == 100_000 * 2 + 2 * partials * 4 + 4
 
@@ -124,7 +124,7 @@ def test_check_raises_on_a_wrong_reference(name):
     spec = KERNELS[name]
     wrong = dataclasses.replace(spec, reference=lambda bufs: _off_by_one(spec.reference(bufs)))
     with pytest.raises(AssertionError, match=name):
-        check(wrong, 4097, torch.bfloat16, "cpu")
+        check(wrong, 4097, torch.bfloat16, DEVICE)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -137,7 +137,7 @@ def test_check_catches_a_read_that_drops_the_last_element(name, dtype):
         spec.run(bufs)
 
     with pytest.raises(AssertionError, match="sum"):
-        check(dataclasses.replace(spec, run=drops_last), 65537, dtype, "cpu")
+        check(dataclasses.replace(spec, run=drops_last), 65537, dtype, DEVICE)
 
 
 def test_check_catches_a_copy_that_skips_the_tail():
@@ -149,7 +149,7 @@ def test_check_catches_a_copy_that_skips_the_tail():
         bufs["out"][-1] = last
 
     with pytest.raises(AssertionError, match="bit-exact"):
-        check(dataclasses.replace(spec, run=skips_tail), 4097, torch.float32, "cpu")
+        check(dataclasses.replace(spec, run=skips_tail), 4097, torch.float32, DEVICE)
 
 
 @pytest.mark.parametrize("n, dtype, field", [(0, torch.float32, "n"), (10, torch.int32, "dtype")])
@@ -193,3 +193,22 @@ def test_imports_and_runs_torch_lines_without_triton():
     )
     proc = _python(code, dict(os.environ))
     assert proc.returncode == 0, proc.stderr
+
+
+def test_interpreter_is_set_only_where_there_is_no_gpu():
+    """conftest.py and this module, imported as pytest would on a machine with CUDA (simulated)
+    and without: TRITON_INTERPRET is set in the second case only, so on a GPU the ceilings and the
+    GPU-marked tests launch real kernels, not the interpreter."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = (
+        "import os, sys, torch\n"
+        "torch.cuda.is_available = lambda: {cuda}\n"
+        "import tests.conftest\n"
+        "import tests.test_kernels as t\n"
+        "print(os.environ.get('TRITON_INTERPRET'), t.DEVICE)\n"
+    )
+    with_gpu = _python(code.format(cuda=True), env)
+    without = _python(code.format(cuda=False), env)
+    assert with_gpu.returncode == 0 and without.returncode == 0, with_gpu.stderr + without.stderr
+    assert with_gpu.stdout.split() == ["None", "cuda"]
+    assert without.stdout.split() == ["1", "cpu"]

@@ -178,3 +178,45 @@ def test_meta_build_has_shapes_and_dtypes_and_no_storage():
     assert all(p.is_meta and p.dtype == torch.bfloat16 for p in m.parameters())
     from roofline.model.accounting import param_count
     assert sum(p.numel() for p in m.parameters()) == param_count(cfg).total
+
+
+@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("q", [1, 4])
+def test_uniform_int_start_equals_the_masked_ragged_path(name, q):
+    """The sweep's mask-free call (int start_pos) computes what the masked path computes."""
+    cfg = mini(name)
+    B, L = 2, 6
+    ctx = torch.randint(0, cfg.vocab, (B, L))
+    new = torch.randint(0, cfg.vocab, (B, q))
+    a = build_model(cfg, max_batch=B, max_context=32, seed=3)
+    b = build_model(cfg, max_batch=B, max_context=32, seed=3)
+    for m in (a, b):
+        fill_ragged(m, ctx, [L] * B)
+    masked = a(new, torch.full((B,), L))
+    uniform = b(new, L)
+    torch.testing.assert_close(uniform, masked, **TOL)
+    assert b.last_mask_bytes == (0 if q == 1 else q * (L + q) * (1 + cfg.layers))  # CPU: one small bool mask
+    for x, y in zip(a.kv_cache_tensors(), b.kv_cache_tensors()):
+        torch.testing.assert_close(x, y, **TOL)  # the slice write stores what the index write stores
+
+
+def test_uniform_start_rejects_a_kv_len_it_would_not_read():
+    m = build_model(mini("tiny"), max_batch=1, max_context=16)
+    with pytest.raises(ValueError, match="kv_len"):
+        m(torch.zeros(1, 2, dtype=torch.long), 3, kv_len=9)
+
+
+def test_gpu_mask_choice_is_no_mask_or_an_unmaterialised_lower_right_causal():
+    from torch.nn.attention.bias import CausalBias
+
+    from roofline.model.decoder import _causal_mask, attend, attention_mask, mask_bytes
+    cuda = torch.device("cuda")  # choosing needs no device
+    assert attention_mask(7, 1, 8, cuda) is None
+    bias = attention_mask(5, 3, 8, cuda)
+    assert isinstance(bias, CausalBias) and mask_bytes(bias, 32) == 0
+    assert torch.equal(bias._materialize("cpu"), _causal_mask(torch.tensor([5]), 3, 8)[0, 0])
+    assert isinstance(attention_mask(torch.tensor([5, 2]), 3, 8, cuda), torch.Tensor)  # ragged keeps its mask
+    # and the bias computes the masked attention (GQA: 4 query heads over 2 KV heads)
+    q, k, v = torch.randn(2, 4, 3, 16), torch.randn(2, 2, 8, 16), torch.randn(2, 2, 8, 16)
+    ref = attend(q, k, v, _causal_mask(torch.tensor([5, 5]), 3, 8))
+    torch.testing.assert_close(attend(q, k, v, bias), ref, **TOL)

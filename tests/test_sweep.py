@@ -40,6 +40,29 @@ def test_rows_carry_timing_physics_and_provenance(tmp_path):
     pd.testing.assert_series_equal(df["achieved_GBps"], df["bytes_total"] / df["t_median_s"] / 1e9,
                                    check_names=False, rtol=1e-9)
     assert set(df["kind"]) == {"forward", "mtp"}  # tiny has an MTP module
+    # what each forward ran: its attention kernel and its dispatched ops, profiled once per point
+    fwd = df[df["kind"] == "forward"]
+    assert set(fwd.loc[fwd["q"] == 1, "attn_backend"]) == {"cpu_grouped_matmul"}
+    assert set(fwd.loc[fwd["q"] == 2, "attn_backend"]) == {"flash"}
+    assert (df["kernels_per_forward"] > 0).all() and set(df["kernels_counted"]) == {"cpu_top_level_ops"}
+    # uniform positions: no mask at q=1; at q=2 one [2, L+2] bool mask, written once and read by 2 layers
+    assert (fwd.loc[fwd["q"] == 1, "mask_bytes"] == 0).all()
+    q2 = fwd[fwd["q"] == 2]
+    assert (q2["mask_bytes"] == 2 * (q2["L"] + 2) * 3).all()
+
+
+def test_a_math_attention_row_on_cuda_is_not_called_a_memory_measurement(tmp_path, monkeypatch):
+    from roofline.measure import sweep as sweep_mod
+
+    def as_if_cuda_math(w, p, timer):
+        row = sweep_mod._measure(w, p, timer)
+        return {**row, "attn_backend": "math"}
+
+    monkeypatch.setattr(sweep_mod, "is_math_fallback", lambda row, device: row["attn_backend"] == "math")
+    run_sweep(spec(q=(1,), B=(1,), L=(0,)), tmp_path, progress=False, measure=as_if_cuda_math)
+    df = pd.read_csv(tmp_path / "points.csv")
+    assert set(df["status"]) == {"math_fallback"} and df["error"].str.contains("not a memory measurement").all()
+    assert (df["t_median_s"] > 0).all()  # the time is kept, the label is refused
 
 
 def test_an_oom_point_becomes_a_row_and_the_sweep_goes_on(tmp_path):
@@ -71,7 +94,7 @@ def test_a_model_that_cannot_fit_becomes_too_big_rows(tmp_path, monkeypatch):
     ("q", dict(q=(0,)), "q=\\[0\\]: allowed integers >= 1"),
     ("B", dict(B=(1, -2)), "B=\\[-2\\]"),
     ("L", dict(L=(255,)), "max_context"),
-    ("modes", dict(modes=("fast",)), "allowed \\('eager', 'graph'\\)"),
+    ("modes", dict(modes=("fast",)), "allowed \\('eager', 'graph', 'compiled'\\)"),
     ("grid", dict(q=()), "no points"),
     ("dtypes", dict(dtypes=("int8",)), "allowed"),
     ("layers", dict(layers=2), "layers=2"),

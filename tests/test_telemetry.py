@@ -99,11 +99,29 @@ def test_unsupported_field_is_none_and_the_rest_is_read(nvml):
     assert s["power_w"] is None and s["sm_clock_mhz"] == 1980
 
 
-def test_init_and_shutdown_are_balanced(nvml):
+def test_nvml_is_initialised_once_and_shut_down_once(nvml):
     m = nvml()
-    snapshot(0)
-    snapshot(0)
-    assert m.state["init"] == m.state["shutdown"] == 2
+    for _ in range(3):
+        snapshot(0)
+    tel = Telemetry("cpu")
+    tel.index = 0  # as on a GPU: each block takes two snapshots
+    with tel.block("a"):
+        pass
+    assert m.state["init"] == 1 and m.state["shutdown"] == 0
+    telemetry.shutdown()
+    telemetry.shutdown()
+    assert m.state["shutdown"] == 1
+    snapshot(0)  # a later use initialises again
+    assert m.state["init"] == 2
+    telemetry.shutdown()
+
+
+def test_failed_init_is_remembered_not_retried_per_snapshot(nvml):
+    m = nvml(init_fails=True)
+    calls = []
+    m.nvmlInit = lambda: calls.append(1) or (_ for _ in ()).throw(NVMLError("Driver Not Loaded"))
+    assert snapshot(0)["available"] is False and snapshot(0)["available"] is False
+    assert calls == [1]
 
 
 def test_failed_init_is_unavailable_not_an_error(nvml):

@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 
+from roofline.measure import timer as timing
 from roofline.measure.timer import (
     CacheFlusher,
     CpuClock,
@@ -222,7 +223,7 @@ def test_median_ci_covers_the_true_median_at_about_95_percent():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(mode="x"), r"timer\.mode='x': allowed \('eager', 'graph'\)"),
+        (dict(mode="x"), r"timer\.mode='x': allowed \('eager', 'graph', 'compiled'\)"),
         (dict(l2="hot"), r"timer\.l2='hot': allowed \('warm', 'cold'\)"),
         (dict(warmup=-1), r"timer\.warmup=-1: allowed integers >= 0"),
         (dict(min_reps=1), r"timer\.min_reps=1: allowed integers >= 2"),
@@ -326,3 +327,60 @@ def test_cold_l2_on_cuda_sizes_the_flush_from_the_device():
     x = torch.empty(2**20, device="cuda")
     r = time_fn(lambda: x.mul_(1.0), TimerSettings(l2="cold", min_reps=5, max_reps=20), "cuda")
     assert r.flush_bytes >= 2 * getattr(props, "L2_cache_size", 1)
+
+
+# --------------------------------------------------------------------------- compiled mode
+
+
+def _dynamo_only(fn, device):
+    """torch.compile without Inductor (no C++ toolchain, seconds): the timer's compiled-mode logic."""
+    return timing.compile_fn(fn, torch.device(device), backend="eager")
+
+
+def test_compiled_mode_warms_up_then_probes_the_compiled_callable_once():
+    x = torch.randn(64)
+    calls, probed = [], []
+    settings = timing.TimerSettings(mode="compiled", warmup=1, min_reps=3, max_reps=3, budget_s=5.0)
+
+    def fn():
+        calls.append(1)  # runs while dynamo traces; the compiled graph does not call back into Python
+        return x * 2 + 1
+
+    r = timing.time_fn(fn, settings, "cpu", compiler=_dynamo_only,
+                       probe=lambda target: probed.append(target) or {"seen": float(target()[0])})
+    assert r.mode == "compiled" and r.n == 3 and len(probed) == 1
+    assert r.probe == {"seen": float(x[0] * 2 + 1)}
+    assert "probe" not in r.to_row()
+
+
+def test_compiled_mode_reports_a_graph_break_as_unsupported():
+    x = torch.randn(8)
+
+    def breaks():
+        torch._dynamo.graph_break()
+        return x + 1
+
+    with pytest.raises(timing.CompileUnsupported, match="torch.compile failed"):
+        timing.time_fn(breaks, timing.TimerSettings(mode="compiled", min_reps=2), "cpu", compiler=_dynamo_only)
+
+
+def test_compiled_mode_without_a_cxx_compiler_is_unsupported_before_any_call(monkeypatch):
+    import shutil
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    called = []
+    with pytest.raises(timing.CompileUnsupported, match="C\\+\\+ compiler"):
+        timing.time_fn(lambda: called.append(1), timing.TimerSettings(mode="compiled", min_reps=2), "cpu")
+    assert called == []
+
+
+@pytest.mark.slow
+def test_compiled_mode_with_inductor_on_the_cpu_matches_eager():
+    if timing._cxx_compiler() is None:
+        pytest.skip("no C++ compiler for Inductor")
+    x = torch.randn(4096)
+    out = {}
+    settings = timing.TimerSettings(mode="compiled", warmup=1, min_reps=2, max_reps=2, budget_s=5.0)
+    timing.time_fn(lambda: torch.nn.functional.silu(x) * x, settings, "cpu",
+                   probe=lambda target: out.setdefault("y", target()))
+    torch.testing.assert_close(out["y"], torch.nn.functional.silu(x) * x)

@@ -20,6 +20,8 @@ from roofline.io import files
 from roofline.model.presets import REPO_ROOT
 
 SCHEMA_VERSION = 1
+
+
 def runs_root() -> Path:
     """The one results root every command writes under unless told otherwise: $ROOFLINE_RESULTS,
     else results/runs of the source checkout, else results/runs under the working directory
@@ -32,17 +34,19 @@ def runs_root() -> Path:
 
 
 RUNS_ROOT = runs_root()  # default output root (not committed)
-STATUSES = ("ok", "oom", "error", "unsupported", "too_big")
+# math_fallback: measured, but attention ran torch's math path on CUDA (roofline.measure.forward)
+STATUSES = ("ok", "oom", "error", "unsupported", "too_big", "math_fallback")
 
 # Columns every row has, in order; physics columns are NaN on failed rows.
 KEY_COLUMNS = ["point_id", "kind", "model", "dtype", "mode", "q", "B", "L", "layers_run", "layers_full"]
 TIMING_COLUMNS = ["t_median_s", "t_p10_s", "t_p90_s", "t_p99_s", "t_mean_s", "t_min_s", "t_cv", "t_n", "t_ci_rel",
                   "t_stopped_by", "t_clock", "t_l2", "t_threads"]
 PHYSICS_COLUMNS = ["kv_len", "tokens", "moe_impl", "experts_touched", "weight_bytes", "expert_bytes",
-                   "kv_read_bytes", "kv_write_bytes", "embed_bytes", "activation_bytes_est", "bytes_total",
+                   "kv_read_bytes", "kv_write_bytes", "embed_bytes", "mask_bytes", "activation_bytes_est", "bytes_total",
                    "flops_matmul", "flops_attention", "flops", "intensity", "achieved_GBps",
                    "achieved_TFLOPs", "tokens_per_s", "ridge_datasheet", "bound_datasheet",
-                   "pct_datasheet_bw", "pct_datasheet_flops"]
+                   "pct_datasheet_bw", "pct_datasheet_flops",
+                   "attn_backend", "kernels_per_forward", "kernels_counted"]  # what the forward ran (measure.forward)
 CEILING_COLUMNS = ["ceiling_bw_GBps", "ceiling_TFLOPs", "ridge_measured", "pct_measured_bw",
                    "pct_measured_flops", "bound_measured"]  # present when the sweep had a ceilings file
 STATUS_COLUMNS = ["status", "error", "converged", "extrapolated", "schema_version"]

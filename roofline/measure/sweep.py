@@ -41,6 +41,8 @@ from roofline.model.config import ConfigError, ModelConfig
 from roofline.model.decoder import build_model
 from roofline.measure import slicing
 from roofline.measure.devices import parse_device, running_device_name, spec_for_running_device
+from roofline.measure.forward import (MATH_FALLBACK, count_kernels, depth_cosine_gate, eager_attention_backend,
+                                      is_math_fallback)
 from roofline.measure.noise import NoiseMonitor, NoiseSettings
 from roofline.measure.timer import MODES, TimerSettings, time_fn
 from roofline.parallel.layout import Layout
@@ -157,8 +159,8 @@ def spec_device_name(device: str) -> str:
 
 
 def _moe_impl(mode: str) -> str:
-    # Routing to the touched experts syncs with the host; graph capture needs the dense path.
-    return "dense" if mode == "graph" else "touched"
+    # Routing to the touched experts syncs with the host; graph capture and compile need the dense path.
+    return "touched" if mode == "eager" else "dense"
 
 
 def memory_plan(spec: SweepSpec, dtype: str, depth: int, points: list["Point"]) -> tuple[list, dict]:
@@ -221,7 +223,7 @@ class _Workload:
     def callable_for(self, p: Point) -> tuple[Callable[[], object], dict]:
         m, dev = self.model, self.spec.device
         tokens = torch.randint(0, self.cfg.vocab, (p.B, p.q), generator=self.gen, device=dev)
-        start = torch.full((p.B,), p.L, dtype=torch.long, device=dev)
+        start = p.L  # every sequence at L: no attention mask (decoder.attention_mask)
         kv_len = p.L + p.q
         if p.kind == "forward":
             fn = lambda: m(tokens, start, kv_len=kv_len)
@@ -234,29 +236,36 @@ class _Workload:
 
     def check(self) -> None:
         """Correct before fast: the forward of q tokens equals q single-token forwards in this
-        dtype (cosine >= 0.999 of the logits), and the logits are finite."""
-        m, dev = self.model, self.spec.device
+        dtype (cosine of the logits >= forward.min_cosine, depth-scaled for half precision),
+        through the same uniform-position path the points are timed on; logits finite."""
+        m = self.model
         self.model.reset_cache()
         n = min(4, m.max_context)
-        toks = torch.randint(0, self.cfg.vocab, (1, n), generator=self.gen, device=dev)
-        start = torch.zeros(1, dtype=torch.long, device=dev)
-        full = m(toks, start).float()
-        steps = torch.cat([m(toks[:, i:i + 1], start + i) for i in range(n)], 1).float()
+        toks = torch.randint(0, self.cfg.vocab, (1, n), generator=self.gen, device=self.spec.device)
+        full = m(toks, 0).float()
+        steps = torch.cat([m(toks[:, i:i + 1], i) for i in range(n)], 1).float()
         cos = torch.nn.functional.cosine_similarity(full.flatten(), steps.flatten(), dim=0).item()
-        if not torch.isfinite(full).all() or cos < 0.999:
-            raise RuntimeError(f"forward check failed for {self.cfg.name} {self.dtype}: cosine {cos:.6f}")
+        why = "logits not finite" if not torch.isfinite(full).all() else depth_cosine_gate(cos, self.cfg.layers, self.dtype)
+        if why:
+            raise RuntimeError(f"forward check failed for {self.cfg.name} {self.dtype}: {why}")
 
 
 def _measure(w: _Workload, p: Point, timer: TimerSettings) -> dict:
     w.fill_cache(p.L)
     fn, cost_of = w.callable_for(p)
-    t = time_fn(fn, dataclasses.replace(timer, mode=p.mode), w.spec.device)
+    backend = eager_attention_backend(fn)  # one eager call: which SDPA kernel each layer selects
+    mask = w.model.last_mask_bytes
+    # kernels per forward, profiled once outside the reps (graph mode replays the eager kernels)
+    probe = lambda target: count_kernels(fn if p.mode == "graph" else target, w.spec.device)
+    t = time_fn(fn, dataclasses.replace(timer, mode=p.mode), w.spec.device, probe=probe)
     touched = None
     if w.cfg.is_moe and w.moe_impl == "touched":
         touched = w.model.last_experts_touched() if p.kind == "forward" else w.model.mtp[0].block.ffn.last_touched
-    c = cost_of(touched)
+    c = dataclasses.replace(cost_of(touched), mask_bytes=mask)
     row = t.to_row()
     row.update(c.as_row())
+    seen = t.probe.pop("kernel_attn_backend")
+    row.update(t.probe, attn_backend=seen or backend)
     row.update(moe_impl=w.moe_impl, achieved_GBps=c.bytes_total / t.median_s / 1e9,
                achieved_TFLOPs=c.flops / t.median_s / 1e12, tokens_per_s=p.B * p.q / t.median_s,
                t_p99_s=float(np.quantile(t.samples_s, 0.99)),
@@ -468,6 +477,9 @@ def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t
         row.update(status="ok", error=None, converged=bool(row["t_ci_rel"] <= spec.timer.rel_ci),
                    **_bound(row, dev_spec.ridge(activation_dtype(p.dtype))),
                    **ceiling_columns(row, p.dtype, measured, dev_spec))
+        if is_math_fallback(row, spec.device):
+            row.update(status=MATH_FALLBACK, error=f"attention ran torch's math path ({row['attn_backend']}):"
+                       " it moves bytes the accounting does not charge; not a memory measurement")
         return row, samples
 
     def write(r, samples):

@@ -11,10 +11,15 @@ NVML comes from the maintained binding `pynvml` (pip package nvidia-ml-py). With
 on the CPU, a snapshot is {"available": False, ...}; on the CPU it adds the current core
 frequency from psutil where the platform reports one. Snapshots never raise: telemetry must
 not break a measurement.
+
+NVML is initialised once per process, on first use, and shut down at exit: nvmlInit
+enumerates every device and costs milliseconds, which per snapshot (two per measured block)
+would sit between the blocks of a ceilings run.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib
 import time
@@ -57,16 +62,35 @@ def _pynvml():
         return None
 
 
-def nvml_available() -> bool:
+_session: tuple[object, str | None] | None = None  # (pynvml, why unusable) of this process's one nvmlInit
+
+
+def _nvml():
+    """(pynvml initialised, None), or (None, why not). nvmlInit runs once per binding per process."""
+    global _session
     nvml = _pynvml()
     if nvml is None:
-        return False
-    try:
-        nvml.nvmlInit()
-        nvml.nvmlShutdown()
-        return True
-    except Exception:
-        return False
+        return None, "pynvml not installed (pip install nvidia-ml-py)"
+    if _session is None or _session[0] is not nvml:
+        try:
+            nvml.nvmlInit()
+            _session = (nvml, None)
+            atexit.register(shutdown)
+        except Exception as e:
+            _session = (nvml, f"nvmlInit failed: {e}")
+    return (None, _session[1]) if _session[1] else (nvml, None)
+
+
+def shutdown() -> None:
+    """nvmlShutdown for the process's one nvmlInit (registered at exit; safe to call twice)."""
+    global _session
+    if _session is not None and _session[1] is None:
+        _query(_session[0].nvmlShutdown)
+    _session = None
+
+
+def nvml_available() -> bool:
+    return _nvml()[0] is not None
 
 
 def _cpu_freq_mhz() -> float | None:
@@ -98,13 +122,9 @@ def snapshot(device_index: int | None = 0) -> dict:
     `device_index`; `None` means the CPU. Fields NVML cannot read are None."""
     if device_index is None:
         return {"available": False, "reason": "cpu", "cpu_freq_mhz": _cpu_freq_mhz()}
-    nvml = _pynvml()
+    nvml, why = _nvml()
     if nvml is None:
-        return {"available": False, "reason": "pynvml not installed (pip install nvidia-ml-py)"}
-    try:
-        nvml.nvmlInit()
-    except Exception as e:
-        return {"available": False, "reason": f"nvmlInit failed: {e}"}
+        return {"available": False, "reason": why}
     try:
         h = nvml.nvmlDeviceGetHandleByIndex(device_index)
         power_mw = _query(nvml.nvmlDeviceGetPowerUsage, h)
@@ -122,8 +142,6 @@ def snapshot(device_index: int | None = 0) -> dict:
         }
     except Exception as e:
         return {"available": False, "reason": f"NVML query failed: {e}"}
-    finally:
-        _query(nvml.nvmlShutdown)
 
 
 def nvml_index(device: str | torch.device) -> int | None:
@@ -136,15 +154,11 @@ def nvml_index(device: str | torch.device) -> int | None:
     if dev.type != "cuda":
         return None
     index = dev.index if dev.index is not None else 0
-    nvml = _pynvml()
+    nvml, _ = _nvml()
     try:
         uuid = str(torch.cuda.get_device_properties(index).uuid)
-        nvml.nvmlInit()
-        try:
-            handle = nvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}".encode())
-            return int(nvml.nvmlDeviceGetIndex(handle))
-        finally:
-            nvml.nvmlShutdown()
+        handle = nvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}".encode())
+        return int(nvml.nvmlDeviceGetIndex(handle))
     except Exception:
         return index
 

@@ -6,6 +6,12 @@ Semantics (docs/design.md §4), in the order they happen:
    `fn` is ever called (graph mode needs CUDA; only cpu and cuda are timed).
 2. Warm-up: `warmup` untimed calls, so that allocator growth, lazy initialisation
    (cuBLAS handles, oneDNN primitives), page faults and clock ramp-up are not measured.
+   Modes: "eager" calls `fn`; "graph" captures it once into a CUDA graph and replays it;
+   "compiled" runs `torch.compile(fn, fullgraph=True, dynamic=False)` with, on CUDA,
+   mode="reduce-overhead" (Inductor's fused kernels replayed as CUDA graphs, as gpt-fast
+   does): fewer kernels and no host launch cost. Compilation happens in the warm-up (at
+   least 3 calls, so the CUDA-graph tree is recorded); a function torch.compile cannot take
+   whole, or a CPU without a C++ compiler for Inductor, raises `CompileUnsupported`.
 3. Repetitions: each rep times exactly ONE call of `fn` (or one CUDA-graph replay).
    CPU: `time.perf_counter_ns` around the call (CPU torch ops are synchronous).
    CUDA: a `torch.cuda.Event(enable_timing=True)` pair recorded on the current stream
@@ -31,6 +37,7 @@ import contextlib
 import dataclasses
 import gc
 import math
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -42,7 +49,7 @@ import torch
 from roofline.measure.devices import parse_device
 from roofline.model.config import ConfigError
 
-MODES = ("eager", "graph")
+MODES = ("eager", "graph", "compiled")
 L2_MODES = ("warm", "cold")
 STOP_REASONS = ("rel_ci", "budget", "max_reps")
 CPU_DEFAULT_LLC_BYTES = 64 * 2**20
@@ -51,6 +58,11 @@ CUDA_FALLBACK_L2_BYTES = 128 * 2**20
 
 class TimingError(RuntimeError):
     """A measurement that cannot be trusted (a time <= 0, NaN or inf)."""
+
+
+class CompileUnsupported(NotImplementedError):
+    """mode="compiled" cannot run here (no C++ compiler for Inductor on the CPU, or torch.compile
+    refused the function); a sweep records the point as `unsupported` with this message."""
 
 
 @dataclass(frozen=True)
@@ -410,13 +422,14 @@ class TimingResult:
     flush_bytes: int  # bytes rewritten before each rep; 0 when l2 == "warm"
     threads: int
     samples_s: tuple[float, ...]
+    probe: dict | None = None  # what time_fn's `probe` returned (not a timing)
 
     def to_row(self, prefix: str = "t_") -> dict[str, Any]:
-        """Scalar fields for a result row (the samples stay out of flat tables)."""
+        """Scalar fields for a result row (the samples and the probe stay out of flat tables)."""
         return {
             prefix + f.name: getattr(self, f.name)
             for f in dataclasses.fields(self)
-            if f.name != "samples_s"
+            if f.name not in ("samples_s", "probe")
         }
 
 
@@ -441,18 +454,70 @@ def _capture_graph(fn: Callable[[], Any], warmup: int, device: torch.device) -> 
     return graph
 
 
+COMPILE_WARMUP = 3  # calls: compile, then record and warm the CUDA-graph tree
+
+
+def _cxx_compiler() -> str | None:
+    import shutil
+    for name in (os.environ.get("CXX", ""), "c++", "g++", "clang++"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def compile_fn(fn: Callable[[], Any], device: torch.device, backend: str = "inductor") -> Callable[[], Any]:
+    """`fn` compiled whole (fullgraph, static shapes); on CUDA with CUDA graphs (reduce-overhead).
+
+    Each call first marks a new CUDA-graph-tree step, so replays never wait on outputs of the
+    previous call that nobody reads. Raises CompileUnsupported where Inductor cannot run.
+    """
+    if backend == "inductor" and device.type == "cpu" and _cxx_compiler() is None:
+        raise CompileUnsupported("timer.mode='compiled': torch.compile (Inductor) on the CPU needs a C++ "
+                                 "compiler (none of $CXX, c++, g++, clang++ is on PATH); use modes eager")
+    torch._dynamo.reset()  # a fresh cache: each timed callable compiles for itself, never falls back
+    mode = "reduce-overhead" if device.type == "cuda" and backend == "inductor" else None
+    compiled = torch.compile(fn, backend=backend, mode=mode, fullgraph=True, dynamic=False)
+    if device.type != "cuda" or mode is None:
+        return compiled
+
+    def step() -> Any:
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled()
+    return step
+
+
+def _compile_errors(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """First calls of a compiled function: torch.compile's own failures become CompileUnsupported."""
+    def call() -> Any:
+        try:
+            return fn()
+        except Exception as e:
+            if type(e).__module__.startswith(("torch._dynamo", "torch._inductor")):
+                first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                raise CompileUnsupported(f"timer.mode='compiled': torch.compile failed: "
+                                         f"{type(e).__name__}: {first}"[:400]) from e
+            raise
+    return call
+
+
 def time_fn(
     fn: Callable[[], Any],
     settings: TimerSettings,
     device: str | torch.device = "cpu",
     *,
     clock: Clock | None = None,
+    probe: Callable[[Callable[[], Any]], dict] | None = None,
+    compiler: Callable[[Callable[[], Any], torch.device], Callable[[], Any]] = compile_fn,
 ) -> TimingResult:
     """Time `fn` on `device` under `settings`; see the module docstring for the semantics.
 
     In graph mode `fn` is called `max(warmup, 1)` times eagerly on a side stream and once
     under capture (not executed); the graph is then replayed `warmup` times untimed and
-    once per rep. `clock` replaces the device's clock (tests inject scripted fakes).
+    once per rep. In compiled mode `compiler(fn, device)` is called `max(warmup, 3)` times
+    untimed, then once per rep. `clock` replaces the device's clock (tests inject scripted
+    fakes). `probe`, if given, is called once with the warmed-up callable (fn, the graph's
+    replay or the compiled function) before the reps, outside any timed region; what it
+    returns is kept in `TimingResult.probe` (the sweep counts kernels per forward with it).
     """
     dev = _resolve_device(device)
     default_clock = make_clock(dev, settings)  # rejects graph mode on the CPU before any call
@@ -463,10 +528,18 @@ def time_fn(
         torch.cuda.device(dev) if on_cuda else contextlib.nullcontext()
     ):
         target = fn
+        warmup = settings.warmup
         if settings.mode == "graph":
             target = _capture_graph(fn, settings.warmup, dev).replay  # keeps the graph alive
-        for _ in range(settings.warmup):
+        elif settings.mode == "compiled":
+            target, warmup = compiler(fn, dev), max(settings.warmup, COMPILE_WARMUP)
+            checked = _compile_errors(target)
+            for _ in range(warmup):
+                checked()
+            warmup = 0
+        for _ in range(warmup):
             target()
+        probed = probe(target) if probe is not None else None
         flusher.flush()  # first touch of the flush buffer (page faults) before the loop
         clock.sync()
 
@@ -481,5 +554,5 @@ def time_fn(
         median_s=stats.median_s, p10_s=stats.p10_s, p90_s=stats.p90_s, mean_s=stats.mean_s,
         min_s=stats.min_s, cv=stats.cv, n=stats.n, ci_rel=stats.ci_rel, total_s=reps.total_s,
         stopped_by=reps.stopped_by, clock=clock.name, mode=settings.mode, l2=settings.l2,
-        flush_bytes=flusher.nbytes, threads=threads, samples_s=tuple(reps.samples),
+        flush_bytes=flusher.nbytes, threads=threads, samples_s=tuple(reps.samples), probe=probed,
     )

@@ -216,11 +216,12 @@ class ForwardCost:
     activation_bytes_est: int  # estimate, not in bytes_total
     flops_matmul: int
     flops_attention: int
+    mask_bytes: int = 0  # an attention mask the forward built and read (the model's last_mask_bytes)
     dequant_ops: float = 0.0  # weight elements x element operations to dequantise them (not FLOPs)
 
     @property
     def bytes_total(self) -> float:
-        return self.weight_bytes + self.kv_read_bytes + self.kv_write_bytes + self.embed_bytes
+        return self.weight_bytes + self.kv_read_bytes + self.kv_write_bytes + self.embed_bytes + self.mask_bytes
 
     @property
     def flops(self) -> int:

@@ -64,9 +64,41 @@ def _causal_mask(start_pos: torch.Tensor, q: int, kv_len: int) -> torch.Tensor:
     return (keys[None, None, :] <= qpos[:, :, None])[:, None]
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None = None):
+def attention_mask(start_pos: torch.Tensor | int, q: int, kv_len: int, device: torch.device):
+    """What attention is given, built once per forward and shared by every layer.
+
+    Ragged positions (start_pos a tensor [B]): a boolean mask [B, 1, q, kv_len]. Uniform
+    positions (start_pos an int s, every sequence at s, kv_len = s + q) need none on a GPU: a
+    decode step (q = 1) sees every key it reads, so no mask at all; q > 1 is the causal pattern
+    aligned to the bottom-right corner, which flash attention applies from two lengths
+    (torch.nn.attention.bias.causal_lower_right, never materialised). A boolean mask would
+    push torch's dispatcher off Flash (it refuses masks) onto memory-efficient attention, which
+    has no grouped KV heads, or onto the math path, which reads every KV head once per query
+    head. On the CPU torch's fused kernel takes a mask without changing kernel, so q > 1 gets
+    one small [1, 1, q, kv_len] boolean mask (its bytes are counted: `mask_bytes`).
+    """
+    if isinstance(start_pos, torch.Tensor):
+        return _causal_mask(start_pos, q, kv_len)
+    if q == 1:
+        return None
+    if device.type == "cpu":
+        return _causal_mask(torch.tensor([start_pos], device=device), q, kv_len)
+    from torch.nn.attention.bias import causal_lower_right
+    return causal_lower_right(q, kv_len)
+
+
+def mask_bytes(mask, attention_layers: int) -> int:
+    """DRAM bytes of a mask: written once, read once by each attention layer (0 for no mask
+    and for a causal flag that is never materialised)."""
+    if not isinstance(mask, torch.Tensor) or type(mask) is not torch.Tensor:
+        return 0
+    return mask.numel() * mask.element_size() * (1 + attention_layers)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale: float | None = None):
     """Attention of q [B, h, q, d_k] over k [B, h_kv, L, d_k], v [B, h_kv, L, d_v] (head i reads
-    KV head i // (h / h_kv)) under a boolean mask [B, 1, q, L].
+    KV head i // (h / h_kv)) under `mask`: None (every key visible), a causal_lower_right bias,
+    or a boolean tensor [B or 1, 1, q, L] (see `attention_mask`).
 
     torch's CPU scaled_dot_product_attention runs the single-query case 3-4x slower than two
     queries (measured here: 2.8 vs 0.8 ms per layer at B=4, L=1024, 16/4 heads, bf16), a kernel
@@ -79,8 +111,29 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=hkv != h)
     g = h // hkv
     scores = (q.reshape(B, hkv, g, dk) @ k.transpose(-1, -2)).float() * (scale or dk ** -0.5)
-    scores = scores.masked_fill(~mask, float("-inf"))  # mask [B, 1, 1, L] broadcasts over (h_kv, g)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))  # mask [B, 1, 1, L] broadcasts over (h_kv, g)
     return (scores.softmax(-1).to(v.dtype) @ v).reshape(B, h, 1, v.shape[-1])
+
+
+def _write_cache(cache: torch.Tensor, pos, new: torch.Tensor, dim: int) -> None:
+    """Store new [B, q, ...] at positions `pos` of cache dim `dim` (1 or 2): a slice s:s+q for
+    uniform positions (one copy), or per-sequence positions [B, q] (an index_put)."""
+    B = new.shape[0]
+    if isinstance(pos, slice):
+        if dim == 2:
+            cache[:B, :, pos] = new.transpose(1, 2)
+        else:
+            cache[:B, pos] = new
+        return
+    b_idx = torch.arange(B, device=new.device)[:, None]
+    if dim == 2:
+        cache[b_idx, :, pos] = new
+    else:
+        cache[b_idx, pos] = new
+
+
+_MASK_FROM_POSITIONS = object()  # callers that pass no mask get the one start_pos implies
 
 
 class GQAttention(nn.Module):
@@ -97,7 +150,7 @@ class GQAttention(nn.Module):
         self.register_buffer("k_cache", torch.zeros(shape), persistent=False)
         self.register_buffer("v_cache", torch.zeros(shape), persistent=False)
 
-    def forward(self, x, cos, sin, start_pos, pos, kv_len):
+    def forward(self, x, cos, sin, start_pos, pos, kv_len, mask=_MASK_FROM_POSITIONS):
         cfg = self.cfg
         B, q, _ = x.shape
         h, hkv, dh = cfg.heads, cfg.kv_heads, cfg.head_dim
@@ -108,12 +161,12 @@ class GQAttention(nn.Module):
             xq, xk = self.q_norm(xq), self.k_norm(xk)
         xq = apply_rope(xq, cos, sin, cfg.rope_interleave)
         xk = apply_rope(xk, cos, sin, cfg.rope_interleave)
-        b_idx = torch.arange(B, device=x.device)[:, None]
-        self.k_cache[b_idx, :, pos] = xk
-        self.v_cache[b_idx, :, pos] = xv
+        _write_cache(self.k_cache, pos, xk, 2)
+        _write_cache(self.v_cache, pos, xv, 2)
         k = self.k_cache[:B, :, :kv_len]
         v = self.v_cache[:B, :, :kv_len]
-        mask = _causal_mask(start_pos, q, kv_len)
+        if mask is _MASK_FROM_POSITIONS:
+            mask = attention_mask(start_pos, q, kv_len, x.device)
         o = attend(xq.transpose(1, 2), k, v, mask)
         return self.wo(o.transpose(1, 2).reshape(B, q, h * dh))
 
@@ -137,7 +190,7 @@ class MLAttention(nn.Module):
         self.scale = yarn_softmax_scale(cfg.rope_scaling) / math.sqrt(qk)
         self.register_buffer("kv_cache", torch.zeros(max_batch, max_context, r + cfg.qk_rope_dim), persistent=False)
 
-    def forward(self, x, cos, sin, start_pos, pos, kv_len):
+    def forward(self, x, cos, sin, start_pos, pos, kv_len, mask=_MASK_FROM_POSITIONS):
         cfg = self.cfg
         B, q, _ = x.shape
         h, r, nope, rope_d, vd = cfg.heads, cfg.kv_lora_rank, cfg.qk_nope_dim, cfg.qk_rope_dim, cfg.v_head_dim
@@ -147,14 +200,14 @@ class MLAttention(nn.Module):
         q_pe = apply_rope(q_pe, cos, sin, cfg.rope_interleave)
         latent, k_pe = self.kv_a(x).split([r, rope_d], dim=-1)
         k_pe = apply_rope(k_pe[:, :, None, :], cos, sin, cfg.rope_interleave)[:, :, 0]
-        b_idx = torch.arange(B, device=x.device)[:, None]
-        self.kv_cache[b_idx, pos] = torch.cat((self.kv_a_norm(latent), k_pe), dim=-1)
+        _write_cache(self.kv_cache, pos, torch.cat((self.kv_a_norm(latent), k_pe), dim=-1), 1)
         w = self.kv_b.weight.view(h, nope + vd, r)
         w_uk, w_uv = w[:, :nope], w[:, nope:]
         q_lat = torch.einsum("bqhn,hnr->bhqr", q_nope, w_uk)
         query = torch.cat((q_lat, q_pe.transpose(1, 2)), dim=-1)  # [B, h, q, r + rope]
         cache = self.kv_cache[:B, :kv_len][:, None]  # one latent "head" shared by all heads
-        mask = _causal_mask(start_pos, q, kv_len)
+        if mask is _MASK_FROM_POSITIONS:
+            mask = attention_mask(start_pos, q, kv_len, x.device)
         o_lat = attend(query, cache, cache[..., :r], mask, self.scale)
         o = torch.einsum("bhqr,hvr->bqhv", o_lat, w_uv)
         return self.wo(o.reshape(B, q, h * vd))
@@ -230,8 +283,8 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.d, cfg.norm_eps)
         self.ffn = MoE(cfg, moe_impl) if moe else SwiGLU(cfg.d, cfg.ffn)
 
-    def forward(self, x, cos, sin, start_pos, pos, kv_len):
-        x = x + self.attn(self.attn_norm(x), cos, sin, start_pos, pos, kv_len)
+    def forward(self, x, cos, sin, start_pos, pos, kv_len, mask=_MASK_FROM_POSITIONS):
+        x = x + self.attn(self.attn_norm(x), cos, sin, start_pos, pos, kv_len, mask)
         return x + self.ffn(self.ffn_norm(x))
 
 
@@ -268,6 +321,7 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(cfg.d, cfg.norm_eps)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d, cfg.vocab, bias=False)
         self.mtp = nn.ModuleList(MTPModule(cfg, max_batch, max_context, moe_impl) for _ in range(cfg.mtp_layers))
+        self.last_mask_bytes = 0  # the attention mask the last forward built (accounting: mask_bytes)
         cos, sin = rope_table(cfg, max_context)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -277,41 +331,61 @@ class Transformer(nn.Module):
         return F.linear(x, self.embed.weight) if self.lm_head is None else self.lm_head(x)
 
     def _positions(self, tokens, start_pos, kv_len):
+        """Cache positions, RoPE rows, kv_len and the attention mask of one call (see forward)."""
         B, q = tokens.shape
         if B > self.max_batch:
             raise ValueError(f"batch {B} exceeds the cache's max_batch={self.max_batch}")
-        pos = start_pos[:, None] + torch.arange(q, device=tokens.device)
-        if kv_len is None:
-            kv_len = int(start_pos.max()) + q
+        if not isinstance(start_pos, torch.Tensor):  # an int (traced as a symbolic int by torch.compile)
+            if start_pos < 0:
+                raise ValueError(f"start_pos={start_pos}: must be >= 0")
+            if kv_len not in (None, start_pos + q):
+                raise ValueError(f"kv_len={kv_len}: with a uniform start_pos={start_pos} attention reads "
+                                 f"exactly start_pos + q = {start_pos + q} positions (pass a tensor start_pos "
+                                 "to read a longer, masked slice)")
+            kv_len = start_pos + q
+            pos = slice(start_pos, start_pos + q)
+            cos, sin = self.rope_cos[pos][None], self.rope_sin[pos][None]
+        else:
+            pos = start_pos[:, None] + torch.arange(q, device=tokens.device)
+            if kv_len is None:
+                kv_len = int(start_pos.max()) + q
         if kv_len > self.max_context:
             raise ValueError(f"kv_len={kv_len} exceeds the cache's max_context={self.max_context}")
-        return pos, self.rope_cos[pos], self.rope_sin[pos], kv_len
+        if not isinstance(pos, slice):
+            cos, sin = self.rope_cos[pos], self.rope_sin[pos]
+        mask = attention_mask(start_pos, q, kv_len, tokens.device)
+        return pos, cos, sin, kv_len, mask
 
-    def forward(self, tokens: torch.Tensor, start_pos: torch.Tensor, kv_len: int | None = None,
+    def forward(self, tokens: torch.Tensor, start_pos: torch.Tensor | int, kv_len: int | None = None,
                 return_hidden: bool = False):
         """Logits [B, q, V] for q new tokens per sequence at positions start_pos[b] + 0..q-1.
 
+        start_pos: a LongTensor [B] (ragged: each sequence at its own position, attention under
+        a boolean mask), or an int when every sequence is at the same position (the sweep's
+        case): cache writes are one slice and attention needs no mask (`attention_mask`).
         kv_len: cache positions attention reads (>= max(start_pos) + q); fixed by callers that
-        capture CUDA graphs. return_hidden: also return the last hidden states after the final
-        norm (what vLLM hands DeepSeek-V3's MTP module as the target's hidden state),
-        which an MTP module consumes.
+        capture CUDA graphs with a tensor start_pos; with an int start_pos it is start_pos + q.
+        return_hidden: also return the last hidden states after the final norm (what vLLM hands
+        DeepSeek-V3's MTP module as the target's hidden state), which an MTP module consumes.
         """
-        pos, cos, sin, kv_len = self._positions(tokens, start_pos, kv_len)
+        pos, cos, sin, kv_len, mask = self._positions(tokens, start_pos, kv_len)
+        self.last_mask_bytes = mask_bytes(mask, len(self.layers))
         x = self.embed(tokens)
         for layer in self.layers:
-            x = layer(x, cos, sin, start_pos, pos, kv_len)
+            x = layer(x, cos, sin, start_pos, pos, kv_len, mask)
         h = self.norm(x)
         logits = self.head(h)
         return (logits, h) if return_hidden else logits
 
-    def mtp_forward(self, hidden: torch.Tensor, next_tokens: torch.Tensor, start_pos: torch.Tensor,
+    def mtp_forward(self, hidden: torch.Tensor, next_tokens: torch.Tensor, start_pos: torch.Tensor | int,
                     depth: int = 0, kv_len: int | None = None):
         """MTP module `depth` over q positions: hidden [B, q, d] of the previous depth at
         positions start_pos + 0..q-1 and the tokens one step ahead -> (logits, hidden)."""
         m = self.mtp[depth]
-        pos, cos, sin, kv_len = self._positions(next_tokens, start_pos, kv_len)
+        pos, cos, sin, kv_len, mask = self._positions(next_tokens, start_pos, kv_len)
+        self.last_mask_bytes = mask_bytes(mask, 1)
         x = m.eh_proj(torch.cat((m.enorm(self.embed(next_tokens)), m.hnorm(hidden)), dim=-1))
-        x = m.block(x, cos, sin, start_pos, pos, kv_len)
+        x = m.block(x, cos, sin, start_pos, pos, kv_len, mask)
         return self.head(m.norm(x)), x
 
     def last_experts_touched(self) -> float | None:

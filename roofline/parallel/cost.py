@@ -134,6 +134,7 @@ class RankCost:
     flops_matmul: float
     flops_attention: int
     collectives: tuple[Collective, ...] = field(default=())
+    mask_bytes: int = 0  # an attention mask the forward built and read (as ForwardCost.mask_bytes)
 
     bytes_total = ForwardCost.bytes_total  # the same definitions as one device's
     flops = ForwardCost.flops
