@@ -109,7 +109,7 @@ def test_report(tmp_path):
 
 
 def test_predict(reference_run, tmp_path):
-    out, r = run_cli("predict", f"fit={reference_run / 'fit.json'}", "model=tiny", "k=[0,1,2]",
+    out, r = run_cli("predict", f"fit={reference_run / 'fit.json'}", "model=tiny", "allow_other_model=true", "k=[0,1,2]",
                      "B=[1,4]", "L=[128]", "plot_B=1", "plot_L=128", f"out_dir={tmp_path}")
     assert r.returncode == 0, r.stderr
     t = pd.read_csv(tmp_path / "predict.csv")
