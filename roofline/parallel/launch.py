@@ -65,6 +65,7 @@ def _entry(rank: int, world: int, port: int, device: str, timeout_s: float, fn, 
     try:
         dev = init(rank, world, device, timeout_s)
         out = fn(rank, world, dev, *args)
+        dist.barrier()  # no rank tears its group down while a peer is still inside a collective
         if rank == 0:
             queue.put(("ok", out))
     except BaseException as e:  # the parent re-raises rank 0's error with its traceback

@@ -160,8 +160,10 @@ def _rank_main(rank: int, world: int, device: str, spec: SweepSpec, run_dir: str
     spec = dataclasses.replace(spec, device=device)
     if rank != 0:
         return follow(rank, spec, device)
-    try:
-        return run_sweep(spec, Path(run_dir), progress, measure=leader_measure, workload=LeaderWorkload, **options)
+    try:  # no busy-machine re-measurement: the followers replay rank 0's steps in lockstep, and a
+        # re-measured point or an unannounced reference call on rank 0 alone would desynchronise them
+        return run_sweep(spec, Path(run_dir), progress, measure=leader_measure, workload=LeaderWorkload,
+                         noise=None, **options)
     finally:
         _send(("done",))
 
