@@ -6,8 +6,7 @@ import json
 import hydra
 
 from experiments.entry import fail_fast, plain
-from roofline.io.fields import from_dict
-from roofline.model.config import ConfigError
+from roofline.io.fields import ConfigError, from_dict
 from roofline.spec.real_acceptance import AcceptanceRequest, measure_acceptance
 
 

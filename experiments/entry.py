@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from roofline.io.results import RUNS_ROOT
 from roofline.measure.memory import TooBig
-from roofline.model.config import ConfigError
+from roofline.io.fields import ConfigError
 
 JOB_FILE = "job.json"
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"

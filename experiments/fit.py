@@ -6,7 +6,7 @@ from pathlib import Path
 import hydra
 
 from experiments.entry import fail_fast, plain
-from roofline.model.config import ConfigError
+from roofline.io.fields import ConfigError
 from roofline.analysis.costmodel import FitSettings, error_table, fit_run, params_table, save_fit
 from roofline.report.sections import write_costmodel_section
 

@@ -9,7 +9,7 @@ import sys
 import hydra
 
 from experiments.entry import fail_fast, plain
-from roofline.model.config import ConfigError
+from roofline.io.fields import ConfigError
 from roofline.checkpoints.inventory import InventoryRequest, format_report, run_inventory, write_outputs
 
 

@@ -8,7 +8,7 @@ import hydra
 
 from experiments.entry import fail_fast, plain
 from roofline.io.files import write_csv_atomic, write_json_atomic
-from roofline.model.config import ConfigError
+from roofline.io.fields import ConfigError
 from roofline.parallel.validate import held_out
 
 

@@ -9,9 +9,9 @@ import pandas as pd
 
 from experiments.entry import fail_fast, plain
 from roofline.analysis.predict import PredictRequest, run
-from roofline.io.fields import from_dict
+from roofline.io.fields import ConfigError, from_dict
 from roofline.measure.devices import get_spec
-from roofline.model.config import ConfigError, ModelConfig
+from roofline.model.config import ModelConfig
 from roofline.model.formats import with_overrides
 from roofline.model.presets import get_preset
 from roofline.parallel import whatif

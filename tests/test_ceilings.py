@@ -18,7 +18,7 @@ from roofline.measure import kernels
 from roofline.measure.ceilings import (BANDWIDTH_COLUMNS, MATMUL_COLUMNS, SUMMARY_KEYS, TOP_KEYS,
                                CeilingsSpec, check_gemm, decode_gemm_shapes, load_ceilings,
                                measure_ceilings, summarize, write_ceilings)
-from roofline.model.config import ConfigError
+from roofline.io.fields import ConfigError
 from roofline.model.presets import get_preset
 from roofline.measure.timer import TimerSettings
 

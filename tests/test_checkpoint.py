@@ -14,7 +14,7 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 from safetensors import safe_open  # noqa: E402
 
 from roofline.checkpoints.loader import ARCHITECTURES, checkpoint_config, config_from_hf, load_checkpoint  # noqa: E402
-from roofline.model.config import ConfigError  # noqa: E402
+from roofline.io.fields import ConfigError  # noqa: E402
 from roofline.model.presets import REPO_ROOT  # noqa: E402
 from tests.helpers import BASE, FAMILIES, add_mtp_layer, hf_model, rms  # noqa: E402
 

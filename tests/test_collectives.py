@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from roofline.model.config import ConfigError
+from roofline.io.fields import ConfigError
 from roofline.parallel.collectives import CollectiveSpec, bus_factor, fit, seconds
 from roofline.parallel.cost import Collective
 

@@ -9,7 +9,7 @@ import pytest
 
 from roofline.analysis.compare import compare_runs, format_comparison
 from roofline.io import results
-from roofline.model.config import ConfigError
+from roofline.io.fields import ConfigError
 from roofline.model.presets import REPO_ROOT
 
 

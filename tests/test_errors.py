@@ -15,7 +15,6 @@ from roofline.checkpoints.loader import config_from_hf, shard_files
 from roofline.io import results
 from roofline.measure.sweep import SweepSpec, slicing_error
 from roofline.measure.timer import TimerSettings
-from roofline.model.config import ConfigError
 from roofline.model.presets import REPO_ROOT, get_preset
 
 
@@ -52,7 +51,7 @@ def test_grid_axes_accept_a_scalar():
 
 
 def test_an_unknown_timer_key_is_named():
-    from roofline.io.fields import from_dict
+    from roofline.io.fields import ConfigError, from_dict
     with pytest.raises(ConfigError, match=r"timer: unknown field\(s\) \['foo'\]; allowed \["):
         from_dict(TimerSettings, dict(warmup=1, foo=2), "timer")
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from roofline.model.config import ConfigError
+from roofline.io.fields import ConfigError
 from roofline.checkpoints.inventory import compare, load_rename_map, read_checkpoint, rename
 
 REPO = Path(__file__).resolve().parents[1]

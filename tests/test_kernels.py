@@ -19,12 +19,11 @@ import torch
 pytest.importorskip("triton", reason="Triton kernels need triton (pip install -e .[triton])")
 
 from roofline.measure import kernels  # noqa: E402
-from roofline.measure.kernels import KERNELS, check  # noqa: E402
+from roofline.measure.kernels import KERNEL_DTYPES, KERNELS, check  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 interpreter_only = pytest.mark.skipif(DEVICE != "cpu", reason="a property of the CPU interpreter's fixed grid")
-DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 SIZES = [1, 1000, 4097, 65537]  # none a multiple of BLOCK (4096 fp32, 8192 bf16/fp16)
 TRITON_SPECS = [name for name, spec in KERNELS.items() if spec.uses_triton]
 TORCH_SPECS = [name for name, spec in KERNELS.items() if not spec.uses_triton]
@@ -47,14 +46,14 @@ def test_registry_has_every_op_in_every_variant():
 
 
 @pytest.mark.parametrize("n", SIZES)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
 @pytest.mark.parametrize("name", TRITON_SPECS)
 def test_triton_kernel_matches_torch(name, dtype, n):
     check(KERNELS[name], n, dtype, DEVICE)
 
 
 @pytest.mark.parametrize("n", SIZES)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
 @pytest.mark.parametrize("name", TORCH_SPECS)
 def test_torch_line_matches_reference(name, dtype, n):
     check(KERNELS[name], n, dtype, DEVICE)
@@ -127,7 +126,7 @@ def test_check_raises_on_a_wrong_reference(name):
         check(wrong, 4097, torch.bfloat16, DEVICE)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
 @pytest.mark.parametrize("name", ["triton_read_grid", "triton_read_persistent"])
 def test_check_catches_a_read_that_drops_the_last_element(name, dtype):
     spec = KERNELS[name]

@@ -3,8 +3,8 @@
 import pytest
 
 from roofline.model.accounting import forward_cost, mtp_cost, param_count
-from roofline.model.config import ConfigError
-from roofline.model.presets import get_preset, scaled_down
+from roofline.io.fields import ConfigError
+from roofline.model.presets import get_preset
 from roofline.parallel.cost import params_per_rank, rank_forward_cost, rank_mtp_cost
 from roofline.parallel.layout import Layout, experts_touched_per_rank, kv_head_of_rank
 

@@ -5,7 +5,7 @@ import pytest
 from roofline.io.results import load_run
 from roofline.measure.sweep import SweepSpec, run_sweep
 from roofline.measure.timer import TimerSettings
-from roofline.model.config import ConfigError
+from roofline.io.fields import ConfigError
 from roofline.model.presets import get_preset, scaled_down
 from roofline.parallel.cost import parse_collectives, rank_forward_cost
 from roofline.parallel.layout import Layout

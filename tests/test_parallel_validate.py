@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from roofline.model.config import ConfigError
+from roofline.io.fields import ConfigError
 from roofline.model.presets import get_preset
 from roofline.parallel.collectives import SCHEMA, seconds
 from roofline.parallel.cost import parse_collectives, rank_forward_cost, rank_mtp_cost

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 import roofline.model.presets as presets
-from roofline.model.config import ConfigError, ModelConfig
+from roofline.io.fields import ConfigError
+from roofline.model.config import ModelConfig
 
 REAL_MODELS = [
     "llama-3.1-8b",

@@ -14,7 +14,7 @@ from roofline.analysis import capacity, costmodel, quality
 from roofline.analysis.predict import DraftCost as Drafter, table
 from roofline.io import results
 from roofline.model.accounting import forward_cost
-from roofline.model.config import ConfigError
+from roofline.io.fields import ConfigError
 from roofline.model.presets import REPO_ROOT, get_preset
 from roofline.measure.sweep import SweepSpec, run_sweep, summary_text
 from roofline.measure.timer import TimerSettings

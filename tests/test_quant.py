@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from roofline.model.accounting import forward_cost, param_count, resident_weight_bytes
-from roofline.model.config import ConfigError
+from roofline.io.fields import ConfigError
 from roofline.model.decoder import build_model
 from roofline.model.formats import parse_format, parse_precision, precision
 from roofline.model.presets import get_preset, scaled_down

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from roofline.model.config import ConfigError
+from roofline.io.fields import ConfigError
 from roofline.report.document import md_table, write_report
 from tests.helpers import make_synthetic_run
 

@@ -11,7 +11,7 @@ import pytest
 import roofline.measure.sweep as sw
 from roofline.io import results, runfolder
 from roofline.measure.memory import TooBig
-from roofline.model.config import ConfigError
+from roofline.io.fields import ConfigError
 from roofline.model.presets import REPO_ROOT, get_preset
 from roofline.measure.sweep import SweepSpec, grid, run_sweep
 from roofline.measure.timer import TimerSettings

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from roofline.model.config import ConfigError
+from roofline.io.fields import ConfigError
 from roofline.spec.real_acceptance import AcceptanceRequest, measure_acceptance
 from tests.helpers import CONVERSATION, add_mtp_layer, hf_model, save_tokenizer
 

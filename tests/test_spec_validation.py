@@ -7,7 +7,7 @@ import sys
 import pandas as pd
 import pytest
 
-from roofline.model.config import ConfigError
+from roofline.io.fields import ConfigError
 from roofline.model.presets import REPO_ROOT, get_preset
 from roofline.spec.validation import SpecValSpec, predicted_speedup
 

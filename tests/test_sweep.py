@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from roofline.io import results
-from roofline.model.config import ConfigError
+from roofline.io.fields import ConfigError
 from roofline.model.presets import REPO_ROOT, get_preset
 from roofline.measure.sweep import SweepSpec, extrapolate_layers, grid, run_sweep
 from roofline.measure.timer import TimerSettings

@@ -28,7 +28,8 @@ from roofline.report import figures
 from roofline.spec import theory
 from roofline.model.accounting import forward_cost
 from roofline.model.formats import compute_dtype, parse_precision, precision_columns
-from roofline.model.config import ConfigError, ModelConfig
+from roofline.io.fields import ConfigError
+from roofline.model.config import ModelConfig
 from roofline.analysis.predict import DraftCost, step_costs
 from roofline.measure import memory
 from roofline.measure.devices import DeviceSpec, detect, get_spec

@@ -16,7 +16,7 @@ import pandas as pd
 
 from roofline.io import results
 from roofline.measure.timer import median_ci
-from roofline.model.config import ConfigError
+from roofline.io.fields import ConfigError
 
 KEYS = ["point_id", "kind", "dtype", "mode", "q", "B", "L"]
 

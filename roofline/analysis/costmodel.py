@@ -47,7 +47,8 @@ from roofline.analysis.roofs import predict_step_time, roofs_for
 from roofline.analysis import quality
 from roofline.io import files, provenance
 from roofline.model.accounting import forward_cost, mtp_cost
-from roofline.model.config import ConfigError, ModelConfig
+from roofline.io.fields import ConfigError
+from roofline.model.config import ModelConfig
 from roofline.io.results import load_run
 from roofline.measure.devices import detect
 from roofline.analysis.steptable import StepModel, measured_table

@@ -27,7 +27,8 @@ from roofline.analysis import costmodel, quality
 from roofline.report import figures
 
 from roofline.spec import theory
-from roofline.model.config import ConfigError, ModelConfig
+from roofline.io.fields import ConfigError
+from roofline.model.config import ModelConfig
 from roofline.spec.theory import StepCosts, no_cost
 
 DRAFTERS = ("mtp", "draft_model", "ngram")

@@ -85,7 +85,7 @@ def extrapolation(fit: dict, model: str, dtype: str, q=None, B=None, L=None, dev
 
 def check_model(fit: dict, model: str, allow_other_model: bool) -> None:
     """Refuse a fit of one model applied to another unless asked (allow_other_model=true)."""
-    from roofline.model.config import ConfigError
+    from roofline.io.fields import ConfigError
     fitted = sorted({g["key"]["model"] for g in fit.get("groups", [])})
     if fitted and model not in fitted and not allow_other_model:
         raise ConfigError(f"model {model!r}: the fit measured {fitted}; applying it to another model is a "

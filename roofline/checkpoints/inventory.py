@@ -26,7 +26,7 @@ from typing import Iterator
 import yaml
 
 from roofline.io import files
-from roofline.model.config import ConfigError
+from roofline.io.fields import ConfigError
 from roofline.spec.theory import tau
 
 INDEX_FILE = "model.safetensors.index.json"

@@ -44,7 +44,8 @@ from roofline.model.accounting import block_matrices
 from roofline.model.dtypes import torch_dtype
 from roofline.model.formats import parse_format
 from roofline.model.quant import QuantExperts, QuantLinear, expand_scale, kernel_for, store_quantized
-from roofline.model.config import ConfigError, ModelConfig, RopeScaling
+from roofline.io.fields import ConfigError
+from roofline.model.config import ModelConfig, RopeScaling
 from roofline.model.decoder import MOE_IMPLS, Transformer
 from roofline.model.rope import rope_table
 

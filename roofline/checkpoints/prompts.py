@@ -19,7 +19,7 @@ import json
 import warnings
 from pathlib import Path
 
-from roofline.model.config import ConfigError
+from roofline.io.fields import ConfigError
 
 TEMPLATE_FILE = "chat_template.jinja"
 TOKENIZER_CONFIG = "tokenizer_config.json"

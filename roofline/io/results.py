@@ -115,7 +115,7 @@ def write_csv(rows: Iterable[dict], path: Path) -> pd.DataFrame:
 
 def load_run(run_dir: Path, field: str = "results_dir") -> pd.DataFrame:
     """The table of a run folder (points.csv, or rebuilt from points.jsonl); bad input names `field`."""
-    from roofline.model.config import ConfigError
+    from roofline.io.fields import ConfigError
     if run_dir is None or str(run_dir).strip() in ("", "None", "???"):
         raise ConfigError(f"{field} is required: a run folder holding points.csv or points.jsonl")
     run_dir = Path(run_dir)

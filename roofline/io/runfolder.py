@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Collection, Iterator
 
 from roofline.io.files import write_atomic
-from roofline.model.config import ConfigError
+from roofline.io.fields import ConfigError
 
 LOCK = "run.lock"
 POINTS = "points.jsonl"

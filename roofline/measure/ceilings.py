@@ -38,11 +38,11 @@ import torch
 from roofline.measure import kernels
 
 from roofline.io import files, provenance
-from roofline.io.fields import check_fields
+from roofline.io.fields import ConfigError, check_fields
 
 from roofline.measure import timer
 from roofline.model.dtypes import MODEL_DTYPES, dtype_bytes, dtype_name, torch_dtype
-from roofline.model.config import ConfigError, ModelConfig
+from roofline.model.config import ModelConfig
 from roofline.model.formats import parse_format, precision
 from roofline.model.presets import get_preset
 from roofline.measure.devices import last_level_cache_bytes, parse_device, spec_for_running_device

@@ -25,8 +25,7 @@ from types import MappingProxyType
 import torch
 import yaml
 
-from roofline.io.fields import check_fields
-from roofline.model.config import ConfigError
+from roofline.io.fields import ConfigError, check_fields
 from roofline.model.dtypes import DATASHEET_COLUMNS, datasheet_column
 
 _NUMBER_FIELDS = ("mem_bw_GBps", "l2_bytes", "llc_bytes", "mem_bytes")
@@ -96,6 +95,11 @@ def parse_device(device: str | torch.device, *, need_available: bool = True) -> 
     if dev.type == "cuda" and need_available and not torch.cuda.is_available():
         raise ConfigError(f"device={text!r}: CUDA is not available here; allowed ('cpu',)")
     return dev
+
+
+def is_cuda(device: str | torch.device) -> bool:
+    """Whether a device string names a CUDA device (its spelling checked, not its availability)."""
+    return parse_device(device, need_available=False).type == "cuda"
 
 
 def _row(raw: dict) -> DeviceSpec:
@@ -193,8 +197,7 @@ def last_level_cache_bytes(device: str = "cpu", root: str = "/sys/devices/system
     """The device's real last-level cache: the CPU's highest cache level from sysfs (per
     instance, as the kernel reports it), the GPU's L2 from torch; None when not readable.
     (The cold-flush size is a different number: a default when nothing is queried.)"""
-    if device.startswith("cuda"):
-        import torch
+    if is_cuda(device):
         if not torch.cuda.is_available():
             return None
         return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)) or None

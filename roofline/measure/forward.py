@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from roofline.measure.devices import is_cuda
 from roofline.model import decoder
 from roofline.model.dtypes import torch_dtype
 from roofline.model.formats import compute_dtype
@@ -169,7 +170,7 @@ def eager_attention_backend(fn: Callable[[], Any]) -> str | None:
 def is_math_fallback(row: dict, device: str) -> bool:
     """On CUDA, attention on torch's math path: not a memory measurement."""
     backend = row.get("attn_backend") or ""
-    return device.startswith("cuda") and "math" in backend.split("+")
+    return is_cuda(device) and "math" in backend.split("+")
 
 
 def depth_cosine_gate(cos: float, layers: int, dtype) -> str | None:

@@ -48,6 +48,8 @@ from typing import Callable
 
 import torch
 
+from roofline.model.dtypes import DTYPES, MODEL_DTYPES
+
 try:
     import triton
     import triton.language as tl
@@ -69,7 +71,7 @@ _TRIAD_SCALAR_FP32 = torch.tensor(TRIAD_SCALAR, dtype=torch.float32).item()  # w
 WRITE_VALUE = 1.5  # not zero: nothing here may take a zero-page or compression shortcut
 PARTIAL_BYTES = 4  # read partials and result accumulate in fp32
 
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+KERNEL_DTYPES = tuple(DTYPES[n].torch for n in MODEL_DTYPES)  # the kernels stream what the decoder runs in
 OPS = ("read", "write", "copy", "triad")
 VARIANTS = ("grid", "persistent", "torch")
 
@@ -242,8 +244,8 @@ def _launch(fn, variant: str, n: int, elem_bytes: int, device, *args) -> None:
 def _check_shape(n: int, dtype: torch.dtype) -> None:
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n: number of elements must be an int >= 1, got {n!r}")
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype: must be one of {[str(d) for d in DTYPES]}, got {dtype}")
+    if dtype not in KERNEL_DTYPES:
+        raise ValueError(f"dtype: must be one of {[str(d) for d in KERNEL_DTYPES]}, got {dtype}")
 
 
 def _read_buffers(variant: str) -> Callable[[int, torch.dtype, object], Buffers]:

@@ -32,6 +32,8 @@ from typing import Callable
 
 import torch
 
+from roofline.measure.devices import is_cuda
+
 
 @dataclass(frozen=True)
 class NoiseSettings:
@@ -53,8 +55,10 @@ class Reference:
     nbytes: int
     reps: int
     buf: torch.Tensor = field(init=False)
+    cuda: bool = field(init=False)
 
     def __post_init__(self) -> None:
+        self.cuda = is_cuda(self.device)  # read once, outside the timed loop
         self.buf = torch.ones(self.nbytes // 4, dtype=torch.float32, device=self.device)
 
     def __call__(self) -> tuple[float, float]:
@@ -64,12 +68,12 @@ class Reference:
         for _ in range(self.reps):
             c0, t0 = time.process_time(), time.perf_counter()
             self.buf.sum()
-            if self.device.startswith("cuda"):
+            if self.cuda:
                 torch.cuda.synchronize()
             t1, c1 = time.perf_counter(), time.process_time()
             times.append(t1 - t0)
             cpu, wall = cpu + (c1 - c0), wall + (t1 - t0)
-        share = cpu / (wall * torch.get_num_threads()) if wall > 0 and not self.device.startswith("cuda") else 1.0
+        share = cpu / (wall * torch.get_num_threads()) if wall > 0 and not self.cuda else 1.0
         return statistics.median(times), share
 
 

@@ -37,7 +37,8 @@ from roofline.measure import memory
 from roofline.model.accounting import forward_cost, mtp_cost
 from roofline.model.dtypes import datasheet_column, torch_dtype
 from roofline.model.formats import activation_dtype, parse_precision, precision, precision_columns
-from roofline.model.config import ConfigError, ModelConfig
+from roofline.io.fields import ConfigError
+from roofline.model.config import ModelConfig
 from roofline.model.decoder import build_model
 from roofline.measure import slicing
 from roofline.measure.devices import parse_device, running_device_name, spec_for_running_device
@@ -465,7 +466,6 @@ def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t
         from roofline.measure.ceilings import CeilingsSpec, measure_ceilings, write_ceilings
         measured = measure_ceilings(CeilingsSpec(device=spec.device, quick=True))
         write_ceilings(measured, run_dir)
-    jsonl = run_dir / "points.jsonl"
     bar = tqdm(total=len(points), initial=len(points) - len(todo), desc=f"sweep {spec.model.name}",
                unit="pt", disable=not progress, file=sys.stderr)
     new = 0

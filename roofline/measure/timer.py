@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Protocol, Sequence
 import torch
 
 from roofline.measure.devices import parse_device
-from roofline.model.config import ConfigError
+from roofline.io.fields import ConfigError
 
 MODES = ("eager", "graph", "compiled")
 L2_MODES = ("warm", "cold")

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from roofline.model.accounting import forward_cost, kv_bytes_per_token, param_count, resident_weight_bytes
 from roofline.model.formats import QUALITY_NOTE, compute_dtype, parse_precision, precision_columns
-from roofline.model.config import ConfigError, ModelConfig
+from roofline.io.fields import ConfigError
+from roofline.model.config import ModelConfig
 from roofline.measure.devices import DeviceSpec
 
 

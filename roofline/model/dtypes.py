@@ -14,7 +14,7 @@ from types import MappingProxyType
 
 import torch
 
-from roofline.model.config import ConfigError
+from roofline.io.fields import ConfigError
 
 
 @dataclass(frozen=True)

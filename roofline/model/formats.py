@@ -30,7 +30,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from roofline.model.config import ConfigError
+from roofline.io.fields import ConfigError
 from roofline.model.dtypes import dtype_bytes, dtype_name
 
 KINDS = ("float", "fp8", "int8", "int4")

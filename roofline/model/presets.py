@@ -15,7 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from roofline.model.config import ConfigError, ModelConfig
+from roofline.io.fields import ConfigError
+from roofline.model.config import ModelConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PRESET_DIR = REPO_ROOT / "conf" / "model"

@@ -15,7 +15,8 @@ import pandas as pd
 import yaml
 
 from roofline.measure.devices import get_spec
-from roofline.model.config import ConfigError, ModelConfig
+from roofline.io.fields import ConfigError
+from roofline.model.config import ModelConfig
 from roofline.model.presets import get_preset
 from roofline.parallel.layout import Layout
 from roofline.parallel.whatif import SCENARIOS, Setting, WhatIf

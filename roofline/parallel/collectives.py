@@ -29,8 +29,9 @@ import torch
 import torch.distributed as dist
 from scipy.optimize import nnls
 
+from roofline.measure.devices import is_cuda
 from roofline.model.dtypes import dtype_bytes, dtype_name, torch_dtype
-from roofline.model.config import ConfigError
+from roofline.io.fields import ConfigError
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 SCHEMA = "roofline.collectives/1"
@@ -107,7 +108,7 @@ def _iters(S: int) -> int:
 def measure(rank: int, world: int, device: str, spec: CollectiveSpec) -> list[dict] | None:
     """Run on every rank (roofline.parallel.launch.run); rank 0 returns one row per (kind, size)."""
     dtype = torch_dtype(spec.dtype)
-    sync = (lambda: torch.cuda.synchronize()) if device.startswith("cuda") else (lambda: None)
+    sync = (lambda: torch.cuda.synchronize()) if is_cuda(device) else (lambda: None)
     rows = []
     for kind in spec.kinds:
         for S in spec.sizes():

@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from roofline.model.config import ConfigError
+from roofline.measure.devices import is_cuda
+from roofline.io.fields import ConfigError
 
 
 def launched_world() -> tuple[int, int] | None:
@@ -33,7 +34,7 @@ def launched_world() -> tuple[int, int] | None:
 
 
 def backend_for(device: str) -> str:
-    return "nccl" if device.startswith("cuda") else "gloo"
+    return "nccl" if is_cuda(device) else "gloo"
 
 
 def _free_port() -> int:
@@ -49,7 +50,7 @@ def init(rank: int, world: int, device: str, timeout_s: float) -> str:
         os.environ.setdefault("MASTER_ADDR", os.environ.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1"))
         os.environ.setdefault("MASTER_PORT", str(29500 + int(os.environ.get("SLURM_JOB_ID", "0")) % 1000))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if device.startswith("cuda"):
+    if is_cuda(device):
         local = int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", rank))) % torch.cuda.device_count()
         torch.cuda.set_device(local)
         device = f"cuda:{local}"
@@ -92,7 +93,7 @@ def run(fn: Callable[..., Any], world: int, device: str = "cpu", args: tuple = (
             return fn(rank, w, dev, *args)
         finally:
             dist.destroy_process_group()
-    if device.startswith("cuda") and torch.cuda.device_count() < world:
+    if is_cuda(device) and torch.cuda.device_count() < world:
         raise ConfigError(f"world={world}: only {torch.cuda.device_count()} CUDA devices here")
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()

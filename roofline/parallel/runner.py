@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from roofline.model.dtypes import torch_dtype
-from roofline.model.config import ConfigError
+from roofline.io.fields import ConfigError
 from roofline.model.decoder import build_model
 from roofline.measure.sweep import Point, SweepSpec, _Workload, run_sweep
 from roofline.measure.timer import TimerSettings, time_fn

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from roofline.model.config import ConfigError
+from roofline.io.fields import ConfigError
 from roofline.model.decoder import GQAttention, MLAttention, MoE, SwiGLU, Transformer
 from roofline.parallel.layout import Layout, kv_head_of_rank, local_shapes
 

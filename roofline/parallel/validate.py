@@ -16,7 +16,7 @@ import pandas as pd
 
 from roofline.analysis.costmodel import comm_seconds, features, fit_coefs, fit_rows, full_coefs, physical, terms
 from roofline.io.results import load_run
-from roofline.model.config import ConfigError
+from roofline.io.fields import ConfigError
 from roofline.parallel import collectives
 
 

@@ -25,7 +25,8 @@ from pathlib import Path
 import yaml
 
 from roofline.measure.devices import DeviceSpec
-from roofline.model.config import ConfigError, ModelConfig
+from roofline.io.fields import ConfigError
+from roofline.model.config import ModelConfig
 from roofline.parallel.collectives import bus_factor
 from roofline.parallel.cost import RankCost, rank_forward_cost, rank_mtp_cost
 from roofline.parallel.layout import Layout

@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 
 from roofline.io import results
-from roofline.measure.devices import spec_for_running_device
+from roofline.measure.devices import is_cuda, spec_for_running_device
 from roofline.measure.forward import count_kernels, eager_attention_backend
 from roofline.model.config import ModelConfig
 from roofline.model.decoder import build_model
@@ -53,7 +53,7 @@ def attention_probe(cfg: ModelConfig, dtype: torch.dtype, device: str, shapes: l
         tokens = torch.randint(0, cfg.vocab, (B, q), device=device)
         fn = lambda: m(tokens, L)  # noqa: E731
         row = dict(B=B, q=q, L=L, dispatcher=eager_attention_backend(fn))
-        row["kernels"] = count_kernels(fn, device)["kernel_attn_backend"] if device.startswith("cuda") else None
+        row["kernels"] = count_kernels(fn, device)["kernel_attn_backend"] if is_cuda(device) else None
         out.append(row)
     del m
     return out
@@ -68,7 +68,7 @@ def environment(device: str, cfg: ModelConfig, dtype: torch.dtype, shapes: list[
                TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET"), device=device,
                datasheet_key=sheet.key if matched else None, datasheet_l2_bytes=sheet.l2_bytes,
                datasheet_mem_bw_GBps=sheet.mem_bw_GBps)
-    if device.startswith("cuda"):
+    if is_cuda(device):
         p = torch.cuda.get_device_properties(torch.device(device))
         queried = int(getattr(p, "L2_cache_size", 0) or 0)
         env.update(device_name=p.name, sm_count=p.multi_processor_count, capability=f"{p.major}.{p.minor}",

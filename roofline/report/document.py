@@ -20,7 +20,7 @@ import pandas as pd
 from roofline.analysis import quality
 from roofline.analysis.roofs import dtype_table, roofs_for
 from roofline.report import plots
-from roofline.model.config import ConfigError
+from roofline.io.fields import ConfigError
 from roofline.io.results import load_run
 from roofline.measure.devices import DeviceSpec, detect
 from roofline.model.dtypes import datasheet_column

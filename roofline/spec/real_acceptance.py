@@ -14,7 +14,7 @@ import torch
 
 from roofline.checkpoints.loader import load_checkpoint
 from roofline.measure import memory
-from roofline.model.config import ConfigError
+from roofline.io.fields import ConfigError
 from roofline.model.formats import precision
 from roofline.model.quant import kernel_for, quantize_model
 from roofline.spec.counters import AcceptanceCounters

@@ -38,7 +38,8 @@ import torch
 from roofline.analysis import costmodel, quality
 from roofline.io import files
 from roofline.model.dtypes import torch_dtype
-from roofline.model.config import ConfigError, ModelConfig
+from roofline.io.fields import ConfigError
+from roofline.model.config import ModelConfig
 from roofline.spec.drafters import MTPDrafter, NgramDrafter, OracleDrafter
 from roofline.model.decoder import build_model
 from roofline.report import sections
