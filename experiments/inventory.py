@@ -9,7 +9,6 @@ import sys
 import hydra
 
 from experiments.entry import fail_fast, plain
-from roofline.io.fields import ConfigError
 from roofline.checkpoints.inventory import InventoryRequest, format_report, run_inventory, write_outputs
 
 
@@ -17,9 +16,6 @@ from roofline.checkpoints.inventory import InventoryRequest, format_report, run_
 def main(cfg) -> None:
     with fail_fast():
         c = plain(cfg)
-        for key in ("before", "after"):
-            if c.get(key) in (None, "", "???"):
-                raise ConfigError(f"{key} is required: a checkpoint folder")
         result = run_inventory(InventoryRequest(before=c["before"], after=c["after"],
                                                 rename_map=c["rename_map"], strict=c["strict"]))
         path = write_outputs(result, c["out"]) if c["out"] else None

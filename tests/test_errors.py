@@ -13,7 +13,8 @@ from experiments.entry import axis, fail_fast
 from roofline.checkpoints.inventory import read_checkpoint
 from roofline.checkpoints.loader import config_from_hf, shard_files
 from roofline.io import results
-from roofline.measure.sweep import SweepSpec, slicing_error
+from roofline.measure.slicing import slicing_error
+from roofline.measure.sweep import SweepSpec
 from roofline.measure.timer import TimerSettings
 from roofline.model.presets import REPO_ROOT, get_preset
 

@@ -17,6 +17,7 @@ accounting (`source="device-fit-transfer"`): such rows are extrapolations by con
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from roofline.analysis import costmodel, quality
 from roofline.report import figures
 
 from roofline.spec import theory
-from roofline.io.fields import ConfigError
+from roofline.io.fields import ConfigError, from_dict
 from roofline.model.config import ModelConfig
 from roofline.spec.theory import StepCosts, no_cost
 
@@ -151,6 +152,31 @@ def run(req: PredictRequest) -> tuple[pd.DataFrame, dict]:
                                     "extrapolation"]]
     return best, dict(csv=str(out / "predict.csv"), rows=len(t), source=costs.source,
                       overhead_source=costs.overhead_source)
+
+
+def predict_command(c: Mapping) -> tuple[str, dict]:
+    """The predict command: conf/predict.yaml as a plain dict (`device`: a datasheet row or None)
+    -> (console table, JSON summary). Without a fit but with a device: the what-if from the
+    datasheet row and roofline/data/priors.yaml (MTP; each number an interval of three scenarios)."""
+    from roofline.measure.devices import get_spec
+    from roofline.model.formats import with_overrides
+    from roofline.model.presets import get_preset
+    from roofline.parallel import whatif
+    from roofline.parallel.layout import Layout
+
+    c = {k: v for k, v in c.items() if k != "overrides"}
+    device, layout = c.pop("device"), Layout(tp=c.pop("tp"), ep=c.pop("ep"), dp_attention=c.pop("dp_attention"))
+    model = ModelConfig.from_dict(c.pop("model")) if c.get("model") else None
+    if c.get("fit") in (None, "", "???") and device:
+        if model is None:
+            raise ConfigError("model is required for a what-if (device=... without fit=...)")
+        rows = whatif.speedup_table(model, get_spec(device), c["dtype"], layout, c["alphas"], c["k"], c["B"], c["L"])
+        return pd.DataFrame(rows).round(3).to_string(index=False), dict(source="what-if", device=device, rows=len(rows))
+    draft = get_preset(c.pop("draft_model")) if c.get("draft_model") else None
+    native = model.native_weights if model else ""  # weights=native needs the target: model=
+    c["dtype"] = with_overrides([c["dtype"]], c.pop("weights"), c.pop("kv"), c.pop("lm_head"), native)[0]
+    best, summary = run(from_dict(PredictRequest, c, "predict", lists_to_tuples=True, model=model, draft_model=draft))
+    return best.round(3).to_string(index=False), summary
 
 
 def alphas_from_vllm(text: str, model_name: str | None = None) -> dict:

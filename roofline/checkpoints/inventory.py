@@ -70,6 +70,11 @@ class InventoryRequest:
     rename_map: str | None = None  # YAML/JSON file {old name or regex: new name}, applied to `before`
     strict: bool = False  # extra tensors fail too
 
+    def __post_init__(self) -> None:
+        for key in ("before", "after"):
+            if getattr(self, key) in (None, "", "???"):
+                raise ConfigError(f"{key} is required: a checkpoint folder")
+
 
 @dataclass(frozen=True)
 class Comparison:

@@ -17,6 +17,11 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
+
+from roofline.io.fields import ConfigError
+from roofline.io.results import load_run
+
 MAX_REL_ERR = 0.10
 
 
@@ -42,3 +47,35 @@ def judge(shallow: dict, deep: dict, layers_full: int, max_rel_err: float = MAX_
                f"({100 * c_n:.1f}%, {100 * c_2n:.1f}%) by a lever of {m:.1f}: +-{100 * rel:.0f}% > "
                f"{100 * max_rel_err:.0f}%; measure longer (timer.rel_ci, timer.budget_s) or slice deeper (layers=)")
     return dict(extrapolation_rel_err=rel, status="refused" if why else "ok", error=why)
+
+
+def slicing_error(full: pd.DataFrame, sliced: pd.DataFrame) -> pd.DataFrame:
+    """Extrapolated full-depth times of a sliced run against a full-depth run of the same points:
+    relative error (extrapolated / measured − 1) per point."""
+    keys = ["kind", "dtype", "mode", "q", "B", "L"]
+    for name, t, need in (("full_dir", full, ["status", "layers_run", "layers_full", "t_median_s"]),
+                          ("sliced_dir", sliced, ["extrapolated", "t_median_s", "layers_measured"])):
+        missing = [c for c in keys + need if c not in t.columns]
+        if missing:
+            raise ConfigError(f"{name}: the run has no {missing} columns (every point failed, or a "
+                              + ("sliced run (layers=n)" if name == "sliced_dir" else "sweep") + " is needed)")
+    f = full[(full["status"] == "ok") & (full["layers_run"] == full["layers_full"]) & (~full["extrapolated"].astype(bool))]
+    s = sliced[sliced["extrapolated"].astype(bool)]
+    m = f[keys + ["t_median_s"]].merge(s[keys + ["t_median_s", "layers_measured", "status"]], on=keys,
+                                       suffixes=("_measured", "_extrapolated"))
+    if m.empty:
+        raise ConfigError("full_dir, sliced_dir: no point in common (the sliced run needs layers=n and the same "
+                          "grid as a full-depth run of the same model)")
+    m["rel_err"] = m["t_median_s_extrapolated"] / m["t_median_s_measured"] - 1
+    return m
+
+
+def slicing_check(full_dir, sliced_dir) -> tuple[pd.DataFrame, dict]:
+    """The slicing command: per-point error of a sliced run's extrapolation against a full-depth
+    run of the same grid, and its summary (errors as fractions of the measured time)."""
+    t = slicing_error(load_run(full_dir, "full_dir"), load_run(sliced_dir, "sliced_dir"))
+    e = t["rel_err"].abs()
+    ok = t["status"] == "ok"
+    return t, dict(points=len(t), median_abs_err=float(e.median()), max_abs_err=float(e.max()),
+                   mean_signed_err=float(t["rel_err"].mean()), refused=int((~ok).sum()),
+                   median_abs_err_not_refused=float(e[ok].median()) if ok.any() else None)

@@ -610,27 +610,6 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def slicing_error(full: "pd.DataFrame", sliced: "pd.DataFrame") -> "pd.DataFrame":
-    """Extrapolated full-depth times of a sliced run against a full-depth run of the same points:
-    relative error (extrapolated / measured − 1) per point."""
-    keys = ["kind", "dtype", "mode", "q", "B", "L"]
-    for name, t, need in (("full_dir", full, ["status", "layers_run", "layers_full", "t_median_s"]),
-                          ("sliced_dir", sliced, ["extrapolated", "t_median_s", "layers_measured"])):
-        missing = [c for c in keys + need if c not in t.columns]
-        if missing:
-            raise ConfigError(f"{name}: the run has no {missing} columns (every point failed, or a "
-                              + ("sliced run (layers=n)" if name == "sliced_dir" else "sweep") + " is needed)")
-    f = full[(full["status"] == "ok") & (full["layers_run"] == full["layers_full"]) & (~full["extrapolated"].astype(bool))]
-    s = sliced[sliced["extrapolated"].astype(bool)]
-    m = f[keys + ["t_median_s"]].merge(s[keys + ["t_median_s", "layers_measured", "status"]], on=keys,
-                                       suffixes=("_measured", "_extrapolated"))
-    if m.empty:
-        raise ConfigError("full_dir, sliced_dir: no point in common (the sliced run needs layers=n and the same "
-                          "grid as a full-depth run of the same model)")
-    m["rel_err"] = m["t_median_s_extrapolated"] / m["t_median_s_measured"] - 1
-    return m
-
-
 def summary_text(run_dir: Path) -> str:
     """The one-screen end-of-run table: T(q)/T(1), ms, GB/s, TFLOP/s per (kind, dtype, mode, B, L)."""
     from roofline.analysis import quality

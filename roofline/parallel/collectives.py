@@ -23,6 +23,7 @@ import json
 import math
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -79,6 +80,9 @@ class CollectiveSpec:
             out.append(max(unit, math.ceil(s / unit) * unit))
             s *= self.factor
         return sorted(set(out))
+
+    def default_out_dir(self, root) -> Path:
+        return Path(root) / f"collectives-{self.device}-{self.world}"
 
 
 def _op(kind: str, S: int, dtype: torch.dtype, n: int, device: str):
@@ -192,11 +196,21 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def summary_text(doc: dict) -> str:
+    """The console summary: the nccl-tests table, each collective's latency + bandwidth fit, and
+    what to read the bus bandwidth against."""
+    lines = [table(doc["rows"])]
+    for kind, f in doc["fit"].items():
+        lines.append(f"{kind:>15}: latency {f['latency_us']:.1f} us + S / {f['algbw_GBps']:.2f} GB/s "
+                     f"(busbw {f['busbw_GBps']:.2f} GB/s, factor {f['bus_factor']:.2f}, n={f['ranks']}; "
+                     f"median |fit error| {f['median_abs_err_pct']:.1f}%)")
+    lines.append("beside: " + link_reference(doc["device_name"]))
+    return "\n".join(lines)
+
+
 def run_collectives(spec: CollectiveSpec, out_dir) -> dict:
     """Spawn (or join, under torchrun/srun) spec.world ranks, measure, write collectives.json and
     collectives.csv into out_dir; returns the document."""
-    from pathlib import Path
-
     import pandas as pd
 
     from roofline.io.files import write_csv_atomic, write_json_atomic

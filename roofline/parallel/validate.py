@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from roofline.analysis.costmodel import comm_seconds, features, fit_coefs, fit_rows, full_coefs, physical, terms
+from roofline.io.files import write_csv_atomic, write_json_atomic
 from roofline.io.results import load_run
 from roofline.io.fields import ConfigError
 from roofline.parallel import collectives
@@ -36,8 +37,12 @@ def _rows(dirs, comm_fit: dict) -> pd.DataFrame:
     return df
 
 
-def held_out(train_dirs, test_dirs, collectives_json) -> tuple[pd.DataFrame, dict]:
-    """(per-point table of the test runs, summary) from a fit on the train runs only."""
+def held_out(train_dirs, test_dirs, collectives_json, out_dir=None) -> tuple[pd.DataFrame, dict]:
+    """(per-point table of the test runs, summary) from a fit on the train runs only; with
+    out_dir, also written there as layout_validation.csv and .json."""
+    for key, value in (("train", train_dirs), ("test", test_dirs), ("collectives", collectives_json)):
+        if not value:
+            raise ConfigError(f"{key} is required")
     comm_fit = collectives.load(collectives_json)["fit"]
     train, test = _rows(train_dirs, comm_fit), _rows(test_dirs, comm_fit)
     overlap = set(train["fingerprint"]) & set(test["fingerprint"]) if "fingerprint" in train else set()
@@ -58,4 +63,9 @@ def held_out(train_dirs, test_dirs, collectives_json) -> tuple[pd.DataFrame, dic
                    params=physical(coefs, knee), collectives_fit={k: dict(latency_us=v["latency_us"],
                                                                          algbw_GBps=v["algbw_GBps"])
                                                                   for k, v in comm_fit.items()})
+    if out_dir:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        write_csv_atomic(table, out / "layout_validation.csv")
+        write_json_atomic(out / "layout_validation.json", summary, default=float)
     return table, summary

@@ -45,6 +45,9 @@ class AcceptanceRequest:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        for name in ("checkpoint", "prompts"):
+            if not getattr(self, name):
+                raise ConfigError(f"{name} is required")
         if self.drafter not in DRAFTERS:
             raise ConfigError(f"drafter={self.drafter!r}: allowed {DRAFTERS}")
         if self.drafter == "draft_model" and not self.draft_checkpoint:

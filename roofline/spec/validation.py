@@ -35,7 +35,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from roofline.analysis import costmodel, quality
+from roofline.analysis import quality
 from roofline.io import files
 from roofline.model.dtypes import torch_dtype
 from roofline.io.fields import ConfigError
@@ -94,10 +94,7 @@ def calibration_sweep(spec: SpecValSpec, run_dir: Path, progress: bool = False) 
                       dtypes=(spec.dtype,), timer=spec.timer, device=spec.device,
                       mtp_q=tuple(sorted({1, *(k + 1 for k in spec.ks)})), seed=spec.seed)
     run_sweep(sweep, run_dir, progress=progress)
-    fit, points = costmodel.fit_run(run_dir)
-    costmodel.save_fit(fit, run_dir / "fit.json")
-    sections.write_costmodel_section(fit, points, run_dir)
-    return fit
+    return sections.fit_and_report(run_dir)[0]
 
 
 def _prompts(spec: SpecValSpec, B: int, seed: int) -> list[list[int]]:

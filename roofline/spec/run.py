@@ -1,0 +1,53 @@
+"""The `specdec` and `acceptance` commands, one call each: the composed config as a plain dict
+(conf/specdec.yaml, conf/acceptance.yaml; `device` is the torch device) in, the console text
+and the JSON summary out. experiments/ only composes the config and prints."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from roofline.io.fields import from_dict
+from roofline.io.results import RUNS_ROOT
+from roofline.measure.timer import TimerSettings
+from roofline.model.config import ModelConfig
+from roofline.report.document import write_report
+from roofline.report.sections import write_specdec_section
+from roofline.spec.real_acceptance import AcceptanceRequest, measure_acceptance
+from roofline.spec.validation import SpecValSpec, run_validation
+
+_CONSOLE_COLUMNS = ["drafter", "k", "B", "tau_meas", "alpha_meas", "S_meas", "S_pred", "err"]
+
+
+def acceptance(c: Mapping) -> tuple[str, dict]:
+    """Real per-position acceptance: one line per draft position, then the totals."""
+    out = measure_acceptance(from_dict(AcceptanceRequest, {k: v for k, v in c.items() if k != "overrides"},
+                                       "acceptance"))
+    lines = [f"position {i + 1}: accepted {n}, conditional alpha {a:.3f}"
+             for i, (a, n) in enumerate(zip(out["alpha_per_pos"], out["num_accepted_tokens_per_pos"]))]
+    lines.append(f"acceptance rate {out['acceptance_rate']:.3f}, "
+                 f"mean acceptance length {out['mean_acceptance_length']:.3f}")
+    return "\n".join(lines), out
+
+
+def specdec(c: Mapping) -> tuple[str, dict]:
+    """Plain vs speculative decoding measured against the cost model, with the run's report; or,
+    with `checkpoint`, the checkpoint's real acceptance at k = max(ks) and batch = max(Bs)."""
+    if c["checkpoint"]:
+        return acceptance(dict(checkpoint=c["checkpoint"], prompts=c["prompts"], drafter=c["drafter"],
+                               draft_checkpoint=c["draft_checkpoint"], k=max(c["ks"]), max_new=c["max_new"],
+                               batch=max(c["Bs"]), dtype=c["dtype"], device=c["device"], seed=c["seed"]))
+    spec = SpecValSpec(model=ModelConfig.from_dict(c["model"]), alphas=tuple(c["alphas"]), ks=tuple(c["ks"]),
+                       Bs=tuple(c["Bs"]), prompt_len=c["prompt_len"], max_new=c["max_new"], reps=c["reps"],
+                       real_drafters=tuple(c["real_drafters"]), dtype=c["dtype"], device=c["device"],
+                       seed=c["seed"], timer=from_dict(TimerSettings, c["timer"], "timer"))
+    run_dir = Path(c["out_dir"] or RUNS_ROOT / f"specdec-{spec.model.name}")
+    table = run_validation(spec, run_dir)
+    write_specdec_section(table, run_dir)
+    # the run's report: its sweep, cost-model fit and this validation, one document
+    write_specdec_section(table, run_dir / "sweep")
+    report, _ = write_report(run_dir / "sweep")
+    e = table["err"].abs()  # |S_pred / S_meas - 1|, a fraction of the measured speedup
+    summary = dict(run_dir=str(run_dir), report=str(report), points=len(table),
+                   median_abs_err=float(e.median()), max_abs_err=float(e.max()))
+    return table[_CONSOLE_COLUMNS].round(3).to_string(index=False), summary
