@@ -12,7 +12,7 @@ from roofline.spec.run import acceptance
 @hydra.main(config_path="../conf", config_name="acceptance", version_base="1.3")
 def main(cfg) -> None:
     with fail_fast():
-        text, out = acceptance(plain(cfg))
+        text, out = acceptance(plain(cfg, device_as="torch"))
         print(text)
         print(json.dumps(out))
 

@@ -21,7 +21,7 @@ from roofline.parallel import whatif
 @hydra.main(config_path="../conf", config_name="capacity", version_base="1.3")
 def main(cfg) -> None:
     with fail_fast():
-        c = plain(cfg)
+        c = plain(cfg, device_as="datasheet")
         c.pop("overrides")
         if c.pop("layouts"):  # how many devices, which layout: an interval from the priors
             price = c.pop("price_per_device_hour")

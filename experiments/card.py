@@ -14,7 +14,7 @@ from roofline.measure.devices import get_spec
 @hydra.main(config_path="../conf", config_name="card", version_base="1.3")
 def main(cfg) -> None:
     with fail_fast():
-        c = plain(cfg)
+        c = plain(cfg, device_as="datasheet")
         model = checkpoint_config(c["checkpoint"]) if c["checkpoint"] else ModelConfig.from_dict(c["model"])
         dtype = with_overrides([c["dtype"]], c["weights"], c["kv"], c["lm_head"], model.native_weights)[0]
         print_card(CardRequest(model=model, dtype=dtype,

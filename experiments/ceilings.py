@@ -12,7 +12,7 @@ from roofline.measure.ceilings import (CeilingsSpec, format_summary, measure_cei
 @hydra.main(config_path="../conf", config_name="ceilings", version_base="1.3")
 def main(cfg) -> None:
     with fail_fast():
-        c = plain(cfg)
+        c = plain(cfg, device_as="torch")
         out_dir, overrides = c.pop("out_dir"), c.pop("overrides", [])
         result = measure_ceilings(CeilingsSpec.from_dict(c), log=stderr_log,
                                   context={"overrides": overrides})

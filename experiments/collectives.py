@@ -16,7 +16,7 @@ from roofline.parallel.collectives import CollectiveSpec, run_collectives, summa
 @hydra.main(config_path="../conf", config_name="collectives", version_base="1.3")
 def main(cfg) -> None:
     with fail_fast():
-        c = plain(cfg)
+        c = plain(cfg, device_as="torch")
         spec = CollectiveSpec(kinds=tuple(c["kinds"]), min_bytes=c["min_bytes"], max_bytes=c["max_bytes"],
                               factor=c["factor"], dtype=c["dtype"], reps=c["reps"], device=c["device"], world=c["world"])
         out = Path(c["out_dir"]) if c["out_dir"] else spec.default_out_dir(RUNS_ROOT)

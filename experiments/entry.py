@@ -13,6 +13,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from roofline.io.results import RUNS_ROOT
+from roofline.measure import devices
 from roofline.measure.memory import TooBig
 from roofline.io.fields import ConfigError
 
@@ -31,10 +32,20 @@ OmegaConf.register_new_resolver("roofline_runs", lambda: str(RUNS_ROOT), replace
 OmegaConf.register_new_resolver("roofline_conf", _conf_text, replace=True)
 
 
-def plain(cfg: DictConfig) -> dict:
-    """The composed config as a dict, with the command-line overrides (provenance)."""
+# what `device` (a conf/device/ entry: torch device + datasheet row) means to a command
+_DEVICE_AS = {"torch": devices.run_device, "datasheet": devices.datasheet_row}
+
+
+def plain(cfg: DictConfig, device_as: str | None = None) -> dict:
+    """The composed config as a dict, with the command-line overrides (provenance).
+
+    device_as: the string the library takes for the `device` entry: "torch" (the device to run
+    on) or "datasheet" (the datasheet row; `cuda` means the running GPU's). device=null: None."""
     c = OmegaConf.to_container(cfg, resolve=True)
     c["overrides"] = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    if device_as is not None:
+        entry = c.get("device")
+        c["device"] = None if entry is None else _DEVICE_AS[device_as](entry["torch"], entry["datasheet"])
     return c
 
 
@@ -94,3 +105,4 @@ def fail_fast():
         if isinstance(e, OSError):
             sys.exit(BAD_INPUT if e.errno in _BAD_PATH else 1)
         raise
+

@@ -13,7 +13,7 @@ from roofline.analysis.predict import predict_command
 @hydra.main(config_path="../conf", config_name="predict", version_base="1.3")
 def main(cfg) -> None:
     with fail_fast():
-        text, summary = predict_command(plain(cfg))
+        text, summary = predict_command(plain(cfg, device_as="datasheet"))
         print(text)
         print(json.dumps(summary))
 

@@ -14,7 +14,7 @@ from roofline.spec.run import specdec
 @hydra.main(config_path="../conf", config_name="specdec", version_base="1.3")
 def main(cfg) -> None:
     with fail_fast():
-        text, summary = specdec(plain(cfg))
+        text, summary = specdec(plain(cfg, device_as="torch"))
         print(text)
         print(json.dumps(summary))
 

@@ -26,7 +26,7 @@ from roofline.parallel.layout import Layout
 @hydra.main(config_path="../conf", config_name="sweep", version_base="1.3")
 def main(cfg) -> None:
     with fail_fast():
-        c = plain(cfg)
+        c = plain(cfg, device_as="torch")
         model = checkpoint_config(c["checkpoint"]) if c["checkpoint"] else ModelConfig.from_dict(c["model"])
         spec = SweepSpec(model=model, q=axis(c["q"], "q"), B=axis(c["B"], "B"),
                          L=axis(c["L"], "L"), modes=axis(c["modes"], "modes"),

@@ -49,7 +49,7 @@ if [ "$DRY" = 1 ]; then
   SHAPES="1,1,64 2,4,64"
   LIMITS=(60 120 120 120 120 120 60 60 30)
 else
-  DEVICE=cuda; MODEL=llama-3.1-8b
+  DEVICE=cuda; MODEL=llama-3.1-8b   # conf/device/cuda.yaml: the running GPU, its datasheet row detected by name
   SLUG=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | tr 'A-Z' 'a-z' \
          | sed -e 's/^nvidia //' -e 's/[^a-z0-9]\+/-/g' -e 's/-$//')
   SLUG=${SLUG:-gpu}

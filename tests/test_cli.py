@@ -64,7 +64,7 @@ def test_card(tmp_path):
     out, r = run_cli("card", "model=tiny", "device=h200_sxm", "context=16")
     assert r.returncode == 0, r.stderr
     card = last_json(out)
-    assert card["model"] == "tiny" and card["decode_floor_s"] > 0
+    assert card["model"] == "tiny" and card["device"] == "h200_sxm" and card["decode_floor_s"] > 0
 
 
 def test_sweep(tmp_path):

@@ -46,6 +46,7 @@ def test_help_shows_each_keys_comment():
     assert "dry_run: false         # true: print the expanded grid" in r.stdout
     assert "# tokens already in each sequence's KV cache" in r.stdout
     assert "model: cpu-demo, deepseek-v3" in r.stdout
+    assert "device: a100_40gb_pcie, " in r.stdout and "# conf/device/: cpu | cuda" in r.stdout
 
 
 def test_presets_of_roofline_presets_are_in_the_model_group(tmp_path):
@@ -63,7 +64,7 @@ def test_a_wheel_ships_conf_and_runs_outside_the_checkout(tmp_path):
     assert build.returncode == 0, build.stderr
     wheel = next((tmp_path / "whl").glob("roofline-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    assert {"conf/sweep.yaml", "conf/model/tiny.yaml", "conf/hydra/quiet.yaml"} <= set(names)
+    assert {"conf/sweep.yaml", "conf/model/tiny.yaml", "conf/hydra/quiet.yaml", "conf/device/h200_sxm.yaml"} <= set(names)
     assert "roofline = experiments.cli:main" in zipfile.ZipFile(wheel).read(
         next(n for n in names if n.endswith("entry_points.txt"))).decode()
     site = tmp_path / "site"

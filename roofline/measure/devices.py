@@ -193,6 +193,36 @@ def spec_for_running_device(device: str = "cuda") -> tuple[DeviceSpec, bool]:
     return unknown, False
 
 
+def datasheet_row(device: str, datasheet: str | None) -> str | None:
+    """The datasheet row of a device entry (conf/device/: a torch device and a row): the row
+    named, checked against the table; else the running device's row (None: a GPU the table
+    does not know). Where a datasheet is meant (card, predict, capacity) the row may be any
+    device's: a what-if needs no such device here."""
+    if datasheet is not None:
+        return get_spec(datasheet).key
+    spec, matched = spec_for_running_device(device)
+    return spec.key if matched else None
+
+
+def run_device(device: str, datasheet: str | None) -> str:
+    """The torch device of a device entry (conf/device/), where a device is meant to run on
+    (sweep, ceilings, collectives, specdec, acceptance). A named datasheet row must be of the
+    same kind (a GPU row runs on cuda) and, where the GPU is here, be the row of that GPU."""
+    dev = parse_device(device, need_available=False)
+    if datasheet is None:
+        return device
+    spec = get_spec(datasheet)
+    if (spec.kind == "cpu") != (dev.type == "cpu"):
+        raise ConfigError(f"device.datasheet={datasheet!r} is a {spec.kind} row but device.torch={device!r}")
+    if dev.type == "cuda" and torch.cuda.is_available():
+        running, matched = spec_for_running_device(device)
+        if running.key != datasheet:
+            raise ConfigError(f"device={datasheet}: {device} is a {running.name} "
+                              f"({running.key if matched else 'no datasheet row'}); use device=cuda"
+                              + (f" or device={running.key}" if matched else ""))
+    return device
+
+
 def last_level_cache_bytes(device: str = "cpu", root: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
     """The device's real last-level cache: the CPU's highest cache level from sysfs (per
     instance, as the kernel reports it), the GPU's L2 from torch; None when not readable.
