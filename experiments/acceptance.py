@@ -3,13 +3,11 @@
 
 import json
 
-import hydra
-
-from experiments.entry import fail_fast, plain
+from experiments.entry import command, fail_fast, plain
 from roofline.spec.run import acceptance
 
 
-@hydra.main(config_path="../conf", config_name="acceptance", version_base="1.3")
+@command("acceptance")
 def main(cfg) -> None:
     with fail_fast():
         text, out = acceptance(plain(cfg, device_as="torch"))

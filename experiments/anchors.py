@@ -3,15 +3,14 @@
 import json
 from pathlib import Path
 
-import hydra
 import pandas as pd
 
-from experiments.entry import fail_fast, plain
+from experiments.entry import command, fail_fast, plain
 from roofline.io.files import write_csv_atomic, write_json_atomic
 from roofline.parallel import anchors
 
 
-@hydra.main(config_path="../conf", config_name="anchors", version_base="1.3")
+@command("anchors")
 def main(cfg) -> None:
     with fail_fast():
         c = plain(cfg)

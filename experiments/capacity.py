@@ -4,10 +4,9 @@ layouts (tp / ep / dp-attention / pp) from the datasheet row + roofline/data/pri
 
 import json
 
-import hydra
 import pandas as pd
 
-from experiments.entry import fail_fast, plain
+from experiments.entry import command, fail_fast, plain
 from roofline.analysis.capacity import CapacityRequest, Speculation, Workload, run
 from roofline.analysis.predict import DraftCost
 from roofline.io.fields import from_dict
@@ -18,7 +17,7 @@ from roofline.model.presets import get_preset
 from roofline.parallel import whatif
 
 
-@hydra.main(config_path="../conf", config_name="capacity", version_base="1.3")
+@command("capacity")
 def main(cfg) -> None:
     with fail_fast():
         c = plain(cfg, device_as="datasheet")

@@ -1,9 +1,7 @@
 """Print the cost card of a preset: `python -m experiments.card model=llama-3.1-8b dtype=bf16`,
 or of a Hugging Face model folder: `python -m experiments.card checkpoint=path/to/folder`."""
 
-import hydra
-
-from experiments.entry import fail_fast, plain
+from experiments.entry import command, fail_fast, plain
 from roofline.model.card import CardRequest, print_card
 from roofline.checkpoints.loader import checkpoint_config
 from roofline.model.config import ModelConfig
@@ -11,7 +9,7 @@ from roofline.model.formats import with_overrides
 from roofline.measure.devices import get_spec
 
 
-@hydra.main(config_path="../conf", config_name="card", version_base="1.3")
+@command("card")
 def main(cfg) -> None:
     with fail_fast():
         c = plain(cfg, device_as="datasheet")

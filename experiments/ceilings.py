@@ -2,14 +2,12 @@
 
 import json
 
-import hydra
-
-from experiments.entry import fail_fast, plain
+from experiments.entry import command, fail_fast, plain
 from roofline.measure.ceilings import (CeilingsSpec, format_summary, measure_ceilings, stderr_log,
                                write_ceilings)
 
 
-@hydra.main(config_path="../conf", config_name="ceilings", version_base="1.3")
+@command("ceilings")
 def main(cfg) -> None:
     with fail_fast():
         c = plain(cfg, device_as="torch")

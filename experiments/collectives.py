@@ -6,14 +6,12 @@ Under torchrun or srun every rank runs this same command; rank 0 writes the resu
 import json
 from pathlib import Path
 
-import hydra
-
-from experiments.entry import fail_fast, plain
+from experiments.entry import command, fail_fast, plain
 from roofline.io.results import RUNS_ROOT
 from roofline.parallel.collectives import CollectiveSpec, run_collectives, summary_text
 
 
-@hydra.main(config_path="../conf", config_name="collectives", version_base="1.3")
+@command("collectives")
 def main(cfg) -> None:
     with fail_fast():
         c = plain(cfg, device_as="torch")

@@ -4,13 +4,11 @@ The last line of stdout is one JSON document (the summary)."""
 
 import json
 
-import hydra
-
-from experiments.entry import fail_fast, plain
+from experiments.entry import command, fail_fast, plain
 from roofline.analysis.compare import compare_runs, format_comparison
 
 
-@hydra.main(config_path="../conf", config_name="compare", version_base="1.3")
+@command("compare")
 def main(cfg) -> None:
     with fail_fast():
         c = plain(cfg)

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import errno
+import functools
 import json
+import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException, MissingConfigException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from roofline.io.results import RUNS_ROOT
 from roofline.measure import devices
@@ -106,3 +111,44 @@ def fail_fast():
             sys.exit(BAD_INPUT if e.errno in _BAD_PATH else 1)
         raise
 
+
+def hydra_error_line(e: BaseException) -> str:
+    """Hydra's multi-line report of a composition error as one line naming the key or group."""
+    if isinstance(e, MissingConfigException) and e.options is not None and "/" in (e.missing_cfg_file or ""):
+        group, _, option = e.missing_cfg_file.rpartition("/")
+        hint = "; a GPU by index: device=cuda device.torch=cuda:N" if group == "device" else ""
+        return f"{group}={option}: unknown; allowed {sorted(e.options)}{hint}"
+    text = str(e).split("\nConfig search path:")[0]
+    parts = [line.strip().rstrip(".") for line in text.splitlines() if line.strip()]
+    cause = e.__cause__
+    if isinstance(cause, OmegaConfBaseException) and str(cause).strip():
+        parts.insert(1, str(cause).strip().splitlines()[0].rstrip("."))
+    return "; ".join(parts) or type(e).__name__
+
+
+def command(config_name: str):
+    """hydra.main over conf/<config_name>.yaml for an entry point in experiments/. Hydra's own
+    errors (a key the config lacks, an override it cannot parse, a group option that does not
+    exist) become one line on stderr and exit 2: they happen while composing, before the
+    command runs or writes anything. HYDRA_FULL_ERROR=1 keeps Hydra's full report."""
+    def wrap(task):
+        app = hydra.main(config_path="../conf", config_name=config_name, version_base="1.3")(task)
+
+        @functools.wraps(task)
+        def main() -> None:
+            before = os.environ.get("HYDRA_FULL_ERROR")
+            if before == "1":
+                return app()
+            os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises its errors instead of printing them
+            try:
+                return app()
+            except (HydraException, OmegaConfBaseException) as e:
+                print(f"error: {hydra_error_line(e)}", file=sys.stderr)
+                sys.exit(BAD_INPUT)
+            finally:
+                if before is None:
+                    os.environ.pop("HYDRA_FULL_ERROR", None)
+                else:
+                    os.environ["HYDRA_FULL_ERROR"] = before
+        return main
+    return wrap

@@ -2,14 +2,12 @@
 
 import json
 
-import hydra
-
-from experiments.entry import fail_fast, plain
+from experiments.entry import command, fail_fast, plain
 from roofline.analysis.costmodel import FitSettings
 from roofline.report.sections import fit_and_report
 
 
-@hydra.main(config_path="../conf", config_name="fit", version_base="1.3")
+@command("fit")
 def main(cfg) -> None:
     with fail_fast():
         c = plain(cfg)

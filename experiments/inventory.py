@@ -6,13 +6,11 @@ num_nextn_predict_layers), 2 on bad input; the last line of stdout is one JSON d
 import json
 import sys
 
-import hydra
-
-from experiments.entry import fail_fast, plain
+from experiments.entry import command, fail_fast, plain
 from roofline.checkpoints.inventory import InventoryRequest, format_report, run_inventory, write_outputs
 
 
-@hydra.main(config_path="../conf", config_name="inventory", version_base="1.3")
+@command("inventory")
 def main(cfg) -> None:
     with fail_fast():
         c = plain(cfg)

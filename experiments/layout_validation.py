@@ -3,13 +3,11 @@
 
 import json
 
-import hydra
-
-from experiments.entry import fail_fast, plain
+from experiments.entry import command, fail_fast, plain
 from roofline.parallel.validate import held_out
 
 
-@hydra.main(config_path="../conf", config_name="layout_validation", version_base="1.3")
+@command("layout_validation")
 def main(cfg) -> None:
     with fail_fast():
         c = plain(cfg)

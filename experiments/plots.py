@@ -4,13 +4,11 @@ The last line of stdout is one JSON document: the written paths and the figures 
 
 import json
 
-import hydra
-
-from experiments.entry import fail_fast, plain
+from experiments.entry import command, fail_fast, plain
 from roofline.report.document import write_figures
 
 
-@hydra.main(config_path="../conf", config_name="plots", version_base="1.3")
+@command("plots")
 def main(cfg) -> None:
     with fail_fast():
         c = plain(cfg)

@@ -4,13 +4,11 @@ or without a fit for a device never measured: `python -m experiments.predict mod
 
 import json
 
-import hydra
-
-from experiments.entry import fail_fast, plain
+from experiments.entry import command, fail_fast, plain
 from roofline.analysis.predict import predict_command
 
 
-@hydra.main(config_path="../conf", config_name="predict", version_base="1.3")
+@command("predict")
 def main(cfg) -> None:
     with fail_fast():
         text, summary = predict_command(plain(cfg, device_as="datasheet"))

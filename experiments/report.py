@@ -5,13 +5,11 @@ line of stdout is one JSON document with the paths."""
 
 import json
 
-import hydra
-
-from experiments.entry import fail_fast, plain
+from experiments.entry import command, fail_fast, plain
 from roofline.report.document import write_report
 
 
-@hydra.main(config_path="../conf", config_name="report", version_base="1.3")
+@command("report")
 def main(cfg) -> None:
     with fail_fast():
         md, html = write_report(plain(cfg)["results_dir"])

@@ -3,13 +3,11 @@
 
 import json
 
-import hydra
-
-from experiments.entry import fail_fast, plain
+from experiments.entry import command, fail_fast, plain
 from roofline.measure.slicing import slicing_check
 
 
-@hydra.main(config_path="../conf", config_name="slicing", version_base="1.3")
+@command("slicing")
 def main(cfg) -> None:
     with fail_fast():
         c = plain(cfg)

@@ -5,13 +5,11 @@ acceptance instead (the same as `python -m experiments.acceptance`)."""
 
 import json
 
-import hydra
-
-from experiments.entry import fail_fast, plain
+from experiments.entry import command, fail_fast, plain
 from roofline.spec.run import specdec
 
 
-@hydra.main(config_path="../conf", config_name="specdec", version_base="1.3")
+@command("specdec")
 def main(cfg) -> None:
     with fail_fast():
         text, summary = specdec(plain(cfg, device_as="torch"))

@@ -9,9 +9,7 @@ Several ranks: `python -m experiments.sweep tp=2 [ep=2]` (spawned here; or under
 import json
 from pathlib import Path
 
-import hydra
-
-from experiments.entry import axis, fail_fast, job_dir, plain
+from experiments.entry import axis, command, fail_fast, job_dir, plain
 from roofline.checkpoints.loader import checkpoint_config
 from roofline.io.fields import from_dict
 from roofline.model.config import ModelConfig
@@ -23,7 +21,7 @@ from roofline.measure.timer import TimerSettings
 from roofline.parallel.layout import Layout
 
 
-@hydra.main(config_path="../conf", config_name="sweep", version_base="1.3")
+@command("sweep")
 def main(cfg) -> None:
     with fail_fast():
         c = plain(cfg, device_as="torch")

@@ -2,6 +2,7 @@
 
 import errno
 import json
+import os
 import subprocess
 import sys
 
@@ -126,3 +127,65 @@ def test_sweep_cli_takes_a_scalar_axis_and_names_an_unknown_timer_key(tmp_path):
     lines = bad.stderr.strip().splitlines()
     assert bad.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: timer: unknown field(s) ['foo']")
     assert not (tmp_path / "b").exists()
+
+
+# Hydra's own errors, raised while composing the config: each invocation runs in one child
+# interpreter (fresh Hydra state per case), in an empty folder with the results root inside it.
+HYDRA_CASES = {
+    "a key the config lacks": (["experiments.sweep", "timer.foo=1"], "timer.foo"),
+    "an override that does not parse": (["experiments.sweep", "q=[1,2"], "q=[1,2"),
+    "a group option that does not exist": (["experiments.sweep", "model=nope"], "model=nope"),
+    "a device the group does not hold": (["experiments.card", "device=foo"], "device=foo"),
+}
+_DRIVER = """
+import contextlib, io, json, runpy, sys
+from hydra.core.global_hydra import GlobalHydra
+out = []
+for module, *args in json.loads(sys.argv[1]):
+    sys.argv = [module.replace(".", "/") + ".py", *args]
+    err, code = io.StringIO(), 0
+    with contextlib.redirect_stderr(err):
+        try:
+            runpy.run_module(module, run_name="__main__")
+        except SystemExit as e:
+            code = e.code
+    GlobalHydra.instance().clear()
+    out.append(dict(code=code, stderr=err.getvalue()))
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def hydra_errors(tmp_path_factory):
+    work = tmp_path_factory.mktemp("work")
+    cases = [argv for argv, _ in HYDRA_CASES.values()]
+    r = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(cases)], cwd=work, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "ROOFLINE_RESULTS": str(work / "runs")},
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    return dict(zip(HYDRA_CASES, json.loads(r.stdout.strip().splitlines()[-1]))), work
+
+
+@pytest.mark.parametrize("case", list(HYDRA_CASES))
+def test_hydra_errors_are_one_line_naming_the_key_exit_2(case, hydra_errors):
+    results, _ = hydra_errors
+    lines = results[case]["stderr"].strip().splitlines()
+    assert results[case]["code"] == 2 and len(lines) == 1, results[case]
+    assert lines[0].startswith("error: ") and HYDRA_CASES[case][1] in lines[0]
+
+
+def test_hydra_errors_write_nothing(hydra_errors):
+    _, work = hydra_errors
+    assert list(work.iterdir()) == []  # no run folder, no results root, no outputs/ of Hydra's
+
+
+def test_an_unknown_device_lists_the_entries_and_says_how_to_pick_a_gpu(hydra_errors):
+    line = hydra_errors[0]["a device the group does not hold"]["stderr"].strip()
+    assert "allowed [" in line and "'h200_sxm'" in line and "device.torch=cuda:N" in line
+
+
+def test_every_entry_point_composes_through_the_one_wrapper():
+    """hydra.main called directly would print Hydra's multi-line errors again."""
+    direct = [f.name for f in (REPO_ROOT / "experiments").glob("*.py")
+              if f.name != "entry.py" and "hydra.main(" in f.read_text()]
+    assert direct == []
