@@ -18,7 +18,8 @@ Where things live (one subpackage per part of the pipeline; data flows top to bo
                   table, predictions, capacity planning
     spec/         speculative decoding: theory (tau, speedup, k*), the verification rules,
                   acceptance counters, the engine and its drafters, validation against the
-                  cost model, acceptance measured on real prompts, vLLM metrics
+                  cost model, acceptance measured on real prompts, vLLM metrics, the specdec and
+                  acceptance commands (run)
     report/       figures (making and saving), pictures of a run, report sections (cost model,
                   speculative decoding), the Markdown/HTML report
 
