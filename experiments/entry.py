@@ -123,7 +123,16 @@ def hydra_error_line(e: BaseException) -> str:
     cause = e.__cause__
     if isinstance(cause, OmegaConfBaseException) and str(cause).strip():
         parts.insert(1, str(cause).strip().splitlines()[0].rstrip("."))
-    return "; ".join(parts) or type(e).__name__
+    line = "; ".join(parts) or type(e).__name__
+    override = getattr(e, "override", None)  # OverrideParseException: the override Hydra could not read
+    return f"{override}: {line}" if override and override not in line else line
+
+
+def hydra_args(args: list[str]) -> list[str]:
+    """The command line as Hydra 1.3 takes it: `group=null` (no option, as a defaults list
+    writes it; e.g. the card's `device=null`) becomes `~group`, which Hydra wants instead."""
+    return [f"~{a[:-len('=null')]}" if a.endswith("=null") and (CONF_DIR / a[:-len("=null")]).is_dir() else a
+            for a in args]
 
 
 def command(config_name: str):
@@ -136,13 +145,15 @@ def command(config_name: str):
 
         @functools.wraps(task)
         def main() -> None:
+            sys.argv[1:] = hydra_args(sys.argv[1:])
             before = os.environ.get("HYDRA_FULL_ERROR")
             if before == "1":
                 return app()
             os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises its errors instead of printing them
             try:
                 return app()
-            except (HydraException, OmegaConfBaseException) as e:
+            # a ValueError here is Hydra's (the command's own are fail_fast's, inside the task)
+            except (HydraException, OmegaConfBaseException, ValueError) as e:
                 print(f"error: {hydra_error_line(e)}", file=sys.stderr)
                 sys.exit(BAD_INPUT)
             finally:

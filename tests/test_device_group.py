@@ -7,7 +7,7 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 
-from experiments.entry import CONF_DIR, plain
+from experiments.entry import CONF_DIR, hydra_args, plain
 from roofline.io.fields import ConfigError
 from roofline.measure import devices
 from roofline.measure.devices import get_spec, list_specs
@@ -42,7 +42,8 @@ def test_cpu_and_cuda_work_as_typed_and_a_gpu_index_goes_to_device_torch():
 
 
 def test_device_null_leaves_the_card_and_predict_without_a_row():
-    assert _device("card", "device=null", device_as="datasheet") is None
+    assert hydra_args(["device=null", "dtype=null"]) == ["~device", "dtype=null"]  # only a group's null
+    assert _device("card", *hydra_args(["device=null"]), device_as="datasheet") is None
     assert _device("predict", device_as="datasheet") is None  # predict's default: no what-if
 
 

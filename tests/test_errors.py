@@ -14,6 +14,7 @@ from experiments.entry import axis, fail_fast
 from roofline.checkpoints.inventory import read_checkpoint
 from roofline.checkpoints.loader import config_from_hf, shard_files
 from roofline.io import results
+from roofline.io.fields import ConfigError
 from roofline.measure.slicing import slicing_error
 from roofline.measure.sweep import SweepSpec
 from roofline.measure.timer import TimerSettings
@@ -53,7 +54,7 @@ def test_grid_axes_accept_a_scalar():
 
 
 def test_an_unknown_timer_key_is_named():
-    from roofline.io.fields import ConfigError, from_dict
+    from roofline.io.fields import from_dict
     with pytest.raises(ConfigError, match=r"timer: unknown field\(s\) \['foo'\]; allowed \["):
         from_dict(TimerSettings, dict(warmup=1, foo=2), "timer")
 
