@@ -10,7 +10,8 @@ Conventions (docs/design.md §2):
   expected count U(N) = E·(1 − (1 − k/E)^N) under uniform routing for the "touched"
   implementation, all E for "dense". MTP modules are not part of the main forward.
 - KV read: B · layers · (cache elements per token) · kv_len · b_kv, kv_len being the cache
-  slice attention reads (L + q unless fixed); KV write: the same with q for kv_len.
+  slice attention reads (L + q unless fixed); KV write: the same with q for kv_len. A
+  quantized cache (roofline.model.kvcache) adds its scales: per token, or per layer.
 - FLOPs: 2 · (matmul weights applied per token) · B · q, plus attention counted causally
   (useful work only): for query i at position L + i, L + i + 1 keys, each costing
   2·(d_qk + d_v) per head, i.e. 2·(d_qk + d_v)·h·layers·B·(q·L + q(q+1)/2).
@@ -281,7 +282,7 @@ def _stack_cost(cfg: ModelConfig, layers: int, n_moe: int, B: int, q: int, L: in
     matmul = layers * attention_matmul_params(cfg) + n_dense * 3 * cfg.d * cfg.ffn + n_moe * moe_active
     matmul += cfg.vocab * cfg.d  # LM head
     kv_tok = kv_token_layer_bytes(cfg, prec)
-    kv_fixed = layers * prec.kv.kv_layer_fixed_bytes(b)
+    kv_fixed = layers * prec.kv.kv_layer_fixed_bytes(b, tensors=1 if cfg.is_mla else 2)
     act_per_token = (n_dense * _linear_io(cfg, False) + n_moe * _linear_io(cfg, True) + cfg.d + cfg.vocab) * b
     return dict(
         weight_bytes=dense_b + cfg.d * b + head_bytes(cfg, prec) + expert_b,
