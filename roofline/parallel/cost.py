@@ -10,6 +10,11 @@ all-gather of the B·q·V logits when the LM head is split. dp_attention + EP, p
 the rows each token sends to its k experts' ranks and back (B_r·q·k·d each way; (n−1)/n of it
 crosses the links), the expert ids, and the counts exchanged first. pp: one send of B·q·d
 activations per stage boundary.
+
+Precision (a label of roofline.model.formats): each rank's shard of every matrix costs its
+format's exact bytes with the scales counted on the shard's own shape (`_rank_cfgs` hands the
+shard's shapes to the single-device byte functions), the KV cache its format's bytes, and the
+activations (collectives, embedding rows) the activation dtype.
 """
 
 from __future__ import annotations
