@@ -84,7 +84,8 @@ def test_datasheet_baseline_used_when_ceilings_given():
 def tiny_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("run") / "tiny"
     subprocess.run([sys.executable, "-m", "experiments.sweep", "model=tiny", "q=[1,2,4,8,16,32]", "B=[1,2]",
-                    "L=[16,64]", f"out_dir={out}", "progress=false", "timer.min_reps=3", "timer.budget_s=0.05"],
+                    "L=[16,64]", f"out_dir={out}", "progress=false", "timer.min_reps=3", "timer.budget_s=0.05",
+                    "noise.enabled=false"],  # the table must hold every point here, whatever the load
                    cwd=REPO, check=True, capture_output=True, timeout=120)
     return out
 
@@ -137,22 +138,26 @@ def test_longest_context_split_trains_without_it():
     assert e.loc["train L<4096, predict L=4096", "bias_pct"] < -5.0  # under-predicted: it never saw the bend
 
 
+def depth_rows(layers, full=4):
+    """Rows at `layers` of a `full`-layer model: weights per layer 5e7 B plus a 2e7 B head."""
+    out = []
+    for q in (1, 2, 8, 16, 64):  # B*q = 8 is the knee: it must be among the token counts
+        for B in (1, 4):
+            for L in (128, 1024):
+                w, kv, N = 2e7 + 5e7 * layers, B * L * 1e4 * layers, B * q
+                t = T0 + w / BW + kv / BW_KV + max(0, N - KNEE) * FLOP_PER_TOKEN * layers / F
+                out.append(dict(device_name="synthetic", model="syn", dtype="bfloat16", mode="eager",
+                                kind="forward", q=q, B=B, L=L, tokens=N, weight_bytes=w, embed_bytes=0.0,
+                                kv_read_bytes=kv, kv_write_bytes=0.0, flops_matmul=FLOP_PER_TOKEN * N * layers,
+                                flops_attention=0.0, t_median_s=t, status="ok", layers_run=layers,
+                                layers_full=full, extrapolated=False))
+    return pd.DataFrame(out)
+
+
 def test_depth_split_predicts_full_depth_from_shallow_rows():
-    """Rows at 1 and 2 layers (weights per layer 5e7 B, plus a 2e7 B head) train a fit that
-    predicts the 4-layer rows; the physics is the same, so the error is small."""
-    def rows(layers):
-        out = []
-        for q in (1, 2, 8, 16, 64):  # B*q = 8 is the knee: it must be among the token counts
-            for B in (1, 4):
-                for L in (128, 1024):
-                    w, kv, N = 2e7 + 5e7 * layers, B * L * 1e4 * layers, B * q
-                    t = T0 + w / BW + kv / BW_KV + max(0, N - KNEE) * FLOP_PER_TOKEN * layers / F
-                    out.append(dict(device_name="synthetic", model="syn", dtype="bfloat16", mode="eager",
-                                    kind="forward", q=q, B=B, L=L, tokens=N, weight_bytes=w, embed_bytes=0.0,
-                                    kv_read_bytes=kv, kv_write_bytes=0.0, flops_matmul=FLOP_PER_TOKEN * N * layers,
-                                    flops_attention=0.0, t_median_s=t, status="ok", layers_run=layers,
-                                    layers_full=4, extrapolated=False))
-        return pd.DataFrame(out)
+    """Rows at 1 and 2 layers train a fit that predicts the 4-layer rows; the physics is the
+    same, so the error is small."""
+    rows = depth_rows
     full, shallow = rows(4), pd.concat([rows(1), rows(2)], ignore_index=True)
     group, _ = cm.fit_group(full, FitSettings(), ceilings=None, sliced=shallow)
     e = pd.DataFrame(group["errors"]).query("regime == 'all' and method == 'fit'").set_index("split")
@@ -169,3 +174,33 @@ def test_noisy_points_are_left_out_and_counted(tmp_path):
     assert fit["excluded"]["noisy_points"] == 10 and len(points) == len(df) - 10
     e = pd.DataFrame(fit["groups"][0]["errors"]).query("regime == 'all' and method == 'fit'")
     assert e["max_abs_pct"].max() < 1.0  # the ten-fold outliers never reached the fit
+
+
+def test_a_run_timed_mostly_on_a_busy_machine_is_fitted_but_its_noisy_points_are_no_profile(tmp_path):
+    df = synthetic_rows(noise=0.0, seed=6).assign(noisy=False, extrapolated=False)
+    n_noisy = len(df) // 2  # too few clean points: the fit has to keep the noisy ones, and says so
+    df.loc[: n_noisy - 1, "noisy"] = True
+    df.to_csv(tmp_path / "points.csv", index=False)
+    fit, points = cm.fit_run(tmp_path)
+    assert not fit["excluded"]["left_out"] and len(points) == len(df)
+    group = fit["groups"][0]
+    assert group["table_left_out_noisy"] == n_noisy
+    assert len(group["table"]["q"]) == len(df) - n_noisy
+
+
+def test_a_sliced_run_lends_only_its_measured_shallow_rows(tmp_path):
+    """`fit sliced_dir=S`: S's layer-extrapolated full-depth rows are predictions, not
+    measurements; they must neither join the full-depth fit nor switch the depth split off."""
+    full_dir, sliced_dir = tmp_path / "full", tmp_path / "sliced"
+    full_dir.mkdir(), sliced_dir.mkdir()
+    full = depth_rows(4)
+    full.to_csv(full_dir / "points.csv", index=False)
+    guessed = depth_rows(4).assign(extrapolated=True, t_median_s=lambda d: 3 * d["t_median_s"])
+    pd.concat([depth_rows(1), depth_rows(2), guessed], ignore_index=True).to_csv(sliced_dir / "points.csv", index=False)
+    fit, _ = cm.fit_run(full_dir, sliced_dir=sliced_dir)
+    group = fit["groups"][0]
+    assert group["n_points"] == len(full)
+    e = pd.DataFrame(group["errors"]).query("regime == 'all' and method == 'fit'").set_index("split")
+    assert e.loc["train layers 1,2, predict full depth", "max_abs_pct"] < 1.0
+    alone, _ = cm.fit_run(full_dir)  # the 3x guesses never reached the fit: same coefficients as without S
+    assert group["coefs"] == pytest.approx(alone["groups"][0]["coefs"], rel=1e-9)

@@ -119,3 +119,33 @@ def test_a_machine_that_stays_busy_is_not_retried_window_after_window():
     # windows 1-2: one check + two retry checks each; windows 3-4: one check each (plus the start)
     assert ref.calls == 1 + 3 + 3 + 1 + 1
     assert m.summary()["noisy"] == 12
+
+
+def test_a_point_starved_of_cpu_between_quiet_references_is_caught_by_its_own_share():
+    """A competitor that ran for the whole of one point and was gone by the next reference: the
+    point's repetitions agree (low CV) and every reference is quiet, but its threads got half
+    their CPU time. It is re-measured; the fresh row, with its full share, is kept unmarked."""
+    m = NoiseMonitor(FAST, reference=FakeReference([QUIET]), log=lambda _: None)
+    rows = [dict(row(0), t_cpu_share=0.93), dict(row(1), t_cpu_share=0.45), dict(row(2), t_cpu_share=0.91)]
+    out = []
+    for i, r in enumerate(rows):
+        out += m.add(r, lambda i=i: {**row(i), "t_cpu_share": 0.92, "fresh": True})
+    out += m.flush()
+    assert [("fresh" in r, r["noisy"]) for r in out] == [(False, False), (True, False), (False, False)]
+    assert m.summary()["flagged"] == 1
+
+
+def test_a_point_that_stays_starved_is_marked_with_its_share():
+    m = NoiseMonitor(FAST, reference=FakeReference([QUIET]), log=lambda _: None)
+    starved = lambda: {**row(0), "t_cpu_share": 0.5}  # noqa: E731
+    out = m.add(starved(), starved) + m.flush()
+    assert out[0]["noisy"] and "50% of their CPU time" in out[0]["noise_reason"]
+
+
+def test_the_timer_reports_the_cpu_share_its_threads_got():
+    import torch
+    from roofline.measure.timer import TimerSettings, time_fn
+    x = torch.ones(256, 256)
+    r = time_fn(lambda: x @ x, TimerSettings(warmup=1, min_reps=3, max_reps=3, threads=1), "cpu")
+    assert 0.0 < r.cpu_share < 1.5  # a fraction of (wall x threads); never NaN on a CPU
+    assert r.to_row()["t_cpu_share"] == r.cpu_share

@@ -48,11 +48,21 @@ def test_between_measured_points_the_ratio_is_interpolated():
     assert m.source(6, 1, 100) == "table"
 
 
-@pytest.mark.parametrize("point", [(16, 1, 100), (2, 4, 100), (2, 1, 4000), (2, 1, 50)])
-def test_outside_the_measured_box_the_fit_alone(point):
+@pytest.mark.parametrize("point", [(16, 1, 100), (2, 4, 100), (16, 1, 4000)])
+def test_outside_the_measured_tokens_the_fit_alone(point):
     m = model()
     assert m.source(*point) == "fit"
     assert m.seconds(*point) == pytest.approx(FIT(*point), rel=1e-12)
+
+
+@pytest.mark.parametrize("L, edge", [(4000, 1000), (50, 100)])
+def test_beyond_the_measured_contexts_the_kernel_factor_of_the_nearest_one(L, edge):
+    """Which kernel runs depends on the token count, not on L: past the measured contexts the
+    measured/fitted ratio at the same (q, B) and the nearest L is kept, the fit moves the L."""
+    m = model()
+    ratio = (MEASURED[2] + 1e-6 * edge) / FIT(2, 1, edge)
+    assert m.source(2, 1, L) == "table(q,B)+fit(L)"
+    assert m.seconds(2, 1, L) == pytest.approx(FIT(2, 1, L) * ratio, rel=1e-12)
 
 
 def test_a_hole_in_the_grid_falls_back_to_the_fit_next_to_it():
@@ -76,3 +86,32 @@ def test_a_q_step_faster_than_the_one_token_step_is_listed_as_a_kernel_effect():
     k = kernel_effects(pts)
     assert k["q"].tolist() == [2]  # 4 is within the 2% margin; 8 is slower
     assert k["Tq_over_T1"].iloc[0] == pytest.approx(0.8)
+
+
+def test_a_noisy_point_leaves_a_hole_and_the_fit_answers_there():
+    """A point the sweep timed on a busy machine (10x slow) must not become the device's profile:
+    the table leaves it out, that step and its neighbours come from the fit, and clean measured
+    points still come from the table."""
+    from roofline.analysis.steptable import measured_table
+    qs = [1, 2, 4, 8]
+    t_fit = [FIT(q, 1, 100) for q in qs]
+    t_meas = [1.05 * t for t in t_fit]
+    t_meas[1] *= 10  # q=2 timed while another process held the cores
+    pts = pd.DataFrame(dict(q=qs, B=1, L=100, t_median_s=t_meas, t_pred_s=t_fit,
+                            noisy=[False, True, False, False]))
+    rows = lambda q, B, L: pd.DataFrame(dict(q=q, B=B, L=L))  # noqa: E731
+    terms = lambda r: np.column_stack([FIT(r["q"].to_numpy(), r["B"].to_numpy(), r["L"].to_numpy()),  # noqa: E731
+                                       *[np.zeros(len(r))] * 4])
+    kept = StepModel(dict(table=measured_table(pts)), rows, terms)
+    trusted = StepModel(dict(table=measured_table(pts, ~pts["noisy"])), rows, terms)
+    assert kept.seconds(2, 1, 100) > 5 * FIT(2, 1, 100)  # what the old table did
+    # q=2 is no longer a grid point: its step comes from the clean neighbours' kernel factor
+    assert trusted.seconds(2, 1, 100) == pytest.approx(1.05 * FIT(2, 1, 100), rel=1e-12)
+    assert trusted.source(8, 1, 100) == "table"
+    assert trusted.seconds(8, 1, 100) == pytest.approx(t_meas[3], rel=1e-12)
+    # on a 2-D grid the noisy point is a hole: next to it the fit answers
+    two = pd.concat([pts, pts.assign(B=2, noisy=False)], ignore_index=True)
+    holed = StepModel(dict(table=measured_table(two, ~two["noisy"])), rows, terms)
+    assert holed.source(2, 1, 100) == "fit"
+    assert holed.seconds(2, 1, 100) == pytest.approx(FIT(2, 1, 100), rel=1e-12)
+    assert holed.source(3, 1, 100) == "fit"  # between the hole and a clean point

@@ -287,7 +287,7 @@ def test_to_row_flattens_scalars_with_prefix_and_leaves_samples_out():
     row = r.to_row()
     assert set(row) == {
         "t_median_s", "t_p10_s", "t_p90_s", "t_mean_s", "t_min_s", "t_cv", "t_n", "t_ci_rel",
-        "t_total_s", "t_stopped_by", "t_clock", "t_mode", "t_l2", "t_flush_bytes", "t_threads",
+        "t_total_s", "t_stopped_by", "t_clock", "t_mode", "t_l2", "t_flush_bytes", "t_threads", "t_cpu_share",
     }
     assert row["t_median_s"] == 2e-3 and row["t_stopped_by"] == "max_reps"
     assert set(r.to_row(prefix="step_")) == {"step_" + k[2:] for k in row}

@@ -50,12 +50,16 @@ from roofline.model.accounting import forward_cost, mtp_cost
 from roofline.model.config import ConfigError, ModelConfig
 from roofline.io.results import load_run
 from roofline.measure.devices import detect
-from roofline.analysis.steptable import StepModel, measured_table
+from roofline.analysis.steptable import StepModel, kernel_factor, measured_table
 
 FIT_SCHEMA = "roofline.fit/1"
 GROUP_KEYS = ("device_name", "model", "dtype", "mode", "kind")
 TERMS = ("t0", "weights", "kv", "matmul", "attention", "per_layer", "comm")
 COEF_UNITS = ["s", "s/B", "s/B", "s/FLOP", "s/FLOP", "s/block", "1 (collectives.json fit, not fitted here)"]
+# The held-out use of the measured step table (roofline.analysis.steptable): the split's fit
+# times the trained rows' measured/fitted ratio at the same (q, B), as predict does past the
+# measured contexts; n counts the test rows whose (q, B) were trained.
+TABLE_METHOD = "fit x measured kernel factor at (q,B)"
 ERROR_COLUMNS = ("split", "method", "regime", "n", "MAPE_pct", "median_abs_pct", "max_abs_pct", "bias_pct")
 
 FORM = ("T = t0 + W / BW_eff + KV / BW_kv + F_mm * max(0, 1 - m0 / N) / F_eff + F_attn / F_at + n_blocks * t_layer "
@@ -252,18 +256,28 @@ def _error_tables(df, full_pred, regimes, settings: FitSettings, ceilings, dtype
     if (~train).any() and train.sum() >= 4:
         c, knee = fit_coefs(df[train])
         splits[f"train B={int(Bs.min())}, predict B>{int(Bs.min())}"] = (~train, features(df, knee) @ c)
+    tabled = {}  # split -> the same fit times the trained rows' measured kernel factor (steptable)
     Ls = _col(df, "L")
     if len(set(Ls)) >= 3:  # two contexts to train on (the KV slope), the longest to predict
         train = Ls < Ls.max()
         c, knee = fit_coefs(df[train])
-        splits[f"train L<{int(Ls.max())}, predict L={int(Ls.max())}"] = (~train, features(df, knee) @ c)
+        name = f"train L<{int(Ls.max())}, predict L={int(Ls.max())}"
+        pred = features(df, knee) @ c
+        splits[name] = (~train, pred)
+        tabled[name] = kernel_factor(df[train], pred[train], df, pred)
     if sliced is not None and len(sliced) >= 4:
         c, knee = fit_coefs(sliced)
         depths = ",".join(map(str, sorted(set(sliced["layers_run"].astype(int)))))
-        splits[f"train layers {depths}, predict full depth"] = (np.ones(len(df), bool), features(df, knee) @ c)
+        name = f"train layers {depths}, predict full depth"
+        splits[name] = (np.ones(len(df), bool), features(df, knee) @ c)
+        deepest = sliced[sliced["layers_run"] == sliced["layers_run"].max()]
+        tabled[name] = kernel_factor(deepest, features(deepest, knee) @ c, df, splits[name][1])
     rows = []
     for split, (mask, pred) in splits.items():
-        for method, p in (("fit", pred), (roof_label, roof), ("verify is free T(q)=T(1)", free)):
+        methods = [("fit", pred), (roof_label, roof), ("verify is free T(q)=T(1)", free)]
+        if split in tabled:
+            methods.insert(1, (TABLE_METHOD, tabled[split]))
+        for method, p in methods:
             for rg in ["all"] + sorted(set(regimes[mask])):
                 sel = mask & ((regimes == rg) if rg != "all" else True)
                 rows.append(error_row(split, method, rg, p[sel], meas[sel]))
@@ -344,7 +358,9 @@ def fit_group(g: pd.DataFrame, settings: FitSettings, ceilings: dict | None,
                  coef_units=COEF_UNITS, knee_tokens=float(knee), params=physical(coefs, knee), band=band,
                  domain=domain, layer_terms=_layer_terms(g), errors=errors)
     points = g.assign(t_pred_s=t.sum(axis=1), regime=rg)
-    group["table"] = measured_table(points)
+    trusted = ~_noisy(points)
+    group["table"] = measured_table(points, trusted)
+    group["table_left_out_noisy"] = int((~trusted).sum())
     return group, points
 
 
@@ -360,8 +376,8 @@ def fit_run(run_dir, settings: FitSettings = FitSettings(), sliced_dir=None) -> 
     train the "fewer layers -> full depth" split (rows at fewer layers in run_dir count too)."""
     run_dir = Path(run_dir)
     raw = _load(run_dir, "results_dir")
-    if sliced_dir:
-        raw = pd.concat([raw, _load(Path(sliced_dir), "sliced_dir")], ignore_index=True)
+    if sliced_dir:  # only its measured shallow rows: its layer-extrapolated full-depth rows are predictions
+        raw = pd.concat([raw, sliced_rows(_load(Path(sliced_dir), "sliced_dir"))], ignore_index=True)
     df = fit_rows(raw)
     if df.empty:
         raise ConfigError(f"results_dir={str(run_dir)!r}: no ok full-depth rows to fit")

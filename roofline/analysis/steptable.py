@@ -7,9 +7,15 @@ and T(4) < T(3); bf16 GEMV at M=1 is slower than M=2). Serving engines schedule 
 step times for the same reason. Inside the measured box (q, B and L each between the
 smallest and largest measured value) the prediction is the fit multiplied by the measured /
 fitted ratio, interpolated multilinearly between the measured grid points: exactly the
-measured median at a measured point, the fit's physics between points. Outside the box, or
-where a neighbouring grid point is missing, it is the fit alone. Every prediction says which
-(`source`: "table" or "fit").
+measured median at a measured point, the fit's physics between points.
+
+Beyond the measured contexts (q and B inside the box, L outside it) the kernel factor of the
+nearest measured context is kept and the fit carries the step to the new L
+(`source` "table(q,B)+fit(L)"): which GEMM kernel runs depends on the token count M = q·B,
+not on the cache length, while the KV and attention terms that grow with L are physics the
+fit extrapolates. Outside the (q, B) box, or where a neighbouring grid point is missing
+(failed, or marked noisy by the sweep's busy-machine check), it is the fit alone (`"fit"`).
+Every prediction says which (`source`: "table", "table(q,B)+fit(L)" or "fit").
 """
 
 from __future__ import annotations
@@ -18,11 +24,26 @@ import numpy as np
 import pandas as pd
 
 AXES = ("q", "B", "L")
+TABLE_QB_FIT_L = "table(q,B)+fit(L)"
 
 
-def measured_table(points: pd.DataFrame) -> dict:
+def kernel_factor(train: pd.DataFrame, pred_train, test: pd.DataFrame, pred_test) -> np.ndarray:
+    """Held-out use of the table: `pred_test` (a fit's prediction for rows it did not see)
+    times the measured/fitted ratio of the training rows at the same (q, B) and the nearest
+    trained L, interpolated as StepModel does; NaN where the (q, B) were not trained."""
+    grid = RatioGrid(measured_table(train.assign(t_pred_s=np.asarray(pred_train, float))))
+    q, B, L = (test[a].to_numpy(dtype=float) for a in AXES)
+    return np.asarray(pred_test, float) * np.exp(grid(q, B, grid.clamped_L(L)))
+
+
+def measured_table(points: pd.DataFrame, trusted=None) -> dict:
     """The group's measured medians and in-sample fit per (q, B, L), for fit.json.
-    `points` carries t_median_s and t_pred_s (costmodel.fit_group)."""
+    `points` carries t_median_s and t_pred_s (costmodel.fit_group). `trusted`: a boolean mask
+    of the points the table may hold; a point the sweep marked as timed on a busy machine is
+    not a profile of the device, so it leaves a hole there and the prediction falls back to
+    the fit (even when a run with too few clean points had to be fitted with them)."""
+    if trusted is not None:
+        points = points[np.asarray(trusted, dtype=bool)]
     g = points.groupby(list(AXES), sort=True)[["t_median_s", "t_pred_s"]].median().reset_index()
     return dict(q=g["q"].astype(int).tolist(), B=g["B"].astype(int).tolist(), L=g["L"].astype(int).tolist(),
                 t_s=g["t_median_s"].astype(float).tolist(), t_fit_s=g["t_pred_s"].astype(float).tolist())
@@ -40,6 +61,10 @@ class RatioGrid:
 
     def inside(self, q, B, L) -> np.ndarray:
         return np.all([(x >= ax[0]) & (x <= ax[-1]) for x, ax in zip((q, B, L), self.axes)], axis=0)
+
+    def clamped_L(self, L) -> np.ndarray:
+        """L moved to the nearest measured context (the kernel factor's context, see above)."""
+        return np.clip(np.asarray(L, dtype=float), self.axes[2][0], self.axes[2][-1])
 
     def __call__(self, q, B, L) -> np.ndarray:
         """Multilinear interpolation of the log ratio; NaN outside the box or next to a hole."""
@@ -83,14 +108,23 @@ class StepModel:
         self._memo: dict[tuple[int, int, int], tuple[float, str]] = {}
 
     def predict(self, q, B, L) -> pd.DataFrame:
-        """Columns seconds, fit_s, source ("table" | "fit") and the fit's terms, one row per step."""
+        """Columns seconds, fit_s, source ("table" | "table(q,B)+fit(L)" | "fit") and the fit's
+        terms, one row per step."""
         q, B, L = (np.atleast_1d(np.asarray(x, dtype=int)) for x in np.broadcast_arrays(q, B, L))
         t = self._terms(self._rows(q, B, L))
         fit_s = t.sum(axis=1)
-        ratio = self.grid(q, B, L) if self.grid is not None else np.full(len(q), np.nan)
+        source = np.full(len(q), "fit", dtype=object)
+        ratio = np.full(len(q), np.nan)
+        if self.grid is not None:
+            ratio = self.grid(q, B, L)
+            source[np.isfinite(ratio)] = "table"
+            beyond = ~np.isfinite(ratio)
+            if beyond.any():
+                ratio[beyond] = self.grid(q[beyond], B[beyond], self.grid.clamped_L(L[beyond]))
+                source[beyond & np.isfinite(ratio)] = TABLE_QB_FIT_L
         use = np.isfinite(ratio)
         out = pd.DataFrame(dict(q=q, B=B, L=L, seconds=np.where(use, fit_s * np.exp(np.where(use, ratio, 0.0)), fit_s),
-                                fit_s=fit_s, source=np.where(use, "table", "fit")))
+                                fit_s=fit_s, source=source.astype(str)))
         for name, col in zip(self.names, t.T):
             out[f"{name}_s"] = col
         return out

@@ -40,7 +40,7 @@ STATUSES = ("ok", "oom", "error", "unsupported", "too_big", "math_fallback")
 # Columns every row has, in order; physics columns are NaN on failed rows.
 KEY_COLUMNS = ["point_id", "kind", "model", "dtype", "mode", "q", "B", "L", "layers_run", "layers_full"]
 TIMING_COLUMNS = ["t_median_s", "t_p10_s", "t_p90_s", "t_p99_s", "t_mean_s", "t_min_s", "t_cv", "t_n", "t_ci_rel",
-                  "t_stopped_by", "t_clock", "t_l2", "t_threads"]
+                  "t_stopped_by", "t_clock", "t_l2", "t_threads", "t_cpu_share"]
 PHYSICS_COLUMNS = ["kv_len", "tokens", "moe_impl", "experts_touched", "weight_bytes", "expert_bytes",
                    "kv_read_bytes", "kv_write_bytes", "embed_bytes", "mask_bytes", "activation_bytes_est", "bytes_total",
                    "flops_matmul", "flops_attention", "flops", "intensity", "achieved_GBps",

@@ -6,6 +6,10 @@ the timed call and spread its repetitions, and a fit of such points reports them
 word. Three signals, none of which costs a quiet run more than about a percent:
 
 - the point's own spread: CV of its repetitions above `max_cv`;
+- the point's own CPU share (CPU devices): the timer's process CPU time / (wall × threads)
+  over the point's repetitions below `min_cpu_share`. A competitor that runs for the whole of
+  one point slows every repetition alike (low CV) and may be gone by the next reference, so
+  this is the signal that catches it;
 - an interleaved reference: every `every` points the same fixed memory-bound call (a sum
   over a buffer larger than the caches) is timed again; slower than the quietest time seen in
   this run by more than `max_drift` means the machine changed under the points measured
@@ -117,10 +121,16 @@ class NoiseMonitor:
         return self.flush() if len(self.held) >= self.s.every else []
 
     def _spread(self, row: dict) -> str:
-        cv = row.get("t_cv")
-        if row.get("status", "ok") == "ok" and cv is not None and cv == cv and cv > self.s.max_cv:
-            return f"CV {cv:.2f} > {self.s.max_cv}"
-        return ""
+        """The point's own signals: its repetitions' spread and the CPU share its threads got."""
+        if row.get("status", "ok") != "ok":
+            return ""
+        cv, share = row.get("t_cv"), row.get("t_cpu_share")
+        why = []
+        if cv is not None and cv == cv and cv > self.s.max_cv:
+            why.append(f"CV {cv:.2f} > {self.s.max_cv}")
+        if share is not None and share == share and share < self.s.min_cpu_share:
+            why.append(f"its threads got {100 * share:.0f}% of their CPU time")
+        return "; ".join(why)
 
     def flush(self) -> list[dict]:
         """Judge the held window against a fresh reference; re-measure busy or spread points."""
@@ -131,7 +141,8 @@ class NoiseMonitor:
         reasons = {id(h): c["why"] if c["busy"] else self._spread(h.row) for h in bad}
         self.counts["flagged"] += len(bad)
         if bad:
-            self.log(f"noise: {len(bad)} point(s) timed on a busy machine ({c['why'] or 'high CV'}); re-measuring")
+            self.log(f"noise: {len(bad)} point(s) timed on a busy machine "
+                     f"({c['why'] or self._spread(bad[0].row)}); re-measuring")
         self.busy_streak = self.busy_streak + 1 if c["busy"] else 0
         retries = 0 if self.busy_streak > self.s.give_up else self.s.retries
         for attempt in range(retries):

@@ -218,6 +218,7 @@ class Reps(NamedTuple):
     samples: list[float]
     stopped_by: str
     total_s: float  # wall time of the whole loop: flushes, syncs and timed calls
+    cpu_s: float = float("nan")  # process CPU time over the same loop (all threads)
 
 
 def run_reps(
@@ -234,7 +235,7 @@ def run_reps(
     """
     samples: list[float] = []
     ordered: list[float] = []
-    t0 = wall()
+    t0, c0 = wall(), time.process_time()
     while True:
         t = measure()
         _check_time(t, len(samples))
@@ -243,12 +244,10 @@ def run_reps(
         n, total = len(samples), wall() - t0
         if n < settings.min_reps:
             continue
-        if _ci_rel_sorted(ordered) <= settings.rel_ci:
-            return Reps(samples, "rel_ci", total)
-        if n >= settings.max_reps:
-            return Reps(samples, "max_reps", total)
-        if total >= settings.budget_s:
-            return Reps(samples, "budget", total)
+        stop = ("rel_ci" if _ci_rel_sorted(ordered) <= settings.rel_ci else "max_reps" if n >= settings.max_reps
+                else "budget" if total >= settings.budget_s else None)
+        if stop:
+            return Reps(samples, stop, total, time.process_time() - c0)
 
 
 # --------------------------------------------------------------------------- clocks
@@ -423,6 +422,10 @@ class TimingResult:
     threads: int
     samples_s: tuple[float, ...]
     probe: dict | None = None  # what time_fn's `probe` returned (not a timing)
+    # CPU devices: process CPU time / (wall time x intra-op threads) over the reps. The threads
+    # work or spin the whole time on an idle machine (~0.9-1); well below 1, the scheduler gave
+    # their cores to someone else while this point was timed (roofline.measure.noise). NaN on GPUs.
+    cpu_share: float = float("nan")
 
     def to_row(self, prefix: str = "t_") -> dict[str, Any]:
         """Scalar fields for a result row (the samples and the probe stay out of flat tables)."""
@@ -555,4 +558,5 @@ def time_fn(
         min_s=stats.min_s, cv=stats.cv, n=stats.n, ci_rel=stats.ci_rel, total_s=reps.total_s,
         stopped_by=reps.stopped_by, clock=clock.name, mode=settings.mode, l2=settings.l2,
         flush_bytes=flusher.nbytes, threads=threads, samples_s=tuple(reps.samples), probe=probed,
+        cpu_share=reps.cpu_s / (reps.total_s * threads) if not on_cuda and reps.total_s > 0 else float("nan"),
     )
