@@ -45,6 +45,7 @@ from roofline.measure.devices import parse_device, running_device_name, spec_for
 from roofline.measure.forward import (MATH_FALLBACK, count_kernels, depth_cosine_gate, eager_attention_backend,
                                       is_math_fallback)
 from roofline.measure.noise import NoiseMonitor, NoiseSettings
+from roofline.measure.telemetry import energy_per_token, nvml_index
 from roofline.measure.timer import MODES, TimerSettings, time_fn
 from roofline.parallel.layout import Layout
 
@@ -254,7 +255,11 @@ def _measure(w: _Workload, p: Point, timer: TimerSettings) -> dict:
     backend = eager_attention_backend(fn)  # one eager call: which SDPA kernel each layer selects
     mask = w.model.last_mask_bytes
     # kernels per forward, profiled once outside the reps (graph mode replays the eager kernels)
-    probe = lambda target: count_kernels(fn if p.mode == "graph" else target, w.spec.device)
+    # and the energy per token from NVML's counter on the warmed-up step ('n/a (no NVML on cpu)' on the CPU)
+    idx = nvml_index(w.spec.device)  # None on the CPU
+    sync = torch.cuda.synchronize if idx is not None else (lambda: None)
+    probe = lambda target: {**count_kernels(fn if p.mode == "graph" else target, w.spec.device),  # noqa: E731
+                            "energy_J_per_token": energy_per_token(target, idx, p.B * p.q, sync)}
     t = time_fn(fn, dataclasses.replace(timer, mode=p.mode), w.spec.device, probe=probe)
     touched = None
     if w.cfg.is_moe and w.moe_impl == "touched":

@@ -309,15 +309,25 @@ def forward_cost(cfg: ModelConfig, dtype, B: int, q: int, L: int, kv_len: int | 
 def mtp_cost(cfg: ModelConfig, dtype, B: int, q: int, L: int, kv_len: int | None = None,
              moe_impl: str = "touched", touched: float | None = None) -> ForwardCost:
     """Cost of one `Transformer.mtp_forward` (one MTP module over q positions)."""
+    prec, kv_len = mtp_args(cfg, dtype, B, q, L, kv_len)
+    c = _stack_cost(cfg, 1, int(cfg.is_moe), B, q, L, kv_len, prec, moe_impl, touched)
+    return ForwardCost(B=B, q=q, L=L, kv_len=kv_len, tokens=B * q, **add_mtp_own_cost(c, cfg, prec.act_bytes, B * q))
+
+
+def mtp_args(cfg: ModelConfig, dtype, B: int, q: int, L: int, kv_len: int | None) -> tuple[Precision, int]:
+    """(precision, kv_len) of one MTP forward, its shape checked (ValueError without an MTP module)."""
     if cfg.mtp_layers < 1:
         raise ValueError(f"model {cfg.name!r} has no MTP module (mtp_layers=0)")
     _check_shape(cfg, B, q, L)
-    prec = parse_precision(dtype)
-    kv_len = L + q if kv_len is None else kv_len
-    c = _stack_cost(cfg, 1, int(cfg.is_moe), B, q, L, kv_len, prec, moe_impl, touched)
-    c["weight_bytes"] += (2 * cfg.d + 2 * cfg.d * cfg.d) * prec.act_bytes  # enorm, hnorm (+ final norm above), eh_proj
-    c["flops_matmul"] += 2 * 2 * cfg.d * cfg.d * B * q
-    return ForwardCost(B=B, q=q, L=L, kv_len=kv_len, tokens=B * q, **c)
+    return parse_precision(dtype), L + q if kv_len is None else kv_len
+
+
+def add_mtp_own_cost(c: dict, cfg: ModelConfig, act_bytes: int, tokens: int) -> dict:
+    """Adds to a one-block cost what an MTP module has beyond its block, final norm and the shared
+    head: enorm and hnorm, and eh_proj (2d -> d, activation dtype) applied to `tokens` positions."""
+    c["weight_bytes"] += (2 * cfg.d + 2 * cfg.d * cfg.d) * act_bytes
+    c["flops_matmul"] += 2 * 2 * cfg.d * cfg.d * tokens
+    return c
 
 
 def _check_shape(cfg: ModelConfig, B: int, q: int, L: int) -> None:
