@@ -198,6 +198,7 @@ def _blocks_cost(cfg, layout, n, n_moe, B, q, L, kv_len, prec: Precision, moe_im
     d_qk, d_v = (cfg.kv_lora_rank + cfg.qk_rope_dim, cfg.kv_lora_rank) if cfg.is_mla else (cfg.head_dim, cfg.head_dim)
     attended = q * L + q * (q + 1) // 2
     kv = kv_token_bytes_rank(cfg, layout, prec)
+    kv_fixed = n * prec.kv.kv_layer_fixed_bytes(b, tensors=1 if cfg.is_mla else 2)  # MLA: one latent cache
     coll = []
     if layout.attention_tp > 1:
         coll.append(Collective("all_reduce", Nr * cfg.d * b, 2 * n))
@@ -206,7 +207,7 @@ def _blocks_cost(cfg, layout, n, n_moe, B, q, L, kv_len, prec: Precision, moe_im
         coll += [Collective("all_to_all", layout.ep * ID_BYTES, n_moe), Collective("all_to_all", pairs * ID_BYTES, n_moe),
                  Collective("all_to_all", pairs * cfg.d * b, 2 * n_moe)]
     return dict(weight_bytes=(n - n_moe) * dense_b + n_moe * moe_b + expert_b, expert_bytes=expert_b,
-                experts_touched=touched, kv_read_bytes=Br * n * kv * kv_len + n * prec.kv.kv_layer_fixed_bytes(b),
+                experts_touched=touched, kv_read_bytes=Br * n * kv * kv_len + kv_fixed,
                 kv_write_bytes=Br * n * kv * q, flops_matmul=flops_mm,
                 flops_attention=2 * (d_qk + d_v) * s.heads * n * Br * attended, collectives=coll, Nr=Nr,
                 head_rows=s.vocab_head)
