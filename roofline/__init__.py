@@ -4,8 +4,8 @@ Where things live (one subpackage per part of the pipeline; data flows top to bo
 
     model/        what a forward pass is: shapes (config), presets, the dtype vocabulary (dtypes),
                   number formats per tensor class (formats) and quantised linears (quant), the
-                  compact decoder, RoPE, the byte/FLOP model of that exact code (accounting),
-                  the cost card
+                  KV cache in its format (kvcache), the compact decoder, RoPE, the byte/FLOP
+                  model of that exact code (accounting), the cost card
     checkpoints/  Hugging Face folders: safetensors loader, tensor inventory, chat prompts
     measure/      how it is timed: the one timer, Triton kernels, ceilings, telemetry, busy-machine
                   detection (noise), the device datasheet table and device strings (devices),

@@ -128,6 +128,14 @@ def test_capacity(tmp_path):
     assert (folder / "capacity.csv").exists() and (folder / "throughput_vs_latency.png").stat().st_size > 1000
 
 
+def test_capacity_layouts_take_the_precision_overrides():
+    out, r = run_cli("capacity", "model=llama-3.1-70b", "device=h100_sxm", "weights=int4_g128", "layouts=true")
+    assert r.returncode == 0, r.stderr
+    summary = last_json(out)
+    assert summary["weights_format"] == "int4_g128" and summary["layouts"] >= 1
+    assert any(line.split()[:1] == ["tp1"] for line in out.splitlines())  # int4 fits one 80 GB device
+
+
 def test_slicing(tmp_path):
     full = make_synthetic_run(tmp_path / "full", ceilings=False)
     sliced = tmp_path / "sliced"

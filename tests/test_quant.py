@@ -115,17 +115,16 @@ def test_step_weight_bytes_follow_the_format_and_flops_do_not():
     assert i4.kv_read_bytes == bf.kv_read_bytes
 
 
-def test_kv_format_bytes_equal_the_quantized_cache_and_the_cost():
+def test_kv_format_cost_is_its_codes_plus_its_scales():
     cfg = tiny()
-    fp8, int8 = parse_precision("bfloat16+kv=fp8_e4m3"), parse_precision("bfloat16+kv=int8")
-    x = torch.randn(10, cfg.kv_elems_per_token_layer)
-    qz = quant.quantize_kv(x, int8.kv, heads=2 * cfg.kv_heads)
-    assert qz.q.nbytes + qz.scale.nbytes == 10 * int8.kv.kv_token_bytes(x.shape[1], 2 * cfg.kv_heads, 2)
-    q8 = quant.quantize_kv(x, fp8.kv, heads=2 * cfg.kv_heads)
-    assert (q8.q.nbytes, q8.scale.numel()) == (10 * x.shape[1], 1)
     bf = forward_cost(cfg, "bfloat16", 2, 1, 64)
-    c = forward_cost(cfg, fp8, 2, 1, 64)
-    assert c.kv_read_bytes == bf.kv_read_bytes / 2 + cfg.layers * 2 * 4  # + K and V scales per layer
+    fp8, int8 = forward_cost(cfg, "bfloat16+kv=fp8_e4m3", 2, 1, 64), forward_cost(cfg, "bfloat16+kv=int8", 2, 1, 64)
+    assert fp8.kv_read_bytes == bf.kv_read_bytes / 2 + cfg.layers * 2 * 4  # + K and V scales per layer
+    tokens_read = 2 * 65 * cfg.layers
+    assert int8.kv_read_bytes == bf.kv_read_bytes / 2 + tokens_read * 2 * cfg.kv_heads * 4  # a scale per token per head
+    mla = scaled_down(get_preset("deepseek-v3"))
+    assert (forward_cost(mla, "bfloat16+kv=fp8", 1, 1, 8).kv_read_bytes
+            == forward_cost(mla, "bfloat16", 1, 1, 8).kv_read_bytes / 2 + mla.layers * 4)  # one latent cache, one scale
 
 
 def test_quantized_tiny_model_tracks_its_float_twin():
@@ -152,19 +151,21 @@ def test_reference_layers_are_refused_for_timing():
         quant.require_fast(m, "bfloat16+weights=fp8", "cpu")
 
 
-def test_quantized_kv_and_moe_experts_are_unsupported_naming_why():
-    m = build_model(tiny(), max_batch=1, max_context=16, dtype=torch.bfloat16)
-    with pytest.raises(quant.Unsupported, match=r"kv=fp8_e4m3 on device=cpu"):
-        quant.quantize_model(m, "bfloat16+kv=fp8", "cpu")
+def test_fp8_experts_on_cpu_are_unsupported_naming_format_and_device():
     moe = build_model(scaled_down(get_preset("mixtral-8x7b")), max_batch=1, max_context=16, dtype=torch.bfloat16)
-    with pytest.raises(quant.Unsupported, match=r"weights=int8 on device=cpu: routed experts"):
-        quant.quantize_model(moe, "bfloat16+weights=int8", "cpu")
+    with pytest.raises(quant.Unsupported, match=r"weights=fp8_e4m3 on device=cpu: no fast kernel"):
+        quant.quantize_model(moe, "bfloat16+weights=fp8", "cpu")
 
 
 def test_int4_group_that_does_not_divide_k_names_format_and_device():
     m = build_model(tiny(), max_batch=1, max_context=16, dtype=torch.bfloat16)
     with pytest.raises(quant.Unsupported, match=r"weights=int4_g128 on device=cpu: K=64"):
         quant.quantize_model(m, "bfloat16+weights=int4_g128", "cpu")
+
+
+def test_int4_rows_the_cpu_packing_cannot_take_name_format_and_device():
+    with pytest.raises(quant.Unsupported, match=r"weights=int4_g32 on device=cpu: N=40 output rows"):
+        quant.packed_linear(weight(40, 64), parse_format("int4_g32"))
 
 
 @pytest.mark.parametrize("bad, field", [("int3", "weights='int3'"), ("int4_g100", "group size 100"),
@@ -187,7 +188,7 @@ def test_sweep_times_int8_rows_and_records_unsupported_ones(tmp_path):
     from roofline.io.results import read_rows
     from roofline.measure.sweep import SweepSpec, run_sweep
     from roofline.measure.timer import TimerSettings
-    labels = ("bfloat16+weights=int8", "bfloat16+weights=fp8_e4m3_b128", "bfloat16+kv=fp8_e4m3")
+    labels = ("bfloat16+weights=int8", "bfloat16+weights=fp8_e4m3_b128")
     spec = SweepSpec(model=tiny(), q=(1, 2), B=(1,), L=(8,), dtypes=labels, mtp_q=(1,),
                      timer=TimerSettings(warmup=0, min_reps=2, max_reps=2))
     run_sweep(spec, tmp_path, progress=False)
@@ -196,9 +197,8 @@ def test_sweep_times_int8_rows_and_records_unsupported_ones(tmp_path):
     assert ok["status"] == "ok" and ok["weights_format"] == "int8" and ok["act_dtype"] == "bfloat16"
     assert ok["weight_bytes"] == forward_cost(tiny(), labels[0], 1, 2, 8).weight_bytes
     assert ok["dequant_ops"] > 0
-    for label, where in ((labels[1], "weights=fp8_e4m3_b128 on device=cpu"), (labels[2], "kv=fp8_e4m3 on device=cpu")):
-        r = rows[(label, "forward", 1)]
-        assert r["status"] == "unsupported" and where in r["error"]
+    r = rows[(labels[1], "forward", 1)]
+    assert r["status"] == "unsupported" and "weights=fp8_e4m3_b128 on device=cpu" in r["error"]
 
 
 @pytest.mark.gpu

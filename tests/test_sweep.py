@@ -45,6 +45,7 @@ def test_rows_carry_timing_physics_and_provenance(tmp_path):
     assert set(fwd.loc[fwd["q"] == 1, "attn_backend"]) == {"cpu_grouped_matmul"}
     assert set(fwd.loc[fwd["q"] == 2, "attn_backend"]) == {"flash"}
     assert (df["kernels_per_forward"] > 0).all() and set(df["kernels_counted"]) == {"cpu_top_level_ops"}
+    assert set(df["energy_J_per_token"]) == {"n/a (no NVML on cpu)"}  # a string, never 0 or a made-up number
     # uniform positions: no mask at q=1; at q=2 one [2, L+2] bool mask, written once and read by 2 layers
     assert (fwd.loc[fwd["q"] == 1, "mask_bytes"] == 0).all()
     q2 = fwd[fwd["q"] == 2]

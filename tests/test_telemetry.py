@@ -180,3 +180,33 @@ def test_block_is_recorded_when_the_body_raises(nvml):
         with tel.block("boom"):
             raise RuntimeError("oom")
     assert [r["block"] for r in tel.records] == ["boom"] and "after" in tel.records[0]
+
+
+def test_energy_per_token_is_na_on_the_cpu_and_fn_is_not_called():
+    calls = []
+    assert telemetry.energy_per_token(lambda: calls.append(1), None, 4) == "n/a (no NVML on cpu)"
+    assert calls == []
+
+
+def test_energy_per_token_from_a_fake_counter():
+    """Counter 1000 mJ before the calls, 7000 mJ after: 6 J over the calls' B·q tokens."""
+    readings = iter([1000.0, 1000.0, 7000.0])
+    ticks = iter([0.0, 0.1, 0.2, 0.3])  # clock: the start, then after each call from the third on
+    calls, syncs = [], []
+    e = telemetry.energy_per_token(lambda: calls.append(1), 0, 5, sync=lambda: syncs.append(1),
+                                   counter=lambda i: (next(readings), None), clock=lambda: next(ticks), min_s=0.25)
+    assert len(calls) == 5 and len(syncs) == 2  # 3 calls are not yet 0.25 s: it runs on to the 5th
+    assert e == pytest.approx(6.0 / (5 * 5))
+
+
+def test_energy_counter_that_does_not_advance_is_na_not_zero():
+    e = telemetry.energy_per_token(lambda: None, 0, 5, counter=lambda i: (42.0, None), min_s=0.0)
+    assert isinstance(e, str) and e.startswith("n/a (the energy counter did not advance over 3 calls")
+
+
+def test_energy_counter_through_a_fake_nvml(nvml):
+    m = nvml()
+    assert telemetry.energy_counter_mj(0) == (None, "NVML reports no energy counter on this device")
+    m.nvmlDeviceGetTotalEnergyConsumption = lambda h: 123_456
+    assert telemetry.energy_counter_mj(0) == (123456.0, None)
+    assert telemetry.energy_counter_mj(None) == (None, "no NVML on cpu")

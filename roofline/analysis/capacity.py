@@ -7,8 +7,9 @@ row scaled by assumed efficiencies: T = t0 + bytes/(eff_bw·BW) + FLOPs past the
 the hinge form of roofline.analysis.costmodel with the knee at the roofline ridge.
 A decode step is priced at mid-generation context L = context + output/2. Memory per device =
 all weights (the MTP module too when it drafts) + KV cache of every sequence at context + output.
-One device only: a model whose weights do not fit is reported as such (tensor parallelism is
-not modelled).
+`plan` is one device per replica (a model whose weights do not fit is reported as such);
+`plan_layouts` plans devices and layouts (tp / ep / dp-attention / pp) per rank from the
+datasheet row + roofline/data/priors.yaml (roofline.parallel.whatif), in the served precision.
 """
 
 from __future__ import annotations
@@ -223,3 +224,58 @@ def plot(table: pd.DataFrame, summary: dict, path) -> None:
     fig.tight_layout()
     path = Path(path)
     figures.save(fig, path.parent, path.stem, dpi=110)
+
+
+def request_from_config(c: dict) -> CapacityRequest:
+    """The one-device plan of conf/capacity.yaml from its plain config dict (its `layouts` and
+    `overrides` keys already taken off): the precision overrides applied to `dtype`
+    (weights=native: the preset's released format), the workload and the speculation."""
+    from roofline.io.fields import from_dict
+    from roofline.model.formats import with_overrides
+    from roofline.model.presets import get_preset
+
+    c = dict(c)
+    c.pop("price_per_device_hour", None)
+    work = Workload(*(c.pop(f) for f in ("context", "output", "itl_target_ms", "target_tok_s")))
+    alpha, k, drafter, draft = (c.pop(f) for f in ("alpha", "k", "drafter", "draft_model"))
+    spec = Speculation(alpha, k, DraftCost(drafter, get_preset(draft) if draft else None)) \
+        if c.pop("speculative") else None
+    model = ModelConfig.from_dict(c["model"])
+    c["dtype"] = with_overrides([c["dtype"]], c.pop("weights"), c.pop("kv"), c.pop("lm_head"), model.native_weights)[0]
+    return from_dict(CapacityRequest, c, "capacity", lists_to_tuples=True, model=model, work=work, speculation=spec)
+
+
+LAYOUT_SPEC_DRAFTERS = ("mtp",)  # the layouts' what-if prices the preset's own MTP module only
+
+
+def plan_layouts(c: dict) -> tuple[pd.DataFrame, dict]:
+    """`layouts=true` of conf/capacity.yaml from its plain config dict: for every layout that fits
+    the device, the largest batch meeting the ITL target, tokens/s per replica and the devices
+    for the target throughput, each with its interval (optimistic / typical / pessimistic
+    priors), in the precision `dtype` + `weights` / `kv` / `lm_head` give (weights=native: the
+    preset's released format). Speculation: the preset's MTP module chained k times
+    (drafter=mtp); other drafters are not priced per rank and say so in the summary."""
+    from roofline.model.formats import with_overrides
+    from roofline.parallel import whatif
+
+    model = ModelConfig.from_dict(c["model"])
+    label = with_overrides([c["dtype"]], c.get("weights"), c.get("kv"), c.get("lm_head"), model.native_weights)[0]
+    work = Workload(c["context"], c["output"], c["itl_target_ms"], c["target_tok_s"])
+    spec = bool(c.get("speculative"))
+    mtp = spec and c.get("drafter") in LAYOUT_SPEC_DRAFTERS and model.mtp_layers > 0
+    if mtp:
+        check_inputs(1.0, [1], spec=Speculation(c["alpha"], c["k"]))
+    device = get_spec(c["device"])
+    rows = pd.DataFrame(whatif.capacity(model, device, label, work.context, work.output, work.itl_target_ms,
+                                        work.target_tok_s, c.get("price_per_device_hour"),
+                                        c["alpha"] if mtp else None, c["k"]))
+    note = None
+    if spec and not mtp:
+        note = (f"speculation with drafter={c.get('drafter')!r} is not priced per rank (allowed with layouts: "
+                f"{LAYOUT_SPEC_DRAFTERS}, on a preset with an MTP module); plain decode only")
+    summary = dict(model=model.name, dtype=label, **precision_columns(label), device=device.name,
+                   memory_GB=(device.mem_bytes or 0) / 1e9, workload=work.__dict__,
+                   speculation=dict(alpha=c["alpha"], k=c["k"], drafter="mtp") if mtp else None,
+                   what_if="datasheet row + roofline/data/priors.yaml (optimistic / typical / pessimistic)",
+                   layouts=len(rows), note=note)
+    return rows, summary

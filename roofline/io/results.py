@@ -46,7 +46,8 @@ PHYSICS_COLUMNS = ["kv_len", "tokens", "moe_impl", "experts_touched", "weight_by
                    "flops_matmul", "flops_attention", "flops", "intensity", "achieved_GBps",
                    "achieved_TFLOPs", "tokens_per_s", "ridge_datasheet", "bound_datasheet",
                    "pct_datasheet_bw", "pct_datasheet_flops",
-                   "attn_backend", "kernels_per_forward", "kernels_counted"]  # what the forward ran (measure.forward)
+                   "attn_backend", "kernels_per_forward", "kernels_counted",  # what the forward ran (measure.forward)
+                   "energy_J_per_token"]  # NVML's counter over the step / (B·q), or 'n/a (why)' (measure.telemetry)
 CEILING_COLUMNS = ["ceiling_bw_GBps", "ceiling_TFLOPs", "ridge_measured", "pct_measured_bw",
                    "pct_measured_flops", "bound_measured"]  # present when the sweep had a ceilings file
 STATUS_COLUMNS = ["status", "error", "converged", "extrapolated", "schema_version"]

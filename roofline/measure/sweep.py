@@ -34,6 +34,7 @@ from tqdm import tqdm
 
 from roofline.io import files, provenance, results, runfolder
 from roofline.measure import memory
+from roofline.model import kvcache
 from roofline.model.accounting import forward_cost, mtp_cost
 from roofline.model.dtypes import datasheet_column, torch_dtype
 from roofline.model.formats import activation_dtype, parse_precision, precision, precision_columns
@@ -45,6 +46,7 @@ from roofline.measure.devices import parse_device, running_device_name, spec_for
 from roofline.measure.forward import (MATH_FALLBACK, count_kernels, depth_cosine_gate, eager_attention_backend,
                                       is_math_fallback)
 from roofline.measure.noise import NoiseMonitor, NoiseSettings
+from roofline.measure.telemetry import energy_per_token, nvml_index
 from roofline.measure.timer import MODES, TimerSettings, time_fn
 from roofline.parallel.layout import Layout
 
@@ -214,12 +216,9 @@ class _Workload:
 
     def fill_cache(self, L: int) -> None:
         """Random keys/values in positions < L of every cache (their values do not change the
-        work attention does); positions >= L are zeroed."""
-        for buf in self.model.kv_cache_tensors():
-            pos_dim = buf.dim() - 2 if buf.dim() == 4 else 1
-            buf.zero_()
-            live = buf.narrow(pos_dim, 0, L)
-            live.copy_(torch.randn(live.shape, generator=self.gen, device=buf.device).to(buf.dtype))
+        work attention does); positions >= L are zeroed. A quantized cache is filled through
+        its own write path (codes and scales)."""
+        kvcache.fill_random(self.model, L, self.gen)
 
     def callable_for(self, p: Point) -> tuple[Callable[[], object], dict]:
         m, dev = self.model, self.spec.device
@@ -257,7 +256,11 @@ def _measure(w: _Workload, p: Point, timer: TimerSettings) -> dict:
     backend = eager_attention_backend(fn)  # one eager call: which SDPA kernel each layer selects
     mask = w.model.last_mask_bytes
     # kernels per forward, profiled once outside the reps (graph mode replays the eager kernels)
-    probe = lambda target: count_kernels(fn if p.mode == "graph" else target, w.spec.device)
+    # and the energy per token from NVML's counter on the warmed-up step ('n/a (no NVML on cpu)' on the CPU)
+    idx = nvml_index(w.spec.device)  # None on the CPU
+    sync = torch.cuda.synchronize if idx is not None else (lambda: None)
+    probe = lambda target: {**count_kernels(fn if p.mode == "graph" else target, w.spec.device),  # noqa: E731
+                            "energy_J_per_token": energy_per_token(target, idx, p.B * p.q, sync)}
     t = time_fn(fn, dataclasses.replace(timer, mode=p.mode), w.spec.device, probe=probe)
     touched = None
     if w.cfg.is_moe and w.moe_impl == "touched":
@@ -267,7 +270,7 @@ def _measure(w: _Workload, p: Point, timer: TimerSettings) -> dict:
     row.update(c.as_row())
     seen = t.probe.pop("kernel_attn_backend")
     row.update(t.probe, attn_backend=seen or backend)
-    row.update(moe_impl=w.moe_impl, achieved_GBps=c.bytes_total / t.median_s / 1e9,
+    row.update(moe_impl=w.moe_impl, kv_impl=kvcache.impl(w.model), achieved_GBps=c.bytes_total / t.median_s / 1e9,
                achieved_TFLOPs=c.flops / t.median_s / 1e12, tokens_per_s=p.B * p.q / t.median_s,
                t_p99_s=float(np.quantile(t.samples_s, 0.99)),
                samples_s=list(t.samples_s))  # to the samples sidecar, not the row

@@ -144,6 +144,47 @@ def snapshot(device_index: int | None = 0) -> dict:
         return {"available": False, "reason": f"NVML query failed: {e}"}
 
 
+ENERGY_MIN_S = 0.5  # an energy pass runs the step at least this long (NVML's counter ticks in ms)
+ENERGY_MIN_CALLS = 3
+
+
+def energy_counter_mj(device_index: int | None) -> tuple[float | None, str | None]:
+    """(NVML's total energy counter of the device in mJ, None), or (None, why it cannot be read).
+    `None` is the CPU, which has no NVML counter."""
+    if device_index is None:
+        return None, "no NVML on cpu"
+    nvml, why = _nvml()
+    if nvml is None:
+        return None, f"no NVML: {why}"
+    handle = _query(nvml.nvmlDeviceGetHandleByIndex, device_index)
+    getter = getattr(nvml, "nvmlDeviceGetTotalEnergyConsumption", None)  # mJ since the driver loaded (Volta+)
+    value = None if handle is None or getter is None else _query(getter, handle)
+    return (float(value), None) if value is not None else (None, "NVML reports no energy counter on this device")
+
+
+def energy_per_token(fn, device_index: int | None, tokens_per_call: int, sync=lambda: None,
+                     counter=energy_counter_mj, clock=time.perf_counter, min_s: float = ENERGY_MIN_S) -> float | str:
+    """Joules per token of a warmed-up step `fn` that processes `tokens_per_call` tokens: NVML's
+    energy counter read around at least ENERGY_MIN_CALLS calls and `min_s` seconds of calls
+    (device synchronised before each read). Where no counter can be read (the CPU, no pynvml,
+    a device without the counter) the answer is the string 'n/a (why)', never a number, and
+    `fn` is not called."""
+    e0, why = counter(device_index)
+    if e0 is None:
+        return f"n/a ({why})"
+    sync()
+    e0, _ = counter(device_index)
+    t0, calls = clock(), 0
+    while calls < ENERGY_MIN_CALLS or clock() - t0 < min_s:
+        fn()
+        calls += 1
+    sync()
+    e1, why = counter(device_index)
+    if e1 is None or e0 is None or e1 <= e0:
+        return f"n/a (the energy counter did not advance over {calls} calls: {why or 'too coarse'})"
+    return (e1 - e0) / 1e3 / (calls * tokens_per_call)
+
+
 def nvml_index(device: str | torch.device) -> int | None:
     """The NVML index of a torch device; None for the CPU.
 

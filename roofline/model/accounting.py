@@ -10,7 +10,8 @@ Conventions (docs/design.md §2):
   expected count U(N) = E·(1 − (1 − k/E)^N) under uniform routing for the "touched"
   implementation, all E for "dense". MTP modules are not part of the main forward.
 - KV read: B · layers · (cache elements per token) · kv_len · b_kv, kv_len being the cache
-  slice attention reads (L + q unless fixed); KV write: the same with q for kv_len.
+  slice attention reads (L + q unless fixed); KV write: the same with q for kv_len. A
+  quantized cache (roofline.model.kvcache) adds its scales: per token, or per layer.
 - FLOPs: 2 · (matmul weights applied per token) · B · q, plus attention counted causally
   (useful work only): for query i at position L + i, L + i + 1 keys, each costing
   2·(d_qk + d_v) per head, i.e. 2·(d_qk + d_v)·h·layers·B·(q·L + q(q+1)/2).
@@ -281,7 +282,7 @@ def _stack_cost(cfg: ModelConfig, layers: int, n_moe: int, B: int, q: int, L: in
     matmul = layers * attention_matmul_params(cfg) + n_dense * 3 * cfg.d * cfg.ffn + n_moe * moe_active
     matmul += cfg.vocab * cfg.d  # LM head
     kv_tok = kv_token_layer_bytes(cfg, prec)
-    kv_fixed = layers * prec.kv.kv_layer_fixed_bytes(b)
+    kv_fixed = layers * prec.kv.kv_layer_fixed_bytes(b, tensors=1 if cfg.is_mla else 2)
     act_per_token = (n_dense * _linear_io(cfg, False) + n_moe * _linear_io(cfg, True) + cfg.d + cfg.vocab) * b
     return dict(
         weight_bytes=dense_b + cfg.d * b + head_bytes(cfg, prec) + expert_b,
@@ -308,15 +309,25 @@ def forward_cost(cfg: ModelConfig, dtype, B: int, q: int, L: int, kv_len: int | 
 def mtp_cost(cfg: ModelConfig, dtype, B: int, q: int, L: int, kv_len: int | None = None,
              moe_impl: str = "touched", touched: float | None = None) -> ForwardCost:
     """Cost of one `Transformer.mtp_forward` (one MTP module over q positions)."""
+    prec, kv_len = mtp_args(cfg, dtype, B, q, L, kv_len)
+    c = _stack_cost(cfg, 1, int(cfg.is_moe), B, q, L, kv_len, prec, moe_impl, touched)
+    return ForwardCost(B=B, q=q, L=L, kv_len=kv_len, tokens=B * q, **add_mtp_own_cost(c, cfg, prec.act_bytes, B * q))
+
+
+def mtp_args(cfg: ModelConfig, dtype, B: int, q: int, L: int, kv_len: int | None) -> tuple[Precision, int]:
+    """(precision, kv_len) of one MTP forward, its shape checked (ValueError without an MTP module)."""
     if cfg.mtp_layers < 1:
         raise ValueError(f"model {cfg.name!r} has no MTP module (mtp_layers=0)")
     _check_shape(cfg, B, q, L)
-    prec = parse_precision(dtype)
-    kv_len = L + q if kv_len is None else kv_len
-    c = _stack_cost(cfg, 1, int(cfg.is_moe), B, q, L, kv_len, prec, moe_impl, touched)
-    c["weight_bytes"] += (2 * cfg.d + 2 * cfg.d * cfg.d) * prec.act_bytes  # enorm, hnorm (+ final norm above), eh_proj
-    c["flops_matmul"] += 2 * 2 * cfg.d * cfg.d * B * q
-    return ForwardCost(B=B, q=q, L=L, kv_len=kv_len, tokens=B * q, **c)
+    return parse_precision(dtype), L + q if kv_len is None else kv_len
+
+
+def add_mtp_own_cost(c: dict, cfg: ModelConfig, act_bytes: int, tokens: int) -> dict:
+    """Adds to a one-block cost what an MTP module has beyond its block, final norm and the shared
+    head: enorm and hnorm, and eh_proj (2d -> d, activation dtype) applied to `tokens` positions."""
+    c["weight_bytes"] += (2 * cfg.d + 2 * cfg.d * cfg.d) * act_bytes
+    c["flops_matmul"] += 2 * 2 * cfg.d * cfg.d * tokens
+    return c
 
 
 def _check_shape(cfg: ModelConfig, B: int, q: int, L: int) -> None:

@@ -8,7 +8,8 @@ and attends to cache positions <= its own query position, so ragged batches are 
 The cache is allocated once for (max batch, max context) — the gpt-fast design that makes
 CUDA-graph capture possible. Attention reads only cache[:B, :kv_len], with kv_len =
 max(start_pos) + q unless the caller fixes it (CUDA graphs need a static kv_len); the byte
-model in `roofline.model.accounting` charges exactly that slice.
+model in `roofline.model.accounting` charges exactly that slice. A quantized KV format holds
+the cache as fp8 or int8 codes with their scales (`roofline.model.kvcache`).
 
 MLA (DeepSeek-V3) caches what the real model caches: the normalised KV latent (kv_lora_rank)
 and the shared RoPE key (qk_rope_dim), side by side in one buffer, and attends in the
@@ -17,7 +18,8 @@ the output, so the latent is never decompressed per cached token.
 
 MoE layers run only the experts the batch's tokens routed to ("touched", the weights a
 kernel must read) or, for graph capture, every expert ("dense"); `last_touched` records
-the count per forward so the byte model can be checked against what really ran.
+the count per forward so the byte model can be checked against what really ran. Quantized
+experts run one packed linear per expert (`roofline.model.quant.PackedExperts`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from roofline.model import kvcache
 from roofline.model.config import ModelConfig
 from roofline.model.rope import apply_rope, rope_table, yarn_softmax_scale
 
@@ -116,27 +119,13 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale: float
     return (scores.softmax(-1).to(v.dtype) @ v).reshape(B, h, 1, v.shape[-1])
 
 
-def _write_cache(cache: torch.Tensor, pos, new: torch.Tensor, dim: int) -> None:
-    """Store new [B, q, ...] at positions `pos` of cache dim `dim` (1 or 2): a slice s:s+q for
-    uniform positions (one copy), or per-sequence positions [B, q] (an index_put)."""
-    B = new.shape[0]
-    if isinstance(pos, slice):
-        if dim == 2:
-            cache[:B, :, pos] = new.transpose(1, 2)
-        else:
-            cache[:B, pos] = new
-        return
-    b_idx = torch.arange(B, device=new.device)[:, None]
-    if dim == 2:
-        cache[b_idx, :, pos] = new
-    else:
-        cache[b_idx, pos] = new
-
-
 _MASK_FROM_POSITIONS = object()  # callers that pass no mask get the one start_pos implies
 
 
 class GQAttention(nn.Module):
+    CACHE_NAMES, POS_DIM = ("k_cache", "v_cache"), 2  # [batch, kv head, position, head_dim]
+    kv_format = None  # a quantized cache's format (roofline.model.kvcache)
+
     def __init__(self, cfg: ModelConfig, max_batch: int, max_context: int):
         super().__init__()
         self.cfg = cfg
@@ -161,10 +150,8 @@ class GQAttention(nn.Module):
             xq, xk = self.q_norm(xq), self.k_norm(xk)
         xq = apply_rope(xq, cos, sin, cfg.rope_interleave)
         xk = apply_rope(xk, cos, sin, cfg.rope_interleave)
-        _write_cache(self.k_cache, pos, xk, 2)
-        _write_cache(self.v_cache, pos, xv, 2)
-        k = self.k_cache[:B, :, :kv_len]
-        v = self.v_cache[:B, :, :kv_len]
+        k = kvcache.update(self, "k_cache", pos, xk, B, kv_len)
+        v = kvcache.update(self, "v_cache", pos, xv, B, kv_len)
         if mask is _MASK_FROM_POSITIONS:
             mask = attention_mask(start_pos, q, kv_len, x.device)
         o = attend(xq.transpose(1, 2), k, v, mask)
@@ -172,6 +159,9 @@ class GQAttention(nn.Module):
 
 
 class MLAttention(nn.Module):
+    CACHE_NAMES, POS_DIM = ("kv_cache",), 1  # [batch, position, kv_lora_rank + qk_rope_dim]
+    kv_format = None
+
     def __init__(self, cfg: ModelConfig, max_batch: int, max_context: int):
         super().__init__()
         self.cfg = cfg
@@ -200,12 +190,12 @@ class MLAttention(nn.Module):
         q_pe = apply_rope(q_pe, cos, sin, cfg.rope_interleave)
         latent, k_pe = self.kv_a(x).split([r, rope_d], dim=-1)
         k_pe = apply_rope(k_pe[:, :, None, :], cos, sin, cfg.rope_interleave)[:, :, 0]
-        _write_cache(self.kv_cache, pos, torch.cat((self.kv_a_norm(latent), k_pe), dim=-1), 1)
+        latents = kvcache.update(self, "kv_cache", pos, torch.cat((self.kv_a_norm(latent), k_pe), dim=-1), B, kv_len)
         w = self.kv_b.weight.view(h, nope + vd, r)
         w_uk, w_uv = w[:, :nope], w[:, nope:]
         q_lat = torch.einsum("bqhn,hnr->bhqr", q_nope, w_uk)
         query = torch.cat((q_lat, q_pe.transpose(1, 2)), dim=-1)  # [B, h, q, r + rope]
-        cache = self.kv_cache[:B, :kv_len][:, None]  # one latent "head" shared by all heads
+        cache = latents[:, None]  # one latent "head" shared by all heads
         if mask is _MASK_FROM_POSITIONS:
             mask = attention_mask(start_pos, q, kv_len, x.device)
         o_lat = attend(query, cache, cache[..., :r], mask, self.scale)
@@ -249,6 +239,13 @@ class MoE(nn.Module):
             w = w / w.sum(-1, keepdim=True)
         return w * cfg.routed_scale, idx
 
+    def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        """SwiGLU of routed expert e on tokens x [n, d]. Float experts are slices of the stacked
+        parameters; quantized ones (roofline.model.quant) run their own packed linear per expert."""
+        if isinstance(self.w1, torch.Tensor):
+            return (F.silu(x @ self.w1[e].T) * (x @ self.w3[e].T)) @ self.w2[e].T
+        return self.w2.linear(e, F.silu(self.w1.linear(e, x)) * self.w3.linear(e, x))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
@@ -256,18 +253,20 @@ class MoE(nn.Module):
         out = torch.zeros_like(x, dtype=torch.float32)
         if self.impl == "dense":
             dense_w = torch.zeros(x.shape[0], self.cfg.experts, device=x.device).scatter_(1, idx, w)
-            h = F.silu(torch.einsum("nd,efd->nef", x, self.w1)) * torch.einsum("nd,efd->nef", x, self.w3)
-            y = torch.einsum("nef,edf->ned", h, self.w2)
-            out += (y.float() * dense_w[:, :, None]).sum(1)
+            if isinstance(self.w1, torch.Tensor):
+                h = F.silu(torch.einsum("nd,efd->nef", x, self.w1)) * torch.einsum("nd,efd->nef", x, self.w3)
+                y = torch.einsum("nef,edf->ned", h, self.w2)
+                out += (y.float() * dense_w[:, :, None]).sum(1)
+            else:  # quantized experts: each expert's own kernel on every token
+                for e in range(self.cfg.experts):
+                    out += self.expert(e, x).float() * dense_w[:, e, None]
             self.last_touched = self.cfg.experts
         else:
             experts = idx.unique().tolist()
             self.last_touched = len(experts)
             for e in experts:
                 tok, slot = (idx == e).nonzero(as_tuple=True)
-                xe = x[tok]
-                ye = (F.silu(xe @ self.w1[e].T) * (xe @ self.w3[e].T)) @ self.w2[e].T
-                out.index_add_(0, tok, ye.float() * w[tok, slot, None])
+                out.index_add_(0, tok, self.expert(e, x[tok]).float() * w[tok, slot, None])
         out = out.to(x.dtype)
         if self.shared is not None:
             out = out + self.shared(x)
@@ -400,6 +399,7 @@ class Transformer(nn.Module):
     def reset_cache(self) -> None:
         for b in self.kv_cache_tensors():
             b.zero_()
+        kvcache.forget_scales(self)
 
 
 LOGIT_STD = 4.0

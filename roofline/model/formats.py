@@ -15,7 +15,7 @@ Names (`parse_format`):
   int8                  weight-only, symmetric, one scale per output channel
   int4_g<g>             weight-only, asymmetric, a scale and a zero point per g weights along K
   KV cache: fp8 | fp8_e4m3 | fp8_e5m2 (one fp32 scale per layer for K and one for V, as vLLM's
-  fp8 cache), int8 (symmetric, one fp32 scale per token per KV head).
+  fp8 cache; MLA's latent cache: one), int8 (symmetric, one fp32 scale per token per KV head).
 
 A `Precision` gives each tensor class its format: activations (a float dtype; the embedding
 table, norms, biases and the MoE router stay in it), weights (every other linear), the KV
@@ -89,9 +89,10 @@ class Format:
         data = elems * self.bits // 8
         return data + (heads * self.scale_size(act_bytes) if self.granularity == "token" else 0)
 
-    def kv_layer_fixed_bytes(self, act_bytes: int) -> int:
-        """Per-layer bytes independent of tokens: the per-tensor K and V scales."""
-        return 2 * self.scale_size(act_bytes) if self.granularity == "tensor" else 0
+    def kv_layer_fixed_bytes(self, act_bytes: int, tensors: int = 2) -> int:
+        """Per-layer bytes independent of tokens: the per-tensor scales of the layer's cache
+        tensors (K and V; MLA's one latent cache: 1)."""
+        return tensors * self.scale_size(act_bytes) if self.granularity == "tensor" else 0
 
     def dequant_ops_per_weight(self) -> int:
         """Element operations a weight-only kernel spends turning one stored weight into the

@@ -19,6 +19,10 @@ for correctness checks and real-acceptance runs, never for timing; `require_fast
 into an `Unsupported` error naming the format and the device, which a sweep records as a row
 with status `unsupported`.
 
+Routed experts take the weights format expert by expert (`PackedExperts`: one packed linear
+per expert, quantised on its own with the same group rules), so a step reads the packed
+bytes of the experts it touched. The KV cache's format is `roofline.model.kvcache`'s.
+
 Round-to-nearest at the format's granularity (no calibration):
   int8:  s = amax|row| / 127 (stored in the activation dtype), q = round(w / s) ∈ [-128, 127]
   int4:  per group of g along K, s = (max − min) / 15, z = min + 8·s (torch's layout: w ≈ (q − 8)·s + z),
@@ -39,6 +43,7 @@ from torch import nn
 
 from roofline.model.accounting import block_matrices
 from roofline.model.formats import Format, Precision, parse_precision
+from roofline.model.kvcache import quantize_caches
 
 KERNELS = {
     ("int8", "cpu"): "aten._weight_int8pack_mm",
@@ -48,6 +53,7 @@ KERNELS = {
 }
 _MIN_CAPABILITY = {("int4", "cuda"): (8, 0), ("fp8", "cuda"): (8, 9)}
 INT4_CUDA_INNER_K_TILES = 8
+INT4_CPU_ROWS = 16  # _convert_weight_to_int4pack_for_cpu packs output rows 16 at a time
 
 
 class Unsupported(NotImplementedError):
@@ -164,20 +170,6 @@ def error_bound(qz: Quantized) -> torch.Tensor:
     fi = torch.finfo(_fp8_dtype(f))
     s = expand_scale(qz.scale.float(), f, N, K)
     return (fi.eps / 2 * (1 + fi.eps) * qz.q.float().abs() + fi.smallest_normal * fi.eps / 2) * s
-
-
-def quantize_kv(x: torch.Tensor, fmt: Format, heads: int) -> Quantized:
-    """A KV block [T, elems] (T tokens, `heads` KV heads side by side): fp8 with one scale for
-    the whole tensor, int8 with one fp32 scale per token per head."""
-    if fmt.kind == "fp8":
-        return quantize(x, fmt)
-    if fmt.kind == "int8" and fmt.granularity == "token":
-        T, E = x.shape
-        xh = x.detach().float().view(T, heads, E // heads)
-        s = (xh.abs().amax(-1) / 127).clamp(min=1e-12)
-        q = torch.round(xh / s[..., None]).clamp(-128, 127).to(torch.int8).view(T, E)
-        return Quantized(fmt, q, s)
-    raise ValueError(f"quantize_kv: {fmt.name} is not a quantized KV format")
 
 
 # ---- packed linears --------------------------------------------------------------------------------------
@@ -306,12 +298,35 @@ class QuantExperts(nn.Module):
         self.register_buffer("weight", q)
         self.register_buffer("weight_scale_inv", scale.float())
 
-    def __getitem__(self, e: int) -> torch.Tensor:
+    def dequantize(self, e: int) -> torch.Tensor:
         N, K = self.weight.shape[1:]
-        return (self.weight[e].float() * expand_scale(self.weight_scale_inv[e], self.fmt, N, K)).to(self.dtype)
+        return self.weight[e].float() * expand_scale(self.weight_scale_inv[e], self.fmt, N, K)
+
+    def __getitem__(self, e: int) -> torch.Tensor:
+        return self.dequantize(e).to(self.dtype)
+
+    def linear(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        return x @ self[e].T
 
     def held_bytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self.buffers())
+
+
+class PackedExperts(nn.Module):
+    """Routed experts [E, N, K] as E packed linears, each expert quantised on its own at the
+    format's granularity (int8 per row, int4 groups along K, fp8 scales) and run through its
+    format's kernel: a step reads the packed bytes of the experts it touches."""
+
+    def __init__(self, linears: list[QuantLinear]):
+        super().__init__()
+        self.fmt = linears[0].fmt
+        self.experts = nn.ModuleList(linears)
+
+    def linear(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        return self.experts[e](x)
+
+    def dequantize(self, e: int) -> torch.Tensor:
+        return self.experts[e].dequantize()
 
 
 def packed_linear(w: torch.Tensor, fmt: Format, bias: torch.Tensor | None = None, device="cpu",
@@ -325,6 +340,9 @@ def packed_linear(w: torch.Tensor, fmt: Format, bias: torch.Tensor | None = None
     if fmt.kind == "int8" and not reference:
         return Int8Linear(qz, bias).to(device)
     if fmt.kind == "int4" and not reference:
+        if device_kind(device) == "cpu" and w.shape[0] % INT4_CPU_ROWS:
+            raise Unsupported(f"weights={fmt.name} on device={device}: N={w.shape[0]} output rows; torch's CPU int4 "
+                              f"packing needs a multiple of {INT4_CPU_ROWS}")
         return Int4Linear(qz, bias, device)
     if fmt.kind == "fp8" or reference:
         if fmt.kind != "fp8":
@@ -369,27 +387,23 @@ def _get(root: nn.Module, path: str) -> nn.Module:
 
 
 def quantize_model(model: nn.Module, prec, device=None, reference: bool = False) -> nn.Module:
-    """Swap the linears that take the weights format (accounting.block_matrices) and the LM head
-    for packed linears, in place, quantised from the model's current float weights.
-    Raises Unsupported for a format without a kernel on the device (unless reference=True),
-    for routed experts (no packed expert kernel) and for the dense-MoE path."""
+    """Put `model` in precision `prec`, in place: the linears that take the weights format
+    (accounting.block_matrices), the routed experts (one packed linear per expert) and the LM
+    head become packed linears quantised from the current weights; a quantized KV format
+    replaces the float caches (roofline.model.kvcache). Raises Unsupported for a weight format
+    without a kernel on the device (unless reference=True) and for a float format other than
+    the activations'."""
     prec: Precision = parse_precision(prec)
     cfg = model.cfg
     device = device or next(model.parameters()).device
     act = getattr(torch, prec.activations)
-    for fmt, what in ((prec.weights, "weights"), (prec.lm_head, "lm_head")):
+    for fmt, what in ((prec.weights, "weights"), (prec.lm_head, "lm_head"), (prec.kv, "kv")):
         if fmt.is_float and fmt.name != prec.activations:
-            raise Unsupported(f"{what}={fmt.name} with activations {prec.activations}: float weights run in the "
+            raise Unsupported(f"{what}={fmt.name} with activations {prec.activations}: a float {what} runs in the "
                               "activation dtype; choose dtype instead")
-        if not fmt.is_float and not reference:
+        if not fmt.is_float and not reference and what != "kv":
             require_kernel(fmt, device, what)
-    if not prec.kv.is_float or prec.kv.name != prec.activations:
-        raise Unsupported(f"kv={prec.kv.name} on device={device}: the compact decoder's attention reads a "
-                          f"{prec.activations} cache (no fused quantized-KV attention kernel); priced, not timed")
     if not prec.weights.is_float:
-        if cfg.is_moe:
-            raise Unsupported(f"weights={prec.weights.name} on device={device}: routed experts have no packed "
-                              "kernel in the compact decoder")
         for block, moe in _blocks(model):
             for path, _, _ in block_matrices(cfg, moe):
                 parent_path, _, leaf = path.rpartition(".")
@@ -399,8 +413,18 @@ def quantize_model(model: nn.Module, prec, device=None, reference: bool = False)
                     continue  # already stored in this format (a quantized checkpoint)
                 w = lin.dequantize() if isinstance(lin, QuantLinear) else lin.weight
                 setattr(parent, leaf, packed_linear(w, prec.weights, lin.bias, device, act, reference))
+            for name in ("w1", "w3", "w2") if moe else ():
+                w = getattr(block.ffn, name)
+                if getattr(w, "fmt", None) == prec.weights:
+                    continue
+                floats = (w.dequantize(e) if isinstance(w, nn.Module) else w[e] for e in range(cfg.experts))
+                delattr(block.ffn, name)
+                setattr(block.ffn, name, PackedExperts([packed_linear(f, prec.weights, None, device, act, reference)
+                                                        for f in floats]))
     if not prec.lm_head.is_float and model.lm_head is not None:
         model.lm_head = packed_linear(model.lm_head.weight, prec.lm_head, None, device, act, reference)
+    if not prec.kv.is_float:
+        quantize_caches(model, prec.kv)
     return model
 
 

@@ -17,6 +17,7 @@ import yaml
 from roofline.measure.devices import get_spec
 from roofline.io.fields import ConfigError
 from roofline.model.config import ModelConfig
+from roofline.model.formats import precision
 from roofline.model.presets import get_preset
 from roofline.parallel.layout import Layout
 from roofline.parallel.whatif import SCENARIOS, Setting, WhatIf
@@ -36,10 +37,16 @@ def load(path=ANCHORS_PATH) -> tuple[dict[str, ModelConfig], list[dict]]:
     return models, doc["anchors"]
 
 
+def served_precision(a: dict, cfg: ModelConfig) -> str:
+    """The precision label the anchor's deployment served: its dtype under its weights / kv
+    overrides (weights: native = the preset's released format)."""
+    return precision(a["dtype"], a.get("weights"), a.get("kv"), a.get("lm_head"), cfg.native_weights).label
+
+
 def what_if(a: dict, cfg: ModelConfig, B: int | None = None) -> dict:
     """{optimistic, typical, pessimistic} of the anchor's metric (B overrides the anchor's batch)."""
     lay = Layout(tp=a["tp"], ep=a.get("ep", 1), dp_attention=a.get("dp_attention", False))
-    w = WhatIf(cfg, get_spec(a["device"]), a["dtype"], lay, Setting(graphs=a.get("graphs", True)))
+    w = WhatIf(cfg, get_spec(a["device"]), served_precision(a, cfg), lay, Setting(graphs=a.get("graphs", True)))
     B = B or a["B"]
     if a["metric"] == "tok_s_per_user":
         return {k: 1.0 / v for k, v in w.itl(B, a["L"]).items()}
@@ -57,7 +64,8 @@ def table(path=ANCHORS_PATH) -> pd.DataFrame:
         rows.append(dict(id=a["id"], model=a["model"], device=a["device"], tp=a["tp"], B=a["B"], metric=a["metric"],
                          published=a["value"], predicted=p["typical"], low=lo, high=hi,
                          error_pct=100.0 * (p["typical"] / a["value"] - 1.0), inside=lo <= a["value"] <= hi,
-                         published_dtype=a["published_dtype"], predicted_dtype=a["dtype"], source=a["source"]))
+                         published_dtype=a["published_dtype"],
+                         predicted_dtype=served_precision(a, models[a["model"]]), source=a["source"]))
     return pd.DataFrame(rows)
 
 

@@ -10,6 +10,11 @@ all-gather of the B·q·V logits when the LM head is split. dp_attention + EP, p
 the rows each token sends to its k experts' ranks and back (B_r·q·k·d each way; (n−1)/n of it
 crosses the links), the expert ids, and the counts exchanged first. pp: one send of B·q·d
 activations per stage boundary.
+
+Precision (a label of roofline.model.formats): each rank's shard of every matrix costs its
+format's exact bytes with the scales counted on the shard's own shape (`_rank_cfgs` hands the
+shard's shapes to the single-device byte functions), the KV cache its format's bytes, and the
+activations (collectives, embedding rows) the activation dtype.
 """
 
 from __future__ import annotations
@@ -18,10 +23,8 @@ import math
 from dataclasses import dataclass, field
 
 from roofline.model.accounting import ForwardCost, _check_shape, attention_matmul_params, attention_params
-from roofline.model.accounting import (block_params, block_weight_bytes, expert_bytes, head_bytes,
-                                       kv_bytes_per_token)
-from roofline.model.dtypes import dtype_bytes
-from roofline.model.formats import parse_precision
+from roofline.model.accounting import add_mtp_own_cost, block_weight_bytes, expert_bytes, head_bytes, mtp_args
+from roofline.model.formats import Precision, parse_precision
 from roofline.model.config import ModelConfig
 from roofline.parallel.layout import Layout, experts_touched_per_rank, local_shapes
 
@@ -68,44 +71,58 @@ def kv_elems_per_token_rank(cfg: ModelConfig, layout: Layout) -> int:
     return 2 * local_shapes(cfg, layout).kv_heads * cfg.head_dim
 
 
+def _rank_cfgs(cfg: ModelConfig, layout: Layout) -> tuple[ModelConfig, ModelConfig]:
+    """(block, expert) configs whose single-device accounting is one rank's shard: the local
+    heads and dense-FFN columns, the shared experts' slice as one shared expert (router whole),
+    and the width of each held routed expert. The per-matrix byte functions of
+    roofline.model.accounting then price the shard in any format, scales counted on the
+    shard's own shape (as an engine quantises or loads each rank's slice)."""
+    s = local_shapes(cfg, layout)
+    shared = dict(moe_ffn=s.shared_ffn, shared_experts=1) if cfg.shared_experts else {}
+    block = cfg.scaled(heads=s.heads, kv_heads=s.kv_heads, ffn=s.ffn, **shared)
+    return block, cfg.scaled(moe_ffn=s.moe_ffn) if cfg.is_moe else cfg
+
+
+def rank_block_bytes(cfg: ModelConfig, layout: Layout, moe: bool, prec: Precision) -> tuple[float, float]:
+    """(bytes of one block's shard without its routed experts, bytes of one held routed expert)
+    in precision `prec`."""
+    block, expert = _rank_cfgs(cfg, layout)
+    return float(block_weight_bytes(block, moe, prec)), float(expert_bytes(expert, prec) if moe else 0)
+
+
+def rank_head_bytes(cfg: ModelConfig, layout: Layout, prec: Precision) -> float:
+    """This rank's LM-head rows in the head's format (the embedding rows when tied)."""
+    return float(head_bytes(cfg.scaled(vocab=local_shapes(cfg, layout).vocab_head), prec))
+
+
+def kv_token_bytes_rank(cfg: ModelConfig, layout: Layout, prec: Precision) -> int:
+    """Cache bytes one token adds to one layer on one rank, in the KV format (per-token scales
+    per cached KV head included; MLA's latent is one head)."""
+    heads = 1 if cfg.is_mla else 2 * local_shapes(cfg, layout).kv_heads
+    return prec.kv.kv_token_bytes(kv_elems_per_token_rank(cfg, layout), heads, prec.act_bytes)
+
+
 def memory_per_rank(cfg: ModelConfig, layout: Layout, dtype: str, batch: int, tokens_per_seq: int,
                     with_mtp: bool = False) -> tuple[float, float]:
     """(weight bytes, KV-cache bytes) resident on one rank for `batch` sequences of `tokens_per_seq`.
-    `dtype` may be a precision label (roofline.model.formats): see `_quantized_rank_weights`."""
+    `dtype` may be a precision label (roofline.model.formats): each shard in its format, scales
+    and zero points included; embedding, norms and MTP's eh_proj in the activation dtype."""
     prec = parse_precision(dtype)
-    b = prec.act_bytes
-    n, _ = _stage_layers(cfg, layout)
-    blocks = n + (cfg.mtp_layers if with_mtp else 0)
-    seqs = math.ceil(batch / layout.batch_split)
-    kv = seqs * blocks * kv_elems_per_token_rank(cfg, layout) * tokens_per_seq * b
-    if prec.is_plain:
-        return float(params_per_rank(cfg, layout, with_mtp) * b), float(kv)
-    kv *= kv_bytes_per_token(cfg, prec) / kv_bytes_per_token(cfg, prec.activations)  # the KV format's bytes
-    return _quantized_rank_weights(cfg, layout, prec, with_mtp), float(kv)
-
-
-def _quantized_rank_weights(cfg: ModelConfig, layout: Layout, prec, with_mtp: bool) -> float:
-    """A rank's weights in a quantized precision: embedding, norms and eh_proj in the activation
-    dtype; each block's shard at that block's mean bytes per parameter in the format (scales and
-    zero points included, as roofline.model.accounting charges the whole block); the head rows
-    at the head format's. Exact where a split cuts every matrix of a block alike (dense tensor
-    parallelism, up to scale groups a cut divides); where it does not (expert parallelism keeps
-    attention whole), off by the share of float tensors (norms, router, MLA's kv_b) in the block."""
     a, s = prec.act_bytes, local_shapes(cfg, layout)
     n, n_moe = _stage_layers(cfg, layout)
+    blocks = n + (cfg.mtp_layers if with_mtp else 0)
+    seqs = math.ceil(batch / layout.batch_split)
+    kv = seqs * blocks * kv_token_bytes_rank(cfg, layout, prec) * tokens_per_seq  # (per-layer KV scales: bytes, left out)
 
-    def per_param(moe: bool) -> float:
-        full = block_weight_bytes(cfg, moe, prec) + (cfg.experts * expert_bytes(cfg, prec) if moe else 0)
-        return full / block_params(cfg, moe)
+    def block(moe: bool) -> float:
+        fixed, one = rank_block_bytes(cfg, layout, moe, prec)
+        return fixed + s.experts * one
 
-    w = (cfg.vocab * cfg.d + cfg.d) * a
-    w += 0 if cfg.tie_embeddings else s.vocab_head * head_bytes(cfg, prec) / cfg.vocab
-    w += (n - n_moe) * block_params_rank(cfg, layout, False) * per_param(False)
-    w += n_moe * block_params_rank(cfg, layout, True) * per_param(True)
+    w = (cfg.vocab * cfg.d + cfg.d) * a + (0 if cfg.tie_embeddings else rank_head_bytes(cfg, layout, prec))
+    w += (n - n_moe) * block(False) + n_moe * block(True)
     if with_mtp:
-        w += cfg.mtp_layers * ((3 * cfg.d + 2 * cfg.d * cfg.d) * a + block_params_rank(cfg, layout, cfg.is_moe)
-                               * per_param(cfg.is_moe))
-    return float(w)
+        w += cfg.mtp_layers * ((3 * cfg.d + 2 * cfg.d * cfg.d) * a + block(cfg.is_moe))
+    return float(w), float(kv)
 
 
 @dataclass(frozen=True)
@@ -162,25 +179,26 @@ def parse_collectives(text: str) -> tuple[Collective, ...]:
     return tuple(out)
 
 
-def _blocks_cost(cfg, layout, n, n_moe, B, q, L, kv_len, b, moe_impl, touched):
+def _blocks_cost(cfg, layout, n, n_moe, B, q, L, kv_len, prec: Precision, moe_impl, touched):
     s = local_shapes(cfg, layout)
+    b = prec.act_bytes  # activations: collectives, embedding rows
     Br = math.ceil(B / layout.batch_split)
     Nr, N = Br * q, B * q  # tokens through attention on this rank; tokens routed overall
     lac = _local_attention_cfg(cfg, layout)
     if touched is None:
         touched = float(s.experts) if moe_impl == "dense" else experts_touched_per_rank(cfg, N, layout.ep)
     expert_w = 3 * cfg.d * s.moe_ffn
-    router = cfg.d * cfg.experts + (cfg.experts if cfg.router_scoring == "sigmoid" else 0)
-    fixed = n * (2 * cfg.d + attention_params(lac)) + (n - n_moe) * 3 * cfg.d * s.ffn
-    fixed += n_moe * (router + 3 * cfg.d * s.shared_ffn)
-    expert_b = n_moe * touched * expert_w * b
+    dense_b, _ = rank_block_bytes(cfg, layout, False, prec) if n > n_moe else (0.0, 0.0)
+    moe_b, one_expert = rank_block_bytes(cfg, layout, True, prec) if n_moe else (0.0, 0.0)
+    expert_b = n_moe * touched * one_expert
     routed_pairs = N * cfg.experts_per_token / layout.ep if moe_impl == "touched" else N * s.experts
     per_token = n * attention_matmul_params(lac) + (n - n_moe) * 3 * cfg.d * s.ffn
     per_token += n_moe * (cfg.d * cfg.experts + 3 * cfg.d * s.shared_ffn)
     flops_mm = 2 * (Nr * per_token + n_moe * routed_pairs * expert_w)
     d_qk, d_v = (cfg.kv_lora_rank + cfg.qk_rope_dim, cfg.kv_lora_rank) if cfg.is_mla else (cfg.head_dim, cfg.head_dim)
     attended = q * L + q * (q + 1) // 2
-    kv = kv_elems_per_token_rank(cfg, layout)
+    kv = kv_token_bytes_rank(cfg, layout, prec)
+    kv_fixed = n * prec.kv.kv_layer_fixed_bytes(b, tensors=1 if cfg.is_mla else 2)  # MLA: one latent cache
     coll = []
     if layout.attention_tp > 1:
         coll.append(Collective("all_reduce", Nr * cfg.d * b, 2 * n))
@@ -188,15 +206,17 @@ def _blocks_cost(cfg, layout, n, n_moe, B, q, L, kv_len, b, moe_impl, touched):
         pairs = Nr * cfg.experts_per_token
         coll += [Collective("all_to_all", layout.ep * ID_BYTES, n_moe), Collective("all_to_all", pairs * ID_BYTES, n_moe),
                  Collective("all_to_all", pairs * cfg.d * b, 2 * n_moe)]
-    return dict(weight_bytes=fixed * b + expert_b, expert_bytes=expert_b, experts_touched=touched,
-                kv_read_bytes=Br * n * kv * kv_len * b, kv_write_bytes=Br * n * kv * q * b,
-                flops_matmul=flops_mm, flops_attention=2 * (d_qk + d_v) * s.heads * n * Br * attended,
-                collectives=coll, Nr=Nr, head_rows=s.vocab_head)
+    return dict(weight_bytes=(n - n_moe) * dense_b + n_moe * moe_b + expert_b, expert_bytes=expert_b,
+                experts_touched=touched, kv_read_bytes=Br * n * kv * kv_len + kv_fixed,
+                kv_write_bytes=Br * n * kv * q, flops_matmul=flops_mm,
+                flops_attention=2 * (d_qk + d_v) * s.heads * n * Br * attended, collectives=coll, Nr=Nr,
+                head_rows=s.vocab_head)
 
 
-def _with_head(c: dict, cfg: ModelConfig, layout: Layout, b: int) -> dict:
+def _with_head(c: dict, cfg: ModelConfig, layout: Layout, prec: Precision) -> dict:
     rows, Nr = c.pop("head_rows"), c.pop("Nr")
-    c["weight_bytes"] += (cfg.d + rows * cfg.d) * b  # final norm + this rank's LM-head rows
+    b = prec.act_bytes
+    c["weight_bytes"] += cfg.d * b + rank_head_bytes(cfg, layout, prec)  # final norm + this rank's LM-head rows
     c["flops_matmul"] += 2 * Nr * rows * cfg.d
     c["embed_bytes"] = Nr * cfg.d * b
     if rows < cfg.vocab:
@@ -208,27 +228,23 @@ def _with_head(c: dict, cfg: ModelConfig, layout: Layout, b: int) -> dict:
 def rank_forward_cost(cfg: ModelConfig, layout: Layout, dtype, B: int, q: int, L: int, kv_len: int | None = None,
                       moe_impl: str = "touched", touched: float | None = None) -> RankCost:
     """One rank's share of `Transformer.forward` (the largest pipeline stage, charged with the
-    embedding gather and the LM head; pp > 1 adds the stage's send of its activations)."""
+    embedding gather and the LM head; pp > 1 adds the stage's send of its activations).
+    `dtype` may be a precision label: weights, head and KV in their formats (scales included)."""
     _check_shape(cfg, B, q, L)
-    b = dtype_bytes(dtype)
+    prec = parse_precision(dtype)
     kv_len = L + q if kv_len is None else kv_len
     n, n_moe = _stage_layers(cfg, layout)
-    c = _with_head(_blocks_cost(cfg, layout, n, n_moe, B, q, L, kv_len, b, moe_impl, touched), cfg, layout, b)
+    c = _with_head(_blocks_cost(cfg, layout, n, n_moe, B, q, L, kv_len, prec, moe_impl, touched), cfg, layout, prec)
     if layout.pp > 1:  # this stage's send of its activations to the next one
-        c["collectives"] += (Collective("send_recv", B * q * cfg.d * b, 1),)
+        c["collectives"] += (Collective("send_recv", B * q * cfg.d * prec.act_bytes, 1),)
     return RankCost(B=B, q=q, L=L, kv_len=kv_len, tokens=B * q, blocks=n, moe_blocks=n_moe, **c)
 
 
 def rank_mtp_cost(cfg: ModelConfig, layout: Layout, dtype, B: int, q: int, L: int, kv_len: int | None = None,
                   moe_impl: str = "touched", touched: float | None = None) -> RankCost:
     """One rank's share of one `Transformer.mtp_forward` (one block, eh_proj replicated, the head)."""
-    if cfg.mtp_layers < 1:
-        raise ValueError(f"model {cfg.name!r} has no MTP module (mtp_layers=0)")
-    _check_shape(cfg, B, q, L)
-    b = dtype_bytes(dtype)
-    kv_len = L + q if kv_len is None else kv_len
-    c = _with_head(_blocks_cost(cfg, layout, 1, int(cfg.is_moe), B, q, L, kv_len, b, moe_impl, touched), cfg, layout, b)
-    Br = math.ceil(B / layout.batch_split)
-    c["weight_bytes"] += (2 * cfg.d + 2 * cfg.d * cfg.d) * b
-    c["flops_matmul"] += 2 * 2 * cfg.d * cfg.d * Br * q
+    prec, kv_len = mtp_args(cfg, dtype, B, q, L, kv_len)
+    c = _with_head(_blocks_cost(cfg, layout, 1, int(cfg.is_moe), B, q, L, kv_len, prec, moe_impl, touched),
+                   cfg, layout, prec)
+    c = add_mtp_own_cost(c, cfg, prec.act_bytes, math.ceil(B / layout.batch_split) * q)
     return RankCost(B=B, q=q, L=L, kv_len=kv_len, tokens=B * q, blocks=1, moe_blocks=int(cfg.is_moe), **c)

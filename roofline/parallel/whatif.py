@@ -5,7 +5,9 @@ Per rank (roofline.parallel.cost), for one forward:
     T = max(W / BW, F_mm / F) + KV / BW + F_attn / F + n_blocks · t_layer + n_moe · t_moe + T_comm
 
 BW = eff_bw × datasheet bandwidth, F = eff_f × datasheet dense FLOP/s (the hinge of the
-fitted cost model with its knee at the roofline ridge), t_layer the launch floor of one
+fitted cost model with its knee at the roofline ridge; the matmuls at the FLOP/s of the
+precision's compute dtype, fp8 tensor cores for fp8 weights, attention at the activation
+dtype's), W, KV each in its format (a precision label: roofline.model.formats), t_layer the launch floor of one
 decoder block (with or without CUDA graphs), t_moe the fixed cost of an MoE block's routing
 and grouped-expert kernels, T_comm = Σ calls · (latency + S · factor / busbw)
 with the interconnect's priors and nccl-tests' bus factors (roofline.parallel.collectives);
@@ -27,6 +29,7 @@ import yaml
 from roofline.measure.devices import DeviceSpec
 from roofline.io.fields import ConfigError
 from roofline.model.config import ModelConfig
+from roofline.model.formats import activation_dtype, compute_dtype
 from roofline.parallel.collectives import bus_factor
 from roofline.parallel.cost import RankCost, rank_forward_cost, rank_mtp_cost
 from roofline.parallel.layout import Layout
@@ -67,16 +70,19 @@ def step_seconds(cost: RankCost, device: DeviceSpec, dtype: str, layout: Layout,
                  scenario: int, priors: dict | None = None) -> dict:
     """Seconds of one forward with its terms, every prior at index `scenario` (0 opt, 1 typ, 2 pess)."""
     priors = priors or load_priors()
-    bw_peak, f_peak = device.bandwidth_Bps(), device.peak_flops(dtype)
-    if bw_peak is None or f_peak is None:
-        raise ConfigError(f"device={device.key!r}: no datasheet bandwidth or {dtype} FLOP/s for a what-if")
+    mm_dtype, attn_dtype = compute_dtype(dtype), activation_dtype(dtype)
+    bw_peak, f_peak, f_attn_peak = device.bandwidth_Bps(), device.peak_flops(mm_dtype), device.peak_flops(attn_dtype)
+    if bw_peak is None or f_peak is None or f_attn_peak is None:
+        raise ConfigError(f"device={device.key!r}: no datasheet bandwidth or {mm_dtype} / {attn_dtype} FLOP/s "
+                          "for a what-if")
     eff = priors["efficiency"]
     bw = eff["memory_bw"]["values"][scenario] * bw_peak
     f = eff["flops"]["values"][scenario] * f_peak
+    f_attn = eff["flops"]["values"][scenario] * f_attn_peak
     floor = priors["launch_floor_us_per_layer"]["graph" if setting.graphs else "eager"]["values"][scenario] * 1e-6
     moe_floor = priors["moe_floor_us_per_layer"]["values"][scenario] * 1e-6
     terms = dict(weights_or_matmul=max((cost.weight_bytes + cost.embed_bytes) / bw, cost.flops_matmul / f),
-                 kv=(cost.kv_read_bytes + cost.kv_write_bytes) / bw, attention=cost.flops_attention / f,
+                 kv=(cost.kv_read_bytes + cost.kv_write_bytes) / bw, attention=cost.flops_attention / f_attn,
                  per_layer=cost.blocks * floor + cost.moe_blocks * moe_floor,
                  comm=comm_seconds(cost, layout, link_for(device, layout, setting, priors), scenario, priors))
     return dict(seconds=sum(terms.values()), terms=terms)
@@ -189,14 +195,18 @@ def capacity(cfg: ModelConfig, device: DeviceSpec, dtype: str, context: int, out
             if best is None:
                 continue
             B, per_tok, mem = best
-            tok_s = B / per_tok["typical"]
-            replicas = math.ceil(target_tok_s / tok_s)
-            devices = replicas * lay.devices
+            tok_s = {name: B / t for name, t in per_tok.items()}  # generated tokens/s of one replica
+            devices = {name: math.ceil(target_tok_s / v) * lay.devices for name, v in tok_s.items()}
             row = dict(layout=lay.label(), devices_per_replica=lay.devices, speculative=spec, batch=B,
                        itl_ms=per_tok["typical"] * 1e3, itl_ms_optimistic=per_tok["optimistic"] * 1e3,
-                       itl_ms_pessimistic=per_tok["pessimistic"] * 1e3, tok_s_per_replica=tok_s,
-                       replicas=replicas, devices=devices, mem_per_device_GB=mem / 1e9,
-                       energy_J_per_token="n/a: no NVML energy measured for a what-if device")
+                       itl_ms_pessimistic=per_tok["pessimistic"] * 1e3, tok_s_per_replica=tok_s["typical"],
+                       tok_s_per_replica_optimistic=tok_s["optimistic"],
+                       tok_s_per_replica_pessimistic=tok_s["pessimistic"],
+                       replicas=devices["typical"] // lay.devices, devices=devices["typical"],
+                       devices_optimistic=devices["optimistic"], devices_pessimistic=devices["pessimistic"],
+                       mem_per_device_GB=mem / 1e9,
+                       energy_J_per_token="n/a (what-if device: no NVML energy counter read)")
+            tok_s = tok_s["typical"]
             if price_per_device_hour is not None:
                 row["usd_per_million_tokens"] = price_per_device_hour * lay.devices / (tok_s * 3600) * 1e6
             rows.append(row)
