@@ -157,3 +157,15 @@ def test_capacity_bad_input_exits_2_and_writes_nothing(tmp_path, args, msg):
 def test_a_gross_speculative_mismatch_is_flagged():
     assert quality.mismatch(0.019, 1.51) and quality.mismatch(4.0, 1.5)
     assert not quality.mismatch(1.4, 1.51)
+
+
+def test_points_marked_noisy_are_named_in_the_warnings_block(tmp_path):
+    run = synthetic_run(tmp_path)
+    df = pd.read_csv(run / "points.csv")
+    df["noisy"] = False
+    df["noise_reason"] = None
+    df.loc[0, ["noisy", "noise_reason"]] = [True, "its threads got 45% of their CPU time"]
+    warnings = quality.run_warnings(run, df)
+    assert any(w.startswith(f"1 of {len(df)} points were timed on a busy machine") and "45% of their CPU" in w
+               for w in warnings), warnings
+    assert not any("busy machine" in w for w in quality.run_warnings(run, df.assign(noisy=False)))

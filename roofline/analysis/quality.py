@@ -149,6 +149,12 @@ def run_warnings(run_dir, df) -> list[str]:
                 out.append(f"{len(slow)} of {len(ok)} points did not converge (median's 95% CI above the target)"
                            + (f"; worst {worst['point_id']} at ±{100 * float(worst['t_ci_rel']):.0f}%"
                               if worst is not None else ""))
+        if "noisy" in df:
+            noisy = df[df["noisy"].astype(str).str.lower() == "true"]
+            if len(noisy):
+                out.append(f"{len(noisy)} of {len(df)} points were timed on a busy machine and marked noisy "
+                           f"(roofline.measure.noise: left out of the fit and of the measured step table); "
+                           f"e.g. {noisy.iloc[0]['point_id']}: {noisy.iloc[0].get('noise_reason')}")
     q = run_dir / "points.quarantine.jsonl"
     if q.exists():
         out.append(f"{len(q.read_text().splitlines())} bad line(s) of points.jsonl were moved to {q.name}")
