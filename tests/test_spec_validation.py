@@ -52,3 +52,22 @@ def test_entry_point_runs_on_tiny(tmp_path):
     # S from the requested alpha: its tau(0.8, 2) = 2.44 enters the prediction, not the measured tau
     assert oracle["S_pred"] == pytest.approx(oracle["S_pred_tau"] * 2.44 / oracle["tau_meas"], rel=1e-9)
     assert (tmp_path / "report_specdec.md").exists() and (tmp_path / "figures" / "specdec_pred_vs_meas.png").exists()
+
+
+def test_each_rep_of_the_oracle_draws_its_own_coin_flips():
+    """Reps pooled by acceptance_check must be independent samples of α: the same seed replayed
+    per rep would repeat the same hits and overstate the z-score by sqrt(reps)."""
+    import torch
+    from roofline.model.decoder import build_model
+    from roofline.model.presets import get_preset
+    from roofline.spec.engine import DecodeSettings, SpecEngine
+    from roofline.spec.validation import oracle_factory
+    cfg = get_preset("tiny")
+    target = build_model(cfg, max_batch=1, max_context=64, dtype=torch.float32, device="cpu", seed=0)
+    make = oracle_factory(target, 0.5, cfg.vocab, seed=3)
+
+    def hits(rep):
+        _, m = SpecEngine(target, make(rep)).generate([[1, 2, 3]], DecodeSettings(max_new=24, k=2))
+        return m.counters.accepted_per_pos, m.counters.drafts
+    assert hits(0) == hits(0)  # a rep is reproducible
+    assert len({hits(rep) for rep in range(4)}) > 1  # and the reps are not one sample replayed

@@ -116,9 +116,17 @@ def _median_tps(runs) -> float:
     return statistics.median(m.steady_tokens_per_s for m in runs)
 
 
+def oracle_factory(target, alpha: float, vocab: int, seed: int):
+    """rep -> a fresh oracle (with the MTP module's real compute) whose coin flips are its own:
+    each rep is an independent sample of the requested α, so acceptance_check may pool them."""
+    return lambda rep: OracleDrafter(target, alpha, vocab, inner=MTPDrafter(target), seed=seed + 7919 * rep)
+
+
 def acceptance_check(runs, alpha: float | None) -> dict:
     """Per-position conditional acceptance pooled over runs (accepted at i / reached i) and,
-    for a requested α, the largest |α̂_i − α| in binomial standard errors sqrt(α(1−α)/n_i)."""
+    for a requested α, the largest |α̂_i − α| in binomial standard errors sqrt(α(1−α)/n_i).
+    The runs must be independent draws (run_validation seeds each rep's oracle apart): the
+    same coin flips replayed r times would shrink the standard error by sqrt(r) falsely."""
     per_pos = [m.counters.accepted_per_pos for m in runs]
     k = max(len(a) for a in per_pos)
     acc = [sum(a[i] for a in per_pos if len(a) > i) for i in range(k)]
@@ -171,15 +179,16 @@ def run_validation(spec: SpecValSpec, run_dir: Path, log=print) -> pd.DataFrame:
         prompts = _prompts(spec, B, spec.seed)
         reference, _ = SpecEngine(target).generate(prompts, DecodeSettings(max_new=spec.max_new))  # + warm-up
         log(f"[3/3] B={B}: plain vs speculative, interleaved x{spec.reps}")
-        cases = [(f"oracle(mtp) a={a}", a, k, lambda a=a: OracleDrafter(target, a, spec.model.vocab, inner=MTPDrafter(target), seed=spec.seed + 2))
+        cases = [(f"oracle(mtp) a={a}", a, k, oracle_factory(target, a, spec.model.vocab, spec.seed + 2))
                  for a in spec.alphas for k in spec.ks]
-        cases += [(name, None, k, (lambda: MTPDrafter(target)) if name == "mtp" else (lambda: NgramDrafter(spec.model.vocab)))
+        cases += [(name, None, k, (lambda rep: MTPDrafter(target)) if name == "mtp"
+                   else (lambda rep: NgramDrafter(spec.model.vocab)))
                   for name in spec.real_drafters for k in spec.ks]
         for label, alpha, k, make in cases:
             plain_runs, spec_runs, diverged = [], [], []
-            for _ in range(spec.reps):
+            for rep in range(spec.reps):
                 out0, m_plain = SpecEngine(target).generate(prompts, DecodeSettings(max_new=spec.max_new))
-                out1, m_spec = SpecEngine(target, make()).generate(prompts, DecodeSettings(max_new=spec.max_new, k=k))
+                out1, m_spec = SpecEngine(target, make(rep)).generate(prompts, DecodeSettings(max_new=spec.max_new, k=k))
                 if spec.dtype == "float32" and (out1 != out0 or out0 != reference):
                     raise RuntimeError(f"{label}, k={k}, B={B}: speculative output differs from plain greedy")
                 diverged.append(_first_divergence(out1, reference))
