@@ -423,8 +423,9 @@ class TimingResult:
     samples_s: tuple[float, ...]
     probe: dict | None = None  # what time_fn's `probe` returned (not a timing)
     # CPU devices: process CPU time / (wall time x intra-op threads) over the reps. The threads
-    # work or spin the whole time on an idle machine (~0.9-1); well below 1, the scheduler gave
-    # their cores to someone else while this point was timed (roofline.measure.noise). NaN on GPUs.
+    # work or spin the whole time on an idle machine (~0.9-1; above 1 when other threads of the
+    # process also run); well below 1, the scheduler gave their cores to someone else while this
+    # point was timed (roofline.measure.noise). NaN on GPUs.
     cpu_share: float = float("nan")
 
     def to_row(self, prefix: str = "t_") -> dict[str, Any]:
