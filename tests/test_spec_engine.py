@@ -182,3 +182,25 @@ def test_metrics_split_round_time(monkeypatch):
     assert m.prefill_s == 10.0
     assert m.draft_s == 1.0 * m.rounds and m.verify_s == 10.0 * m.rounds and m.overhead_s == 0.0
     assert m.steady_s % 11.0 == 0 and 0 < m.steady_s <= 11.0 * m.rounds
+
+
+def test_the_mtp_pass_over_the_prompt_is_prefill_not_the_first_rounds_draft(monkeypatch):
+    """Engines run the MTP head over the prompt in the prefill. Done lazily in round 1's draft
+    phase it was charged to decoding (a 64-token pass at B=4 is ~16 steps' worth of draft time)."""
+    t = target()
+    calls = []
+    inner = t.mtp_forward
+    monkeypatch.setattr(t, "mtp_forward", lambda h, *a, **kw: calls.append(h.shape[1]) or inner(h, *a, **kw))
+    ps = prompts(0)
+    eng = SpecEngine(t, MTPDrafter(t))
+    phases = []
+    original_prefill = MTPDrafter.prefill
+
+    def prefill(self, st, hidden):
+        original_prefill(self, st, hidden)
+        phases.append(list(calls))
+
+    monkeypatch.setattr(MTPDrafter, "prefill", prefill)
+    eng.generate(ps, DecodeSettings(max_new=6, k=1))
+    assert phases[0] == [max(len(p) for p in ps)]  # one pass over the (padded) prompt, inside prefill
+    assert max(calls[1:]) == 2  # every round after it: the k+1 = 2 verified positions only

@@ -53,24 +53,34 @@ class MTPDrafter:
             n = st.prompt_lens[b]
             nxt[b, :n] = torch.tensor(seq[1:n + 1], device=st.device)
         self._pass = (hidden, nxt, torch.zeros(B, dtype=torch.long, device=st.device), st.lengths - 1)
+        # the module's pass over the prompt is prefill work (engines run the MTP head in the
+        # prefill): done here, inside the prefill phase, not in the first decode round's draft
+        self._ready = self._catch_up(st)
 
     def observe(self, st, n_acc, emitted, hidden, start) -> None:
         nxt = torch.where(emitted >= 0, emitted, emitted[torch.arange(st.B), n_acc][:, None])
         self._pass = (hidden, nxt, start, n_acc)
+        self._ready = None
 
-    def propose(self, st: DecodeState, k: int):
+    def _catch_up(self, st: DecodeState):
+        """The module over the positions the target verified last (the prompt after prefill):
+        logits of draft 1, the module's hidden state at the last position, and that position."""
         hidden, nxt, start, last = self._pass
         rows = torch.arange(st.B, device=st.device)
         logits, h = self.target.mtp_forward(hidden, nxt, start, self.depth)
-        state = {"h": h[rows, last]}
-        pos = start + last
+        return logits[rows, last], h[rows, last], start + last
+
+    def propose(self, st: DecodeState, k: int):
+        first, h, pos = self._ready if getattr(self, "_ready", None) is not None else self._catch_up(st)
+        self._ready = None
+        state = {"h": h}
 
         def step(i, prev):  # chain the module on its own hidden state, one position further
             lg, state["h"] = self.target.mtp_forward(state["h"][:, None], prev[:, None], pos + i, self.depth)
             state["h"] = state["h"][:, 0]
             return lg[:, 0]
 
-        return chain(st, k, logits[rows, last], step)
+        return chain(st, k, first, step)
 
 
 class DraftModelDrafter:
