@@ -84,7 +84,10 @@ class SpecValSpec:
 
     @property
     def max_context(self) -> int:
-        return self.prompt_len + self.max_new + 2 * max(self.ks) + 2
+        """Cache positions the run can touch: a finished sequence overshoots max_new by up to k,
+        and while the rest of the batch goes on its rows are still verified (k+1 positions) and
+        drafted (the MTP chain reaches its last accepted position + k): prompt + max_new + 3k."""
+        return self.prompt_len + self.max_new + 3 * max(self.ks) + 1
 
 
 def calibration_sweep(spec: SpecValSpec, run_dir: Path, progress: bool = False) -> dict:
