@@ -45,6 +45,7 @@ class MTPDrafter:
         if not target.mtp:
             raise ValueError("the target has no MTP module (mtp_layers=0)")
         self.target, self.depth = target, depth
+        self._ready = None  # the catch-up pass already run (by prefill), for the next propose
 
     def prefill(self, st: DecodeState, hidden: torch.Tensor) -> None:
         B, P = hidden.shape[:2]
@@ -71,7 +72,7 @@ class MTPDrafter:
         return logits[rows, last], h[rows, last], start + last
 
     def propose(self, st: DecodeState, k: int):
-        first, h, pos = self._ready if getattr(self, "_ready", None) is not None else self._catch_up(st)
+        first, h, pos = self._ready if self._ready is not None else self._catch_up(st)
         self._ready = None
         state = {"h": h}
 
