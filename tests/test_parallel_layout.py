@@ -1,12 +1,15 @@
 """Layouts: bad ones rejected naming the field; per-rank accounting reduces to the one-device model."""
 
+import random
+
 import pytest
 
 from roofline.model.accounting import forward_cost, mtp_cost, param_count
 from roofline.io.fields import ConfigError
 from roofline.model.presets import get_preset
 from roofline.parallel.cost import params_per_rank, rank_forward_cost, rank_mtp_cost
-from roofline.parallel.layout import Layout, experts_touched_per_rank, kv_head_of_rank
+from roofline.parallel.layout import Layout, experts_touched_busiest_rank, experts_touched_per_rank, kv_head_of_rank
+from roofline.parallel.sharded import busiest_rank_touched
 
 
 @pytest.mark.parametrize("layout, world, field", [
@@ -83,3 +86,34 @@ def test_experts_touched_per_rank():
     assert experts_touched_per_rank(cfg, 1, 8) == pytest.approx(8 / 8)  # one token: k experts over 8 ranks
     assert experts_touched_per_rank(cfg, 10**6, 8) == pytest.approx(256 / 8)
     assert experts_touched_per_rank(cfg, 64 * 2, 8) < experts_touched_per_rank(cfg, 64 * 4, 8)
+
+
+@pytest.mark.parametrize("ep, tokens", [(8, 1), (8, 8), (32, 2), (2, 64)])
+def test_busiest_rank_expectation_matches_a_simulation_of_routing(ep, tokens):
+    """Uniform top-k routing drawn token by token (k distinct experts each), the busiest rank's
+    count averaged over draws, against the closed form (which treats experts as independent)."""
+    cfg = get_preset("deepseek-v3")
+    E, k, n = cfg.experts, cfg.experts_per_token, cfg.experts // ep
+    gen = random.Random(0)
+    draws = 3000
+    total = 0
+    for _ in range(draws):
+        hit = set()
+        for _ in range(tokens):
+            hit.update(gen.sample(range(E), k))
+        total += max(sum(1 for e in hit if e // n == r) for r in range(ep))
+    assert experts_touched_busiest_rank(cfg, tokens, ep) == pytest.approx(total / draws, rel=0.02)
+    assert experts_touched_busiest_rank(cfg, tokens, ep) >= experts_touched_per_rank(cfg, tokens, ep)
+
+
+def test_busiest_rank_is_the_mean_on_one_rank_and_bounded_by_the_rank_size():
+    cfg = get_preset("deepseek-v3")
+    assert experts_touched_busiest_rank(cfg, 5, 1) == pytest.approx(experts_touched_per_rank(cfg, 5, 1))
+    assert experts_touched_busiest_rank(cfg, 10**4, 8) == pytest.approx(32)
+
+
+def test_measured_busiest_rank_is_taken_layer_by_layer():
+    # rank 0 ran 2 then 0 experts, rank 1 0 then 2: each rank's mean is 1, but each layer waited for 2
+    assert busiest_rank_touched([[2, 0], [0, 2]]) == 2
+    assert busiest_rank_touched([[1, 3], [2, 1]]) == 2.5
+    assert busiest_rank_touched([[], []]) is None

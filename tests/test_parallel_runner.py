@@ -26,6 +26,12 @@ def test_tp2_ep2_sweep_writes_per_rank_rows_and_resumes(tmp_path):
     assert r["weight_bytes"] == pytest.approx(want.weight_bytes)
     kinds = {c.kind for c in parse_collectives(r["collectives"])}
     assert kinds == {"all_reduce", "all_gather", "broadcast"}
+    # every rank's experts are gathered; the priced count (each layer's busiest rank) is at least
+    # every rank's own mean and at most the experts one rank holds
+    for _, row in df.iterrows():
+        ranks = [float(x) for x in row["experts_touched_ranks"].split(";")]
+        assert len(ranks) == 2 and all(0 <= x <= cfg.experts // 2 for x in ranks)
+        assert max(ranks) - 0.01 <= row["experts_touched"] <= cfg.experts // 2
     again = run_sweep(spec, tmp_path, progress=False)
     assert (again["measured_now"], again["resumed"]) == (0, 2)
 

@@ -115,3 +115,22 @@ def test_a_noisy_point_leaves_a_hole_and_the_fit_answers_there():
     assert holed.source(2, 1, 100) == "fit"
     assert holed.seconds(2, 1, 100) == pytest.approx(FIT(2, 1, 100), rel=1e-12)
     assert holed.source(3, 1, 100) == "fit"  # between the hole and a clean point
+
+
+def test_a_hole_in_one_context_takes_its_kernel_factor_from_the_other_contexts():
+    """The (q, B) of a noisy point were measured at other contexts: their measured/fitted ratio,
+    interpolated along L, prices the hole (the kernel depends on q·B, not on L)."""
+    from roofline.analysis.steptable import measured_table
+    Ls, factor = [100, 400, 1000], {100: 1.10, 400: 9.0, 1000: 1.40}  # L=400 timed on a busy machine
+    pts = pd.DataFrame([dict(q=q, B=1, L=L, t_pred_s=FIT(q, 1, L), t_median_s=factor[L] * FIT(q, 1, L) if q == 2
+                             else FIT(q, 1, L), noisy=(q == 2 and L == 400)) for q in (1, 2, 4) for L in Ls])
+    rows = lambda q, B, L: pd.DataFrame(dict(q=q, B=B, L=L))  # noqa: E731
+    terms = lambda r: np.column_stack([FIT(r["q"].to_numpy(), r["B"].to_numpy(), r["L"].to_numpy()),  # noqa: E731
+                                       *[np.zeros(len(r))] * 4])
+    m = StepModel(dict(table=measured_table(pts, ~pts["noisy"])), rows, terms)
+    # log-ratio at L=400 interpolated between L=100 (log 1.1) and L=1000 (log 1.4), a third of the way
+    expect = FIT(2, 1, 400) * np.exp(np.log(1.10) + (400 - 100) / (1000 - 100) * (np.log(1.40) - np.log(1.10)))
+    assert m.seconds(2, 1, 400) == pytest.approx(expect, rel=1e-12)
+    assert m.source(2, 1, 400) == "table(q,B)+fit(L)"
+    assert m.source(2, 1, 100) == "table" and m.source(1, 1, 400) == "table"
+    assert m.source(3, 1, 300) == "table(q,B)+fit(L)"  # a neighbour of the hole: filled, not the fit alone

@@ -13,8 +13,10 @@ Beyond the measured contexts (q and B inside the box, L outside it) the kernel f
 nearest measured context is kept and the fit carries the step to the new L
 (`source` "table(q,B)+fit(L)"): which GEMM kernel runs depends on the token count M = q·B,
 not on the cache length, while the KV and attention terms that grow with L are physics the
-fit extrapolates. Outside the (q, B) box, or where a neighbouring grid point is missing
-(failed, or marked noisy by the sweep's busy-machine check), it is the fit alone (`"fit"`).
+fit extrapolates. The same holds for a hole inside the box (a point that failed, or that the
+sweep's busy-machine check marked noisy): its (q, B) kernel factor is interpolated along L from
+that (q, B)'s measured contexts, and the source says "table(q,B)+fit(L)". Outside the (q, B)
+box, or where a (q, B) has no measured context at all, it is the fit alone (`"fit"`).
 Every prediction says which (`source`: "table", "table(q,B)+fit(L)" or "fit").
 """
 
@@ -31,7 +33,7 @@ def kernel_factor(train: pd.DataFrame, pred_train, test: pd.DataFrame, pred_test
     """Held-out use of the table: `pred_test` (a fit's prediction for rows it did not see)
     times the measured/fitted ratio of the training rows at the same (q, B) and the nearest
     trained L, interpolated as StepModel does; NaN where the (q, B) were not trained."""
-    grid = RatioGrid(measured_table(train.assign(t_pred_s=np.asarray(pred_train, float))))
+    grid = RatioGrid(measured_table(train.assign(t_pred_s=np.asarray(pred_train, float)))).filled_along_L()
     q, B, L = (test[a].to_numpy(dtype=float) for a in AXES)
     return np.asarray(pred_test, float) * np.exp(grid(q, B, grid.clamped_L(L)))
 
@@ -58,6 +60,20 @@ class RatioGrid:
         idx = [np.searchsorted(ax, np.asarray(table[a], dtype=float)) for ax, a in zip(self.axes, AXES)]
         with np.errstate(divide="ignore", invalid="ignore"):
             self.values[tuple(idx)] = np.log(np.asarray(table["t_s"], float) / np.asarray(table["t_fit_s"], float))
+
+    def filled_along_L(self) -> "RatioGrid":
+        """A copy whose holes take the log ratio interpolated along L (nearest measured context
+        beyond the ends) from the same (q, B): the kernel factor is a property of the token count,
+        not of the cache length. A (q, B) with no measured context stays a hole."""
+        out = object.__new__(RatioGrid)
+        out.axes, out.values = self.axes, self.values.copy()
+        Ls = self.axes[2]
+        for i, j in np.ndindex(*self.values.shape[:2]):
+            row = out.values[i, j]
+            ok = np.isfinite(row)
+            if ok.any() and not ok.all():
+                row[~ok] = np.interp(Ls[~ok], Ls[ok], row[ok])
+        return out
 
     def inside(self, q, B, L) -> np.ndarray:
         return np.all([(x >= ax[0]) & (x <= ax[-1]) for x, ax in zip((q, B, L), self.axes)], axis=0)
@@ -105,6 +121,7 @@ class StepModel:
         self.group, self._rows, self._terms, self.names = group, cost_rows, terms, names
         table = group.get("table") if own else None
         self.grid = RatioGrid(table) if table and table.get("q") else None
+        self.grid_L = self.grid.filled_along_L() if self.grid is not None else None
         self._memo: dict[tuple[int, int, int], tuple[float, str]] = {}
 
     def predict(self, q, B, L) -> pd.DataFrame:
@@ -120,7 +137,7 @@ class StepModel:
             source[np.isfinite(ratio)] = "table"
             beyond = ~np.isfinite(ratio)
             if beyond.any():
-                ratio[beyond] = self.grid(q[beyond], B[beyond], self.grid.clamped_L(L[beyond]))
+                ratio[beyond] = self.grid_L(q[beyond], B[beyond], self.grid.clamped_L(L[beyond]))
                 source[beyond & np.isfinite(ratio)] = TABLE_QB_FIT_L
         use = np.isfinite(ratio)
         out = pd.DataFrame(dict(q=q, B=B, L=L, seconds=np.where(use, fit_s * np.exp(np.where(use, ratio, 0.0)), fit_s),

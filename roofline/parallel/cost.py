@@ -11,6 +11,11 @@ the rows each token sends to its k experts' ranks and back (B_r·q·k·d each wa
 crosses the links), the expert ids, and the counts exchanged first. pp: one send of B·q·d
 activations per stage boundary.
 
+MoE with ep > 1: every MoE layer ends in a collective, so the step waits, layer by layer, for
+the rank that drew the most experts; the expert bytes are that busiest rank's
+(`experts_touched_busiest_rank` in expectation; the sharded sweep records the measured
+per-layer maximum over the ranks).
+
 Precision (a label of roofline.model.formats): each rank's shard of every matrix costs its
 format's exact bytes with the scales counted on the shard's own shape (`_rank_cfgs` hands the
 shard's shapes to the single-device byte functions), the KV cache its format's bytes, and the
@@ -26,7 +31,7 @@ from roofline.model.accounting import ForwardCost, _check_shape, attention_matmu
 from roofline.model.accounting import add_mtp_own_cost, block_weight_bytes, expert_bytes, head_bytes, mtp_args
 from roofline.model.formats import Precision, parse_precision
 from roofline.model.config import ModelConfig
-from roofline.parallel.layout import Layout, experts_touched_per_rank, local_shapes
+from roofline.parallel.layout import Layout, experts_touched_busiest_rank, local_shapes
 
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
 ID_BYTES = 8  # int64 expert ids and counts
@@ -144,7 +149,7 @@ class RankCost:
     moe_blocks: int  # of which MoE blocks
     weight_bytes: float
     expert_bytes: float
-    experts_touched: float  # per MoE layer, on this rank
+    experts_touched: float  # per MoE layer, on the layer's busiest rank (what the step waits for)
     kv_read_bytes: int
     kv_write_bytes: int
     embed_bytes: int
@@ -186,7 +191,8 @@ def _blocks_cost(cfg, layout, n, n_moe, B, q, L, kv_len, prec: Precision, moe_im
     Nr, N = Br * q, B * q  # tokens through attention on this rank; tokens routed overall
     lac = _local_attention_cfg(cfg, layout)
     if touched is None:
-        touched = float(s.experts) if moe_impl == "dense" else experts_touched_per_rank(cfg, N, layout.ep)
+        # the step waits for each layer's busiest rank (its collective ends the layer)
+        touched = float(s.experts) if moe_impl == "dense" else experts_touched_busiest_rank(cfg, N, layout.ep)
     expert_w = 3 * cfg.d * s.moe_ffn
     dense_b, _ = rank_block_bytes(cfg, layout, False, prec) if n > n_moe else (0.0, 0.0)
     moe_b, one_expert = rank_block_bytes(cfg, layout, True, prec) if n_moe else (0.0, 0.0)

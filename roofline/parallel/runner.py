@@ -10,7 +10,9 @@ decides for everyone. That broadcast is part of the step and is charged in its c
 
 The followers' caches are not refilled with each point's random context: attention reads the
 same positions whatever they hold. Rows hold rank 0's share (per-rank bytes, FLOPs and collectives from
-`roofline.parallel.cost`), GB/s and TFLOP/s of that rank, and the layout columns.
+`roofline.parallel.cost`), GB/s and TFLOP/s of that rank, and the layout columns; for MoE the expert
+bytes are those of each layer's busiest rank (every rank's per-layer counts are gathered after the
+timed steps; `experts_touched_ranks` keeps each rank's mean), since each layer waits for it.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from roofline.measure.sweep import Point, SweepSpec, _Workload, run_sweep
 from roofline.measure.timer import TimerSettings, time_fn
 from roofline.parallel.cost import Collective, rank_forward_cost, rank_mtp_cost
 from roofline.parallel.launch import run
-from roofline.parallel.sharded import experts_touched, shard
+from roofline.parallel.sharded import busiest_rank_touched, shard, touched_per_layer
 
 SYNC = Collective("broadcast", 8, 1)  # the step's opening broadcast (int64 flag)
 
@@ -54,6 +56,12 @@ def _send(obj) -> object:
     box = [obj]
     dist.broadcast_object_list(box, 0)
     return box[0]
+
+
+def _gather(obj) -> list:
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def _flag(device: str, value: int = 0) -> int:
@@ -120,14 +128,19 @@ def leader_measure(w: LeaderWorkload, p: Point, timer: TimerSettings) -> dict:
     finally:
         proxy.fast = False
         _flag(w.spec.device, 0)
-    touched = experts_touched(proxy.inner) if w.cfg.is_moe and p.kind == "forward" else None
-    if w.cfg.is_moe and p.kind == "mtp":
-        touched = proxy.inner.mtp[0].block.ffn.last_touched
+    touched, ranks = None, None
+    if w.cfg.is_moe:  # every rank's per-layer counts of the last step: the step waits for each layer's busiest
+        _send(("touched", p.kind))
+        per_rank = _gather(touched_per_layer(proxy.inner, p.kind))
+        touched = busiest_rank_touched(per_rank)
+        ranks = ";".join(f"{sum(c) / len(c):.3g}" for c in per_rank)
     cost = (rank_forward_cost if p.kind == "forward" else rank_mtp_cost)(
         w.cfg, w.spec.parallel, p.dtype, p.B, p.q, p.L, p.L + p.q, "touched", touched)
     cost = dataclasses.replace(cost, collectives=cost.collectives + (SYNC,))
     row = t.to_row()
     row.update(cost.as_row())
+    if ranks is not None:
+        row["experts_touched_ranks"] = ranks  # each rank's mean per MoE layer; experts_touched is the busiest's
     row.update(moe_impl="touched", achieved_GBps=cost.bytes_total / t.median_s / 1e9,
                achieved_TFLOPs=cost.flops / t.median_s / 1e12, tokens_per_s=p.B * p.q / t.median_s,
                per_rank=True)
@@ -149,6 +162,8 @@ def follow(rank: int, spec: SweepSpec, device: str) -> None:
             kw = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
             last = (getattr(model, method), args, kw)
             last[0](*args, **kw)
+        elif cmd[0] == "touched":
+            _gather(touched_per_layer(model, cmd[1]))
         elif cmd[0] == "follow":
             while _flag(device) == 1:
                 last[0](*last[1], **last[2])

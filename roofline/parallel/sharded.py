@@ -240,10 +240,25 @@ def shard(model: Transformer, layout: Layout, rank: int) -> Transformer:
     return model.eval().requires_grad_(False)
 
 
+def touched_per_layer(model: Transformer, kind: str = "forward") -> list[int]:
+    """Experts this rank ran in each MoE layer of its last call (`kind` forward: the main
+    stack; mtp: the MTP module's block)."""
+    blocks = [m.block for m in model.mtp] if kind == "mtp" else list(model.layers)
+    return [b.ffn.last_touched for b in blocks if isinstance(b.ffn, (MoE, ShardedMoE))]
+
+
 def experts_touched(model: Transformer) -> float | None:
     """Mean experts per MoE layer this rank ran in the last main forward."""
-    counts = [b.ffn.last_touched for b in model.layers if isinstance(b.ffn, (MoE, ShardedMoE))]
+    counts = touched_per_layer(model)
     return sum(counts) / len(counts) if counts else None
+
+
+def busiest_rank_touched(per_rank: list[list[int]]) -> float | None:
+    """Mean over MoE layers of the largest count any rank ran in that layer: each layer ends in
+    a collective, so the step waits for each layer's busiest rank."""
+    if not per_rank or not per_rank[0]:
+        return None
+    return sum(max(layer) for layer in zip(*per_rank)) / len(per_rank[0])
 
 
 def parity(rank: int, world: int, device: str, cfg, layout: Layout, B: int, prompt: int, q: int,
