@@ -191,8 +191,11 @@ def test_ctrl_c_ends_cleanly_with_what_was_saved(tmp_path):
     import signal
     import time
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "experiments.sweep", "model=tiny", "q=[1,2,3,4,5,6]", "B=[1,2]", "L=[0,16,32]",
-           "timer.min_reps=20", "timer.max_reps=20", "timer.budget_s=10", "progress=false", f"out_dir={out}"]
+    # 96 points of 50 repetitions: long enough that a loaded machine cannot finish the sweep between
+    # the third saved point and the signal (a finished sweep exits 0, which this test is not about)
+    cmd = [sys.executable, "-m", "experiments.sweep", "model=tiny", "q=[1,2,3,4,5,6,7,8]", "B=[1,2,4]",
+           "L=[0,16,32,48]", "timer.min_reps=50", "timer.max_reps=50", "timer.budget_s=10", "progress=false",
+           f"out_dir={out}"]
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     jsonl = out / "points.jsonl"
     deadline = time.time() + 120
@@ -201,6 +204,7 @@ def test_ctrl_c_ends_cleanly_with_what_was_saved(tmp_path):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     saved = results.read_rows(jsonl)
+    assert len(saved) < 96, "the sweep finished before the signal arrived"
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1].startswith(f"interrupted: {len(saved)} points saved in {out}")
     assert "Traceback" not in err
