@@ -16,7 +16,8 @@ def main(cfg) -> None:
     with fail_fast():
         c = plain(cfg, device_as="torch")
         spec = CollectiveSpec(kinds=tuple(c["kinds"]), min_bytes=c["min_bytes"], max_bytes=c["max_bytes"],
-                              factor=c["factor"], dtype=c["dtype"], reps=c["reps"], device=c["device"], world=c["world"])
+                              factor=c["factor"], dtype=c["dtype"], reps=c["reps"], device=c["device"], world=c["world"],
+                              flush_bytes=c["flush_bytes"])
         out = Path(c["out_dir"]) if c["out_dir"] else spec.default_out_dir(RUNS_ROOT)
         doc = run_collectives(spec, out)
         if doc:  # rank 0 (the others of a torchrun / srun launch return nothing)

@@ -56,3 +56,18 @@ def test_gloo_measurement_on_two_ranks(tmp_path):
     for r in doc["rows"]:
         assert r["time_us"] > 0 and r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * bus_factor(r["kind"], 2))
     assert (tmp_path / "collectives.json").exists() and (tmp_path / "collectives.csv").exists()
+
+
+@pytest.mark.slow
+def test_in_step_measurement_streams_a_buffer_before_each_timed_operation(tmp_path):
+    """flush_bytes > 0: the rows and the document say so, and each operation is timed on its own
+    (at most 10 per loop, each after the untimed flush)."""
+    from roofline.parallel.collectives import run_collectives
+    doc = run_collectives(CollectiveSpec(kinds=("all_reduce",), max_bytes=64, reps=2, flush_bytes=2**20), tmp_path)
+    assert doc["spec"]["flush_bytes"] == 2**20
+    assert all(r["flush_bytes"] == 2**20 and r["iters"] <= 10 and r["time_us"] > 0 for r in doc["rows"])
+
+
+def test_a_negative_flush_is_refused_naming_the_field():
+    with pytest.raises(ConfigError, match="flush_bytes"):
+        CollectiveSpec(flush_bytes=-1)

@@ -5,6 +5,14 @@ identified; forward and MTP steps together, one block vs many) and predict tp=2 
 of the same shapes. The fit's byte and FLOP terms are per rank (each rank reads its shard at
 the bandwidth one rank had alone), the per-block floor is counted in blocks, and the collectives
 are priced by the measured collective fit (collectives.json), which the fit never adjusts.
+
+Two things decide whether that transfers (results/parallel/README.md has the numbers):
+- the training sweeps must separate the per-block cost from the weight reads. Two depths of one
+  model cannot (both grow with layers); dense and MoE sweeps together can (same blocks, other
+  bytes);
+- the collectives must be priced at their in-step latency (`experiments.collectives
+  flush_bytes=...`): inside a step each collective follows a layer's weight stream, and on a
+  CPU a 2 KB gloo all-reduce then costs ~1.5 ms instead of the 0.26 ms of a back-to-back loop.
 """
 
 from __future__ import annotations
@@ -43,7 +51,8 @@ def held_out(train_dirs, test_dirs, collectives_json, out_dir=None) -> tuple[pd.
     for key, value in (("train", train_dirs), ("test", test_dirs), ("collectives", collectives_json)):
         if not value:
             raise ConfigError(f"{key} is required")
-    comm_fit = collectives.load(collectives_json)["fit"]
+    comm_doc = collectives.load(collectives_json)
+    comm_fit = comm_doc["fit"]
     train, test = _rows(train_dirs, comm_fit), _rows(test_dirs, comm_fit)
     overlap = set(train["fingerprint"]) & set(test["fingerprint"]) if "fingerprint" in train else set()
     if overlap:
@@ -60,7 +69,8 @@ def held_out(train_dirs, test_dirs, collectives_json, out_dir=None) -> tuple[pd.
                    max_abs_error_pct=float(table["error_pct"].abs().max()),
                    median_abs_error_pct_by=[dict(kind=k, tp=int(tp), ep=int(ep), value=v) for (k, tp, ep), v in by.items()],
                    train_in_sample_median_abs_pct=float(np.median(np.abs(train_err))),
-                   params=physical(coefs, knee), collectives_fit={k: dict(latency_us=v["latency_us"],
+                   params=physical(coefs, knee),
+                   collectives_flush_bytes=int(comm_doc.get("spec", {}).get("flush_bytes", 0)), collectives_fit={k: dict(latency_us=v["latency_us"],
                                                                          algbw_GBps=v["algbw_GBps"])
                                                                   for k, v in comm_fit.items()})
     if out_dir:
