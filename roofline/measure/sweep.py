@@ -264,7 +264,7 @@ def _measure(w: _Workload, p: Point, timer: TimerSettings) -> dict:
     t = time_fn(fn, dataclasses.replace(timer, mode=p.mode), w.spec.device, probe=probe)
     touched = None
     if w.cfg.is_moe and w.moe_impl == "touched":
-        touched = w.model.last_experts_touched() if p.kind == "forward" else w.model.mtp[0].block.ffn.last_touched
+        touched = w.model.last_experts_touched(p.kind)
     c = dataclasses.replace(cost_of(touched), mask_bytes=mask)
     row = t.to_row()
     row.update(c.as_row())

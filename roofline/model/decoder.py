@@ -387,9 +387,16 @@ class Transformer(nn.Module):
         x = m.block(x, cos, sin, start_pos, pos, kv_len, mask)
         return self.head(m.norm(x)), x
 
-    def last_experts_touched(self) -> float | None:
-        """Mean experts per MoE layer that the last main forward ran (None for dense models)."""
-        counts = [layer.ffn.last_touched for layer in self.layers if isinstance(layer.ffn, MoE)]
+    def last_touched_per_layer(self, kind: str = "forward") -> list[int]:
+        """Experts each MoE layer ran in the last call: `kind` forward, the main stack; mtp, the MTP
+        module's block. Any MoE implementation counts (one with `last_touched`, e.g. a rank's
+        shard in roofline.parallel.sharded)."""
+        blocks = [m.block for m in self.mtp] if kind == "mtp" else list(self.layers)
+        return [b.ffn.last_touched for b in blocks if hasattr(b.ffn, "last_touched")]
+
+    def last_experts_touched(self, kind: str = "forward") -> float | None:
+        """Mean experts per MoE layer that the last call of `kind` ran (None for dense models)."""
+        counts = self.last_touched_per_layer(kind)
         return sum(counts) / len(counts) if counts else None
 
     def kv_cache_tensors(self) -> list[torch.Tensor]:

@@ -153,12 +153,11 @@ def experts_touched_busiest_rank(cfg: ModelConfig, tokens: int, ep: int) -> floa
     k = 8): the mean is 1 expert per rank, the busiest rank runs 2.54. Independence across
     experts is an approximation (a token's k experts are distinct); a Monte Carlo of distinct
     draws agrees within 2% (tests/test_parallel_layout.py)."""
-    if not cfg.is_moe:
-        return 0.0
-    n = cfg.experts // ep
-    p = 1.0 - (1.0 - cfg.experts_per_token / cfg.experts) ** tokens
+    mean = experts_touched_per_rank(cfg, tokens, ep)
+    n = cfg.experts // ep if cfg.is_moe else 0
+    p = mean / n if n else 0.0
     if ep == 1 or p <= 0.0 or p >= 1.0:
-        return n * p
+        return mean
     cdf, expected = 0.0, 0.0
     for x in range(n):  # expected = Σ_{x=1}^{n} P(max ≥ x) = Σ (1 − F(x−1)^ep)
         cdf += math.comb(n, x) * p ** x * (1.0 - p) ** (n - x)

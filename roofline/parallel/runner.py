@@ -30,7 +30,7 @@ from roofline.measure.sweep import Point, SweepSpec, _Workload, run_sweep
 from roofline.measure.timer import TimerSettings, time_fn
 from roofline.parallel.cost import Collective, rank_forward_cost, rank_mtp_cost
 from roofline.parallel.launch import run
-from roofline.parallel.sharded import busiest_rank_touched, shard, touched_per_layer
+from roofline.parallel.sharded import busiest_rank_touched, shard
 
 SYNC = Collective("broadcast", 8, 1)  # the step's opening broadcast (int64 flag)
 
@@ -131,7 +131,7 @@ def leader_measure(w: LeaderWorkload, p: Point, timer: TimerSettings) -> dict:
     touched, ranks = None, None
     if w.cfg.is_moe:  # every rank's per-layer counts of the last step: the step waits for each layer's busiest
         _send(("touched", p.kind))
-        per_rank = _gather(touched_per_layer(proxy.inner, p.kind))
+        per_rank = _gather(proxy.inner.last_touched_per_layer(p.kind))
         touched = busiest_rank_touched(per_rank)
         ranks = ";".join(f"{sum(c) / len(c):.3g}" for c in per_rank)
     cost = (rank_forward_cost if p.kind == "forward" else rank_mtp_cost)(
@@ -163,7 +163,7 @@ def follow(rank: int, spec: SweepSpec, device: str) -> None:
             last = (getattr(model, method), args, kw)
             last[0](*args, **kw)
         elif cmd[0] == "touched":
-            _gather(touched_per_layer(model, cmd[1]))
+            _gather(model.last_touched_per_layer(cmd[1]))
         elif cmd[0] == "follow":
             while _flag(device) == 1:
                 last[0](*last[1], **last[2])

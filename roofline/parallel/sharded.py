@@ -240,19 +240,6 @@ def shard(model: Transformer, layout: Layout, rank: int) -> Transformer:
     return model.eval().requires_grad_(False)
 
 
-def touched_per_layer(model: Transformer, kind: str = "forward") -> list[int]:
-    """Experts this rank ran in each MoE layer of its last call (`kind` forward: the main
-    stack; mtp: the MTP module's block)."""
-    blocks = [m.block for m in model.mtp] if kind == "mtp" else list(model.layers)
-    return [b.ffn.last_touched for b in blocks if isinstance(b.ffn, (MoE, ShardedMoE))]
-
-
-def experts_touched(model: Transformer) -> float | None:
-    """Mean experts per MoE layer this rank ran in the last main forward."""
-    counts = touched_per_layer(model)
-    return sum(counts) / len(counts) if counts else None
-
-
 def busiest_rank_touched(per_rank: list[list[int]]) -> float | None:
     """Mean over MoE layers of the largest count any rank ran in that layer: each layer ends in
     a collective, so the step waits for each layer's busiest rank."""
@@ -284,7 +271,7 @@ def parity(rank: int, world: int, device: str, cfg, layout: Layout, B: int, prom
     out = part(tokens[mine, prompt:], start[mine] + prompt)
     gathered = [None] * world
     dist.all_gather_object(gathered, dict(
-        logits=out.cpu(), touched=experts_touched(part),
+        logits=out.cpu(), touched=part.last_experts_touched(),
         param_bytes=sum(p.numel() * p.element_size() for p in part.parameters()),
         kv_bytes=sum(t.numel() * t.element_size() for t in part.kv_cache_tensors())))
     if rank != 0:
