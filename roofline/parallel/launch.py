@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import sys
 import traceback
 from typing import Any, Callable
 
@@ -69,6 +70,7 @@ def _entry(rank: int, world: int, port: int, device: str, timeout_s: float, fn, 
         dist.barrier()  # no rank tears its group down while a peer is still inside a collective
         if rank == 0:
             queue.put(("ok", out))
+        queue.put(("done", rank))  # this rank's work is over; only the group's teardown is left
     except BaseException as e:  # the parent re-raises rank 0's error with its traceback
         if rank == 0:
             queue.put(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
@@ -97,9 +99,30 @@ def run(fn: Callable[..., Any], world: int, device: str = "cpu", args: tuple = (
         raise ConfigError(f"world={world}: only {torch.cuda.device_count()} CUDA devices here")
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    mp.start_processes(_entry, args=(world, _free_port(), device, timeout_s, fn, args, queue), nprocs=world,
-                       join=True, start_method="spawn")
-    status, out = queue.get()
-    if status != "ok":
-        raise RuntimeError(f"rank 0 failed: {out}")
+    try:
+        mp.start_processes(_entry, args=(world, _free_port(), device, timeout_s, fn, args, queue), nprocs=world,
+                           join=True, start_method="spawn")
+    except mp.ProcessExitedException as e:
+        # gloo can abort a process while it destroys its group ("terminate called without an active
+        # exception"). Once every rank has passed the final barrier the work and rank 0's result
+        # are complete, so such a teardown crash is reported and the result kept; a crash before
+        # that is the run's failure.
+        msgs = _drain(queue)
+        if "ok" not in msgs or len(msgs.get("done", ())) < world:
+            raise
+        print(f"warning: rank {e.error_index} died in its process-group teardown ({e}) after every rank had "
+              "finished; the result stands", file=sys.stderr)
+        return msgs["ok"][0]
+    msgs = _drain(queue)
+    if "ok" not in msgs:
+        raise RuntimeError(f"rank 0 failed: {msgs.get('error', ['no result'])[0]}")
+    return msgs["ok"][0]
+
+
+def _drain(queue) -> dict[str, list]:
+    """Every message the ranks left: status -> payloads."""
+    out: dict[str, list] = {}
+    while not queue.empty():
+        status, payload = queue.get()
+        out.setdefault(status, []).append(payload)
     return out
