@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
@@ -10,6 +11,19 @@ from omegaconf import DictConfig
 
 from experiments.entry import JOB_FILE
 from roofline.io.results import aggregate_jobs
+
+
+def interrupted_multirun(saved: dict | None) -> None:
+    """A multirun stopped by Ctrl-C or SIGTERM (Hydra calls no end callback then): the job it
+    stopped records its run folder, and every finished point of every job is aggregated."""
+    from hydra.core.hydra_config import HydraConfig
+    hc = HydraConfig.get()
+    job = Path(hc.runtime.output_dir)
+    job.mkdir(parents=True, exist_ok=True)
+    (job / JOB_FILE).write_text(json.dumps(dict(status="interrupted", **(saved or {}))))
+    summary = aggregate_jobs(Path(hc.sweep.dir), JOB_FILE)
+    print(f"multirun interrupted: {summary['rows']} points saved across {summary['jobs']} job(s), "
+          f"aggregated in {summary['aggregate']}", file=sys.stderr)
 
 
 class AggregateRuns(Callback):

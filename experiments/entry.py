@@ -6,6 +6,7 @@ import errno
 import functools
 import json
 import os
+import signal
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -74,7 +75,7 @@ def job_dir(record: dict) -> None:
 
 
 BAD_INPUT = 2  # exit status of bad input (a field, a path, a file), everywhere
-INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), after what was measured is saved
+INTERRUPTED = 130  # Ctrl-C (128 + SIGINT; SIGTERM: 143), after what was measured is saved
 # file-system errors that mean the path given was wrong (missing, not writable, not a folder)
 _BAD_PATH = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR, errno.ENOTDIR, errno.EEXIST}
 
@@ -97,9 +98,14 @@ def fail_fast():
         yield
     except KeyboardInterrupt as e:
         saved = getattr(e, "summary", None)
-        print("interrupted" + (f": {saved['ok'] + saved['failed']} points saved in {saved['run_dir']}; the same "
-                               "command resumes" if saved else ""), file=sys.stderr)
-        sys.exit(INTERRUPTED)
+        signum = getattr(e, "signum", INTERRUPTED - 128)
+        name = signal.Signals(signum).name
+        print(f"interrupted: {saved['ok'] + saved['failed']} points saved in {saved['run_dir']} ({name}); the "
+              "same command resumes" if saved else f"interrupted ({name})", file=sys.stderr)
+        if _multirun():
+            from experiments.callbacks import interrupted_multirun
+            interrupted_multirun(saved)
+        sys.exit(128 + signum)
     except Exception as e:
         print(f"error: {_one_line(e)}", file=sys.stderr)
         if _multirun():

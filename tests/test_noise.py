@@ -32,11 +32,20 @@ def row(i, cv=0.01):
     return dict(point_id=f"p{i}", status="ok", t_median_s=1.0, t_cv=cv)
 
 
+def applied(written, fixes):
+    """The rows as the readers see them: each written row with its corrections applied in order."""
+    by_id = {r["point_id"]: dict(r) for r in written}
+    for c in fixes:
+        by_id[c["point_id"]].update(c["set"])
+    return list(by_id.values())
+
+
 def run(monitor, n, cv=0.01, again=None):
-    out = []
+    written, fixes = [], []
     for i in range(n):
-        out += monitor.add(row(i, cv), again or (lambda i=i: {**row(i), "fresh": True}))
-    return out + monitor.flush()
+        written.append(row(i, cv))  # the sweep writes the row first; the monitor never holds it
+        fixes += monitor.add(written[-1], again or (lambda i=i: {**row(i), "fresh": True}))
+    return applied(written, fixes + monitor.flush())
 
 
 def test_a_quiet_machine_passes_every_point_once_in_order():
@@ -83,7 +92,27 @@ def test_a_spread_point_is_remeasured_and_kept_when_the_remeasurement_is_tight()
 def test_failed_points_are_never_flagged():
     m = NoiseMonitor(FAST, reference=FakeReference([QUIET, SLOW]), log=lambda _: None)
     out = m.add(dict(point_id="x", status="oom", t_cv=None)) + m.flush()
-    assert out[0]["noisy"] is False
+    assert out[0]["set"]["noisy"] is False
+
+
+def test_the_monitor_returns_verdicts_not_rows_and_a_window_is_judged_every_n_points():
+    """add() never returns (or keeps) a row to be written later: until the window is full it
+    returns nothing, then one correction per point of the window, with the verdict fields."""
+    m = NoiseMonitor(FAST, reference=FakeReference([QUIET]), log=lambda _: None)
+    assert m.add(row(0)) == [] and m.add(row(1)) == []
+    fixes = m.add(row(2))
+    assert [c["point_id"] for c in fixes] == ["p0", "p1", "p2"]
+    assert all(set(c["set"]) == {"noisy", "noise_reason", "ref_drift", "ref_cpu_share"} for c in fixes)
+    assert m.flush() == []
+
+
+def test_a_remeasurement_that_fails_keeps_the_first_measurement_and_marks_it():
+    m = NoiseMonitor(FAST, reference=FakeReference([QUIET, SLOW, QUIET, QUIET]), log=lambda _: None)
+
+    def broken():
+        raise RuntimeError("CUDA error: an illegal memory access")
+    fixes = m.add(row(0), broken) + m.flush()
+    assert fixes[0]["set"]["noisy"] is True and "t_median_s" not in fixes[0]["set"]
 
 
 def _busy_loop():
@@ -127,10 +156,10 @@ def test_a_point_starved_of_cpu_between_quiet_references_is_caught_by_its_own_sh
     their CPU time. It is re-measured; the fresh row, with its full share, is kept unmarked."""
     m = NoiseMonitor(FAST, reference=FakeReference([QUIET]), log=lambda _: None)
     rows = [dict(row(0), t_cpu_share=0.93), dict(row(1), t_cpu_share=0.45), dict(row(2), t_cpu_share=0.91)]
-    out = []
+    fixes = []
     for i, r in enumerate(rows):
-        out += m.add(r, lambda i=i: {**row(i), "t_cpu_share": 0.92, "fresh": True})
-    out += m.flush()
+        fixes += m.add(r, lambda i=i: {**row(i), "t_cpu_share": 0.92, "fresh": True})
+    out = applied(rows, fixes + m.flush())
     assert [("fresh" in r, r["noisy"]) for r in out] == [(False, False), (True, False), (False, False)]
     assert m.summary()["flagged"] == 1
 
@@ -138,7 +167,8 @@ def test_a_point_starved_of_cpu_between_quiet_references_is_caught_by_its_own_sh
 def test_a_point_that_stays_starved_is_marked_with_its_share():
     m = NoiseMonitor(FAST, reference=FakeReference([QUIET]), log=lambda _: None)
     starved = lambda: {**row(0), "t_cpu_share": 0.5}  # noqa: E731
-    out = m.add(starved(), starved) + m.flush()
+    first = starved()
+    out = applied([first], m.add(first, starved) + m.flush())
     assert out[0]["noisy"] and "50% of their CPU time" in out[0]["noise_reason"]
 
 
@@ -151,3 +181,24 @@ def test_the_timer_reports_the_cpu_share_its_threads_got():
     # of the process run meanwhile (an OpenMP pool still spinning from an earlier op), never NaN
     assert r.cpu_share == r.cpu_share and r.cpu_share > 0.0
     assert r.to_row()["t_cpu_share"] == r.cpu_share
+
+
+def test_the_cpu_reference_keeps_its_size_and_reports_its_cpu_share():
+    from roofline.measure.noise import Reference, reference_bytes
+    assert reference_bytes("cpu", 48 * 2**20) == 48 * 2**20
+    ref = Reference("cpu", 2**20, 2)
+    seconds, share = ref()
+    assert seconds > 0 and share > 0
+
+
+@pytest.mark.gpu
+def test_the_cuda_reference_reads_past_the_l2_and_is_timed_on_the_device():
+    """On a GPU the reference buffer is at least 4x the L2 the driver reports (48 MiB fits in an
+    H200's 60 MiB L2) and its time comes from CUDA events; the CPU share does not apply (1.0)."""
+    import torch
+    from roofline.measure.noise import CUDA_L2_MULTIPLE, Reference
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    ref = Reference("cuda", 48 * 2**20, 3)
+    assert ref.nbytes >= CUDA_L2_MULTIPLE * l2 and ref.buf.is_cuda
+    seconds, share = ref()
+    assert share == 1.0 and ref.nbytes / seconds / 1e9 > 100  # an HBM read, not a host round trip

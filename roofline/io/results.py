@@ -124,7 +124,7 @@ def load_run(run_dir: Path, field: str = "results_dir") -> pd.DataFrame:
         raise ConfigError(f"{field}={str(run_dir)!r}: not a run folder (no points.csv or points.jsonl)")
     if (run_dir / "points.csv").exists():
         return pd.read_csv(run_dir / "points.csv")
-    return to_frame(read_rows(run_dir / "points.jsonl"))
+    return to_frame(apply_corrections(run_dir, read_rows(run_dir / "points.jsonl")))
 
 
 def aggregate(run_dirs: Iterable[Path], out_csv: Path) -> pd.DataFrame:
@@ -151,3 +151,27 @@ def aggregate_jobs(sweep_dir: Path, job_file: str) -> dict:
             failed.append(dict(job=j.name, error=job.get("error")))
     df = aggregate(run_dirs, sweep_dir / "aggregate.csv")
     return dict(aggregate=str(sweep_dir / "aggregate.csv"), jobs=len(jobs), jobs_failed=failed, rows=len(df))
+
+
+# --------------------------------------------------------------------------- corrections
+# A row is written the moment its point is measured; what is learnt about it later (the
+# busy-machine verdict, a re-measurement: roofline.measure.noise) is appended here, never
+# held back. Readers of points.jsonl apply them; points.csv is written with them applied.
+CORRECTIONS = "points.corrections.jsonl"
+
+
+def append_correction(run_dir: Path, point_id: str, fields: dict) -> None:
+    """Amend the row of `point_id`: `fields` replace the row's own (appended and fsynced)."""
+    append_row(Path(run_dir) / CORRECTIONS, dict(point_id=point_id, set=fields))
+
+
+def apply_corrections(run_dir: Path, rows: list[dict]) -> list[dict]:
+    """`rows` (of run_dir's points.jsonl, in file order) with run_dir's corrections applied in
+    the order they were appended; a correction of a point not among `rows` is ignored."""
+    fixes: dict[str, dict] = {}
+    for c in read_rows(Path(run_dir) / CORRECTIONS):
+        if isinstance(c, dict) and isinstance(c.get("point_id"), str) and isinstance(c.get("set"), dict):
+            fixes.setdefault(c["point_id"], {}).update(c["set"])
+    if not fixes:
+        return rows
+    return [{**r, **fixes[r["point_id"]]} if isinstance(r, dict) and r.get("point_id") in fixes else r for r in rows]

@@ -11,6 +11,11 @@
   points.retried.jsonl so that the sweep measures those points again.
 - `set_aside(run_dir)`: `force=true` moves a previous run's files into `previous-<time>/`
   (nothing is deleted) so that the folder starts empty.
+- `Signals`: while a sweep runs, SIGINT (Ctrl-C) and SIGTERM (`timeout`, Slurm, Kubernetes)
+  both become `Interrupted` (a KeyboardInterrupt naming the signal), raised between two
+  writes, never inside one: a signal that arrives while a row or a correction is being
+  appended is held until that write is complete, so every point counted as finished is a
+  whole line on disk.
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ import datetime as dt
 import fcntl
 import json
 import os
+import signal
 import socket
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,14 +34,62 @@ from typing import Collection, Iterator
 
 from roofline.io.files import write_atomic
 from roofline.io.fields import ConfigError
+from roofline.io.results import CORRECTIONS
 
 LOCK = "run.lock"
 POINTS = "points.jsonl"
 QUARANTINE = "points.quarantine.jsonl"
 RETRIED = "points.retried.jsonl"
-RUN_FILES = ("run.json", POINTS, "points.csv", "samples.jsonl", QUARANTINE, RETRIED, "ceilings.json",
+RUN_FILES = ("run.json", POINTS, CORRECTIONS, "points.csv", "samples.jsonl", QUARANTINE, RETRIED, "ceilings.json",
              "ceilings_bandwidth.csv", "ceilings_matmul.csv")
 TRANSIENT = ("oom", "too_big", "error")
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM during a sweep; `signum` says which (the exit status is 128 + signum)."""
+
+    def __init__(self, signum: int = signal.SIGINT):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = int(signum)
+
+
+class Signals:
+    """`with Signals() as sig:` SIGINT and SIGTERM raise Interrupted; `with sig.writing():`
+    holds a signal until the block (one append) is done. Outside the main thread (where
+    Python cannot install handlers) it does nothing and Ctrl-C stays a KeyboardInterrupt."""
+
+    HANDLED = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.critical, self.pending, self.saved = False, None, {}
+
+    def _handler(self, signum, frame) -> None:
+        if self.critical:
+            self.pending = signum
+            return
+        raise Interrupted(signum)
+
+    def __enter__(self) -> "Signals":
+        if threading.current_thread() is threading.main_thread():
+            for s in self.HANDLED:
+                self.saved[s] = signal.signal(s, self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, old in self.saved.items():
+            signal.signal(s, old)
+        self.saved = {}
+
+    @contextmanager
+    def writing(self) -> Iterator[None]:
+        self.critical = True
+        try:
+            yield
+        finally:
+            self.critical = False
+            if self.pending is not None:
+                signum, self.pending = self.pending, None
+                raise Interrupted(signum)
 
 
 class RunLocked(ConfigError):

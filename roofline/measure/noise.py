@@ -19,10 +19,20 @@ word. Three signals, none of which costs a quiet run more than about a percent:
   means the scheduler gave our threads' cores to someone else, even if the whole run is busy
   and the reference never looks slower than itself.
 
-Points measured in a busy window are held back (at most `every` of them: rows are appended
-once, after their window is judged), measured again when the reference says the machine is
-quiet, and marked `noisy` with the reason when it never is. The run folder gets noise.json
-and the console a warning; roofline.analysis.costmodel leaves marked points out of the fit.
+Nothing is held back: the sweep writes each row the moment it is measured (a run cut short by
+Ctrl-C, SIGTERM or a time limit keeps every finished point), with `noisy` null (not judged
+yet). The monitor remembers the last `every` points; when their window is judged it returns
+one correction per point (its verdict: `noisy`, the reason, the reference's drift and CPU
+share) that the sweep appends to the run folder's corrections file and the readers apply
+(roofline.io.results.apply_corrections). A point of a busy window is measured again once the
+reference says the machine is quiet; the new measurement is a correction too (the whole
+timed row, `remeasured` = the attempt), and a point that stays busy is marked `noisy` with
+the reason. The run folder gets noise.json and the console a warning;
+roofline.analysis.costmodel leaves marked points out of the fit. A row whose window was never
+judged (the run stopped first) keeps `noisy` null.
+
+On CUDA the reference is a sum over a buffer several times the device's L2 (so it reads HBM,
+not the cache), timed with CUDA events on the current stream (device time, not host jitter).
 """
 
 from __future__ import annotations
@@ -48,8 +58,20 @@ class NoiseSettings:
     retries: int = 2  # re-measurements of a busy window before its points are marked
     give_up: int = 2  # after this many busy windows in a row, mark without retrying until a quiet check
     settle_s: float = 1.0  # wait before a retry (at most as long as the window took), to let a burst pass
-    ref_bytes: int = 48 * 2**20  # the reference buffer (larger than a CPU's L3)
+    ref_bytes: int = 48 * 2**20  # the reference buffer (larger than a CPU's L3; on CUDA at least 4x the L2)
     ref_reps: int = 3
+
+
+CUDA_L2_MULTIPLE = 4  # the CUDA reference reads at least this many times the device's L2
+
+
+def reference_bytes(device: str, requested: int) -> int:
+    """The reference buffer's size: `requested`, raised on CUDA to CUDA_L2_MULTIPLE x the
+    device's L2 (queried from the driver) so that it measures device memory, not the cache."""
+    if not is_cuda(device):
+        return requested
+    l2 = int(getattr(torch.cuda.get_device_properties(torch.device(device)), "L2_cache_size", 0) or 0)
+    return max(requested, CUDA_L2_MULTIPLE * l2)
 
 
 @dataclass
@@ -63,39 +85,54 @@ class Reference:
 
     def __post_init__(self) -> None:
         self.cuda = is_cuda(self.device)  # read once, outside the timed loop
+        self.nbytes = reference_bytes(self.device, self.nbytes)
         self.buf = torch.ones(self.nbytes // 4, dtype=torch.float32, device=self.device)
 
+    def _cuda_once(self) -> float:
+        """Device seconds of one sum, between two CUDA events on the current stream."""
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        self.buf.sum()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+
     def __call__(self) -> tuple[float, float]:
-        """(median seconds, CPU share in [0, ~1])."""
+        """(median seconds, CPU share in [0, ~1]; 1.0 on CUDA, where the host's share says nothing)."""
         times, cpu, wall = [], 0.0, 0.0
         self.buf.sum()  # warm-up
+        if self.cuda:
+            torch.cuda.synchronize()
+            return statistics.median(self._cuda_once() for _ in range(self.reps)), 1.0
         for _ in range(self.reps):
             c0, t0 = time.process_time(), time.perf_counter()
             self.buf.sum()
-            if self.cuda:
-                torch.cuda.synchronize()
             t1, c1 = time.perf_counter(), time.process_time()
             times.append(t1 - t0)
             cpu, wall = cpu + (c1 - c0), wall + (t1 - t0)
-        share = cpu / (wall * torch.get_num_threads()) if wall > 0 and not self.cuda else 1.0
+        share = cpu / (wall * torch.get_num_threads()) if wall > 0 else 1.0
         return statistics.median(times), share
 
 
 @dataclass
-class _Held:
+class _Seen:
+    """A point of the current window: what was written for it, and how to measure it again."""
     row: dict
     remeasure: Callable[[], dict] | None
+    point_id: str = ""
 
 
 class NoiseMonitor:
-    """Wraps the sweep's per-point loop: `add` each measured row, `flush` at the end of a
-    workload (while it can still re-measure), `finish` once. Both return rows ready to write."""
+    """Watches the sweep's per-point loop without holding anything back: the sweep writes each
+    row at once, then calls `add(row, remeasure)`; `flush` at the end of a workload (while it
+    can still re-measure), `finish` once. `add` and `flush` return corrections
+    (dict(point_id, set={fields}, samples=[...] or None)) to append to the run folder."""
 
     def __init__(self, settings: NoiseSettings = NoiseSettings(), device: str = "cpu", log=print,
                  reference: Callable[[], tuple[float, float]] | None = None):
         self.s, self.log = settings, log
         self.reference = reference or Reference(device, settings.ref_bytes, settings.ref_reps)
-        self.held: list[_Held] = []
+        self.window: list[_Seen] = []
         self.quietest = float("inf")
         self.checks: list[dict] = []
         self.counts = dict(points=0, flagged=0, remeasured=0, noisy=0)
@@ -120,9 +157,10 @@ class NoiseMonitor:
         return c
 
     def add(self, row: dict, remeasure: Callable[[], dict] | None = None) -> list[dict]:
+        """A row that is already written; the window's corrections once it is full."""
         self.counts["points"] += 1
-        self.held.append(_Held(row, remeasure))
-        return self.flush() if len(self.held) >= self.s.every else []
+        self.window.append(_Seen(row, remeasure, row.get("point_id")))
+        return self.flush() if len(self.window) >= self.s.every else []
 
     def _spread(self, row: dict) -> str:
         """The point's own signals: its repetitions' spread and the CPU share its threads got."""
@@ -136,13 +174,30 @@ class NoiseMonitor:
             why.append(f"its threads got {100 * share:.0f}% of their CPU time")
         return "; ".join(why)
 
+    def _again(self, h: _Seen, attempt: int) -> dict | None:
+        """A fresh measurement of h's point, or None when it failed (the written row stands)."""
+        try:
+            fresh = h.remeasure()
+        except Exception as e:  # a re-measurement that fails never takes the first one with it
+            self.log(f"noise: re-measuring {h.row.get('point_id')} failed ({type(e).__name__}: {e}); "
+                     "its first measurement stands")
+            h.remeasure = None
+            return None
+        if fresh.get("status", "ok") != "ok":
+            h.remeasure = None
+            return None
+        return {**fresh, "remeasured": attempt + 1}
+
     def flush(self) -> list[dict]:
-        """Judge the held window against a fresh reference; re-measure busy or spread points."""
-        if not self.held:
+        """Judge the window against a fresh reference; re-measure busy or spread points.
+        Returns one correction per point of the window (its verdict, and its new
+        measurement where it was measured again)."""
+        if not self.window:
             return []
         c = self.check()
-        bad = [h for h in self.held if h.row.get("status", "ok") == "ok" and (c["busy"] or self._spread(h.row))]
+        bad = [h for h in self.window if h.row.get("status", "ok") == "ok" and (c["busy"] or self._spread(h.row))]
         reasons = {id(h): c["why"] if c["busy"] else self._spread(h.row) for h in bad}
+        fresh: dict[int, dict] = {}
         self.counts["flagged"] += len(bad)
         if bad:
             self.log(f"noise: {len(bad)} point(s) timed on a busy machine "
@@ -162,20 +217,25 @@ class NoiseMonitor:
                     continue
                 self.busy_streak = 0
             for h in bad:
-                h.row = {**h.remeasure(), "remeasured": attempt + 1}
-                self.counts["remeasured"] += 1
+                again = self._again(h, attempt)
+                if again is not None:
+                    fresh[id(h)] = h.row = again
+                    self.counts["remeasured"] += 1
             c = self.check()
             still = [h for h in bad if c["busy"] or self._spread(h.row)]
             reasons.update({id(h): c["why"] if c["busy"] else self._spread(h.row) for h in still})
             bad = still
-        noisy = {id(h) for h in bad} | {id(h) for h in self.held if id(h) in reasons and h.remeasure is None}
+        noisy = {id(h) for h in bad} | {id(h) for h in self.window if id(h) in reasons and h.remeasure is None}
         out = []
-        for h in self.held:
+        for h in self.window:
             marked = id(h) in noisy
             self.counts["noisy"] += marked
-            out.append({**h.row, "noisy": marked, "noise_reason": reasons.get(id(h)) if marked else None,
-                        "ref_drift": c["drift"], "ref_cpu_share": c["cpu_share"]})
-        self.held = []
+            verdict = dict(noisy=marked, noise_reason=reasons.get(id(h)) if marked else None,
+                           ref_drift=c["drift"], ref_cpu_share=c["cpu_share"])
+            new = dict(fresh.get(id(h), {}))
+            samples = new.pop("_samples", None)
+            out.append(dict(point_id=h.point_id, set={**new, **verdict}, samples=samples))
+        self.window = []
         self.window_start = time.perf_counter()
         return out
 

@@ -21,6 +21,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -261,6 +262,7 @@ def _measure(w: _Workload, p: Point, timer: TimerSettings) -> dict:
     sync = torch.cuda.synchronize if idx is not None else (lambda: None)
     probe = lambda target: {**count_kernels(fn if p.mode == "graph" else target, w.spec.device),  # noqa: E731
                             "energy_J_per_token": energy_per_token(target, idx, p.B * p.q, sync)}
+    skips = _cudagraph_skips()
     t = time_fn(fn, dataclasses.replace(timer, mode=p.mode), w.spec.device, probe=probe)
     touched = None
     if w.cfg.is_moe and w.moe_impl == "touched":
@@ -270,11 +272,36 @@ def _measure(w: _Workload, p: Point, timer: TimerSettings) -> dict:
     row.update(c.as_row())
     seen = t.probe.pop("kernel_attn_backend")
     row.update(t.probe, attn_backend=seen or backend)
+    row.update(cuda_graphs=_used_cuda_graphs(p.mode, w.spec.device, skips))
     row.update(moe_impl=w.moe_impl, kv_impl=kvcache.impl(w.model), achieved_GBps=c.bytes_total / t.median_s / 1e9,
                achieved_TFLOPs=c.flops / t.median_s / 1e12, tokens_per_s=p.B * p.q / t.median_s,
                t_p99_s=float(np.quantile(t.samples_s, 0.99)),
                samples_s=list(t.samples_s))  # to the samples sidecar, not the row
     return row
+
+
+def _cudagraph_skips() -> int:
+    """Inductor's count of compiled graphs it ran without CUDA graphs (it logs 'skipping
+    cudagraphs due to ...' and bumps counters['inductor']['cudagraph_skips'])."""
+    try:
+        from torch._dynamo.utils import counters
+        return int(counters["inductor"]["cudagraph_skips"])
+    except Exception:
+        return 0
+
+
+def _used_cuda_graphs(mode: str, device: str, skips_before: int, skips_after: int | None = None) -> bool | None:
+    """Whether the timed step replayed CUDA graphs: graph mode always; compiled mode on CUDA
+    unless Inductor skipped them while this point compiled (a CPU op, a dynamic shape, a
+    mutated input...: the row is then a compiled step with launch overhead); None off CUDA."""
+    if parse_device(device, need_available=False).type != "cuda":
+        return None
+    if mode == "graph":
+        return True
+    if mode != "compiled":
+        return False
+    after = _cudagraph_skips() if skips_after is None else skips_after
+    return after == skips_before
 
 
 def _bound(row: dict, ridge: float | None) -> dict:
@@ -425,11 +452,12 @@ def _ceilings_for(spec: SweepSpec, run_dir: Path) -> dict | None:
 
 
 class SweepInterrupted(KeyboardInterrupt):
-    """Ctrl-C: the points saved so far are in the run folder (summary attached)."""
+    """Ctrl-C or SIGTERM: the points saved so far are in the run folder (summary attached;
+    `signum` is the signal, the command exits 128 + signum)."""
 
-    def __init__(self, summary: dict):
+    def __init__(self, summary: dict, signum: int = signal.SIGINT):
         super().__init__(summary)
-        self.summary = summary
+        self.summary, self.signum = summary, int(signum)
 
 
 def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
@@ -485,60 +513,72 @@ def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t
                        " it moves bytes the accounting does not charge; not a memory measurement")
         return row, samples
 
+    sig = runfolder.Signals()
+
     def write(r, samples):
-        if samples:
-            results.append_samples(run_dir, r["point_id"], samples)
-        results.append_row(run_dir / "points.jsonl", r)
+        with sig.writing():  # a signal waits for the line: a finished point is never a torn one
+            if samples:
+                results.append_samples(run_dir, r["point_id"], samples)
+            results.append_row(run_dir / "points.jsonl", r)
+
+    def correct(fixes):
+        for c in fixes:
+            with sig.writing():
+                if c["samples"]:
+                    results.append_samples(run_dir, c["point_id"], c["samples"])
+                results.append_correction(run_dir, c["point_id"], c["set"])
 
     try:
-        for (dtype, depth, mode), group in itertools.groupby(todo, key=lambda p: (p.dtype, p.layers_run, p.mode)):
-            group = list(group)
-            builds, too_big = memory_plan(spec, dtype, depth, group)
-            by_id = {p.point_id: p for p in group}
-            rank = {p.point_id: i for i, p in enumerate(group)}
-            batches = [(None, [by_id[k] for k in too_big])] + [
-                ((b, c), sorted((by_id[k] for k in keys), key=lambda p: rank[p.point_id])) for b, c, keys in builds]
-            for cache, pts in batches:  # one model build per cache size that fits; too-big points alone
-                w, setup_error = None, None
-                if cache is not None and pts:
-                    try:
-                        w = workload(spec, dtype, depth, mode, *cache)
-                        w.check()
-                    except Exception as e:  # the whole build fails as data
-                        setup_error, w = e, None
-                for p in pts:
-                    base = dict(point_id=p.point_id, kind=p.kind, model=spec.model.name, dtype=p.dtype, mode=p.mode,
-                                q=p.q, B=p.B, L=p.L, layers_run=p.layers_run, layers_full=spec.model.layers,
-                                extrapolated=False, schema_version=results.SCHEMA_VERSION,
-                                overrides=" ".join(spec.overrides), fingerprint=spec.fingerprint(), **prov,
-                                **spec.parallel.as_row(), **precision_columns(p.dtype))
-                    samples = None
-                    try:
-                        if p.point_id in too_big:
-                            raise memory.TooBig(too_big[p.point_id])
-                        if setup_error is not None:
-                            raise setup_error
-                        row, samples = ok_row(w, p)
-                    except Exception as e:
-                        status = "too_big" if isinstance(e, memory.TooBig) else _failure_status(e)
-                        row = dict(status=status, error=f"{type(e).__name__}: {e}"[:500])
-                    if monitor is None:
-                        write({**base, **row}, samples)
-                    else:  # held until the busy-machine check has judged its window (samples ride along)
-                        again = (lambda w=w, p=p, base=base: _with_samples(base, ok_row(w, p))) \
-                            if row["status"] == "ok" else None
-                        for r in monitor.add({**base, **row, "_samples": samples}, again):
-                            write(r, r.pop("_samples", None))
-                    new += 1
-                    bar.update(1)
-                for r in monitor.flush() if monitor else []:
-                    write(r, r.pop("_samples", None))
-                del w
-            if parse_device(spec.device).type == "cuda":
-                torch.cuda.empty_cache()
-    except KeyboardInterrupt:
+        with sig:
+            for (dtype, depth, mode), group in itertools.groupby(todo, key=lambda p: (p.dtype, p.layers_run, p.mode)):
+                group = list(group)
+                builds, too_big = memory_plan(spec, dtype, depth, group)
+                by_id = {p.point_id: p for p in group}
+                rank = {p.point_id: i for i, p in enumerate(group)}
+                batches = [(None, [by_id[k] for k in too_big])] + [
+                    ((b, c), sorted((by_id[k] for k in keys), key=lambda p: rank[p.point_id])) for b, c, keys in builds]
+                for cache, pts in batches:  # one model build per cache size that fits; too-big points alone
+                    w, setup_error = None, None
+                    if cache is not None and pts:
+                        try:
+                            w = workload(spec, dtype, depth, mode, *cache)
+                            w.check()
+                        except Exception as e:  # the whole build fails as data
+                            setup_error, w = e, None
+                    for p in pts:
+                        base = dict(point_id=p.point_id, kind=p.kind, model=spec.model.name, dtype=p.dtype,
+                                    mode=p.mode, q=p.q, B=p.B, L=p.L, layers_run=p.layers_run,
+                                    layers_full=spec.model.layers, extrapolated=False,
+                                    schema_version=results.SCHEMA_VERSION, overrides=" ".join(spec.overrides),
+                                    fingerprint=spec.fingerprint(), **prov, **spec.parallel.as_row(),
+                                    **precision_columns(p.dtype))
+                        samples = None
+                        try:
+                            if p.point_id in too_big:
+                                raise memory.TooBig(too_big[p.point_id])
+                            if setup_error is not None:
+                                raise setup_error
+                            row, samples = ok_row(w, p)
+                        except Exception as e:
+                            status = "too_big" if isinstance(e, memory.TooBig) else _failure_status(e)
+                            row = dict(status=status, error=f"{type(e).__name__}: {e}"[:500])
+                        if monitor is not None:  # not judged yet: the monitor's verdict comes as a correction
+                            row.update(noisy=None, noise_reason=None)
+                        write({**base, **row}, samples)  # on disk now, whatever the monitor says later
+                        new += 1
+                        bar.update(1)
+                        if monitor is not None:
+                            again = (lambda w=w, p=p, base=base: _with_samples(base, ok_row(w, p))) \
+                                if row["status"] == "ok" else None
+                            correct(monitor.add({**base, **row}, again))
+                    correct(monitor.flush() if monitor else [])
+                    del w
+                if parse_device(spec.device).type == "cuda":
+                    torch.cuda.empty_cache()
+    except KeyboardInterrupt as e:
         bar.close()
-        raise SweepInterrupted(_summarize(spec, run_dir, measured, points, todo, new, resumed, t0)) from None
+        summary = _summarize(spec, run_dir, measured, points, todo, new, resumed, t0)
+        raise SweepInterrupted(summary, getattr(e, "signum", signal.SIGINT)) from None
     bar.close()
     quiet = monitor.finish(run_dir) if monitor else {}
     return _summarize(spec, run_dir, measured, points, todo, new, resumed, t0, quiet)
@@ -550,7 +590,7 @@ def _with_samples(base: dict, measured: tuple[dict, list | None]) -> dict:
 
 
 def _summarize(spec, run_dir, measured, points, todo, new, resumed, t0, quiet=None) -> dict:
-    rows = results.read_rows(run_dir / "points.jsonl")
+    rows = results.apply_corrections(run_dir, results.read_rows(run_dir / "points.jsonl"))
     df = finalize(spec, run_dir, rows, measured)
     ok = sum(r["status"] == "ok" for r in rows)
     slow = [r["point_id"] for r in rows if r["status"] == "ok" and r.get("converged") is False]

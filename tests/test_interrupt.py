@@ -1,0 +1,104 @@
+"""Nothing lost: a sweep (and a multirun) stopped by SIGINT or SIGTERM at a random moment keeps
+every point it reported finished, says how many it saved, and the same command measures only
+the rest. The busy-machine monitor is on (it used to hold up to `every` rows in memory)."""
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from roofline.io import results
+
+REPO = Path(__file__).resolve().parents[1]
+GRID = ["model=tiny", "'q=[1,2,4]'", "'B=[1,2]'", "'L=[16,64]'", "timer.warmup=1", "timer.min_reps=3",
+        "timer.max_reps=5", "timer.budget_s=0.05", "noise.every=3"]
+TOTAL = 16  # 12 forward points + 4 of tiny's MTP module (mtp_q=[1])
+
+
+def _start(args: list[str], cwd: Path) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("TRITON_INTERPRET", None)
+    cmd = [sys.executable, "-m", "experiments.sweep"] + [a.strip("'") for a in args]
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _rows(path: Path) -> list[dict]:
+    return results.read_rows(path / "points.jsonl") if (path / "points.jsonl").exists() else []
+
+
+def _wait_for(cond, limit_s=240.0):
+    t0 = time.time()
+    while not cond():
+        if time.time() - t0 > limit_s:
+            raise AssertionError("the sweep never got that far")
+        time.sleep(0.05)
+
+
+def _reported_by_the_bar(stderr: str) -> int:
+    """The last count the progress bar printed (bar.close() prints the final one)."""
+    counts = [int(n) for n, total in re.findall(r"(\d+)/(\d+) \[", stderr) if int(total) == TOTAL]
+    return counts[-1] if counts else 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_sweep_killed_at_a_random_moment_keeps_every_finished_point(tmp_path, sig):
+    out = tmp_path / "run"
+    args = GRID + [f"out_dir={out}", "progress=true"]
+    p = _start(args, tmp_path)
+    _wait_for(lambda: len(_rows(out)) >= 1 or p.poll() is not None)
+    time.sleep(random.Random(int(sig)).uniform(0.0, 2.5))  # a random moment, the same on every run
+    p.send_signal(sig)
+    stdout, stderr = p.communicate(timeout=120)
+    rows = _rows(out)
+    if p.returncode == 0:
+        pytest.skip("the sweep finished before the signal (a fast machine): nothing to count")
+    assert p.returncode == 128 + int(sig), stderr[-2000:]
+    said = re.search(r"interrupted: (\d+) points saved in \S+ \((SIGINT|SIGTERM)\)", stderr)
+    assert said and said.group(2) == signal.Signals(sig).name, stderr[-2000:]
+    assert int(said.group(1)) == len(rows)  # what it says it saved is what is on disk
+    reported = _reported_by_the_bar(stderr)
+    assert reported >= 1 and len(rows) >= reported  # every point counted as finished is on disk
+    assert len(rows) <= reported + 1  # the monitor holds nothing back (at most the row being counted)
+    assert len({r["point_id"] for r in rows}) == len(rows)
+    assert (out / "points.csv").exists()  # the table of what was saved, written on the way out
+    # the same command measures only what is missing, and the folder ends whole
+    done = subprocess.run([sys.executable, "-m", "experiments.sweep"] + [a.strip("'") for a in args[:-1]]
+                          + ["progress=false"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["measured_now"] == TOTAL - len(rows) and summary["resumed"] == len(rows)
+    assert len({r["point_id"] for r in _rows(out)}) == TOTAL
+
+
+@pytest.mark.slow
+def test_a_multirun_interrupted_keeps_the_finished_jobs_and_the_points_of_the_one_it_stopped(tmp_path):
+    sweep_dir = tmp_path / "multi"
+    grid = [a for a in GRID if not a.startswith("'q=")]
+    args = ["-m", "q=1,2,4", *grid, "progress=false", f"hydra.sweep.dir={sweep_dir}",
+            "out_dir=" + str(tmp_path / "runs") + "/q${q}"]
+    p = _start(args, tmp_path)
+    _wait_for(lambda: (sweep_dir / "0" / "job.json").exists() or p.poll() is not None)
+    _wait_for(lambda: len(_rows(tmp_path / "runs" / "q2")) >= 1 or p.poll() is not None)
+    time.sleep(random.Random(7).uniform(0.0, 1.5))
+    p.send_signal(signal.SIGINT)
+    stdout, stderr = p.communicate(timeout=120)
+    if p.returncode == 0:
+        pytest.skip("the multirun finished before the signal: nothing to count")
+    assert p.returncode == 130, stderr[-2000:]
+    finished = [json.loads(line) for line in stdout.splitlines() if line.startswith('{"run_dir"')]
+    said = re.search(r"interrupted: (\d+) points saved in \S+ \(SIGINT\)", stderr)
+    reported = sum(s["ok"] + s["failed"] for s in finished) + int(said.group(1))
+    on_disk = sum(len(_rows(d)) for d in (tmp_path / "runs").iterdir())
+    assert finished and on_disk == reported  # every job's finished points, the interrupted one's too
+    total = re.search(r"multirun interrupted: (\d+) points saved across (\d+) job", stderr)
+    assert total and int(total.group(1)) == on_disk, stderr[-2000:]
+    agg = (sweep_dir / "aggregate.csv").read_text().splitlines()
+    assert len(agg) - 1 == on_disk
