@@ -71,3 +71,13 @@ def test_in_step_measurement_streams_a_buffer_before_each_timed_operation(tmp_pa
 def test_a_negative_flush_is_refused_naming_the_field():
     with pytest.raises(ConfigError, match="flush_bytes"):
         CollectiveSpec(flush_bytes=-1)
+
+
+@pytest.mark.gpu
+def test_nccl_measurement_on_one_gpu_reduces_its_times_on_the_rank_device(tmp_path):
+    """One rank under NCCL: every tensor a collective sees must be on the rank's CUDA device (the
+    per-loop time that is max-reduced across ranks was a CPU tensor, which NCCL refuses)."""
+    from roofline.parallel.collectives import run_collectives
+    doc = run_collectives(CollectiveSpec(kinds=("all_reduce",), max_bytes=4096, reps=2, device="cuda", world=1),
+                          tmp_path)
+    assert doc["rows"] and all(r["time_us"] > 0 for r in doc["rows"])

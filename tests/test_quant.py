@@ -237,3 +237,45 @@ def test_rank_memory_in_a_quantized_precision(name):
         embed = cfg.vocab * cfg.d * 2
         half = (resident_weight_bytes(cfg, label, with_mtp=False) - embed) / 2  # norms stay whole: ~2e-5 more
         assert half < w2 - embed < half * (1 + 1e-4)
+
+
+def _torch_block_rule(t: torch.Tensor, scale: torch.Tensor, kind: str) -> bool:
+    """torch's own layout rule for block-scaled _scaled_mm, as aten/src/ATen/native/cuda/ScaledBlas.cpp
+    states it (is_blockwise_1x128_scaling, is_blockwise_128x128_scaling; check_size_stride skips the
+    stride of a dimension of size <= 1)."""
+    def size_stride(dim, size, stride):
+        return scale.size(dim) == size and (size <= 1 or scale.stride(dim) == stride)
+    cdiv = lambda a, b: -(-a // b)  # noqa: E731
+    if scale.dtype != torch.float32 or scale.dim() != 2:
+        return False
+    if kind == "1x128":
+        return size_stride(0, t.size(0), 1) and size_stride(1, cdiv(t.size(1), 128), t.size(0))
+    return (size_stride(0, cdiv(t.size(0), 128), cdiv(cdiv(t.size(1), 128), 4) * 4)
+            and size_stride(1, cdiv(t.size(1), 128), 1))
+
+
+@pytest.mark.parametrize("M", [1, 5, 130])
+@pytest.mark.parametrize("N, K", [(384, 640), (256, 1024), (200, 128)])
+def test_fp8_block_scales_reach_scaled_mm_in_the_layout_torch_requires(monkeypatch, M, N, K):
+    """The b128 path hands _scaled_mm scales that pass torch's own check (the activation scales
+    outer-dim-major, the weight's with 16-byte aligned rows) at M > 1 too, and the product they
+    describe is the dequantised one. _scaled_mm is replaced by a checker: the CUDA kernel is not here."""
+    fmt = parse_format("fp8_e4m3_b128")
+    w = weight(N, K, seed=2)
+    lin = quant.Fp8Linear(quant.quantize(w, fmt), reference=False)
+    seen = []
+
+    def scaled_mm(a, b, scale_a, scale_b, out_dtype):
+        ok_a = _torch_block_rule(a, scale_a, "1x128")
+        ok_b = _torch_block_rule(b.t(), scale_b.t(), "128x128")  # checked on the transposes (get_joint_scaling)
+        seen.append((ok_a, ok_b))
+        sa = scale_a.repeat_interleave(128, 1)[:, :K]
+        sb = scale_b.t().repeat_interleave(128, 0)[:N].repeat_interleave(128, 1)[:, :K]
+        return ((a.float() * sa) @ (b.t().float() * sb).t()).to(out_dtype)
+
+    monkeypatch.setattr(torch, "_scaled_mm", scaled_mm)
+    x = torch.randn(M, K, generator=torch.Generator().manual_seed(M)).to(torch.bfloat16)
+    y = lin._matmul(x)
+    assert seen == [(True, True)]
+    ref = x.float() @ quant.quantize(w, fmt).dequantize().t()
+    assert torch.nn.functional.cosine_similarity(y.float().flatten(), ref.flatten(), dim=0) > 0.999

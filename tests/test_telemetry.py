@@ -189,14 +189,36 @@ def test_energy_per_token_is_na_on_the_cpu_and_fn_is_not_called():
 
 
 def test_energy_per_token_from_a_fake_counter():
-    """Counter 1000 mJ before the calls, 7000 mJ after: 6 J over the calls' B·q tokens."""
+    """Counter 1000 mJ before the calls, 7000 mJ after: 6 J over the calls' B·q tokens. The
+    device is synchronised before the first reading and after every call (a graph replay
+    returns before it has run: the clock must see finished steps)."""
     readings = iter([1000.0, 1000.0, 7000.0])
-    ticks = iter([0.0, 0.1, 0.2, 0.3])  # clock: the start, then after each call from the third on
     calls, syncs = [], []
-    e = telemetry.energy_per_token(lambda: calls.append(1), 0, 5, sync=lambda: syncs.append(1),
-                                   counter=lambda i: (next(readings), None), clock=lambda: next(ticks), min_s=0.25)
-    assert len(calls) == 5 and len(syncs) == 2  # 3 calls are not yet 0.25 s: it runs on to the 5th
+    e = telemetry.energy_per_token(lambda: calls.append(1), 0, 5, sync=lambda: syncs.append(len(calls)),
+                                   counter=lambda i: (next(readings), None), clock=lambda: 0.1 * len(calls),
+                                   min_s=0.45)
+    assert len(calls) == 5  # 3 calls are not yet 0.45 s: it runs on to the 5th
+    assert syncs == [0, 1, 2, 3, 4, 5]
     assert e == pytest.approx(6.0 / (5 * 5))
+
+
+def test_energy_pass_stops_at_its_time_bound_however_slow_the_step():
+    readings = iter([0.0, 0.0, 9000.0])
+    calls = []
+    e = telemetry.energy_per_token(lambda: calls.append(1), 0, 2, counter=lambda i: (next(readings), None),
+                                   clock=lambda: 10.0 * len(calls), max_s=5.0)
+    assert len(calls) == 1 and e == pytest.approx(9.0 / 2)  # one 10 s step, not ENERGY_MIN_CALLS of them
+
+
+def test_nvml_handle_is_found_by_uuid_not_by_the_cuda_index(nvml):
+    """Under CUDA_VISIBLE_DEVICES=3 the process's cuda:0 is NVML's GPU 3: the handle comes from
+    the UUID torch reports, and provenance reads that GPU's clocks."""
+    m = nvml()
+    by_uuid = {}
+    m.nvmlDeviceGetHandleByUUID = lambda u: by_uuid.setdefault(u if isinstance(u, str) else u.decode(), "h3")
+    m.nvmlDeviceGetIndex = lambda h: 3 if h == "h3" else 0
+    lib, h = telemetry.nvml_handle("cuda:0", uuid_of=lambda i: "GPU-abc" if i == 0 else "GPU-other")
+    assert h == "h3" and list(by_uuid) == ["GPU-abc"] and lib.nvmlDeviceGetIndex(h) == 3
 
 
 def test_energy_counter_that_does_not_advance_is_na_not_zero():
@@ -210,3 +232,23 @@ def test_energy_counter_through_a_fake_nvml(nvml):
     m.nvmlDeviceGetTotalEnergyConsumption = lambda h: 123_456
     assert telemetry.energy_counter_mj(0) == (123456.0, None)
     assert telemetry.energy_counter_mj(None) == (None, "no NVML on cpu")
+
+
+def test_provenance_reads_the_clocks_of_the_gpu_found_by_uuid_through_the_one_nvml_session(nvml, monkeypatch):
+    """provenance asks telemetry for the handle (UUID-mapped, NVML initialised once per process),
+    so its clocks and power limit are of the GPU the sweep runs on, and nvmlInit runs once."""
+    from roofline.io import provenance
+    m = nvml()
+    m.nvmlSystemGetDriverVersion = lambda: b"580.159.04"
+    m.nvmlDeviceGetHandleByUUID = lambda u: "h3"
+    m.nvmlDeviceGetIndex = lambda h: 3 if h == "h3" else 0
+    m.nvmlDeviceGetClockInfo = lambda h, kind: {1: 1980, 2: 3201}[kind] if h == "h3" else 0
+    m.nvmlDeviceGetPowerManagementLimit = lambda h: 700_000 if h == "h3" else 1
+    monkeypatch.setattr(telemetry, "_session", None)
+    real = telemetry.nvml_handle
+    monkeypatch.setattr(telemetry, "nvml_handle", lambda dev: real(dev, uuid_of=lambda i: "GPU-abc"))
+    info = provenance._nvml_clocks("cuda:0")
+    info2 = provenance._nvml_clocks("cuda:0")
+    assert info == info2 == dict(nvml_index=3, driver_version="580.159.04", sm_clock_mhz=1980,
+                                 mem_clock_mhz=3201, power_limit_w=700.0)
+    assert m.state["init"] == 1

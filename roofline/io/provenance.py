@@ -47,16 +47,22 @@ def _triton_version() -> str | None:
         return None
 
 
-def _nvml_clocks(index: int) -> dict:
+def _nvml_clocks(device: str) -> dict:
+    """Driver, clocks and power limit of the torch device `device`, read from NVML through the
+    process's one initialisation (roofline.measure.telemetry) at the device's NVML index (mapped
+    by UUID: under CUDA_VISIBLE_DEVICES the CUDA index is not NVML's). {} without NVML."""
+    from roofline.measure.telemetry import nvml_handle
+    nvml, h = nvml_handle(device)
+    if h is None:
+        return {}
     try:
-        import pynvml
-        pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(index)
+        driver = nvml.nvmlSystemGetDriverVersion()
         return dict(
-            driver_version=pynvml.nvmlSystemGetDriverVersion(),
-            sm_clock_mhz=pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
-            mem_clock_mhz=pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
-            power_limit_w=pynvml.nvmlDeviceGetPowerManagementLimit(h) / 1000,
+            nvml_index=int(nvml.nvmlDeviceGetIndex(h)),
+            driver_version=driver.decode() if isinstance(driver, bytes) else driver,
+            sm_clock_mhz=nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM),
+            mem_clock_mhz=nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_MEM),
+            power_limit_w=nvml.nvmlDeviceGetPowerManagementLimit(h) / 1000,
         )
     except Exception:
         return {}
@@ -73,5 +79,5 @@ def collect(device: str) -> dict:
         time_utc=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     )
     if dev.type == "cuda":
-        info.update(_nvml_clocks(dev.index or 0))
+        info.update(_nvml_clocks(str(dev)))
     return info

@@ -145,6 +145,7 @@ def snapshot(device_index: int | None = 0) -> dict:
 
 
 ENERGY_MIN_S = 0.5  # an energy pass runs the step at least this long (NVML's counter ticks in ms)
+ENERGY_MAX_S = 5.0  # and never longer than this, however slow one step is
 ENERGY_MIN_CALLS = 3
 
 
@@ -163,22 +164,25 @@ def energy_counter_mj(device_index: int | None) -> tuple[float | None, str | Non
 
 
 def energy_per_token(fn, device_index: int | None, tokens_per_call: int, sync=lambda: None,
-                     counter=energy_counter_mj, clock=time.perf_counter, min_s: float = ENERGY_MIN_S) -> float | str:
+                     counter=energy_counter_mj, clock=time.perf_counter, min_s: float = ENERGY_MIN_S,
+                     max_s: float = ENERGY_MAX_S) -> float | str:
     """Joules per token of a warmed-up step `fn` that processes `tokens_per_call` tokens: NVML's
-    energy counter read around at least ENERGY_MIN_CALLS calls and `min_s` seconds of calls
-    (device synchronised before each read). Where no counter can be read (the CPU, no pynvml,
-    a device without the counter) the answer is the string 'n/a (why)', never a number, and
-    `fn` is not called."""
+    energy counter read around at least ENERGY_MIN_CALLS calls and `min_s` seconds of calls.
+    The device is synchronised after every call, so the clock measures finished steps (a CUDA
+    graph replay returns before it runs: without the sync the loop would queue thousands of
+    replays and wait for them at the end), and the pass stops after `max_s` seconds whatever
+    the count. Where no counter can be read (the CPU, no pynvml, a device without the counter)
+    the answer is the string 'n/a (why)', never a number, and `fn` is not called."""
     e0, why = counter(device_index)
     if e0 is None:
         return f"n/a ({why})"
     sync()
     e0, _ = counter(device_index)
     t0, calls = clock(), 0
-    while calls < ENERGY_MIN_CALLS or clock() - t0 < min_s:
+    while (calls < ENERGY_MIN_CALLS or clock() - t0 < min_s) and clock() - t0 < max_s:
         fn()
+        sync()
         calls += 1
-    sync()
     e1, why = counter(device_index)
     if e1 is None or e0 is None or e1 <= e0:
         return f"n/a (the energy counter did not advance over {calls} calls: {why or 'too coarse'})"
@@ -190,18 +194,39 @@ def nvml_index(device: str | torch.device) -> int | None:
 
     NVML numbers all GPUs of the machine, CUDA only the visible ones, so the two differ
     under CUDA_VISIBLE_DEVICES; the device's UUID, known to both, maps one to the other.
+    Without NVML (or a UUID NVML does not know) the CUDA index is the best there is.
     """
     dev = torch.device(device)
     if dev.type != "cuda":
         return None
-    index = dev.index if dev.index is not None else 0
+    nvml, handle = nvml_handle(dev)
+    if handle is not None:
+        index = _query(nvml.nvmlDeviceGetIndex, handle)
+        if index is not None:
+            return int(index)
+    return dev.index if dev.index is not None else 0
+
+
+def nvml_handle(device: str | torch.device, uuid_of=None) -> tuple[object | None, object | None]:
+    """(pynvml, the NVML handle of the torch CUDA device `device`, found by its UUID), through
+    the process's one nvmlInit; (pynvml or None, None) where it cannot be found. `uuid_of`
+    (index -> the UUID string torch reports) is for tests."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return None, None
     nvml, _ = _nvml()
+    if nvml is None:
+        return None, None
+    index = dev.index if dev.index is not None else 0
     try:
-        uuid = str(torch.cuda.get_device_properties(index).uuid)
-        handle = nvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}".encode())
-        return int(nvml.nvmlDeviceGetIndex(handle))
+        uuid = str((uuid_of or (lambda i: torch.cuda.get_device_properties(i).uuid))(index))
     except Exception:
-        return index
+        return nvml, None
+    uuid = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+    handle = _query(nvml.nvmlDeviceGetHandleByUUID, uuid.encode())
+    if handle is None:
+        handle = _query(nvml.nvmlDeviceGetHandleByUUID, uuid)
+    return nvml, handle
 
 
 class Telemetry:

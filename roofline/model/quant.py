@@ -263,6 +263,25 @@ def _fp8_activation(x2: torch.Tensor, fmt: Format, dtype: torch.dtype):
     return (xf / s.repeat_interleave(c, 1)).to(dtype), s
 
 
+def block_scales_for_scaled_mm(xs: torch.Tensor, ws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale_a, scale_b) in the layouts torch._scaled_mm requires for 1x128 activation blocks
+    times 128x128 weight blocks (torch's aten/src/ATen/native/cuda/ScaledBlas.cpp,
+    is_blockwise_1x128_scaling and is_blockwise_128x128_scaling, the latter checked on
+    scale_b.t() against mat2.t(), the weight [N, K]):
+
+    - scale_a [M, ceil(K/128)] outer-dim-major: strides (1, M);
+    - scale_b.t() [ceil(N/128), ceil(K/128)] near-inner-dim-major with 16-byte aligned rows:
+      strides (round_up(ceil(K/128), 4), 1).
+
+    A stride along a dimension of size 1 is not checked (torch's check_size_stride)."""
+    xs = xs.t().contiguous().t()
+    nb, kb = ws.shape
+    l4 = -(-kb // 4) * 4
+    if nb > 1 and ws.stride(0) != l4:
+        ws = torch.nn.functional.pad(ws, (0, l4 - kb))[:, :kb]
+    return xs, ws.t()
+
+
 class Fp8Linear(QuantLinear):
     """fp8 weight [N, K] and fp32 scales (DeepSeek-V3's weight_scale_inv: w = q · s)."""
 
@@ -281,8 +300,8 @@ class Fp8Linear(QuantLinear):
         ws = self.weight_scale_inv
         if self.fmt.granularity == "channel":
             ws = ws.view(1, -1)
-        elif self.fmt.granularity == "block":
-            ws = ws.t()  # scales of W^T [K, N] by (K/128, N/128) blocks
+        elif self.fmt.granularity == "block":  # scales of W^T [K, N] by (K/128, N/128) blocks
+            xs, ws = block_scales_for_scaled_mm(xs, ws)
         return torch._scaled_mm(xq, self.weight.t(), scale_a=xs, scale_b=ws, out_dtype=x2.dtype)
 
 

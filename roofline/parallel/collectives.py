@@ -150,7 +150,8 @@ def measure(rank: int, world: int, device: str, spec: CollectiveSpec) -> list[di
                         fn()
                         sync()
                         elapsed += time.perf_counter_ns() - t0
-                t = torch.tensor([elapsed / it / 1e9], dtype=torch.float64)
+                # on the rank's device: NCCL reduces CUDA tensors only (gloo takes either)
+                t = torch.tensor([elapsed / it / 1e9], dtype=torch.float64, device=device)
                 dist.all_reduce(t, op=dist.ReduceOp.MAX)
                 times.append(float(t))
             med = float(np.median(times))
