@@ -238,3 +238,12 @@ def test_a_quick_ceilings_run_at_start_fills_the_ceiling_columns(tmp_path, monke
     df = pd.read_csv(tmp_path / "points.csv")
     assert written == [tmp_path]
     pd.testing.assert_series_equal(df["pct_measured_bw"], df["achieved_GBps"] * 10, check_names=False)
+
+
+def test_a_compiled_row_says_whether_inductor_really_used_cuda_graphs():
+    from roofline.measure.sweep import _used_cuda_graphs
+    assert _used_cuda_graphs("compiled", "cpu", 0, 0) is None  # no CUDA graphs off CUDA: not claimed
+    assert _used_cuda_graphs("graph", "cuda", 0, 0) is True
+    assert _used_cuda_graphs("eager", "cuda", 0, 0) is False
+    assert _used_cuda_graphs("compiled", "cuda", 3, 3) is True
+    assert _used_cuda_graphs("compiled", "cuda", 3, 4) is False  # Inductor skipped cudagraphs meanwhile

@@ -98,6 +98,15 @@ def mask_bytes(mask, attention_layers: int) -> int:
     return mask.numel() * mask.element_size() * (1 + attention_layers)
 
 
+FLASH_MAX_HEAD_DIM = 256  # the widest head torch's flash attention takes
+
+
+def expand_shared_kv(k: torch.Tensor, v: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One shared KV head [B, 1, L, d] as `heads` heads, without a copy (stride 0 on the head dim)."""
+    B, _, L, _ = k.shape
+    return k.expand(B, heads, L, k.shape[-1]), v.expand(B, heads, L, v.shape[-1])
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale: float | None = None):
     """Attention of q [B, h, q, d_k] over k [B, h_kv, L, d_k], v [B, h_kv, L, d_v] (head i reads
     KV head i // (h / h_kv)) under `mask`: None (every key visible), a causal_lower_right bias,
@@ -110,6 +119,14 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale: float
     """
     B, h, nq, dk = q.shape
     hkv = k.shape[1]
+    if q.device.type == "cuda" and hkv == 1 < h and max(dk, v.shape[-1]) > FLASH_MAX_HEAD_DIM:
+        # MLA's absorbed attention (DeepSeek-V3: q/k 576, v 512 wide, one shared latent head) is
+        # too wide for flash, and enable_gqa keeps torch's other fused kernels out, so it would
+        # take the math path. The shared head expanded to every query head (a view, stride 0:
+        # no copy) leaves memory-efficient attention open to the dispatcher; where it still
+        # picks math, the sweep's row says math_fallback and is no memory measurement.
+        k, v = expand_shared_kv(k, v, h)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     if q.device.type != "cpu" or nq != 1:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=hkv != h)
     g = h // hkv
