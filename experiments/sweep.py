@@ -21,18 +21,24 @@ from roofline.measure.timer import TimerSettings
 from roofline.parallel.layout import Layout
 
 
+def build_spec(c: dict) -> SweepSpec:
+    """The sweep a composed config asks for, validated (also what the device check's dry run
+    calls on the GPU branch's overrides: nothing here needs the device itself)."""
+    model = checkpoint_config(c["checkpoint"]) if c["checkpoint"] else ModelConfig.from_dict(c["model"])
+    return SweepSpec(model=model, q=axis(c["q"], "q"), B=axis(c["B"], "B"),
+                     L=axis(c["L"], "L"), modes=axis(c["modes"], "modes"),
+                     dtypes=with_overrides(axis(c["dtypes"], "dtypes"), c["weights"], c["kv"], c["lm_head"], model.native_weights),
+                     timer=from_dict(TimerSettings, c["timer"], "timer"), device=c["device"], layers=c["layers"],
+                     mtp_q=axis(c["mtp_q"], "mtp_q"), seed=c["seed"], ceilings=c["ceilings"] or "",
+                     overrides=tuple(c["overrides"]), checkpoint=c["checkpoint"] or "",
+                     parallel=Layout(tp=c["tp"], ep=c["ep"], dp_attention=c["dp_attention"]))
+
+
 @command("sweep")
 def main(cfg) -> None:
     with fail_fast():
         c = plain(cfg, device_as="torch")
-        model = checkpoint_config(c["checkpoint"]) if c["checkpoint"] else ModelConfig.from_dict(c["model"])
-        spec = SweepSpec(model=model, q=axis(c["q"], "q"), B=axis(c["B"], "B"),
-                         L=axis(c["L"], "L"), modes=axis(c["modes"], "modes"),
-                         dtypes=with_overrides(axis(c["dtypes"], "dtypes"), c["weights"], c["kv"], c["lm_head"], model.native_weights),
-                         timer=from_dict(TimerSettings, c["timer"], "timer"), device=c["device"], layers=c["layers"],
-                         mtp_q=axis(c["mtp_q"], "mtp_q"), seed=c["seed"], ceilings=c["ceilings"] or "",
-                         overrides=tuple(c["overrides"]), checkpoint=c["checkpoint"] or "",
-                         parallel=Layout(tp=c["tp"], ep=c["ep"], dp_attention=c["dp_attention"]))
+        spec = build_spec(c)
         run_dir = Path(c["out_dir"]) if c["out_dir"] else spec.default_out_dir(RUNS_ROOT)
         if c["dry_run"]:
             print(dry_run(spec, run_dir))

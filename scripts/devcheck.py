@@ -3,6 +3,8 @@
 
     python3 scripts/devcheck.py env --device cuda --model llama-3.1-8b --shapes 1,1,512 8,4,4096 --out env.json
     python3 scripts/devcheck.py summary --work WORK --out OUT   # sweep.csv + summary.md (goals) into OUT
+    python3 scripts/devcheck.py compose sweep model=llama-3.1-8b device=cuda 'modes=[graph]' ... :: ceilings ...
+        # compose the GPU branch's overrides with Hydra and validate them (no GPU needed)
 """
 
 from __future__ import annotations
@@ -31,7 +33,23 @@ def main(argv=None) -> int:
     s = sub.add_parser("summary")
     s.add_argument("--work", required=True)
     s.add_argument("--out", required=True)
+    c = sub.add_parser("compose", help="CONFIG OVERRIDES... [:: CONFIG OVERRIDES...]: several in one process")
+    c.add_argument("words", nargs="+")
     a = ap.parse_args(argv)
+    if a.cmd == "compose":
+        groups, cur = [], []
+        for w in a.words + ["::"]:
+            if w == "::":
+                if cur:
+                    groups.append(cur)
+                cur = []
+            else:
+                cur.append(w)
+        bad = [g[0] for g in groups if g[0] not in COMPOSABLE]
+        if bad:
+            print(f"error: compose: configs {bad}: allowed {COMPOSABLE}", file=sys.stderr)
+            return 2
+        return max(compose(g[0], g[1:]) for g in groups)
     if a.cmd == "env":
         shapes = [tuple(int(x) for x in sh.split(",")) for sh in a.shapes]
         env = devcheck.environment(a.device, get_preset(a.model), torch_dtype(a.dtype), shapes)
@@ -45,11 +63,53 @@ def main(argv=None) -> int:
     if not rows.empty:
         rows.to_csv(out / "sweep.csv", index=False)
     env = devcheck.load_json(out / "env.json")
-    goal_rows = devcheck.goals(devcheck.load_json(work / "ceilings" / "ceilings.json"), rows,
-                               devcheck.load_json(work / "sweep" / "fit.json"), (env or {}).get("datasheet_mem_bw_GBps"))
-    text = devcheck.summary_markdown(devcheck.read_steps(out / "steps.tsv"), env, goal_rows, rows)
+    ceilings = devcheck.load_json(work / "ceilings-full" / "ceilings.json") or \
+        devcheck.load_json(work / "ceilings-copy" / "ceilings.json")
+    goal_rows = devcheck.goals(ceilings, rows, devcheck.load_json(work / "sweep" / "fit.json"),
+                               (env or {}).get("datasheet_mem_bw_GBps"))
+    text = devcheck.summary_markdown(devcheck.read_steps(out / "steps.tsv"), env, goal_rows, rows, work / "logs")
     (out / "summary.md").write_text(text)
     print(text)
+    return 0
+
+
+COMPOSABLE = ("sweep", "ceilings", "fit", "predict")
+
+
+def compose(config: str, overrides: list[str]) -> int:
+    """Compose conf/<config>.yaml with `overrides` as the command would, and build the request it
+    describes (the sweep's SweepSpec, the ceilings' CeilingsSpec): the GPU branch's exact
+    settings checked on a machine without one. One line; exit 2 on the first problem."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from experiments.entry import CONF_DIR, hydra_args, hydra_error_line, plain
+    from roofline.io.fields import ConfigError
+    try:
+        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+            cfg = hydra_compose(config, overrides=hydra_args(list(overrides)))
+        what = "composed"
+        if config == "sweep":
+            from experiments.sweep import build_spec
+            spec = build_spec(plain(cfg, device_as="torch"))
+            what = (f"valid sweep: {spec.model.name} on {spec.device}, modes {list(spec.modes)}, "
+                    f"{len(spec.q) * len(spec.B) * len(spec.L) * len(spec.dtypes) * len(spec.modes)} forward points")
+        elif config == "ceilings":
+            import functools
+
+            from roofline.measure import ceilings, devices
+            from roofline.measure.ceilings import CeilingsSpec
+            # every check but the one a machine without the device cannot pass: that it is here
+            ceilings.parse_device = functools.partial(devices.parse_device, need_available=False)
+            c = plain(cfg, device_as="torch")
+            c.pop("out_dir"), c.pop("overrides", None)
+            spec = CeilingsSpec.from_dict(c)
+            what = f"valid ceilings: {spec.device}, kernels {list(spec.kernels)}"
+    except (ConfigError, ValueError, KeyError, TypeError) as e:
+        print(f"error: {config} {' '.join(overrides)}: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # Hydra's own composition errors
+        print(f"error: {config}: {hydra_error_line(e)}", file=sys.stderr)
+        return 2
+    print(f"{config}: {what} ({len(overrides)} overrides)")
     return 0
 
 

@@ -1,130 +1,267 @@
 #!/usr/bin/env bash
-# The device check: one command, at most 8 minutes on one H200, on a node with NO network.
+# The device check: one command on one H200, on a node with NO network, ordered by value and
+# writing as it goes, so that a run cut short keeps everything it finished.
 #
-#   bash scripts/gpu_check.sh                       # on the GPU node (its own python3 + CUDA torch)
+#   bash scripts/gpu_check.sh                                   # on the GPU node (its own python3 + CUDA torch)
 #   ROOFLINE_CHECK_DRY=1 OUT=/tmp/x bash scripts/gpu_check.sh   # the same steps on the CPU, tiny model
+#
+# The exact device call, the budget and what is on disk when: docs/gpu-node.md.
 #
 # Runs with the node's own python3 (PY= to choose another): a new venv would not see the node's
 # CUDA build of torch, and nothing can be downloaded there. What the node lacks (hydra-core,
-# omegaconf, antlr4) comes from ./wheelhouse, built beforehand on a connected machine with
-# `python3 dev.py wheels` and carried with the repository; it is installed with --no-index into
-# a scratch folder put on PYTHONPATH. The project runs from this source tree.
+# omegaconf, antlr4) comes from ./wheelhouse (`python3 dev.py wheels` on a connected machine;
+# git-ignored, so the device call must carry it: carry: ["wheelhouse"]), installed with
+# --no-index into a scratch folder put on PYTHONPATH. The project runs from this source tree.
 #
-# Every step has its own time limit (timeout) and its exit status is recorded in steps.tsv; a
-# failed or timed-out step never stops the later ones (no `set -e`). At most 8 small files go
-# to $OUT (default results/<device>/, e.g. results/h200/):
-#   env.json        versions, device, L2 queried vs the datasheet table, attention backend of the sweep's shapes
-#   steps.tsv       step, exit status (124: time limit), seconds, limit
-#   gpu_tests.txt   the gpu-marked tests (tail of pytest's report)
-#   ceilings.json   Triton and torch read/write/copy/triad, cold and warm L2; bf16 matmuls and decode GEMMs
-#   sweep.csv       llama-3.1-8b bf16: CUDA-graph grid + compiled decode points (attention backend, kernels per forward)
-#   fit.json        the cost model fitted to the graph sweep, rows put against the measured ceilings
+# Every step runs under `timeout --foreground -s INT` (SIGINT: a sweep stopped at its limit writes
+# what it finished and says how many points it saved; 10 s later SIGKILL; --foreground keeps the
+# step in the check's process group, so a SIGTERM to the group reaches it), and its exit status is
+# recorded in steps.tsv at once; a failed or timed-out step never stops the later ones (no
+# `set -e`). The whole check has one budget, ROOFLINE_CHECK_BUDGET_S (default 480 s on the GPU):
+# a step never runs past it minus the time kept for fit, predict and the summary, and a step
+# left with under 5 s is skipped (exit 125). After every step summary.md (steps, failures with
+# their last log lines) and logs.tar.gz (every log and run-folder file) are rewritten, so a
+# cut leaves both. The exit status is 1 when any step failed, else 0.
+#
+# What comes back ($OUT, default results/<device>/; at most 8 files):
+#   summary.md      steps; goals as ratios of this run; T(q)/T(1); rows by status; failures + last log lines
+#   steps.tsv       step, exit status (124: time limit, 125: no budget left), seconds, limit
+#   ceilings.json   the full ceilings if they ran, else the copy/read ceilings of the first step
+#   sweep.csv       llama-3.1-8b bf16 rows: graph grid + compiled decode (corrections applied)
+#   env.json        versions, device, L2 queried vs the datasheet table, attention backend per shape
+#   fit.json        the cost model fitted to the graph sweep
 #   predict.csv     speculative-decoding predictions from that fit (n-gram drafter)
-#   summary.md      steps, and the GPU goals as ratios measured in this run
-# Full run folders and logs stay in $WORK (a temporary folder unless set).
+#   logs.tar.gz     every step's log, the gpu tests' verbose report, each run folder's small files
+# Run folders stay in $WORK (default /tmp/roofline-check on the GPU: the same command run again
+# on the same machine resumes every sweep and reuses the ceilings measured).
 #
-# Estimated time on one H200 (limits in brackets). Estimated, not measured: from the work each
-# step does (the 16 GB of weights and up to 17 GB of cache at ~4 TB/s; ~1 s per sweep point for
-# cache fill, graph capture, one profiled forward and the reps at a 0.3 s budget; an assumed
-# ~50 s per torch.compile of the 8B forward with 16 CPU cores; ~5 s per step to start python
-# and import torch):
-#   setup 2 s [15] · env 20 s [45] · gpu tests 60 s [75] · ceilings 45 s [60] ·
-#   sweep (graph, 48 points) 70 s [90] · sweep (compiled decode, 2 points) 115 s [140] ·
-#   fit 10 s [20] · predict 10 s [20] · summary 6 s [15]
-#   = about 5.6 min expected; the limits add up to 8.0 min, the most it can take.
+# Budget of a cold H200 node (one GPU, 16 cores; the machine's own start, ~1-2 min, is before
+# this command). ESTIMATED, not measured (no GPU has run this yet): ~5-8 s per step to start
+# python and import torch (~15 s on the first, cold page cache); the 16 GB of bf16 weights
+# generated on the GPU in ~2 s; per graph point ~1.5-2.5 s (cache fill, one eager call for the
+# attention backend, capture, one profiled replay, the energy probe's >= 0.5 s, reps at a 0.3 s
+# budget); Triton's first compile of each copy kernel ~3-5 s; one torch.compile of the 8B
+# decode step ~50-90 s with 16 cores (the noise monitor does not re-measure it: noise.retries=0,
+# a re-measurement would compile again). Step: expected [limit] -> on disk by (expected):
+#   setup 3 s [20] · ceilings_copy 40 [60] · sweep_b1 55 [100]                -> ~1.7 min: copy roofs, 8B B=1 graph decode, T(q)/T(1)
+#   sweep_compiled 100 [150]                                                 -> ~3.3 min: compiled decode at L=512
+#   sweep_rest 75 [110] · env 20 [40]                                        -> ~5 min: the whole graph grid, env.json
+#   gpu_tests 70 [90] · ceilings_full 50 [75] · fit 8 [20] · predict 8 [20] · summary 8 [20]  -> ~7.3 min: all
+# Expected ~437 s; the limits add up to 705 s and the 480 s budget clips the later steps
+# (gpu_tests, ceilings_full first), always keeping 60 s for fit, predict and the summary.
+# Worst case (every step at its limit): the key figures by 3.0 min, compiled decode by 5.5 min.
 
 cd "$(dirname "$0")/.." || exit 1
 REPO=$(pwd)
 PY=${PY:-python3}
 DRY=${ROOFLINE_CHECK_DRY:-0}
 export PYTHONUNBUFFERED=1
+T0=$(date +%s)
+MIN_STEP_S=5
+TAIL_S=60   # kept for fit + predict + summary
+
+# Settings of the two branches: G_ the GPU's, D_ the dry run's. The steps' arguments are built
+# from one prefix by `build` below, so the dry run can compose and validate the G_ ones exactly.
+G_MODEL=(model=llama-3.1-8b device=cuda 'dtypes=[bfloat16]')
+G_TIMER=(timer.warmup=2 timer.min_reps=10 timer.max_reps=100 timer.budget_s=0.3 timer.l2=cold)
+G_GRAPH=graph; G_COMPILED=compiled
+G_Q='[1,2,4,8,16,32,64,128]'; G_L='[512,4096]'; G_B='[1,8,32]'; G_CL='[512]'
+G_CEIL_COPY=(device=cuda quick=true
+  'kernels=[triton_copy_persistent,triton_copy_grid,torch_copy,triton_read_persistent,torch_read]'
+  'l2_modes=[cold]' 'dtypes=[bfloat16]' 'bandwidth_dtypes=[bfloat16]'
+  'working_sets=[268435456,1073741824,4294967296]' 'square_sizes=[8192]' 'decode_ms=[]' 'formats=[]')
+G_CEIL_FULL=(device=cuda quick=true 'dtypes=[bfloat16]' 'bandwidth_dtypes=[bfloat16]')
+
+D_MODEL=(model=tiny device=cpu 'dtypes=[bfloat16]')
+D_TIMER=(timer.warmup=1 timer.min_reps=3 timer.max_reps=5 timer.budget_s=0.05)
+D_GRAPH=eager; D_COMPILED=eager   # Inductor on a 2-core CPU takes minutes: the dry run checks the plumbing
+D_Q='[1,2,4,8]'; D_L='[16,64]'; D_B='[1,2]'; D_CL='[16]'
+D_CEIL_COPY=(device=cpu quick=true 'kernels=[torch_copy,torch_read]' 'l2_modes=[cold]'
+  'working_sets=[262144,1048576]' 'square_sizes=[64]' 'decode_ms=[]' 'formats=[]')
+D_CEIL_FULL=(device=cpu quick=true decode_model=tiny 'working_sets=[262144,1048576]' 'square_sizes=[64]'
+  'decode_ms=[1]')
 
 if [ "$DRY" = 1 ]; then
-  DEVICE=cpu; MODEL=tiny; SLUG=cpu-dry
-  GRAPH_MODE=eager; COMPILED_MODE=eager   # Inductor on a CPU takes minutes: the dry run checks the plumbing
-  Q='[1,2,4,8]'; B='[1,2]'; L='[16,64]'; CL='[16,64]'
-  TIMER='timer.warmup=1 timer.min_reps=3 timer.max_reps=5 timer.budget_s=0.05'
-  CEIL="device=cpu quick=true decode_model=tiny working_sets=[262144,1048576] square_sizes=[64] decode_ms=[1]"
-  GPU_TESTS=${GPU_TESTS:-tests/test_model_gpu.py}
+  R=D; SLUG=cpu-dry; DEVICE=cpu
+  GPU_TESTS=${GPU_TESTS:-tests/test_model_gpu.py tests/test_timer.py}
   SHAPES="1,1,64 2,4,64"
-  LIMITS=(60 120 120 120 120 120 60 60 30)
+  BUDGET_S=${ROOFLINE_CHECK_BUDGET_S:-1800}
+  WORK=${WORK:-$(mktemp -d "${TMPDIR:-/tmp}/roofline-check.XXXXXX")}
+  declare -A LIMIT=([setup]=60 [compose_gpu]=240 [ceilings_copy]=120 [sweep_b1]=240 [sweep_compiled]=120
+                    [sweep_rest]=240 [env]=120 [gpu_tests]=120 [ceilings_full]=180 [fit]=60 [predict]=60 [summary]=60)
+  TAIL_S=180
 else
-  DEVICE=cuda; MODEL=llama-3.1-8b   # conf/device/cuda.yaml: the running GPU, its datasheet row detected by name
+  R=G; DEVICE=cuda
   SLUG=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | tr 'A-Z' 'a-z' \
          | sed -e 's/^nvidia //' -e 's/[^a-z0-9]\+/-/g' -e 's/-$//')
   SLUG=${SLUG:-gpu}
-  GRAPH_MODE=graph; COMPILED_MODE=compiled
-  Q='[1,2,4,8,16,32,64,128]'; B='[1,8,32]'; L='[512,4096]'; CL='[512,4096]'
-  TIMER='timer.warmup=2 timer.min_reps=10 timer.max_reps=100 timer.budget_s=0.3 timer.l2=cold'
-  CEIL="device=cuda quick=true dtypes=[bfloat16] bandwidth_dtypes=[bfloat16]"
-  GPU_TESTS=${GPU_TESTS:-tests}
+  # the gpu-marked tests, less the two the steps already are (ceilings, the compiled decode)
+  GPU_TESTS=${GPU_TESTS:-tests/test_model_gpu.py tests/test_timer.py tests/test_quant.py tests/test_devices.py \
+tests/test_noise.py tests/test_collectives.py}
   SHAPES="1,1,512 1,1,4096 8,1,4096 32,1,4096 1,4,512 8,4,4096 32,16,4096 1,128,512"
-  LIMITS=(15 45 75 60 90 140 20 20 15)
+  BUDGET_S=${ROOFLINE_CHECK_BUDGET_S:-480}
+  WORK=${WORK:-/tmp/roofline-check}
+  declare -A LIMIT=([setup]=20 [ceilings_copy]=60 [sweep_b1]=100 [sweep_compiled]=150 [sweep_rest]=110
+                    [env]=40 [gpu_tests]=90 [ceilings_full]=75 [fit]=20 [predict]=20 [summary]=20)
 fi
 OUT=${OUT:-results/$SLUG}
-WORK=${WORK:-$(mktemp -d "${TMPDIR:-/tmp}/roofline-check.XXXXXX")}
 mkdir -p "$OUT" "$WORK/logs"
 OUT=$(cd "$OUT" && pwd)
+WORK=$(cd "$WORK" && pwd)
 printf 'step\trc\tseconds\tlimit_s\n' > "$OUT/steps.tsv"
-echo "device check: device=$DEVICE model=$MODEL out=$OUT work=$WORK" >&2
+FAILED=0
+echo "device check: dry=$DRY out=$OUT work=$WORK budget=${BUDGET_S}s" >&2
 
-step() {  # step NAME LIMIT_S COMMAND...: run with a time limit, record the exit status, never stop
-  local name=$1 limit=$2 t0 rc ms
+partial_summary() {  # summary.md from steps.tsv and the logs alone (bash: no python needed)
+  {
+    echo "# Device check (partial: written after step $1; the summary step rewrites it with the goals)"
+    echo
+    echo "| step | exit | seconds | limit s |"
+    echo "| --- | --- | --- | --- |"
+    tail -n +2 "$OUT/steps.tsv" | awk -F'\t' '{printf "| %s | %s | %s | %s |\n", $1, $2, $3, $4}'
+    echo
+    echo "## Failures"
+    tail -n +2 "$OUT/steps.tsv" | while IFS=$'\t' read -r name rc _ _; do
+      [ "$rc" = 0 ] && continue
+      echo; echo "### $name (exit $rc)"; echo; echo '```'
+      tail -n 8 "$WORK/logs/$name.log" 2>/dev/null; echo '```'
+    done
+  } > "$OUT/summary.md"
+}
+
+bundle() {  # logs.tar.gz: every log and each run folder's small files (no wheels, no samples over 5 MB)
+  (cd "$WORK" && find . -path ./site -prune -o -type f \( -name '*.log' -o -name '*.json' -o -name '*.jsonl' \
+     -o -name '*.csv' -o -name '*.md' -o -name '*.txt' \) -size -5M -print0 \
+   | tar --null -czf "$OUT/logs.tar.gz.tmp" -T - 2>/dev/null) && mv "$OUT/logs.tar.gz.tmp" "$OUT/logs.tar.gz"
+}
+
+step() {  # step NAME RESERVE_S COMMAND...: time-limited, recorded at once, never stops the check
+  local name=$1 reserve=$2 limit left t0 rc ms
   shift 2
-  echo "== $name (limit ${limit}s)" >&2
+  limit=${LIMIT[$name]}
+  left=$(( BUDGET_S - ($(date +%s) - T0) - reserve ))
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -lt "$MIN_STEP_S" ]; then
+    echo "== $name: skipped, ${left}s of the budget left" >&2
+    echo "skipped: the check's budget (${BUDGET_S}s) was spent" > "$WORK/logs/$name.log"
+    printf '%s\t125\t0.0\t%s\n' "$name" "${LIMIT[$name]}" >> "$OUT/steps.tsv"
+    FAILED=1; partial_summary "$name"; return
+  fi
+  echo "== $name (limit ${limit}s, $(( $(date +%s) - T0 ))s into the check)" >&2
   t0=$(date +%s%N)
-  timeout --kill-after=10 "$limit" "$@" > "$WORK/logs/$name.log" 2>&1
+  if declare -F "$1" >/dev/null; then  # a function of this script: timeout runs it in a bash of its own
+    timeout --foreground -s INT --kill-after=10 "$limit" bash -c "$(declare -f "$1" roof with_roof); $(declare -p SWEEP PY); \"\$@\"" \
+      _ "$@" > "$WORK/logs/$name.log" 2>&1
+  else
+    timeout --foreground -s INT --kill-after=10 "$limit" "$@" > "$WORK/logs/$name.log" 2>&1
+  fi
   rc=$?
   ms=$(( ($(date +%s%N) - t0) / 1000000 ))
   printf '%s\t%s\t%d.%d\t%s\n' "$name" "$rc" $((ms / 1000)) $((ms % 1000 / 100)) "$limit" >> "$OUT/steps.tsv"
-  tail -n 4 "$WORK/logs/$name.log" >&2
+  [ "$rc" = 0 ] || FAILED=1
+  tail -n 3 "$WORK/logs/$name.log" >&2
   echo "   -> exit $rc after ${ms} ms" >&2
+  [ "$name" = summary ] && [ "$rc" = 0 ] || partial_summary "$name"  # the summary step wrote the full one
+  bundle
+}
+
+on_signal() {  # SIGTERM/SIGINT to the check (its process group): the step in flight saves what it
+  # finished (the sweep's own handler), then the summary and the bundle are written as they stand
+  echo "device check stopped by a signal after $(( $(date +%s) - T0 ))s" >&2
+  partial_summary "a signal (the check was stopped)"
+  echo "The check was stopped by a signal $(( $(date +%s) - T0 ))s in; every step above ran." >> "$OUT/summary.md"
+  bundle
+  exit 143
+}
+trap on_signal TERM INT
+
+ceilings_once() {  # ceilings_once ARGS... out_dir=DIR: measure unless a previous run of the check did
+  local dir=${*: -1}; dir=${dir#out_dir=}
+  if [ -f "$dir/ceilings.json" ]; then echo "reusing $dir/ceilings.json"; return 0; fi
+  "$PY" -m experiments.ceilings "$@"
 }
 
 # 0. what the node lacks, from the carried wheelhouse (never from the network)
-step setup "${LIMITS[0]}" bash -c '
+step setup "$TAIL_S" bash -c '
   if "$0" -c "import hydra, omegaconf" 2>/dev/null; then echo "hydra-core and omegaconf already importable"; exit 0; fi
-  ls wheelhouse/*.whl >/dev/null 2>&1 || { echo "no ./wheelhouse: run python3 dev.py wheels on a connected machine"; exit 3; }
+  ls wheelhouse/*.whl >/dev/null 2>&1 || { echo "no ./wheelhouse: run python3 dev.py wheels and carry it"; exit 3; }
   "$0" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$1/site" wheelhouse/*.whl' \
   "$PY" "$WORK"
 export PYTHONPATH="$WORK/site:$REPO${PYTHONPATH:+:$PYTHONPATH}"
 
-# 1. environment and probe: versions, L2, the attention backend the sweep's shapes select
-step env "${LIMITS[1]}" "$PY" scripts/devcheck.py env --device "$DEVICE" --model "$MODEL" --shapes $SHAPES \
-  --out "$OUT/env.json"
+build() {  # build P: each step's arguments from the settings P_* (G_: the GPU branch, D_: the dry run)
+  local -n m=${1}_MODEL t=${1}_TIMER cc=${1}_CEIL_COPY cf=${1}_CEIL_FULL
+  local g=${1}_GRAPH c=${1}_COMPILED q=${1}_Q l=${1}_L b=${1}_B cl=${1}_CL
+  local roof="ceilings=$WORK/ceilings-copy/ceilings.json"
+  A_CEIL_COPY=("${cc[@]}" "out_dir=$WORK/ceilings-copy")
+  A_SWEEP_B1=("${m[@]}" "modes=[${!g}]" "q=${!q}" "B=[1]" "L=${!l}" "${t[@]}" progress=false "$roof"
+              "out_dir=$WORK/sweep")
+  A_SWEEP_COMPILED=("${m[@]}" "modes=[${!c}]" "q=[1]" "B=[1]" "L=${!cl}" "${t[@]}" noise.retries=0 progress=false
+                    "$roof" "out_dir=$WORK/sweep-compiled")
+  A_SWEEP_REST=("${m[@]}" "modes=[${!g}]" "q=${!q}" "B=${!b}" "L=${!l}" "${t[@]}" extend=true progress=false
+                "$roof" "out_dir=$WORK/sweep")
+  A_CEIL_FULL=("${cf[@]}" "out_dir=$WORK/ceilings-full")
+  A_PREDICT=("fit=$WORK/sweep/fit.json" drafter=ngram 'alphas=[0.6,0.8]' 'k=[0,1,2,3,4]' "B=${!b}" "L=${!l}"
+             plot_B=1 "plot_L=$(echo "${!l}" | tr -d '[]' | cut -d, -f1)" "out_dir=$WORK/predict")
+}
 
-# 2. the gpu-marked tests (on the CPU they are all skipped)
-step gpu_tests "${LIMITS[2]}" "$PY" -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS
-tail -n 40 "$WORK/logs/gpu_tests.log" > "$OUT/gpu_tests.txt"
+# (dry run only) the GPU branch's exact arguments, composed by Hydra and validated by the library
+if [ "$DRY" = 1 ]; then
+  build G
+  {  # one python for all six (each start costs seconds); `::` separates them
+    printf '%q ' "$PY" scripts/devcheck.py compose ceilings "${A_CEIL_COPY[@]}" :: sweep "${A_SWEEP_B1[@]}" \
+      :: sweep "${A_SWEEP_COMPILED[@]}" :: sweep "${A_SWEEP_REST[@]}" :: ceilings "${A_CEIL_FULL[@]}" \
+      :: predict "${A_PREDICT[@]}"; echo
+  } > "$WORK/compose_gpu.sh"
+  step compose_gpu "$TAIL_S" env TRITON_INTERPRET=1 bash "$WORK/compose_gpu.sh"
+fi
+build "$R"
+SWEEP=("$PY" -m experiments.sweep)
+roof() {  # the sweep arguments, less the ceilings= one while there is no ceilings file to give
+  local a; for a in "$@"; do
+    [[ $a == ceilings=* && ! -f ${a#ceilings=} ]] || printf '%s\0' "$a"
+  done
+}
+with_roof() { local -a args; mapfile -d '' args < <(roof "$@"); "${SWEEP[@]}" "${args[@]}"; }
 
-# 3. ceilings: Triton and torch read/write/copy/triad, cold and warm L2; matmuls; decode GEMMs
-step ceilings "${LIMITS[3]}" "$PY" -m experiments.ceilings $CEIL "out_dir=$WORK/ceilings"
-cp "$WORK/ceilings/ceilings.json" "$OUT/ceilings.json" 2>/dev/null
-CEILINGS="ceilings=$WORK/ceilings/ceilings.json"
-[ -f "$WORK/ceilings/ceilings.json" ] || CEILINGS=
+# 1. the copy and read roofs (Triton and torch, cold L2, working sets >= 4x L2) and one bf16 matmul
+step ceilings_copy "$TAIL_S" ceilings_once "${A_CEIL_COPY[@]}"
+cp "$WORK/ceilings-copy/ceilings.json" "$OUT/ceilings.json" 2>/dev/null
 
-# 4. the sweep: CUDA-graph replay over the grid (rows against the measured ceilings)
-step sweep_graph "${LIMITS[4]}" "$PY" -m experiments.sweep "model=$MODEL" "device=$DEVICE" "modes=[$GRAPH_MODE]" \
-  'dtypes=[bfloat16]' "q=$Q" "B=$B" "L=$L" $TIMER $CEILINGS progress=false "out_dir=$WORK/sweep"
+# 2. the headline: llama-3.1-8b bf16, B=1, every q, CUDA-graph replay, rows against those roofs
+step sweep_b1 "$TAIL_S" with_roof "${A_SWEEP_B1[@]}"
 
-# 5. compiled decode (torch.compile + CUDA graphs): the forward that should reach the roof
-step sweep_compiled "${LIMITS[5]}" "$PY" -m experiments.sweep "model=$MODEL" "device=$DEVICE" \
-  "modes=[$COMPILED_MODE]" 'dtypes=[bfloat16]' 'q=[1]' 'B=[1]' "L=$CL" $TIMER $CEILINGS progress=false \
-  "out_dir=$WORK/sweep-compiled"
+# 3. compiled decode (torch.compile + CUDA graphs) at one context: the forward that should reach the roof
+step sweep_compiled "$TAIL_S" with_roof "${A_SWEEP_COMPILED[@]}"
 
-# 6. the cost model, fitted with the measured ceilings beside the run
-cp "$WORK/ceilings/ceilings.json" "$WORK/sweep/" 2>/dev/null
-step fit "${LIMITS[6]}" "$PY" -m experiments.fit "results_dir=$WORK/sweep"
+# 4. the rest of the graph grid (B > 1), added to the same run folder
+step sweep_rest "$TAIL_S" with_roof "${A_SWEEP_REST[@]}"
+
+# 5. environment and probe: versions, L2, the attention backend the sweep's shapes select
+declare -n RUN_MODEL=${R}_MODEL
+step env "$TAIL_S" "$PY" scripts/devcheck.py env --device "$DEVICE" --model "${RUN_MODEL[0]#model=}" \
+  --shapes $SHAPES --out "$OUT/env.json"
+
+# 6. the gpu-marked tests, verbose (each test named as it starts; SIGINT at the limit prints where it was)
+step gpu_tests "$TAIL_S" "$PY" -m pytest -v -rA --durations=10 -m gpu -p no:cacheprovider \
+  -k "not compiled_decode" $GPU_TESTS
+
+# 7. the full quick ceilings (every kernel, warm and cold L2, matmuls, decode GEMMs)
+step ceilings_full "$TAIL_S" ceilings_once "${A_CEIL_FULL[@]}"
+cp "$WORK/ceilings-full/ceilings.json" "$OUT/ceilings.json" 2>/dev/null
+
+# 8. the cost model, fitted with the measured ceilings beside the run
+[ -f "$WORK/sweep/ceilings.json" ] || cp "$WORK/ceilings-copy/ceilings.json" "$WORK/sweep/" 2>/dev/null
+step fit 40 "$PY" -m experiments.fit "results_dir=$WORK/sweep"
 cp "$WORK/sweep/fit.json" "$OUT/fit.json" 2>/dev/null
 
-# 7. a prediction from the fit
-step predict "${LIMITS[7]}" "$PY" -m experiments.predict "fit=$WORK/sweep/fit.json" drafter=ngram \
-  'alphas=[0.6,0.8]' 'k=[0,1,2,3,4]' "B=$B" "L=$L" "plot_B=1" "plot_L=$(echo "$L" | tr -d '[]' | cut -d, -f1)" \
-  "out_dir=$WORK/predict"
+# 9. a prediction from the fit
+step predict 20 "$PY" -m experiments.predict "${A_PREDICT[@]}"
 cp "$WORK/predict/predict.csv" "$OUT/predict.csv" 2>/dev/null
 
-# 8. the sweep table and the goals
-step summary "${LIMITS[8]}" "$PY" scripts/devcheck.py summary --work "$WORK" --out "$OUT"
+# 10. the goals, T(q)/T(1), failures: summary.md and sweep.csv
+step summary 0 "$PY" scripts/devcheck.py summary --work "$WORK" --out "$OUT"
+bundle
 cat "$OUT/summary.md" 2>/dev/null
-echo "outputs: $(ls "$OUT" | tr '\n' ' ')" >&2
-exit 0
+echo "outputs: $(ls "$OUT" | tr '\n' ' ') ($(( $(date +%s) - T0 ))s)" >&2
+exit $FAILED

@@ -104,10 +104,10 @@ def best_copy(ceilings: dict, family: str) -> float | None:
 
 
 def sweep_rows(run_dirs: list[Path]) -> pd.DataFrame:
-    """Every row of the sweep folders, read from points.jsonl (a sweep stopped by its time limit
-    keeps the points it finished)."""
-    frames = [results.to_frame(results.read_rows(Path(d) / "points.jsonl")) for d in run_dirs
-              if (Path(d) / "points.jsonl").exists()]
+    """Every row of the sweep folders, read from points.jsonl with its corrections applied (a
+    sweep stopped by its time limit keeps the points it finished)."""
+    frames = [results.to_frame(results.apply_corrections(d, results.read_rows(Path(d) / "points.jsonl")))
+              for d in run_dirs if (Path(d) / "points.jsonl").exists()]
     frames = [f for f in frames if not f.empty]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
@@ -156,7 +156,38 @@ def goals(ceilings: dict | None, rows: pd.DataFrame, fit: dict | None, datasheet
     return out
 
 
-def summary_markdown(steps: list[dict], env: dict | None, goal_rows: list[dict], rows: pd.DataFrame) -> str:
+def _table(df: pd.DataFrame) -> str:
+    return df.to_markdown(index=False) if _has_tabulate() else "```\n" + df.to_string(index=False) + "\n```"
+
+
+def tq_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """T(q)/T(1) per (mode, B, L) of the ok forward rows at full depth, with ms and GB/s."""
+    from roofline.measure.sweep import summary_table
+    need = {"status", "layers_run", "layers_full", "kind", "t_median_s", "achieved_GBps", "achieved_TFLOPs"}
+    if rows.empty or not need <= set(rows.columns):
+        return pd.DataFrame()
+    t = summary_table(rows)
+    if t.empty:
+        return t
+    t = t[t["kind"] == "forward"].drop(columns=["kind"])
+    return t.round({"t_ms": 3, "t_over_t1": 3, "GBps": 1, "TFLOPs": 2})
+
+
+def failures(steps: list[dict], logs: Path | None, lines: int = 8) -> list[dict]:
+    """The steps that did not exit 0, each with the last `lines` lines of its log."""
+    out = []
+    for s in steps:
+        if str(s["rc"]) == "0":
+            continue
+        log = Path(logs) / f"{s['step']}.log" if logs else None
+        tail = log.read_text(errors="replace").splitlines()[-lines:] if log and log.exists() else []
+        out.append(dict(step=s["step"], rc=s["rc"], tail=tail))
+    return out
+
+
+def summary_markdown(steps: list[dict], env: dict | None, goal_rows: list[dict], rows: pd.DataFrame,
+                     logs: Path | None = None) -> str:
+    """summary.md: the device, the steps, the goals, T(q)/T(1), rows by status, the failures."""
     lines = ["# Device check", ""]
     if env:
         lines.append(f"Device: {env.get('device_name')} ({env.get('device')}); torch {env.get('torch')}, "
@@ -166,16 +197,26 @@ def summary_markdown(steps: list[dict], env: dict | None, goal_rows: list[dict],
         lines.append("")
     lines += ["## Steps", "", "| step | exit | seconds | limit s |", "| --- | --- | --- | --- |"]
     lines += [f"| {s['step']} | {s['rc']} | {s['seconds']} | {s['limit_s']} |" for s in steps]
-    lines += ["", "## Goals (ratios measured in this run)", "", "| goal | target | measured | met | how |",
+    lines += ["", "Exit 124: the step reached its time limit (SIGINT, then what it had finished was kept); "
+              "125: skipped, the check's time budget was spent.", ""]
+    lines += ["## Goals (ratios measured in this run)", "", "| goal | target | measured | met | how |",
               "| --- | --- | --- | --- | --- |"]
     for g in goal_rows:
         met = "not measured" if g["met"] is None else ("yes" if g["met"] else "no")
         lines.append(f"| {g['goal']} | {g['target']} | {g['measured']} | {met} | {g['detail']} |")
+    tq = tq_table(rows)
+    lines += ["", "## T(q)/T(1) (forward, full depth, ok rows)", ""]
+    lines.append(_table(tq) if not tq.empty else "no ok forward rows")
     if not rows.empty:
         lines += ["", "## Sweep rows by status and mode", ""]
-        cols = [c for c in ("mode", "status", "attn_backend") if c in rows.columns]
-        lines.append(rows.groupby(cols, dropna=False).size().rename("rows").reset_index().to_markdown(index=False)
-                     if _has_tabulate() else rows.groupby(cols, dropna=False).size().to_string())
+        cols = [c for c in ("mode", "status", "attn_backend", "cuda_graphs", "noisy") if c in rows.columns]
+        lines.append(_table(rows.groupby(cols, dropna=False).size().rename("rows").reset_index()))
+    fails = failures(steps, logs)
+    lines += ["", "## Failures", ""]
+    if not fails:
+        lines.append("none: every step exited 0")
+    for f in fails:
+        lines += [f"### {f['step']} (exit {f['rc']})", "", "```", *f["tail"], "```", ""]
     return "\n".join(lines) + "\n"
 
 
