@@ -44,7 +44,14 @@ def test_file_system_and_input_errors_are_one_line(exc, code, line, capsys):
 def test_ctrl_c_exits_130_saying_what_was_saved(capsys):
     from roofline.measure.sweep import SweepInterrupted
     code, lines = _exit_of(SweepInterrupted(dict(ok=3, failed=1, run_dir="/r")), capsys)
-    assert code == 130 and lines == ["interrupted: 4 points saved in /r; the same command resumes"]
+    assert code == 130 and lines == ["interrupted: 4 points saved in /r (SIGINT); the same command resumes"]
+
+
+def test_sigterm_exits_143_saying_what_was_saved(capsys):
+    import signal
+    from roofline.measure.sweep import SweepInterrupted
+    code, lines = _exit_of(SweepInterrupted(dict(ok=2, failed=0, run_dir="/r"), signal.SIGTERM), capsys)
+    assert code == 143 and lines == ["interrupted: 2 points saved in /r (SIGTERM); the same command resumes"]
 
 
 def test_grid_axes_accept_a_scalar():
