@@ -15,7 +15,8 @@
 #
 # Every step runs under `timeout --foreground -s INT` (SIGINT: a sweep stopped at its limit writes
 # what it finished and says how many points it saved; 10 s later SIGKILL; --foreground keeps the
-# step in the check's process group, so a SIGTERM to the group reaches it), and its exit status is
+# step in the check's process group), and a SIGTERM or SIGINT to the check is passed on to the
+# step in flight, waited for, and then summary.md and the bundle are written. Its exit status is
 # recorded in steps.tsv at once; a failed or timed-out step never stops the later ones (no
 # `set -e`). The whole check has one budget, ROOFLINE_CHECK_BUDGET_S (default 480 s on the GPU):
 # a step never runs past it minus the time kept for fit, predict and the summary, and a step
@@ -110,6 +111,7 @@ OUT=$(cd "$OUT" && pwd)
 WORK=$(cd "$WORK" && pwd)
 printf 'step\trc\tseconds\tlimit_s\n' > "$OUT/steps.tsv"
 FAILED=0
+CHILD=
 echo "device check: dry=$DRY out=$OUT work=$WORK budget=${BUDGET_S}s" >&2
 
 partial_summary() {  # summary.md from steps.tsv and the logs alone (bash: no python needed)
@@ -149,13 +151,19 @@ step() {  # step NAME RESERVE_S COMMAND...: time-limited, recorded at once, neve
   fi
   echo "== $name (limit ${limit}s, $(( $(date +%s) - T0 ))s into the check)" >&2
   t0=$(date +%s%N)
+  # In the background and waited for, so that a signal to the check runs its handler at once
+  # (on_signal waits for the step, which saves what it finished). A background command starts
+  # with SIGINT ignored: `env --default-signal=INT` gives it back, so `timeout -s INT` reaches it.
   if declare -F "$1" >/dev/null; then  # a function of this script: timeout runs it in a bash of its own
-    timeout --foreground -s INT --kill-after=10 "$limit" bash -c "$(declare -f "$1" roof with_roof); $(declare -p SWEEP PY); \"\$@\"" \
-      _ "$@" > "$WORK/logs/$name.log" 2>&1
+    timeout --foreground -s INT --kill-after=10 "$limit" env --default-signal=INT \
+      bash -c "$(declare -f "$1" roof with_roof); $(declare -p SWEEP PY); \"\$@\"" _ "$@" > "$WORK/logs/$name.log" 2>&1 &
   else
-    timeout --foreground -s INT --kill-after=10 "$limit" "$@" > "$WORK/logs/$name.log" 2>&1
+    timeout --foreground -s INT --kill-after=10 "$limit" env --default-signal=INT "$@" > "$WORK/logs/$name.log" 2>&1 &
   fi
+  CHILD=$! CUR_STEP=$name STEP_T0=$t0
+  wait "$CHILD"
   rc=$?
+  CHILD=
   ms=$(( ($(date +%s%N) - t0) / 1000000 ))
   printf '%s\t%s\t%d.%d\t%s\n' "$name" "$rc" $((ms / 1000)) $((ms % 1000 / 100)) "$limit" >> "$OUT/steps.tsv"
   [ "$rc" = 0 ] || FAILED=1
@@ -168,6 +176,12 @@ step() {  # step NAME RESERVE_S COMMAND...: time-limited, recorded at once, neve
 on_signal() {  # SIGTERM/SIGINT to the check (its process group): the step in flight saves what it
   # finished (the sweep's own handler), then the summary and the bundle are written as they stand
   echo "device check stopped by a signal after $(( $(date +%s) - T0 ))s" >&2
+  if [ -n "$CHILD" ]; then  # the step in flight: pass the signal on (timeout forwards it) and let it save
+    kill -TERM "$CHILD" 2>/dev/null
+    wait "$CHILD" 2>/dev/null
+    printf '%s\t143\t%s\t%s\n' "$CUR_STEP" "$(( ($(date +%s%N) - STEP_T0) / 1000000000 ))" "${LIMIT[$CUR_STEP]}" \
+      >> "$OUT/steps.tsv"
+  fi
   partial_summary "a signal (the check was stopped)"
   echo "The check was stopped by a signal $(( $(date +%s) - T0 ))s in; every step above ran." >> "$OUT/summary.md"
   bundle
@@ -178,7 +192,7 @@ trap on_signal TERM INT
 ceilings_once() {  # ceilings_once ARGS... out_dir=DIR: measure unless a previous run of the check did
   local dir=${*: -1}; dir=${dir#out_dir=}
   if [ -f "$dir/ceilings.json" ]; then echo "reusing $dir/ceilings.json"; return 0; fi
-  "$PY" -m experiments.ceilings "$@"
+  exec "$PY" -m experiments.ceilings "$@"
 }
 
 # 0. what the node lacks, from the carried wheelhouse (never from the network)
@@ -222,7 +236,9 @@ roof() {  # the sweep arguments, less the ceilings= one while there is no ceilin
     [[ $a == ceilings=* && ! -f ${a#ceilings=} ]] || printf '%s\0' "$a"
   done
 }
-with_roof() { local -a args; mapfile -d '' args < <(roof "$@"); "${SWEEP[@]}" "${args[@]}"; }
+# exec: the step's process is the sweep itself, which saves its rows on a signal (a bash between
+# timeout and python would die at once and let the check bundle before the sweep had finished)
+with_roof() { local -a args; mapfile -d '' args < <(roof "$@"); exec "${SWEEP[@]}" "${args[@]}"; }
 
 # 1. the copy and read roofs (Triton and torch, cold L2, working sets >= 4x L2) and one bf16 matmul
 step ceilings_copy "$TAIL_S" ceilings_once "${A_CEIL_COPY[@]}"

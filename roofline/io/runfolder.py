@@ -80,6 +80,19 @@ class Signals:
             signal.signal(s, old)
         self.saved = {}
 
+    @staticmethod
+    @contextmanager
+    def ignored() -> Iterator[None]:
+        """SIGINT and SIGTERM ignored for the block (the summary written after an interrupt)."""
+        saved = {}
+        if threading.current_thread() is threading.main_thread():
+            saved = {s: signal.signal(s, signal.SIG_IGN) for s in Signals.HANDLED}
+        try:
+            yield
+        finally:
+            for s, old in saved.items():
+                signal.signal(s, old)
+
     @contextmanager
     def writing(self) -> Iterator[None]:
         self.critical = True

@@ -576,8 +576,9 @@ def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t
                 if parse_device(spec.device).type == "cuda":
                     torch.cuda.empty_cache()
     except KeyboardInterrupt as e:
-        bar.close()
-        summary = _summarize(spec, run_dir, measured, points, todo, new, resumed, t0)
+        with runfolder.Signals.ignored():  # a second signal (a forwarded one) must not cut the summary
+            bar.close()
+            summary = _summarize(spec, run_dir, measured, points, todo, new, resumed, t0)
         raise SweepInterrupted(summary, getattr(e, "signum", signal.SIGINT)) from None
     bar.close()
     quiet = monitor.finish(run_dir) if monitor else {}
