@@ -41,6 +41,20 @@ OmegaConf.register_new_resolver("roofline_conf", _conf_text, replace=True)
 _DEVICE_AS = {"torch": devices.run_device, "datasheet": devices.datasheet_row}
 
 
+def _check_flags(composed: dict, defaults, where: str = "") -> None:
+    """A key whose default in the command's own config file is true/false takes only true or
+    false (`force=maybe` is refused, not taken as true)."""
+    if not isinstance(defaults, dict) or not isinstance(composed, dict):
+        return
+    for key, default in defaults.items():
+        if key not in composed or key == "defaults":
+            continue
+        value = composed[key]
+        if isinstance(default, bool) and not isinstance(value, bool):
+            raise ConfigError(f"{where}{key}={value!r}: allowed true or false")
+        _check_flags(value, default, f"{where}{key}.")
+
+
 def plain(cfg: DictConfig, device_as: str | None = None) -> dict:
     """The composed config as a dict, with the command-line overrides (provenance).
 
@@ -48,6 +62,8 @@ def plain(cfg: DictConfig, device_as: str | None = None) -> dict:
     on) or "datasheet" (the datasheet row; `cuda` means the running GPU's). device=null: None."""
     c = OmegaConf.to_container(cfg, resolve=True)
     c["overrides"] = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    if HydraConfig.initialized() and (CONF_DIR / f"{HydraConfig.get().job.config_name}.yaml").is_file():
+        _check_flags(c, OmegaConf.to_container(OmegaConf.load(CONF_DIR / f"{HydraConfig.get().job.config_name}.yaml")))
     if device_as is not None:
         entry = c.get("device")
         c["device"] = None if entry is None else _DEVICE_AS[device_as](entry["torch"], entry["datasheet"])

@@ -35,7 +35,7 @@ def main(cfg) -> None:
                          parallel=Layout(tp=c["tp"], ep=c["ep"], dp_attention=c["dp_attention"]))
         run_dir = Path(c["out_dir"]) if c["out_dir"] else spec.default_out_dir(RUNS_ROOT)
         if c["dry_run"]:
-            print(dry_run(spec, run_dir))
+            print(dry_run(spec, run_dir, force=c["force"], extend=c["extend"]))
             job_dir(dict(status="ok", dry_run=True))
             return
         noise = {k: v for k, v in c["noise"].items() if k != "enabled"}

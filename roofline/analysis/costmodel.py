@@ -383,7 +383,7 @@ def fit_run(run_dir, settings: FitSettings = FitSettings(), sliced_dir=None) -> 
     if df.empty:
         raise ConfigError(f"results_dir={str(run_dir)!r}: no ok full-depth rows to fit")
     shallow = sliced_rows(raw)
-    excluded = noise_note(raw)
+    excluded = {**noise_note(raw), **quality.untimed_note(raw)}
     run = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else {}
     ceilings = json.loads((run_dir / "ceilings.json").read_text()) if (run_dir / "ceilings.json").exists() else None
     if "device_name" not in df:
@@ -448,10 +448,15 @@ def load_fit(path) -> dict:
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"fit={str(path)!r}: no such file (run `python -m experiments.fit results_dir=...`)")
-    fit = json.loads(path.read_text())
-    if fit.get("schema") != FIT_SCHEMA:
-        raise ConfigError(f"fit={str(path)!r}: schema {fit.get('schema')!r}, expected {FIT_SCHEMA!r}")
-    return fit
+    try:
+        fit = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"fit={str(path)!r}: not a readable fit.json ({e})") from None
+    if not isinstance(fit, dict) or fit.get("schema") != FIT_SCHEMA:
+        raise ConfigError(f"fit={str(path)!r}: schema {fit.get('schema') if isinstance(fit, dict) else fit!r:.60}, "
+                          f"expected {FIT_SCHEMA!r}")
+    from roofline.analysis.fitcheck import check_fit
+    return check_fit(fit, f"fit={str(path)!r}")
 
 
 # ---- predicting ---------------------------------------------------------------------------
