@@ -452,10 +452,9 @@ def load_fit(path) -> dict:
         fit = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"fit={str(path)!r}: not a readable fit.json ({e})") from None
-    if not isinstance(fit, dict) or fit.get("schema") != FIT_SCHEMA:
-        raise ConfigError(f"fit={str(path)!r}: schema {fit.get('schema') if isinstance(fit, dict) else fit!r:.60}, "
-                          f"expected {FIT_SCHEMA!r}")
     from roofline.analysis.fitcheck import check_fit
+    if isinstance(fit, dict) and fit.get("schema") != FIT_SCHEMA:
+        raise ConfigError(f"fit={str(path)!r}: schema {fit.get('schema')!r}, expected {FIT_SCHEMA!r}")
     return check_fit(fit, f"fit={str(path)!r}")
 
 
