@@ -91,6 +91,7 @@ def job_dir(record: dict) -> None:
 
 BAD_INPUT = 2  # exit status of bad input (a field, a path, a file), everywhere
 INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), after what was measured is saved
+REGRESSION = 3  # asked to fail (compare fail_above=, specdec fail_on_mismatch=true) and it did: a CI verdict
 # file-system errors that mean the path given was wrong (missing, not writable, not a folder)
 _BAD_PATH = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR, errno.ENOTDIR, errno.EEXIST}
 

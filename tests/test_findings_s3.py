@@ -296,3 +296,38 @@ def test_L12_fit_json_is_strict_json():
     json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
     assert json.loads(text)["groups"][0]["band"] == dict(p10=None, p90=None)
     assert math.isnan(float("nan"))
+
+
+# ---- compare: models and a CI threshold ---------------------------------------------------------
+
+def _other_model(run):
+    for name in ("points.jsonl", "points.csv"):
+        p = run / name
+        p.write_text(p.read_text().replace("cpu-demo", "llama-3.1-8b"))
+    return run
+
+
+def test_N5_compare_refuses_runs_of_different_models(tmp_path):
+    from roofline.analysis.compare import compare_runs, format_comparison
+    a, b = make_synthetic_run(tmp_path / "a"), _other_model(make_synthetic_run(tmp_path / "b"))
+    with pytest.raises(ConfigError, match="allow_other_model=true"):
+        compare_runs(a, b)
+    m, summary = compare_runs(a, b, allow_other_model=True)
+    assert "different models" in format_comparison(m, summary)
+
+
+def test_compare_fail_above_counts_regressions_beyond_the_noise(tmp_path):
+    from roofline.analysis.compare import compare_runs
+    a, b = make_synthetic_run(tmp_path / "a"), make_synthetic_run(tmp_path / "b")
+    df = pd.read_csv(b / "points.csv")
+    df.loc[df["point_id"] == "p000", "t_median_s"] *= 1.5  # one point 50% slower, far beyond a 3% CI
+    df["t_ci_rel"] = 0.03
+    df.to_csv(b / "points.csv", index=False)
+    (b / "points.jsonl").unlink()
+    pd.read_csv(a / "points.csv").assign(t_ci_rel=0.03).to_csv(a / "points.csv", index=False)
+    (a / "points.jsonl").unlink()
+    assert compare_runs(a, b, fail_above=1.2)[1]["regressions"] == 1
+    assert compare_runs(a, b, fail_above=2.0)[1]["regressions"] == 0
+    assert compare_runs(a, b)[1]["regressions"] is None
+    with pytest.raises(ConfigError, match="fail_above=0.5"):
+        compare_runs(a, b, fail_above=0.5)

@@ -49,5 +49,6 @@ def specdec(c: Mapping) -> tuple[str, dict]:
     report, _ = write_report(run_dir / "sweep")
     e = table["err"].abs()  # |S_pred / S_meas - 1|, a fraction of the measured speedup
     summary = dict(run_dir=str(run_dir), report=str(report), points=len(table),
-                   median_abs_err=float(e.median()), max_abs_err=float(e.max()))
+                   median_abs_err=float(e.median()), max_abs_err=float(e.max()),
+                   mismatches=int(table["mismatch"].astype(bool).sum()) if "mismatch" in table else 0)
     return table[_CONSOLE_COLUMNS].round(3).to_string(index=False), summary
