@@ -331,3 +331,41 @@ def test_compare_fail_above_counts_regressions_beyond_the_noise(tmp_path):
     assert compare_runs(a, b)[1]["regressions"] is None
     with pytest.raises(ConfigError, match="fail_above=0.5"):
         compare_runs(a, b, fail_above=0.5)
+
+
+# ---- the report (item 6) and the console summary (item 4) ---------------------------------------
+
+def test_report_has_contents_folded_config_percentiles_and_library_rendered_html(tmp_path):
+    from roofline.report.document import write_report
+    run = make_synthetic_run(tmp_path / "r")
+    df = pd.read_csv(run / "points.csv")
+    df["t_p99_s"] = df["t_median_s"] * 1.234567891234
+    df.to_csv(run / "points.csv", index=False)
+    (run / "points.jsonl").unlink()
+    md_path, html_path = write_report(run)
+    md, page = md_path.read_text(), html_path.read_text()
+    assert "**Contents**" in md and "- [Failed points](#failed-points)" in md
+    assert '<h2 id="failed-points">' in page and '<a href="#failed-points">' in page  # the contents' links land
+    assert "<details><summary>run.json" in md and "<details><summary>run.json" in page
+    assert md.index("<details><summary>run.json") < md.index('"model": "cpu-demo"')  # the dump is folded
+    assert "p99 / p50" in md and "| 1.235 |" in md  # the tail, to 4 significant digits
+    assert "1.234567891" not in md and "<table>" in page and "### roofline_bf16" not in md  # titles, not file names
+    assert 'src="data:image/png;base64,' in page
+
+
+def test_the_console_summary_carries_p50_p90_p99():
+    from roofline.measure.sweep import summary_table
+    base = dict(kind="forward", dtype="bf16", mode="eager", B=1, L=0, status="ok", layers_run=1, layers_full=1,
+                achieved_GBps=1.0, achieved_TFLOPs=0.1)
+    df = pd.DataFrame([dict(base, q=1, t_median_s=1e-3, t_p90_s=1.2e-3, t_p99_s=2e-3),
+                       dict(base, q=2, t_median_s=1.5e-3, t_p90_s=1.6e-3, t_p99_s=3e-3)])
+    t = summary_table(df)
+    assert list(t["p99_ms"]) == [2.0, 3.0] and list(t["p90_ms"]) == pytest.approx([1.2, 1.6])
+
+
+def test_dry_run_time_counts_min_reps_of_a_slow_step():
+    from roofline.measure.sweep import point_seconds
+    t = TimerSettings(warmup=1, min_reps=5, max_reps=40, budget_s=0.02)
+    assert point_seconds(1.0, t) == pytest.approx(6.0)  # 1 warm-up + 5 reps of 1 s, whatever the 0.02 s budget
+    assert point_seconds(1e-3, t) == pytest.approx(1e-3 * (1 + 21))  # a fast step: the budget, then one more
+    assert "about" in dry_run(spec(), REPO_ROOT / "nonexistent-run-dir")

@@ -21,6 +21,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -591,6 +592,35 @@ def _summarize(spec, run_dir, measured, points, todo, new, resumed, t0, quiet=No
                 noise_monitor_s=(quiet or {}).get("monitor_s", 0.0))
 
 
+# rates a dry run assumes for a step time when neither measured ceilings nor a datasheet give them
+# (a CPU without ceilings=): low on purpose, the time bound is to be an upper one
+ASSUMED_GBps, ASSUMED_TFLOPs = 5.0, 0.01
+
+
+def _rates(spec: SweepSpec, run_dir: Path, dtype: str) -> tuple[float, float, str]:
+    """(bytes/s, FLOP/s, where they come from) to estimate a step time before measuring it."""
+    from roofline.measure.ceilings import load_ceilings
+    path = run_dir / "ceilings.json" if spec.ceilings == "quick" else Path(spec.ceilings) if spec.ceilings else None
+    if path is not None and path.exists():
+        summ = load_ceilings(path).get("summary") or {}
+        bw, tf = summ.get("mem_bw_GBps"), (summ.get("peak_tflops") or {}).get(activation_dtype(dtype))
+        if bw and tf:
+            return bw * 1e9, tf * 1e12, f"measured ceilings ({path.name})"
+    sheet = spec_for_running_device(spec.device)[0]
+    bw, f = sheet.bandwidth_Bps(), sheet.peak_flops(activation_dtype(dtype))
+    if bw and f:
+        return bw, f, f"the datasheet of {sheet.name}"
+    return ASSUMED_GBps * 1e9, ASSUMED_TFLOPs * 1e12, (f"assumed {ASSUMED_GBps:g} GB/s and {ASSUMED_TFLOPs * 1e3:g} "
+                                                      "GFLOP/s (no ceilings=; give one for a closer bound)")
+
+
+def point_seconds(step_s: float, t: TimerSettings) -> float:
+    """Wall time of one point at a step time: warm-up passes, then repetitions until the budget
+    is spent, never fewer than min_reps (a slow step runs min_reps however long), nor more than max_reps."""
+    reps = min(t.max_reps, max(t.min_reps, math.ceil(t.budget_s / step_s) + 1 if step_s > 0 else t.max_reps))
+    return (t.warmup + reps) * step_s + (2 * step_s if t.l2 == "cold" else 0.0)
+
+
 def dry_run(spec: SweepSpec, run_dir: Path, force: bool = False, extend: bool = False) -> str:
     """What a sweep would do, measuring and writing nothing: the expanded grid, each point's
     memory fit against what the device can give now, and an upper bound on the time."""
@@ -604,15 +634,22 @@ def dry_run(spec: SweepSpec, run_dir: Path, force: bool = False, extend: bool = 
         group = list(group)
         cfg = spec.model.scaled(layers=depth)
         builds, too_big = memory_plan(spec, dtype, depth, group)
+        bw, fl, _ = _rates(spec, run_dir, dtype)
         for p in group:
             need = memory.peak_bytes(cfg, dtype, p.B, p.L + p.q, p.q, cfg.mtp_layers > 0)
             build = next((i for i, (_, _, keys) in enumerate(builds) if p.point_id in keys), None)
+            c = (forward_cost if p.kind == "forward" else mtp_cost)(cfg, dtype, p.B, p.q, p.L)
+            step = max(c.bytes_total / bw, c.flops / fl)
             rows.append(dict(point=p.point_id, peak_GB=round(need.total / 1e9, 3),
                              memory="TOO BIG" if build is None else f"fits (build {groups + build + 1})",
-                             state="done (resumed)" if p.point_id in done else "to measure"))
+                             state="done (resumed)" if p.point_id in done else "to measure",
+                             step_ms_est=float(f"{step * 1e3:.3g}"),
+                             point_s_est=float(f"{point_seconds(step, spec.timer):.3g}")))
         groups += len(builds)
     free, where = memory.available(spec.device)
     todo = sum(r["state"] == "to measure" for r in rows)
+    est = sum(r["point_s_est"] for r in rows if r["state"] == "to measure" and r["memory"] != "TOO BIG")
+    rates = _rates(spec, run_dir, spec.dtypes[0])[2]
     t = spec.timer
     with pd.option_context("display.width", 200, "display.max_rows", 10000, "display.max_colwidth", 80):
         table = pd.DataFrame(rows).to_string(index=False)
@@ -624,21 +661,23 @@ def dry_run(spec: SweepSpec, run_dir: Path, force: bool = False, extend: bool = 
         f"{sum(r['memory'] == 'TOO BIG' for r in rows)} too big for {where} (peak: weights in their dtype + "
         "static KV cache + one float32 parameter + the pass's activations)",
         table,
-        f"time: at most {todo} points x timer.budget_s {t.budget_s:g} s = {todo * t.budget_s:.0f} s of timed "
-        f"repetitions (each point stops at its budget, or earlier at rel_ci {t.rel_ci:g} or max_reps {t.max_reps}), "
-        f"plus {t.warmup} warm-up passes per point, the correctness check and {groups} model build(s)",
+        f"time: about {est:.0f} s for the {todo} points to measure (each: {t.warmup} warm-up passes, then repetitions "
+        f"until timer.budget_s {t.budget_s:g} s, never fewer than min_reps {t.min_reps} however slow a step, nor more "
+        f"than max_reps {t.max_reps}; step times estimated from the byte and FLOP counts at {rates}), plus the "
+        f"correctness check and {groups} model build(s)",
     ])
 
 
 def summary_table(df: pd.DataFrame) -> pd.DataFrame:
-    """T(q)/T(1) and achieved GB/s per (kind, dtype, mode, B, L) at full depth."""
+    """T(q)/T(1), the step time's p50/p90/p99 (ms) and achieved GB/s per (kind, dtype, mode, B, L) at full depth."""
     ok = df[(df["status"] == "ok") & (df["layers_run"] == df["layers_full"])]
     out = []
     for key, g in ok.groupby(["kind", "dtype", "mode", "B", "L"]):
         g = g.sort_values("q")
         t1 = g.loc[g["q"] == g["q"].min(), "t_median_s"].iloc[0]
         for _, r in g.iterrows():
-            out.append(dict(zip(["kind", "dtype", "mode", "B", "L"], key), q=r["q"], t_ms=1e3 * r["t_median_s"],
+            out.append(dict(zip(["kind", "dtype", "mode", "B", "L"], key), q=r["q"], p50_ms=1e3 * r["t_median_s"],
+                            p90_ms=1e3 * r.get("t_p90_s", np.nan), p99_ms=1e3 * r.get("t_p99_s", np.nan),
                             t_over_t1=r["t_median_s"] / t1, GBps=r["achieved_GBps"], TFLOPs=r["achieved_TFLOPs"]))
     return pd.DataFrame(out)
 
@@ -653,5 +692,5 @@ def summary_text(run_dir: Path) -> str:
     if t.empty:
         return "\n".join([head, "no successful points"] + warnings)
     with pd.option_context("display.width", 160, "display.max_rows", 200):
-        table = t.round({"t_ms": 3, "t_over_t1": 3, "GBps": 2, "TFLOPs": 4}).to_string(index=False)
+        table = t.round({"p50_ms": 3, "p90_ms": 3, "p99_ms": 3, "t_over_t1": 3, "GBps": 2, "TFLOPs": 4}).to_string(index=False)
     return "\n".join([head, table] + warnings)
