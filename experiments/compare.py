@@ -7,7 +7,7 @@ import json
 import sys
 
 from experiments.entry import REGRESSION, command, fail_fast, plain
-from roofline.analysis.compare import compare_runs, format_comparison
+from roofline.analysis.compare import compare_runs, format_comparison, write_table
 
 
 @command("compare")
@@ -16,7 +16,7 @@ def main(cfg) -> None:
         c = plain(cfg)
         table, summary = compare_runs(c["a"], c["b"], c["allow_other_model"], c["fail_above"])
         if c["out"]:
-            table.to_csv(c["out"], index=False)
+            write_table(table, c["out"])
         print(format_comparison(table, summary))
         print(json.dumps(summary))
         if summary.get("regressions"):

@@ -55,6 +55,14 @@ def _check_flags(composed: dict, defaults, where: str = "") -> None:
         _check_flags(value, default, f"{where}{key}.")
 
 
+def not_both(c: dict, given: str, ignored: str) -> None:
+    """`given` replaces `ignored`: asking for both on the command line is a contradiction, not a choice."""
+    if c.get(given) and any(o.split("=", 1)[0].lstrip("+~") in (ignored,) or o.startswith(f"{ignored}.")
+                            for o in c.get("overrides", [])):
+        raise ConfigError(f"{ignored}= and {given}= are both given: {given} replaces {ignored} "
+                          f"(its config is read from {given}); drop one")
+
+
 def plain(cfg: DictConfig, device_as: str | None = None) -> dict:
     """The composed config as a dict, with the command-line overrides (provenance).
 

@@ -9,7 +9,7 @@ Several ranks: `python -m experiments.sweep tp=2 [ep=2]` (spawned here; or under
 import json
 from pathlib import Path
 
-from experiments.entry import axis, command, fail_fast, job_dir, plain
+from experiments.entry import axis, command, fail_fast, job_dir, plain, not_both
 from roofline.checkpoints.loader import checkpoint_config
 from roofline.io.fields import from_dict
 from roofline.model.config import ModelConfig
@@ -25,6 +25,7 @@ from roofline.parallel.layout import Layout
 def main(cfg) -> None:
     with fail_fast():
         c = plain(cfg, device_as="torch")
+        not_both(c, "checkpoint", "model")
         model = checkpoint_config(c["checkpoint"]) if c["checkpoint"] else ModelConfig.from_dict(c["model"])
         spec = SweepSpec(model=model, q=axis(c["q"], "q"), B=axis(c["B"], "B"),
                          L=axis(c["L"], "L"), modes=axis(c["modes"], "modes"),

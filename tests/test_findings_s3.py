@@ -369,3 +369,46 @@ def test_dry_run_time_counts_min_reps_of_a_slow_step():
     assert point_seconds(1.0, t) == pytest.approx(6.0)  # 1 warm-up + 5 reps of 1 s, whatever the 0.02 s budget
     assert point_seconds(1e-3, t) == pytest.approx(1e-3 * (1 + 21))  # a fast step: the budget, then one more
     assert "about" in dry_run(spec(), REPO_ROOT / "nonexistent-run-dir")
+
+
+# ---- loose ends: contradictions, fit settings, paths ----------------------------------------------
+
+@pytest.mark.parametrize("kw, match", [(dict(folds=-3), "folds=-3"), (dict(folds=0), "folds=0"),
+                                       (dict(folds="abc"), "folds='abc'"), (dict(folds=2.5), "folds=2.5"),
+                                       (dict(q_split=-1), "q_split=-1"), (dict(q_split="abc"), "q_split"),
+                                       (dict(band=(0.9, 0.1)), "band"), (dict(band=("a", "b")), "band"),
+                                       (dict(band=(2, 3)), "band"), (dict(band=(0.5,)), "band"),
+                                       (dict(band=(float("nan"), 0.9)), "band")])
+def test_L4_L5_fit_settings_are_checked(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        costmodel.FitSettings(**kw)
+
+
+def test_N17_force_and_extend_together_and_boolean_grid_values_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="force=true and extend=true"):
+        check_run_dir(spec(), tmp_path, force=True, extend=True)
+    with pytest.raises(ConfigError, match=r"q=\[True\]"):
+        spec(q=(True,))
+    with pytest.raises(ConfigError, match="layers=True"):
+        spec(layers=True)
+
+
+def test_L10_checkpoint_and_model_together_are_refused():
+    from experiments.entry import not_both
+    with pytest.raises(ConfigError, match="model= and checkpoint= are both given"):
+        not_both(dict(checkpoint="/x", overrides=["checkpoint=/x", "model=llama-3.1-70b"]), "checkpoint", "model")
+    not_both(dict(checkpoint="/x", overrides=["checkpoint=/x", "q=[1]"]), "checkpoint", "model")
+
+
+def test_N16_compare_out_in_a_missing_folder_is_bad_input(tmp_path):
+    from roofline.analysis.compare import write_table
+    with pytest.raises(ConfigError, match="no such folder"):
+        write_table(pd.DataFrame(dict(a=[1])), tmp_path / "nope" / "x.csv")
+
+
+def test_L11_specdec_default_folders_differ_per_request():
+    from roofline.spec.run import _fingerprint
+    from roofline.spec.validation import SpecValSpec
+    a = SpecValSpec(model=get_preset("tiny"), ks=(1,))
+    b = dataclasses.replace(a, ks=(2,))
+    assert _fingerprint(a) != _fingerprint(b) and _fingerprint(a) == _fingerprint(dataclasses.replace(a))

@@ -109,3 +109,12 @@ def format_comparison(m: pd.DataFrame, summary: dict) -> str:
         head += (f"\nREGRESSION: {summary['regressions']} point(s) slower in b by more than "
                  f"{summary['fail_above']:g}x, beyond the noise")
     return head + "\n" + table
+
+
+def write_table(m: pd.DataFrame, out) -> Path:
+    """The joined table as CSV at `out`; a folder that does not exist is bad input naming `out`."""
+    out = Path(out)
+    if not out.parent.is_dir():
+        raise ConfigError(f"out={str(out)!r}: no such folder {str(out.parent)!r}")
+    m.to_csv(out, index=False)
+    return out

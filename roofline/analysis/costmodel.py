@@ -77,6 +77,10 @@ class FitSettings:
     band: tuple[float, float] = (0.1, 0.9)  # quantiles of held-out pred/meas for the interval
     collectives: str = ""  # a collectives.json pricing the rows' collectives (default: the run folder's)
 
+    def __post_init__(self) -> None:
+        from roofline.analysis.fitcheck import check_fit_settings
+        check_fit_settings(self)
+
 
 # ---- the model ----------------------------------------------------------------------------
 

@@ -148,3 +148,16 @@ def unusable_groups(fit: dict, kinds) -> list[dict]:
     few points does not stop a plain-decode plan)."""
     from roofline.analysis import quality
     return [g for g in fit["groups"] if g["key"]["kind"] in kinds and not quality.usable(g)]
+
+
+def check_fit_settings(s) -> None:
+    """The fit command's settings (roofline.analysis.costmodel.FitSettings), each field named."""
+    for name, lo in (("folds", 2), ("seed", 0), ("q_split", 1)):
+        v = getattr(s, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ConfigError(f"{name}={v!r}: allowed integers >= {lo}")
+    band = s.band
+    if not isinstance(band, (list, tuple)) or len(band) != 2 or not all(_number(b) for b in band) \
+            or not 0 <= band[0] < band[1] <= 1:
+        raise ConfigError(f"band={list(band) if isinstance(band, (list, tuple)) else band!r}: allowed [lo, hi] "
+                          "quantiles with 0 <= lo < hi <= 1")

@@ -382,6 +382,8 @@ def check_run_dir(spec: SweepSpec, run_dir: Path, force: bool = False,
     holding another measurement, or one of another results schema, is refused naming what
     differs, unless `force`; when only grid values differ, `extend` measures the union grid."""
     meta = run_dir / "run.json"
+    if force and extend:
+        raise ConfigError("force=true and extend=true: force sets the old run aside, extend adds to it; choose one")
     if force:
         return spec, None, []
     if not meta.exists():
