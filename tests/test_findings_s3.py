@@ -412,3 +412,17 @@ def test_L11_specdec_default_folders_differ_per_request():
     a = SpecValSpec(model=get_preset("tiny"), ks=(1,))
     b = dataclasses.replace(a, ks=(2,))
     assert _fingerprint(a) != _fingerprint(b) and _fingerprint(a) == _fingerprint(dataclasses.replace(a))
+
+
+def test_profiler_chatter_stays_off_the_console_and_a_real_native_error_does_not():
+    import subprocess
+    import sys
+    code = ("import os, torch\n"
+            "from roofline.measure.forward import count_kernels\n"
+            "from roofline.measure.quiet import native_stderr_filtered\n"
+            "count_kernels(lambda: torch.ones(4) @ torch.ones(4), 'cpu')\n"
+            "with native_stderr_filtered():\n"
+            "    os.write(2, b'USDT:x profiler_start\\nreal native error\\n')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "USDT" not in r.stderr and "real native error" in r.stderr
