@@ -426,3 +426,10 @@ def test_profiler_chatter_stays_off_the_console_and_a_real_native_error_does_not
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
     assert r.returncode == 0, r.stderr
     assert "USDT" not in r.stderr and "real native error" in r.stderr
+
+
+def test_L3_fit_on_a_run_with_a_broken_run_json_names_the_file(tmp_path):
+    run = make_synthetic_run(tmp_path / "r")
+    (run / "run.json").write_text('{"model": ')
+    with pytest.raises(ConfigError, match=r"results_dir=.*run.json is not readable JSON"):
+        costmodel.fit_run(run)
