@@ -663,7 +663,7 @@ def dry_run(spec: SweepSpec, run_dir: Path, force: bool = False, extend: bool = 
         f"{sum(r['memory'] == 'TOO BIG' for r in rows)} too big for {where} (peak: weights in their dtype + "
         "static KV cache + one float32 parameter + the pass's activations)",
         table,
-        f"time: about {est:.0f} s for the {todo} points to measure (each: {t.warmup} warm-up passes, then repetitions "
+        f"time: about {est:.3g} s for the {todo} points to measure (each: {t.warmup} warm-up passes, then repetitions "
         f"until timer.budget_s {t.budget_s:g} s, never fewer than min_reps {t.min_reps} however slow a step, nor more "
         f"than max_reps {t.max_reps}; step times estimated from the byte and FLOP counts at {rates}), plus the "
         f"correctness check and {groups} model build(s)",
