@@ -433,3 +433,11 @@ def test_L3_fit_on_a_run_with_a_broken_run_json_names_the_file(tmp_path):
     (run / "run.json").write_text('{"model": ')
     with pytest.raises(ConfigError, match=r"results_dir=.*run.json is not readable JSON"):
         costmodel.fit_run(run)
+
+
+def test_N15_a_failed_atomic_write_leaves_no_temp_file(tmp_path):
+    class Unwritable:
+        pass
+    with pytest.raises(TypeError):
+        sw.files.write_atomic(tmp_path / "fit.json", Unwritable())
+    assert list(tmp_path.iterdir()) == []
