@@ -7,8 +7,9 @@
     python3 dev.py wheels  # ./wheelhouse for an offline GPU node (no .venv needed; needs the index)
 
 Set-up creates .venv and, on a machine without an NVIDIA driver (no nvidia-smi), installs the
-CPU build of torch first, so that the project's open "torch>=2.5" is already met and pip does
-not pull a multi-GB CUDA build; with a driver, pip resolves a CUDA build.
+CPU build of torch through requirements/cpu.txt (PyTorch's CPU index), so that the project's
+open "torch>=2.5" is met without pip pulling a multi-GB CUDA build; with a driver, pip
+resolves a CUDA build. The demo installs the core alone; test and bench add the test extra.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 PY = VENV / "bin" / "python"
-TORCH_CPU = "torch==2.13.0"
+CPU_REQUIREMENTS = "requirements/cpu.txt"  # the CPU build of torch (PyTorch's CPU index), pinned
 DEMO = "results/runs/demo"
 WHEELHOUSE = ROOT / "wheelhouse"
 # What a GPU node with its own torch lacks. Its image has the rest of the project's needs (numpy,
@@ -41,16 +42,21 @@ def run(*cmd: str | Path) -> None:
         sys.exit(code)
 
 
-def setup() -> None:
-    stamp = VENV / ".installed"
-    if stamp.exists() and stamp.stat().st_mtime >= (ROOT / "pyproject.toml").stat().st_mtime:
+def setup(extra: str = "test") -> None:
+    """.venv with the project installed (editable) and `extra` (test: pytest, triton, the
+    Hugging Face libraries; "": the core alone, which is all the demo runs). Without an NVIDIA
+    driver the CPU build of torch comes first, through requirements/cpu.txt (PyTorch's CPU
+    index; a local wheel of that version serves too), so that pip never pulls the CUDA build."""
+    stamp = VENV / f".installed{'-' + extra if extra else ''}"
+    newest = max((ROOT / f).stat().st_mtime for f in ("pyproject.toml", CPU_REQUIREMENTS))
+    done = [stamp] + ([VENV / ".installed-test"] if not extra else [])  # the test set-up holds the core too
+    if any(p.exists() and p.stat().st_mtime >= newest for p in done):
         return
     if not PY.exists():
         venv.create(VENV, with_pip=True)
         run(PY, "-m", "pip", "install", "-q", "--upgrade", "pip")
-    if shutil.which("nvidia-smi") is None:
-        run(PY, "-m", "pip", "install", "-q", TORCH_CPU)
-    run(PY, "-m", "pip", "install", "-q", "-e", ".[test]")
+    cpu = ("-r", CPU_REQUIREMENTS) if shutil.which("nvidia-smi") is None else ()
+    run(PY, "-m", "pip", "install", "-q", *cpu, "-e", f".[{extra}]" if extra else ".")
     stamp.touch()
 
 
@@ -97,5 +103,5 @@ if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in JOBS:
         sys.exit(f"usage: python3 dev.py {{{'|'.join(JOBS)}}}")
     if sys.argv[1] != "wheels":  # the wheelhouse needs only pip and the index, not the project's venv
-        setup()
+        setup("" if sys.argv[1] == "demo" else "test")
     JOBS[sys.argv[1]]()

@@ -1,7 +1,7 @@
 """Print the cost card of a preset: `python -m experiments.card model=llama-3.1-8b dtype=bf16`,
 or of a Hugging Face model folder: `python -m experiments.card checkpoint=path/to/folder`."""
 
-from experiments.entry import command, fail_fast, plain
+from experiments.entry import command, fail_fast, plain, not_both
 from roofline.model.card import CardRequest, print_card
 from roofline.checkpoints.loader import checkpoint_config
 from roofline.model.config import ModelConfig
@@ -13,6 +13,7 @@ from roofline.measure.devices import get_spec
 def main(cfg) -> None:
     with fail_fast():
         c = plain(cfg, device_as="datasheet")
+        not_both(c, "checkpoint", "model")
         model = checkpoint_config(c["checkpoint"]) if c["checkpoint"] else ModelConfig.from_dict(c["model"])
         dtype = with_overrides([c["dtype"]], c["weights"], c["kv"], c["lm_head"], model.native_weights)[0]
         print_card(CardRequest(model=model, dtype=dtype,

@@ -4,9 +4,12 @@
     roofline sweep --help                         # every key with its comment
     eval "$(roofline sweep -sc install=bash)"     # tab completion of subcommands, keys and groups
 
-Shell completion: Hydra's bash hook calls `roofline -sc query=bash` with the line typed so
+Shell completion: `roofline -sc install=bash` (with or without a subcommand) prints a bash hook
+registered for `roofline` itself (Hydra's own hook would register for `python`, since each
+subcommand runs as a module). The hook calls `roofline -sc query=bash` with the line typed so
 far in COMP_LINE; the subcommand is read from that line and removed from it, so Hydra
-completes the subcommand's own config.
+completes the subcommand's own keys and config groups; with no subcommand yet, the
+subcommands are offered.
 """
 
 from __future__ import annotations
@@ -38,8 +41,34 @@ def usage() -> str:
         f"  {name:<{width}}  {what}" for name, what in COMMANDS.items())
 
 
+BASH_HOOK = r"""_roofline_completion()
+{
+    local word="${COMP_WORDS[COMP_CWORD]}" choices
+    choices=$(COMP_POINT=$COMP_POINT COMP_LINE=$COMP_LINE roofline -sc query=bash 2>/dev/null)
+    COMPREPLY=($(compgen -o nospace -W "$choices" -- "$word"))
+}
+COMP_WORDBREAKS=${COMP_WORDBREAKS//=}
+complete -o nospace -o default -F _roofline_completion roofline"""
+
+
+def completion_script(argv: list[str]) -> str | None:
+    """The text `-sc install=bash` / `-sc uninstall=bash` prints (None: not such a request).
+    Other shells than bash: the one line saying so."""
+    asks = [a.split("=", 1) for a in argv if a.startswith(("install=", "uninstall="))]
+    if "-sc" not in argv or not asks:
+        return None
+    what, shell = asks[0]
+    if shell != "bash":
+        return f"echo 'roofline: completion for {shell} is not provided; allowed bash' >&2"
+    return BASH_HOOK if what == "install" else "complete -r roofline 2>/dev/null; unset -f _roofline_completion"
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    hook = completion_script(argv)
+    if hook is not None:
+        print(hook)
+        return
     line = os.environ.get("COMP_LINE")
     if argv[:1] == ["-sc"] or (argv and argv[0].startswith("-sc")):  # shell completion, no subcommand given
         words = (line or "").split()

@@ -42,6 +42,28 @@ OmegaConf.register_new_resolver("roofline_conf", _conf_text, replace=True)
 _DEVICE_AS = {"torch": devices.run_device, "datasheet": devices.datasheet_row}
 
 
+def _check_flags(composed: dict, defaults, where: str = "") -> None:
+    """A key whose default in the command's own config file is true/false takes only true or
+    false (`force=maybe` is refused, not taken as true)."""
+    if not isinstance(defaults, dict) or not isinstance(composed, dict):
+        return
+    for key, default in defaults.items():
+        if key not in composed or key == "defaults":
+            continue
+        value = composed[key]
+        if isinstance(default, bool) and not isinstance(value, bool):
+            raise ConfigError(f"{where}{key}={value!r}: allowed true or false")
+        _check_flags(value, default, f"{where}{key}.")
+
+
+def not_both(c: dict, given: str, ignored: str) -> None:
+    """`given` replaces `ignored`: asking for both on the command line is a contradiction, not a choice."""
+    if c.get(given) and any(o.split("=", 1)[0].lstrip("+~") in (ignored,) or o.startswith(f"{ignored}.")
+                            for o in c.get("overrides", [])):
+        raise ConfigError(f"{ignored}= and {given}= are both given: {given} replaces {ignored} "
+                          f"(its config is read from {given}); drop one")
+
+
 def plain(cfg: DictConfig, device_as: str | None = None) -> dict:
     """The composed config as a dict, with the command-line overrides (provenance).
 
@@ -49,6 +71,8 @@ def plain(cfg: DictConfig, device_as: str | None = None) -> dict:
     on) or "datasheet" (the datasheet row; `cuda` means the running GPU's). device=null: None."""
     c = OmegaConf.to_container(cfg, resolve=True)
     c["overrides"] = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    if HydraConfig.initialized() and (CONF_DIR / f"{HydraConfig.get().job.config_name}.yaml").is_file():
+        _check_flags(c, OmegaConf.to_container(OmegaConf.load(CONF_DIR / f"{HydraConfig.get().job.config_name}.yaml")))
     if device_as is not None:
         entry = c.get("device")
         c["device"] = None if entry is None else _DEVICE_AS[device_as](entry["torch"], entry["datasheet"])
@@ -76,6 +100,7 @@ def job_dir(record: dict) -> None:
 
 BAD_INPUT = 2  # exit status of bad input (a field, a path, a file), everywhere
 INTERRUPTED = 130  # Ctrl-C (128 + SIGINT; SIGTERM: 143), after what was measured is saved
+REGRESSION = 3  # asked to fail (compare fail_above=, specdec fail_on_mismatch=true) and it did: a CI verdict
 # file-system errors that mean the path given was wrong (missing, not writable, not a folder)
 _BAD_PATH = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR, errno.ENOTDIR, errno.EEXIST}
 

@@ -11,7 +11,7 @@ from roofline.report.sections import fit_and_report
 def main(cfg) -> None:
     with fail_fast():
         c = plain(cfg)
-        settings = FitSettings(folds=c["folds"], seed=c["seed"], q_split=c["q_split"], band=tuple(c["band"]),
+        settings = FitSettings(folds=c["folds"], seed=c["seed"], q_split=c["q_split"], band=tuple(c["band"]) if isinstance(c["band"], (list, tuple)) else c["band"],
                                collectives=c.get("collectives") or "")
         _, text, summary = fit_and_report(c.get("results_dir"), settings, sliced_dir=c["sliced_dir"])
         print(text)

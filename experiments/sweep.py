@@ -9,7 +9,7 @@ Several ranks: `python -m experiments.sweep tp=2 [ep=2]` (spawned here; or under
 import json
 from pathlib import Path
 
-from experiments.entry import axis, command, fail_fast, job_dir, plain
+from experiments.entry import axis, command, fail_fast, job_dir, plain, not_both
 from roofline.checkpoints.loader import checkpoint_config
 from roofline.io.fields import from_dict
 from roofline.model.config import ModelConfig
@@ -24,6 +24,7 @@ from roofline.parallel.layout import Layout
 def build_spec(c: dict) -> SweepSpec:
     """The sweep a composed config asks for, validated (also what the device check's dry run
     calls on the GPU branch's overrides: nothing here needs the device itself)."""
+    not_both(c, "checkpoint", "model")
     model = checkpoint_config(c["checkpoint"]) if c["checkpoint"] else ModelConfig.from_dict(c["model"])
     return SweepSpec(model=model, q=axis(c["q"], "q"), B=axis(c["B"], "B"),
                      L=axis(c["L"], "L"), modes=axis(c["modes"], "modes"),
@@ -41,7 +42,7 @@ def main(cfg) -> None:
         spec = build_spec(c)
         run_dir = Path(c["out_dir"]) if c["out_dir"] else spec.default_out_dir(RUNS_ROOT)
         if c["dry_run"]:
-            print(dry_run(spec, run_dir))
+            print(dry_run(spec, run_dir, force=c["force"], extend=c["extend"]))
             job_dir(dict(status="ok", dry_run=True))
             return
         noise = {k: v for k, v in c["noise"].items() if k != "enabled"}

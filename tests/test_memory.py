@@ -40,6 +40,28 @@ def test_the_process_cgroup_path_is_followed(tmp_path):
     assert memory.cgroup_memory(tmp_path, tmp_path / "cgroup")["limit"] == 3e9
 
 
+def test_a_hybrid_v1_v2_host_finds_the_memory_controllers_limit(tmp_path):
+    """H1: `/proc/self/cgroup` of a hybrid host lists `N:memory:/path` and then `0::/`; the unified
+    line must not overwrite the memory controller's path (a 2 GiB job was SIGKILLed with no row)."""
+    job = tmp_path / "memory" / "process_api" / "job"
+    job.mkdir(parents=True)
+    (job / "memory.limit_in_bytes").write_text(f"{2 * 2**30}\n")
+    (job / "memory.usage_in_bytes").write_text(f"{2**28}\n")
+    (tmp_path / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # the root: unlimited
+    (tmp_path / "cgroup").write_text("12:cpu,cpuacct:/process_api/job\n4:memory:/process_api/job\n0::/\n")
+    cg = memory.cgroup_memory(tmp_path, tmp_path / "cgroup")
+    assert cg is not None and cg["limit"] == 2 * 2**30 and cg["usage"] == 2**28
+    assert cg["source"].endswith("process_api/job/memory.limit_in_bytes")
+
+
+def test_a_limit_on_a_parent_cgroup_binds(tmp_path):
+    (tmp_path / "slice" / "job").mkdir(parents=True)
+    (tmp_path / "slice" / "memory.max").write_text("1000000000\n")
+    (tmp_path / "slice" / "job" / "memory.max").write_text("max\n")
+    (tmp_path / "cgroup").write_text("0::/slice/job\n")
+    assert memory.cgroup_memory(tmp_path, tmp_path / "cgroup")["limit"] == 1e9
+
+
 def test_a_cgroup_below_host_memory_caps_what_the_cpu_can_give(monkeypatch):
     monkeypatch.setattr(memory, "cgroup_memory", lambda: dict(limit=5e9, usage=4e9, source="memory.max"))
     free, where = memory.available("cpu")

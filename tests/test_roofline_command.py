@@ -76,3 +76,32 @@ def test_a_wheel_ships_conf_and_runs_outside_the_checkout(tmp_path):
     r = _run(["capacity", "model=tiny", "B=[1]", "memory_gb=1", "context=64", "output=16", "speculative=false"], env={"PYTHONPATH": str(site)}, cwd=work)
     assert r.returncode == 0, r.stderr
     assert (work / "results" / "runs" / "capacity").is_dir()  # the results root, not site-packages
+
+
+def test_the_bash_hook_registers_for_roofline_with_or_without_a_subcommand(capsys):
+    for argv in (["-sc", "install=bash"], ["sweep", "-sc", "install=bash"]):
+        cli.main(argv)
+        out = capsys.readouterr().out
+        assert out.rstrip().endswith("-F _roofline_completion roofline") and "python" not in out
+
+
+def test_completion_in_a_real_bash_offers_subcommands_keys_and_group_options():
+    """The hook as a user installs it (`eval "$(roofline -sc install=bash)"`), then bash's own
+    completion call of the function, as Tab makes it."""
+    bindir = os.path.dirname(sys.executable)
+    if not os.path.exists(os.path.join(bindir, "roofline")):
+        pytest.skip("the roofline script is not installed beside this python (pip install -e .)")
+    script = r'''eval "$(roofline -sc install=bash)"
+complete -p roofline
+ask() { COMP_LINE="$1"; COMP_POINT=${#1}; COMP_WORDS=($1); [[ "$1" == *" " ]] && COMP_WORDS+=("");
+        COMP_CWORD=$((${#COMP_WORDS[@]} - 1)); _roofline_completion; echo "${COMPREPLY[*]}"; }
+ask "roofline sw"
+ask "roofline sweep mod"
+ask "roofline sweep model="'''
+    r = subprocess.run(["bash", "--norc", "--noprofile", "-c", script], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PATH": bindir + os.pathsep + os.environ["PATH"]}, cwd=REPO_ROOT)
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and lines[0].endswith(" roofline"), r.stderr
+    assert lines[1].split() == ["sweep"]
+    assert "model=" in lines[2].split() and any(w.startswith("modes") for w in lines[2].split())  # a key and a group
+    assert {"model=cpu-demo", "model=tiny"} <= set(lines[3].split())

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from roofline.analysis import costmodel, quality
+from roofline.analysis import costmodel, fitcheck, quality
 from roofline.io import files
 from roofline.io.results import RUNS_ROOT
 from roofline.report import figures
@@ -124,7 +124,7 @@ def plan(fit: dict, cfg: ModelConfig, dtype: str, work: Workload, mem_bytes: flo
     """(per-batch table, summary): largest batch meeting the ITL target and memory, devices needed."""
     check_inputs(mem_bytes, Bs, spec=spec)
     if not fit["provenance"].get("what_if"):
-        bad = [g for g in fit["groups"] if not quality.usable(g)]
+        bad = fitcheck.unusable_groups(fit, {"forward"} | ({"mtp"} if spec and spec.drafter.kind == "mtp" else set()))
         if bad:
             raise ConfigError("fit: " + "; ".join(quality.fit_warnings(dict(groups=bad))) + ": refit on more points")
     why = [f"what-if: {fit['provenance']['what_if']}"] if fit["provenance"].get("what_if") else \
@@ -234,6 +234,7 @@ def request_from_config(c: dict) -> CapacityRequest:
     from roofline.model.formats import with_overrides
     from roofline.model.presets import get_preset
 
+    fitcheck.check_capacity_config(c)
     c = dict(c)
     c.pop("price_per_device_hour", None)
     work = Workload(*(c.pop(f) for f in ("context", "output", "itl_target_ms", "target_tok_s")))
@@ -258,6 +259,7 @@ def plan_layouts(c: dict) -> tuple[pd.DataFrame, dict]:
     from roofline.model.formats import with_overrides
     from roofline.parallel import whatif
 
+    fitcheck.check_capacity_config(c)
     model = ModelConfig.from_dict(c["model"])
     label = with_overrides([c["dtype"]], c.get("weights"), c.get("kv"), c.get("lm_head"), model.native_weights)[0]
     work = Workload(c["context"], c["output"], c["itl_target_ms"], c["target_tok_s"])

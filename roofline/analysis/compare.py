@@ -42,9 +42,30 @@ def _ok_points(run_dir: Path, field: str) -> pd.DataFrame:
                      from_samples=[pid in samples for pid in df["point_id"]])
 
 
-def compare_runs(a, b) -> tuple[pd.DataFrame, dict]:
-    """(one row per point in both runs, summary) for run folders a and b."""
+def _models(df: pd.DataFrame) -> list[str]:
+    return sorted(set(df["model"].astype(str))) if "model" in df else []
+
+
+def check_threshold(fail_above) -> float | None:
+    """compare's CI threshold: a ratio b/a above which a point beyond the noise is a regression."""
+    if fail_above is None:
+        return None
+    if isinstance(fail_above, bool) or not isinstance(fail_above, (int, float)) or not 1 <= fail_above < math.inf:
+        raise ConfigError(f"fail_above={fail_above!r}: allowed null or a ratio >= 1 (1.05: fail when a point is "
+                          "more than 5% slower in b, beyond the noise)")
+    return float(fail_above)
+
+
+def compare_runs(a, b, allow_other_model: bool = False, fail_above: float | None = None) -> tuple[pd.DataFrame, dict]:
+    """(one row per point in both runs, summary) for run folders a and b. Runs of different
+    models are refused unless allow_other_model (their point ids may coincide). With
+    `fail_above`, summary["regressions"] counts the points slower in b beyond the noise by
+    more than that ratio (the CLI then exits non-zero)."""
+    threshold = check_threshold(fail_above)
     A, B = _ok_points(Path(a), "a"), _ok_points(Path(b), "b")
+    if _models(A) != _models(B) and not allow_other_model:
+        raise ConfigError(f"a={str(a)!r} is a run of {_models(A)}, b={str(b)!r} of {_models(B)}: compare joins runs of "
+                          "one model; allow_other_model=true joins them anyway (point by point id)")
     keys = [k for k in KEYS if k in A and k in B]
     m = A[keys + ["t_median_s", "ci_lo_s", "ci_hi_s", "n"]].merge(
         B[keys + ["t_median_s", "ci_lo_s", "ci_hi_s", "n"]], on=keys, suffixes=("_a", "_b"))
@@ -61,7 +82,10 @@ def compare_runs(a, b) -> tuple[pd.DataFrame, dict]:
                    only_in_b=int((~B["point_id"].isin(m["point_id"])).sum()),
                    geomean_ratio=float(np.exp(np.log(m["ratio"]).mean())),
                    beyond_noise=int(m["beyond_noise"].sum()), b_slower=int((m["verdict"] == "b slower").sum()),
-                   b_faster=int((m["verdict"] == "b faster").sum()), device_a=dev(A), device_b=dev(B))
+                   b_faster=int((m["verdict"] == "b faster").sum()), device_a=dev(A), device_b=dev(B),
+                   model_a=_models(A), model_b=_models(B), fail_above=threshold,
+                   regressions=None if threshold is None else
+                   int(((m["verdict"] == "b slower") & (m["ratio"] > threshold)).sum()))
     return m, summary
 
 
@@ -79,4 +103,18 @@ def format_comparison(m: pd.DataFrame, summary: dict) -> str:
             f"overlap); only in a: {summary['only_in_a']}, only in b: {summary['only_in_b']}")
     if summary["device_a"] != summary["device_b"]:
         head += f"\nwarning: different devices: a {summary['device_a']}, b {summary['device_b']}"
+    if summary.get("model_a") != summary.get("model_b"):
+        head += f"\nwarning: different models: a {summary['model_a']}, b {summary['model_b']}"
+    if summary.get("regressions"):
+        head += (f"\nREGRESSION: {summary['regressions']} point(s) slower in b by more than "
+                 f"{summary['fail_above']:g}x, beyond the noise")
     return head + "\n" + table
+
+
+def write_table(m: pd.DataFrame, out) -> Path:
+    """The joined table as CSV at `out`; a folder that does not exist is bad input naming `out`."""
+    out = Path(out)
+    if not out.parent.is_dir():
+        raise ConfigError(f"out={str(out)!r}: no such folder {str(out.parent)!r}")
+    m.to_csv(out, index=False)
+    return out

@@ -77,6 +77,10 @@ class FitSettings:
     band: tuple[float, float] = (0.1, 0.9)  # quantiles of held-out pred/meas for the interval
     collectives: str = ""  # a collectives.json pricing the rows' collectives (default: the run folder's)
 
+    def __post_init__(self) -> None:
+        from roofline.analysis.fitcheck import check_fit_settings
+        check_fit_settings(self)
+
 
 # ---- the model ----------------------------------------------------------------------------
 
@@ -365,6 +369,16 @@ def fit_group(g: pd.DataFrame, settings: FitSettings, ceilings: dict | None,
     return group, points
 
 
+def _json_file(path: Path, field: str):
+    """A JSON file of a run folder, or None when absent; unreadable: bad input naming the field and the file."""
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{field}={str(path.parent)!r}: {path.name} is not readable JSON ({e})") from None
+
+
 def _load(run_dir: Path, what: str) -> pd.DataFrame:
     if not (run_dir / "points.csv").exists() and not (run_dir / "points.jsonl").exists():
         raise ConfigError(f"{what}={str(run_dir)!r}: not a run folder (no points.csv or points.jsonl)")
@@ -383,9 +397,9 @@ def fit_run(run_dir, settings: FitSettings = FitSettings(), sliced_dir=None) -> 
     if df.empty:
         raise ConfigError(f"results_dir={str(run_dir)!r}: no ok full-depth rows to fit")
     shallow = sliced_rows(raw)
-    excluded = noise_note(raw)
-    run = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else {}
-    ceilings = json.loads((run_dir / "ceilings.json").read_text()) if (run_dir / "ceilings.json").exists() else None
+    excluded = {**noise_note(raw), **quality.untimed_note(raw)}
+    run = _json_file(run_dir / "run.json", "results_dir") or {}
+    ceilings = _json_file(run_dir / "ceilings.json", "results_dir")
     if "device_name" not in df:
         df["device_name"] = "unknown"
     comm_fit, comm_note = _collective_fit(df, run_dir, settings)
@@ -448,10 +462,14 @@ def load_fit(path) -> dict:
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"fit={str(path)!r}: no such file (run `python -m experiments.fit results_dir=...`)")
-    fit = json.loads(path.read_text())
-    if fit.get("schema") != FIT_SCHEMA:
+    try:
+        fit = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"fit={str(path)!r}: not a readable fit.json ({e})") from None
+    from roofline.analysis.fitcheck import check_fit
+    if isinstance(fit, dict) and fit.get("schema") != FIT_SCHEMA:
         raise ConfigError(f"fit={str(path)!r}: schema {fit.get('schema')!r}, expected {FIT_SCHEMA!r}")
-    return fit
+    return check_fit(fit, f"fit={str(path)!r}")
 
 
 # ---- predicting ---------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from roofline.analysis import costmodel, quality
 from roofline.report import figures
 
 from roofline.spec import theory
+from roofline.analysis import fitcheck
 from roofline.io.fields import ConfigError, from_dict
 from roofline.model.config import ModelConfig
 from roofline.spec.theory import StepCosts, no_cost
@@ -129,6 +130,7 @@ class PredictRequest:
     def __post_init__(self) -> None:
         if self.fit in (None, "", "???"):
             raise ConfigError("fit is required: a fit.json written by experiments.fit")
+        fitcheck.check_predict_grid(self.alphas, self.k, self.B, self.L, self.plot_B, self.plot_L, self.vllm_metrics)
 
 
 def run(req: PredictRequest) -> tuple[pd.DataFrame, dict]:
@@ -141,9 +143,12 @@ def run(req: PredictRequest) -> tuple[pd.DataFrame, dict]:
     if req.vllm_metrics:
         alphas.update(alphas_from_vllm(Path(req.vllm_metrics).read_text()))
     overhead = json.loads(Path(req.overhead).read_text()) if req.overhead else None
+    fitcheck.check_context(req.plot_L, max(8, *req.k), target.max_context, target.name)  # before out_dir is written
     out = Path(req.out_dir or Path(req.fit).parent / f"predict-{target.name}-{req.drafter}")
     out.mkdir(parents=True, exist_ok=True)
     t = table(fit, alphas, req.k, req.B, req.L, req.dtype, drafter, target, req.mode, req.overhead_share, overhead)
+    t, warnings = fitcheck.speedup_problems(t)
+    warnings = fitcheck.unconverged(fit) + warnings
     t.to_csv(out / "predict.csv", index=False)
     costs = step_costs(fit, req.dtype, drafter, target, req.mode, req.overhead_share, overhead)
     plot_all(costs, req.B, req.L, req.plot_B, req.plot_L, out / "figures",
@@ -151,7 +156,7 @@ def run(req: PredictRequest) -> tuple[pd.DataFrame, dict]:
     best = t[t["k"] == t["k_star"]][["alpha", "B", "L", "k_star", "S", "throughput_tok_s", "extrapolated",
                                     "extrapolation"]]
     return best, dict(csv=str(out / "predict.csv"), rows=len(t), source=costs.source,
-                      overhead_source=costs.overhead_source)
+                      overhead_source=costs.overhead_source, warnings=warnings)
 
 
 def predict_command(c: Mapping) -> tuple[str, dict]:
@@ -172,11 +177,12 @@ def predict_command(c: Mapping) -> tuple[str, dict]:
             raise ConfigError("model is required for a what-if (device=... without fit=...)")
         rows = whatif.speedup_table(model, get_spec(device), c["dtype"], layout, c["alphas"], c["k"], c["B"], c["L"])
         return pd.DataFrame(rows).round(3).to_string(index=False), dict(source="what-if", device=device, rows=len(rows))
+    fitcheck.check_drafter(c.get("drafter"), c.get("draft_model"))
     draft = get_preset(c.pop("draft_model")) if c.get("draft_model") else None
     native = model.native_weights if model else ""  # weights=native needs the target: model=
     c["dtype"] = with_overrides([c["dtype"]], c.pop("weights"), c.pop("kv"), c.pop("lm_head"), native)[0]
     best, summary = run(from_dict(PredictRequest, c, "predict", lists_to_tuples=True, model=model, draft_model=draft))
-    return best.round(3).to_string(index=False), summary
+    return "\n".join([best.round(3).to_string(index=False)] + [f"warning: {w}" for w in summary["warnings"]]), summary
 
 
 def alphas_from_vllm(text: str, model_name: str | None = None) -> dict:

@@ -92,9 +92,27 @@ def check_model(fit: dict, model: str, allow_other_model: bool) -> None:
                           "device-fit transfer (an extrapolation): pass allow_other_model=true to do it anyway")
 
 
+def untimed_note(df) -> dict:
+    """ok rows whose median time is no usable number (NaN, inf, zero, negative, text): the fit
+    cannot use them; counted so that the fit says how many it left out."""
+    import pandas as pd
+    if "status" not in df or "t_median_s" not in df:
+        return {}
+    ok = df[df["status"] == "ok"]
+    t = pd.to_numeric(ok["t_median_s"], errors="coerce")
+    bad = ok[~(t.notna() & (t > 0) & (t < float("inf")))]
+    return dict(untimed_ok_rows=len(bad), untimed_examples=[str(p) for p in bad.get("point_id", pd.Series())[:3]]) \
+        if len(bad) else {}
+
+
 def fit_warnings(fit: dict) -> list[str]:
-    return [f"fit {g['key']['model']}/{g['key']['dtype']}/{g['key']['mode']}/{g['key']['kind']}: {r}"
-            for g in fit.get("groups", []) for r in g.get("problems", [])]
+    out = [f"fit {g['key']['model']}/{g['key']['dtype']}/{g['key']['mode']}/{g['key']['kind']}: {r}"
+           for g in fit.get("groups", []) for r in g.get("problems", [])]
+    ex = fit.get("excluded") or {}
+    if ex.get("untimed_ok_rows"):
+        out.append(f"fit: {ex['untimed_ok_rows']} ok row(s) left out: t_median_s is not a positive finite time "
+                   f"(e.g. {', '.join(ex.get('untimed_examples') or [])})")
+    return out
 
 
 def mismatch(S_pred: float, S_meas: float) -> bool:
@@ -136,7 +154,7 @@ def run_warnings(run_dir, df) -> list[str]:
     """Everything a reader must know before trusting a run folder's numbers."""
     import json
     from pathlib import Path
-    run_dir, out = Path(run_dir), []
+    run_dir, out = Path(run_dir), list(getattr(df, "attrs", {}).get("load_warnings", []))
     if "status" in df:
         bad = df[df["status"] != "ok"]
         if len(bad):

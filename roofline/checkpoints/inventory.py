@@ -124,8 +124,14 @@ def _shard_files(folder: Path, field_name: str) -> tuple[list[Path], dict[str, s
     if index.exists():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as e:
-            raise ConfigError(f"{field_name}: {INDEX_FILE} has no readable weight_map ({e})") from e
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+            raise ConfigError(f"{field_name}: {INDEX_FILE} has no readable weight_map ({e})") from None
+        if not isinstance(weight_map, dict):
+            raise ConfigError(f"{field_name}: {INDEX_FILE}'s weight_map is a {type(weight_map).__name__}; "
+                              "allowed a JSON object of tensor name -> shard file")
+        odd = [v for v in weight_map.values() if not isinstance(v, str)][:1]
+        if odd:
+            raise ConfigError(f"{field_name}: {INDEX_FILE}'s weight_map names shard {odd[0]!r}; allowed file names")
         from roofline.checkpoints.loader import shard_path
         files = [shard_path(folder, s, field_name) for s in sorted(set(weight_map.values()), key=str)]
         for f in files:
@@ -198,7 +204,12 @@ def read_checkpoint(folder, field_name: str = "checkpoint") -> Checkpoint:
                 raise ConfigError(f"{field_name}: {INDEX_FILE} puts tensor {name} in {shard}, "
                                   f"but it is {'in ' + tensors[name].shard if name in tensors else 'in no shard'}")
     config_path = folder / "config.json"
-    config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    try:
+        config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{field_name}={str(folder)!r}: config.json is not JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{field_name}={str(folder)!r}: config.json is a {type(config).__name__}; allowed a JSON object")
     return Checkpoint(folder=str(folder), tensors=tensors, config=config, shards=tuple(p.name for p in files))
 
 

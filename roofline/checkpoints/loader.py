@@ -252,12 +252,19 @@ def tensor_headers(folder: str | Path) -> dict[str, TensorInfo]:
     from safetensors import safe_open
     out: dict[str, TensorInfo] = {}
     for path in shard_files(folder):
-        with safe_open(str(path), framework="pt") as f:
-            for k in f.keys():
-                sl = f.get_slice(k)
-                if k in out:
-                    raise ConfigError(f"tensor {k!r}: stored twice ({out[k].file.name}, {path.name})")
-                out[k] = TensorInfo(path, tuple(sl.get_shape()), sl.get_dtype())
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for k in f.keys():
+                    sl = f.get_slice(k)
+                    if k in out:
+                        raise ConfigError(f"tensor {k!r}: stored twice ({out[k].file.name}, {path.name})")
+                    out[k] = TensorInfo(path, tuple(sl.get_shape()), sl.get_dtype())
+        except ConfigError:
+            raise
+        except Exception as e:  # safetensors' own header errors (truncated, oversized, not UTF-8, overlapping)
+            msg = str(e).splitlines()[0] if str(e) else ""
+            raise ConfigError(f"checkpoint={str(folder)!r}: {path.name} is not a readable safetensors file "
+                              f"({type(e).__name__}: {msg})") from None
     return out
 
 

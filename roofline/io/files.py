@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -13,17 +14,40 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
     """Write `data` to a temporary file beside `path`, fsync it, then rename it over `path`."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, a Ctrl-C: no half-written temporary file is left behind
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 
+def _strict(doc, default):
+    """`doc` with NaN and infinities as null (JSON has no such numbers) and what json cannot
+    hold converted by `default` first."""
+    if isinstance(doc, dict):
+        return {k: _strict(v, default) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [_strict(v, default) for v in doc]
+    if isinstance(doc, (str, int, bool)) or doc is None:
+        return doc
+    if isinstance(doc, float):
+        return doc if math.isfinite(doc) else None
+    return _strict(default(doc), default) if default is not None else doc
+
+
+def json_text(doc, indent: int | None = None, default=str) -> str:
+    """Strict JSON (RFC 8259: no NaN, no Infinity; they become null), as every reader parses it."""
+    return json.dumps(_strict(doc, default), indent=indent, allow_nan=False)
+
+
 def write_json_atomic(path: str | Path, doc, indent: int | None = 1, default=str) -> Path:
-    """`doc` as JSON; `default` converts what json cannot (str; float for numpy scalars)."""
-    return write_atomic(path, json.dumps(doc, indent=indent, default=default))
+    """`doc` as strict JSON (NaN/inf as null); `default` converts what json cannot (str; float for numpy scalars)."""
+    return write_atomic(path, json_text(doc, indent=indent, default=default))
 
 
 def write_csv_atomic(df: pd.DataFrame, path: str | Path) -> Path:

@@ -78,8 +78,9 @@ def read_samples(run_dir: Path) -> dict[str, list[float]]:
 
 
 def read_rows(path: Path, repair: bool = False) -> list[dict]:
-    """Complete rows of a JSONL; a torn last line (a kill mid-write) is dropped, and with
-    repair=True cut from the file so that appending continues on a line boundary."""
+    """Complete rows of a JSONL; a line that does not parse is skipped (the rows after it are
+    kept); a torn last line (a kill mid-write) is dropped, and with repair=True cut from the
+    file so that appending continues on a line boundary."""
     path = Path(path)
     if not path.exists():
         return []
@@ -91,10 +92,9 @@ def read_rows(path: Path, repair: bool = False) -> list[dict]:
             break
         try:
             rows.append(json.loads(raw[start:nl]))
-            good_end = nl + 1
-        except json.JSONDecodeError:
-            break
-        start = nl + 1
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            pass
+        good_end = start = nl + 1
     if repair and good_end < len(raw):
         with open(path, "r+b") as f:
             f.truncate(good_end)
@@ -115,16 +115,56 @@ def write_csv(rows: Iterable[dict], path: Path) -> pd.DataFrame:
 
 
 def load_run(run_dir: Path, field: str = "results_dir") -> pd.DataFrame:
-    """The table of a run folder (points.csv, or rebuilt from points.jsonl); bad input names `field`."""
+    """The table of a run folder; bad input names `field`.
+
+    points.jsonl is the record (every row is appended as its point finishes); points.csv is the
+    table the sweep rebuilds at its end (with the extrapolated rows of a sliced run). The csv is
+    used only while it holds every valid row of the jsonl; otherwise (a sweep killed before its
+    end, an unreadable csv) the table is rebuilt from the jsonl. Bad jsonl lines are skipped
+    (the rows after them kept) with the checks of the resume. What was done is said in
+    `df.attrs["load_warnings"]` (roofline.analysis.quality.run_warnings shows it) and on stderr."""
+    import sys
+
+    from roofline.io import runfolder
     from roofline.io.fields import ConfigError
     if run_dir is None or str(run_dir).strip() in ("", "None", "???"):
         raise ConfigError(f"{field} is required: a run folder holding points.csv or points.jsonl")
     run_dir = Path(run_dir)
-    if not ((run_dir / "points.csv").is_file() or (run_dir / "points.jsonl").is_file()):
+    csv, jsonl = run_dir / "points.csv", run_dir / runfolder.POINTS
+    if not (csv.is_file() or jsonl.is_file()):
         raise ConfigError(f"{field}={str(run_dir)!r}: not a run folder (no points.csv or points.jsonl)")
-    if (run_dir / "points.csv").exists():
-        return pd.read_csv(run_dir / "points.csv")
-    return to_frame(apply_corrections(run_dir, read_rows(run_dir / "points.jsonl")))
+    warnings, rows, bad = [], [], []
+    if jsonl.is_file():
+        rows, bad = runfolder.read_points(run_dir)
+        rows = apply_corrections(run_dir, rows)
+        if bad:
+            warnings.append(f"{len(bad)} bad line(s) of {jsonl.name} skipped (first: line {bad[0]['line']}, "
+                            f"{bad[0]['reason']}); {len(rows)} valid rows read")
+    df = None
+    if csv.is_file():
+        try:
+            df = pd.read_csv(csv)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+            if not jsonl.is_file():
+                raise ConfigError(f"{field}={str(run_dir)!r}: {csv.name} is unreadable "
+                                  f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+            warnings.append(f"{csv.name} is unreadable ({type(e).__name__}); the table is rebuilt from {jsonl.name}")
+    if df is not None and jsonl.is_file():
+        have = set(df["point_id"].astype(str)) if "point_id" in df else set()
+        missing = [r["point_id"] for r in rows if r["point_id"] not in have]
+        if missing:
+            warnings.append(f"{csv.name} is stale: it lacks {len(missing)} of the {len(rows)} rows of {jsonl.name} "
+                            f"(the sweep was stopped before its end; the same sweep command rebuilds it); "
+                            f"the table is rebuilt from {jsonl.name}"
+                            + (" without the extrapolated full-depth rows" if df.get("extrapolated", pd.Series(
+                                dtype=object)).astype(str).str.lower().eq("true").any() else ""))
+            df = None
+    if df is None:
+        df = to_frame(rows)
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    df.attrs["load_warnings"] = warnings
+    return df
 
 
 def aggregate(run_dirs: Iterable[Path], out_csv: Path) -> pd.DataFrame:

@@ -9,8 +9,9 @@
   with its line number and the reason, and the good rows after it are kept. Rows whose
   status is in `retry` (transient failures: an OOM, a momentary too_big) are moved to
   points.retried.jsonl so that the sweep measures those points again.
-- `set_aside(run_dir)`: `force=true` moves a previous run's files into `previous-<time>/`
-  (nothing is deleted) so that the folder starts empty.
+- `set_aside(run_dir)`: `force=true` moves a previous run's files, and everything derived from
+  them (fit.json, reports, noise.json, figures/, stray temporary files), into
+  `previous-<time>/` (nothing is deleted) so that the folder starts empty.
 - `Signals`: while a sweep runs, SIGINT (Ctrl-C) and SIGTERM (`timeout`, Slurm, Kubernetes)
   both become `Interrupted` (a KeyboardInterrupt naming the signal), raised between two
   writes, never inside one: a signal that arrives while a row or a correction is being
@@ -42,6 +43,11 @@ QUARANTINE = "points.quarantine.jsonl"
 RETRIED = "points.retried.jsonl"
 RUN_FILES = ("run.json", POINTS, CORRECTIONS, "points.csv", "samples.jsonl", QUARANTINE, RETRIED, "ceilings.json",
              "ceilings_bandwidth.csv", "ceilings_matmul.csv")
+# what the commands derive from a run's rows into its folder: set aside with them, so that a forced
+# re-measurement never sits beside the old run's fit, report or noise verdict
+DERIVED_FILES = ("fit.json", "noise.json", "report.md", "report.html", "report_costmodel.md", "report_specdec.md",
+                 "predict.csv", "capacity.csv", "capacity.json", "overhead.json", "specdec.csv")
+DERIVED_DIRS = ("figures",)
 TRANSIENT = ("oom", "too_big", "error")
 
 
@@ -141,16 +147,28 @@ def locked(run_dir: Path) -> Iterator[Path]:
         os.close(fd)
 
 
+# what every row of this code has (roofline.measure.sweep writes them all); a row lacking one
+# (an older or foreign writer) cannot be summarised or fitted
+REQUIRED = ("kind", "model", "dtype", "mode", "q", "B", "L", "layers_run", "layers_full")
+
+
 def _problem(row) -> str | None:
-    from roofline.io.results import STATUSES
+    from roofline.io.results import SCHEMA_VERSION, STATUSES
     if not isinstance(row, dict):
         return f"not a JSON object ({type(row).__name__})"
     if not isinstance(row.get("point_id"), str) or not row["point_id"]:
         return "no point_id"
     if row.get("status") not in STATUSES:
         return f"status={row.get('status')!r}, allowed {STATUSES}"
-    if row["status"] == "ok" and not (isinstance(row.get("t_median_s"), (int, float)) and row["t_median_s"] > 0):
-        return f"status 'ok' without a positive t_median_s ({row.get('t_median_s')!r})"
+    if row.get("schema_version") != SCHEMA_VERSION:
+        return f"schema_version={row.get('schema_version')!r}, this code reads {SCHEMA_VERSION}"
+    missing = [k for k in REQUIRED if k not in row]
+    if missing:
+        return f"missing field(s) {missing}"
+    if row["status"] == "ok" and not (isinstance(row.get("t_median_s"), (int, float))
+                                      and not isinstance(row["t_median_s"], bool) and row["t_median_s"] > 0
+                                      and row["t_median_s"] != float("inf")):
+        return f"status 'ok' without a positive finite t_median_s ({row.get('t_median_s')!r})"
     return None
 
 
@@ -168,13 +186,10 @@ def _append_lines(path: Path, lines: list[str]) -> None:
         os.fsync(f.fileno())
 
 
-def load_points(run_dir: Path, retry: Collection[str] = TRANSIENT) -> Resumed:
-    """Read and check points.jsonl (see the module docstring); rewrite it atomically when
-    anything had to be moved out. Call with the folder's lock held."""
-    path = Path(run_dir) / POINTS
-    if not path.exists():
-        return Resumed([])
-    raw = path.read_bytes()
+def check_lines(raw: bytes) -> tuple[list[tuple[bytes, dict]], list[tuple[int, bytes, str]]]:
+    """Every line of a points.jsonl checked, writing nothing: ([(line, row)] kept in file order,
+    [(line number, text, why)] of the bad ones). A second row of a point is bad, except that a
+    measured row supersedes a failed one."""
     kept: list[tuple[bytes, dict]] = []
     bad: list[tuple[int, bytes, str]] = []
     seen: dict[str, int] = {}
@@ -204,6 +219,26 @@ def load_points(run_dir: Path, retry: Collection[str] = TRANSIENT) -> Resumed:
         kept.append((line, row))
     if torn:
         bad.append((len(chunks) + 1, torn, "torn last line (the writer was killed mid-line)"))
+    return kept, bad
+
+
+def read_points(run_dir: Path) -> tuple[list[dict], list[dict]]:
+    """The valid rows of a run folder's points.jsonl and {line, reason} of each bad line, for a
+    reader (fit, report, plots, compare): the checks of the resume, nothing moved or rewritten."""
+    path = Path(run_dir) / POINTS
+    if not path.exists():
+        return [], []
+    kept, bad = check_lines(path.read_bytes())
+    return [r for _, r in kept], [dict(line=n, reason=why) for n, _, why in bad]
+
+
+def load_points(run_dir: Path, retry: Collection[str] = TRANSIENT) -> Resumed:
+    """Read and check points.jsonl (see the module docstring); rewrite it atomically when
+    anything had to be moved out. Call with the folder's lock held."""
+    path = Path(run_dir) / POINTS
+    if not path.exists():
+        return Resumed([])
+    kept, bad = check_lines(path.read_bytes())
     out = Resumed([r for _, r in kept])
     moved_retry = [(line, r) for line, r in kept if r["status"] in retry]
     if moved_retry:
@@ -223,9 +258,9 @@ def load_points(run_dir: Path, retry: Collection[str] = TRANSIENT) -> Resumed:
 def set_aside(run_dir: Path) -> Path | None:
     """Move a previous run's files into run_dir/previous-<UTC time>/; None when there were none."""
     run_dir = Path(run_dir)
-    present = [run_dir / f for f in RUN_FILES if (run_dir / f).exists()]
-    if (run_dir / "figures").is_dir():
-        present.append(run_dir / "figures")
+    present = [run_dir / f for f in RUN_FILES + DERIVED_FILES if (run_dir / f).exists()]
+    present += [run_dir / d for d in DERIVED_DIRS if (run_dir / d).is_dir()]
+    present += sorted(p for p in run_dir.glob(".*.tmp") if p.is_file())  # a write killed before its rename
     if not present:
         return None
     dest = run_dir / f"previous-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S%fZ}"

@@ -144,9 +144,11 @@ def count_kernels(fn: Callable[[], Any], device: str | torch.device) -> dict:
     "kernel_attn_backend": the attention backend the CUDA kernel names show, or None}.
     """
     from torch.profiler import ProfilerActivity, profile
+
+    from roofline.measure.quiet import native_stderr_filtered
     dev = torch.device(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
-    with profile(activities=activities) as prof:
+    with native_stderr_filtered(), profile(activities=activities) as prof:  # libkineto's USDT lines off the console
         fn()
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)

@@ -89,23 +89,39 @@ def peak_bytes(cfg: ModelConfig, dtype: str, batch: int, context: int, q: int = 
     return Resident(r.weights, r.kv, largest_parameter(cfg) * 4.0 + act)
 
 
-def cgroup_memory(root: Path = CGROUP_ROOT, proc: Path = PROC_CGROUP) -> dict | None:
-    """{limit, usage, source} of this process's cgroup memory limit (the tightest found), or None."""
-    rel = ""
+def _cgroup_paths(proc: Path) -> tuple[str | None, str | None]:
+    """(v2 path, v1 memory-controller path) of this process from /proc/self/cgroup. A hybrid
+    host lists both (`N:memory:/a/b` and `0::/`): each is kept for its own hierarchy, so the
+    unified `0::` line never hides the memory controller's path."""
+    v2 = v1 = None
     try:
         for line in proc.read_text().splitlines():
             parts = line.split(":", 2)
-            if len(parts) == 3 and (parts[0] == "0" or "memory" in parts[1].split(",")):
-                rel = parts[2].lstrip("/")
+            if len(parts) != 3:
+                continue
+            if parts[0] == "0" and parts[1] == "":
+                v2 = parts[2].strip().lstrip("/")
+            elif "memory" in parts[1].split(","):
+                v1 = parts[2].strip().lstrip("/")
     except OSError:
         pass
-    candidates = []
-    for base in {root / rel, root} if rel else {root}:
-        candidates.append((base / "memory.max", base / "memory.current"))  # v2
-    for base in {root / "memory" / rel, root / "memory"} if rel else {root / "memory"}:
-        candidates.append((base / "memory.limit_in_bytes", base / "memory.usage_in_bytes"))  # v1
+    return v2, v1
+
+
+def _ancestors(base: Path, rel: str | None) -> list[Path]:
+    """base/rel and every folder above it up to base (a limit set on a parent cgroup binds too)."""
+    parts = [p for p in (rel or "").split("/") if p]
+    return [base.joinpath(*parts[:n]) for n in range(len(parts), -1, -1)]
+
+
+def cgroup_memory(root: Path = CGROUP_ROOT, proc: Path = PROC_CGROUP) -> dict | None:
+    """{limit, usage, source} of this process's cgroup memory limit (the tightest found), or None."""
+    v2, v1 = _cgroup_paths(proc)
+    candidates = [(b / "memory.max", b / "memory.current") for b in _ancestors(root, v2)]
+    for mount in (root / "memory", root):  # v1: the controller's own mount (or a v1-only root)
+        candidates += [(b / "memory.limit_in_bytes", b / "memory.usage_in_bytes") for b in _ancestors(mount, v1)]
     best = None
-    for limit_f, usage_f in candidates:
+    for limit_f, usage_f in dict.fromkeys(candidates):
         try:
             raw = limit_f.read_text().strip()
         except OSError:

@@ -22,6 +22,7 @@ import hashlib
 import itertools
 import json
 import signal
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -74,6 +75,8 @@ class SweepSpec:
     parallel: Layout = field(default_factory=Layout)  # tp/ep > 1: ranks of torch.distributed (roofline.parallel.runner)
 
     def __post_init__(self) -> None:
+        for name in GRID_AXES:  # a value given twice is one grid value (one point, one row)
+            object.__setattr__(self, name, tuple(dict.fromkeys(getattr(self, name))))
         self.validate()
 
     def validate(self) -> None:
@@ -82,7 +85,7 @@ class SweepSpec:
             if len(getattr(self, name)) == 0:
                 raise ConfigError(f"{name}: the grid has no points (empty list)")
         for name, lo in (("q", 1), ("B", 1), ("L", 0), ("mtp_q", 1)):
-            bad = [v for v in getattr(self, name) if not isinstance(v, int) or v < lo]
+            bad = [v for v in getattr(self, name) if not isinstance(v, int) or isinstance(v, bool) or v < lo]
             if bad:
                 raise ConfigError(f"{name}={bad}: allowed integers >= {lo}")
         longest = max(self.L) + max(self.q + self.mtp_q)
@@ -97,7 +100,10 @@ class SweepSpec:
         dev = parse_device(self.device, need_available=False)
         if "graph" in self.modes and dev.type != "cuda":
             raise ConfigError(f"modes=['graph']: CUDA-graph replay needs device=cuda, got device={self.device!r}")
-        if not isinstance(self.layers, int) or self.layers < 0 or 2 * self.layers > cfg.layers:
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**63:
+            raise ConfigError(f"seed={self.seed!r}: allowed an integer in [0, 2^63)")
+        if not isinstance(self.layers, int) or isinstance(self.layers, bool) or self.layers < 0 \
+                or 2 * self.layers > cfg.layers:
             raise ConfigError(f"layers={self.layers}: allowed 0 (full depth) or 1..{cfg.layers // 2} "
                               f"(n and 2n layers of {cfg.layers} are measured)")
         for depth in ((self.layers, 2 * self.layers) if self.layers else ()):
@@ -105,6 +111,9 @@ class SweepSpec:
                 cfg.scaled(layers=depth)
             except ConfigError as e:
                 raise ConfigError(f"layers={self.layers}: {depth} layers of {cfg.name!r} cannot be built ({e})") from None
+        if self.checkpoint:  # a broken file is bad input (exit 2, naming it), not a row of errors
+            from roofline.checkpoints.loader import tensor_headers
+            tensor_headers(self.checkpoint)
         if self.parallel.devices > 1:
             from roofline.parallel.runner import check_spec
             check_spec(self)
@@ -146,7 +155,8 @@ def layer_depths(spec: SweepSpec) -> tuple[int, ...]:
 
 
 def grid(spec: SweepSpec) -> list[Point]:
-    """Points in measurement order: one model per (dtype, depth), its points together."""
+    """Points in measurement order: one model per (dtype, depth), its points together; each
+    point once (two spellings of one dtype, bf16 and bfloat16, are one point)."""
     pts = []
     for dtype, depth in itertools.product(spec.dtypes, layer_depths(spec)):
         for mode, B, L in itertools.product(spec.modes, spec.B, spec.L):
@@ -154,7 +164,7 @@ def grid(spec: SweepSpec) -> list[Point]:
             pts += [Point("forward", label, mode, q, B, L, depth) for q in spec.q]
             if spec.model.mtp_layers:
                 pts += [Point("mtp", label, mode, q, B, L, depth) for q in spec.mtp_q]
-    return pts
+    return list({p.point_id: p for p in pts}.values())
 
 
 def spec_device_name(device: str) -> str:
@@ -348,6 +358,8 @@ def extrapolate_layers(rows: list[dict], layers_full: int) -> list[dict]:
         if len(depths) != 2:
             continue
         n, n2 = sorted(depths)
+        if n2 == layers_full:  # 2n is the full depth: the measured row is the full-depth row
+            continue
         per_layer = (depths[n2]["t_median_s"] - depths[n]["t_median_s"]) / (n2 - n)
         full = dict(depths[n2])
         full["t_median_s"] = depths[n]["t_median_s"] + (layers_full - n) * per_layer
@@ -390,44 +402,65 @@ def _union(old: list, new: tuple) -> tuple:
     return tuple(sorted(merged)) if all(isinstance(v, int) for v in merged) else tuple(merged)
 
 
+def check_run_dir(spec: SweepSpec, run_dir: Path, force: bool = False,
+                  extend: bool = False) -> tuple[SweepSpec, dict | None, list]:
+    """What a sweep would do with run_dir, writing nothing (the dry run asks this too): (the
+    spec to measure, the run.json kept or None for a fresh folder, the extension log). A folder
+    holding another measurement, or one of another results schema, is refused naming what
+    differs, unless `force`; when only grid values differ, `extend` measures the union grid."""
+    meta = run_dir / "run.json"
+    if force and extend:
+        raise ConfigError("force=true and extend=true: force sets the old run aside, extend adds to it; choose one")
+    if force:
+        return spec, None, []
+    if not meta.exists():
+        if (run_dir / "points.jsonl").exists():
+            raise ConfigError(f"out_dir={str(run_dir)!r} holds points.jsonl but no run.json: not a run folder this "
+                              "code wrote or can resume; choose another out_dir, or force=true to set it aside")
+        return spec, None, []
+    try:
+        old = json.loads(meta.read_text())
+        old_id = old.get("identity") or {}
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+        raise ConfigError(f"out_dir={str(run_dir)!r}: run.json is unreadable ({e}); force=true sets the folder aside")
+    if old.get("schema_version") != results.SCHEMA_VERSION:
+        raise ConfigError(f"out_dir={str(run_dir)!r}: run.json has schema_version={old.get('schema_version')!r}, this "
+                          f"code reads {results.SCHEMA_VERSION}; choose another out_dir, or force=true to set it aside")
+    was = (old.get("spec") or {}).get("ceilings", spec.ceilings) or ""
+    if was != spec.ceilings:  # the ceilings stay out of the fingerprint, but one run has one set of roofs
+        raise ConfigError(f"ceilings={spec.ceilings or None!r}: the rows in out_dir={str(run_dir)!r} are put against "
+                          f"ceilings={was or None!r}; give the same ceilings, another out_dir, or force=true")
+    if old.get("fingerprint") == spec.fingerprint():
+        return spec, old, old.get("extended", [])
+    identity = spec.identity()
+    diff = sorted(k for k in set(old_id) | set(identity) if old_id.get(k) != identity.get(k))
+    if extend and old_id and set(diff) <= set(GRID_AXES):
+        spec = dataclasses.replace(spec, **{k: _union(old_id[k], getattr(spec, k)) for k in GRID_AXES})
+        identity = spec.identity()
+        return spec, old, old.get("extended", []) + [dict(time_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                                          added={k: identity[k] for k in diff})]
+    what = "; ".join(f"{k}: {old_id.get(k)!r} -> {identity.get(k)!r}" for k in diff) if old_id \
+        else "written by an older version of this code"
+    hint = "extend=true to add the new grid values" if set(diff) <= set(GRID_AXES) and old_id else ""
+    raise ConfigError(f"out_dir={str(run_dir)!r} holds a different sweep (fingerprint "
+                      f"{old.get('fingerprint')} != {spec.fingerprint()}; {what or 'its run.json was edited'}); "
+                      f"choose another out_dir, force=true to re-measure{', or ' + hint if hint else ''}")
+
+
 def prepare_run_dir(spec: SweepSpec, run_dir: Path, force: bool = False, extend: bool = False) -> SweepSpec:
-    """Create or reopen a run folder (its lock held); return the spec to measure. A folder
-    holding another measurement is refused, naming what differs, unless `force` (the old
-    files are set aside) or, when only grid values differ, `extend` (the union grid is
-    measured: the points already there are kept, the new ones added)."""
+    """Create or reopen a run folder (its lock held); return the spec to measure (see
+    check_run_dir; with `force` the old files are set aside first)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     meta = run_dir / "run.json"
+    spec, old, extended = check_run_dir(spec, run_dir, force, extend)
     if force:
         runfolder.set_aside(run_dir)
-    elif not meta.exists() and (run_dir / "points.jsonl").exists():
-        raise ConfigError(f"out_dir={str(run_dir)!r} holds points.jsonl but no run.json: not a run folder this "
-                          "code wrote or can resume; choose another out_dir, or force=true to set it aside")
-    identity, extended = spec.identity(), []
-    if meta.exists():
-        try:
-            old = json.loads(meta.read_text())
-            old_id = old.get("identity") or {}
-        except (json.JSONDecodeError, AttributeError) as e:
-            raise ConfigError(f"out_dir={str(run_dir)!r}: run.json is unreadable ({e}); force=true sets the folder aside")
-        if old.get("fingerprint") != spec.fingerprint():
-            diff = sorted(k for k in set(old_id) | set(identity) if old_id.get(k) != identity.get(k))
-            if extend and old_id and set(diff) <= set(GRID_AXES):
-                spec = dataclasses.replace(spec, **{k: _union(old_id[k], getattr(spec, k)) for k in GRID_AXES})
-                identity, extended = spec.identity(), old.get("extended", []) + [
-                    dict(time_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                         added={k: identity[k] for k in diff})]
-            else:
-                what = "; ".join(f"{k}: {old_id.get(k)!r} -> {identity.get(k)!r}" for k in diff) if old_id \
-                    else "written by an older version of this code"
-                hint = "extend=true to add the new grid values" if set(diff) <= set(GRID_AXES) and old_id else ""
-                raise ConfigError(f"out_dir={str(run_dir)!r} holds a different sweep (fingerprint "
-                                  f"{old.get('fingerprint')} != {spec.fingerprint()}; {what}); choose another "
-                                  f"out_dir, force=true to re-measure{', or ' + hint if hint else ''}")
-            files.write_json_atomic(meta, dict(old, fingerprint=spec.fingerprint(), identity=identity,
-                                               spec=dataclasses.asdict(spec), extended=extended))
-    else:
+    if old is None:
         files.write_json_atomic(meta, dict(fingerprint=spec.fingerprint(), schema_version=results.SCHEMA_VERSION,
-                                           identity=identity, spec=dataclasses.asdict(spec)))
+                                           identity=spec.identity(), spec=dataclasses.asdict(spec)))
+    elif old.get("fingerprint") != spec.fingerprint():
+        files.write_json_atomic(meta, dict(old, fingerprint=spec.fingerprint(), identity=spec.identity(),
+                                           spec=dataclasses.asdict(spec), extended=extended))
     return spec
 
 
@@ -602,28 +635,64 @@ def _summarize(spec, run_dir, measured, points, todo, new, resumed, t0, quiet=No
                 noise_monitor_s=(quiet or {}).get("monitor_s", 0.0))
 
 
-def dry_run(spec: SweepSpec, run_dir: Path) -> str:
+# rates a dry run assumes for a step time when neither measured ceilings nor a datasheet give them
+# (a CPU without ceilings=): low on purpose, the time bound is to be an upper one
+ASSUMED_GBps, ASSUMED_TFLOPs = 5.0, 0.01
+
+
+def _rates(spec: SweepSpec, run_dir: Path, dtype: str) -> tuple[float, float, str]:
+    """(bytes/s, FLOP/s, where they come from) to estimate a step time before measuring it."""
+    from roofline.measure.ceilings import load_ceilings
+    path = run_dir / "ceilings.json" if spec.ceilings == "quick" else Path(spec.ceilings) if spec.ceilings else None
+    if path is not None and path.exists():
+        summ = load_ceilings(path).get("summary") or {}
+        bw, tf = summ.get("mem_bw_GBps"), (summ.get("peak_tflops") or {}).get(activation_dtype(dtype))
+        if bw and tf:
+            return bw * 1e9, tf * 1e12, f"measured ceilings ({path.name})"
+    sheet = spec_for_running_device(spec.device)[0]
+    bw, f = sheet.bandwidth_Bps(), sheet.peak_flops(activation_dtype(dtype))
+    if bw and f:
+        return bw, f, f"the datasheet of {sheet.name}"
+    return ASSUMED_GBps * 1e9, ASSUMED_TFLOPs * 1e12, (f"assumed {ASSUMED_GBps:g} GB/s and {ASSUMED_TFLOPs * 1e3:g} "
+                                                      "GFLOP/s (no ceilings=; give one for a closer bound)")
+
+
+def point_seconds(step_s: float, t: TimerSettings) -> float:
+    """Wall time of one point at a step time: warm-up passes, then repetitions until the budget
+    is spent, never fewer than min_reps (a slow step runs min_reps however long), nor more than max_reps."""
+    reps = min(t.max_reps, max(t.min_reps, math.ceil(t.budget_s / step_s) + 1 if step_s > 0 else t.max_reps))
+    return (t.warmup + reps) * step_s + (2 * step_s if t.l2 == "cold" else 0.0)
+
+
+def dry_run(spec: SweepSpec, run_dir: Path, force: bool = False, extend: bool = False) -> str:
     """What a sweep would do, measuring and writing nothing: the expanded grid, each point's
     memory fit against what the device can give now, and an upper bound on the time."""
+    spec, old, _ = check_run_dir(spec, run_dir, force, extend)  # refused here as the real command refuses it
     pts = grid(spec)
     done = set()
-    if (run_dir / "points.jsonl").exists():
-        done = {r.get("point_id") for r in results.read_rows(run_dir / "points.jsonl") if isinstance(r, dict)
-                and r.get("status") == "ok"}
+    if old is not None:
+        done = {r["point_id"] for r in runfolder.read_points(run_dir)[0] if r["status"] == "ok"}
     rows, groups = [], 0
     for (dtype, depth, mode), group in itertools.groupby(pts, key=lambda p: (p.dtype, p.layers_run, p.mode)):
         group = list(group)
         cfg = spec.model.scaled(layers=depth)
         builds, too_big = memory_plan(spec, dtype, depth, group)
+        bw, fl, _ = _rates(spec, run_dir, dtype)
         for p in group:
             need = memory.peak_bytes(cfg, dtype, p.B, p.L + p.q, p.q, cfg.mtp_layers > 0)
             build = next((i for i, (_, _, keys) in enumerate(builds) if p.point_id in keys), None)
+            c = (forward_cost if p.kind == "forward" else mtp_cost)(cfg, dtype, p.B, p.q, p.L)
+            step = max(c.bytes_total / bw, c.flops / fl)
             rows.append(dict(point=p.point_id, peak_GB=round(need.total / 1e9, 3),
                              memory="TOO BIG" if build is None else f"fits (build {groups + build + 1})",
-                             state="done (resumed)" if p.point_id in done else "to measure"))
+                             state="done (resumed)" if p.point_id in done else "to measure",
+                             step_ms_est=float(f"{step * 1e3:.3g}"),
+                             point_s_est=float(f"{point_seconds(step, spec.timer):.3g}")))
         groups += len(builds)
     free, where = memory.available(spec.device)
     todo = sum(r["state"] == "to measure" for r in rows)
+    est = sum(r["point_s_est"] for r in rows if r["state"] == "to measure" and r["memory"] != "TOO BIG")
+    rates = _rates(spec, run_dir, spec.dtypes[0])[2]
     t = spec.timer
     with pd.option_context("display.width", 200, "display.max_rows", 10000, "display.max_colwidth", 80):
         table = pd.DataFrame(rows).to_string(index=False)
@@ -635,21 +704,23 @@ def dry_run(spec: SweepSpec, run_dir: Path) -> str:
         f"{sum(r['memory'] == 'TOO BIG' for r in rows)} too big for {where} (peak: weights in their dtype + "
         "static KV cache + one float32 parameter + the pass's activations)",
         table,
-        f"time: at most {todo} points x timer.budget_s {t.budget_s:g} s = {todo * t.budget_s:.0f} s of timed "
-        f"repetitions (each point stops at its budget, or earlier at rel_ci {t.rel_ci:g} or max_reps {t.max_reps}), "
-        f"plus {t.warmup} warm-up passes per point, the correctness check and {groups} model build(s)",
+        f"time: about {est:.3g} s for the {todo} points to measure (each: {t.warmup} warm-up passes, then repetitions "
+        f"until timer.budget_s {t.budget_s:g} s, never fewer than min_reps {t.min_reps} however slow a step, nor more "
+        f"than max_reps {t.max_reps}; step times estimated from the byte and FLOP counts at {rates}), plus the "
+        f"correctness check and {groups} model build(s)",
     ])
 
 
 def summary_table(df: pd.DataFrame) -> pd.DataFrame:
-    """T(q)/T(1) and achieved GB/s per (kind, dtype, mode, B, L) at full depth."""
+    """T(q)/T(1), the step time's p50/p90/p99 (ms) and achieved GB/s per (kind, dtype, mode, B, L) at full depth."""
     ok = df[(df["status"] == "ok") & (df["layers_run"] == df["layers_full"])]
     out = []
     for key, g in ok.groupby(["kind", "dtype", "mode", "B", "L"]):
         g = g.sort_values("q")
         t1 = g.loc[g["q"] == g["q"].min(), "t_median_s"].iloc[0]
         for _, r in g.iterrows():
-            out.append(dict(zip(["kind", "dtype", "mode", "B", "L"], key), q=r["q"], t_ms=1e3 * r["t_median_s"],
+            out.append(dict(zip(["kind", "dtype", "mode", "B", "L"], key), q=r["q"], p50_ms=1e3 * r["t_median_s"],
+                            p90_ms=1e3 * r.get("t_p90_s", np.nan), p99_ms=1e3 * r.get("t_p99_s", np.nan),
                             t_over_t1=r["t_median_s"] / t1, GBps=r["achieved_GBps"], TFLOPs=r["achieved_TFLOPs"]))
     return pd.DataFrame(out)
 
@@ -664,5 +735,5 @@ def summary_text(run_dir: Path) -> str:
     if t.empty:
         return "\n".join([head, "no successful points"] + warnings)
     with pd.option_context("display.width", 160, "display.max_rows", 200):
-        table = t.round({"t_ms": 3, "t_over_t1": 3, "GBps": 2, "TFLOPs": 4}).to_string(index=False)
+        table = t.round({"p50_ms": 3, "p90_ms": 3, "p99_ms": 3, "t_over_t1": 3, "GBps": 2, "TFLOPs": 4}).to_string(index=False)
     return "\n".join([head, table] + warnings)

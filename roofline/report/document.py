@@ -15,6 +15,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from roofline.analysis import quality
@@ -41,6 +42,11 @@ CAPTIONS = {
     "utilisation_vs_batch": "Achieved bandwidth and FLOP/s as % of the measured (solid) and datasheet (dashed) "
                             "ceilings, vs batch, at the smallest context measured.",
 }
+
+TITLES = {"roofline": "Roofline: achieved FLOP/s vs arithmetic intensity",
+          "step_time_vs_q": "Step time vs tokens per pass",
+          "bandwidth_vs_working_set": "Bandwidth vs working-set size",
+          "utilisation_vs_batch": "Utilisation vs batch"}
 
 
 # ---- reading the run folder ------------------------------------------------------------
@@ -78,11 +84,13 @@ def open_run(run_dir) -> tuple[Path, pd.DataFrame, dict | None, dict | None, Dev
 # ---- tables ----------------------------------------------------------------------------
 
 def _fmt(v) -> str:
-    if v is None or (isinstance(v, float) and pd.isna(v)):
+    """A table cell: floats to 4 significant digits (a median of a few percent CI has no more), integers whole."""
+    if v is None or (isinstance(v, (float, np.floating)) and pd.isna(v)):
         return ""
-    if isinstance(v, bool):
-        return str(v)
-    if isinstance(v, float):
+    if isinstance(v, (bool, np.bool_)):
+        return str(bool(v))
+    if isinstance(v, (float, np.floating)):
+        v = float(v)
         return f"{v:.0f}" if v.is_integer() and abs(v) < 1e15 else f"{v:.4g}"
     return str(v)
 
@@ -148,6 +156,20 @@ def ceilings_table(df: pd.DataFrame, ceilings: dict | None, spec: DeviceSpec | N
     return _frame(rows)
 
 
+def percentile_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The step time's p50 / p90 / p99 (ms) of every ok full-depth point, and the tail over the median."""
+    ok = plots.ok_rows(df)
+    if "layers_run" in ok and "layers_full" in ok:
+        ok = ok[ok["layers_run"] == ok["layers_full"]]
+    if ok.empty or "t_median_s" not in ok:
+        return pd.DataFrame()
+    col = lambda c: ok[c].astype(float) * 1e3 if c in ok else pd.Series(np.nan, ok.index)  # noqa: E731
+    rows = pd.DataFrame({"point": ok.get("point_id", ok.index.astype(str)), "p50 ms": col("t_median_s"),
+                         "p90 ms": col("t_p90_s"), "p99 ms": col("t_p99_s")})
+    rows["p99 / p50"] = rows["p99 ms"] / rows["p50 ms"]
+    return _frame(rows.to_dict("records"))
+
+
 def failed_table(df: pd.DataFrame) -> pd.DataFrame:
     bad = df[df["status"] != "ok"]
     cols = [c for c in ("point_id", "kind", "model", "dtype", "mode", "q", "B", "L", "status", "error")
@@ -177,12 +199,14 @@ def provenance_table(df: pd.DataFrame, ceilings: dict | None) -> pd.DataFrame:
 
 def build_blocks(run_dir: Path, df, ceilings, run, spec, figures: plots.FigureSet) -> list[tuple]:
     """The report as blocks: ("h", level, text), ("p", text), ("table", frame), ("img", alt,
-    path relative to run_dir), ("code", text), ("md", raw markdown)."""
+    path relative to run_dir), ("code", text), ("md", raw markdown), ("details", summary,
+    [blocks folded under it]), ("toc",) (the contents, filled in by render_md)."""
     n_ok = int((df["status"] == "ok").sum())
     models = ", ".join(plots._values(df, "model")) or "?"
     warnings = quality.run_warnings(run_dir, df)
     b: list[tuple] = [("h", 1, f"Roofline report: {run_dir.name}"),
                       ("p", f"**Key figure:** {quality.key_figure(df, ceilings)}."),
+                      ("toc",),
                       ("h", 2, "Warnings"),
                       ("md", "\n".join(f"- {w}" for w in warnings)) if warnings
                       else ("p", "None: every point ok and converged, no fit problems."),
@@ -194,8 +218,12 @@ def build_blocks(run_dir: Path, df, ceilings, run, spec, figures: plots.FigureSe
                        f"Note: {QUALITY_NOTE}."))
     b.append(("h", 2, "Figures"))
     for name, paths in figures.paths.items():
-        for png in [p for p in paths if p.suffix == ".png"]:
-            b += [("h", 3, png.stem), ("img", png.stem, png.relative_to(run_dir).as_posix()),
+        pngs = [p for p in paths if p.suffix == ".png"]
+        for png in pngs:
+            title = TITLES.get(name, name.replace("_", " ").capitalize())
+            if len(pngs) > 1:
+                title += f" ({png.stem.removeprefix(name).strip('_-').replace('_', ' ')})"
+            b += [("h", 3, title), ("img", png.stem, png.relative_to(run_dir).as_posix()),
                   ("p", CAPTIONS.get(name, "") + f" (SVG: `{png.with_suffix('.svg').relative_to(run_dir).as_posix()}`)")]
     for name, why in figures.skipped.items():
         b.append(("p", f"Figure `{name}` not drawn: {why}."))
@@ -206,6 +234,14 @@ def build_blocks(run_dir: Path, df, ceilings, run, spec, figures: plots.FigureSe
                    + (" and its % of the memory ceilings (measured, datasheet)." if "%" in " ".join(tq.columns)
                       else ".")))
     b.append(("table", tq) if not tq.empty else ("p", "No ok forward points."))
+    pt = percentile_table(df)
+    if not pt.empty:
+        tail = pd.to_numeric(pt["p99 / p50"], errors="coerce")
+        b += [("h", 2, "Step-time percentiles: p50, p90, p99"),
+              ("p", f"Every ok full-depth point's step time at its median (p50), 90th and 99th percentile of the "
+                    f"timed repetitions, in ms. p99 / p50: median {tail.median():.3g}, worst {tail.max():.3g}."
+                    if tail.notna().any() else "Every ok full-depth point's step time percentiles, in ms."),
+              ("details", f"The {len(pt)} points", [("table", pt)])]
     b.append(("h", 2, "Ceilings: measured vs datasheet"))
     if ceilings is None:
         b.append(("p", "No ceilings.json in this run folder: no measured ceilings (run roofline.measure.ceilings on the "
@@ -219,21 +255,51 @@ def build_blocks(run_dir: Path, df, ceilings, run, spec, figures: plots.FigureSe
     b.append(("h", 2, "Provenance"))
     b.append(("table", provenance_table(df, ceilings)))
     if run is not None:
-        b += [("h", 2, "Run configuration (run.json)"), ("code", json.dumps(run, indent=2, default=str))]
+        b += [("h", 2, "Run configuration"),
+              ("details", "run.json (what was asked: grid, timer, model, code version)",
+               [("code", json.dumps(run, indent=2, default=str))])]
     for extra in sorted(run_dir.glob("report_*.md")):
         b.append(("md", extra.read_text()))
     return b
 
 
 def md_table(frame: pd.DataFrame) -> str:
-    cell = lambda v: str(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731
-    lines = ["| " + " | ".join(cell(c) for c in frame.columns) + " |",
+    """A pipe table, every cell formatted to its precision (_fmt)."""
+    cell = lambda v: _fmt(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    lines = ["| " + " | ".join(str(c).replace("|", "\\|") for c in frame.columns) + " |",
              "|" + "|".join("---" for _ in frame.columns) + "|"]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
     return "\n".join(lines)
 
 
-def render_md(blocks: list[tuple]) -> str:
+def slug(text: str) -> str:
+    """A heading's anchor as GitHub makes it (lower case, punctuation dropped, spaces to '-')."""
+    return re.sub(r"\s", "-", re.sub(r"[^\w\s-]", "", text.strip().lower()))
+
+
+def _headings(blocks: list[tuple]) -> list[tuple[int, str]]:
+    out = []
+    for kind, *a in blocks:
+        if kind == "h":
+            out.append((a[0], a[1]))
+        elif kind == "md":
+            out += [(len(m.group(1)), m.group(2).strip()) for m in re.finditer(r"^(#{1,6})\s+(.*)$", a[0], re.M)]
+    return out
+
+
+def _toc(blocks: list[tuple]) -> str:
+    seen: dict[str, int] = {}
+    lines = ["**Contents**", ""]
+    for level, text in _headings(blocks):
+        s = slug(text)
+        n = seen.get(s, 0)
+        seen[s] = n + 1
+        if level == 2:
+            lines.append(f"- [{text}](#{s if n == 0 else f'{s}-{n}'})")
+    return "\n".join(lines)
+
+
+def render_md(blocks: list[tuple], _toc_of: list[tuple] | None = None) -> str:
     out = []
     for kind, *a in blocks:
         if kind == "h":
@@ -248,100 +314,57 @@ def render_md(blocks: list[tuple]) -> str:
             out.append("```json\n" + a[0] + "\n```")
         elif kind == "md":
             out.append(a[0].strip())
+        elif kind == "toc":
+            out.append(_toc(_toc_of or blocks))
+        elif kind == "details":  # folded: GitHub and the HTML report both open it on a click
+            out.append(f"<details><summary>{html.escape(a[0])}</summary>\n\n"
+                       + render_md(a[1], _toc_of or blocks).strip() + "\n\n</details>")
     return "\n\n".join(out) + "\n"
 
 
 CSS = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
-       "table{border-collapse:collapse;margin:1em 0;font-size:0.85em}"
-       "th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}"
+       "table{border-collapse:collapse;margin:1em 0;font-size:0.85em;display:block;overflow-x:auto}"
+       "th,td{border:1px solid #ccc;padding:3px 8px;text-align:right;white-space:nowrap}th{background:#f3f3f3}"
        "td:first-child,th:first-child{text-align:left}img{max-width:100%}"
+       "details{margin:1em 0}summary{cursor:pointer;color:#035}"
        "pre{background:#f6f6f6;padding:0.8em;overflow:auto;font-size:0.8em}code{background:#f3f3f3}")
-
-
-def _inline(text: str) -> str:
-    text = html.escape(text, quote=False)
-    text = re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
-    return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", text)
 
 
 def _img(run_dir: Path, alt: str, rel: str) -> str:
     path = run_dir / rel
     if path.suffix.lower() != ".png" or not path.exists():
-        return f"<p><em>image not embedded: {html.escape(rel)}</em></p>"
+        return f"<em>image not embedded: {html.escape(rel)}</em>"
     data = base64.b64encode(path.read_bytes()).decode("ascii")
-    return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></figure>'
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
 
 
-def html_table(frame: pd.DataFrame) -> str:
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
-    body = "".join("<tr>" + "".join(f"<td>{_inline(str(v))}</td>" for v in row) + "</tr>"
-                   for row in frame.itertuples(index=False))
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+def _heading_ids(state) -> None:
+    """id= on every heading, as slug() and GitHub make them (the contents link to them)."""
+    seen: dict[str, int] = {}
+    for i, tok in enumerate(state.tokens):
+        if tok.type == "heading_open":
+            s = slug(state.tokens[i + 1].content)
+            n = seen.get(s, 0)
+            seen[s] = n + 1
+            tok.attrSet("id", s if n == 0 else f"{s}-{n}")
 
 
 def markdown_to_html(text: str, run_dir: Path) -> str:
-    """The small Markdown subset the report's sections use: headings, paragraphs, pipe tables,
-    bullet lists, fenced code, images (embedded). Links are kept as text."""
-    out, lines, i = [], text.splitlines(), 0
-    while i < len(lines):
-        line = lines[i]
-        if not line.strip():
-            i += 1
-        elif line.startswith("```"):
-            j = next((k for k in range(i + 1, len(lines)) if lines[k].startswith("```")), len(lines))
-            out.append("<pre>" + html.escape("\n".join(lines[i + 1:j])) + "</pre>")
-            i = j + 1
-        elif m := re.match(r"(#{1,6})\s+(.*)", line):
-            n = len(m.group(1))
-            out.append(f"<h{n}>{_inline(m.group(2))}</h{n}>")
-            i += 1
-        elif m := re.match(r"!\[([^\]]*)\]\(([^)]+)\)\s*$", line.strip()):
-            out.append(_img(run_dir, m.group(1), m.group(2)))
-            i += 1
-        elif line.lstrip().startswith("|"):
-            j = i
-            while j < len(lines) and lines[j].lstrip().startswith("|"):
-                j += 1
-            cells = [re.split(r"(?<!\\)\|", r.strip().strip("|")) for r in lines[i:j]]
-            cells = [[c.strip().replace("\\|", "|") for c in r] for r in cells
-                     if not all(re.fullmatch(r":?-+:?", c.strip()) for c in r)]
-            out.append(html_table(pd.DataFrame(cells[1:], columns=cells[0])) if cells else "")
-            i = j
-        elif re.match(r"\s*[-*]\s+", line):
-            items = []
-            while i < len(lines) and re.match(r"\s*[-*]\s+", lines[i]):
-                items.append("<li>" + _inline(re.sub(r"\s*[-*]\s+", "", lines[i], count=1)) + "</li>")
-                i += 1
-            out.append("<ul>" + "".join(items) + "</ul>")
-        else:
-            j = i
-            while j < len(lines) and lines[j].strip() and not re.match(r"(#|```|\||\s*[-*]\s)", lines[j]):
-                j += 1
-            j = max(j, i + 1)
-            text_ = " ".join(lines[i:j])
-            text_ = re.sub(r"\[([^\]]+)\]\([^)]+\)", r"\1", text_)
-            out.append(f"<p>{_inline(text_)}</p>")
-            i = j
-    return "\n".join(out)
+    """CommonMark + pipe tables by markdown-it-py; headings get GitHub's anchors, images are
+    embedded (base64 PNG), raw HTML (<details>) passes through (the text is the report's own)."""
+    from markdown_it import MarkdownIt
+    md = MarkdownIt("commonmark", {"html": True}).enable("table")
+    md.core.ruler.push("heading_ids", _heading_ids)
+    md.add_render_rule("image", lambda self, tokens, idx, options, env: _img(
+        run_dir, self.renderInlineAsText(tokens[idx].children, options, env), tokens[idx].attrGet("src")))
+    return md.render(text)
 
 
 def render_html(blocks: list[tuple], run_dir: Path, title: str) -> str:
-    out = []
-    for kind, *a in blocks:
-        if kind == "h":
-            out.append(f"<h{a[0]}>{_inline(a[1])}</h{a[0]}>")
-        elif kind == "p":
-            out.append(f"<p>{_inline(a[0])}</p>")
-        elif kind == "table":
-            out.append(html_table(a[0]))
-        elif kind == "img":
-            out.append(_img(run_dir, a[0], a[1]))
-        elif kind == "code":
-            out.append("<pre>" + html.escape(a[0]) + "</pre>")
-        elif kind == "md":
-            out.append(markdown_to_html(a[0], run_dir))
+    """The Markdown of render_md, rendered: one document, the same numbers in both."""
     return (f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-            f"<style>{CSS}</style></head><body>\n" + "\n".join(out) + "\n</body></html>\n")
+            f"<style>{CSS}</style></head><body>\n" + markdown_to_html(render_md(blocks), run_dir)
+            + "\n</body></html>\n")
 
 
 def write_figures(run_dir, out_dir=None) -> plots.FigureSet:

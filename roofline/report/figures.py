@@ -29,8 +29,10 @@ def subplots(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float], **
 
 
 def label_log_axes(fig: Figure) -> None:
-    """A log axis whose view holds fewer than two labelled major ticks gets its minor ticks
-    labelled too (plain numbers), so that every log axis can be read."""
+    """A log axis whose view holds fewer than two labelled major ticks gets minor ticks at 2x and
+    5x each power (matplotlib's LogLocator) labelled as plain numbers (its LogFormatter), so
+    that every log axis can be read and no two labels overlap (a label at each of the eight
+    minor ticks of a decade did)."""
     from matplotlib import ticker
     for ax in fig.axes:
         for axis, scale, lim in ((ax.xaxis, ax.get_xscale(), ax.get_xlim()), (ax.yaxis, ax.get_yscale(), ax.get_ylim())):
@@ -38,8 +40,11 @@ def label_log_axes(fig: Figure) -> None:
                 continue
             lo, hi = sorted(lim)
             majors = [t for t in axis.get_majorticklocs() if lo <= t <= hi]
-            if len(majors) < 2 and not isinstance(axis.get_minor_formatter(), ticker.FuncFormatter):
-                axis.set_minor_formatter(ticker.FuncFormatter(lambda v, _pos=None: f"{v:g}"))
+            base = getattr(axis.get_transform(), "base", 10.0)
+            if len(majors) < 2 and base == 10.0:
+                axis.set_minor_locator(ticker.LogLocator(base=10.0, subs=(2.0, 5.0)))
+                axis.set_minor_formatter(ticker.LogFormatter(base=10.0, labelOnlyBase=False,
+                                                            minor_thresholds=(float("inf"), float("inf"))))
                 axis.set_tick_params(which="minor", labelsize=7)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from roofline.analysis import costmodel
+from roofline.analysis import costmodel, quality
 from roofline.analysis.steptable import kernel_effects
 from roofline.io.fields import ConfigError
 from roofline.report import figures
@@ -109,7 +109,8 @@ def fit_and_report(run_dir, settings: costmodel.FitSettings = costmodel.FitSetti
     report = write_costmodel_section(fit, points, run_dir)
     errs = costmodel.error_table(fit)
     text = "\n".join([costmodel.params_table(fit).to_string(index=False),
-                      errs[errs["regime"] == "all"].round(2).to_string(index=False)])
+                      errs[errs["regime"] == "all"].round(2).to_string(index=False)]
+                     + [f"warning: {w}" for w in quality.fit_warnings(fit)])
     return fit, text, dict(fit=str(path), report=str(report), groups=len(fit["groups"]))
 
 

@@ -30,6 +30,13 @@ def acceptance(c: Mapping) -> tuple[str, dict]:
     return "\n".join(lines), out
 
 
+def _fingerprint(spec) -> str:
+    import dataclasses
+    import hashlib
+    import json
+    return hashlib.sha256(json.dumps(dataclasses.asdict(spec), sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
 def specdec(c: Mapping) -> tuple[str, dict]:
     """Plain vs speculative decoding measured against the cost model, with the run's report; or,
     with `checkpoint`, the checkpoint's real acceptance at k = max(ks) and batch = max(Bs)."""
@@ -41,7 +48,8 @@ def specdec(c: Mapping) -> tuple[str, dict]:
                        Bs=tuple(c["Bs"]), prompt_len=c["prompt_len"], max_new=c["max_new"], reps=c["reps"],
                        real_drafters=tuple(c["real_drafters"]), dtype=c["dtype"], device=c["device"],
                        seed=c["seed"], timer=from_dict(TimerSettings, c["timer"], "timer"))
-    run_dir = Path(c["out_dir"] or RUNS_ROOT / f"specdec-{spec.model.name}")
+    # the default folder is this request's own (a fingerprint of it), never another request's to refuse
+    run_dir = Path(c["out_dir"] or RUNS_ROOT / f"specdec-{spec.model.name}-{_fingerprint(spec)}")
     table = run_validation(spec, run_dir)
     write_specdec_section(table, run_dir)
     # the run's report: its sweep, cost-model fit and this validation, one document
@@ -49,5 +57,6 @@ def specdec(c: Mapping) -> tuple[str, dict]:
     report, _ = write_report(run_dir / "sweep")
     e = table["err"].abs()  # |S_pred / S_meas - 1|, a fraction of the measured speedup
     summary = dict(run_dir=str(run_dir), report=str(report), points=len(table),
-                   median_abs_err=float(e.median()), max_abs_err=float(e.max()))
+                   median_abs_err=float(e.median()), max_abs_err=float(e.max()),
+                   mismatches=int(table["mismatch"].astype(bool).sum()) if "mismatch" in table else 0)
     return table[_CONSOLE_COLUMNS].round(3).to_string(index=False), summary

@@ -1,0 +1,443 @@
+"""The reliability findings of the third audit (H1...L15 still open, N1...N19), one reproduction each.
+
+Each test names its finding; the reproduction is the audit's, cut to what the library does
+(no real timing is asserted: the few sweeps here use the tiny preset and count rows)."""
+
+import dataclasses
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from roofline.analysis import costmodel, fitcheck, quality
+from roofline.io import results, runfolder
+from roofline.io.fields import ConfigError
+from roofline.measure import sweep as sw
+from roofline.measure.sweep import SweepSpec, check_run_dir, dry_run, extrapolate_layers, grid, run_sweep
+from roofline.measure.timer import TimerSettings
+from roofline.model.presets import REPO_ROOT, get_preset
+from tests.helpers import make_synthetic_run
+
+FAST = TimerSettings(warmup=1, min_reps=3, max_reps=4, budget_s=0.02)
+DEMO_FIT = REPO_ROOT / "results" / "cpu-demo" / "fit.json"
+
+
+def spec(**kw):
+    base = dict(model=get_preset("tiny"), q=(1, 2), B=(1,), L=(8,), mtp_q=(), timer=FAST)
+    base.update(kw)
+    return SweepSpec(**base)
+
+
+# ---- HIGH --------------------------------------------------------------------------------------
+
+def test_N1_force_sets_aside_the_fit_report_noise_verdict_and_temp_files(tmp_path):
+    for name in ("run.json", "points.jsonl", "fit.json", "report.md", "report.html", "report_costmodel.md",
+                 "noise.json", ".fit.json.123.tmp"):
+        (tmp_path / name).write_text("old")
+    (tmp_path / "figures").mkdir()
+    (tmp_path / "mine.txt").write_text("not the run's")
+    dest = runfolder.set_aside(tmp_path)
+    left = sorted(p.name for p in tmp_path.iterdir() if p != dest)
+    assert left == ["mine.txt"]  # nothing of the old run stays beside the new one; the user's own file does
+    assert {"fit.json", "report.md", "noise.json", "figures", ".fit.json.123.tmp"} <= {p.name for p in dest.iterdir()}
+
+
+def test_N2_a_stale_points_csv_is_not_used(tmp_path, capsys):
+    run = make_synthetic_run(tmp_path / "r")
+    rows = results.read_rows(run / "points.jsonl")
+    extra = dict(rows[0], point_id="p999", q=256)  # a row the sweep appended after its last csv
+    results.append_row(run / "points.jsonl", extra)
+    df = results.load_run(run)
+    assert len(df) == len(rows) + 1 and "p999" in set(df["point_id"])
+    assert any("stale" in w for w in df.attrs["load_warnings"])
+    assert "stale" in capsys.readouterr().err
+    assert any("stale" in w for w in quality.run_warnings(run, df))
+
+
+def test_N2_a_bad_line_does_not_hide_the_rows_after_it(tmp_path):
+    run = make_synthetic_run(tmp_path / "r")
+    (run / "points.csv").unlink()
+    lines = (run / "points.jsonl").read_text().splitlines()
+    lines[3] = "GARBAGE"
+    (run / "points.jsonl").write_text("\n".join(lines) + "\n")
+    df = results.load_run(run)
+    assert len(df) == len(lines) - 1  # 31 good rows after the bad line are read, not 3
+    assert "1 bad line(s)" in df.attrs["load_warnings"][0]
+    assert len(results.read_rows(run / "points.jsonl")) == len(lines) - 1
+    assert (run / "points.jsonl").read_text().splitlines()[3] == "GARBAGE"  # a reader moves nothing
+
+
+def test_N2_an_unreadable_csv_falls_back_to_the_jsonl_and_alone_names_the_file(tmp_path):
+    run = make_synthetic_run(tmp_path / "r")
+    (run / "points.csv").write_text('a,b\n"1,2\n')
+    assert len(results.load_run(run)) == len(results.read_rows(run / "points.jsonl"))
+    (run / "points.jsonl").unlink()
+    with pytest.raises(ConfigError, match="points.csv is unreadable"):
+        results.load_run(run)
+
+
+def _table(S, k):
+    return pd.DataFrame(dict(alpha=[0.6] * len(S), k=k, B=1, L=64, S=S))
+
+
+def test_N3_a_speedup_above_k_plus_1_is_flagged():
+    t, warn = fitcheck.speedup_problems(_table([1.8, 27.2], [1, 3]))
+    assert list(t["impossible"]) == [False, True]
+    assert len(warn) == 1 and "S=27.2" in warn[0] and "k + 1" in warn[0]
+    assert fitcheck.speedup_problems(_table([1.8, 3.9], [1, 3]))[1] == []
+
+
+def test_N3_predict_says_the_fit_did_not_converge():
+    fit = json.loads(DEMO_FIT.read_text())
+    fit["groups"][0]["problems"] = ["16 of 16 points did not converge (median CI above the target)"]
+    assert "16 of 16 points did not converge" in fitcheck.unconverged(fit)[0]
+
+
+def test_L7_repeated_grid_values_are_one_point_each():
+    s = spec(q=(1, 1, 2), dtypes=("bf16", "bfloat16"))
+    ids = [p.point_id for p in grid(s)]
+    assert len(ids) == len(set(ids)) == 2 and s.q == (1, 2)
+    assert spec(q=(1, 1)).fingerprint() == spec(q=(1,)).fingerprint()
+
+
+def test_L7_extend_with_a_repeated_value_adds_it_once(tmp_path):
+    run_sweep(spec(), tmp_path, progress=False, noise=None)
+    out = run_sweep(spec(q=(4, 4)), tmp_path, progress=False, extend=True, noise=None)
+    rows = results.read_rows(tmp_path / "points.jsonl")
+    assert out["points"] == 3 and len(rows) == len({r["point_id"] for r in rows}) == 3
+
+
+def test_L8_no_extrapolated_copy_when_2n_is_the_full_depth():
+    base = dict(kind="forward", dtype="bfloat16", mode="eager", q=1, B=1, L=0, status="ok", t_p10_s=1, t_p90_s=1)
+    rows = [dict(base, layers_run=1, t_median_s=1.0), dict(base, layers_run=2, t_median_s=2.0)]
+    assert extrapolate_layers(rows, 2) == []
+    assert len(extrapolate_layers(rows, 4)) == 1
+
+
+def test_H1_is_in_test_memory():  # the hybrid-cgroup reproduction lives beside the other cgroup tests
+    from tests import test_memory
+    assert hasattr(test_memory, "test_a_hybrid_v1_v2_host_finds_the_memory_controllers_limit")
+
+
+# ---- MEDIUM ------------------------------------------------------------------------------------
+
+def test_M2_a_broken_checkpoint_is_refused_naming_the_file(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":")  # truncated header
+    with pytest.raises(ConfigError, match="model.safetensors is not a readable safetensors file"):
+        spec(checkpoint=str(tmp_path))
+
+
+@pytest.mark.parametrize("seed", ["abc", 1.5, True, -1])
+def test_M3_a_seed_that_is_no_integer_is_refused(seed):
+    with pytest.raises(ConfigError, match="seed="):
+        spec(seed=seed)
+
+
+@pytest.mark.parametrize("config, index", [("[1, 2, 3]", None), ("{}", '{"weight_map": [1, 2]}'),
+                                           ("{}", '{"weight_map": {"a": ["x"]}}'), ("{bad", None)])
+def test_M5_inventory_on_list_shaped_or_broken_json_is_one_line(tmp_path, config, index):
+    from roofline.checkpoints.inventory import read_checkpoint
+    from tests.helpers import torch
+    from safetensors.torch import save_file
+    save_file({"a": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(config)
+    if index:
+        (tmp_path / "model.safetensors.index.json").write_text(index)
+    with pytest.raises(ConfigError, match="after"):
+        read_checkpoint(tmp_path, "after")
+
+
+def test_M11_other_ceilings_on_a_reopened_run_are_refused(tmp_path):
+    tmp_path.joinpath("c1.json").write_text("{}")
+    s = spec(ceilings=str(tmp_path / "c1.json"))
+    (tmp_path / "run").mkdir()
+    sw.files.write_json_atomic(tmp_path / "run" / "run.json", dict(
+        fingerprint=s.fingerprint(), schema_version=results.SCHEMA_VERSION, identity=s.identity(),
+        spec=dataclasses.asdict(s)))
+    check_run_dir(s, tmp_path / "run")  # the same ceilings: reopened
+    with pytest.raises(ConfigError, match="ceilings=.*c2.json.*put against"):
+        check_run_dir(dataclasses.replace(s, ceilings=str(tmp_path / "c2.json")), tmp_path / "run", extend=True)
+
+
+def test_N6_a_thin_mtp_group_does_not_stop_a_plain_plan():
+    fit = json.loads(DEMO_FIT.read_text())
+    mtp = dict(fit["groups"][0], key=dict(fit["groups"][0]["key"], kind="mtp"),
+               problems=["too few points to fit (4, at least 6)"])
+    fit["groups"].append(mtp)
+    assert fitcheck.unusable_groups(fit, {"forward"}) == []
+    assert fitcheck.unusable_groups(fit, {"forward", "mtp"}) == [mtp]
+
+
+def _fit_with(**group):
+    fit = json.loads(DEMO_FIT.read_text())
+    fit["groups"][0].update(group)
+    return fit
+
+
+@pytest.mark.parametrize("doc, match", [
+    ([1, 2], "JSON object"), ({"schema": costmodel.FIT_SCHEMA}, "no fitted groups"),
+    (_fit_with(coefs=[1e-3, -5e-11, 1e-11, 1e-12, 1e-12]), r"coefs\[1\]=-5e-11"),
+    (_fit_with(coefs=["a", 1, 1, 1, 1]), r"coefs\[0\]='a'"), (_fit_with(coefs=[0.1, 0.2]), "coefs"),
+    (_fit_with(coefs=[0, 0, 0, 0, 0]), "all zero"), (_fit_with(knee_tokens=-5), "knee_tokens=-5"),
+])
+def test_N7_N18_a_fit_json_is_checked_on_load(tmp_path, doc, match):
+    path = tmp_path / "fit.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match=match):
+        costmodel.load_fit(path)
+
+
+def test_N18_the_committed_fit_passes_and_L3_a_truncated_one_names_the_file(tmp_path):
+    assert costmodel.load_fit(DEMO_FIT)["groups"]
+    path = tmp_path / "fit.json"
+    path.write_text(DEMO_FIT.read_text()[:40])
+    with pytest.raises(ConfigError, match=r"fit=.*fit.json.*not a readable fit.json"):
+        costmodel.load_fit(path)
+
+
+def test_N9_rows_without_the_key_columns_are_quarantined(tmp_path):
+    good = dict(point_id="a", status="ok", t_median_s=1.0, schema_version=results.SCHEMA_VERSION)
+    assert "missing field(s)" in runfolder._problem(good)
+    full = dict(good, **{k: 1 for k in runfolder.REQUIRED})
+    assert runfolder._problem(full) is None
+
+
+@pytest.mark.parametrize("t", [float("nan"), float("inf"), 0.0, -1e-3, True])
+def test_N19_an_ok_row_without_a_usable_time_is_no_ok_row(t):
+    row = dict(point_id="a", status="ok", t_median_s=t, schema_version=results.SCHEMA_VERSION,
+               **{k: 1 for k in runfolder.REQUIRED})
+    assert "positive finite t_median_s" in runfolder._problem(row)
+
+
+def test_N19_fit_says_how_many_ok_rows_it_left_out(tmp_path):
+    run = make_synthetic_run(tmp_path / "r")
+    df = pd.read_csv(run / "points.csv")
+    df.loc[df.index[:5], "t_median_s"] = [float("nan"), float("inf"), 0.0, -1e-3, float("nan")]
+    df.to_csv(run / "points.csv", index=False)
+    (run / "points.jsonl").unlink()
+    note = quality.untimed_note(df)
+    assert note["untimed_ok_rows"] == 5
+    warn = quality.fit_warnings(dict(groups=[], excluded=note))
+    assert "5 ok row(s) left out" in warn[0]
+
+
+def test_N10_rows_and_run_json_of_another_schema_are_refused(tmp_path):
+    row = dict(point_id="a", status="ok", t_median_s=1.0, schema_version=99, **{k: 1 for k in runfolder.REQUIRED})
+    assert "schema_version=99" in runfolder._problem(row)
+    s = spec()
+    (tmp_path / "run.json").write_text(json.dumps(dict(fingerprint=s.fingerprint(), schema_version=0)))
+    with pytest.raises(ConfigError, match="schema_version=0"):
+        check_run_dir(s, tmp_path)
+
+
+def test_N12_a_dry_run_on_another_sweeps_folder_is_refused_as_the_sweep_is(tmp_path):
+    s = spec()
+    sw.files.write_json_atomic(tmp_path / "run.json", dict(
+        fingerprint=s.fingerprint(), schema_version=results.SCHEMA_VERSION, identity=s.identity()))
+    other = dataclasses.replace(s, timer=TimerSettings(warmup=1, min_reps=3, max_reps=4, budget_s=0.3))
+    with pytest.raises(ConfigError, match="different sweep"):
+        dry_run(other, tmp_path)
+    assert "to measure" in dry_run(other, tmp_path, force=True)
+
+
+# ---- capacity / predict input --------------------------------------------------------------------
+
+CAP = dict(memory_gb=None, price_per_device_hour=None, alpha=0.8, k=2, drafter="ngram", draft_model=None)
+
+
+@pytest.mark.parametrize("over, match", [
+    (dict(alpha=7), "alpha=7"), (dict(k=-3), "k=-3"), (dict(memory_gb="lots"), "memory_gb='lots'"),
+    (dict(price_per_device_hour=-1), "price_per_device_hour=-1"),
+    (dict(price_per_device_hour=float("nan")), "price_per_device_hour=nan"),
+    (dict(price_per_device_hour="cheap"), "price_per_device_hour='cheap'"),
+    (dict(draft_model="llama-3.1-70b"), "draft_model='llama-3.1-70b' is given with drafter='ngram'"),
+])
+def test_M8_L10_N7_capacity_input_is_checked_even_without_speculation(over, match):
+    with pytest.raises(ConfigError, match=match):
+        fitcheck.check_capacity_config(dict(CAP, **over))
+    fitcheck.check_capacity_config(CAP)
+
+
+@pytest.mark.parametrize("over, match", [
+    (dict(alphas=()), r"alphas=\[\]"), (dict(k=(1.5,)), r"k=\[1.5\]"), (dict(k=()), r"k=\[\]"),
+    (dict(B=()), r"B=\[\]"), (dict(alphas=(2.0,)), "alphas"), (dict(plot_B=0), "plot_B"),
+])
+def test_L4_L6_predict_grids_are_checked(over, match):
+    kw = dict(alphas=(0.6,), k=(1, 2), B=(1,), L=(16,), plot_B=1, plot_L=16)
+    kw.update(over)
+    with pytest.raises(ConfigError, match=match):
+        fitcheck.check_predict_grid(**kw)
+
+
+def test_L6_L14_plot_L_past_the_context_is_refused_naming_plot_L():
+    with pytest.raises(ConfigError, match="plot_L=1024: plot_L"):
+        fitcheck.check_context(1024, 8, 128, "tiny")
+    fitcheck.check_context(16, 8, 128, "tiny")
+
+
+# ---- LOW ---------------------------------------------------------------------------------------
+
+def test_L15_a_flag_takes_only_true_or_false():
+    from experiments.entry import _check_flags
+    defaults = dict(force=False, noise=dict(enabled=True, every=6), q=[1])
+    _check_flags(dict(force=True, noise=dict(enabled=False, every=3), q=[2]), defaults)
+    with pytest.raises(ConfigError, match="force='maybe'"):
+        _check_flags(dict(force="maybe"), defaults)
+    with pytest.raises(ConfigError, match="noise.enabled=1"):
+        _check_flags(dict(noise=dict(enabled=1)), defaults)
+
+
+def test_L12_fit_json_is_strict_json():
+    fit = json.loads(DEMO_FIT.read_text())
+    fit["groups"][0]["band"] = dict(p10=float("nan"), p90=float("inf"))
+    text = sw.files.json_text(fit)
+    json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+    assert json.loads(text)["groups"][0]["band"] == dict(p10=None, p90=None)
+    assert math.isnan(float("nan"))
+
+
+# ---- compare: models and a CI threshold ---------------------------------------------------------
+
+def _other_model(run):
+    for name in ("points.jsonl", "points.csv"):
+        p = run / name
+        p.write_text(p.read_text().replace("cpu-demo", "llama-3.1-8b"))
+    return run
+
+
+def test_N5_compare_refuses_runs_of_different_models(tmp_path):
+    from roofline.analysis.compare import compare_runs, format_comparison
+    a, b = make_synthetic_run(tmp_path / "a"), _other_model(make_synthetic_run(tmp_path / "b"))
+    with pytest.raises(ConfigError, match="allow_other_model=true"):
+        compare_runs(a, b)
+    m, summary = compare_runs(a, b, allow_other_model=True)
+    assert "different models" in format_comparison(m, summary)
+
+
+def test_compare_fail_above_counts_regressions_beyond_the_noise(tmp_path):
+    from roofline.analysis.compare import compare_runs
+    a, b = make_synthetic_run(tmp_path / "a"), make_synthetic_run(tmp_path / "b")
+    df = pd.read_csv(b / "points.csv")
+    df.loc[df["point_id"] == "p000", "t_median_s"] *= 1.5  # one point 50% slower, far beyond a 3% CI
+    df["t_ci_rel"] = 0.03
+    df.to_csv(b / "points.csv", index=False)
+    (b / "points.jsonl").unlink()
+    pd.read_csv(a / "points.csv").assign(t_ci_rel=0.03).to_csv(a / "points.csv", index=False)
+    (a / "points.jsonl").unlink()
+    assert compare_runs(a, b, fail_above=1.2)[1]["regressions"] == 1
+    assert compare_runs(a, b, fail_above=2.0)[1]["regressions"] == 0
+    assert compare_runs(a, b)[1]["regressions"] is None
+    with pytest.raises(ConfigError, match="fail_above=0.5"):
+        compare_runs(a, b, fail_above=0.5)
+
+
+# ---- the report (item 6) and the console summary (item 4) ---------------------------------------
+
+def test_report_has_contents_folded_config_percentiles_and_library_rendered_html(tmp_path):
+    from roofline.report.document import write_report
+    run = make_synthetic_run(tmp_path / "r")
+    df = pd.read_csv(run / "points.csv")
+    df["t_p99_s"] = df["t_median_s"] * 1.234567891234
+    df.to_csv(run / "points.csv", index=False)
+    (run / "points.jsonl").unlink()
+    md_path, html_path = write_report(run)
+    md, page = md_path.read_text(), html_path.read_text()
+    assert "**Contents**" in md and "- [Failed points](#failed-points)" in md
+    assert '<h2 id="failed-points">' in page and '<a href="#failed-points">' in page  # the contents' links land
+    assert "<details><summary>run.json" in md and "<details><summary>run.json" in page
+    assert md.index("<details><summary>run.json") < md.index('"model": "cpu-demo"')  # the dump is folded
+    assert "p99 / p50" in md and "| 1.235 |" in md  # the tail, to 4 significant digits
+    assert "1.234567891" not in md and "<table>" in page and "### roofline_bf16" not in md  # titles, not file names
+    assert 'src="data:image/png;base64,' in page
+
+
+def test_the_console_summary_carries_p50_p90_p99():
+    from roofline.measure.sweep import summary_table
+    base = dict(kind="forward", dtype="bf16", mode="eager", B=1, L=0, status="ok", layers_run=1, layers_full=1,
+                achieved_GBps=1.0, achieved_TFLOPs=0.1)
+    df = pd.DataFrame([dict(base, q=1, t_median_s=1e-3, t_p90_s=1.2e-3, t_p99_s=2e-3),
+                       dict(base, q=2, t_median_s=1.5e-3, t_p90_s=1.6e-3, t_p99_s=3e-3)])
+    t = summary_table(df)
+    assert list(t["p99_ms"]) == [2.0, 3.0] and list(t["p90_ms"]) == pytest.approx([1.2, 1.6])
+
+
+def test_dry_run_time_counts_min_reps_of_a_slow_step():
+    from roofline.measure.sweep import point_seconds
+    t = TimerSettings(warmup=1, min_reps=5, max_reps=40, budget_s=0.02)
+    assert point_seconds(1.0, t) == pytest.approx(6.0)  # 1 warm-up + 5 reps of 1 s, whatever the 0.02 s budget
+    assert point_seconds(1e-3, t) == pytest.approx(1e-3 * (1 + 21))  # a fast step: the budget, then one more
+    assert "about" in dry_run(spec(), REPO_ROOT / "nonexistent-run-dir")
+
+
+# ---- loose ends: contradictions, fit settings, paths ----------------------------------------------
+
+@pytest.mark.parametrize("kw, match", [(dict(folds=-3), "folds=-3"), (dict(folds=0), "folds=0"),
+                                       (dict(folds="abc"), "folds='abc'"), (dict(folds=2.5), "folds=2.5"),
+                                       (dict(q_split=-1), "q_split=-1"), (dict(q_split="abc"), "q_split"),
+                                       (dict(band=(0.9, 0.1)), "band"), (dict(band=("a", "b")), "band"),
+                                       (dict(band=(2, 3)), "band"), (dict(band=(0.5,)), "band"),
+                                       (dict(band=(float("nan"), 0.9)), "band")])
+def test_L4_L5_fit_settings_are_checked(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        costmodel.FitSettings(**kw)
+
+
+def test_N17_force_and_extend_together_and_boolean_grid_values_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="force=true and extend=true"):
+        check_run_dir(spec(), tmp_path, force=True, extend=True)
+    with pytest.raises(ConfigError, match=r"q=\[True\]"):
+        spec(q=(True,))
+    with pytest.raises(ConfigError, match="layers=True"):
+        spec(layers=True)
+
+
+def test_L10_checkpoint_and_model_together_are_refused():
+    from experiments.entry import not_both
+    with pytest.raises(ConfigError, match="model= and checkpoint= are both given"):
+        not_both(dict(checkpoint="/x", overrides=["checkpoint=/x", "model=llama-3.1-70b"]), "checkpoint", "model")
+    not_both(dict(checkpoint="/x", overrides=["checkpoint=/x", "q=[1]"]), "checkpoint", "model")
+
+
+def test_N16_compare_out_in_a_missing_folder_is_bad_input(tmp_path):
+    from roofline.analysis.compare import write_table
+    with pytest.raises(ConfigError, match="no such folder"):
+        write_table(pd.DataFrame(dict(a=[1])), tmp_path / "nope" / "x.csv")
+
+
+def test_L11_specdec_default_folders_differ_per_request():
+    from roofline.spec.run import _fingerprint
+    from roofline.spec.validation import SpecValSpec
+    a = SpecValSpec(model=get_preset("tiny"), ks=(1,))
+    b = dataclasses.replace(a, ks=(2,))
+    assert _fingerprint(a) != _fingerprint(b) and _fingerprint(a) == _fingerprint(dataclasses.replace(a))
+
+
+def test_profiler_chatter_stays_off_the_console_and_a_real_native_error_does_not():
+    import subprocess
+    import sys
+    code = ("import os, torch\n"
+            "from roofline.measure.forward import count_kernels\n"
+            "from roofline.measure.quiet import native_stderr_filtered\n"
+            "count_kernels(lambda: torch.ones(4) @ torch.ones(4), 'cpu')\n"
+            "with native_stderr_filtered():\n"
+            "    os.write(2, b'USDT:x profiler_start\\nreal native error\\n')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "USDT" not in r.stderr and "real native error" in r.stderr
+
+
+def test_L3_fit_on_a_run_with_a_broken_run_json_names_the_file(tmp_path):
+    run = make_synthetic_run(tmp_path / "r")
+    (run / "run.json").write_text('{"model": ')
+    with pytest.raises(ConfigError, match=r"results_dir=.*run.json is not readable JSON"):
+        costmodel.fit_run(run)
+
+
+def test_N15_a_failed_atomic_write_leaves_no_temp_file(tmp_path):
+    class Unwritable:
+        pass
+    with pytest.raises(TypeError):
+        sw.files.write_atomic(tmp_path / "fit.json", Unwritable())
+    assert list(tmp_path.iterdir()) == []
