@@ -136,3 +136,21 @@ def test_broken_chat_template_is_one_line(trained, tmp_path):
     tok = prompts.load_tokenizer(folder)
     with pytest.raises(ConfigError, match=r"chat_template line 3: TemplateSyntaxError"):
         prompts.render(tok, [{"role": "user", "content": "x"}])
+
+
+def test_real_validation_runs_disjoint_and_exact(trained, tmp_path):
+    from roofline.measure.timer import TimerSettings
+    from roofline.spec.real_validation import RealValSpec, run_real_validation, summarize
+    out, _ = trained
+    spec = RealValSpec(checkpoint=str(out / "target"), draft_checkpoint=str(out / "draft"),
+                       prompts_a=str(out / "prompts_a.jsonl"), prompts_b=str(out / "prompts_b.jsonl"),
+                       drafters=("mtp", "ngram"), ks=(2,), Bs=(1,), max_new=6, n_prompts=1, reps=1, dtype="float32",
+                       timer=TimerSettings(warmup=1, min_reps=2, max_reps=3, rel_ci=0.5, budget_s=0.05))
+    table = run_real_validation(spec, tmp_path / "rv", log=lambda *a: None)
+    assert set(table["drafter"]) == {"mtp", "ngram"} and (table["S_meas"] > 0).all()
+    fit = json.loads((tmp_path / "rv" / "sweep_target" / "fit.json").read_text())
+    lo, hi = next(g["domain"]["L"] for g in fit["groups"] if g["key"]["kind"] == "forward")
+    assert lo < int(table["L_mid"].iloc[0]) < hi  # the sweep brackets the engine's context, never at it
+    assert (table["c_draft"][table["drafter"] == "ngram"] == 0).all()
+    text, summary = summarize(table)
+    assert summary["points"] == 2 and "Leviathan" in text
