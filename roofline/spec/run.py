@@ -38,7 +38,7 @@ def specdec(c: Mapping) -> tuple[str, dict]:
         spec = RealValSpec(checkpoint=c["checkpoint"], draft_checkpoint=c["draft_checkpoint"], prompts_a=c["prompts"],
                            prompts_b=c["prompts_eval"], drafters=tuple(c["drafters"]), ks=tuple(c["ks"]),
                            Bs=tuple(c["Bs"]), max_new=c["max_new"], n_prompts=c["n_prompts"], reps=c["reps"],
-                           dtype=c["dtype"], device=c["device"], seed=c["seed"],
+                           dtype=c["dtype"], temperature=c["temperature"], device=c["device"], seed=c["seed"],
                            timer=from_dict(TimerSettings, c["timer"], "timer"))
         run_dir = Path(c["out_dir"] or RUNS_ROOT / f"specdec-real-{Path(c['checkpoint']).name}-{spec.dtype}")
         table = run_real_validation(spec, run_dir)
