@@ -154,3 +154,15 @@ def test_real_validation_runs_disjoint_and_exact(trained, tmp_path):
     assert (table["c_draft"][table["drafter"] == "ngram"] == 0).all()
     text, summary = summarize(table)
     assert summary["points"] == 2 and "Leviathan" in text
+
+
+@pytest.mark.slow
+def test_train_command(tmp_path):
+    from tests.test_cli import last_json, run_cli
+    out, r = run_cli("train", f"out_dir={tmp_path}", "target_steps=3", "draft_steps=0", "vocab=300",
+                     "corpus_bytes=20000", "seq_len=16", "batch=2", "eval_windows=2", "prompts_per_set=1",
+                     "progress=false", "target.d=16", "target.layers=1", "target.heads=2", "target.kv_heads=1",
+                     "target.ffn=32")
+    assert r.returncode == 0, r.stderr
+    summary = last_json(out)
+    assert set(summary["models"]) == {"target"} and (tmp_path / "target" / "config.json").is_file()
