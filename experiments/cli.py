@@ -32,6 +32,7 @@ COMMANDS = {
     "specdec": "plain vs speculative decoding, measured against the cost model",
     "acceptance": "real per-position acceptance on chat prompts",
     "inventory": "did a checkpoint conversion lose tensors?",
+    "train": "train the small MTP model, its tokenizer and draft model on the CPU",
 }
 
 

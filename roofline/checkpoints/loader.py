@@ -132,7 +132,8 @@ def _config_from_hf(raw: Mapping[str, Any], name: str = "") -> ModelConfig:
         ffn=raw["intermediate_size"], max_context=max_ctx, rope_theta=theta, rope_scaling=scaling,
         partial_rotary=partial, norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
         tie_embeddings=bool(raw.get("tie_word_embeddings", False)), source=f"Hugging Face config.json ({arch})",
-        native_weights=native_format(raw.get("quantization_config")))
+        native_weights=native_format(raw.get("quantization_config")),
+        mtp_layers=raw.get("num_nextn_predict_layers") or 0)  # DeepSeek-V3's field, read for any architecture
     if arch in ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
         _require(raw, arch, "attention_bias", (False,), False)  # would add an o_proj bias too
     if arch == "Qwen2ForCausalLM":
@@ -161,8 +162,7 @@ def _config_from_hf(raw: Mapping[str, Any], name: str = "") -> ModelConfig:
                   moe_ffn=raw["moe_intermediate_size"], shared_experts=raw.get("n_shared_experts") or 0,
                   first_dense_layers=raw.get("first_k_dense_replace", 0), router_scoring="sigmoid",
                   norm_topk=bool(raw.get("norm_topk_prob", True)), routed_scale=float(raw.get("routed_scaling_factor", 1.0)),
-                  router_groups=raw.get("n_group") or 1, router_topk_groups=raw.get("topk_group") or 1,
-                  mtp_layers=raw.get("num_nextn_predict_layers") or 0)
+                  router_groups=raw.get("n_group") or 1, router_topk_groups=raw.get("topk_group") or 1)
     if arch == "DeepseekV3ForCausalLM":
         _require(raw, arch, "attention_bias", (False,), False)
         nope, rope_d = raw["qk_nope_head_dim"], raw["qk_rope_head_dim"]

@@ -74,10 +74,33 @@ def _check_messages(messages, where: str = "messages") -> list[dict]:
     return messages
 
 
+def template_line(exc: BaseException) -> int | None:
+    """The template line an error happened on: a syntax error carries it; a runtime error
+    (raise_exception, an undefined name, a sandbox violation) has it in the traceback frame
+    jinja2 rewrites to the template's own line numbers (file name `<template>`)."""
+    line = getattr(exc, "lineno", None)
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<template>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
+
+
 def render(tokenizer, messages, add_generation_prompt: bool = True) -> str:
-    """The conversation as the text the model reads, through the checkpoint's template."""
-    return tokenizer.apply_chat_template(_check_messages(messages), tokenize=False,
-                                         add_generation_prompt=add_generation_prompt)
+    """The conversation as the text the model reads, through the checkpoint's template.
+    A template that fails (syntax, raise_exception, a sandbox violation) is bad input: one
+    line naming the checkpoint and the template line, never a jinja2 traceback."""
+    import jinja2
+    try:
+        return tokenizer.apply_chat_template(_check_messages(messages), tokenize=False,
+                                             add_generation_prompt=add_generation_prompt)
+    except jinja2.TemplateError as e:  # SecurityError and UndefinedError are TemplateErrors
+        line = template_line(e)
+        where = f" line {line}" if line is not None else ""
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(f"checkpoint={getattr(tokenizer, 'name_or_path', '?')!r}: chat_template{where}: "
+                          f"{type(e).__name__}: {msg}") from None
 
 
 def encode(tokenizer, text: str) -> list[int]:

@@ -18,11 +18,11 @@ from roofline.io.fields import ConfigError
 from roofline.model.formats import precision
 from roofline.model.quant import kernel_for, quantize_model
 from roofline.spec.counters import AcceptanceCounters
-from roofline.spec.drafters import DraftModelDrafter, MTPDrafter
+from roofline.spec.drafters import DraftModelDrafter, MTPDrafter, NgramDrafter
 from roofline.checkpoints.prompts import encode_conversations
 from roofline.spec.engine import DecodeSettings, SpecEngine
 
-DRAFTERS = ("mtp", "draft_model")
+DRAFTERS = ("mtp", "draft_model", "ngram")
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,17 @@ class AcceptanceRequest:
             raise ConfigError(f"k={self.k}, batch={self.batch}, max_new={self.max_new}: all must be >= 1")
 
 
+def make_drafter(name: str, target, draft_checkpoint: str = "", load_kw: dict | None = None):
+    """A real drafter for `target`: its MTP module, a draft model folder, or n-gram lookup."""
+    if name == "mtp":
+        return MTPDrafter(target)
+    if name == "draft_model":
+        return DraftModelDrafter(load_checkpoint(draft_checkpoint, **(load_kw or {})), target.cfg.vocab)
+    if name == "ngram":
+        return NgramDrafter(target.cfg.vocab)
+    raise ConfigError(f"drafter={name!r}: allowed {DRAFTERS}")
+
+
 def measure_acceptance(req: AcceptanceRequest) -> dict:
     """Counters summed over every batch of prompts, and the per-position acceptance."""
     prompts = encode_conversations(req.checkpoint, req.prompts, max_len=req.max_prompt)
@@ -74,8 +85,7 @@ def measure_acceptance(req: AcceptanceRequest) -> dict:
     prec = precision(req.dtype, req.weights, req.kv, req.lm_head, target.cfg.native_weights)
     if not prec.is_plain:  # outputs, not speed, matter here: formats without a fast kernel run dequantised
         quantize_model(target, prec, req.device, reference=kernel_for(prec.weights, req.device) is None)
-    drafter = MTPDrafter(target) if req.drafter == "mtp" else \
-        DraftModelDrafter(load_checkpoint(req.draft_checkpoint, **kw), target.cfg.vocab)
+    drafter = make_drafter(req.drafter, target, req.draft_checkpoint, kw)
     engine = SpecEngine(target, drafter)
     s = DecodeSettings(max_new=req.max_new, k=req.k, temperature=req.temperature, top_p=req.top_p, seed=req.seed)
     total = AcceptanceCounters(accepted_per_pos=(0,) * req.k)

@@ -14,6 +14,7 @@ from roofline.model.config import ModelConfig
 from roofline.report.document import write_report
 from roofline.report.sections import write_specdec_section
 from roofline.spec.real_acceptance import AcceptanceRequest, measure_acceptance
+from roofline.spec.real_validation import RealValSpec, run_real_validation, summarize
 from roofline.spec.validation import SpecValSpec, run_validation
 
 _CONSOLE_COLUMNS = ["drafter", "k", "B", "tau_meas", "alpha_meas", "S_meas", "S_pred", "err"]
@@ -40,6 +41,16 @@ def _fingerprint(spec) -> str:
 def specdec(c: Mapping) -> tuple[str, dict]:
     """Plain vs speculative decoding measured against the cost model, with the run's report; or,
     with `checkpoint`, the checkpoint's real acceptance at k = max(ks) and batch = max(Bs)."""
+    if c["checkpoint"] and c.get("prompts_eval"):
+        spec = RealValSpec(checkpoint=c["checkpoint"], draft_checkpoint=c["draft_checkpoint"], prompts_a=c["prompts"],
+                           prompts_b=c["prompts_eval"], drafters=tuple(c["drafters"]), ks=tuple(c["ks"]),
+                           Bs=tuple(c["Bs"]), max_new=c["max_new"], n_prompts=c["n_prompts"], reps=c["reps"],
+                           dtype=c["dtype"], temperature=c["temperature"], device=c["device"], seed=c["seed"],
+                           timer=from_dict(TimerSettings, c["timer"], "timer"))
+        run_dir = Path(c["out_dir"] or RUNS_ROOT / f"specdec-real-{Path(c['checkpoint']).name}-{spec.dtype}")
+        table = run_real_validation(spec, run_dir)
+        text, summary = summarize(table)
+        return text, dict(run_dir=str(run_dir), overrides=c.get("overrides", []), **summary)
     if c["checkpoint"]:
         return acceptance(dict(checkpoint=c["checkpoint"], prompts=c["prompts"], drafter=c["drafter"],
                                draft_checkpoint=c["draft_checkpoint"], k=max(c["ks"]), max_new=c["max_new"],

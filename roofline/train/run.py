@@ -1,0 +1,16 @@
+"""The `train` command, one call: the composed config (conf/train.yaml) as a plain dict in,
+the JSON summary out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from roofline.io.fields import from_dict
+from roofline.train.trainer import ModelShape, TrainSpec, run_training
+
+
+def train(c: Mapping) -> dict:
+    raw = {k: v for k, v in c.items() if k != "overrides"}
+    shapes = {k: from_dict(ModelShape, raw.pop(k), k) for k in ("target", "draft")}
+    summary = run_training(from_dict(TrainSpec, raw, "train", **shapes))
+    return dict(out_dir=str(c["out_dir"]), overrides=c.get("overrides", []), **summary)

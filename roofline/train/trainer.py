@@ -1,0 +1,240 @@
+"""Train a small decoder with a DeepSeek-V3 MTP module, and its draft model, on the CPU.
+
+The model is the project's own `Transformer` (roofline.model.decoder), trained in float32
+through the same forward that inference runs: one call at start position 0 over a window of
+T tokens (its static cache is replaced by fresh zero tensors before each step, so no step's
+graph reaches into another's). The MTP module (num_nextn_predict_layers = 1) is DeepSeek-V3's
+§2.2: at position i it reads the main model's final hidden state h_i and the embedding of
+token i+1 and predicts token i+2; the loss is
+
+    L = CE(main, t_{i+1}) + mtp_weight · CE(mtp, t_{i+2})
+
+(DeepSeek-V3 trains with a weight of 0.3 for most of its run), the MTP gradient flowing into
+the main model too. mtp_weight = 0 trains the same model without it (its MTP module stays at
+its random initialisation): the pair gives the main model's held-out loss with and without
+the auxiliary loss. The draft model is a smaller decoder (no MTP) trained on the same tokens.
+
+Held-out loss is the main model's mean cross-entropy, in nats per token, over fixed windows of
+the held-out files (set "a"), the same windows for every model of a run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from roofline.io.fields import ConfigError
+from roofline.model.config import ModelConfig
+from roofline.model.decoder import build_model
+from roofline.model.kvcache import caching_modules
+from roofline.train import corpus as corpus_mod
+from roofline.train import tokenizer as tok_mod
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    d: int = 128
+    layers: int = 3
+    heads: int = 4
+    kv_heads: int = 2
+    ffn: int = 352
+    mtp_layers: int = 1
+
+    def config(self, name: str, vocab: int, max_context: int) -> ModelConfig:
+        if self.d % self.heads or self.heads % self.kv_heads:
+            raise ConfigError(f"{name}: d={self.d}, heads={self.heads}, kv_heads={self.kv_heads}: heads must divide d "
+                              "and kv_heads divide heads")
+        return ModelConfig(name=name, vocab=vocab, d=self.d, layers=self.layers, heads=self.heads,
+                           kv_heads=self.kv_heads, head_dim=self.d // self.heads, ffn=self.ffn,
+                           max_context=max_context, rope_theta=10000.0, norm_eps=1e-5, tie_embeddings=True,
+                           mtp_layers=self.mtp_layers, source="trained by roofline.train")
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    out_dir: str
+    target: ModelShape = field(default_factory=ModelShape)
+    draft: ModelShape = field(default_factory=lambda: ModelShape(d=64, layers=2, heads=2, kv_heads=2, ffn=192,
+                                                                  mtp_layers=0))
+    vocab: int = 2048
+    seq_len: int = 96
+    batch: int = 16
+    target_steps: int = 150
+    draft_steps: int = 100
+    lr: float = 3e-3
+    mtp_weight: float = 0.3
+    control: bool = False  # also train the target with mtp_weight = 0 (the without-MTP-loss twin)
+    corpus_root: str | None = None
+    corpus_bytes: int = 4_000_000  # source bytes of the train split read (tokenizer and training)
+    heldout_percent: int = 10
+    eval_windows: int = 64
+    prompts_per_set: int = 24
+    save_dtype: str = "bfloat16"
+    threads: int = 1  # one thread: on a shared 2-core machine two OpenMP threads wait on each other
+    seed: int = 0
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.vocab < 300:
+            raise ConfigError(f"vocab={self.vocab}: a byte-level BPE needs >= 300 (256 bytes + specials + merges)")
+        for name in ("seq_len", "batch", "target_steps", "eval_windows", "prompts_per_set", "threads"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)}: must be >= 1")
+        if self.draft_steps < 0 or self.mtp_weight < 0:
+            raise ConfigError("draft_steps and mtp_weight must be >= 0")
+        if self.target.mtp_layers != 1 or self.draft.mtp_layers != 0:
+            raise ConfigError("target.mtp_layers must be 1 (DeepSeek-V3's num_nextn_predict_layers) and "
+                              "draft.mtp_layers 0")
+
+
+def _fresh_caches(model) -> None:
+    for mod in caching_modules(model):
+        for name in mod.CACHE_NAMES:
+            setattr(mod, name, torch.zeros_like(getattr(mod, name)))
+
+
+def losses(model, window: torch.Tensor, with_mtp: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(main CE, MTP CE) in nats per token over windows [B, T + 2]."""
+    T = window.shape[1] - 2
+    x = window[:, :T]
+    _fresh_caches(model)
+    logits, h = model(x, 0, return_hidden=True)
+    main = F.cross_entropy(logits.float().flatten(0, 1), window[:, 1:T + 1].flatten())
+    if not with_mtp or not model.mtp:
+        return main, None
+    mlogits, _ = model.mtp_forward(h, window[:, 1:T + 1], 0)
+    return main, F.cross_entropy(mlogits.float().flatten(0, 1), window[:, 2:T + 2].flatten())
+
+
+def _batches(ids: torch.Tensor, T: int, B: int, steps: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        starts = torch.randint(0, len(ids) - T - 2, (B,), generator=g)
+        yield torch.stack([ids[s:s + T + 2] for s in starts.tolist()])
+
+
+def _lr(step: int, steps: int, peak: float) -> float:
+    warm = max(1, steps // 20)
+    if step < warm:
+        return peak * (step + 1) / warm
+    return peak * (0.1 + 0.45 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm))))  # cosine to peak/10
+
+
+def train_model(cfg: ModelConfig, ids: torch.Tensor, spec: TrainSpec, steps: int, mtp_weight: float, seed: int,
+                label: str, log=print):
+    """A trained model (float32) and its loss log [(step, main, mtp)]."""
+    from tqdm import tqdm
+
+    torch.manual_seed(seed)
+    model = build_model(cfg, max_batch=spec.batch, max_context=spec.seq_len + 2, dtype=torch.float32, seed=seed)
+    with torch.no_grad():  # init_weights spreads the head's logits like a trained model's; training starts flat
+        model.embed.weight.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(seed))
+    model.requires_grad_(True).train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=spec.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    history = []
+    bar = tqdm(_batches(ids, spec.seq_len, spec.batch, steps, seed), total=steps, desc=label, disable=not spec.progress,
+               mininterval=2.0)
+    for step, w in enumerate(bar):
+        for group in opt.param_groups:
+            group["lr"] = _lr(step, steps, spec.lr)
+        main, mtp = losses(model, w, with_mtp=mtp_weight > 0)
+        loss = main + mtp_weight * mtp if mtp is not None else main
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        history.append((step, main.item(), mtp.item() if mtp is not None else None))
+        if step % 10 == 0 or step == steps - 1:
+            bar.set_postfix(main=f"{main.item():.3f}", mtp="-" if mtp is None else f"{mtp.item():.3f}")
+        if step % 50 == 0 or step == steps - 1:
+            log(f"{label} step {step}/{steps}: main loss {main.item():.4f} nats/token"
+                + ("" if mtp is None else f", MTP loss {mtp.item():.4f}"))
+    model.eval().requires_grad_(False)
+    _fresh_caches(model)
+    return model, history
+
+
+@torch.no_grad()
+def heldout_loss(model, windows: torch.Tensor, batch: int) -> dict:
+    """Mean main (and MTP, if the model has one) CE over the held-out windows, nats per token."""
+    main, mtp = [], []
+    for i in range(0, len(windows), batch):
+        m, t = losses(model, windows[i:i + batch], with_mtp=bool(model.mtp))
+        main.append(float(m) * len(windows[i:i + batch]))
+        if t is not None:
+            mtp.append(float(t) * len(windows[i:i + batch]))
+    n = len(windows)
+    return dict(main=sum(main) / n, mtp=sum(mtp) / n if mtp else None)
+
+
+def _encode(tok, texts: list[str]) -> torch.Tensor:
+    return torch.tensor([i for e in tok.encode_batch(texts, add_special_tokens=False) for i in e.ids], dtype=torch.long)
+
+
+def n_params(model) -> dict:
+    main = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("mtp."))
+    return dict(main=main, mtp=sum(p.numel() for n, p in model.named_parameters() if n.startswith("mtp.")))
+
+
+def run_training(spec: TrainSpec, log=print) -> dict:
+    """Corpus -> tokenizer -> target (with MTP) [+ its no-MTP-loss twin] -> draft; HF folders and a summary."""
+    from roofline.checkpoints.convert import save_hf
+
+    torch.set_num_threads(spec.threads)
+    t_start = time.perf_counter()
+    out = Path(spec.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    corpus = corpus_mod.list_corpus(spec.corpus_root, spec.heldout_percent)
+    chats = corpus_mod.training_chats(corpus, spec.corpus_bytes)
+    texts = [tok_mod.render_text(c) for c in chats]
+    log(f"corpus {corpus.root}: {len(corpus.files['train'])} train / {len(corpus.files['a'])} + "
+        f"{len(corpus.files['b'])} held-out files (fingerprint {corpus.fingerprint()}); training on {len(chats)} "
+        f"files, {sum(map(len, texts)):,} characters")
+    tok = tok_mod.train_bpe(texts, spec.vocab)
+    tok_dir = out / "tokenizer"
+    tok_mod.save_tokenizer(tok, tok_dir, spec.seq_len * 8)
+    ids = _encode(tok, texts)
+    held = [tok_mod.render_text(corpus_mod.as_chat(r, corpus_mod.read(corpus, r))) for r in corpus.files["a"]]
+    held_ids = _encode(tok, held)
+    g = torch.Generator().manual_seed(spec.seed + 1)
+    starts = torch.randint(0, len(held_ids) - spec.seq_len - 2, (spec.eval_windows,), generator=g).tolist()
+    windows = torch.stack([held_ids[s:s + spec.seq_len + 2] for s in starts])
+    log(f"tokenizer: vocab {tok.get_vocab_size()}; {len(ids):,} train tokens, {len(held_ids):,} held-out tokens")
+    prompts = {s: corpus_mod.write_prompts(corpus, s, out / f"prompts_{s}.jsonl", spec.prompts_per_set)
+               for s in ("a", "b")}
+    bos, eos = tok.token_to_id(tok_mod.BOS), tok.token_to_id(tok_mod.EOS)
+    max_ctx = max(1024, spec.seq_len * 8)  # RoPE: prompts may run past the training window
+    runs = [("target", spec.target, spec.mtp_weight, spec.target_steps)]
+    if spec.control:
+        runs.append(("target_no_mtp_loss", spec.target, 0.0, spec.target_steps))
+    if spec.draft_steps:
+        runs.append(("draft", spec.draft, 0.0, spec.draft_steps))
+    models = {}
+    for name, shape, weight, steps in runs:
+        cfg = shape.config(name, tok.get_vocab_size(), max_ctx)
+        t0 = time.perf_counter()
+        model, history = train_model(cfg, ids, spec, steps, weight, spec.seed, name, log)
+        train_s = time.perf_counter() - t0
+        ev = heldout_loss(model, windows, spec.batch)
+        save_hf(model, out / name, dtype=spec.save_dtype, tokenizer_dir=tok_dir, bos_id=bos, eos_id=eos)
+        (out / name / "train_log.json").write_text(json.dumps(dict(history=history), indent=None) + "\n")
+        models[name] = dict(params=n_params(model), train_s=train_s, steps=steps, mtp_weight=weight,
+                            heldout_loss=ev["main"], heldout_mtp_loss=ev["mtp"],
+                            final_train_loss=history[-1][1], first_train_loss=history[0][1], config=asdict(shape))
+        log(f"{name}: {sum(models[name]['params'].values()):,} parameters, {train_s:.0f} s, held-out main loss "
+            f"{ev['main']:.4f} nats/token" + ("" if ev["mtp"] is None else f", MTP {ev['mtp']:.4f}"))
+    summary = dict(spec={k: v for k, v in asdict(spec).items() if k != "out_dir"}, corpus=dict(
+        fingerprint=corpus.fingerprint(), train_files=len(corpus.files["train"]), heldout_files_a=len(corpus.files["a"]),
+        heldout_files_b=len(corpus.files["b"]), files_used=len(chats), train_tokens=len(ids),
+        heldout_tokens=len(held_ids)), prompts=prompts, models=models, total_s=time.perf_counter() - t_start,
+        torch=torch.__version__, python=platform.python_version(), threads=spec.threads)
+    (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary

@@ -1,0 +1,168 @@
+"""A tiny model trained here in seconds: tokenizer and chat template, HF folder, converter, acceptance."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("tokenizers")
+pytest.importorskip("transformers")
+
+from roofline.checkpoints import convert, prompts  # noqa: E402
+from roofline.checkpoints.inventory import InventoryRequest, run_inventory  # noqa: E402
+from roofline.checkpoints.loader import load_checkpoint  # noqa: E402
+from roofline.io.fields import ConfigError  # noqa: E402
+from roofline.train import corpus  # noqa: E402
+from roofline.train.trainer import ModelShape, TrainSpec, run_training  # noqa: E402
+
+TINY = dict(target=ModelShape(d=32, layers=1, heads=2, kv_heads=2, ffn=64, mtp_layers=1),
+            draft=ModelShape(d=16, layers=1, heads=1, kv_heads=1, ffn=32, mtp_layers=0),
+            vocab=400, seq_len=32, batch=8, target_steps=40, draft_steps=10, corpus_bytes=120_000,
+            eval_windows=8, prompts_per_set=3, progress=False)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("trained")
+    summary = run_training(TrainSpec(out_dir=str(out), **TINY), log=lambda *a: None)
+    return out, summary
+
+
+def test_split_is_by_path_and_deterministic():
+    c1, c2 = corpus.list_corpus(), corpus.list_corpus()
+    assert c1.files == c2.files
+    train, a, b = (set(c1.files[s]) for s in ("train", "a", "b"))
+    assert train and a and b and not (train & a) and not (train & b) and not (a & b)
+    assert all(corpus.split_of(r, 10) == "a" for r in a)
+    assert not any("site-packages" in r for r in train | a | b)
+
+
+def test_training_lowers_the_loss(trained):
+    out, summary = trained
+    t = summary["models"]["target"]
+    log = json.loads((out / "target" / "train_log.json").read_text())["history"]
+    first = sum(h[1] for h in log[:5]) / 5
+    last = sum(h[1] for h in log[-5:]) / 5
+    assert last < first - 0.5, (first, last)
+    assert t["heldout_loss"] < float(torch.log(torch.tensor(400.0)))  # better than uniform over the vocabulary
+    assert summary["models"]["target"]["params"]["mtp"] > 0 and summary["models"]["draft"]["params"]["mtp"] == 0
+
+
+def test_chat_template_prefix_property(trained):
+    out, _ = trained
+    tok = prompts.load_tokenizer(out / "target")
+    conv = json.loads((out / "prompts_a.jsonl").read_text().splitlines()[0])["messages"]
+    full = prompts.render(tok, conv, add_generation_prompt=False)
+    prompt = prompts.render(tok, conv[:-1], add_generation_prompt=True)
+    assert full.startswith(prompt) and len(full) > len(prompt)
+    ids_full, ids_prompt = prompts.encode(tok, full), prompts.encode(tok, prompt)
+    assert ids_full[:len(ids_prompt)] == ids_prompt
+    assert ids_prompt[0] == tok.bos_token_id and ids_prompt[1] != tok.bos_token_id  # one BOS
+    assert tok(prompt)["input_ids"][:2] == [tok.bos_token_id] * 2  # the trap encode() avoids
+    inline = json.loads((out / "target" / "tokenizer_config.json").read_text())["chat_template"]
+    assert (out / "target" / "chat_template.jinja").read_text() == inline
+
+
+def test_transformers_logits_equal_ours(trained):
+    from transformers import AutoModelForCausalLM
+    out, _ = trained
+    folder = out / "target"
+    ours = load_checkpoint(folder, dtype="float32", max_batch=2, max_context=64)
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    x = torch.randint(0, 400, (2, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = hf(x).logits
+    got = ours(x, 0)
+    assert ours.cfg.mtp_layers == 1
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def _forward(folder, x):
+    return load_checkpoint(folder, dtype="float32", max_batch=2, max_context=64)(x, 0)
+
+
+def test_megatron_round_trip_faithful_and_lossy(trained, tmp_path):
+    out, _ = trained
+    src = out / "target"
+    x = torch.randint(0, 400, (2, 12), generator=torch.Generator().manual_seed(1))
+    ref = _forward(src, x)
+    back = convert.round_trip(src, tmp_path / "faithful", tp=2)
+    assert len(list((tmp_path / "faithful" / "megatron").glob("mp_rank_*/model.safetensors"))) == 2
+    c = run_inventory(InventoryRequest(before=str(src), after=str(back)))
+    assert c.ok and not c.missing and not c.changed and len(c.identical) == len(c.before.tensors)
+    assert torch.equal(_forward(back, x), ref)
+    lossy = convert.round_trip(src, tmp_path / "lossy", tp=2, drop_mtp=True)
+    assert torch.equal(_forward(lossy, x), ref)  # forward parity cannot see the loss
+    c = run_inventory(InventoryRequest(before=str(src), after=str(lossy)))
+    assert not c.ok and c.mtp_config_dropped
+    assert set(c.mtp_lost) == set(c.mtp_before) and any(".eh_proj." in n for n in c.mtp_lost)
+    assert "MTP drafter is gone" in c.consequence
+    r = subprocess.run([sys.executable, "-m", "experiments.inventory", f"before={src}", f"after={lossy}"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "eh_proj" in r.stdout and "DROPPED" in r.stdout
+
+
+def test_acceptance_counters_on_the_trained_model(trained):
+    from roofline.spec.real_acceptance import AcceptanceRequest, measure_acceptance
+    out, _ = trained
+    rows = {}
+    for drafter in ("mtp", "draft_model", "ngram"):
+        rows[drafter] = measure_acceptance(AcceptanceRequest(
+            checkpoint=str(out / "target"), prompts=str(out / "prompts_a.jsonl"), drafter=drafter,
+            draft_checkpoint=str(out / "draft"), k=2, max_new=8, batch=3, dtype="float32"))
+    for r in rows.values():
+        assert r["num_drafts"] > 0 and r["num_draft_tokens"] == 2 * r["num_drafts"]
+        assert sum(r["num_accepted_tokens_per_pos"]) == r["num_accepted_tokens"]
+        assert r["num_accepted_tokens_per_pos"][1] <= r["num_accepted_tokens_per_pos"][0]
+
+
+def test_broken_chat_template_is_one_line(trained, tmp_path):
+    out, _ = trained
+    import shutil
+    folder = tmp_path / "broken"
+    shutil.copytree(out / "target", folder)
+    (folder / "chat_template.jinja").write_text("{{ bos_token }}\n{% for m in messages %}\n{{ messages.append(m) }}{% endfor %}")
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = (folder / "chat_template.jinja").read_text()
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    tok = prompts.load_tokenizer(folder)
+    with pytest.raises(ConfigError, match=r"checkpoint=.*: chat_template line 3: SecurityError"):
+        prompts.render(tok, [{"role": "user", "content": "x"}])
+    (folder / "chat_template.jinja").write_text("{{ bos_token }}\n{% for m in messages %}\n{{ m['content'] }")
+    cfg["chat_template"] = (folder / "chat_template.jinja").read_text()
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    tok = prompts.load_tokenizer(folder)
+    with pytest.raises(ConfigError, match=r"chat_template line 3: TemplateSyntaxError"):
+        prompts.render(tok, [{"role": "user", "content": "x"}])
+
+
+def test_real_validation_runs_disjoint_and_exact(trained, tmp_path):
+    from roofline.measure.timer import TimerSettings
+    from roofline.spec.real_validation import RealValSpec, run_real_validation, summarize
+    out, _ = trained
+    spec = RealValSpec(checkpoint=str(out / "target"), draft_checkpoint=str(out / "draft"),
+                       prompts_a=str(out / "prompts_a.jsonl"), prompts_b=str(out / "prompts_b.jsonl"),
+                       drafters=("mtp", "ngram"), ks=(2,), Bs=(1,), max_new=6, n_prompts=1, reps=1, dtype="float32",
+                       timer=TimerSettings(warmup=1, min_reps=2, max_reps=3, rel_ci=0.5, budget_s=0.05))
+    table = run_real_validation(spec, tmp_path / "rv", log=lambda *a: None)
+    assert set(table["drafter"]) == {"mtp", "ngram"} and (table["S_meas"] > 0).all()
+    fit = json.loads((tmp_path / "rv" / "sweep_target" / "fit.json").read_text())
+    lo, hi = next(g["domain"]["L"] for g in fit["groups"] if g["key"]["kind"] == "forward")
+    assert lo < int(table["L_mid"].iloc[0]) < hi  # the sweep brackets the engine's context, never at it
+    assert (table["c_draft"][table["drafter"] == "ngram"] == 0).all()
+    text, summary = summarize(table)
+    assert summary["points"] == 2 and "Leviathan" in text
+
+
+@pytest.mark.slow
+def test_train_command(tmp_path):
+    from tests.test_cli import last_json, run_cli
+    out, r = run_cli("train", f"out_dir={tmp_path}", "target_steps=3", "draft_steps=0", "vocab=300",
+                     "corpus_bytes=20000", "seq_len=16", "batch=2", "eval_windows=2", "prompts_per_set=1",
+                     "progress=false", "target.d=16", "target.layers=1", "target.heads=2", "target.kv_heads=1",
+                     "target.ffn=32")
+    assert r.returncode == 0, r.stderr
+    summary = last_json(out)
+    assert set(summary["models"]) == {"target"} and (tmp_path / "target" / "config.json").is_file()
