@@ -79,7 +79,8 @@ def test_provenance_table_compares_points_and_ceilings(report):
 def test_extra_sections_are_included_in_name_order(report):
     _, md, html = report
     assert md.index("## First extra") < md.index("## Cost model") and md.index("## Provenance") < md.index("## First")
-    assert "<h2>Cost model</h2>" in html and "<td>1.5</td>" in html
+    assert '<h2 id="cost-model">Cost model</h2>' in html and "<td>1.5</td>" in html
+    assert '<a href="#cost-model">Cost model</a>' in html  # the contents list the sections' headings too
     assert "<code>code</code>" in html and "<strong>bold</strong>" in html and "<li>two</li>" in html
 
 
@@ -88,8 +89,9 @@ def test_html_embeds_every_image_and_links_nothing_outside(report):
     srcs = re.findall(r'src="([^"]+)"', html)
     assert len(srcs) == len(list((run / "figures").glob("*.png"))) == 4
     assert all(s.startswith("data:image/png;base64,") and len(s) > 10_000 for s in srcs)
-    assert not re.search(r"https?://|<link|<script|href=", html)
-    assert html.count("<table>") == 4 + 1  # T(q), ceilings, failed, provenance + the extra section's
+    assert not re.search(r"https?://|<link|<script", html)
+    assert all(h.startswith("#") for h in re.findall(r'href="([^"]*)"', html))  # only the contents' own anchors
+    assert html.count("<table>") == 5 + 1  # T(q), percentiles, ceilings, failed, provenance + the extra section's
 
 
 def test_report_works_without_ceilings(tmp_path):

@@ -44,7 +44,7 @@ CAPTIONS = {
 }
 
 TITLES = {"roofline": "Roofline: achieved FLOP/s vs arithmetic intensity",
-          "step_time_vs_q": "Step time vs tokens per pass",
+          "step_time_vs_q": "Step time and T(q)/T(1) vs q",
           "bandwidth_vs_working_set": "Bandwidth vs working-set size",
           "utilisation_vs_batch": "Utilisation vs batch"}
 
