@@ -146,7 +146,7 @@ def test_capacity_refuses_bad_inputs(kw, msg):
         capacity.check_inputs(**{**dict(mem_bytes=80e9, Bs=[1]), **kw})
 
 
-@pytest.mark.parametrize("args, msg", [(["memory_gb=-80"], "memory_gb=-80"), (["bw_efficiency=2"], "bw_efficiency=2")])
+@pytest.mark.parametrize("args, msg", [(["memory_gb=-80"], "memory_gb=-80"), (["calibrate=/no/such.yaml"], "calibrate=")])
 def test_capacity_bad_input_exits_2_and_writes_nothing(tmp_path, args, msg):
     r = subprocess.run([sys.executable, "-m", "experiments.capacity", *args, f"out_dir={tmp_path / 'out'}"],
                        cwd=REPO_ROOT, capture_output=True, text=True)

@@ -46,7 +46,7 @@ from roofline.analysis.roofs import predict_step_time, roofs_for
 
 from roofline.analysis import quality
 from roofline.io import files, provenance
-from roofline.model.accounting import forward_cost, mtp_cost
+from roofline.model.accounting import forward_cost, moe_impl_for_mode, mtp_cost
 from roofline.io.fields import ConfigError
 from roofline.model.config import ModelConfig
 from roofline.io.results import load_run
@@ -473,9 +473,11 @@ def fitted_model(fit: dict) -> ModelConfig:
     return ModelConfig.from_dict(fit["model_spec"])
 
 
-def cost_row(cfg: ModelConfig, kind: str, dtype: str, q: int, B: int, L: int, mode: str = "eager") -> dict:
-    """Bytes and FLOPs of one step, from roofline.model.accounting (the one byte model)."""
-    moe_impl = "dense" if mode == "graph" else "touched"
+def cost_row(cfg: ModelConfig, kind: str, dtype: str, q: int, B: int, L: int, mode: str = "eager",
+             moe_impl: str | None = None) -> dict:
+    """Bytes and FLOPs of one step, from roofline.model.accounting (the one byte model): the MoE
+    experts as the mode ran them (accounting.moe_impl_for_mode) unless moe_impl says otherwise."""
+    moe_impl = moe_impl or moe_impl_for_mode(mode)
     fn = {"forward": forward_cost, "mtp": mtp_cost}.get(kind)
     if fn is None:
         raise ConfigError(f"kind={kind!r}: allowed ('forward', 'mtp')")
@@ -504,9 +506,14 @@ def step_model(fit: dict, kind: str, dtype: str, mode: str | None = None,
     if g is None:
         g, source = find_group(fit, "forward", dtype, mode), "device-fit-transfer"
     step_mode = mode or g["key"]["mode"]
+    if cfg.is_moe and moe_impl_for_mode(step_mode) == "dense":
+        # the rows ran every expert (graph / compiled); a prediction prices the touched experts an
+        # engine runs: the fitted device parameters applied to the touched accounting
+        source = "device-fit-transfer"
 
     def rows(q, B, L) -> pd.DataFrame:
-        return pd.DataFrame([cost_row(cfg, kind, dtype, int(a), int(b), int(c), step_mode) for a, b, c in zip(q, B, L)])
+        return pd.DataFrame([cost_row(cfg, kind, dtype, int(a), int(b), int(c), step_mode, "touched")
+                             for a, b, c in zip(q, B, L)])
 
     model = StepModel(g, rows, lambda r: terms(r, g["coefs"], g["knee_tokens"]), own=source == "fit", names=TERMS)
     model.fit_source = source

@@ -162,8 +162,8 @@ def spec_device_name(device: str) -> str:
 
 
 def _moe_impl(mode: str) -> str:
-    # Routing to the touched experts syncs with the host; graph capture and compile need the dense path.
-    return "touched" if mode == "eager" else "dense"
+    from roofline.model.accounting import moe_impl_for_mode
+    return moe_impl_for_mode(mode)
 
 
 def memory_plan(spec: SweepSpec, dtype: str, depth: int, points: list["Point"]) -> tuple[list, dict]:

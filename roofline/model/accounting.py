@@ -117,6 +117,18 @@ def param_count(cfg: ModelConfig) -> ParamCount:
                       matmul_active=matmul)
 
 
+def moe_impl_for_mode(mode: str) -> str:
+    """The one MoE/mode rule: what our decoder RUNS for MoE in a timing mode. Eager routes to the
+    touched experts (the routing syncs with the host); CUDA-graph capture (`graph`) and
+    torch.compile (`compiled`) need static shapes, so the decoder runs every expert ("dense") and
+    the sweep prices those rows dense. Predictions never price dense experts: serving engines'
+    fused MoE kernels read only the routed experts and capture in CUDA graphs, so the what-if
+    (roofline.parallel.whatif) prices touched experts in every mode, and a fit whose MoE rows ran
+    dense is applied to the touched accounting as a device-fit transfer
+    (roofline.analysis.costmodel.step_model)."""
+    return "touched" if mode == "eager" else "dense"
+
+
 def experts_touched(cfg: ModelConfig, tokens: int, moe_impl: str = "touched") -> float:
     """Expected distinct experts per MoE layer that `tokens` routed tokens touch (uniform routing)."""
     if moe_impl not in ("touched", "dense"):

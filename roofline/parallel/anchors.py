@@ -29,10 +29,6 @@ METRICS = ("itl_ms", "tok_s_per_user", "output_tok_s", "output_tok_s_per_gpu", "
            "spec_speedup")
 CATEGORIES = ("batch", "quantized", "tp", "moe", "speculative")
 REQUIRED = ("id", "source", "engine", "device", "model", "tp", "workload", "metric", "value")
-# the published weight / KV names -> roofline.model.formats names (None: the activation dtype)
-FORMATS = {"bf16": None, "fp16": None, "fp8": "fp8_e4m3", "fp8_block128": "fp8_e4m3_b128", "int8": "int8",
-           "int4_g32": "int4_g32", "int4_g128": "int4_g128", "int4_awq_g128": "int4_g128",
-           "int4_gptq_g128": "int4_g128", "q4_0": "int4_g32", "native": "native"}
 HIGHER_IS_FASTER = ("tok_s_per_user", "output_tok_s", "output_tok_s_per_gpu", "spec_speedup")
 
 
@@ -61,9 +57,10 @@ def load(path=ANCHORS_PATH) -> tuple[dict[str, ModelConfig], dict, list[dict]]:
             raise ConfigError(f"{where}: metric={a['metric']!r}: allowed {METRICS}")
         if a["source"] not in sources:
             raise ConfigError(f"{where}: source={a['source']!r}: not in sources {sorted(sources)}")
-        for key in ("weights", "kv"):
-            if a.get(key) is not None and a[key] not in FORMATS:
-                raise ConfigError(f"{where}: {key}={a[key]!r}: allowed {sorted(FORMATS)}")
+        try:
+            served_precision(a, None)
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
         if a["model"] not in models:
             try:
                 models[a["model"]] = get_preset(a["model"])
@@ -73,9 +70,12 @@ def load(path=ANCHORS_PATH) -> tuple[dict[str, ModelConfig], dict, list[dict]]:
 
 
 def served_precision(a: dict, cfg: ModelConfig) -> str:
-    """The precision label the deployment served (fp16 and bf16 alike: 2 B per element)."""
-    w, kv = (FORMATS[a[k]] if a.get(k) is not None else None for k in ("weights", "kv"))
-    return precision("bfloat16", w, kv, None, cfg.native_weights).label
+    """The precision label the deployment served: its dtype with its weights / kv formats
+    (roofline.model.formats names; a float format equal in size to the dtype is the dtype itself)."""
+    dtype = a.get("dtype") or "bfloat16"
+    plain = lambda f: None if f in (None, "bf16", "fp16", "bfloat16", "float16") else f  # noqa: E731
+    return precision(dtype, plain(a.get("weights")), plain(a.get("kv")), None,
+                     cfg.native_weights if cfg is not None else "").label
 
 
 def split_of(a: dict, sources: dict) -> str:
@@ -186,7 +186,7 @@ def test_sources_cited_by_priors(path=ANCHORS_PATH, prior_paths=()) -> list[str]
     for sid, s in sources.items():
         if s.get("split") != "test":
             continue
-        url = str(s.get("url", "")).split("/blob/")[0].rstrip("/")
+        url = str(s.get("url", "")).split("#")[0].rstrip("/")  # the page itself (one repository holds many pages)
         if (url and url in text) or sid in text:
             bad.append(sid)
     return bad

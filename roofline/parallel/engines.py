@@ -40,7 +40,7 @@ class Engine:
     step_overhead_s: float  # per forward: host + scheduler time the GPU waits for
     per_layer_s: float | None  # per decoder block launch floor; None: priors.yaml's graph / eager floor
     allreduce_latency_s: dict  # interconnect key -> seconds of one small all-reduce
-    bw_scale: float = 1.0  # the engine's kernels' share of the kernel priors' bandwidth (1: as kernels.yaml)
+    bw_scale: float = 1.0  # reserved: an engine-level weights_bw_fraction (none is published: kernels.yaml decides)
 
 
 def names(path: str = str(ENGINES_PATH)) -> list[str]:
@@ -54,14 +54,30 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
     e = engines[name]
     f = f"engines.{name}"
     try:
-        ar = {link: pick(v["latency_us"] if isinstance(v, dict) and "latency_us" in v else v, scenario,
-                         f"{f}.allreduce.{link}") * 1e-6
-              for link, v in (e.get("allreduce") or {}).items() if link not in ("implementation", "source", "version")}
+        ar = {link: pick(v["latency_us"], scenario, f"{f}.allreduce.{link}.latency_us") * 1e-6
+              for link, v in (e.get("allreduce") or {}).items()
+              if isinstance(v, dict) and isinstance(v.get("latency_us"), (list, dict)) and not link.endswith("_large")}
+        graphs = e["cuda_graphs"]
+        graphs = graphs.get("value") if isinstance(graphs, dict) else graphs
+        if not isinstance(graphs, bool):  # a profile that states no boolean: priced as graph replay only if it says so
+            graphs = "like a cuda graph" in str(graphs).lower()
         per_layer = e.get("per_layer_us")
-        return Engine(name=name, graphs=bool(e["cuda_graphs"]),
+        if isinstance(per_layer, dict) and per_layer.get("values") is None:
+            per_layer = None
+        return Engine(name=name, graphs=graphs,
                       step_overhead_s=pick(e["step_overhead_us"], scenario, f"{f}.step_overhead_us") * 1e-6,
                       per_layer_s=None if per_layer is None else pick(per_layer, scenario, f"{f}.per_layer_us") * 1e-6,
-                      allreduce_latency_s=ar,
-                      bw_scale=pick(e["bw_scale"], scenario, f"{f}.bw_scale") if "bw_scale" in e else 1.0)
+                      allreduce_latency_s=ar)
     except KeyError as err:
         raise ConfigError(f"{f}: missing key {err.args[0]!r}") from None
+
+
+def engine_name(entry) -> str | None:
+    """The profile key of a config's `engine` entry (a conf/engine/ group dict, a name, or None)."""
+    if entry is None or entry == "":
+        return None
+    if isinstance(entry, dict):
+        if "profile" not in entry:
+            raise ConfigError(f"engine={entry!r}: a conf/engine/ entry needs 'profile'")
+        return str(entry["profile"])
+    return str(entry)

@@ -66,14 +66,20 @@ class Setting:
     graphs: bool | None = None
     link: str = ""
     engine: str | None = None
-    kernels: str = str(K.KERNELS_PATH)
-    engines: str = str(engines_mod.ENGINES_PATH)
+    kernels: str = ""  # "" = roofline/data/kernels.yaml
+    engines: str = ""  # "" = roofline/data/engines.yaml
+
+    def kernels_path(self) -> str:
+        return self.kernels or str(K.KERNELS_PATH)
+
+    def engines_path(self) -> str:
+        return self.engines or str(engines_mod.ENGINES_PATH)
 
     def engine_names(self) -> list[str]:
         if self.engine is not None:
-            engines_mod.profile(self.engine, 1, self.engines)  # ConfigError naming engine= when unknown
+            engines_mod.profile(self.engine, 1, self.engines_path())  # ConfigError naming engine= when unknown
             return [self.engine]
-        return engines_mod.names(self.engines)
+        return engines_mod.names(self.engines_path())
 
 
 def intra_node_link(device: DeviceSpec, setting: Setting, priors: dict) -> str:
@@ -216,16 +222,17 @@ class WhatIf:
     layout: Layout = Layout()
     setting: Setting = Setting()
     scale: float = 1.0  # a calibration's factor on every step time (roofline.analysis.calibrate)
+    band: tuple[float, float] | None = None  # calibrated: (low, high) / typical, replacing the priors' interval
 
     def __post_init__(self) -> None:
         self.layout.check(self.cfg)
         parse_precision(self.dtype)
 
     def _eng(self, name: str, scenario: int):
-        return engines_mod.profile(name, scenario, self.setting.engines)
+        return engines_mod.profile(name, scenario, self.setting.engines_path())
 
     def _kern(self) -> dict:
-        return K.load_kernels(self.setting.kernels)
+        return K.load_kernels(self.setting.kernels_path())
 
     def pass_detail(self, p: Pass, scenario: int, engine: str, mtp: bool = False) -> dict:
         return pass_seconds(self.cfg, self.layout, self.dtype, p, self.device, self._eng(engine, scenario), scenario,
@@ -246,6 +253,9 @@ class WhatIf:
 
     def over_engines(self, fn) -> dict:
         """fn(scenario, engine) -> seconds, as one interval (the engine's, or spanning the profiles)."""
+        if self.band is not None:  # calibrated: the typical prediction rescaled, the interval the points' spread
+            t = statistics.median(fn(1, e) for e in self.setting.engine_names())
+            return dict(optimistic=t * self.band[0], typical=t, pessimistic=t * self.band[1])
         return span({e: interval(lambda s: fn(s, e)) for e in self.setting.engine_names()})
 
     def itl(self, B: int, L: int) -> dict:
@@ -326,17 +336,19 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
 
 
 def memory_check(cfg: ModelConfig, device: DeviceSpec, dtype: str, layout: Layout, batch: int, tokens_per_seq: int,
-                 with_mtp: bool = False, draft: ModelConfig | None = None, headroom: float = 0.9) -> dict:
+                 with_mtp: bool = False, draft: ModelConfig | None = None, headroom: float = 0.9,
+                 mem_bytes: float | None = None) -> dict:
     """Per-device bytes of the plan (weights + KV; the MTP module's and a draft model's weights and
     KV included when they draft) and whether they fit headroom x the device's memory."""
-    if not device.mem_bytes:
-        raise ConfigError(f"device={device.key!r}: no datasheet memory size")
+    mem_bytes = mem_bytes or device.mem_bytes
+    if not mem_bytes:
+        raise ConfigError(f"device={device.key!r}: no datasheet memory size (give memory_gb)")
     w, kv = memory_per_rank(cfg, layout, dtype, batch, tokens_per_seq, with_mtp)
     if draft is not None:  # a draft model replicated on every rank (vLLM runs it at tp = 1 of the target's tp)
         dw, dkv = memory_per_rank(draft, Layout(), dtype, math.ceil(batch / layout.batch_split), tokens_per_seq)
         w, kv = w + dw, kv + dkv
     return dict(weights_GB=w / 1e9, kv_GB=kv / 1e9, mem_per_device_GB=(w + kv) / 1e9,
-                device_mem_GB=device.mem_bytes / 1e9, fits=w + kv <= headroom * device.mem_bytes)
+                device_mem_GB=mem_bytes / 1e9, fits=w + kv <= headroom * mem_bytes)
 
 
 def smallest_layout(cfg: ModelConfig, device: DeviceSpec, dtype: str, batch: int, tokens_per_seq: int,
@@ -373,7 +385,8 @@ def candidate_layouts(cfg: ModelConfig, max_devices: int = 64) -> list[Layout]:
 def capacity(cfg: ModelConfig, device: DeviceSpec, dtype: str, context: int, output: int, itl_target_ms: float,
              target_tok_s: float, price_per_device_hour: float | None = None, alpha: float | None = None,
              k: int = 1, setting: Setting = Setting(), batches=(1, 2, 4, 8, 16, 32, 64, 128, 256),
-             max_devices: int = 64, layouts: list[Layout] | None = None, scale: float = 1.0) -> list[dict]:
+             max_devices: int = 64, layouts: list[Layout] | None = None, scale: float = 1.0,
+             band: tuple[float, float] | None = None) -> list[dict]:
     """For every layout (default: every candidate): the largest batch of `batches` meeting the ITL
     target (typical priors, with the interval) that fits the device, tokens/s per replica, devices
     for the target and the price per million tokens. alpha: also plan with the preset's MTP module
@@ -383,7 +396,7 @@ def capacity(cfg: ModelConfig, device: DeviceSpec, dtype: str, context: int, out
     L = context + output // 2
     rows = []
     for lay in layouts or candidate_layouts(cfg, max_devices):
-        w = WhatIf(cfg, device, dtype, lay, setting, scale)
+        w = WhatIf(cfg, device, dtype, lay, setting, scale, band)
         for spec in ([False, True] if alpha is not None and cfg.mtp_layers else [False]):
             best, fits_any = None, False
             for B in batches:
@@ -424,13 +437,13 @@ def capacity(cfg: ModelConfig, device: DeviceSpec, dtype: str, context: int, out
 
 
 def speedup_table(cfg: ModelConfig, device: DeviceSpec, dtype: str, layout: Layout, alphas, ks, Bs, Ls,
-                  setting: Setting = Setting(), scale: float = 1.0) -> list[dict]:
+                  setting: Setting = Setting(), scale: float = 1.0, band=None) -> list[dict]:
     """MTP speculative speedup and plain ITL per (alpha, k, B, L), each an interval; k = 0 is
     plain decode and needs no MTP module (a model without one is priced at k = 0 only)."""
     if cfg.mtp_layers < 1 and any(k for k in ks):
         raise ConfigError(f"k={list(ks)}: model {cfg.name!r} has no MTP module (mtp_layers=0); allowed k=[0] "
                           "(plain decode)")
-    w = WhatIf(cfg, device, dtype, layout, setting, scale)
+    w = WhatIf(cfg, device, dtype, layout, setting, scale, band)
     rows = []
     for L in Ls:
         for B in Bs:
