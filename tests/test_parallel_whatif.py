@@ -211,3 +211,16 @@ def test_deployments_have_both_splits_and_enough_sources():
     _, sources, rows = anchors.load()
     splits = {s.get("split") for s in sources.values()}
     assert splits == {"calibration", "test"} and len(rows) >= 40
+
+
+@pytest.mark.slow
+def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
+    """The held-out (test-split) anchors, priced with the engine each ran: bounds at the level measured
+    when this test was written (median |error| 19.2%, signed median +8.4% too fast, 62% inside the
+    interval, 34 anchors priced) plus a small margin. The issue's targets (10%, +-5%, 80%) are NOT met."""
+    t = anchors.table()
+    s = anchors.summary(t)["test"]["all"]
+    assert s["n"] >= 30
+    assert s["median_abs_error_pct"] <= 22.0
+    assert abs(s["signed_median_fast_pct"]) <= 12.0
+    assert s["inside_interval"] >= 0.55

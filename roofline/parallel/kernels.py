@@ -107,15 +107,17 @@ def gemm_seconds(M: float, N: int, K: int, weight_bytes: float, fmt_kind: str, d
 
 
 def attention_seconds(kv_bytes: float, attn_flops: float, B: float, context: float, bw_Bps: float, flops: float,
-                      scenario: int, kern: dict) -> dict:
-    """Decode attention of B sequences at `context`: KV traffic and arithmetic overlapped (max)."""
+                      scenario: int, kern: dict, calls: int = 1) -> dict:
+    """Decode attention of B sequences at `context` over `calls` layers: KV traffic and arithmetic
+    overlapped (max); each call costs at least the kernel's floor (`floor_us`, when given)."""
     if kv_bytes <= 0 and attn_flops <= 0:
         return dict(memory=0.0, compute=0.0, seconds=0.0)
     da = kern["decode_attention"]
     frac = table_value(da["bw_fraction_vs_batch"], max(B, 1), scenario, "kernels.decode_attention.bw_fraction_vs_batch")
     if "context_factor" in da:
         frac *= table_value(da["context_factor"], max(context, 1), scenario, "kernels.decode_attention.context_factor")
-    t_mem = kv_bytes / (bw_Bps * frac)
+    floor = pick(da["floor_us"], scenario, "kernels.decode_attention.floor_us") * 1e-6 if "floor_us" in da else 0.0
+    t_mem = calls * floor + kv_bytes / (bw_Bps * frac)
     t_f = attn_flops / (flops * pick(da["flops_fraction"], scenario, "kernels.decode_attention.flops_fraction"))
     return dict(memory=t_mem, compute=t_f, seconds=max(t_mem, t_f))
 
