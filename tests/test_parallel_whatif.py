@@ -224,3 +224,21 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     assert s["median_abs_error_pct"] <= 22.0
     assert abs(s["signed_median_fast_pct"]) <= 12.0
     assert s["inside_interval"] >= 0.55
+
+
+def _graph_fit(tmp_path):
+    """A GPU-fit-shaped document: the shipped CPU fit's groups relabelled as a graph-mode fit."""
+    fit = json.loads((ROOT / "results" / "cpu-demo" / "fit.json").read_text())
+    for g in fit["groups"]:
+        g["key"]["mode"] = "graph"
+    return fit
+
+
+def test_a_graph_mode_fit_transferred_to_qwen3_moe_prices_touched_experts(tmp_path):
+    from roofline.analysis.costmodel import predict_detail
+    fit, cfg = _graph_fit(tmp_path), get_preset("qwen3-30b-a3b")
+    d1 = predict_detail(fit, "forward", "bfloat16", 1, 1, 128, "graph", cfg)
+    d2 = predict_detail(fit, "forward", "bfloat16", 1, 2, 128, "graph", cfg)
+    assert d1["source"] == "device-fit-transfer" and d1["extrapolated"]
+    assert d2["seconds"] / d1["seconds"] > 1.3  # a second token touches ~7.5 more experts; dense was 1.00
+    assert d1["band_widened_by_pct"] > 0 and d1["p90_s"] > d1["seconds"]

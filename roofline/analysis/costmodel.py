@@ -529,14 +529,28 @@ def predict_detail(fit: dict, kind: str, dtype: str, q: int, B: int, L: int, mod
     r = model.predict(q, B, L).iloc[0]
     t = np.array([r[f"{n}_s"] for n in TERMS])
     seconds = float(r["seconds"])
+    extrapolated = any(not lo <= v <= hi for v, (lo, hi) in zip((q, B, L), (g["domain"][a] for a in ("q", "B", "L")))) \
+        or model.fit_source != "fit"
+    p10 = seconds / g["band"]["p90"] if np.isfinite(g["band"]["p90"]) else np.nan
+    p90 = seconds / g["band"]["p10"] if np.isfinite(g["band"]["p10"]) else np.nan
+    widen = extrapolation_error_pct(g) if extrapolated else 0.0
     return dict(seconds=seconds, source=model.fit_source, step_source=str(r["source"]),
-                regime=str(regime(t[None, :])[0]),
-                p10_s=seconds / g["band"]["p90"] if np.isfinite(g["band"]["p90"]) else np.nan,
-                p90_s=seconds / g["band"]["p10"] if np.isfinite(g["band"]["p10"]) else np.nan,
-                terms_s=dict(zip(TERMS, map(float, t))),
-                extrapolated=any(not lo <= v <= hi for v, (lo, hi) in
-                                 zip((q, B, L), (g["domain"][a] for a in ("q", "B", "L"))))
-                or model.fit_source != "fit")
+                regime=str(regime(t[None, :])[0]), p10_s=p10 / (1 + widen / 100), p90_s=p90 * (1 + widen / 100),
+                band_widened_by_pct=widen, terms_s=dict(zip(TERMS, map(float, t))), extrapolated=extrapolated)
+
+
+def extrapolation_error_pct(g: dict) -> float:
+    """The group's measured error when it predicts outside what it was trained on: the largest
+    median |error| of its extrapolation splits ('train q<=..., predict q>...', 'train B=..., predict
+    B>...'); without such a split, the largest |error| of its K-fold held-out points. An extrapolated
+    or transferred prediction's band is widened by it (the in-box band alone would claim the
+    in-box accuracy)."""
+    rows = [e for e in g.get("errors", []) if e.get("method") == "fit" and e.get("regime") == "all"]
+    ext = [e["median_abs_pct"] for e in rows if str(e.get("split", "")).startswith("train ")]
+    if ext:
+        return float(max(ext))
+    held = [e["max_abs_pct"] for e in rows if "held-out" in str(e.get("split", ""))]
+    return float(max(held)) if held else float("nan")
 
 
 def predict(fit: dict, kind: str, dtype: str, q: int, B: int, L: int, mode: str | None = None,
