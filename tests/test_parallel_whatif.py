@@ -242,3 +242,14 @@ def test_a_graph_mode_fit_transferred_to_qwen3_moe_prices_touched_experts(tmp_pa
     assert d1["source"] == "device-fit-transfer" and d1["extrapolated"]
     assert d2["seconds"] / d1["seconds"] > 1.3  # a second token touches ~7.5 more experts; dense was 1.00
     assert d1["band_widened_by_pct"] > 0 and d1["p90_s"] > d1["seconds"]
+
+
+def test_a_dequantise_per_step_kv_row_is_priced_as_what_it_moved():
+    from roofline.model.accounting import forward_cost
+    cfg = get_preset("llama-3.1-8b")  # 32 layers, 8 KV heads x 128: 2048 K+V elements per token and layer
+    fused = forward_cost(cfg, "bfloat16+kv=fp8_e4m3", 4, 1, 1023)
+    moved = forward_cost(cfg, "bfloat16+kv=fp8_e4m3", 4, 1, 1023, kv_impl="dequant")
+    # + the bf16 copy written and read again: 2 x 4 seqs x 32 layers x 1024 positions x 2048 elements x 2 B
+    assert moved.kv_read_bytes - fused.kv_read_bytes == 2 * 4 * 32 * 1024 * 2048 * 2
+    assert forward_cost(cfg, "bfloat16", 4, 1, 1023, kv_impl="dequant").kv_read_bytes == \
+        forward_cost(cfg, "bfloat16", 4, 1, 1023).kv_read_bytes  # a float cache has no copy

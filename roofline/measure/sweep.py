@@ -227,11 +227,13 @@ class _Workload:
         kv_len = p.L + p.q
         if p.kind == "forward":
             fn = lambda: m(tokens, start, kv_len=kv_len)
-            cost = lambda touched: forward_cost(self.cfg, self.dtype, p.B, p.q, p.L, kv_len, self.moe_impl, touched)
+            cost = lambda touched: forward_cost(self.cfg, self.dtype, p.B, p.q, p.L, kv_len, self.moe_impl, touched,
+                                                kvcache.impl(m))
         else:
             hidden = torch.randn(p.B, p.q, self.cfg.d, generator=self.gen, device=dev).to(m.embed.weight.dtype)
             fn = lambda: m.mtp_forward(hidden, tokens, start, kv_len=kv_len)
-            cost = lambda touched: mtp_cost(self.cfg, self.dtype, p.B, p.q, p.L, kv_len, self.moe_impl, touched)
+            cost = lambda touched: mtp_cost(self.cfg, self.dtype, p.B, p.q, p.L, kv_len, self.moe_impl, touched,
+                                            kvcache.impl(m))
         return fn, cost
 
     def check(self) -> None:
@@ -340,7 +342,8 @@ def finalize(spec: SweepSpec, run_dir: Path, rows: list[dict], measured: dict | 
         dev_spec = spec_for_running_device(spec.device)[0]
         for r in extrapolate_layers(rows, spec.model.layers):
             c = (forward_cost if r["kind"] == "forward" else mtp_cost)(
-                spec.model, r["dtype"], r["B"], r["q"], r["L"], r["kv_len"], r["moe_impl"])
+                spec.model, r["dtype"], r["B"], r["q"], r["L"], r["kv_len"], r["moe_impl"],
+                kv_impl=r.get("kv_impl") or "float")
             r.update(c.as_row())
             t = r["t_median_s"]
             r.update(achieved_GBps=c.bytes_total / t / 1e9, achieved_TFLOPs=c.flops / t / 1e12,
