@@ -90,9 +90,11 @@ def what_if(a: dict, cfg: ModelConfig, setting: Setting | None = None) -> dict:
     wl, m = a["workload"], a["metric"]
     if m == "spec_speedup":
         spec = a.get("spec") or {}
+        acc, k = spec.get("acceptance"), spec.get("k")
+        if not isinstance(k, int) or not isinstance(acc, list):
+            raise NotImplementedError(f"k={k!r}, acceptance={acc!r}: a speedup needs both stated")
         if spec.get("drafter") != "mtp":
             raise NotImplementedError(f"drafter={spec.get('drafter')!r}: only MTP drafts are priced per rank")
-        acc = spec["acceptance"]
         alpha = (max(acc), float(np.mean(acc)), min(acc))
         return w.mtp_speedup(alpha, spec["k"], wl["B"], wl["L"])
     if "B" in wl:  # one decode step of B sequences at L cached tokens
