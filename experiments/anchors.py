@@ -14,16 +14,15 @@ from roofline.parallel import anchors
 def main(cfg) -> None:
     with fail_fast():
         c = plain(cfg)
-        t = anchors.table(c["anchors"] or anchors.ANCHORS_PATH)
-        cols = ["id", "tp", "B", "metric", "published", "predicted", "low", "high", "error_pct", "inside"]
+        t = anchors.table(c["anchors"] or anchors.ANCHORS_PATH, c["engine_known"])
+        cols = ["split", "id", "engine", "metric", "published", "predicted", "low", "high", "error_pct", "inside"]
         with pd.option_context("display.width", 200):
             print(t[cols].round(3).to_string(index=False))
             for aid in c["trend"]:
                 print(f"\n{aid}: predicted vs batch (optimistic / typical / pessimistic priors)")
                 print(anchors.trend(aid, tuple(c["trend_B"]), c["anchors"] or anchors.ANCHORS_PATH).round(3)
                       .to_string(index=False))
-        summary = dict(anchors=len(t), median_abs_error_pct=float(t["error_pct"].abs().median()),
-                       inside_interval=int(t["inside"].sum()))
+        summary = dict(anchors=len(t), not_priced=int(t["predicted"].isna().sum()), **anchors.summary(t))
         if c["out_dir"]:
             out = Path(c["out_dir"])
             out.mkdir(parents=True, exist_ok=True)
@@ -32,7 +31,7 @@ def main(cfg) -> None:
                 write_csv_atomic(anchors.trend(aid, tuple(c["trend_B"]), c["anchors"] or anchors.ANCHORS_PATH),
                                  out / f"trend-{aid}.csv")
             write_json_atomic(out / "anchors.json", summary)
-        print(json.dumps(summary))
+        print(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from roofline.checkpoints.loader import checkpoint_config
 from roofline.model.config import ModelConfig
 from roofline.model.formats import with_overrides
 from roofline.measure.devices import get_spec
+from roofline.parallel.engines import engine_name
 
 
 @command("card")
@@ -18,7 +19,8 @@ def main(cfg) -> None:
         dtype = with_overrides([c["dtype"]], c["weights"], c["kv"], c["lm_head"], model.native_weights)[0]
         print_card(CardRequest(model=model, dtype=dtype,
                                device=get_spec(c["device"]) if c["device"] else None,
-                               batch=c["batch"], context=c["context"]))
+                               batch=c["batch"], context=c["context"], engine=engine_name(c.get("engine")),
+                               tp=c["tp"], ep=c["ep"], dp_attention=c["dp_attention"]))
 
 
 if __name__ == "__main__":

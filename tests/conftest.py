@@ -30,3 +30,14 @@ def _fixed_seeds():
     random.seed(0)
     np.random.seed(0)
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def whatif_fixture_data(monkeypatch):
+    """The what-if's default kernel and engine files pointed at tests/fixtures/whatif (PLACEHOLDER numbers)."""
+    from pathlib import Path
+
+    from roofline.parallel import engines, kernels
+    fx = Path(__file__).parent / "fixtures" / "whatif"
+    monkeypatch.setattr(kernels, "KERNELS_PATH", fx / "kernels.yaml")
+    monkeypatch.setattr(engines, "ENGINES_PATH", fx / "engines.yaml")

@@ -16,21 +16,17 @@ def test_max_batch_by_memory_hand_checked(monkeypatch):
     assert memory.max_batch(None, "bfloat16", 80e9, 2048, False) == 244
 
 
-def test_itl_target_bounds_the_batch_on_a_datasheet_what_if():
-    cfg = get_preset("llama-3.1-8b")
-    fit = capacity.datasheet_fit(get_spec("h200_sxm"), cfg, "bfloat16", bw_eff=1.0, f_eff=1.0, t0_s=0.0)
-    work = capacity.Workload(context=1024, output=256, itl_target_ms=4.0, target_tok_s=1000.0)
-    table, summary = capacity.plan(fit, cfg, "bfloat16", work, 141e9, [1, 8, 64, 256], None, extrapolated=True)
-    # B=1 decode reads 16.06 GB of weights less the 1.05 GB embedding table (gathered, not read),
-    # plus 1152 cached tokens x 128 KiB of KV, at 4.8 TB/s: 3.16 ms, under 4 ms
-    expect_s = (16.06e9 - 128256 * 4096 * 2 + 1152 * 131072) / 4.8e12
-    assert table.loc[table["B"] == 1, "itl_ms"].iloc[0] == pytest.approx(expect_s * 1e3, rel=0.01)
-    assert summary["plain"]["max_batch_meeting_itl_in_grid"] == 8 and summary["extrapolated"]
-    assert summary["plain"]["devices_for_target"] == 1
+def test_itl_target_bounds_the_batch_on_a_datasheet_what_if(whatif_fixture_data):
+    req = capacity.CapacityRequest(model=get_preset("llama-3.1-8b"), device="h200_sxm", engine="vllm",
+                                   work=capacity.Workload(1024, 256, 12.0, 1000.0), B=(1, 8, 64, 256))
+    table, summary = capacity.plan_whatif(req)
+    assert (table["itl_ms"].diff().dropna() > 0).all()  # ITL grows with the batch
+    best = summary["plain"]["best_batch"]
+    assert best == int(table[table["itl_ms"] <= 12.0]["B"].max()) and summary["extrapolated"]
+    assert (table["itl_ms_optimistic"] <= table["itl_ms"]).all() and (table["itl_ms"] <= table["itl_ms_pessimistic"]).all()
 
 
-def test_model_that_does_not_fit_one_device_says_so():
-    cfg = get_preset("deepseek-v3")
-    fit = capacity.datasheet_fit(get_spec("h200_sxm"), cfg, "bfloat16")
-    _, summary = capacity.plan(fit, cfg, "bfloat16", capacity.Workload(), 141e9, [1], None, extrapolated=True)
-    assert summary["fits_one_device"] is False and "tensor parallelism is not modelled" in summary["note"]
+def test_model_that_does_not_fit_one_device_says_so(whatif_fixture_data):
+    req = capacity.CapacityRequest(model=get_preset("deepseek-v3"), device="h200_sxm", B=(1,))
+    _, summary = capacity.plan_whatif(req)
+    assert summary["fits_device"] is False and "does not fit" in summary["note"]

@@ -120,7 +120,7 @@ def test_predict(reference_run, tmp_path):
 
 
 def test_capacity(tmp_path):
-    out, r = run_cli("capacity", "model=llama-3.1-8b", "B=[1,16]", f"out_dir={tmp_path}")
+    out, r = run_cli("capacity", "model=llama-3.1-8b", "B=[1,16]", "speculative=true", f"out_dir={tmp_path}")
     assert r.returncode == 0, r.stderr
     folder = next(tmp_path.iterdir())
     summary = json.loads((folder / "capacity.json").read_text())

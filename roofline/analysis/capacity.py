@@ -82,25 +82,6 @@ class Speculation:
     drafter: DraftCost = DraftCost("mtp")
 
 
-def datasheet_fit(spec: DeviceSpec, cfg: ModelConfig, dtype: str, bw_eff: float = 0.8, f_eff: float = 0.7,
-                  t0_s: float = 0.0) -> dict:
-    """A what-if fit document from a datasheet row: scaled ceilings, knee at the ridge (tokens)."""
-    check_inputs(1.0, [1], bw_eff, f_eff, t0_s)
-    bw, f = spec.bandwidth_Bps(), spec.peak_flops(compute_dtype(dtype))
-    if bw is None or f is None:
-        raise ConfigError(f"device={spec.key!r} has no datasheet bandwidth or {compute_dtype(dtype)} FLOP/s: "
-                          "use a fit.json")
-    c = forward_cost(cfg, dtype, 1, 1, 0)
-    knee = (c.weight_bytes / (bw_eff * bw)) / (c.flops_matmul / (f_eff * f))  # tokens where FLOPs catch up
-    inv_bw, inv_f = 1.0 / (bw_eff * bw), 1.0 / (f_eff * f)
-    group = dict(key=dict(device_name=spec.name, model=cfg.name, dtype=parse_precision(dtype).label, mode="eager",
-                          kind="forward"), coefs=[t0_s, inv_bw, inv_bw, inv_f, inv_f], knee_tokens=knee,
-                 band=dict(p10=np.nan, p90=np.nan), domain=dict(q=[0, 0], B=[0, 0], L=[0, 0]))
-    return dict(schema=costmodel.FIT_SCHEMA, model_spec=None, groups=[group],
-                provenance=dict(device_name=spec.name, what_if=f"datasheet x BW {bw_eff:.0%}, F {f_eff:.0%}, "
-                                                               f"t0 {t0_s * 1e3:g} ms"))
-
-
 def batch_table(fit: dict, cfg: ModelConfig, dtype: str, work: Workload, Bs, spec: Speculation | None,
                 mode: str | None = None) -> pd.DataFrame:
     """Per-device tokens/s and ITL for each batch, plain decode and (optionally) speculative."""
@@ -175,9 +156,11 @@ class CapacityRequest:
     dtype: str = "bfloat16"
     fit: str | None = None  # a fit.json: its fitted device parameters (measured)
     device: str = "h200_sxm"  # else: a datasheet row, a what-if flagged extrapolated
-    bw_efficiency: float = 0.8  # what-if: share of datasheet bandwidth achieved
-    flops_efficiency: float = 0.7  # what-if: share of datasheet FLOP/s achieved
-    t0_ms: float = 0.0  # what-if: per-forward fixed overhead
+    calibrate: str | None = None  # what-if: measured points of the user's deployment (roofline.analysis.calibrate)
+    engine: str | None = None  # what-if: an engine profile (roofline/data/engines.yaml); None: span them all
+    tp: int = 1  # what-if layout
+    ep: int = 1
+    dp_attention: bool = False
     memory_gb: float | None = None  # device memory (GB, 1e9 B); None: the datasheet row's
     work: Workload = Workload()
     B: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -193,13 +176,16 @@ def run(req: CapacityRequest) -> tuple[pd.DataFrame, dict, Path]:
         quality.check_model(fit, req.model.name, req.allow_other_model)
         sheet = detect(fit["provenance"]["device_name"])
     else:
-        sheet = get_spec(req.device)
-        fit = datasheet_fit(sheet, req.model, req.dtype, req.bw_efficiency, req.flops_efficiency, req.t0_ms / 1e3)
-        extrapolated = True
+        table, summary = plan_whatif(req)
+        return _write(req, table, summary)
     mem = req.memory_gb * 1e9 if req.memory_gb else (sheet.mem_bytes if sheet is not None else None)
     if not mem:
         raise ConfigError("memory_gb is required: the device has no datasheet memory size (a CPU)")
     table, summary = plan(fit, req.model, req.dtype, req.work, mem, req.B, req.speculation, extrapolated)
+    return _write(req, table, summary)
+
+
+def _write(req: CapacityRequest, table: pd.DataFrame, summary: dict) -> tuple[pd.DataFrame, dict, Path]:
     out = Path(req.out_dir or RUNS_ROOT / "capacity") / f"{req.model.name}-{summary['device'].replace(' ', '_')}-{req.dtype}"
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "capacity.csv", index=False)
@@ -237,6 +223,8 @@ def request_from_config(c: dict) -> CapacityRequest:
     fitcheck.check_capacity_config(c)
     c = dict(c)
     c.pop("price_per_device_hour", None)
+    from roofline.parallel.engines import engine_name
+    c["engine"] = engine_name(c.get("engine"))
     work = Workload(*(c.pop(f) for f in ("context", "output", "itl_target_ms", "target_tok_s")))
     alpha, k, drafter, draft = (c.pop(f) for f in ("alpha", "k", "drafter", "draft_model"))
     spec = Speculation(alpha, k, DraftCost(drafter, get_preset(draft) if draft else None)) \
@@ -244,6 +232,90 @@ def request_from_config(c: dict) -> CapacityRequest:
     model = ModelConfig.from_dict(c["model"])
     c["dtype"] = with_overrides([c["dtype"]], c.pop("weights"), c.pop("kv"), c.pop("lm_head"), model.native_weights)[0]
     return from_dict(CapacityRequest, c, "capacity", lists_to_tuples=True, model=model, work=work, speculation=spec)
+
+
+def whatif_of(c: dict, model: ModelConfig, label: str):
+    """The one what-if model (roofline.parallel.whatif) for a plain config dict's device, layout,
+    engine and calibration."""
+    from roofline.parallel import whatif
+    from roofline.parallel.engines import engine_name
+    from roofline.parallel.layout import Layout
+    if not c.get("device"):
+        raise ConfigError("device is required for a what-if (a datasheet row of conf/device/)")
+    w = whatif.WhatIf(model, get_spec(c["device"]), label,
+                      Layout(tp=c.get("tp", 1), ep=c.get("ep", 1), dp_attention=c.get("dp_attention", False)),
+                      whatif.Setting(engine=engine_name(c.get("engine"))))
+    w.setting.engine_names()  # an unknown engine fails here, naming engine=
+    if c.get("calibrate"):
+        from roofline.analysis.calibrate import calibrated
+        w = calibrated(w, c["calibrate"])
+    return w
+
+
+def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
+    """The plan without a fit: per batch, ITL and tokens/s per device from the what-if model
+    (each an interval), memory per device with the drafter's weights and KV, on one layout."""
+    from roofline.parallel import whatif
+    c = dict(device=req.device, tp=req.tp, ep=req.ep, dp_attention=req.dp_attention, engine=req.engine,
+             calibrate=req.calibrate)
+    w = whatif_of(c, req.model, req.dtype)
+    spec, work = req.speculation, req.work
+    mem = req.memory_gb * 1e9 if req.memory_gb is not None else None
+    check_inputs(mem if mem is not None else 1.0, req.B, spec=spec)
+    L, tokens = work.context + work.output // 2, work.context + work.output
+    mtp = spec is not None and spec.drafter.kind == "mtp"
+    draft = spec.drafter.model if spec is not None and spec.drafter.kind == "draft_model" else None
+    if mtp and req.model.mtp_layers < 1:
+        raise ConfigError(f"drafter=mtp: model {req.model.name!r} has no MTP module (mtp_layers=0)")
+    dw = whatif.WhatIf(draft, w.device, req.dtype, whatif.Layout(), w.setting, w.scale) if draft else None
+    rows = []
+    for B in req.B:
+        for sp in ([False, True] if spec is not None else [False]):
+            if sp:
+                tau = theory.tau_iid(spec.alpha, spec.k)
+
+                def per_tok(s, e, B=B):
+                    r = w.target(spec.k + 1, B, L, s, e)
+                    r += whatif.K.pick(whatif.load_priors()["spec_round_overhead_us"], s, "spec_round_overhead_us") * 1e-6
+                    if mtp:
+                        r += sum(w.mtp(spec.k + 1 if i == 1 else 1, B, L + i - 1, s, e) for i in range(1, spec.k + 1))
+                    elif dw is not None:
+                        r += sum(dw.target(2 if i == 1 else 1, B, L + i - 1, s, e) for i in range(1, spec.k + 1))
+                    return r / tau
+                t = w.over_engines(per_tok)
+            else:
+                t = w.itl(B, L)
+            mem = whatif.memory_check(req.model, w.device, req.dtype, w.layout, B, tokens, sp and mtp, draft if sp else None,
+                                      mem_bytes=req.memory_gb * 1e9 if req.memory_gb else None)
+            rows.append(dict(B=B, spec=sp, alpha=spec.alpha if sp else np.nan, k=spec.k if sp else 0,
+                             itl_ms=t["typical"] * 1e3, itl_ms_optimistic=t["optimistic"] * 1e3,
+                             itl_ms_pessimistic=t["pessimistic"] * 1e3, tok_s=B / t["typical"] / w.layout.devices,
+                             mem_GB=mem["mem_per_device_GB"], fits_memory=mem["fits"],
+                             meets_itl=t["typical"] * 1e3 <= work.itl_target_ms, extrapolated=True, L_priced=L))
+    table = pd.DataFrame(rows)
+    summary = dict(model=req.model.name, dtype=parse_precision(req.dtype).label, **precision_columns(req.dtype),
+                   device=w.device.name, layout=w.layout.label(), engine=req.engine or "all profiles (span)",
+                   memory_GB=(req.memory_gb * 1e9 if req.memory_gb else (w.device.mem_bytes or 0)) / 1e9,
+                   workload=work.__dict__,
+                   speculation=None if spec is None else dict(alpha=spec.alpha, k=spec.k, drafter=spec.drafter.kind),
+                   extrapolated=True, calibration_scale=w.scale,
+                   what_if="datasheet row + kernels.yaml + engines.yaml + priors.yaml (roofline.parallel.whatif)")
+    fits = table[table["fits_memory"]]
+    summary["fits_device"] = bool(len(fits))
+    if fits.empty:
+        summary["note"] = (f"does not fit {w.device.name} as {w.layout.label()} at any batch of {list(req.B)}: "
+                           f"{table['mem_GB'].min():.1f} GB per device needed of {summary['memory_GB']:.0f} GB")
+    for label, sub in (("plain", table[~table["spec"]]), ("spec", table[table["spec"]])):
+        ok = sub[sub["fits_memory"] & sub["meets_itl"]]
+        if sub.empty:
+            continue
+        best = ok.loc[ok["tok_s"].idxmax()] if not ok.empty else None
+        summary[label] = dict(best_batch=None if best is None else int(best["B"]),
+                              tok_s_per_device=None if best is None else float(best["tok_s"]),
+                              itl_ms=None if best is None else float(best["itl_ms"]),
+                              devices_for_target=None if best is None else
+                              math.ceil(work.target_tok_s / best["tok_s"]))
+    return table, summary
 
 
 LAYOUT_SPEC_DRAFTERS = ("mtp",)  # the layouts' what-if prices the preset's own MTP module only
@@ -268,9 +340,12 @@ def plan_layouts(c: dict) -> tuple[pd.DataFrame, dict]:
     if mtp:
         check_inputs(1.0, [1], spec=Speculation(c["alpha"], c["k"]))
     device = get_spec(c["device"])
+    w = whatif_of(c, model, label)
     rows = pd.DataFrame(whatif.capacity(model, device, label, work.context, work.output, work.itl_target_ms,
                                         work.target_tok_s, c.get("price_per_device_hour"),
-                                        c["alpha"] if mtp else None, c["k"]))
+                                        c["alpha"] if mtp else None, c["k"], w.setting,
+                                        batches=tuple(c.get("B") or (1, 2, 4, 8, 16, 32, 64, 128, 256)),
+                                        scale=w.scale, band=w.band))
     note = None
     if spec and not mtp:
         note = (f"speculation with drafter={c.get('drafter')!r} is not priced per rank (allowed with layouts: "
@@ -278,6 +353,7 @@ def plan_layouts(c: dict) -> tuple[pd.DataFrame, dict]:
     summary = dict(model=model.name, dtype=label, **precision_columns(label), device=device.name,
                    memory_GB=(device.mem_bytes or 0) / 1e9, workload=work.__dict__,
                    speculation=dict(alpha=c["alpha"], k=c["k"], drafter="mtp") if mtp else None,
-                   what_if="datasheet row + roofline/data/priors.yaml (optimistic / typical / pessimistic)",
+                   engine=w.setting.engine or "all profiles (span)", calibration_scale=w.scale,
+                   what_if="datasheet row + kernels.yaml + engines.yaml + priors.yaml (roofline.parallel.whatif)",
                    layouts=len(rows), note=note)
     return rows, summary

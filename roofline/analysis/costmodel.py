@@ -46,7 +46,7 @@ from roofline.analysis.roofs import predict_step_time, roofs_for
 
 from roofline.analysis import quality
 from roofline.io import files, provenance
-from roofline.model.accounting import forward_cost, mtp_cost
+from roofline.model.accounting import forward_cost, moe_impl_for_mode, mtp_cost
 from roofline.io.fields import ConfigError
 from roofline.model.config import ModelConfig
 from roofline.io.results import load_run
@@ -491,9 +491,11 @@ def fitted_model(fit: dict) -> ModelConfig:
     return ModelConfig.from_dict(fit["model_spec"])
 
 
-def cost_row(cfg: ModelConfig, kind: str, dtype: str, q: int, B: int, L: int, mode: str = "eager") -> dict:
-    """Bytes and FLOPs of one step, from roofline.model.accounting (the one byte model)."""
-    moe_impl = "dense" if mode == "graph" else "touched"
+def cost_row(cfg: ModelConfig, kind: str, dtype: str, q: int, B: int, L: int, mode: str = "eager",
+             moe_impl: str | None = None) -> dict:
+    """Bytes and FLOPs of one step, from roofline.model.accounting (the one byte model): the MoE
+    experts as the mode ran them (accounting.moe_impl_for_mode) unless moe_impl says otherwise."""
+    moe_impl = moe_impl or moe_impl_for_mode(mode)
     fn = {"forward": forward_cost, "mtp": mtp_cost}.get(kind)
     if fn is None:
         raise ConfigError(f"kind={kind!r}: allowed ('forward', 'mtp')")
@@ -522,9 +524,14 @@ def step_model(fit: dict, kind: str, dtype: str, mode: str | None = None,
     if g is None:
         g, source = find_group(fit, "forward", dtype, mode), "device-fit-transfer"
     step_mode = mode or g["key"]["mode"]
+    if cfg.is_moe and moe_impl_for_mode(step_mode) == "dense":
+        # the rows ran every expert (graph / compiled); a prediction prices the touched experts an
+        # engine runs: the fitted device parameters applied to the touched accounting
+        source = "device-fit-transfer"
 
     def rows(q, B, L) -> pd.DataFrame:
-        return pd.DataFrame([cost_row(cfg, kind, dtype, int(a), int(b), int(c), step_mode) for a, b, c in zip(q, B, L)])
+        return pd.DataFrame([cost_row(cfg, kind, dtype, int(a), int(b), int(c), step_mode, "touched")
+                             for a, b, c in zip(q, B, L)])
 
     model = StepModel(g, rows, lambda r: terms(r, g["coefs"], g["knee_tokens"]), own=source == "fit", names=TERMS)
     model.fit_source = source
@@ -540,14 +547,28 @@ def predict_detail(fit: dict, kind: str, dtype: str, q: int, B: int, L: int, mod
     r = model.predict(q, B, L).iloc[0]
     t = np.array([r[f"{n}_s"] for n in TERMS])
     seconds = float(r["seconds"])
+    extrapolated = any(not lo <= v <= hi for v, (lo, hi) in zip((q, B, L), (g["domain"][a] for a in ("q", "B", "L")))) \
+        or model.fit_source != "fit"
+    p10 = seconds / g["band"]["p90"] if np.isfinite(g["band"]["p90"]) else np.nan
+    p90 = seconds / g["band"]["p10"] if np.isfinite(g["band"]["p10"]) else np.nan
+    widen = extrapolation_error_pct(g) if extrapolated else 0.0
     return dict(seconds=seconds, source=model.fit_source, step_source=str(r["source"]),
-                regime=str(regime(t[None, :])[0]),
-                p10_s=seconds / g["band"]["p90"] if np.isfinite(g["band"]["p90"]) else np.nan,
-                p90_s=seconds / g["band"]["p10"] if np.isfinite(g["band"]["p10"]) else np.nan,
-                terms_s=dict(zip(TERMS, map(float, t))),
-                extrapolated=any(not lo <= v <= hi for v, (lo, hi) in
-                                 zip((q, B, L), (g["domain"][a] for a in ("q", "B", "L"))))
-                or model.fit_source != "fit")
+                regime=str(regime(t[None, :])[0]), p10_s=p10 / (1 + widen / 100), p90_s=p90 * (1 + widen / 100),
+                band_widened_by_pct=widen, terms_s=dict(zip(TERMS, map(float, t))), extrapolated=extrapolated)
+
+
+def extrapolation_error_pct(g: dict) -> float:
+    """The group's measured error when it predicts outside what it was trained on: the largest
+    median |error| of its extrapolation splits ('train q<=..., predict q>...', 'train B=..., predict
+    B>...'); without such a split, the largest |error| of its K-fold held-out points. An extrapolated
+    or transferred prediction's band is widened by it (the in-box band alone would claim the
+    in-box accuracy)."""
+    rows = [e for e in g.get("errors", []) if e.get("method") == "fit" and e.get("regime") == "all"]
+    ext = [e["median_abs_pct"] for e in rows if str(e.get("split", "")).startswith("train ")]
+    if ext:
+        return float(max(ext))
+    held = [e["max_abs_pct"] for e in rows if "held-out" in str(e.get("split", ""))]
+    return float(max(held)) if held else float("nan")
 
 
 def predict(fit: dict, kind: str, dtype: str, q: int, B: int, L: int, mode: str | None = None,

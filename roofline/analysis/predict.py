@@ -163,20 +163,29 @@ def predict_command(c: Mapping) -> tuple[str, dict]:
     """The predict command: conf/predict.yaml as a plain dict (`device`: a datasheet row or None)
     -> (console table, JSON summary). Without a fit but with a device: the what-if from the
     datasheet row and roofline/data/priors.yaml (MTP; each number an interval of three scenarios)."""
-    from roofline.measure.devices import get_spec
     from roofline.model.formats import with_overrides
     from roofline.model.presets import get_preset
     from roofline.parallel import whatif
-    from roofline.parallel.layout import Layout
 
     c = {k: v for k, v in c.items() if k != "overrides"}
-    device, layout = c.pop("device"), Layout(tp=c.pop("tp"), ep=c.pop("ep"), dp_attention=c.pop("dp_attention"))
+    device = c.pop("device")
+    what = dict(device=device, tp=c.pop("tp"), ep=c.pop("ep"), dp_attention=c.pop("dp_attention"),
+                engine=c.pop("engine", None), calibrate=c.pop("calibrate", None))
     model = ModelConfig.from_dict(c.pop("model")) if c.get("model") else None
     if c.get("fit") in (None, "", "???") and device:
+        from roofline.analysis.capacity import whatif_of
         if model is None:
             raise ConfigError("model is required for a what-if (device=... without fit=...)")
-        rows = whatif.speedup_table(model, get_spec(device), c["dtype"], layout, c["alphas"], c["k"], c["B"], c["L"])
-        return pd.DataFrame(rows).round(3).to_string(index=False), dict(source="what-if", device=device, rows=len(rows))
+        label = with_overrides([c["dtype"]], c.get("weights"), c.get("kv"), c.get("lm_head"), model.native_weights)[0]
+        w = whatif_of(what, model, label)
+        ks = c["k"] if model.mtp_layers else [k for k in c["k"] if k == 0] or [0]
+        rows = whatif.speedup_table(model, w.device, label, w.layout, c["alphas"], ks, c["B"], c["L"], w.setting,
+                                    w.scale, w.band)
+        note = None if model.mtp_layers else f"model {model.name!r} has no MTP module: plain decode (k = 0) only"
+        return (pd.DataFrame(rows).round(3).to_string(index=False),
+                dict(source="what-if", device=device, dtype=label, layout=w.layout.label(),
+                     engine=w.setting.engine or "all profiles (span)", calibration_scale=w.scale, rows=len(rows),
+                     note=note))
     fitcheck.check_drafter(c.get("drafter"), c.get("draft_model"))
     draft = get_preset(c.pop("draft_model")) if c.get("draft_model") else None
     native = model.native_weights if model else ""  # weights=native needs the target: model=

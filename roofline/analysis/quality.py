@@ -4,7 +4,7 @@
   `converged=false` (the sweep row); runs list such points.
 - A fitted group is refused when it has too few points, and marked (with the reason) when
   its parameters are physically impossible: an effective bandwidth above twice the device's
-  measured or datasheet memory ceiling, a FLOP rate above twice its matmul ceiling, weight
+  measured or datasheet memory ceiling, a matmul or attention FLOP rate above twice the matmul ceiling, weight
   reads fitted as free, a negative time.
 - A prediction is marked extrapolated by what it leaves: another model than the one
   measured (refused unless allowed), another dtype, another device, or a (q, B, L) outside
@@ -47,9 +47,10 @@ def fit_problems(group: dict, ceilings: dict | None, datasheet) -> list[str]:
         from roofline.measure.devices import canonical_dtype
         peak = datasheet.peak_flops(canonical_dtype(dtype)) if dtype else None
         f_roof, f_src = (peak / 1e12 if peak else None), "datasheet"
-    v = p["F_eff_TFLOPs"]
-    if f_roof and math.isfinite(v) and v > CEILING_SLACK * f_roof:
-        out.append(f"F_eff_TFLOPs = {v:.4g} TFLOP/s is above {CEILING_SLACK:g}x the {f_src} of {f_roof:.4g} TFLOP/s")
+    for name in ("F_eff_TFLOPs", "F_attn_TFLOPs"):  # attention runs on the same units: the same roof bounds it
+        v = p.get(name, math.nan)
+        if f_roof and math.isfinite(v) and v > CEILING_SLACK * f_roof:
+            out.append(f"{name} = {v:.4g} TFLOP/s is above {CEILING_SLACK:g}x the {f_src} of {f_roof:.4g} TFLOP/s")
     return out
 
 

@@ -173,8 +173,8 @@ def spec_device_name(device: str) -> str:
 
 
 def _moe_impl(mode: str) -> str:
-    # Routing to the touched experts syncs with the host; graph capture and compile need the dense path.
-    return "touched" if mode == "eager" else "dense"
+    from roofline.model.accounting import moe_impl_for_mode
+    return moe_impl_for_mode(mode)
 
 
 def memory_plan(spec: SweepSpec, dtype: str, depth: int, points: list["Point"]) -> tuple[list, dict]:
@@ -238,11 +238,13 @@ class _Workload:
         kv_len = p.L + p.q
         if p.kind == "forward":
             fn = lambda: m(tokens, start, kv_len=kv_len)
-            cost = lambda touched: forward_cost(self.cfg, self.dtype, p.B, p.q, p.L, kv_len, self.moe_impl, touched)
+            cost = lambda touched: forward_cost(self.cfg, self.dtype, p.B, p.q, p.L, kv_len, self.moe_impl, touched,
+                                                kvcache.impl(m))
         else:
             hidden = torch.randn(p.B, p.q, self.cfg.d, generator=self.gen, device=dev).to(m.embed.weight.dtype)
             fn = lambda: m.mtp_forward(hidden, tokens, start, kv_len=kv_len)
-            cost = lambda touched: mtp_cost(self.cfg, self.dtype, p.B, p.q, p.L, kv_len, self.moe_impl, touched)
+            cost = lambda touched: mtp_cost(self.cfg, self.dtype, p.B, p.q, p.L, kv_len, self.moe_impl, touched,
+                                            kvcache.impl(m))
         return fn, cost
 
     def check(self) -> None:
@@ -379,7 +381,8 @@ def finalize(spec: SweepSpec, run_dir: Path, rows: list[dict], measured: dict | 
         dev_spec = spec_for_running_device(spec.device)[0]
         for r in extrapolate_layers(rows, spec.model.layers):
             c = (forward_cost if r["kind"] == "forward" else mtp_cost)(
-                spec.model, r["dtype"], r["B"], r["q"], r["L"], r["kv_len"], r["moe_impl"])
+                spec.model, r["dtype"], r["B"], r["q"], r["L"], r["kv_len"], r["moe_impl"],
+                kv_impl=r.get("kv_impl") or "float")
             r.update(c.as_row())
             t = r["t_median_s"]
             r.update(achieved_GBps=c.bytes_total / t / 1e9, achieved_TFLOPs=c.flops / t / 1e12,

@@ -117,6 +117,18 @@ def param_count(cfg: ModelConfig) -> ParamCount:
                       matmul_active=matmul)
 
 
+def moe_impl_for_mode(mode: str) -> str:
+    """The one MoE/mode rule: what our decoder RUNS for MoE in a timing mode. Eager routes to the
+    touched experts (the routing syncs with the host); CUDA-graph capture (`graph`) and
+    torch.compile (`compiled`) need static shapes, so the decoder runs every expert ("dense") and
+    the sweep prices those rows dense. Predictions never price dense experts: serving engines'
+    fused MoE kernels read only the routed experts and capture in CUDA graphs, so the what-if
+    (roofline.parallel.whatif) prices touched experts in every mode, and a fit whose MoE rows ran
+    dense is applied to the touched accounting as a device-fit transfer
+    (roofline.analysis.costmodel.step_model)."""
+    return "touched" if mode == "eager" else "dense"
+
+
 def experts_touched(cfg: ModelConfig, tokens: int, moe_impl: str = "touched") -> float:
     """Expected distinct experts per MoE layer that `tokens` routed tokens touch (uniform routing)."""
     if moe_impl not in ("touched", "dense"):
@@ -293,24 +305,49 @@ def _stack_cost(cfg: ModelConfig, layers: int, n_moe: int, B: int, q: int, L: in
         flops_matmul=2 * matmul * N, flops_attention=flops_attn, dequant_ops=float(dequant))
 
 
+KV_IMPLS = ("float", "dequant")
+
+
+def kv_dequant_bytes(cfg: ModelConfig, prec: Precision, B: int, layers: int, kv_len: int) -> int:
+    """The activation-dtype copy a dequantise-per-step KV path (roofline.model.kvcache.KV_IMPL)
+    writes and attention then reads, beyond the codes and scales: 2 x elements x act bytes per
+    cached position and layer; 0 for a float cache."""
+    if prec.kv.is_float:
+        return 0
+    return 2 * B * layers * kv_len * cfg.kv_elems_per_token_layer * prec.act_bytes
+
+
+def _with_kv_impl(c: dict, cfg: ModelConfig, prec: Precision, B: int, layers: int, kv_len: int, kv_impl: str) -> dict:
+    if kv_impl not in KV_IMPLS:
+        raise ValueError(f"kv_impl={kv_impl!r}: allowed {KV_IMPLS}")
+    if kv_impl == "dequant":  # priced as what it moved: the codes, then the dequantised copy
+        c["kv_read_bytes"] += kv_dequant_bytes(cfg, prec, B, layers, kv_len)
+    return c
+
+
 def forward_cost(cfg: ModelConfig, dtype, B: int, q: int, L: int, kv_len: int | None = None,
-                 moe_impl: str = "touched", touched: float | None = None) -> ForwardCost:
+                 moe_impl: str = "touched", touched: float | None = None, kv_impl: str = "float") -> ForwardCost:
     """Cost of `Transformer.forward` on q new tokens for B sequences with L cached tokens each.
 
     touched: experts per MoE layer actually run (the model's `last_touched`, averaged over
-    layers); default: the uniform-routing expectation U(B·q).
+    layers); default: the uniform-routing expectation U(B·q). kv_impl: how attention read a
+    quantized cache ("float": the codes as a fused kernel reads them; "dequant": the codes plus
+    the dequantised copy, what this decoder's path moves, in kv_read_bytes).
     """
     _check_shape(cfg, B, q, L)
     kv_len = L + q if kv_len is None else kv_len
-    c = _stack_cost(cfg, cfg.layers, moe_layers(cfg), B, q, L, kv_len, parse_precision(dtype), moe_impl, touched)
+    prec = parse_precision(dtype)
+    c = _stack_cost(cfg, cfg.layers, moe_layers(cfg), B, q, L, kv_len, prec, moe_impl, touched)
+    c = _with_kv_impl(c, cfg, prec, B, cfg.layers, kv_len, kv_impl)
     return ForwardCost(B=B, q=q, L=L, kv_len=kv_len, tokens=B * q, **c)
 
 
 def mtp_cost(cfg: ModelConfig, dtype, B: int, q: int, L: int, kv_len: int | None = None,
-             moe_impl: str = "touched", touched: float | None = None) -> ForwardCost:
+             moe_impl: str = "touched", touched: float | None = None, kv_impl: str = "float") -> ForwardCost:
     """Cost of one `Transformer.mtp_forward` (one MTP module over q positions)."""
     prec, kv_len = mtp_args(cfg, dtype, B, q, L, kv_len)
-    c = _stack_cost(cfg, 1, int(cfg.is_moe), B, q, L, kv_len, prec, moe_impl, touched)
+    c = _with_kv_impl(_stack_cost(cfg, 1, int(cfg.is_moe), B, q, L, kv_len, prec, moe_impl, touched),
+                      cfg, prec, B, 1, kv_len, kv_impl)
     return ForwardCost(B=B, q=q, L=L, kv_len=kv_len, tokens=B * q, **add_mtp_own_cost(c, cfg, prec.act_bytes, B * q))
 
 

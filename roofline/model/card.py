@@ -25,6 +25,10 @@ class CardRequest:
     device: DeviceSpec | None = None
     batch: int = 1
     context: int = 0
+    engine: str | None = None  # the what-if ITL line: an engine profile; None: the span of the profiles
+    tp: int = 1
+    ep: int = 1
+    dp_attention: bool = False
 
     def __post_init__(self) -> None:
         parse_precision(self.dtype)
@@ -67,7 +71,22 @@ def card_record(req: CardRequest) -> dict:
                    decode_ceiling_tok_s=req.batch / floor, ridge_flop_per_byte=dev.ridge(compute_dtype(dtype)))
     if dev is not None and dev.mem_bytes:
         rec.update(_fit_on(cfg, dtype, dev, req.batch, max(req.context, 1)))
+    if dev is not None and dev.bandwidth_Bps() and dev.kind == "gpu":
+        rec.update(_what_if_itl(req, dtype))
     return rec
+
+
+def _what_if_itl(req: CardRequest, dtype: str) -> dict:
+    """The decode step's ITL from the what-if model (roofline.parallel.whatif), an interval."""
+    from roofline.parallel.layout import Layout
+    from roofline.parallel.whatif import Setting, WhatIf
+    w = WhatIf(req.model, req.device, dtype, Layout(tp=req.tp, ep=req.ep, dp_attention=req.dp_attention),
+               Setting(engine=req.engine))
+    itl = w.itl(req.batch, req.context)
+    return dict(whatif_layout=w.layout.label(), whatif_engine=req.engine or "all profiles (span)",
+                whatif_itl_ms=itl["typical"] * 1e3, whatif_itl_ms_optimistic=itl["optimistic"] * 1e3,
+                whatif_itl_ms_pessimistic=itl["pessimistic"] * 1e3,
+                whatif_experts_touched=w.experts_touched(req.batch))
 
 
 def _fit_on(cfg: ModelConfig, dtype: str, dev: DeviceSpec, batch: int, tokens: int) -> dict:
@@ -120,9 +139,17 @@ def render_card(rec: dict) -> str:
                      f"(B={rec['batch']}, L={max(rec['context'], 1)}) of {rec['device_mem_GB']:.0f} GB")
     elif "smallest_layout" in rec:
         lines.append(f"does not fit on up to 64 x {rec['device']} ({rec['device_mem_GB']:.0f} GB each)")
+    if "whatif_itl_ms" in rec:
+        lines.append(f"what-if ITL    {rec['whatif_itl_ms']:.3f} ms ({rec['whatif_itl_ms_optimistic']:.3f}-"
+                     f"{rec['whatif_itl_ms_pessimistic']:.3f}) as {rec['whatif_layout']}, engine {rec['whatif_engine']}"
+                     + (f", {rec['whatif_experts_touched']:.1f} experts touched per MoE layer" if req_moe(rec) else ""))
     if rec.get("quality_note"):
         lines.append(f"note           {rec['quality_note']}")
     return "\n".join(lines)
+
+
+def req_moe(rec: dict) -> bool:
+    return bool(rec.get("experts"))
 
 
 def print_card(req: CardRequest) -> dict:

@@ -16,7 +16,8 @@ dequantised to the activation dtype (`KV_IMPL`), what engines do when they have 
 quantized-KV attention kernel (this decoder has none, on the CPU or on CUDA). The bytes a
 forward reads from the cache are then the codes and scales of that slice, which is what
 `roofline.model.accounting` charges; the dequantised copy it builds and reads again is
-activation traffic the byte model does not count, which the row's `kv_impl` names.
+activation traffic: a row whose `kv_impl` is KV_IMPL is charged it too (accounting.kv_dequant_bytes, in
+kv_read_bytes), so a fit prices what such a step moved; predictions price the codes alone (a fused kernel).
 """
 
 from __future__ import annotations

@@ -1,38 +1,54 @@
-"""Step time of a layout on a device that was never measured: its datasheet row + sourced priors.
+"""The what-if model: step time of a model, layout, precision and engine on a device that was
+never measured, from its datasheet row and sourced priors. One model behind `card`, `predict`
+(without a fit), `capacity` (with and without layouts) and `anchors`.
 
-Per rank (roofline.parallel.cost), for one forward:
+Per rank, one forward (a decode step of B sequences of q tokens at context L, plus `prefill`
+tokens of new prompts chunked into the same step) is the sum of its kernels, each priced at the
+roofline max of its own bytes and FLOPs at the efficiency its kernel reaches at its shape
+(roofline.parallel.kernels, roofline/data/kernels.yaml):
 
-    T = max(W / BW, F_mm / F) + KV / BW + F_attn / F + n_blocks · t_layer + n_moe · t_moe + T_comm
+    T = Σ_matrices max(W_m / BW(fmt, M), F_m / F(M, N) + dequant)            dense part, per block
+      + Σ_moe max(W_touched / BW_grouped(m_e), F_experts / F(m_e))           experts, per MoE block
+      + Σ_blocks max(KV / BW_attn(B, L), F_attn / F_attn)                    decode attention
+      + prefill attention FLOPs / F_attn + LM head (a GEMM at M decode tokens)
+      + n_blocks · t_layer + t_step + T_comm                                 engine (engines.yaml)
 
-BW = eff_bw × datasheet bandwidth, F = eff_f × datasheet dense FLOP/s (the hinge of the
-fitted cost model with its knee at the roofline ridge; the matmuls at the FLOP/s of the
-precision's compute dtype, fp8 tensor cores for fp8 weights, attention at the activation
-dtype's), W, KV each in its format (a precision label: roofline.model.formats), t_layer the launch floor of one
-decoder block (with or without CUDA graphs), t_moe the fixed cost of an MoE block's routing
-and grouped-expert kernels, T_comm = Σ calls · (latency + S · factor / busbw)
-with the interconnect's priors and nccl-tests' bus factors (roofline.parallel.collectives);
-layouts wider than one node price their collectives on the inter-node link.
+M = tokens through the rank's dense layers in this pass; m_e = routed token-slots per touched
+expert on the busiest rank (roofline.parallel.layout.experts_touched_busiest_rank). The experts
+are always the TOUCHED ones: serving engines' fused MoE kernels read only the routed experts and
+capture in CUDA graphs, so graph mode prices touched experts too (roofline.model.accounting.
+moe_impl_for_mode is what our own sweep ran). t_layer: the engine's per-layer launch floor
+(or priors.yaml's graph / eager floor), t_step its host and scheduler time per step, T_comm =
+Σ calls · (latency + S · factor / busbw) with the engine's all-reduce latency on the link and
+priors.yaml's bus bandwidth; a tensor-parallel group stays inside one node (NVLink), only the
+stage-to-stage sends of a layout wider than a node cross the inter-node link.
 
-Every prior is a triple (roofline/data/priors.yaml); the prediction is computed with all
-optimistic, all typical and all pessimistic values and returned as that interval.
+Every prior is a triple; a prediction is computed with all optimistic, all typical, all
+pessimistic values. With an engine named, that is the interval; with none, every profile runs and
+the interval spans them (typical: the median of the engines' typical values).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
 import yaml
 
-from roofline.measure.devices import DeviceSpec
 from roofline.io.fields import ConfigError
+from roofline.measure.devices import DeviceSpec
+from roofline.model.accounting import block_matrices, block_weight_bytes, expert_bytes
 from roofline.model.config import ModelConfig
-from roofline.model.formats import activation_dtype, compute_dtype
+from roofline.model.formats import Precision, activation_dtype, compute_dtype, parse_precision
+from roofline.parallel import engines as engines_mod
+from roofline.parallel import kernels as K
 from roofline.parallel.collectives import bus_factor
-from roofline.parallel.cost import RankCost, rank_forward_cost, rank_mtp_cost
-from roofline.parallel.layout import Layout
+from roofline.parallel.cost import (_rank_cfgs, _stage_layers, kv_token_bytes_rank, memory_per_rank,
+                                    rank_forward_cost, rank_head_bytes)
+from roofline.parallel.layout import Layout, experts_touched_busiest_rank, local_shapes
 
 SCENARIOS = ("optimistic", "typical", "pessimistic")
 PRIORS_PATH = Path(__file__).resolve().parents[1] / "data" / "priors.yaml"
@@ -45,47 +61,145 @@ def load_priors(path: str = str(PRIORS_PATH)) -> dict:
 
 @dataclass(frozen=True)
 class Setting:
-    """How the engine runs: CUDA graphs or eager launches, and the link between ranks."""
-    graphs: bool = True
-    link: str = ""  # an interconnects key of priors.yaml; "" = the device's own (device_links)
+    """How the step runs: which engine (None: span every profile), CUDA graphs (None: the
+    engine's own), the link inside a node ("" = the device's own) and the data files."""
+    graphs: bool | None = None
+    link: str = ""
+    engine: str | None = None
+    kernels: str = ""  # "" = roofline/data/kernels.yaml
+    engines: str = ""  # "" = roofline/data/engines.yaml
+
+    def kernels_path(self) -> str:
+        return self.kernels or str(K.KERNELS_PATH)
+
+    def engines_path(self) -> str:
+        return self.engines or str(engines_mod.ENGINES_PATH)
+
+    def engine_names(self) -> list[str]:
+        if self.engine is not None:
+            engines_mod.profile(self.engine, 1, self.engines_path())  # ConfigError naming engine= when unknown
+            return [self.engine]
+        return engines_mod.names(self.engines_path())
 
 
-def link_for(device: DeviceSpec, layout: Layout, setting: Setting, priors: dict) -> str:
-    if layout.devices > priors["devices_per_node"]:
-        return "infiniband_ndr"
+def intra_node_link(device: DeviceSpec, setting: Setting, priors: dict) -> str:
     link = setting.link or priors["device_links"].get(device.key)
     if link not in priors["interconnects"]:
         raise ConfigError(f"link={link!r} for device {device.key!r}: allowed {sorted(priors['interconnects'])}")
     return link
 
 
-def comm_seconds(cost: RankCost, layout: Layout, link: str, scenario: int, priors: dict) -> float:
-    p = priors["interconnects"][link]
-    lat, busbw = p["latency_us"][scenario] * 1e-6, p["busbw_GBps"][scenario] * 1e9
-    n = max(layout.tp, 2)
-    return sum(c.count * (lat + c.size_bytes * bus_factor(c.kind, n) / busbw) for c in cost.collectives)
+def collective_link(kind: str, layout: Layout, device: DeviceSpec, setting: Setting, priors: dict) -> str:
+    """A tensor-parallel group (tp <= devices per node) stays inside a node; only a layout wider
+    than a node sends stage to stage (pp) or all-to-alls over more than a node on the inter-node link."""
+    node = priors["devices_per_node"]
+    if kind == "send_recv" and layout.devices > node:
+        return "infiniband_ndr"
+    if kind != "send_recv" and layout.tp > node:
+        return "infiniband_ndr"
+    return intra_node_link(device, setting, priors)
 
 
-def step_seconds(cost: RankCost, device: DeviceSpec, dtype: str, layout: Layout, setting: Setting,
-                 scenario: int, priors: dict | None = None) -> dict:
-    """Seconds of one forward with its terms, every prior at index `scenario` (0 opt, 1 typ, 2 pess)."""
-    priors = priors or load_priors()
-    mm_dtype, attn_dtype = compute_dtype(dtype), activation_dtype(dtype)
-    bw_peak, f_peak, f_attn_peak = device.bandwidth_Bps(), device.peak_flops(mm_dtype), device.peak_flops(attn_dtype)
-    if bw_peak is None or f_peak is None or f_attn_peak is None:
-        raise ConfigError(f"device={device.key!r}: no datasheet bandwidth or {mm_dtype} / {attn_dtype} FLOP/s "
-                          "for a what-if")
-    eff = priors["efficiency"]
-    bw = eff["memory_bw"]["values"][scenario] * bw_peak
-    f = eff["flops"]["values"][scenario] * f_peak
-    f_attn = eff["flops"]["values"][scenario] * f_attn_peak
-    floor = priors["launch_floor_us_per_layer"]["graph" if setting.graphs else "eager"]["values"][scenario] * 1e-6
-    moe_floor = priors["moe_floor_us_per_layer"]["values"][scenario] * 1e-6
-    terms = dict(weights_or_matmul=max((cost.weight_bytes + cost.embed_bytes) / bw, cost.flops_matmul / f),
-                 kv=(cost.kv_read_bytes + cost.kv_write_bytes) / bw, attention=cost.flops_attention / f_attn,
-                 per_layer=cost.blocks * floor + cost.moe_blocks * moe_floor,
-                 comm=comm_seconds(cost, layout, link_for(device, layout, setting, priors), scenario, priors))
-    return dict(seconds=sum(terms.values()), terms=terms)
+@dataclass(frozen=True)
+class Pass:
+    """One forward: B sequences of q new tokens at context L, plus `prefill` prompt tokens of new
+    requests (chunked prefill) whose attention reads `prefill_context` tokens on average."""
+    B: int
+    q: int = 1
+    L: int = 0
+    prefill: int = 0
+    prefill_context: float = 0.0
+
+
+def _ceilings(device: DeviceSpec, prec: Precision) -> tuple[float, float, float, float]:
+    mm, attn = compute_dtype(prec.label), activation_dtype(prec.label)
+    bw, f, fa, f32 = device.bandwidth_Bps(), device.peak_flops(mm), device.peak_flops(attn), device.peak_flops("float32")
+    if bw is None or f is None or fa is None:
+        raise ConfigError(f"device={device.key!r}: no datasheet bandwidth or {mm} / {attn} FLOP/s for a what-if")
+    return bw, f, fa, f32 or fa / 8
+
+
+def _fmt_kind(fmt) -> str:
+    return "dense" if fmt.kind == "float" else fmt.kind
+
+
+def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: DeviceSpec, eng, scenario: int,
+                 kern: dict, priors: dict, setting: Setting = Setting(), mtp: bool = False) -> dict:
+    """Seconds of one rank's forward (one pipeline stage; an MTP module's pass with mtp=True), by term."""
+    prec = parse_precision(dtype)
+    bw, f, fa, f32 = _ceilings(device, prec)
+    bw *= eng.bw_scale
+    a, s = prec.act_bytes, local_shapes(cfg, layout)
+    n, n_moe = (1, int(cfg.is_moe)) if mtp else _stage_layers(cfg, layout)
+    split = layout.batch_split
+    Br = math.ceil(p.B / split)
+    Nr = Br * p.q + math.ceil(p.prefill / split)  # tokens through this rank's attention / dense layers
+    block_cfg, expert_cfg = _rank_cfgs(cfg, layout)
+    wk, dq = _fmt_kind(prec.weights), prec.weights.dequant_ops_per_weight()
+
+    def gemm(M, N, Kd, nbytes, kind=wk, ops=dq):
+        return K.gemm_seconds(M, N, Kd, nbytes, kind, ops, bw, f, f32, device.key, scenario, kern)
+
+    def block(moe: bool) -> dict:
+        mats = block_matrices(block_cfg, moe)
+        g = [gemm(Nr, N, Kd, prec.weights.matrix_bytes(N, Kd, a)) for _, N, Kd in mats]
+        rest = block_weight_bytes(block_cfg, moe, prec) - sum(prec.weights.matrix_bytes(N, Kd, a) for _, N, Kd in mats)
+        t_rest = rest / (bw * K.weight_bw_fraction("dense", Nr, scenario, kern))  # norms, router in act dtype
+        out = dict(dense=sum(x["seconds"] for x in g) + t_rest, experts=0.0)
+        if moe:
+            routed = p.B * p.q + p.prefill
+            touched = experts_touched_busiest_rank(cfg, routed, layout.ep)
+            pairs = routed * cfg.experts_per_token / layout.ep
+            m_e = pairs / touched if touched else 0.0
+            w_e = 3 * cfg.d * s.moe_ffn
+            out["experts"] = K.grouped_gemm_seconds(touched * expert_bytes(expert_cfg, prec), 2.0 * pairs * w_e, m_e,
+                                                    2 * s.moe_ffn, bw, f, device.key, scenario, kern)["seconds"]
+            out["touched"] = touched
+        return out
+
+    dense_blk, moe_blk = (block(False) if n > n_moe else None), (block(True) if n_moe else None)
+    t_dense = (n - n_moe) * (dense_blk["dense"] if dense_blk else 0.0) + n_moe * (moe_blk["dense"] if moe_blk else 0.0)
+    t_experts = n_moe * (moe_blk["experts"] if moe_blk else 0.0)
+    # decode attention (KV traffic and arithmetic overlapped), prefill attention compute-bound
+    kv_tok = kv_token_bytes_rank(cfg, layout, prec)
+    kv_bytes = Br * n * kv_tok * (p.L + p.q) + Br * n * kv_tok * p.q
+    d_qk, d_v = (cfg.kv_lora_rank + cfg.qk_rope_dim, cfg.kv_lora_rank) if cfg.is_mla else (cfg.head_dim, cfg.head_dim)
+    attended = p.q * p.L + p.q * (p.q + 1) // 2
+    attn_flops = 2 * (d_qk + d_v) * s.heads * n * Br * attended
+    t_attn = K.attention_seconds(kv_bytes, attn_flops, Br, p.L, bw, fa, scenario, kern, n)["seconds"]
+    pre_r = math.ceil(p.prefill / split)
+    if pre_r:
+        peak = K.pick(kern["gemm"]["peak_fraction"], scenario, "kernels.gemm.peak_fraction")
+        t_attn += 2 * (d_qk + d_v) * s.heads * n * pre_r * p.prefill_context / (fa * peak)
+        t_attn += n * kv_tok * pre_r / (bw * K.weight_bw_fraction("dense", 1, scenario, kern))  # its cache writes
+    # LM head (logits of the decode positions; a prefill chunk's last token is one more row each)
+    head_M = Br * p.q
+    hk = _fmt_kind(prec.lm_head) if not cfg.tie_embeddings else "dense"
+    t_head = gemm(head_M, s.vocab_head, cfg.d, rank_head_bytes(cfg, layout, prec), hk,
+                  0 if cfg.tie_embeddings else prec.lm_head.dequant_ops_per_weight())["seconds"]
+    if mtp:  # eh_proj (2d -> d, activation dtype)
+        t_head += gemm(Nr, cfg.d, 2 * cfg.d, 2 * cfg.d * cfg.d * a, "dense", 0)["seconds"]
+    per_layer = eng.per_layer_s
+    graphs = eng.graphs if setting.graphs is None else setting.graphs
+    if per_layer is None or setting.graphs is not None:
+        per_layer = K.pick(priors["launch_floor_us_per_layer"]["graph" if graphs else "eager"], scenario,
+                           "priors.launch_floor_us_per_layer") * 1e-6
+    rc = rank_forward_cost(cfg, layout, prec.label, max(Nr * split, 1), 1, 0)
+    comm = 0.0
+    for c in rc.collectives:
+        if mtp and c.kind == "send_recv":
+            continue
+        link = collective_link(c.kind, layout, device, setting, priors)
+        pl = priors["interconnects"][link]
+        lat = eng.allreduce_latency_s.get(link) if c.kind == "all_reduce" else None
+        lat = K.pick(pl["latency_us"], scenario, f"priors.interconnects.{link}.latency_us") * 1e-6 if lat is None else lat
+        busbw = K.pick(pl["busbw_GBps"], scenario, f"priors.interconnects.{link}.busbw_GBps") * 1e9
+        count = c.count if not mtp else max(1, round(c.count * n / max(_stage_layers(cfg, layout)[0], 1)))
+        comm += count * (lat + c.size_bytes * bus_factor(c.kind, max(layout.tp, 2)) / busbw)
+    terms = dict(dense=t_dense, experts=t_experts, attention=t_attn, lm_head=t_head, per_layer=n * per_layer,
+                 step_overhead=0.0 if mtp else eng.step_overhead_s, comm=comm)
+    return dict(seconds=sum(terms.values()), terms=terms,
+                experts_touched=(moe_blk or {}).get("touched", 0.0))
 
 
 def interval(fn) -> dict:
@@ -93,52 +207,156 @@ def interval(fn) -> dict:
     return {name: fn(i) for i, name in enumerate(SCENARIOS)}
 
 
+def span(per_engine: dict[str, dict]) -> dict:
+    """One interval over engine profiles: the lowest optimistic, the median typical, the highest pessimistic."""
+    vals = list(per_engine.values())
+    return dict(optimistic=min(v["optimistic"] for v in vals), typical=statistics.median(v["typical"] for v in vals),
+                pessimistic=max(v["pessimistic"] for v in vals))
+
+
 @dataclass(frozen=True)
 class WhatIf:
     cfg: ModelConfig
     device: DeviceSpec
     dtype: str
-    layout: Layout
+    layout: Layout = Layout()
     setting: Setting = Setting()
+    scale: float = 1.0  # a calibration's factor on every step time (roofline.analysis.calibrate)
+    band: tuple[float, float] | None = None  # calibrated: (low, high) / typical, replacing the priors' interval
 
     def __post_init__(self) -> None:
         self.layout.check(self.cfg)
+        parse_precision(self.dtype)
 
-    def target(self, q: int, B: int, L: int, scenario: int) -> float:
+    def _eng(self, name: str, scenario: int):
+        return engines_mod.profile(name, scenario, self.setting.engines_path())
+
+    def _kern(self) -> dict:
+        return K.load_kernels(self.setting.kernels_path())
+
+    def pass_detail(self, p: Pass, scenario: int, engine: str, mtp: bool = False) -> dict:
+        return pass_seconds(self.cfg, self.layout, self.dtype, p, self.device, self._eng(engine, scenario), scenario,
+                            self._kern(), load_priors(), self.setting, mtp)
+
+    def forward(self, p: Pass, scenario: int, engine: str) -> float:
         """One forward through every pipeline stage (pp stages run one after the other for a token)."""
-        c = rank_forward_cost(self.cfg, self.layout, self.dtype, B, q, L)
-        return self.layout.pp * step_seconds(c, self.device, self.dtype, self.layout, self.setting, scenario)["seconds"]
+        return self.scale * self.layout.pp * self.pass_detail(p, scenario, engine)["seconds"]
 
-    def mtp(self, q: int, B: int, L: int, scenario: int) -> float:
-        c = rank_mtp_cost(self.cfg, self.layout, self.dtype, B, q, L)
-        return step_seconds(c, self.device, self.dtype, self.layout, self.setting, scenario)["seconds"]
+    def target(self, q: int, B: int, L: int, scenario: int, engine: str | None = None) -> float:
+        return self.forward(Pass(B, q, L), scenario, engine or self.setting.engine_names()[0])
+
+    def mtp(self, q: int, B: int, L: int, scenario: int, engine: str | None = None) -> float:
+        if self.cfg.mtp_layers < 1:
+            raise ConfigError(f"drafter=mtp: model {self.cfg.name!r} has no MTP module (mtp_layers=0)")
+        eng = engine or self.setting.engine_names()[0]
+        return self.scale * self.pass_detail(Pass(B, q, L), scenario, eng, mtp=True)["seconds"]
+
+    def over_engines(self, fn) -> dict:
+        """fn(scenario, engine) -> seconds, as one interval (the engine's, or spanning the profiles)."""
+        if self.band is not None:  # calibrated: the typical prediction rescaled, the interval the points' spread
+            t = statistics.median(fn(1, e) for e in self.setting.engine_names())
+            return dict(optimistic=t * self.band[0], typical=t, pessimistic=t * self.band[1])
+        return span({e: interval(lambda s: fn(s, e)) for e in self.setting.engine_names()})
 
     def itl(self, B: int, L: int) -> dict:
         """Inter-token latency of plain decode (s), as an interval."""
-        return interval(lambda s: self.target(1, B, L, s))
+        return self.over_engines(lambda s, e: self.target(1, B, L, s, e))
 
-    def round_seconds(self, k: int, B: int, L: int, scenario: int) -> float:
+    def round_seconds(self, k: int, B: int, L: int, scenario: int, engine: str | None = None) -> float:
         """One speculative round with the MTP module chained k times: verify k+1 positions, the
         first draft re-reads the k+1 verified positions (as roofline.analysis.predict prices it)."""
-        r = self.target(k + 1, B, L, scenario) + load_priors()["spec_round_overhead_us"]["values"][scenario] * 1e-6
-        return r + sum(self.mtp(k + 1 if i == 1 else 1, B, L + i - 1, scenario) for i in range(1, k + 1))
+        r = self.target(k + 1, B, L, scenario, engine)
+        r += K.pick(load_priors()["spec_round_overhead_us"], scenario, "priors.spec_round_overhead_us") * 1e-6
+        return r + sum(self.mtp(k + 1 if i == 1 else 1, B, L + i - 1, scenario, engine) for i in range(1, k + 1))
 
     def mtp_speedup(self, alphas: tuple[float, float, float], k: int, B: int, L: int) -> dict:
-        """tau · T(1) / R for an i.i.d. acceptance alpha per scenario (optimistic alpha first)."""
+        """tau · T(1) / R for an i.i.d. acceptance alpha per scenario (optimistic alpha first);
+        k = 0 is plain decode (1.0 for any model)."""
         from roofline.spec.theory import tau_iid
-        return interval(lambda s: tau_iid(alphas[s], k) * self.target(1, B, L, s) / self.round_seconds(k, B, L, s))
+        if k == 0:
+            return dict.fromkeys(SCENARIOS, 1.0)
+        s = {e: interval(lambda i: tau_iid(alphas[i], k) * self.target(1, B, L, i, e) / self.round_seconds(k, B, L, i, e))
+             for e in self.setting.engine_names()}
+        return dict(optimistic=max(v["optimistic"] for v in s.values()),
+                    typical=statistics.median(v["typical"] for v in s.values()),
+                    pessimistic=min(v["pessimistic"] for v in s.values()))
+
+    def experts_touched(self, B: int, q: int = 1) -> float:
+        return experts_touched_busiest_rank(self.cfg, B * q, self.layout.ep) if self.cfg.is_moe else 0.0
+
+
+def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prompts: int | None = None,
+          chunk_tokens: int | None = None) -> dict:
+    """A finite benchmark run as `vllm bench serve --max-concurrency C --num-prompts N` measures it
+    (every request ready at t = 0): TTFT, ITL median and p90, end-to-end latency, output tok/s and
+    tok/s per GPU, each an interval. Steady state: C sequences decode at mean context
+    input + output/2 while the prompts of the requests that replace finished ones are prefilled in
+    chunks of `chunk_tokens` (chunked prefill, compute-bound) inside the same steps: on average
+    C·input/output prompt tokens per step. ITL median: the plain decode step when fewer than half
+    the steps carry a chunk, else the mixed step; p90: the mixed step when more than a tenth do.
+    The ramp: the first C prompts are prefilled before their first tokens (one wave:
+    the median request waits for half of them)."""
+    for name, v, lo in (("input_len", input_len, 1), ("output_len", output_len, 1), ("concurrency", concurrency, 1)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ConfigError(f"{name}={v!r}: allowed integers >= {lo}")
+    N = num_prompts or concurrency
+    chunk = chunk_tokens or int(load_priors()["chunked_prefill_tokens"]["value"])
+    C, I, O = concurrency, input_len, output_len
+    L = I + O // 2
+    pre_avg = C * I / O
+    frac = min(1.0, pre_avg / chunk)  # share of decode steps that carry a prefill chunk
+    pre_step = min(chunk, C * I)
+
+    def per(s, e):
+        plain = w.forward(Pass(C, 1, L), s, e)
+        mixed = w.forward(Pass(C, 1, L, pre_step, I / 2), s, e)
+        mean = (1 - frac) * plain + frac * mixed
+        first = w.forward(Pass(1, 1, 0, pre_step, I / 2), s, e)  # a prefill-only chunk at the start
+        waves = math.ceil(N / C)
+        ramp_chunks = math.ceil(C * I / chunk)
+        ttft = (math.ceil(ramp_chunks / 2) * first) if waves == 1 else math.ceil(I / chunk) * mixed
+        itl50 = mixed if frac >= 0.5 else plain
+        itl90 = mixed if frac > 0.1 else plain
+        e2e = ttft + (O - 1) * mean
+        total = ramp_chunks * first + waves * O * mean
+        return dict(ttft_s=ttft, itl_s=itl50, itl_p90_s=itl90, itl_mean_s=mean, e2e_s=e2e, output_tok_s=N * O / total)
+
+    out = {}
+    for e in w.setting.engine_names():
+        rows = [per(s, e) for s in range(3)]
+        out[e] = {k: interval(lambda s: rows[s][k]) for k in rows[0]}
+    res = {}
+    for k in next(iter(out.values())):
+        res[k] = span({e: v[k] for e, v in out.items()})
+        if k == "output_tok_s":  # faster is higher: the optimistic end is the largest
+            res[k] = dict(optimistic=max(v[k]["optimistic"] for v in out.values()), typical=res[k]["typical"],
+                          pessimistic=min(v[k]["pessimistic"] for v in out.values()))
+    res["tok_s_per_gpu"] = {k: v / w.layout.devices for k, v in res["output_tok_s"].items()}
+    return res
+
+
+def memory_check(cfg: ModelConfig, device: DeviceSpec, dtype: str, layout: Layout, batch: int, tokens_per_seq: int,
+                 with_mtp: bool = False, draft: ModelConfig | None = None, headroom: float = 0.9,
+                 mem_bytes: float | None = None) -> dict:
+    """Per-device bytes of the plan (weights + KV; the MTP module's and a draft model's weights and
+    KV included when they draft) and whether they fit headroom x the device's memory."""
+    mem_bytes = mem_bytes or device.mem_bytes
+    if not mem_bytes:
+        raise ConfigError(f"device={device.key!r}: no datasheet memory size (give memory_gb)")
+    w, kv = memory_per_rank(cfg, layout, dtype, batch, tokens_per_seq, with_mtp)
+    if draft is not None:  # a draft model replicated on every rank (vLLM runs it at tp = 1 of the target's tp)
+        dw, dkv = memory_per_rank(draft, Layout(), dtype, math.ceil(batch / layout.batch_split), tokens_per_seq)
+        w, kv = w + dw, kv + dkv
+    return dict(weights_GB=w / 1e9, kv_GB=kv / 1e9, mem_per_device_GB=(w + kv) / 1e9,
+                device_mem_GB=mem_bytes / 1e9, fits=w + kv <= headroom * mem_bytes)
 
 
 def smallest_layout(cfg: ModelConfig, device: DeviceSpec, dtype: str, batch: int, tokens_per_seq: int,
                     with_mtp: bool = False, max_devices: int = 64, headroom: float = 0.9) -> Layout | None:
     """The layout with the fewest devices whose per-rank weights + KV fit in headroom × device memory
     (tp up to a node's 8, then pipeline stages); None when nothing up to max_devices fits."""
-    from roofline.parallel.cost import memory_per_rank
-    if not device.mem_bytes:
-        raise ConfigError(f"device={device.key!r}: no datasheet memory size")
     for lay in candidate_layouts(cfg, max_devices):
-        w, kv = memory_per_rank(cfg, lay, dtype, batch, tokens_per_seq, with_mtp)
-        if w + kv <= headroom * device.mem_bytes:
+        if memory_check(cfg, device, dtype, lay, batch, tokens_per_seq, with_mtp, headroom=headroom)["fits"]:
             return lay
     return None
 
@@ -167,32 +385,38 @@ def candidate_layouts(cfg: ModelConfig, max_devices: int = 64) -> list[Layout]:
 def capacity(cfg: ModelConfig, device: DeviceSpec, dtype: str, context: int, output: int, itl_target_ms: float,
              target_tok_s: float, price_per_device_hour: float | None = None, alpha: float | None = None,
              k: int = 1, setting: Setting = Setting(), batches=(1, 2, 4, 8, 16, 32, 64, 128, 256),
-             max_devices: int = 64) -> list[dict]:
-    """For every layout that fits: the largest batch meeting the ITL target (typical priors, with
-    the optimistic-pessimistic interval), tokens/s per replica, devices for the target, and the
-    price per million tokens. alpha: also plan with the preset's MTP module (k drafts)."""
-    from roofline.parallel.cost import memory_per_rank
+             max_devices: int = 64, layouts: list[Layout] | None = None, scale: float = 1.0,
+             band: tuple[float, float] | None = None) -> list[dict]:
+    """For every layout (default: every candidate): the largest batch of `batches` meeting the ITL
+    target (typical priors, with the interval) that fits the device, tokens/s per replica, devices
+    for the target and the price per million tokens. alpha: also plan with the preset's MTP module
+    (k drafts), its weights and KV in the memory check. A layout that fits at no batch is a row
+    that says so."""
+    from roofline.spec.theory import tau_iid
     L = context + output // 2
     rows = []
-    for lay in candidate_layouts(cfg, max_devices):
-        w = WhatIf(cfg, device, dtype, lay, setting)
+    for lay in layouts or candidate_layouts(cfg, max_devices):
+        w = WhatIf(cfg, device, dtype, lay, setting, scale, band)
         for spec in ([False, True] if alpha is not None and cfg.mtp_layers else [False]):
-            best = None
+            best, fits_any = None, False
             for B in batches:
                 if B % lay.batch_split:
                     continue
-                mem = sum(memory_per_rank(cfg, lay, dtype, B, context + output, spec))
-                if mem > 0.9 * (device.mem_bytes or 0):
+                mem = memory_check(cfg, device, dtype, lay, B, context + output, spec)
+                if not mem["fits"]:
                     break
+                fits_any = True
                 if spec:
-                    from roofline.spec.theory import tau_iid
                     tau = tau_iid(alpha, k)
-                    per_tok = interval(lambda s: w.round_seconds(k, B, L, s) / tau)
+                    per_tok = w.over_engines(lambda s, e: w.round_seconds(k, B, L, s, e) / tau)
                 else:
                     per_tok = w.itl(B, L)
                 if per_tok["typical"] * 1e3 <= itl_target_ms:
                     best = (B, per_tok, mem)
             if best is None:
+                rows.append(dict(layout=lay.label(), devices_per_replica=lay.devices, speculative=spec, batch=None,
+                                 note="does not fit the device at any batch" if not fits_any
+                                 else "no batch meets the ITL target"))
                 continue
             B, per_tok, mem = best
             tok_s = {name: B / t for name, t in per_tok.items()}  # generated tokens/s of one replica
@@ -204,30 +428,32 @@ def capacity(cfg: ModelConfig, device: DeviceSpec, dtype: str, context: int, out
                        tok_s_per_replica_pessimistic=tok_s["pessimistic"],
                        replicas=devices["typical"] // lay.devices, devices=devices["typical"],
                        devices_optimistic=devices["optimistic"], devices_pessimistic=devices["pessimistic"],
-                       mem_per_device_GB=mem / 1e9,
+                       mem_per_device_GB=mem["mem_per_device_GB"],
                        energy_J_per_token="n/a (what-if device: no NVML energy counter read)")
-            tok_s = tok_s["typical"]
             if price_per_device_hour is not None:
-                row["usd_per_million_tokens"] = price_per_device_hour * lay.devices / (tok_s * 3600) * 1e6
+                row["usd_per_million_tokens"] = price_per_device_hour * lay.devices / (tok_s["typical"] * 3600) * 1e6
             rows.append(row)
     return rows
 
 
 def speedup_table(cfg: ModelConfig, device: DeviceSpec, dtype: str, layout: Layout, alphas, ks, Bs, Ls,
-                  setting: Setting = Setting()) -> list[dict]:
-    """MTP speculative speedup and plain ITL per (alpha, k, B, L) from the datasheet row + priors,
-    each as the interval of the three prior scenarios (the preset must have an MTP module)."""
-    if cfg.mtp_layers < 1:
-        raise ConfigError(f"model {cfg.name!r} has no MTP module (mtp_layers=0): the what-if prices MTP drafts")
-    w = WhatIf(cfg, device, dtype, layout, setting)
+                  setting: Setting = Setting(), scale: float = 1.0, band=None) -> list[dict]:
+    """MTP speculative speedup and plain ITL per (alpha, k, B, L), each an interval; k = 0 is
+    plain decode and needs no MTP module (a model without one is priced at k = 0 only)."""
+    if cfg.mtp_layers < 1 and any(k for k in ks):
+        raise ConfigError(f"k={list(ks)}: model {cfg.name!r} has no MTP module (mtp_layers=0); allowed k=[0] "
+                          "(plain decode)")
+    w = WhatIf(cfg, device, dtype, layout, setting, scale, band)
     rows = []
     for L in Ls:
         for B in Bs:
             itl = w.itl(B, L)
             for a in alphas:
                 for k in ks:
-                    s = w.mtp_speedup((a, a, a), k, B, L) if k else dict.fromkeys(SCENARIOS, 1.0)
-                    rows.append(dict(layout=layout.label(), alpha=a, k=k, B=B, L=L, S=s["typical"], S_low=min(s.values()),
-                                     S_high=max(s.values()), itl_ms=itl["typical"] * 1e3,
-                                     itl_ms_low=itl["optimistic"] * 1e3, itl_ms_high=itl["pessimistic"] * 1e3))
+                    s = w.mtp_speedup((a, a, a), k, B, L)
+                    rows.append(dict(layout=layout.label(), dtype=parse_precision(dtype).label, alpha=a, k=k, B=B,
+                                     L=L, S=s["typical"], S_low=min(s.values()), S_high=max(s.values()),
+                                     itl_ms=itl["typical"] * 1e3, itl_ms_low=itl["optimistic"] * 1e3,
+                                     itl_ms_high=itl["pessimistic"] * 1e3,
+                                     experts_touched=w.experts_touched(B)))
     return rows

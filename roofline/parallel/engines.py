@@ -1,0 +1,83 @@
+"""Serving-engine profiles as data (roofline/data/engines.yaml, chosen by `engine=`).
+
+A profile says what an engine adds to the kernels of a step and how it runs them: its per-step
+host and scheduler time not hidden behind the GPU, whether it replays CUDA graphs (the per-layer
+launch floor of roofline/data/priors.yaml, graph or eager), and its all-reduce latency per
+interconnect. Each value is a triple (optimistic, typical, pessimistic) with a source and the
+engine version it was read for. No engine named: the what-if runs every profile and its
+interval spans them (roofline.parallel.whatif).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+from roofline.io.fields import ConfigError
+from roofline.parallel.kernels import pick
+
+ENGINES_PATH = Path(__file__).resolve().parents[1] / "data" / "engines.yaml"
+ENGINE_NAMES = ("vllm", "sglang", "trtllm", "lmdeploy", "llama.cpp", "gpt-fast", "hf-eager")
+
+
+@lru_cache(maxsize=4)
+def load_engines(path: str = str(ENGINES_PATH)) -> dict:
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"engines={path!r}: no such file (the engine profiles)")
+    doc = yaml.safe_load(p.read_text()) or {}
+    return doc.get("engines", doc)
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One engine profile at one scenario index (0 optimistic, 1 typical, 2 pessimistic)."""
+    name: str
+    graphs: bool
+    step_overhead_s: float  # per forward: host + scheduler time the GPU waits for
+    per_layer_s: float | None  # per decoder block launch floor; None: priors.yaml's graph / eager floor
+    allreduce_latency_s: dict  # interconnect key -> seconds of one small all-reduce
+    bw_scale: float = 1.0  # reserved: an engine-level weights_bw_fraction (none is published: kernels.yaml decides)
+
+
+def names(path: str = str(ENGINES_PATH)) -> list[str]:
+    return sorted(load_engines(path))
+
+
+def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
+    engines = load_engines(path)
+    if name not in engines:
+        raise ConfigError(f"engine={name!r}: allowed {sorted(engines)}")
+    e = engines[name]
+    f = f"engines.{name}"
+    try:
+        ar = {link: pick(v["latency_us"], scenario, f"{f}.allreduce.{link}.latency_us") * 1e-6
+              for link, v in (e.get("allreduce") or {}).items()
+              if isinstance(v, dict) and isinstance(v.get("latency_us"), (list, dict)) and not link.endswith("_large")}
+        graphs = e["cuda_graphs"]
+        graphs = graphs.get("value") if isinstance(graphs, dict) else graphs
+        if not isinstance(graphs, bool):  # a profile that states no boolean: priced as graph replay only if it says so
+            graphs = "like a cuda graph" in str(graphs).lower()
+        per_layer = e.get("per_layer_us")
+        if isinstance(per_layer, dict) and per_layer.get("values") is None:
+            per_layer = None
+        return Engine(name=name, graphs=graphs,
+                      step_overhead_s=pick(e["step_overhead_us"], scenario, f"{f}.step_overhead_us") * 1e-6,
+                      per_layer_s=None if per_layer is None else pick(per_layer, scenario, f"{f}.per_layer_us") * 1e-6,
+                      allreduce_latency_s=ar)
+    except KeyError as err:
+        raise ConfigError(f"{f}: missing key {err.args[0]!r}") from None
+
+
+def engine_name(entry) -> str | None:
+    """The profile key of a config's `engine` entry (a conf/engine/ group dict, a name, or None)."""
+    if entry is None or entry == "":
+        return None
+    if isinstance(entry, dict):
+        if "profile" not in entry:
+            raise ConfigError(f"engine={entry!r}: a conf/engine/ entry needs 'profile'")
+        return str(entry["profile"])
+    return str(entry)

@@ -1,0 +1,137 @@
+"""Kernel efficiency as a function of the kernel and its shape (roofline/data/kernels.yaml).
+
+Each kernel of a decode or mixed step is priced at the roofline max of its own bytes and its
+own FLOPs, each at the efficiency its kernel reaches at that shape:
+
+- dense GEMM [M tokens] x [K, N] (cuBLAS / CUTLASS tensor-core tiles): compute at
+  `gemm.peak_fraction` x the tile quantization M/(ceil(M/tm)·tm) · N/(ceil(N/tn)·tn) x the wave
+  quantization ctas/(waves·SMs) (ctas = ceil(M/tm)·ceil(N/tn); fewer CTAs than SMs is filled
+  by split-K, as decode GEMV kernels do); weights streamed at the weight format's bandwidth
+  fraction at that M (`weight_only.<fmt>`: a weight-only int8/int4/fp8 kernel streams at its
+  M = 1 fraction and falls with M; the dequantisation, N·K·ops per M tile, runs on the CUDA
+  cores at the fp32 rate and is added to the compute side);
+- decode attention (paged / flash decoding): max(KV bytes / (BW · fraction(B, context)),
+  attention FLOPs / (F · peak_fraction)): the KV traffic and the arithmetic overlap in one kernel;
+- grouped-GEMM MoE: the touched experts' bytes at the grouped kernel's bandwidth fraction for
+  its tokens per expert, their FLOPs at the tile quantization of those tokens.
+
+Every efficiency is a triple (optimistic, typical, pessimistic) with its source in the data file;
+`scenario` picks one (0, 1, 2). Tables are (x, triple) rows interpolated linearly in log x and
+held at their ends.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from roofline.io.fields import ConfigError
+
+KERNELS_PATH = Path(__file__).resolve().parents[1] / "data" / "kernels.yaml"
+
+
+@lru_cache(maxsize=4)
+def load_kernels(path: str = str(KERNELS_PATH)) -> dict:
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"kernels={path!r}: no such file (the kernel-efficiency priors)")
+    return yaml.safe_load(p.read_text())
+
+
+def pick(entry, scenario: int, field: str = "") -> float:
+    """One value of a triple (a list of three, or a mapping with `values`)."""
+    v = entry.get("values") if isinstance(entry, dict) else entry
+    if not (isinstance(v, (list, tuple)) and len(v) == 3):
+        raise ConfigError(f"{field or 'prior'}: expected a triple (optimistic, typical, pessimistic), got {v!r}")
+    return float(v[scenario])
+
+
+def table_value(rows, x: float, scenario: int, field: str) -> float:
+    """Interpolate a table [[x, [opt, typ, pess]], ...] (or {x: triple}) at x, linear in log x."""
+    if isinstance(rows, dict) and "table" in rows:
+        rows = rows["table"]
+    items = sorted(rows.items()) if isinstance(rows, dict) else sorted((r[0], r[1]) for r in rows)
+    if not items:
+        raise ConfigError(f"{field}: empty table")
+    xs = np.log([max(float(a), 1e-9) for a, _ in items])
+    ys = [pick(t, scenario, field) for _, t in items]
+    return float(np.interp(math.log(max(x, 1e-9)), xs, ys))
+
+
+def _arch(kern: dict, device_key: str) -> dict:
+    dev = (kern.get("devices") or {}).get(device_key) or {}
+    arch = dev.get("arch", "default")
+    tiles = (kern.get("gemm", {}).get("tiles") or {})
+    t = tiles.get(arch) or tiles.get("default") or {"tile_m": 64, "tile_n": 128}
+    return dict(sm=int(dev.get("sm_count", 108)), tile_m=int(t["tile_m"]), tile_n=int(t["tile_n"]))
+
+
+def tile_wave_utilisation(M: float, N: int, device_key: str, kern: dict) -> float:
+    """Share of the tensor cores' issued work that is useful for an [M, N] output."""
+    a = _arch(kern, device_key)
+    tm, tn, sm = a["tile_m"], a["tile_n"], a["sm"]
+    m_tiles, n_tiles = math.ceil(max(M, 1) / tm), math.ceil(N / tn)
+    tile = (M / (m_tiles * tm)) * (N / (n_tiles * tn))
+    ctas = m_tiles * n_tiles
+    wave = 1.0 if ctas < sm else ctas / (math.ceil(ctas / sm) * sm)  # split-K fills a partial single wave
+    return tile * wave
+
+
+def weight_bw_fraction(fmt_kind: str, M: float, scenario: int, kern: dict) -> float:
+    """Streaming efficiency of the weight reads of a GEMM whose weights are in `fmt_kind`
+    (dense: the activation dtype) at M tokens per pass."""
+    wo = kern.get("weight_only", {})
+    entry = wo.get(fmt_kind) or wo.get("dense")
+    if entry is None:
+        raise ConfigError(f"kernels.weight_only: no entry for weight format {fmt_kind!r} nor 'dense'")
+    if "table" in entry:
+        return table_value(entry["table"], M, scenario, f"kernels.weight_only.{fmt_kind}")
+    return pick(entry["bw_fraction"], scenario, f"kernels.weight_only.{fmt_kind}.bw_fraction")
+
+
+def gemm_seconds(M: float, N: int, K: int, weight_bytes: float, fmt_kind: str, dequant_ops_per_weight: int,
+                 bw_Bps: float, flops: float, fp32_flops: float, device_key: str, scenario: int, kern: dict) -> dict:
+    """max(weights / bandwidth at this M, FLOPs / tensor rate at this shape + dequantisation)."""
+    if M <= 0:
+        return dict(memory=0.0, compute=0.0, seconds=0.0)
+    t_mem = weight_bytes / (bw_Bps * weight_bw_fraction(fmt_kind, M, scenario, kern))
+    peak = pick(kern["gemm"]["peak_fraction"], scenario, "kernels.gemm.peak_fraction")
+    t_mm = 2.0 * M * N * K / (flops * peak * tile_wave_utilisation(M, N, device_key, kern))
+    tm = _arch(kern, device_key)["tile_m"]
+    t_dq = dequant_ops_per_weight * N * K * math.ceil(M / tm) / fp32_flops if dequant_ops_per_weight else 0.0
+    return dict(memory=t_mem, compute=t_mm + t_dq, seconds=max(t_mem, t_mm + t_dq))
+
+
+def attention_seconds(kv_bytes: float, attn_flops: float, B: float, context: float, bw_Bps: float, flops: float,
+                      scenario: int, kern: dict, calls: int = 1) -> dict:
+    """Decode attention of B sequences at `context` over `calls` layers: KV traffic and arithmetic
+    overlapped (max); each call costs at least the kernel's floor (`floor_us`, when given)."""
+    if kv_bytes <= 0 and attn_flops <= 0:
+        return dict(memory=0.0, compute=0.0, seconds=0.0)
+    da = kern["decode_attention"]
+    frac = table_value(da["bw_fraction_vs_batch"], max(B, 1), scenario, "kernels.decode_attention.bw_fraction_vs_batch")
+    if "context_factor" in da:
+        frac *= table_value(da["context_factor"], max(context, 1), scenario, "kernels.decode_attention.context_factor")
+    floor = pick(da["floor_us"], scenario, "kernels.decode_attention.floor_us") * 1e-6 if "floor_us" in da else 0.0
+    t_mem = calls * floor + kv_bytes / (bw_Bps * frac)
+    t_f = attn_flops / (flops * pick(da["flops_fraction"], scenario, "kernels.decode_attention.flops_fraction"))
+    return dict(memory=t_mem, compute=t_f, seconds=max(t_mem, t_f))
+
+
+def grouped_gemm_seconds(expert_bytes: float, expert_flops: float, tokens_per_expert: float, N: int,
+                         bw_Bps: float, flops: float, device_key: str, scenario: int, kern: dict) -> dict:
+    """The touched experts of one MoE layer as one grouped GEMM: bytes at the grouped kernel's
+    bandwidth fraction for its tokens per expert, FLOPs at the tile quantization of those tokens."""
+    if expert_bytes <= 0:
+        return dict(memory=0.0, compute=0.0, seconds=0.0)
+    g = kern["grouped_gemm"]
+    frac = table_value(g["bw_fraction_vs_tokens_per_expert"], max(tokens_per_expert, 1), scenario,
+                       "kernels.grouped_gemm.bw_fraction_vs_tokens_per_expert")
+    t_mem = expert_bytes / (bw_Bps * frac)
+    peak = pick(kern["gemm"]["peak_fraction"], scenario, "kernels.gemm.peak_fraction")
+    t_f = expert_flops / (flops * peak * tile_wave_utilisation(tokens_per_expert, N, device_key, kern))
+    return dict(memory=t_mem, compute=t_f, seconds=max(t_mem, t_f))
