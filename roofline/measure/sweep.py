@@ -43,8 +43,8 @@ from roofline.model.config import ModelConfig
 from roofline.model.decoder import build_model
 from roofline.measure import slicing
 from roofline.measure.devices import parse_device, running_device_name, spec_for_running_device
-from roofline.measure.forward import (MATH_FALLBACK, count_kernels, depth_cosine_gate, eager_attention_backend,
-                                      is_math_fallback)
+from roofline.measure.forward import (MATH_FALLBACK, CompiledCall, compiled_calls, count_kernels, depth_cosine_gate,
+                                      eager_attention_backend, is_math_fallback)
 from roofline.measure.noise import NoiseMonitor, NoiseSettings
 from roofline.measure.telemetry import energy_per_token, nvml_index
 from roofline.measure.timer import MODES, TimerSettings, time_fn
@@ -199,6 +199,8 @@ class _Workload:
         from roofline.model.quant import require_fast
         require_fast(self.model, dtype, spec.device)  # a dequantise-then-matmul is never timed as its format
         self.gen = torch.Generator(device=spec.device).manual_seed(spec.seed)
+        self.compiled = compiled_calls(self.model, cfg.layers, dtype) if mode == "compiled" and \
+            parse_device(spec.device).type == "cpu" else None
 
     def build(self, max_ctx: int):
         spec, cfg = self.spec, self.cfg
@@ -228,10 +230,14 @@ class _Workload:
         if p.kind == "forward":
             fn = lambda: m(tokens, start, kv_len=kv_len)
             cost = lambda touched: forward_cost(self.cfg, self.dtype, p.B, p.q, p.L, kv_len, self.moe_impl, touched)
+            args = (tokens, start)
         else:
             hidden = torch.randn(p.B, p.q, self.cfg.d, generator=self.gen, device=dev).to(m.embed.weight.dtype)
             fn = lambda: m.mtp_forward(hidden, tokens, start, kv_len=kv_len)
             cost = lambda touched: mtp_cost(self.cfg, self.dtype, p.B, p.q, p.L, kv_len, self.moe_impl, touched)
+            args = (hidden, tokens, start)
+        if self.compiled is not None:  # the CPU's compiled mode: this kind's function, compiled per M
+            fn = CompiledCall(self.compiled[p.kind], args, fn)
         return fn, cost
 
     def check(self) -> None:
@@ -253,7 +259,8 @@ class _Workload:
 def _measure(w: _Workload, p: Point, timer: TimerSettings) -> dict:
     w.fill_cache(p.L)
     fn, cost_of = w.callable_for(p)
-    backend = eager_attention_backend(fn)  # one eager call: which SDPA kernel each layer selects
+    backend = eager_attention_backend(getattr(fn, "eager", fn))  # one eager call: which SDPA kernel each layer selects
+    compiled = fn.prepare() if isinstance(fn, CompiledCall) else {}  # compiled and checked, outside the timing
     mask = w.model.last_mask_bytes
     # kernels per forward, profiled once outside the reps (graph mode replays the eager kernels)
     # and the energy per token from NVML's counter on the warmed-up step ('n/a (no NVML on cpu)' on the CPU)
@@ -261,12 +268,15 @@ def _measure(w: _Workload, p: Point, timer: TimerSettings) -> dict:
     sync = torch.cuda.synchronize if idx is not None else (lambda: None)
     probe = lambda target: {**count_kernels(fn if p.mode == "graph" else target, w.spec.device),  # noqa: E731
                             "energy_J_per_token": energy_per_token(target, idx, p.B * p.q, sync)}
-    t = time_fn(fn, dataclasses.replace(timer, mode=p.mode), w.spec.device, probe=probe)
+    t = time_fn(fn, dataclasses.replace(timer, mode="eager" if compiled else p.mode), w.spec.device, probe=probe)
     touched = None
     if w.cfg.is_moe and w.moe_impl == "touched":
         touched = w.model.last_experts_touched(p.kind)
     c = dataclasses.replace(cost_of(touched), mask_bytes=mask)
     row = t.to_row()
+    if compiled:
+        row.update(compiled, t_mode="eager (recompile-limit fallback)" if compiled["compile_fallback"] else "compiled",
+                   compile_recompiled_while_timed=fn.graphs_now() > compiled["compile_graphs"])
     row.update(c.as_row())
     seen = t.probe.pop("kernel_attn_backend")
     row.update(t.probe, attn_backend=seen or backend)
