@@ -89,7 +89,7 @@ def test_html_embeds_every_image_and_links_nothing_outside(report):
     assert len(srcs) == len(list((run / "figures").glob("*.png"))) == 4
     assert all(s.startswith("data:image/png;base64,") and len(s) > 10_000 for s in srcs)
     assert not re.search(r"https?://|<link|<script|href=", html)
-    assert html.count("<table>") == 4 + 1  # T(q), ceilings, failed, provenance + the extra section's
+    assert html.count("<table>") == 5 + 1  # T(q), knee, ceilings, failed, provenance + the extra section's
 
 
 def test_report_works_without_ceilings(tmp_path):

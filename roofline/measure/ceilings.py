@@ -558,3 +558,60 @@ def format_summary(result: dict) -> str:
 def stderr_log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
+
+
+# --------------------------------------------------------------------------- the precision a device is memory-bound in
+
+AUTO = "auto"
+
+
+def native_bf16_cpu() -> bool:
+    """This CPU multiplies bf16 natively (AVX512-BF16 or AMX tiles); else torch emulates it in fp32."""
+    cpu = getattr(torch._C, "_cpu", None)
+    return bool(cpu and (cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported()))
+
+
+def fast_mode(device: str) -> str:
+    """The forward mode that reaches the device's roof: CUDA-graph replay on CUDA; on the CPU the
+    compiled mode (frozen, prepacked GEMM weights: roofline.measure.forward.CompiledForward)
+    where Inductor has a C++ compiler, else eager."""
+    if _device_kind(device) == "cuda":
+        return "graph"
+    return "compiled" if timer._cxx_compiler() else "eager"
+
+
+def knee_tokens(doc: Mapping[str, Any]) -> dict[str, float]:
+    """Per measured dtype: the token count where a decode-shaped pass turns compute-bound, from
+    the measured ceilings: ridge (peak FLOP/s / memory B/s) over one token's intensity (2 FLOP per
+    weight / the dtype's bytes per weight) = ridge · bytes / 2."""
+    s = doc["summary"]
+    bw = s.get("mem_bw_GBps")
+    return {d: tf * 1e12 / (bw * 1e9) * dtype_bytes(d) / 2 for d, tf in (s.get("peak_tflops") or {}).items()
+            if bw and tf and d in MODEL_DTYPES}
+
+
+def choose_precision(device: str, doc: Mapping[str, Any] | None) -> tuple[str, str, str]:
+    """(dtype, mode, why) for `dtypes=[auto]`: of the dtypes the ceilings measured, the one whose
+    roofline keeps the most tokens per pass memory-bound (`knee_tokens`: the highest ridge in
+    units of one token's intensity; a tie goes to the smaller dtype, fewer bytes per step), run
+    in `fast_mode`. Without ceilings: bf16 where the device multiplies it natively (CUDA; a CPU
+    with AVX512-BF16/AMX), else float32, and the reason says it was not measured."""
+    mode = fast_mode(device)
+    knees = knee_tokens(doc) if doc else {}
+    if knees:
+        best = max(knees, key=lambda d: (round(knees[d], 6), -dtype_bytes(d)))
+        s = doc["summary"]
+        detail = "; ".join(f"{d}: roof {1e3 * s['peak_tflops'][d]:.4g} GFLOP/s, ridge "
+                           f"{s['peak_tflops'][d] * 1e3 / s['mem_bw_GBps']:.3g} FLOP/B, knee ~{k:.3g} tokens"
+                           for d, k in sorted(knees.items(), key=lambda kv: -kv[1]))
+        why = (f"dtypes=[auto] chose {best} in mode {mode}: of the measured ceilings (memory roof "
+               f"{s['mem_bw_GBps']:.4g} GB/s) it keeps the most tokens per pass memory-bound ({detail})")
+    else:
+        native = _device_kind(device) == "cuda" or native_bf16_cpu()
+        best = "bfloat16" if native else "float32"
+        why = (f"dtypes=[auto] chose {best} in mode {mode} without measured ceilings: this device "
+               + ("multiplies bf16 natively" if native else "has no native bf16 (no AVX512-BF16/AMX), so bf16 is "
+                                                            "emulated and compute-bound at a few tokens"))
+    if mode == "compiled":
+        why += "; compiled: Inductor with frozen weights (GEMMs prepacked once), one graph per token count"
+    return best, mode, why

@@ -48,6 +48,7 @@ from roofline.measure.forward import (MATH_FALLBACK, CompiledCall, compiled_call
 from roofline.measure.noise import NoiseMonitor, NoiseSettings
 from roofline.measure.telemetry import energy_per_token, nvml_index
 from roofline.measure.timer import MODES, TimerSettings, time_fn
+from roofline.measure.ceilings import AUTO
 from roofline.parallel.layout import Layout
 
 KINDS = ("forward", "mtp")
@@ -71,6 +72,8 @@ class SweepSpec:
     out_dir: str = ""
     overrides: tuple[str, ...] = ()
     parallel: Layout = field(default_factory=Layout)  # tp/ep > 1: ranks of torch.distributed (roofline.parallel.runner)
+    pairs: tuple[tuple[str, str], ...] = ()  # (dtype, mode) measured, replacing dtypes x modes (dtypes=[auto] resolved)
+    auto_choice: str = ""  # why dtypes=[auto] became what it did (console, run.json, report)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -89,10 +92,13 @@ class SweepSpec:
             raise ConfigError(f"L={max(self.L)} + q={max(self.q + self.mtp_q)}: exceeds model.max_context="
                               f"{cfg.max_context} of {cfg.name!r}; allowed L + q <= {cfg.max_context}")
         for d in self.dtypes:
-            parse_precision(d)
-        bad = [m for m in self.modes if m not in MODES]
+            if d != AUTO:
+                parse_precision(d)
+        bad = [m for m in self.modes if m not in MODES + (AUTO,)]
         if bad:
-            raise ConfigError(f"modes={bad}: allowed {MODES}")
+            raise ConfigError(f"modes={bad}: allowed {MODES + (AUTO,)}")
+        if AUTO in self.dtypes and self.parallel.devices > 1:
+            raise ConfigError("dtypes=['auto'] with tp/ep > 1: name the dtype (e.g. dtypes=[bfloat16])")
         dev = parse_device(self.device, need_available=False)
         if "graph" in self.modes and dev.type != "cuda":
             raise ConfigError(f"modes=['graph']: CUDA-graph replay needs device=cuda, got device={self.device!r}")
@@ -112,7 +118,9 @@ class SweepSpec:
         """What changes the numbers (not where they are written): the request, the code
         version, torch and the device."""
         d = dataclasses.asdict(self)
-        d.pop("out_dir"), d.pop("overrides"), d.pop("ceilings")
+        d.pop("out_dir"), d.pop("overrides"), d.pop("ceilings"), d.pop("auto_choice")
+        if not d["pairs"]:
+            d.pop("pairs")
         d = json.loads(json.dumps(d, default=str))
         d.update(code_version=provenance.code_version(), torch_version=torch.__version__,
                  device_name=spec_device_name(self.device))
@@ -148,7 +156,8 @@ def grid(spec: SweepSpec) -> list[Point]:
     """Points in measurement order: one model per (dtype, depth), its points together."""
     pts = []
     for dtype, depth in itertools.product(spec.dtypes, layer_depths(spec)):
-        for mode, B, L in itertools.product(spec.modes, spec.B, spec.L):
+        modes = [m for d, m in spec.pairs if d == dtype] if spec.pairs else spec.modes
+        for mode, B, L in itertools.product(modes, spec.B, spec.L):
             label = parse_precision(dtype).label
             pts += [Point("forward", label, mode, q, B, L, depth) for q in spec.q]
             if spec.model.mtp_layers:
@@ -466,7 +475,41 @@ def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
                            noise)
 
 
+def resolve_auto(spec: SweepSpec, run_dir: Path, log=None, measure: bool = True) -> tuple[SweepSpec, dict | None]:
+    """dtypes=[auto] (and modes=[auto]) made concrete from this device's measured ceilings
+    (roofline.measure.ceilings.choose_precision; a quick set is measured first when the sweep has
+    none): the auto dtype in its fast mode, a named dtype eager (modes=[auto]) or in the modes
+    given. Returns the resolved spec and the quick ceilings measured for it (None if none were)."""
+    from roofline.measure.ceilings import CeilingsSpec, choose_precision, measure_ceilings
+    if AUTO not in spec.dtypes and AUTO not in spec.modes:
+        return spec, None
+    fresh = None
+    if AUTO in spec.dtypes:
+        doc = _ceilings_for(spec, run_dir) if spec.ceilings else None
+        if doc is None and measure:
+            fresh = doc = measure_ceilings(CeilingsSpec(device=spec.device, quick=True))
+        dtype, mode, why = choose_precision(spec.device, doc)
+    else:
+        dtype, mode, why = None, "eager", ""
+    explicit = [m for m in spec.modes if m != AUTO]
+    pairs, dtypes = [], []
+    for d in spec.dtypes:
+        label = dtype if d == AUTO else d
+        if label not in dtypes:
+            dtypes.append(label)
+        for m in (explicit or []) + ([mode if d == AUTO else "eager"] if AUTO in spec.modes else []):
+            if (label, m) not in pairs:
+                pairs.append((label, m))
+    if log and why:
+        log(why)
+    out = dataclasses.replace(spec, dtypes=tuple(dtypes), modes=tuple(sorted({m for _, m in pairs})),
+                              pairs=tuple(pairs), auto_choice=why,
+                              ceilings=spec.ceilings or ("quick" if fresh is not None else ""))
+    return out, fresh
+
+
 def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t0, workload, noise=None) -> dict:
+    spec, fresh = resolve_auto(spec, run_dir, log=lambda m: print(m, file=sys.stderr, flush=True))
     spec = prepare_run_dir(spec, run_dir, force, extend)
     resumed = runfolder.load_points(run_dir, runfolder.TRANSIENT if retry_failed else ())
     done = {r["point_id"] for r in resumed.rows}
@@ -477,7 +520,7 @@ def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t
     measured = _ceilings_for(spec, run_dir)
     if spec.ceilings == "quick" and measured is None:  # measure a quick set into the run folder, once
         from roofline.measure.ceilings import CeilingsSpec, measure_ceilings, write_ceilings
-        measured = measure_ceilings(CeilingsSpec(device=spec.device, quick=True))
+        measured = fresh if fresh is not None else measure_ceilings(CeilingsSpec(device=spec.device, quick=True))
         write_ceilings(measured, run_dir)
     bar = tqdm(total=len(points), initial=len(points) - len(todo), desc=f"sweep {spec.model.name}",
                unit="pt", disable=not progress, file=sys.stderr)
@@ -574,6 +617,7 @@ def _summarize(spec, run_dir, measured, points, todo, new, resumed, t0, quiet=No
 def dry_run(spec: SweepSpec, run_dir: Path) -> str:
     """What a sweep would do, measuring and writing nothing: the expanded grid, each point's
     memory fit against what the device can give now, and an upper bound on the time."""
+    spec, _ = resolve_auto(spec, run_dir, measure=False)  # without ceilings: the device's flags decide
     pts = grid(spec)
     done = set()
     if (run_dir / "points.jsonl").exists():
