@@ -180,7 +180,7 @@ def build_blocks(run_dir: Path, df, ceilings, run, spec, figures: plots.FigureSe
     path relative to run_dir), ("code", text), ("md", raw markdown)."""
     n_ok = int((df["status"] == "ok").sum())
     models = ", ".join(plots._values(df, "model")) or "?"
-    warnings = regime.roof_violations(df) + quality.run_warnings(run_dir, df)
+    warnings = regime.roof_violations(df) + regime.ceilings_warnings(ceilings) + quality.run_warnings(run_dir, df)
     b: list[tuple] = [("h", 1, f"Roofline report: {run_dir.name}"),
                       ("p", f"**Key figure:** {quality.key_figure(df, ceilings)}."),
                       *[("p", f"**Regime:** {line}.") for line in regime.headline(df)],

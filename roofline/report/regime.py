@@ -144,3 +144,13 @@ def roof_violations(df: pd.DataFrame, slack: float = 1.05) -> list[str]:
                    f"worst {worst['point_id']} at {float(worst[pct]):.0f}% of it; the ceilings run did not find this "
                    "device's best (re-measure the ceilings on a quiet machine)")
     return out
+
+
+def ceilings_warnings(ceilings: dict | None) -> list[str]:
+    """What the ceilings run itself flagged: groups measured on a busy machine, a run cut short."""
+    s = (ceilings or {}).get("summary") or {}
+    out = [f"ceilings: {b['group']} was measured on a busy machine ({b['why']}) and again after it; the roof it "
+           "gives may be low: re-measure the ceilings on a quiet machine" for b in s.get("busy_machine") or []]
+    if s.get("complete") is False:
+        out.append("ceilings.json is from a ceilings run cut short: only the groups it finished are in its roofs")
+    return out
