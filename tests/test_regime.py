@@ -48,3 +48,14 @@ def test_a_point_above_the_measured_roof_is_named():
     (w,) = regime.roof_violations(df)
     assert "memory roof (10 GB/s" in w and "q64" in w and "140%" in w
     assert regime.roof_violations(df.assign(pct_measured_bw=99.0)) == []
+
+
+def test_decode_below_the_target_names_the_kernel_measured():
+    df = rows(lambda q: 1.0).assign(achieved_GBps=5.0)
+    ceil = {"summary": {"mem_bw_GBps": 30.0, "mem_bw_by_kernel": {"torch_read": 20.0},
+                        "decode_m1_GBps": {"float32": 8.0}}}
+    (line,) = regime.decode_notes(df, ceil)
+    assert "25% of the measured read bandwidth (20 GB/s" in line  # the read kernel, not the best of all
+    assert "M=1 GEMM kernel itself is below the target" in line and "reach 8 GB/s (40%)" in line
+    (fast,) = regime.decode_notes(df.assign(achieved_GBps=17.0), ceil)
+    assert "85%" in fast and "below" not in fast

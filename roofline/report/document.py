@@ -184,6 +184,7 @@ def build_blocks(run_dir: Path, df, ceilings, run, spec, figures: plots.FigureSe
     b: list[tuple] = [("h", 1, f"Roofline report: {run_dir.name}"),
                       ("p", f"**Key figure:** {quality.key_figure(df, ceilings)}."),
                       *[("p", f"**Regime:** {line}.") for line in regime.headline(df)],
+                      *[("p", f"**Decode:** {line}.") for line in regime.decode_notes(df, ceilings)],
                       *[("p", f"**Precision and mode:** {why}") for why in _auto_choice(run)],
                       ("h", 2, "Warnings"),
                       ("md", "\n".join(f"- {w}" for w in warnings)) if warnings

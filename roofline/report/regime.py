@@ -154,3 +154,36 @@ def ceilings_warnings(ceilings: dict | None) -> list[str]:
     if s.get("complete") is False:
         out.append("ceilings.json is from a ceilings run cut short: only the groups it finished are in its roofs")
     return out
+
+
+DECODE_TARGET = 0.80  # of the measured read bandwidth
+
+
+def decode_notes(df: pd.DataFrame, ceilings: dict | None) -> list[str]:
+    """Per (dtype, mode): decode (q=1) GB/s as a share of the measured read bandwidth, and, below
+    DECODE_TARGET, what the ceilings measured for that dtype's bare M=1 GEMMs (torch's eager
+    F.linear at the model's shapes): the kernel's own rate, i.e. what holds decode back."""
+    ok = _ok_forward(df)
+    s = (ceilings or {}).get("summary") or {}
+    read = (s.get("mem_bw_by_kernel") or {}).get("torch_read") or s.get("mem_bw_GBps")
+    if ok.empty or not read or "achieved_GBps" not in ok:
+        return []
+    out = []
+    for (dtype, mode), g in ok[ok["q"] == 1].groupby(["dtype", "mode"]):
+        gb = float(g["achieved_GBps"].median())
+        line = (f"{dtype} {mode} decode (q=1) streams {gb:.3g} GB/s = {100 * gb / read:.0f}% of the measured read "
+                f"bandwidth ({read:.3g} GB/s, torch_read), median of {len(g)} points")
+        if gb < DECODE_TARGET * read:
+            m1 = (s.get("decode_m1_GBps") or {}).get(dtype)
+            line += (f"; below {100 * DECODE_TARGET:.0f}%: the bare M=1 {dtype} GEMMs of the ceilings run (torch "
+                     f"F.linear, eager) reach {m1:.3g} GB/s ({100 * m1 / read:.0f}%)" if m1 else
+                     f"; below {100 * DECODE_TARGET:.0f}% (no M=1 GEMM of {dtype} in the ceilings to compare)")
+            if m1 and m1 < DECODE_TARGET * read and gb <= m1:
+                line += ": the M=1 GEMM kernel itself is below the target and holds decode back"
+            if m1 and gb < DECODE_TARGET * m1:
+                line += (f"; the pass reaches {100 * gb / m1:.0f}% of those GEMMs' rate: the rest of the pass "
+                         "(attention, norms, dispatch) costs the remainder")
+            if m1 and gb > m1:
+                line += "; the pass beats torch's eager M=1 GEMMs (its own GEMMs are faster: compiled, prepacked)"
+        out.append(line)
+    return out
