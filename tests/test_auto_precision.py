@@ -73,3 +73,11 @@ def test_the_reason_is_not_part_of_the_fingerprint(tmp_path):
     a, _ = resolve_auto(_spec(tmp_path, doc(0.06, 0.3), dtypes=("auto",), modes=("auto",)), tmp_path)
     b, _ = resolve_auto(_spec(tmp_path, doc(0.05, 0.31), dtypes=("auto",), modes=("auto",)), tmp_path)
     assert a.auto_choice != b.auto_choice and a.fingerprint() == b.fingerprint()
+
+
+def test_modes_auto_for_a_named_dtype_is_eager_and_keeps_the_fingerprint(tmp_path):
+    named = SweepSpec(model=get_preset("tiny"), q=(1,), B=(1,), L=(8,), dtypes=("bfloat16",), modes=("auto",))
+    out, fresh = resolve_auto(named, tmp_path)
+    assert fresh is None and out.modes == ("eager",) and not out.pairs
+    plain = SweepSpec(model=get_preset("tiny"), q=(1,), B=(1,), L=(8,), dtypes=("bfloat16",), modes=("eager",))
+    assert out.fingerprint() == plain.fingerprint()

@@ -461,6 +461,8 @@ def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
     the busy-machine check (roofline.measure.noise; None: off). Bad input
     (a device that is not here, a ceilings file of another device, a folder of another sweep)
     is refused before anything is written; see roofline.io.runfolder for the folder's lock and resume."""
+    if AUTO not in spec.dtypes:
+        spec, _ = resolve_auto(spec, Path(run_dir))  # modes=[auto] -> eager; nothing measured
     if workload is None and spec.parallel.devices > 1:
         from roofline.parallel.runner import run_parallel_sweep
         return run_parallel_sweep(spec, run_dir, progress, force=force, extend=extend, retry_failed=retry_failed)
@@ -481,8 +483,9 @@ def resolve_auto(spec: SweepSpec, run_dir: Path, log=None, measure: bool = True)
     none): the auto dtype in its fast mode, a named dtype eager (modes=[auto]) or in the modes
     given. Returns the resolved spec and the quick ceilings measured for it (None if none were)."""
     from roofline.measure.ceilings import CeilingsSpec, choose_precision, measure_ceilings
-    if AUTO not in spec.dtypes and AUTO not in spec.modes:
-        return spec, None
+    if AUTO not in spec.dtypes:  # modes=[auto] for named dtypes: eager (as before auto existed)
+        modes = tuple(dict.fromkeys("eager" if m == AUTO else m for m in spec.modes))
+        return (dataclasses.replace(spec, modes=modes) if modes != spec.modes else spec), None
     fresh = None
     if AUTO in spec.dtypes:
         doc = _ceilings_for(spec, run_dir) if spec.ceilings else None
