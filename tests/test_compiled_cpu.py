@@ -62,3 +62,20 @@ def test_a_compiled_graph_that_differs_from_eager_is_refused(model, monkeypatch)
     fwd.compiled = lambda t, s: -model(t, s)  # a wrong "compiled" result
     with pytest.raises(RuntimeError, match="differs from eager"):
         fwd.prepare(torch.randint(0, model.cfg.vocab, (1, 2)), 4)
+
+
+def test_a_compiled_sweep_row_records_its_compile_apart_from_its_timing(tmp_path):
+    from roofline.io import results
+    from roofline.measure.sweep import SweepSpec, run_sweep
+    from roofline.measure.timer import TimerSettings
+    spec = SweepSpec(model=get_preset("tiny"), q=(1,), B=(1,), L=(4, 8), dtypes=("float32",), modes=("compiled",),
+                     timer=TimerSettings(warmup=1, min_reps=3, max_reps=5, budget_s=0.05))
+    run_sweep(spec, tmp_path, progress=False, noise=None)
+    rows = [r for r in results.read_rows(tmp_path / "points.jsonl") if r["kind"] == "forward"]
+    assert [r["status"] for r in rows] == ["ok", "ok"], rows[0].get("error")
+    first, second = sorted(rows, key=lambda r: r["L"])
+    assert first["t_mode"] == "compiled" and first["compile_fallback"] is None
+    assert first["compile_vs_eager_cosine"] > 0.9999
+    assert first["compile_new_graph"] and not second["compile_new_graph"]  # L is dynamic: one graph for both
+    assert second["compile_s"] == first["compile_s"]  # the compile of the graph it ran, measured once, outside the reps
+    assert not first["compile_recompiled_while_timed"] and not second["compile_recompiled_while_timed"]

@@ -245,8 +245,8 @@ class CompiledForward:
 
     def prepare(self, *args) -> dict:
         key = self._key(args)
-        if key in self.shapes:
-            return self.shapes[key]
+        if key in self.shapes:  # compiled for an earlier point: no new graph; graphs counted from now
+            return {**self.shapes[key], "compile_new_graph": False, "compile_graphs": _graphs_compiled()}
         for a in args:
             if isinstance(a, torch.Tensor):
                 torch._dynamo.mark_static(a)
