@@ -201,6 +201,8 @@ class _Workload:
         max_batch = max_batch or max(spec.B)
         max_ctx = max_ctx or max(spec.L) + max(spec.q + spec.mtp_q)
         cfg = spec.model.scaled(layers=depth)
+        if mode == "compiled" and parse_device(spec.device).type == "cpu":  # one spare position: a call that ends
+            max_ctx = min(max_ctx + 1, cfg.max_context)  # at the cache's last one guards (and recompiles) apart
         self.cfg, self.spec, self.dtype, self.mode = cfg, spec, dtype, mode
         self.moe_impl = _moe_impl(mode)
         self.max_batch = max_batch
