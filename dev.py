@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import venv
 from pathlib import Path
 
@@ -61,12 +62,20 @@ def setup(extra: str = "test") -> None:
 
 
 def demo() -> None:
-    """Cost card, measured ceilings, the cpu-demo sweep against them, the cost-model fit, the report."""
+    """Cost card, measured ceilings, the cpu-demo sweep against them, the cost-model fit, the report.
+
+    The sweep runs dtypes=[auto, bfloat16]: the precision this machine's measured ceilings keep
+    memory-bound longest, in its fast mode (on a CPU without native bf16: float32 compiled), beside
+    bf16 eager, so that the report shows both regimes. The grid is the main job's: q up to 16 at
+    B = 1 and 4 (token counts M = B·q of 1..64: one compiled graph each), two cache lengths."""
+    t0 = time.time()
     run(PY, "-m", "experiments.card", "model=cpu-demo", "device=null")
     run(PY, "-m", "experiments.ceilings", "device=cpu", "quick=true", f"out_dir={DEMO}")
-    run(PY, "-m", "experiments.sweep", "model=cpu-demo", f"out_dir={DEMO}", f"ceilings={DEMO}/ceilings.json")
+    run(PY, "-m", "experiments.sweep", "model=cpu-demo", f"out_dir={DEMO}", f"ceilings={DEMO}/ceilings.json",
+        "dtypes=[auto,bfloat16]", "q=[1,2,4,8,16]", "B=[1,4]", "L=[128,1024]")
     run(PY, "-m", "experiments.fit", f"results_dir={DEMO}")
     run(PY, "-m", "experiments.report", f"results_dir={DEMO}")
+    print(f"demo: {time.time() - t0:.0f} s wall (set-up excluded)", flush=True)
 
 
 def test() -> None:

@@ -12,8 +12,8 @@ def main(cfg) -> None:
     with fail_fast():
         c = plain(cfg, device_as="torch")
         out_dir, overrides = c.pop("out_dir"), c.pop("overrides", [])
-        result = measure_ceilings(CeilingsSpec.from_dict(c), log=stderr_log,
-                                  context={"overrides": overrides})
+        result = measure_ceilings(CeilingsSpec.from_dict(c), log=stderr_log, context={"overrides": overrides},
+                                  out_dir=out_dir, progress=True)  # ceilings.json rewritten after each group
         run_dir = write_ceilings(result, out_dir)
         print(format_summary(result))
         print(json.dumps({"run_dir": str(run_dir), "summary": result["summary"]}))

@@ -28,7 +28,8 @@ def build_spec(c: dict) -> SweepSpec:
     model = checkpoint_config(c["checkpoint"]) if c["checkpoint"] else ModelConfig.from_dict(c["model"])
     return SweepSpec(model=model, q=axis(c["q"], "q"), B=axis(c["B"], "B"),
                      L=axis(c["L"], "L"), modes=axis(c["modes"], "modes"),
-                     dtypes=with_overrides(axis(c["dtypes"], "dtypes"), c["weights"], c["kv"], c["lm_head"], model.native_weights),
+                     dtypes=tuple(d if d == "auto" else with_overrides((d,), c["weights"], c["kv"], c["lm_head"], model.native_weights)[0]
+                                  for d in axis(c["dtypes"], "dtypes")),
                      timer=from_dict(TimerSettings, c["timer"], "timer"), device=c["device"], layers=c["layers"],
                      mtp_q=axis(c["mtp_q"], "mtp_q"), seed=c["seed"], ceilings=c["ceilings"] or "",
                      overrides=tuple(c["overrides"]), checkpoint=c["checkpoint"] or "",

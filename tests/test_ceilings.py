@@ -30,7 +30,7 @@ FAST = TimerSettings(warmup=0, min_reps=2, max_reps=2, budget_s=5.0, l2_bytes=64
 def tiny_spec(**changes) -> CeilingsSpec:
     base = dict(device="cpu", dtypes=("float32",), working_sets=(16 * KiB, 256 * KiB),
                 kernels=("torch_copy", "torch_read"), square_sizes=(48,),
-                decode_model=get_preset("tiny"), decode_ms=(1, 4), formats=(), timer=FAST)
+                decode_model=get_preset("tiny"), decode_ms=(1, 4), formats=(), timer=FAST, busy_check=False)
     return CeilingsSpec(**{**base, **changes})
 
 
@@ -107,8 +107,7 @@ def test_telemetry_brackets_every_block(result):
 def test_summary_ridge_is_peak_over_bandwidth(result):
     s = result["summary"]
     assert s["cache_bytes"] == 64 * KiB
-    assert s["peak_tflops"]["float32"] == max(r["TFLOPs"] for r in result["matmul"]
-                                              if r["kind"] == "square")
+    assert s["peak_tflops"]["float32"] == max(r["TFLOPs"] for r in result["matmul"])  # square or decode
     assert s["ridge_measured"]["float32"] == pytest.approx(
         s["peak_tflops"]["float32"] * 1e12 / (s["mem_bw_GBps"] * 1e9), rel=1e-12)
 
@@ -248,9 +247,14 @@ def test_cuda_without_a_gpu_fails_fast():
 def test_cpu_defaults_are_torch_kernels_and_the_documented_ranges():
     s = CeilingsSpec(device="cpu")
     assert s.kernels == tuple(n for n in kernels.KERNELS if n.startswith("torch_"))
-    assert s.working_sets == tuple(2**p for p in range(18, 30))  # 256 KiB .. 512 MiB
+    assert s.working_sets == (MiB, 16 * MiB, 256 * MiB)  # in cache, LLC-sized, DRAM: what a 2-core CPU waits for
     assert s.dtypes == ("bfloat16", "float32") and s.bandwidth_dtypes == ("float32",)
-    assert s.decode_ms == (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    assert s.decode_ms == (1, 4, 16, 64, 256)
+    full = CeilingsSpec(device="cpu", full=True)
+    assert full.working_sets == tuple(2**p for p in range(18, 30))  # 256 KiB .. 512 MiB
+    assert full.decode_ms == (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    with pytest.raises(ConfigError, match="full=true with quick=true"):
+        CeilingsSpec(device="cpu", full=True, quick=True)
     assert s.decode_model.name == "cpu-demo"
 
 
@@ -312,3 +316,62 @@ def test_format_gemms_read_the_format_bytes_and_record_what_has_no_kernel():
     assert "K=64" in failed["bfloat16+weights=int4_g128"]["error"]
     assert not [m for m in r["matmul"] if "fp8" in m["dtype"]]
     assert {m["K"] for m in r["matmul"] if "int4" in m["dtype"]} == {128}  # ffn_down only
+
+
+# ----------------------------------------------------------------------------- trust: roofs, busy machine, cut runs
+
+
+def mm_row(kind, dtype, M, tflops):
+    return dict(kind=kind, name=f"{kind}_{M}", dtype=dtype, M=M, N=64, K=64, t_median_s=1.0, TFLOPs=tflops,
+                GBps=1.0, pct_datasheet_flops=None)
+
+
+def test_the_compute_roof_is_the_best_of_square_and_decode_shaped_gemms():
+    # a slow square bf16 path (0.0008) must not set the roof below what decode-shaped GEMMs reach (0.015)
+    rows = [mm_row("square", "bfloat16", 1024, 0.0008), mm_row("decode", "bfloat16", 128, 0.015),
+            mm_row("square", "float32", 1024, 0.2), mm_row("decode", "float32", 128, 0.1),
+            mm_row("decode", "bfloat16+weights=int8", 128, 9.0)]
+    s = summarize([bw_row("torch_copy", 2**30, 10.0)], rows, 64 * MiB)
+    assert s["peak_tflops"] == {"bfloat16": 0.015, "float32": 0.2}  # a packed format's rate is not a dtype's roof
+    assert s["peak_from"]["bfloat16"] == "decode decode_128 M=128"
+
+
+class FakeMonitor:
+    def __init__(self, busy):
+        self.busy, self.checks = busy, 0
+
+    def check(self):
+        self.checks += 1
+        return dict(busy=self.busy, why="reference got 20% of its threads' CPU time" if self.busy else "")
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_a_group_on_a_busy_machine_is_measured_again_then_marked(busy):
+    calls = []
+    run = ceilings._Run(tiny_spec(), 1, False, None, monitor=FakeMonitor(busy))
+    rows = run.group("torch_copy/float32", lambda: calls.append(1) or [{"GBps": 1.0}])
+    assert len(calls) == (2 if busy else 1)
+    assert ("busy" in rows[0]) == busy and bool(run.busy) == busy
+    if busy:
+        assert run.busy[0]["group"] == "torch_copy/float32" and "20%" in rows[0]["busy"]
+
+
+def test_a_busy_ceilings_run_says_so_in_its_summary(monkeypatch):
+    import roofline.measure.noise as noise
+    monkeypatch.setattr(noise, "NoiseMonitor", lambda *a, **k: FakeMonitor(True))
+    doc = measure_ceilings(tiny_spec(busy_check=True, dtypes=("float32",), decode_ms=(1,)))
+    groups = [b["group"] for b in doc["summary"]["busy_machine"]]
+    assert "torch_copy/float32" in groups and "matmul/decode/float32" in groups
+    assert "busy machine" in ceilings.format_summary(doc)
+
+
+def test_a_cut_run_keeps_every_finished_group_on_disk(tmp_path, monkeypatch):
+    def cut(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(ceilings, "_measure_matmul", cut)
+    with pytest.raises(KeyboardInterrupt):
+        measure_ceilings(tiny_spec(), out_dir=tmp_path)
+    doc = load_ceilings(tmp_path)
+    assert doc["summary"]["complete"] is False
+    assert {r["kernel"] for r in doc["bandwidth"]} == {"torch_copy", "torch_read"}
+    assert doc["summary"]["mem_bw_GBps"] > 0  # the copy roof survives the cut

@@ -91,7 +91,7 @@ def test_html_embeds_every_image_and_links_nothing_outside(report):
     assert all(s.startswith("data:image/png;base64,") and len(s) > 10_000 for s in srcs)
     assert not re.search(r"https?://|<link|<script", html)
     assert all(h.startswith("#") for h in re.findall(r'href="([^"]*)"', html))  # only the contents' own anchors
-    assert html.count("<table>") == 5 + 1  # T(q), percentiles, ceilings, failed, provenance + the extra section's
+    assert html.count("<table>") == 6 + 1  # T(q), percentiles, knee, ceilings, failed, provenance + the extra section's
 
 
 def test_report_works_without_ceilings(tmp_path):

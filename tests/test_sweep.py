@@ -95,7 +95,7 @@ def test_a_model_that_cannot_fit_becomes_too_big_rows(tmp_path, monkeypatch):
     ("q", dict(q=(0,)), "q=\\[0\\]: allowed integers >= 1"),
     ("B", dict(B=(1, -2)), "B=\\[-2\\]"),
     ("L", dict(L=(255,)), "max_context"),
-    ("modes", dict(modes=("fast",)), "allowed \\('eager', 'graph', 'compiled'\\)"),
+    ("modes", dict(modes=("fast",)), "allowed \\('eager', 'graph', 'compiled', 'auto'\\)"),
     ("grid", dict(q=()), "no points"),
     ("dtypes", dict(dtypes=("int8",)), "allowed"),
     ("layers", dict(layers=2), "layers=2"),

@@ -63,7 +63,7 @@ TOP_KEYS = ["schema_version", "provenance", "datasheet", "bandwidth", "matmul", 
             "failures", "summary"]
 SUMMARY_KEYS = ["mem_bw_GBps", "mem_bw_kernel", "peak_tflops", "ridge_measured", "cache_bytes"]
 
-# Device defaults; (full, quick).
+# Device defaults; (default, quick); `full=true` takes the _FULL_* sets instead of the default ones.
 _TIMERS = {
     "cpu": (timer.TimerSettings(warmup=2, min_reps=5, max_reps=30, rel_ci=0.03, budget_s=0.2),
             timer.TimerSettings(warmup=1, min_reps=3, max_reps=10, rel_ci=0.05, budget_s=0.1)),
@@ -72,10 +72,12 @@ _TIMERS = {
              timer.TimerSettings(warmup=2, min_reps=5, max_reps=50, rel_ci=0.02, budget_s=0.2,
                                   mode="graph")),
 }
-_WORKING_SETS = {
-    "cpu": (tuple(2**p for p in range(18, 30)), (1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB)),
+_WORKING_SETS = {  # a 2-core CPU waits <= 90 s for the default, <= 30 s for quick (one large set: the roof)
+    "cpu": ((1 * MiB, 16 * MiB, 256 * MiB), (256 * MiB,)),
     "cuda": (tuple(2**p for p in range(18, 31)), (1 * MiB, 16 * MiB, 256 * MiB, 1 * GiB)),
 }
+_FULL_WORKING_SETS = {"cpu": tuple(2**p for p in range(18, 30)), "cuda": tuple(2**p for p in range(18, 31))}
+_DEFAULT_MS = {"cpu": (1, 4, 16, 64, 256), "cuda": DECODE_MS}
 _DEFAULT_DTYPES = {"cpu": ("bfloat16", "float32"), "cuda": ("bfloat16", "float16", "float32")}
 _SQUARE = {"cpu": ((1024, 2048), (1024,)), "cuda": ((4096, 8192), (4096,))}
 _DECODE_MODEL = {"cpu": "cpu-demo", "cuda": "llama-3.1-8b"}
@@ -132,6 +134,8 @@ class CeilingsSpec:
 
     device: str = "cpu"
     quick: bool = False
+    full: bool = False  # every working set (powers of two) and every decode M: the whole cache-to-DRAM curve
+    busy_check: bool = True  # the busy-machine reference around each group (roofline.measure.noise)
     dtypes: tuple[str, ...] | None = None  # matmul dtypes
     bandwidth_dtypes: tuple[str, ...] | None = None  # cpu: float32 (bytes are bytes); cuda: dtypes
     working_sets: tuple[int, ...] | None = None  # bytes of all buffers of a kernel
@@ -150,8 +154,10 @@ class CeilingsSpec:
         fill("dtypes", _dtypes("dtypes", self.dtypes or _DEFAULT_DTYPES[kind]))
         default_bw = ("float32",) if kind == "cpu" else self.dtypes
         fill("bandwidth_dtypes", _dtypes("bandwidth_dtypes", self.bandwidth_dtypes or default_bw))
-        fill("working_sets", _ints("working_sets", self.working_sets or
-                                   _WORKING_SETS[kind][quick], KiB))
+        if self.full and self.quick:
+            raise ConfigError("ceilings.full=true with quick=true: allowed one of them")
+        sets = _FULL_WORKING_SETS[kind] if self.full else _WORKING_SETS[kind][quick]
+        fill("working_sets", _ints("working_sets", self.working_sets or sets, KiB))
         bad_l2 = [m for m in self.l2_modes if m not in timer.L2_MODES]
         if not self.l2_modes or bad_l2:
             raise ConfigError(f"ceilings.l2_modes={list(self.l2_modes)!r}: allowed a non-empty "
@@ -162,9 +168,11 @@ class CeilingsSpec:
         fill("square_sizes", _ints("square_sizes", self.square_sizes or _SQUARE[kind][quick], 1))
         if self.decode_model is None:
             fill("decode_model", get_preset(_DECODE_MODEL[kind]))
-        ms = self.decode_ms if self.decode_ms is not None else (_QUICK_MS if quick else DECODE_MS)
+        ms = self.decode_ms if self.decode_ms is not None else (
+            _QUICK_MS if quick else DECODE_MS if self.full else _DEFAULT_MS[kind])
         fill("decode_ms", _ints("decode_ms", ms, 1) if ms else ())
-        fill("formats", tuple(parse_format(f).name for f in (_FORMATS[kind] if self.formats is None else self.formats)))
+        formats = (() if quick and kind == "cpu" else _FORMATS[kind]) if self.formats is None else self.formats
+        fill("formats", tuple(parse_format(f).name for f in formats))
         settings = self.timer or _TIMERS[kind][quick]
         if kind == "cpu" and settings.mode == "graph":
             raise ConfigError("ceilings.timer.mode='graph': CUDA-graph replay needs CUDA; "
@@ -264,9 +272,58 @@ def _pct(value: float, ceiling: float | None) -> float | None:
     return None if not ceiling else 100.0 * value / ceiling
 
 
+class _Run:
+    """What every measured group goes through: a progress bar over kernels and working sets, the
+    busy-machine check (roofline.measure.noise: a reference after each group; a busy group is
+    measured once more, and its rows marked `busy` with the reason if the machine stays busy), and
+    an atomic rewrite of ceilings.json after each group, so that a cut run keeps what it measured."""
+
+    def __init__(self, spec: "CeilingsSpec", total: int, progress: bool, checkpoint: Callable[[], None] | None,
+                 monitor=None):
+        from tqdm import tqdm
+        self.bar = tqdm(total=total, desc=f"ceilings {spec.device}", unit="set", disable=not progress,
+                        file=sys.stderr, leave=False)
+        self.checkpoint, self.busy = checkpoint, []
+        if monitor is None and spec.busy_check:
+            from roofline.measure.noise import NoiseMonitor, NoiseSettings
+            monitor = NoiseMonitor(NoiseSettings(), spec.device, log=lambda m: None)
+        self.monitor = monitor
+
+    def group(self, name: str, measure: Callable[[], list[dict]]) -> list[dict]:
+        rows = measure()
+        if self.monitor is not None:
+            c = self.monitor.check()
+            if c["busy"]:
+                self.bar.write(f"  {name}: the machine was busy ({c['why']}); measuring again", file=sys.stderr)
+                self.again = True  # the bar counts each set once
+                try:
+                    rows = measure()
+                finally:
+                    self.again = False
+                c = self.monitor.check()
+            if c["busy"]:
+                self.busy.append({"group": name, "why": c["why"]})
+                rows = [{**r, "busy": c["why"]} for r in rows]
+        return rows
+
+    again = False
+
+    def step(self, n: int = 1, what: str = "") -> None:
+        if not self.again:
+            self.bar.update(n)
+        if what:
+            self.bar.set_postfix_str(what, refresh=False)
+
+    def done_group(self) -> None:
+        if self.checkpoint is not None:
+            self.checkpoint()
+
+    def close(self) -> None:
+        self.bar.close()
+
+
 def _measure_bandwidth(spec: CeilingsSpec, cache: int, sheet: dict | None, tel: Telemetry,
-                       failures: list, log: Callable[[str], None]) -> list[dict]:
-    rows = []
+                       failures: list, log: Callable[[str], None], run: _Run, rows: list[dict]) -> list[dict]:
     dev = torch.device(spec.device)
     bw_sheet = (sheet or {}).get("mem_bw_GBps")
     for name in spec.kernels:
@@ -279,27 +336,37 @@ def _measure_bandwidth(spec: CeilingsSpec, cache: int, sheet: dict | None, tel: 
                 except Exception as e:  # wrong results: never timed
                     failures.append(_failure("check", e, kernel=name, dtype=dt))
                     log(f"  {name} {dt}: check FAILED, not timed: {e}")
+                    run.step(len(spec.working_sets))
                     continue
-                for ws in spec.working_sets:
-                    try:
-                        n = -(-ws // (_arrays(k, elem) * elem))  # footprint >= ws
-                        bufs = k.make_buffers(n, tdtype, dev)
-                        moved, footprint = k.bytes_moved(n, elem), _footprint(bufs)
-                        for l2 in spec.l2_modes:
-                            settings = dataclasses.replace(spec.timer, l2=l2, l2_bytes=cache)
-                            r = timer.time_fn(lambda: k.run(bufs), settings, dev)
-                            rows.append({
-                                "kernel": name, "variant": k.variant, "dtype": dt, "l2": l2,
-                                "working_set_bytes": footprint, "bytes_moved": moved,
-                                "t_median_s": r.median_s, "t_p10_s": r.p10_s, "t_p90_s": r.p90_s,
-                                "GBps": moved / r.median_s / 1e9,
-                                "pct_datasheet": _pct(moved / r.median_s / 1e9, bw_sheet),
-                            })
-                    except Exception as e:  # OOM, unsupported: a failure row, and go on
-                        failures.append(_failure("time", e, kernel=name, dtype=dt,
-                                                 working_set_bytes=ws))
-                    finally:
+
+                def one_group(k=k, dt=dt, tdtype=tdtype, elem=elem, name=name) -> list[dict]:
+                    out = []
+                    for ws in spec.working_sets:
                         bufs = None
+                        try:
+                            n = -(-ws // (_arrays(k, elem) * elem))  # footprint >= ws
+                            bufs = k.make_buffers(n, tdtype, dev)
+                            moved, footprint = k.bytes_moved(n, elem), _footprint(bufs)
+                            for l2 in spec.l2_modes:
+                                settings = dataclasses.replace(spec.timer, l2=l2, l2_bytes=cache)
+                                r = timer.time_fn(lambda: k.run(bufs), settings, dev)
+                                out.append({
+                                    "kernel": name, "variant": k.variant, "dtype": dt, "l2": l2,
+                                    "working_set_bytes": footprint, "bytes_moved": moved,
+                                    "t_median_s": r.median_s, "t_p10_s": r.p10_s, "t_p90_s": r.p90_s,
+                                    "GBps": moved / r.median_s / 1e9,
+                                    "pct_datasheet": _pct(moved / r.median_s / 1e9, bw_sheet),
+                                })
+                        except Exception as e:  # OOM, unsupported: a failure row, and go on
+                            failures.append(_failure("time", e, kernel=name, dtype=dt,
+                                                     working_set_bytes=ws))
+                        finally:
+                            bufs = None
+                        run.step(1, f"{name} {ws / MiB:g} MiB")
+                    return out
+
+                rows += run.group(f"{name}/{dt}", one_group)
+            run.done_group()
             log(f"  {name} {dt}: {len(spec.working_sets)} working sets x {list(spec.l2_modes)}")
     return rows
 
@@ -340,8 +407,7 @@ def _time_gemm(fn: Callable[[], torch.Tensor], a: torch.Tensor, b_kn: torch.Tens
 
 
 def _measure_matmul(spec: CeilingsSpec, cache: int, sheet: dict | None, tel: Telemetry,
-                    failures: list, log: Callable[[str], None]) -> list[dict]:
-    rows = []
+                    failures: list, log: Callable[[str], None], run: _Run, rows: list[dict]) -> list[dict]:
     dev = torch.device(spec.device)
     warm = dataclasses.replace(spec.timer, l2="warm", l2_bytes=cache)
     cold = dataclasses.replace(spec.timer, l2="cold" if "cold" in spec.l2_modes else "warm",
@@ -350,18 +416,25 @@ def _measure_matmul(spec: CeilingsSpec, cache: int, sheet: dict | None, tel: Tel
     for dt in spec.dtypes:
         tdtype = getattr(torch, dt)
         peak = ((sheet or {}).get("peak_tflops") or {}).get(dt)
-        with tel.block(f"matmul/square/{dt}"):
+
+        def squares(dt=dt, tdtype=tdtype, peak=peak) -> list[dict]:
+            out = []
             for s in spec.square_sizes:
+                a = b = c = None
                 try:
                     a, b = (torch.randn(s, s, device=dev, dtype=tdtype) for _ in range(2))
                     c = torch.empty(s, s, device=dev, dtype=tdtype)
                     t = _time_gemm(lambda: torch.matmul(a, b, out=c), a, b, warm, dev)
-                    rows.append(_gemm_row("square", f"square_{s}", dt, s, s, s, t, peak))
+                    out.append(_gemm_row("square", f"square_{s}", dt, s, s, s, t, peak))
                 except Exception as e:
                     failures.append(_failure("matmul", e, kind="square", dtype=dt, M=s, N=s, K=s))
                 finally:
                     a = b = c = None
-        with tel.block(f"matmul/decode/{dt}"):
+                run.step(1, f"matmul {dt} {s}^3")
+            return out
+
+        def decodes(dt=dt, tdtype=tdtype, peak=peak) -> list[dict]:
+            out = []
             for name, N, K in shapes:
                 w = x = None
                 for M in spec.decode_ms:
@@ -371,16 +444,25 @@ def _measure_matmul(spec: CeilingsSpec, cache: int, sheet: dict | None, tel: Tel
                         x = torch.randn(M, K, device=dev, dtype=tdtype)
                         fn = lambda: torch.nn.functional.linear(x, w)  # noqa: E731
                         t = _time_gemm(fn, x, w.t(), cold, dev)
-                        rows.append(_gemm_row("decode", name, dt, M, N, K, t, peak))
+                        out.append(_gemm_row("decode", name, dt, M, N, K, t, peak))
                     except Exception as e:
                         failures.append(_failure("matmul", e, kind="decode", name=name,
                                                  dtype=dt, M=M, N=N, K=K))
                 w = x = None
+                run.step(1, f"decode {dt} {name}")
+            return out
+
+        for kind, measure in (("square", squares), ("decode", decodes)):
+            with tel.block(f"matmul/{kind}/{dt}"):
+                rows += run.group(f"matmul/{kind}/{dt}", measure)
+            run.done_group()
         log(f"  matmul {dt}: {len(spec.square_sizes)} square, "
             f"{len(shapes)} x {len(spec.decode_ms)} decode shapes")
     for name in spec.formats:
         with tel.block(f"matmul/decode/{name}"):
             rows += _measure_format_gemms(spec, parse_format(name), shapes, cold, failures)
+        run.step(len(shapes), f"decode {name}")
+        run.done_group()
         log(f"  matmul {name}: {len(shapes)} x {len(spec.decode_ms)} decode shapes")
     return rows
 
@@ -432,7 +514,7 @@ def summarize(bandwidth: list[dict], matmul: list[dict], cache_bytes: int) -> di
     """The measured roofs. Memory: the best GB/s at working sets >= LARGE_FACTOR x cache
     (or, if a kernel's largest is smaller, at least that large), l2 cold where there are cold
     rows. Compute: the best
-    square-matmul TFLOP/s per dtype. Ridge: FLOP/B = peak FLOP/s / memory B/s."""
+    TFLOP/s per dtype of its square and decode-shaped GEMMs (`peak_from` names which). Ridge: FLOP/B = peak FLOP/s / memory B/s."""
     rows = [r for r in bandwidth if r["l2"] == "cold"] or list(bandwidth)
     largest: dict[str, int] = {}  # per kernel: its largest working set
     for r in rows:
@@ -443,10 +525,12 @@ def summarize(bandwidth: list[dict], matmul: list[dict], cache_bytes: int) -> di
     by_kernel: dict[str, float] = {}
     for r in large:
         by_kernel[r["kernel"]] = max(by_kernel.get(r["kernel"], 0.0), r["GBps"])
-    peak: dict[str, float] = {}
+    peak: dict[str, float] = {}  # the best GEMM of a dtype, square or decode-shaped (a slow square path never lowers it)
+    peak_from: dict[str, str] = {}
     for r in matmul:
-        if r["kind"] == "square":
-            peak[r["dtype"]] = max(peak.get(r["dtype"], 0.0), r["TFLOPs"])
+        if r["kind"] in ("square", "decode") and "+" not in str(r["dtype"]) and r["TFLOPs"] > peak.get(r["dtype"], 0.0):
+            peak[r["dtype"]] = r["TFLOPs"]
+            peak_from[r["dtype"]] = f"{r['kind']} {r['name']} M={r['M']}"
     bw = best["GBps"] if best else None
     decode_m1: dict[str, float] = {}  # best decode GEMM GB/s at M=1 per dtype / weight format
     for r in matmul:
@@ -457,6 +541,7 @@ def summarize(bandwidth: list[dict], matmul: list[dict], cache_bytes: int) -> di
         "mem_bw_GBps": bw,
         "mem_bw_kernel": best["kernel"] if best else None,
         "peak_tflops": peak,
+        "peak_from": peak_from,
         "ridge_measured": {d: (None if not bw else f * 1e12 / (bw * 1e9)) for d, f in peak.items()},
         "cache_bytes": cache_bytes,
         "mem_bw_working_set_bytes": best["working_set_bytes"] if best else None,
@@ -464,27 +549,47 @@ def summarize(bandwidth: list[dict], matmul: list[dict], cache_bytes: int) -> di
     }
 
 
+def _groups(spec: CeilingsSpec) -> int:
+    shapes = len(decode_gemm_shapes(spec.decode_model)) if spec.decode_ms else 0
+    return (len(spec.kernels) * len(spec.bandwidth_dtypes) * len(spec.working_sets)
+            + len(spec.dtypes) * (len(spec.square_sizes) + shapes) + len(spec.formats) * shapes)
+
+
 def measure_ceilings(spec: CeilingsSpec, log: Callable[[str], None] | None = None,
-                     context: Mapping[str, Any] | None = None) -> dict:
+                     context: Mapping[str, Any] | None = None, out_dir: str | Path | None = None,
+                     progress: bool = False) -> dict:
     """Measure everything `spec` asks for; returns the ceilings document (see SCHEMA_VERSION).
-    `context` (e.g. the command-line overrides) is recorded in the provenance."""
+    `context` (e.g. the command-line overrides) is recorded in the provenance. With `out_dir`,
+    ceilings.json there is rewritten atomically after each kernel group (summary `complete`
+    false until the end), so a run cut short keeps its copy roof; `progress`: a bar on stderr."""
     log = log or (lambda msg: None)
     sheet, _ = _datasheet(spec.device)
     cache = _cache_bytes(spec, sheet)
     tel, failures = Telemetry(spec.device), []
+    bandwidth: list[dict] = []
+    matmul: list[dict] = []
     with timer.set_threads(spec.timer.threads):
         prov = provenance.collect(spec.device)
+        prov["config"] = spec.to_dict()
+        prov.update(context or {})
+
+        def document(complete: bool) -> dict:
+            summary = summarize(bandwidth, matmul, cache)
+            summary.update(throttled=tel.throttled, llc_bytes=last_level_cache_bytes(spec.device),
+                           complete=complete, busy_machine=list(run.busy))
+            return {"schema_version": SCHEMA_VERSION, "provenance": prov, "datasheet": sheet,
+                    "bandwidth": bandwidth, "matmul": matmul, "telemetry": tel.records,
+                    "failures": failures, "summary": summary}
+
+        checkpoint = (lambda: write_ceilings(document(False), out_dir)) if out_dir is not None else None
+        run = _Run(spec, _groups(spec), progress, checkpoint)
         log(f"ceilings on {prov['device_name']} ({prov['threads']} threads), cache flush {cache / MiB:.0f} MiB")
-        bandwidth = _measure_bandwidth(spec, cache, sheet, tel, failures, log)
-        matmul = _measure_matmul(spec, cache, sheet, tel, failures, log)
-    prov["config"] = spec.to_dict()
-    prov.update(context or {})
-    summary = summarize(bandwidth, matmul, cache)
-    summary["throttled"] = tel.throttled
-    summary["llc_bytes"] = last_level_cache_bytes(spec.device)  # the real cache; cache_bytes is the flush size
-    return {"schema_version": SCHEMA_VERSION, "provenance": prov, "datasheet": sheet,
-            "bandwidth": bandwidth, "matmul": matmul, "telemetry": tel.records,
-            "failures": failures, "summary": summary}
+        try:
+            _measure_bandwidth(spec, cache, sheet, tel, failures, log, run, bandwidth)
+            _measure_matmul(spec, cache, sheet, tel, failures, log, run, matmul)
+        finally:
+            run.close()
+    return document(True)
 
 
 # --------------------------------------------------------------------------- files
@@ -550,6 +655,9 @@ def format_summary(result: dict) -> str:
             lines.append(f"  {label:<26s} decode M=1 best {gbps:.1f} GB/s (format bytes incl. scales{of})")
     if result["failures"]:
         lines.append(f"failures: {len(result['failures'])} (see ceilings.json 'failures')")
+    for b in s.get("busy_machine") or []:
+        lines.append(f"WARNING: {b['group']} was measured on a busy machine ({b['why']}), twice; its roof is "
+                     "marked busy in ceilings.json: re-measure on a quiet machine before trusting it")
     if s.get("throttled"):
         lines.append("WARNING: the device reported power/thermal throttling during the run")
     return "\n".join(lines)
@@ -558,3 +666,60 @@ def format_summary(result: dict) -> str:
 def stderr_log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
+
+
+# --------------------------------------------------------------------------- the precision a device is memory-bound in
+
+AUTO = "auto"
+
+
+def native_bf16_cpu() -> bool:
+    """This CPU multiplies bf16 natively (AVX512-BF16 or AMX tiles); else torch emulates it in fp32."""
+    cpu = getattr(torch._C, "_cpu", None)
+    return bool(cpu and (cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported()))
+
+
+def fast_mode(device: str) -> str:
+    """The forward mode that reaches the device's roof: CUDA-graph replay on CUDA; on the CPU the
+    compiled mode (frozen, prepacked GEMM weights: roofline.measure.forward.CompiledForward)
+    where Inductor has a C++ compiler, else eager."""
+    if _device_kind(device) == "cuda":
+        return "graph"
+    return "compiled" if timer._cxx_compiler() else "eager"
+
+
+def knee_tokens(doc: Mapping[str, Any]) -> dict[str, float]:
+    """Per measured dtype: the token count where a decode-shaped pass turns compute-bound, from
+    the measured ceilings: ridge (peak FLOP/s / memory B/s) over one token's intensity (2 FLOP per
+    weight / the dtype's bytes per weight) = ridge · bytes / 2."""
+    s = doc["summary"]
+    bw = s.get("mem_bw_GBps")
+    return {d: tf * 1e12 / (bw * 1e9) * dtype_bytes(d) / 2 for d, tf in (s.get("peak_tflops") or {}).items()
+            if bw and tf and d in MODEL_DTYPES}
+
+
+def choose_precision(device: str, doc: Mapping[str, Any] | None) -> tuple[str, str, str]:
+    """(dtype, mode, why) for `dtypes=[auto]`: of the dtypes the ceilings measured, the one whose
+    roofline keeps the most tokens per pass memory-bound (`knee_tokens`: the highest ridge in
+    units of one token's intensity; a tie goes to the smaller dtype, fewer bytes per step), run
+    in `fast_mode`. Without ceilings: bf16 where the device multiplies it natively (CUDA; a CPU
+    with AVX512-BF16/AMX), else float32, and the reason says it was not measured."""
+    mode = fast_mode(device)
+    knees = knee_tokens(doc) if doc else {}
+    if knees:
+        best = max(knees, key=lambda d: (round(knees[d], 6), -dtype_bytes(d)))
+        s = doc["summary"]
+        detail = "; ".join(f"{d}: roof {1e3 * s['peak_tflops'][d]:.4g} GFLOP/s, ridge "
+                           f"{s['peak_tflops'][d] * 1e3 / s['mem_bw_GBps']:.3g} FLOP/B, knee ~{k:.3g} tokens"
+                           for d, k in sorted(knees.items(), key=lambda kv: -kv[1]))
+        why = (f"dtypes=[auto] chose {best} in mode {mode}: of the measured ceilings (memory roof "
+               f"{s['mem_bw_GBps']:.4g} GB/s) it keeps the most tokens per pass memory-bound ({detail})")
+    else:
+        native = _device_kind(device) == "cuda" or native_bf16_cpu()
+        best = "bfloat16" if native else "float32"
+        why = (f"dtypes=[auto] chose {best} in mode {mode} without measured ceilings: this device "
+               + ("multiplies bf16 natively" if native else "has no native bf16 (no AVX512-BF16/AMX), so bf16 is "
+                                                            "emulated and compute-bound at a few tokens"))
+    if mode == "compiled":
+        why += "; compiled: Inductor with frozen weights (GEMMs prepacked once), one graph per token count"
+    return best, mode, why

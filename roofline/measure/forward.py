@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from typing import Any, Callable, Iterator
 
 import torch
@@ -181,3 +182,139 @@ def depth_cosine_gate(cos: float, layers: int, dtype) -> str | None:
     if not math.isfinite(cos) or cos < need:
         return f"cosine {cos:.6f} < {need:.6f} (min_cosine for {layers} layers in {dtype})"
     return None
+
+
+# --------------------------------------------------------------------------- compiled CPU forward
+
+COMPILE_RECOMPILE_LIMIT = 64  # distinct token counts (and kinds) one compiled function may hold
+
+
+class RecompileFallback(RuntimeError):
+    """torch.compile hit its recompile limit: without `fail_on_recompile_limit_hit` it would
+    run the call eagerly, silently. A CompiledForward catches it and records the fallback."""
+
+
+@contextlib.contextmanager
+def inductor_cpu(max_autotune: bool = True, recompile_limit: int = COMPILE_RECOMPILE_LIMIT) -> Iterator[None]:
+    """Inductor as a CPU forward needs it (only inside the block; compiling happens at a first call):
+    weight freezing (parameters become constants, so GEMM weights are prepacked once at compile
+    time: oneDNN/MKL packed linears, or with max_autotune the CPP micro-GEMM template in a blocked
+    layout, generated for the call's M, N, K), the recompile limit raised, and a hit of it raised
+    as an error instead of a silent eager fallback. The autotuner's benchmark tables go to
+    stderr directly (sys.stderr.write); they are kept off the console (the progress bar)."""
+    import io
+
+    import torch._dynamo.config as dynamo_config
+    import torch._inductor.config as inductor_config
+    patch = dict(freezing=True, max_autotune=max_autotune, max_autotune_report_choices_stats=False)
+    if max_autotune:
+        patch["max_autotune_gemm_backends"] = "CPP,ATEN"
+    with inductor_config.patch(patch), dynamo_config.patch(recompile_limit=recompile_limit,
+                                                           fail_on_recompile_limit_hit=True), \
+            contextlib.redirect_stderr(io.StringIO()):
+        yield
+
+
+def _graphs_compiled() -> int:
+    from torch._dynamo.utils import counters
+    return int(counters["stats"]["unique_graphs"])
+
+
+class CompiledForward:
+    """One model call `call(*args)` compiled for the CPU, one graph per shape of its tensor
+    arguments (the token count M = B·q of the GEMMs: Inductor specialises their micro-kernels
+    and blocking on it), the cache length dynamic: `start_pos` is a symbolic int
+    (`dynamic=True`, with every tensor argument marked static), so the sweep's L axis never
+    recompiles. One compiled function serves every (q, B, L) of a kind.
+
+    `prepare(*args)` compiles for those shapes (at most once per shape), checks the compiled
+    output against the eager call on the same inputs (`depth_cosine_gate`) and returns what a
+    row records: compile_s (first call, outside any timed region), compile_fallback (None, or
+    why the call runs eagerly: the recompile limit), compile_graphs (graphs compiled so far).
+    `__call__` runs the compiled call, or the eager one after a fallback.
+    """
+
+    def __init__(self, call: Callable[..., Any], layers: int, dtype, max_autotune: bool = True,
+                 recompile_limit: int = COMPILE_RECOMPILE_LIMIT):
+        self.call, self.layers, self.dtype = call, layers, dtype
+        self.max_autotune, self.recompile_limit = max_autotune, recompile_limit
+        self.compiled = torch.compile(call, dynamic=True)
+        self.shapes: dict[tuple, dict] = {}
+
+    @staticmethod
+    def _key(args) -> tuple:
+        return tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__ for a in args)
+
+    def prepare(self, *args) -> dict:
+        key = self._key(args)
+        if key in self.shapes:  # compiled for an earlier point: no new graph; graphs counted from now
+            return {**self.shapes[key], "compile_new_graph": False, "compile_graphs": _graphs_compiled()}
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                torch._dynamo.mark_static(a)
+        before, t0 = _graphs_compiled(), time.perf_counter()
+        fallback = None
+        try:
+            with torch.no_grad(), inductor_cpu(self.max_autotune, self.recompile_limit):
+                out = self.compiled(*args)
+        except Exception as e:
+            if type(e).__name__ != "FailOnRecompileLimitHit":
+                raise
+            fallback = (f"recompile limit ({self.recompile_limit} graphs) hit at shapes {key}: "
+                        "this call runs eagerly")
+            out = None
+        info = dict(compile_s=time.perf_counter() - t0, compile_fallback=fallback,
+                    compile_graphs=_graphs_compiled())
+        if out is not None:
+            with torch.no_grad():
+                ref = self.call(*args)
+            a, b = _logits(out), _logits(ref)
+            cos = torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0).item()
+            why = depth_cosine_gate(cos, self.layers, self.dtype)
+            if why:
+                raise RuntimeError(f"compiled forward differs from eager at shapes {key}: {why}")
+            info["compile_vs_eager_cosine"] = cos
+            info["compile_new_graph"] = info["compile_graphs"] > before
+        self.shapes[key] = info
+        return info
+
+    def __call__(self, *args):
+        info = self.shapes.get(self._key(args))
+        if info is None:
+            raise RuntimeError("CompiledForward: prepare() these shapes first (compiling is never timed)")
+        with torch.no_grad():
+            return self.call(*args) if info["compile_fallback"] else self.compiled(*args)
+
+
+def _logits(out) -> torch.Tensor:
+    return (out[0] if isinstance(out, tuple) else out).float()
+
+
+class CompiledCall:
+    """A sweep point's call through its kind's CompiledForward: `prepare()` compiles (once per
+    shape) and checks it; calling runs it; `eager` is the plain call (attention backend probe)."""
+
+    def __init__(self, forward: CompiledForward, args: tuple, eager: Callable[[], Any]):
+        self.forward, self.args, self.eager = forward, args, eager
+
+    def prepare(self) -> dict:
+        return self.forward.prepare(*self.args)
+
+    def graphs_now(self) -> int:
+        return _graphs_compiled()
+
+    def __call__(self):
+        return self.forward(*self.args)
+
+
+def compiled_calls(model, layers: int, dtype, max_autotune: bool = True) -> dict[str, CompiledForward]:
+    """The compiled forward and MTP calls of one built model (the CPU's compiled mode). Dynamo's
+    caches are reset first: graphs of a previous model (another dtype or build) are dropped, so
+    they neither count against the recompile limit nor guard this model's calls."""
+    from roofline.measure.timer import CompileUnsupported, _cxx_compiler
+    if _cxx_compiler() is None:
+        raise CompileUnsupported("mode 'compiled': torch.compile (Inductor) on the CPU needs a C++ compiler "
+                                 "(none of $CXX, c++, g++, clang++ is on PATH); use modes eager")
+    torch._dynamo.reset()
+    return {"forward": CompiledForward(lambda t, s: model(t, s), layers, dtype, max_autotune),
+            "mtp": CompiledForward(lambda h, t, s: model.mtp_forward(h, t, s), 1, dtype, max_autotune)}

@@ -45,11 +45,12 @@ from roofline.model.config import ModelConfig
 from roofline.model.decoder import build_model
 from roofline.measure import slicing
 from roofline.measure.devices import parse_device, running_device_name, spec_for_running_device
-from roofline.measure.forward import (MATH_FALLBACK, count_kernels, depth_cosine_gate, eager_attention_backend,
-                                      is_math_fallback)
+from roofline.measure.forward import (MATH_FALLBACK, CompiledCall, compiled_calls, count_kernels, depth_cosine_gate,
+                                      eager_attention_backend, is_math_fallback)
 from roofline.measure.noise import NoiseMonitor, NoiseSettings
 from roofline.measure.telemetry import energy_per_token, nvml_index
 from roofline.measure.timer import MODES, TimerSettings, time_fn
+from roofline.measure.ceilings import AUTO
 from roofline.parallel.layout import Layout
 
 KINDS = ("forward", "mtp")
@@ -73,6 +74,8 @@ class SweepSpec:
     out_dir: str = ""
     overrides: tuple[str, ...] = ()
     parallel: Layout = field(default_factory=Layout)  # tp/ep > 1: ranks of torch.distributed (roofline.parallel.runner)
+    pairs: tuple[tuple[str, str], ...] = ()  # (dtype, mode) measured, replacing dtypes x modes (dtypes=[auto] resolved)
+    auto_choice: str = ""  # why dtypes=[auto] became what it did (console, run.json, report)
 
     def __post_init__(self) -> None:
         for name in GRID_AXES:  # a value given twice is one grid value (one point, one row)
@@ -93,10 +96,13 @@ class SweepSpec:
             raise ConfigError(f"L={max(self.L)} + q={max(self.q + self.mtp_q)}: exceeds model.max_context="
                               f"{cfg.max_context} of {cfg.name!r}; allowed L + q <= {cfg.max_context}")
         for d in self.dtypes:
-            parse_precision(d)
-        bad = [m for m in self.modes if m not in MODES]
+            if d != AUTO:
+                parse_precision(d)
+        bad = [m for m in self.modes if m not in MODES + (AUTO,)]
         if bad:
-            raise ConfigError(f"modes={bad}: allowed {MODES}")
+            raise ConfigError(f"modes={bad}: allowed {MODES + (AUTO,)}")
+        if AUTO in self.dtypes and self.parallel.devices > 1:
+            raise ConfigError("dtypes=['auto'] with tp/ep > 1: name the dtype (e.g. dtypes=[bfloat16])")
         dev = parse_device(self.device, need_available=False)
         if "graph" in self.modes and dev.type != "cuda":
             raise ConfigError(f"modes=['graph']: CUDA-graph replay needs device=cuda, got device={self.device!r}")
@@ -122,7 +128,9 @@ class SweepSpec:
         """What changes the numbers (not where they are written): the request, the code
         version, torch and the device."""
         d = dataclasses.asdict(self)
-        d.pop("out_dir"), d.pop("overrides"), d.pop("ceilings")
+        d.pop("out_dir"), d.pop("overrides"), d.pop("ceilings"), d.pop("auto_choice")
+        if not d["pairs"]:
+            d.pop("pairs")
         d = json.loads(json.dumps(d, default=str))
         d.update(code_version=provenance.code_version(), torch_version=torch.__version__,
                  device_name=spec_device_name(self.device))
@@ -159,7 +167,8 @@ def grid(spec: SweepSpec) -> list[Point]:
     point once (two spellings of one dtype, bf16 and bfloat16, are one point)."""
     pts = []
     for dtype, depth in itertools.product(spec.dtypes, layer_depths(spec)):
-        for mode, B, L in itertools.product(spec.modes, spec.B, spec.L):
+        modes = [m for d, m in spec.pairs if d == dtype] if spec.pairs else spec.modes
+        for mode, B, L in itertools.product(modes, spec.B, spec.L):
             label = parse_precision(dtype).label
             pts += [Point("forward", label, mode, q, B, L, depth) for q in spec.q]
             if spec.model.mtp_layers:
@@ -203,6 +212,8 @@ class _Workload:
         max_batch = max_batch or max(spec.B)
         max_ctx = max_ctx or max(spec.L) + max(spec.q + spec.mtp_q)
         cfg = spec.model.scaled(layers=depth)
+        if mode == "compiled" and parse_device(spec.device).type == "cpu":  # one spare position: a call that ends
+            max_ctx = min(max_ctx + 1, cfg.max_context)  # at the cache's last one guards (and recompiles) apart
         self.cfg, self.spec, self.dtype, self.mode = cfg, spec, dtype, mode
         self.moe_impl = _moe_impl(mode)
         self.max_batch = max_batch
@@ -210,6 +221,8 @@ class _Workload:
         from roofline.model.quant import require_fast
         require_fast(self.model, dtype, spec.device)  # a dequantise-then-matmul is never timed as its format
         self.gen = torch.Generator(device=spec.device).manual_seed(spec.seed)
+        self.compiled = compiled_calls(self.model, cfg.layers, dtype) if mode == "compiled" and \
+            parse_device(spec.device).type == "cpu" else None
 
     def build(self, max_ctx: int):
         spec, cfg = self.spec, self.cfg
@@ -240,11 +253,15 @@ class _Workload:
             fn = lambda: m(tokens, start, kv_len=kv_len)
             cost = lambda touched: forward_cost(self.cfg, self.dtype, p.B, p.q, p.L, kv_len, self.moe_impl, touched,
                                                 kvcache.impl(m))
+            args = (tokens, start)
         else:
             hidden = torch.randn(p.B, p.q, self.cfg.d, generator=self.gen, device=dev).to(m.embed.weight.dtype)
             fn = lambda: m.mtp_forward(hidden, tokens, start, kv_len=kv_len)
             cost = lambda touched: mtp_cost(self.cfg, self.dtype, p.B, p.q, p.L, kv_len, self.moe_impl, touched,
                                             kvcache.impl(m))
+            args = (hidden, tokens, start)
+        if self.compiled is not None:  # the CPU's compiled mode: this kind's function, compiled per M
+            fn = CompiledCall(self.compiled[p.kind], args, fn)
         return fn, cost
 
     def check(self) -> None:
@@ -266,7 +283,8 @@ class _Workload:
 def _measure(w: _Workload, p: Point, timer: TimerSettings) -> dict:
     w.fill_cache(p.L)
     fn, cost_of = w.callable_for(p)
-    backend = eager_attention_backend(fn)  # one eager call: which SDPA kernel each layer selects
+    backend = eager_attention_backend(getattr(fn, "eager", fn))  # one eager call: which SDPA kernel each layer selects
+    compiled = fn.prepare() if isinstance(fn, CompiledCall) else {}  # compiled and checked, outside the timing
     mask = w.model.last_mask_bytes
     # kernels per forward, profiled once outside the reps (graph mode replays the eager kernels)
     # and the energy per token from NVML's counter on the warmed-up step ('n/a (no NVML on cpu)' on the CPU)
@@ -275,12 +293,15 @@ def _measure(w: _Workload, p: Point, timer: TimerSettings) -> dict:
     probe = lambda target: {**count_kernels(fn if p.mode == "graph" else target, w.spec.device),  # noqa: E731
                             "energy_J_per_token": energy_per_token(target, idx, p.B * p.q, sync)}
     skips = _cudagraph_skips()
-    t = time_fn(fn, dataclasses.replace(timer, mode=p.mode), w.spec.device, probe=probe)
+    t = time_fn(fn, dataclasses.replace(timer, mode="eager" if compiled else p.mode), w.spec.device, probe=probe)
     touched = None
     if w.cfg.is_moe and w.moe_impl == "touched":
         touched = w.model.last_experts_touched(p.kind)
     c = dataclasses.replace(cost_of(touched), mask_bytes=mask)
     row = t.to_row()
+    if compiled:
+        row.update(compiled, t_mode="eager (recompile-limit fallback)" if compiled["compile_fallback"] else "compiled",
+                   compile_recompiled_while_timed=fn.graphs_now() > compiled["compile_graphs"])
     row.update(c.as_row())
     seen = t.probe.pop("kernel_attn_backend")
     row.update(t.probe, attn_backend=seen or backend)
@@ -506,6 +527,8 @@ def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
     the busy-machine check (roofline.measure.noise; None: off). Bad input
     (a device that is not here, a ceilings file of another device, a folder of another sweep)
     is refused before anything is written; see roofline.io.runfolder for the folder's lock and resume."""
+    if AUTO not in spec.dtypes:
+        spec, _ = resolve_auto(spec, Path(run_dir))  # modes=[auto] -> eager; nothing measured
     if workload is None and spec.parallel.devices > 1:
         from roofline.parallel.runner import run_parallel_sweep
         return run_parallel_sweep(spec, run_dir, progress, force=force, extend=extend, retry_failed=retry_failed)
@@ -520,7 +543,42 @@ def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
                            noise)
 
 
+def resolve_auto(spec: SweepSpec, run_dir: Path, log=None, measure: bool = True) -> tuple[SweepSpec, dict | None]:
+    """dtypes=[auto] (and modes=[auto]) made concrete from this device's measured ceilings
+    (roofline.measure.ceilings.choose_precision; a quick set is measured first when the sweep has
+    none): the auto dtype in its fast mode, a named dtype eager (modes=[auto]) or in the modes
+    given. Returns the resolved spec and the quick ceilings measured for it (None if none were)."""
+    from roofline.measure.ceilings import CeilingsSpec, choose_precision, measure_ceilings
+    if AUTO not in spec.dtypes:  # modes=[auto] for named dtypes: eager (as before auto existed)
+        modes = tuple(dict.fromkeys("eager" if m == AUTO else m for m in spec.modes))
+        return (dataclasses.replace(spec, modes=modes) if modes != spec.modes else spec), None
+    fresh = None
+    if AUTO in spec.dtypes:
+        doc = _ceilings_for(spec, run_dir) if spec.ceilings else None
+        if doc is None and measure:
+            fresh = doc = measure_ceilings(CeilingsSpec(device=spec.device, quick=True))
+        dtype, mode, why = choose_precision(spec.device, doc)
+    else:
+        dtype, mode, why = None, "eager", ""
+    explicit = [m for m in spec.modes if m != AUTO]
+    pairs, dtypes = [], []
+    for d in spec.dtypes:
+        label = dtype if d == AUTO else d
+        if label not in dtypes:
+            dtypes.append(label)
+        for m in (explicit or []) + ([mode if d == AUTO else "eager"] if AUTO in spec.modes else []):
+            if (label, m) not in pairs:
+                pairs.append((label, m))
+    if log and why:
+        log(why)
+    out = dataclasses.replace(spec, dtypes=tuple(dtypes), modes=tuple(sorted({m for _, m in pairs})),
+                              pairs=tuple(pairs), auto_choice=why,
+                              ceilings=spec.ceilings or ("quick" if fresh is not None else ""))
+    return out, fresh
+
+
 def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t0, workload, noise=None) -> dict:
+    spec, fresh = resolve_auto(spec, run_dir, log=lambda m: print(m, file=sys.stderr, flush=True))
     spec = prepare_run_dir(spec, run_dir, force, extend)
     resumed = runfolder.load_points(run_dir, runfolder.TRANSIENT if retry_failed else ())
     done = {r["point_id"] for r in resumed.rows}
@@ -531,7 +589,7 @@ def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t
     measured = _ceilings_for(spec, run_dir)
     if spec.ceilings == "quick" and measured is None:  # measure a quick set into the run folder, once
         from roofline.measure.ceilings import CeilingsSpec, measure_ceilings, write_ceilings
-        measured = measure_ceilings(CeilingsSpec(device=spec.device, quick=True))
+        measured = fresh if fresh is not None else measure_ceilings(CeilingsSpec(device=spec.device, quick=True))
         write_ceilings(measured, run_dir)
     bar = tqdm(total=len(points), initial=len(points) - len(todo), desc=f"sweep {spec.model.name}",
                unit="pt", disable=not progress, file=sys.stderr)
@@ -670,6 +728,7 @@ def point_seconds(step_s: float, t: TimerSettings) -> float:
 def dry_run(spec: SweepSpec, run_dir: Path, force: bool = False, extend: bool = False) -> str:
     """What a sweep would do, measuring and writing nothing: the expanded grid, each point's
     memory fit against what the device can give now, and an upper bound on the time."""
+    spec, _ = resolve_auto(spec, run_dir, measure=False)  # without ceilings: the device's flags decide
     spec, old, _ = check_run_dir(spec, run_dir, force, extend)  # refused here as the real command refuses it
     pts = grid(spec)
     done = set()

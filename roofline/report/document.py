@@ -20,7 +20,7 @@ import pandas as pd
 
 from roofline.analysis import quality
 from roofline.analysis.roofs import dtype_table, roofs_for
-from roofline.report import plots
+from roofline.report import plots, regime
 from roofline.io.fields import ConfigError
 from roofline.io.results import load_run
 from roofline.measure.devices import DeviceSpec, detect
@@ -203,9 +203,12 @@ def build_blocks(run_dir: Path, df, ceilings, run, spec, figures: plots.FigureSe
     [blocks folded under it]), ("toc",) (the contents, filled in by render_md)."""
     n_ok = int((df["status"] == "ok").sum())
     models = ", ".join(plots._values(df, "model")) or "?"
-    warnings = quality.run_warnings(run_dir, df)
+    warnings = regime.roof_violations(df) + regime.ceilings_warnings(ceilings) + quality.run_warnings(run_dir, df)
     b: list[tuple] = [("h", 1, f"Roofline report: {run_dir.name}"),
                       ("p", f"**Key figure:** {quality.key_figure(df, ceilings)}."),
+                      *[("p", f"**Regime:** {line}.") for line in regime.headline(df)],
+                      *[("p", f"**Decode:** {line}.") for line in regime.decode_notes(df, ceilings)],
+                      *[("p", f"**Precision and mode:** {why}") for why in _auto_choice(run)],
                       ("toc",),
                       ("h", 2, "Warnings"),
                       ("md", "\n".join(f"- {w}" for w in warnings)) if warnings
@@ -242,6 +245,12 @@ def build_blocks(run_dir: Path, df, ceilings, run, spec, figures: plots.FigureSe
                     f"timed repetitions, in ms. p99 / p50: median {tail.median():.3g}, worst {tail.max():.3g}."
                     if tail.notna().any() else "Every ok full-depth point's step time percentiles, in ms."),
               ("details", f"The {len(pt)} points", [("table", pt)])]
+    knees = regime.knee_table(df)
+    if not knees.empty:
+        b += [("h", 2, "The knee: predicted by the ceilings, measured"),
+              ("p", "Where verification stops being free, per (dtype, mode, B, L): the knee predicted by the measured "
+                    "ceilings (ridge / intensity of the q=1 pass, tokens per sequence) beside the knee of the measured "
+                    "T(q)/T(1) (hinge fit); ratio_at_probe = T(probe_q)/T(1)."), ("table", knees.round(3))]
     b.append(("h", 2, "Ceilings: measured vs datasheet"))
     if ceilings is None:
         b.append(("p", "No ceilings.json in this run folder: no measured ceilings (run roofline.measure.ceilings on the "
@@ -261,6 +270,12 @@ def build_blocks(run_dir: Path, df, ceilings, run, spec, figures: plots.FigureSe
     for extra in sorted(run_dir.glob("report_*.md")):
         b.append(("md", extra.read_text()))
     return b
+
+
+def _auto_choice(run: dict | None) -> list[str]:
+    """Why the sweep ran the precision and mode it did (dtypes=[auto]: run.json's spec.auto_choice)."""
+    why = ((run or {}).get("spec") or {}).get("auto_choice") or ""
+    return [why] if why else []
 
 
 def md_table(frame: pd.DataFrame) -> str:

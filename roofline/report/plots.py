@@ -28,7 +28,7 @@ from matplotlib.lines import Line2D
 from roofline.analysis.roofs import predict_step_time, ridge_point, roofs_for
 from roofline.measure.devices import DeviceSpec
 from roofline.model.dtypes import datasheet_column
-from roofline.report import figures
+from roofline.report import figures, regime
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ def build_roofline(df: pd.DataFrame, ceilings: dict | None, spec: DeviceSpec | N
     return built
 
 
-# ---- step time vs q: "guessing is free" ------------------------------------------------
+# ---- step time vs q: is guessing free here? -------------------------------------------------
 
 def _ok_forward(df: pd.DataFrame) -> pd.DataFrame:
     ok = ok_rows(df)
@@ -216,7 +216,7 @@ def build_step_time_vs_q(df: pd.DataFrame, ceilings: dict | None, spec: DeviceSp
         if bw:
             handles.append(Line2D([], [], ls="--", color="0.4", lw=1, label=PREDICTION_LABEL))
         ax_t.legend(handles=handles, fontsize=7, loc="upper left", title=", ".join(cols), title_fontsize=7)
-        fig.suptitle(f"Guessing is free: {short} forward step time vs tokens per pass")
+        fig.suptitle(regime.short_title(rows, short), fontsize=9)  # what the data say, not a fixed claim
         built[f"step_time_vs_q_{short}"] = _finish(fig, footer_text(rows, ceilings, dtype))
     return built
 

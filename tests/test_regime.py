@@ -1,0 +1,61 @@
+"""The report says what the data say: predicted and measured knee, the regime, roofs exceeded."""
+
+import math
+
+import pandas as pd
+import pytest
+
+from roofline.report import regime
+
+
+def rows(ratio, ridge=20.0, i1=1.0, dtype="float32", mode="compiled", B=1, L=128, qs=(1, 2, 4, 8, 16, 32, 64)):
+    return pd.DataFrame([dict(point_id=f"forward|{dtype}|{mode}|q{q}|B{B}|L{L}|l2", status="ok", kind="forward",
+                              dtype=dtype, mode=mode, q=q, B=B, L=L, t_median_s=0.01 * ratio(q),
+                              ridge_measured=ridge, intensity=i1 * q, layers_run=2, layers_full=2) for q in qs])
+
+
+def test_a_hinge_curve_gives_its_knee_back():
+    t = regime.knee_table(rows(lambda q: max(1.0, q / 12.0)))
+    r = t.iloc[0]
+    assert r["knee_measured"] == pytest.approx(12, rel=0.05)
+    assert r["knee_predicted"] == pytest.approx(20)  # ridge 20 / I(1) 1
+    assert r["regime"].startswith("memory-bound") and r["ratio_at_probe"] == 1.0
+
+
+def test_a_flat_curve_has_its_knee_beyond_the_grid():
+    t = regime.knee_table(rows(lambda q: 1.0 + 0.01 * (q % 3 == 0)))
+    assert math.isinf(t.iloc[0]["knee_measured"])
+    assert "> 64" in regime.sentence(t.iloc[0].to_dict())
+
+
+def test_a_compute_bound_run_says_so_in_headline_and_title():
+    df = rows(lambda q: q ** 0.9, ridge=2.0, dtype="bfloat16", mode="eager")
+    line = regime.headline(df)[0]
+    assert "compute-bound" in line and "not free" in line
+    assert "compute-bound" in regime.short_title(df, "bf16") and "free" not in regime.short_title(df, "bf16").split(":")[1][:5]
+    flat = regime.short_title(rows(lambda q: 1.0), "fp32")
+    assert "nearly free" in flat
+
+
+def test_both_regimes_side_by_side():
+    df = pd.concat([rows(lambda q: max(1.0, q / 12.0)), rows(lambda q: q ** 0.9, dtype="bfloat16", mode="eager")])
+    lines = regime.headline(df)
+    assert len(lines) == 2 and any("nearly free" in x for x in lines) and any("compute-bound" in x for x in lines)
+
+
+def test_a_point_above_the_measured_roof_is_named():
+    df = rows(lambda q: 1.0).assign(pct_measured_bw=[50, 60, 70, 80, 90, 100, 140], ceiling_bw_GBps=10.0)
+    (w,) = regime.roof_violations(df)
+    assert "memory roof (10 GB/s" in w and "q64" in w and "140%" in w
+    assert regime.roof_violations(df.assign(pct_measured_bw=99.0)) == []
+
+
+def test_decode_below_the_target_names_the_kernel_measured():
+    df = rows(lambda q: 1.0).assign(achieved_GBps=5.0)
+    ceil = {"summary": {"mem_bw_GBps": 30.0, "mem_bw_by_kernel": {"torch_read": 20.0},
+                        "decode_m1_GBps": {"float32": 8.0}}}
+    (line,) = regime.decode_notes(df, ceil)
+    assert "25% of the measured read bandwidth (20 GB/s" in line  # the read kernel, not the best of all
+    assert "M=1 GEMM kernel itself is below the target" in line and "reach 8 GB/s (40%)" in line
+    (fast,) = regime.decode_notes(df.assign(achieved_GBps=17.0), ceil)
+    assert "85%" in fast and "below" not in fast
