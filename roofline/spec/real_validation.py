@@ -62,6 +62,9 @@ class RealValSpec:
     seed: int = 0
     timer: TimerSettings = field(default_factory=lambda: TimerSettings(warmup=2, min_reps=5, max_reps=30,
                                                                        rel_ci=0.03, budget_s=0.5))
+    # the step-time sweeps' busy-machine check (roofline.measure.noise): on by default; a points-light
+    # sweep on a loaded machine can lose too many points to it for a fit, so a logic test turns it off
+    noise_check: bool = True
 
     def __post_init__(self) -> None:
         bad = set(self.drafters) - set(DRAFTERS)
@@ -98,7 +101,7 @@ def _sweep_fit(cfg, spec: RealValSpec, Ls: tuple[int, ...], run_dir: Path, mtp: 
     q = tuple(range(1, max(spec.ks) + 2))
     sweep = SweepSpec(model=cfg, q=q, B=spec.Bs, L=Ls, dtypes=(spec.dtype,), timer=spec.timer, device=spec.device,
                       mtp_q=tuple(sorted({1, *(k + 1 for k in spec.ks)})) if mtp else (1,), seed=spec.seed)
-    run_sweep(sweep, run_dir, progress=False)
+    run_sweep(sweep, run_dir, progress=False, **({} if spec.noise_check else dict(noise=None)))
     return sections.fit_and_report(run_dir)[0]
 
 
