@@ -56,8 +56,12 @@ def setup(extra: str = "test") -> None:
     if not PY.exists():
         venv.create(VENV, with_pip=True)
         run(PY, "-m", "pip", "install", "-q", "--upgrade", "pip")
-    cpu = ("-r", CPU_REQUIREMENTS) if shutil.which("nvidia-smi") is None else ()
-    run(PY, "-m", "pip", "install", "-q", *cpu, "-e", f".[{extra}]" if extra else ".")
+    if shutil.which("nvidia-smi") is None:
+        # torch alone through its CPU index (--no-deps: every other package, torch's own
+        # dependencies included, is resolved by the next call from the default index only, so
+        # an unreachable CPU index costs one look-up, not one per package)
+        run(PY, "-m", "pip", "install", "-q", "--retries", "1", "--no-deps", "-r", CPU_REQUIREMENTS)
+    run(PY, "-m", "pip", "install", "-q", "-e", f".[{extra}]" if extra else ".")
     stamp.touch()
 
 
