@@ -120,5 +120,6 @@ def test_dry_run_prints_grid_memory_and_time_and_writes_nothing(tmp_path, monkey
     assert "nothing measured or written" in lines[0] and "q=[1, 2], B=[1, 64], L=[8]" in lines[1]
     assert "6 points" in lines[2] and "3 too big for test memory" in lines[2]  # forward q=1,2 and mtp q=1, at B=1, 64
     assert sum("TOO BIG" in l and "B64" in l for l in lines) == 3 and sum("fits (build 1)" in l for l in lines) == 3
-    assert lines[-1].startswith("time: at most 6 points x timer.budget_s 0.02 s")
+    assert lines[-1].startswith("time: about ") and "for the 6 points to measure" in lines[-1]
+    assert "1 warm-up passes" in lines[-1] and "timer.budget_s 0.02" in lines[-1]
     assert not (tmp_path / "run").exists()
