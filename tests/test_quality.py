@@ -91,7 +91,9 @@ def test_the_report_opens_with_the_key_figure_and_a_warnings_block(tmp_path):
     md, html = write_report(run)
     lines = [l for l in md.read_text().splitlines() if l.strip()]
     assert lines[1].startswith("**Key figure:** decode (q=1) reaches") and "% of the measured memory roof" in lines[1]
-    assert lines[2] == "## Warnings" and "did not converge" in lines[3]
+    w = lines.index("## Warnings")  # after the headline paragraphs (key figure, regime, decode) and the contents
+    assert all(l.startswith(("**", "- [")) for l in lines[1:w]) and "did not converge" in lines[w + 1]
+    assert lines[lines.index("**Contents**") + 1] == "- [Warnings](#warnings)"  # the first section
     assert "<h2>Warnings</h2>" in html.read_text()
 
 
