@@ -59,8 +59,8 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
               if isinstance(v, dict) and isinstance(v.get("latency_us"), (list, dict)) and not link.endswith("_large")}
         graphs = e["cuda_graphs"]
         graphs = graphs.get("value") if isinstance(graphs, dict) else graphs
-        if not isinstance(graphs, bool):  # a profile that states no boolean: priced as graph replay only if it says so
-            graphs = "like a cuda graph" in str(graphs).lower()
+        if not isinstance(graphs, bool):
+            raise ConfigError(f"{f}.cuda_graphs: {graphs!r} is not true or false")
         per_layer = e.get("per_layer_us")
         if isinstance(per_layer, dict) and per_layer.get("values") is None:
             per_layer = None
