@@ -22,6 +22,7 @@ from roofline.io.results import RUNS_ROOT
 from roofline.measure import devices
 from roofline.measure.memory import TooBig
 from roofline.io.fields import ConfigError
+from roofline.io.runfolder import Signals
 
 JOB_FILE = "job.json"
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -111,6 +112,11 @@ def _one_line(e: BaseException) -> str:
     return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
+class _Saved:
+    """What a command has saved so far (its summary dict), for the message of a late interrupt."""
+    summary: dict | None = None
+
+
 @contextmanager
 def fail_fast():
     """Bad input exits 2 with the library's message (it names the field and the allowed values);
@@ -118,11 +124,18 @@ def fail_fast():
     Ctrl-C says what was saved and exits 130.
 
     In a multirun a failed job records its error in its job.json and returns, so the other
-    jobs run and the aggregation callback sees every job (and then exits non-zero)."""
+    jobs run and the aggregation callback sees every job (and then exits non-zero).
+
+    SIGINT and SIGTERM are handled for the whole command, not only while points are measured: a
+    signal that lands after the last point (while the summary or the report is written) still
+    exits 128 + signum and says what was saved. A command that has its summary sets
+    `done.summary`, and an interrupt after that point reports it."""
+    done = _Saved()
     try:
-        yield
+        with Signals():
+            yield done
     except KeyboardInterrupt as e:
-        saved = getattr(e, "summary", None)
+        saved = getattr(e, "summary", None) or done.summary
         signum = getattr(e, "signum", INTERRUPTED - 128)
         name = signal.Signals(signum).name
         print(f"interrupted: {saved['ok'] + saved['failed']} points saved in {saved['run_dir']} ({name}); the "

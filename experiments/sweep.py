@@ -38,7 +38,7 @@ def build_spec(c: dict) -> SweepSpec:
 
 @command("sweep")
 def main(cfg) -> None:
-    with fail_fast():
+    with fail_fast() as done:
         c = plain(cfg, device_as="torch")
         spec = build_spec(c)
         run_dir = Path(c["out_dir"]) if c["out_dir"] else spec.default_out_dir(RUNS_ROOT)
@@ -52,6 +52,7 @@ def main(cfg) -> None:
                             noise=NoiseSettings(**noise) if c["noise"]["enabled"] else None)
         if summary is None:  # a follower rank of a torchrun / srun launch: rank 0 reports
             return
+        done.summary = summary  # a signal from here on still says what was saved
         print(summary_text(run_dir))
         job_dir(dict(status="ok", **summary))
         print(json.dumps(summary))

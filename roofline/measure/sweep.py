@@ -669,14 +669,14 @@ def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t
                     del w
                 if parse_device(spec.device).type == "cuda":
                     torch.cuda.empty_cache()
+            bar.close()  # the monitor's last verdicts and the summary are inside: a signal there still reports
+            quiet = monitor.finish(run_dir) if monitor else {}
+            return _summarize(spec, run_dir, measured, points, todo, new, resumed, t0, quiet)
     except KeyboardInterrupt as e:
         with runfolder.Signals.ignored():  # a second signal (a forwarded one) must not cut the summary
             bar.close()
             summary = _summarize(spec, run_dir, measured, points, todo, new, resumed, t0)
         raise SweepInterrupted(summary, getattr(e, "signum", signal.SIGINT)) from None
-    bar.close()
-    quiet = monitor.finish(run_dir) if monitor else {}
-    return _summarize(spec, run_dir, measured, points, todo, new, resumed, t0, quiet)
 
 
 def _with_samples(base: dict, measured: tuple[dict, list | None]) -> dict:
