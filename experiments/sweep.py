@@ -42,14 +42,15 @@ def main(cfg) -> None:
         c = plain(cfg, device_as="torch")
         spec = build_spec(c)
         run_dir = Path(c["out_dir"]) if c["out_dir"] else spec.default_out_dir(RUNS_ROOT)
+        noise = {k: v for k, v in c["noise"].items() if k != "enabled"}
+        noise = NoiseSettings(**noise) if c["noise"]["enabled"] else None  # checked in a dry run too
         if c["dry_run"]:
             print(dry_run(spec, run_dir, force=c["force"], extend=c["extend"]))
             job_dir(dict(status="ok", dry_run=True))
             return
-        noise = {k: v for k, v in c["noise"].items() if k != "enabled"}
         summary = run_sweep(spec, run_dir, progress=c["progress"], force=c["force"], extend=c["extend"],
                             retry_failed=c["retry_failed"],
-                            noise=NoiseSettings(**noise) if c["noise"]["enabled"] else None)
+                            noise=noise)
         if summary is None:  # a follower rank of a torchrun / srun launch: rank 0 reports
             return
         done.summary = summary  # a signal from here on still says what was saved

@@ -202,3 +202,25 @@ def test_the_cuda_reference_reads_past_the_l2_and_is_timed_on_the_device():
     assert ref.nbytes >= CUDA_L2_MULTIPLE * l2 and ref.buf.is_cuda
     seconds, share = ref()
     assert share == 1.0 and ref.nbytes / seconds / 1e9 > 100  # an HBM read, not a host round trip
+
+
+@pytest.mark.parametrize("field, value", [("every", 0), ("retries", -1), ("max_cv", -1.0), ("max_cv", 0),
+                                          ("min_cpu_share", 2), ("every", 2.5), ("every", True),
+                                          ("settle_s", float("nan")), ("ref_reps", 0)])
+def test_noise_settings_refuse_values_that_would_run_without_meaning(field, value):
+    """N11: noise.every=0, retries=-1, max_cv=-1, min_cpu_share=2 used to run without a word."""
+    from roofline.io.fields import ConfigError
+    with pytest.raises(ConfigError, match=rf"noise\.{field}="):
+        NoiseSettings(**{field: value})
+
+
+def test_noise_settings_defaults_and_edges_are_accepted():
+    NoiseSettings()
+    NoiseSettings(every=1, retries=0, give_up=0, min_cpu_share=1.0, settle_s=0.0)
+
+
+def test_a_dry_run_checks_the_noise_settings_too():
+    """N11's reproduction was a dry run: it exited 0 with noise.every=0."""
+    p = subprocess.run([sys.executable, "-m", "experiments.sweep", "model=tiny", "q=[1]", "B=[1]", "L=[16]",
+                        "noise.every=0", "dry_run=true"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "noise.every=0" in p.stderr, p.stderr[-500:]

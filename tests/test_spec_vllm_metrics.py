@@ -194,3 +194,28 @@ def test_a_gap_in_positions_is_an_error():
 def test_a_malformed_line_names_its_line_number():
     with pytest.raises(SpecDecodeMetricsError, match="line 2"):
         parse_spec_decode('# ok\nvllm:spec_decode_num_drafts_total{engine="0" 5\n')
+
+
+@pytest.mark.parametrize("engine, says", [
+    ((300, 300, 3000, (300, 300, 300)), "more tokens accepted than drafted"),  # N13's accepted 3000 > drafted 300
+    ((100, 300, 250, (90, 80, 60)), "sums to 230"),                              # per-position sum != total
+    ((100, 300, 200, (60, 80, 60)), "position=1}=80 > position 0's 60"),        # grows with the position
+    ((100, 400, 200, (90, 70, 40)), "more draft tokens than rounds of k"),       # 400 > 100 x 3
+    ((50, 150, 150, (60, 50, 40)), "more first drafts accepted than drafted"),   # position 0 above drafts
+    ((int(1e300), 300, 200, (90, 70, 40)), "above 2**53"),                       # no server drafted 1e300 times
+])
+def test_counters_no_server_can_produce_are_refused_naming_the_counter(engine, says):
+    with pytest.raises(SpecDecodeMetricsError, match=r"vllm:spec_decode|2\*\*53") as e:
+        parse_spec_decode(_dump(engine, (0, 0, 0, (0, 0, 0))))
+    assert says in str(e.value)
+
+
+def test_a_diff_that_no_server_can_produce_is_refused():
+    later = _dump((1000, 3000, 1950, (850, 640, 460)), (600, 1800, 1110, (500, 360, 250)))
+    earlier = _dump((200, 600, 390, (170, 128, 92)), (100, 300, 185, (84, 60, 41)))
+    assert diff(earlier, later).accepted_tokens == 1950 + 1110 - 390 - 185
+    swapped_positions = parse_spec_decode(earlier)
+    odd = AcceptanceCounters(swapped_positions.drafts, swapped_positions.draft_tokens,
+                             swapped_positions.accepted_tokens, (0, 0, 0))
+    with pytest.raises(SpecDecodeMetricsError, match="sums to"):
+        diff(odd, later)

@@ -44,3 +44,20 @@ def from_dict(cls: type[T], raw: Mapping[str, Any], where: str, *, drop_none: bo
         kw = {k: tuple(v) if isinstance(v, list) else v for k, v in kw.items()}
     kw.update(replace)
     return cls(**kw)
+
+
+def check_int(name: str, v: Any, lo: int, hi: int | None = None) -> None:
+    """`name`=v must be an integer (a bool is not one) in [lo, hi]; ConfigError naming it otherwise."""
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
+        span = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise ConfigError(f"{name}={v!r}: allowed integers {span}")
+
+
+def check_number(name: str, v: Any, lo: float, hi: float | None = None, lo_open: bool = False) -> None:
+    """`name`=v must be a finite real number (not a bool) in [lo, hi] ((lo, hi] with lo_open)."""
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
+    if ok:
+        ok = (v > lo if lo_open else v >= lo) and (hi is None or v <= hi)
+    if not ok:
+        span = ("(" if lo_open else "[") + f"{lo}, " + (f"{hi}]" if hi is not None else "inf)")
+        raise ConfigError(f"{name}={v!r}: allowed numbers in {span}")

@@ -46,6 +46,7 @@ from typing import Callable
 
 import torch
 
+from roofline.io.fields import check_int, check_number
 from roofline.measure.devices import is_cuda
 
 
@@ -60,6 +61,17 @@ class NoiseSettings:
     settle_s: float = 1.0  # wait before a retry (at most as long as the window took), to let a burst pass
     ref_bytes: int = 48 * 2**20  # the reference buffer (larger than a CPU's L3; on CUDA at least 4x the L2)
     ref_reps: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("every", "ref_reps"):
+            check_int(f"noise.{name}", getattr(self, name), 1)
+        for name in ("retries", "give_up"):
+            check_int(f"noise.{name}", getattr(self, name), 0)
+        check_int("noise.ref_bytes", self.ref_bytes, 1)
+        check_number("noise.max_cv", self.max_cv, 0.0, lo_open=True)
+        check_number("noise.max_drift", self.max_drift, 0.0, lo_open=True)
+        check_number("noise.min_cpu_share", self.min_cpu_share, 0.0, 1.0)
+        check_number("noise.settle_s", self.settle_s, 0.0)
 
 
 CUDA_L2_MULTIPLE = 4  # the CUDA reference reads at least this many times the device's L2

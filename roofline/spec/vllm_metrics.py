@@ -25,6 +25,7 @@ import math
 import re
 from typing import Union
 
+from roofline.io.fields import ConfigError
 from roofline.spec.counters import AcceptanceCounters
 
 DRAFTS = "vllm:spec_decode_num_drafts"
@@ -38,8 +39,41 @@ _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,
 _UNESCAPE = re.compile(r"\\(.)")
 
 
-class SpecDecodeMetricsError(ValueError):
-    """The dump cannot give spec-decode counters: says what is missing or inconsistent."""
+class SpecDecodeMetricsError(ConfigError):
+    """The dump cannot give spec-decode counters: says what is missing or inconsistent (bad
+    input: the commands exit 2 with it)."""
+
+
+# a Prometheus counter is a float64: above 2**53 whole counts are no longer exact, and no
+# benchmark drafts that many tokens; such a value is a corrupted dump, not a count
+MAX_COUNT = 2 ** 53
+
+
+def check_consistent(c: "AcceptanceCounters") -> "AcceptanceCounters":
+    """Refuse counters that no vLLM server can produce, naming the counters: more tokens
+    accepted than drafted; a per-position series whose sum is not the accepted total, that
+    grows with the position (acceptance stops at the first rejection), or whose position 0
+    exceeds the number of drafts; more draft tokens than drafts x k."""
+    k = c.num_positions
+    if c.accepted_tokens > c.draft_tokens:
+        raise SpecDecodeMetricsError(f"{ACCEPTED_TOKENS}={c.accepted_tokens} > {DRAFT_TOKENS}={c.draft_tokens}: "
+                                     "more tokens accepted than drafted")
+    if k and c.draft_tokens > c.drafts * k:
+        raise SpecDecodeMetricsError(f"{DRAFT_TOKENS}={c.draft_tokens} > {DRAFTS}={c.drafts} x k={k}: "
+                                     "more draft tokens than rounds of k")
+    if k and sum(c.accepted_per_pos) != c.accepted_tokens:
+        raise SpecDecodeMetricsError(f"the {ACCEPTED_PER_POS} series sums to {sum(c.accepted_per_pos)}, "
+                                     f"{ACCEPTED_TOKENS} is {c.accepted_tokens}: they must agree")
+    if k and c.accepted_per_pos[0] > c.drafts:
+        raise SpecDecodeMetricsError(f"{ACCEPTED_PER_POS}{{position=0}}={c.accepted_per_pos[0]} > "
+                                     f"{DRAFTS}={c.drafts}: more first drafts accepted than drafted")
+    grows = [i for i in range(1, k) if c.accepted_per_pos[i] > c.accepted_per_pos[i - 1]]
+    if grows:
+        i = grows[0]
+        raise SpecDecodeMetricsError(
+            f"{ACCEPTED_PER_POS}{{position={i}}}={c.accepted_per_pos[i]} > position {i - 1}'s "
+            f"{c.accepted_per_pos[i - 1]}: a draft is accepted only after every one before it")
+    return c
 
 
 def _sample(line: str, lineno: int) -> tuple[str, dict[str, str], float]:
@@ -75,6 +109,8 @@ def _sample(line: str, lineno: int) -> tuple[str, dict[str, str], float]:
 def _count(value: float, name: str) -> int:
     if not math.isfinite(value) or value < 0 or value != int(value):
         raise SpecDecodeMetricsError(f"{name} must be a non-negative whole count, got {value}")
+    if value > MAX_COUNT:
+        raise SpecDecodeMetricsError(f"{name}={value:g} is above 2**53: not a count a server reached")
     return int(value)
 
 
@@ -137,11 +173,11 @@ def parse_spec_decode(text: str, model_name: str | None = None) -> AcceptanceCou
     if sorted(per_pos) != list(range(len(per_pos))):
         raise SpecDecodeMetricsError(f"{ACCEPTED_PER_POS} positions must be 0..k-1, "
                                      f"got {sorted(per_pos)}")
-    return AcceptanceCounters(
+    return check_consistent(AcceptanceCounters(
         drafts=totals[DRAFTS], draft_tokens=totals[DRAFT_TOKENS],
         accepted_tokens=totals[ACCEPTED_TOKENS],
         accepted_per_pos=tuple(_count(per_pos[i], f"{ACCEPTED_PER_POS}{{position={i}}}")
-                               for i in range(len(per_pos))))
+                               for i in range(len(per_pos)))))
 
 
 Dump = Union[str, AcceptanceCounters]
@@ -162,4 +198,4 @@ def diff(before: Dump, after: Dump, model_name: str | None = None) -> Acceptance
            + delta.accepted_per_pos) < 0:
         raise SpecDecodeMetricsError(f"a counter went backwards ({delta}): was the server "
                                      "restarted between the two dumps, or are they swapped?")
-    return delta
+    return check_consistent(delta)
