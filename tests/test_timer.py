@@ -231,7 +231,7 @@ def test_median_ci_covers_the_true_median_at_about_95_percent():
         (dict(rel_ci=0.0), r"timer\.rel_ci=0\.0: allowed finite numbers > 0"),
         (dict(budget_s=math.inf), r"timer\.budget_s=inf: allowed finite numbers > 0"),
         (dict(l2_bytes=-1), r"timer\.l2_bytes=-1: allowed integers >= 0"),
-        (dict(threads=2.5), r"timer\.threads=2\.5: allowed integers >= 0"),
+        (dict(threads=2.5), r"timer\.threads=2\.5: allowed 0 \(torch.s default\) to \d+"),
     ],
 )
 def test_bad_settings_raise_naming_field_and_allowed_values(kwargs, message):
@@ -384,3 +384,13 @@ def test_compiled_mode_with_inductor_on_the_cpu_matches_eager():
     timing.time_fn(lambda: torch.nn.functional.silu(x) * x, settings, "cpu",
                    probe=lambda target: out.setdefault("y", target()))
     torch.testing.assert_close(out["y"], torch.nn.functional.silu(x) * x)
+
+
+def test_more_threads_than_cores_is_refused():
+    """N17: timer.threads=100000 was accepted."""
+    import os
+    from roofline.io.fields import ConfigError
+    from roofline.measure.timer import TimerSettings
+    with pytest.raises(ConfigError, match=r"timer\.threads=100000: allowed 0 .* to \d+"):
+        TimerSettings(threads=100000)
+    TimerSettings(threads=os.cpu_count() or 1)

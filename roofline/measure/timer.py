@@ -100,7 +100,11 @@ class TimerSettings:
         at_least_min = f"integers >= min_reps={self.min_reps}"
         _check_int("max_reps", self.max_reps, self.min_reps, at_least_min)
         _check_int("l2_bytes", self.l2_bytes, 0)
-        _check_int("threads", self.threads, 0)
+        cores = os.cpu_count() or 1  # more threads than cores time the scheduler, not the kernels
+        _check_int("threads", self.threads, 0, f"0 (torch's default) to {cores} (this machine's cores)")
+        if self.threads > cores:
+            raise ConfigError(f"timer.threads={self.threads}: allowed 0 (torch's default) to {cores} "
+                              "(this machine's cores)")
         for name in ("rel_ci", "budget_s"):
             v = getattr(self, name)
             number = isinstance(v, (int, float)) and not isinstance(v, bool)
