@@ -372,3 +372,17 @@ def test_quantization_config_that_is_not_fp8_block_scaled_is_refused():
     raw = dict(HUB_CONFIGS["llama-3.1-8b"], quantization_config=dict(quant_method="awq", bits=4))
     with pytest.raises(ConfigError, match="quantization_config.*allowed fp8 block-scaled"):
         config_from_hf(raw)
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("hidden_size", True, r"model\.d=True: must be a positive integer"),
+    ("num_hidden_layers", True, r"model\.layers=True"),
+    ("rms_norm_eps", float("nan"), r"model\.norm_eps=nan"),
+    ("rms_norm_eps", 0.0, r"model\.norm_eps=0\.0"),
+    ("rope_theta", float("inf"), r"model\.rope_theta=inf"),
+])
+def test_a_config_json_with_a_bool_or_a_non_finite_number_is_refused(field, value, says):
+    """N17: `hidden_size: true` made a card for d=1 (a bool is an int in Python); NaN eps was accepted."""
+    raw = dict(HUB_CONFIGS["llama-3.1-8b"], **{field: value})
+    with pytest.raises(ConfigError, match=says):
+        config_from_hf(raw)

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from roofline.io.fields import ConfigError, from_dict
+from roofline.io.fields import ConfigError, check_number, from_dict
 
 ATTENTION_KINDS = ("gqa", "mla")
 ROPE_SCALING_KINDS = ("none", "llama3", "yarn", "linear")
@@ -117,15 +117,17 @@ class ModelConfig:
         positive = ["vocab", "d", "layers", "heads", "kv_heads", "head_dim", "max_context"]
         for f in positive:
             v = getattr(self, f)
-            if not isinstance(v, int) or v < 1:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:  # `hidden_size: true` is not d=1
                 raise ConfigError(f"model.{f}={v!r}: must be a positive integer")
         nonneg = ["ffn", "q_lora_rank", "kv_lora_rank", "qk_nope_dim", "qk_rope_dim", "v_head_dim",
                   "experts", "experts_per_token", "moe_ffn", "shared_experts", "first_dense_layers",
                   "mtp_layers"]
         for f in nonneg:
             v = getattr(self, f)
-            if not isinstance(v, int) or v < 0:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(f"model.{f}={v!r}: must be a non-negative integer")
+        for f in ("rope_theta", "norm_eps", "routed_scale"):  # NaN, inf, 0 or a bool: no model has it
+            check_number(f"model.{f}", getattr(self, f), 0.0, lo_open=True)
         if self.attention not in ATTENTION_KINDS:
             raise ConfigError(f"model.attention={self.attention!r}: allowed {ATTENTION_KINDS}")
         if self.router_scoring not in ROUTER_SCORING:
