@@ -93,3 +93,23 @@ def test_encode_conversations_reads_jsonl_and_prompts_stop_before_the_answer(fol
     with pytest.warns(UserWarning, match="max_len"):
         short = encode_conversations(folder, path, max_len=min(map(len, ids)))
     assert short == [min(ids, key=len)]
+
+
+def test_a_prompts_file_with_a_byte_order_mark_is_read(tmp_path):
+    """N17: a UTF-8 BOM (what Windows editors write) made the first line 'not JSON'."""
+    from roofline.checkpoints.prompts import read_conversations
+    f = tmp_path / "chats.jsonl"
+    f.write_bytes(b"\xef\xbb\xbf" + json.dumps({"messages": CONVERSATION}).encode() + b"\n")
+    assert read_conversations(f) == [CONVERSATION]
+
+
+@pytest.mark.parametrize("content", [{"text": "hi"}, 3, None, [{"type": "text", "text": "hi"}]])
+def test_a_message_whose_content_is_not_text_is_refused_naming_it(tmp_path, content):
+    """N17: a dict content was rendered into the prompt as Python's repr of the dict."""
+    from roofline.checkpoints.prompts import read_conversations
+    from roofline.io.fields import ConfigError
+    f = tmp_path / "chats.jsonl"
+    f.write_text(json.dumps({"messages": [{"role": "user", "content": content}]}) + "\n")
+    with pytest.raises(ConfigError, match=r"chats\.jsonl line 1: messages\[0\]\.content: must be a string"):
+        read_conversations(f)
+

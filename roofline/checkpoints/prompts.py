@@ -71,6 +71,9 @@ def _check_messages(messages, where: str = "messages") -> list[dict]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
             raise ConfigError(f"{where}[{i}]: must be a dict with a string 'role' and a 'content'")
+        if not isinstance(m["content"], str):  # a dict or a list would be rendered as Python's repr of it
+            raise ConfigError(f"{where}[{i}].content: must be a string (the templates render text), "
+                              f"got {type(m['content']).__name__}")
     return messages
 
 
@@ -128,7 +131,8 @@ def read_conversations(jsonl_path) -> list[list[dict]]:
     if not path.is_file():
         raise ConfigError(f"jsonl_path={str(jsonl_path)!r}: no such file")
     out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    # utf-8-sig: a byte-order mark (Windows editors write one) is not part of the first record
+    for n, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), start=1):
         if not line.strip():
             continue
         try:
