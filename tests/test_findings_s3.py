@@ -441,3 +441,19 @@ def test_N15_a_failed_atomic_write_leaves_no_temp_file(tmp_path):
     with pytest.raises(TypeError):
         sw.files.write_atomic(tmp_path / "fit.json", Unwritable())
     assert list(tmp_path.iterdir()) == []
+
+
+def test_N17_a_fit_on_all_noisy_points_warns_in_fit_and_predict(tmp_path):
+    """N17: no console warning when a fit or a prediction rests on points all timed on a busy machine."""
+    run = make_synthetic_run(tmp_path / "r")
+    df = pd.read_csv(run / "points.csv")
+    df["noisy"] = True
+    df.to_csv(run / "points.csv", index=False)
+    (run / "points.jsonl").unlink()
+    fit, _ = costmodel.fit_run(run, costmodel.FitSettings())
+    kept = [w for w in quality.fit_warnings(fit) if "busy machine" in w]
+    assert kept and "KEPT in the fit" in kept[0] and f"{len(df[df['status'] == 'ok'])} of" in kept[0]
+    assert quality.noise_warnings(fit) == kept  # predict's warnings take the same line
+    df["noisy"] = False
+    df.to_csv(run / "points.csv", index=False)
+    assert quality.noise_warnings(costmodel.fit_run(run, costmodel.FitSettings())[0]) == []

@@ -148,7 +148,7 @@ def run(req: PredictRequest) -> tuple[pd.DataFrame, dict]:
     out.mkdir(parents=True, exist_ok=True)
     t = table(fit, alphas, req.k, req.B, req.L, req.dtype, drafter, target, req.mode, req.overhead_share, overhead)
     t, warnings = fitcheck.speedup_problems(t)
-    warnings = fitcheck.unconverged(fit) + warnings
+    warnings = fitcheck.unconverged(fit) + quality.noise_warnings(fit) + warnings
     t.to_csv(out / "predict.csv", index=False)
     costs = step_costs(fit, req.dtype, drafter, target, req.mode, req.overhead_share, overhead)
     plot_all(costs, req.B, req.L, req.plot_B, req.plot_L, out / "figures",

@@ -113,7 +113,16 @@ def fit_warnings(fit: dict) -> list[str]:
     if ex.get("untimed_ok_rows"):
         out.append(f"fit: {ex['untimed_ok_rows']} ok row(s) left out: t_median_s is not a positive finite time "
                    f"(e.g. {', '.join(ex.get('untimed_examples') or [])})")
-    return out
+    return out + noise_warnings(fit)
+
+
+def noise_warnings(fit: dict) -> list[str]:
+    """A fit that rests on points timed on a busy machine (too few clean ones to leave them out)."""
+    ex = fit.get("excluded") or {}
+    if ex.get("noisy_points") and not ex.get("left_out"):
+        return [f"fit: {ex['noisy_points']} of {ex['of_points']} points were timed on a busy machine and are "
+                "KEPT in the fit (too few clean points remain): re-measure on a quiet machine before trusting it"]
+    return []
 
 
 def mismatch(S_pred: float, S_meas: float) -> bool:
