@@ -90,7 +90,7 @@ def test_encode_conversations_reads_jsonl_and_prompts_stop_before_the_answer(fol
     assistant = tok.convert_tokens_to_ids("<|assistant|>")
     assert all(x[0] == tok.bos_token_id and x.count(tok.bos_token_id) == 1 and x[-1] == assistant for x in ids)
     assert assistant not in ids[0][:-1]  # the answer "four" was cut off, not rendered
-    with pytest.warns(UserWarning, match="max_len"):
+    with pytest.warns(UserWarning, match="max_prompt"):
         short = encode_conversations(folder, path, max_len=min(map(len, ids)))
     assert short == [min(ids, key=len)]
 
@@ -113,3 +113,15 @@ def test_a_message_whose_content_is_not_text_is_refused_naming_it(tmp_path, cont
     with pytest.raises(ConfigError, match=r"chats\.jsonl line 1: messages\[0\]\.content: must be a string"):
         read_conversations(f)
 
+
+
+def test_prompt_file_errors_name_the_option_the_user_gave(tmp_path, folder):
+    """L14: `prompts=<a folder>` said "jsonl_path=...: no such file"; max_prompt=0 said "max_len=0"."""
+    from roofline.checkpoints.prompts import read_conversations
+    from roofline.io.fields import ConfigError
+    with pytest.raises(ConfigError, match=r"^prompts='.*': is a folder"):
+        read_conversations(tmp_path)
+    with pytest.raises(ConfigError, match=r"^prompts_b='.*nope.jsonl': no such file"):
+        read_conversations(tmp_path / "nope.jsonl", "prompts_b")
+    with pytest.raises(ConfigError, match=r"^max_prompt=0: must be a positive"):
+        encode_conversations(folder, tmp_path / "x.jsonl", max_len=0)

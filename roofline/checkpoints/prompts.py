@@ -126,10 +126,14 @@ def prompt_answer_split(messages) -> tuple[list[dict], dict | None]:
     return messages, None
 
 
-def read_conversations(jsonl_path) -> list[list[dict]]:
+def read_conversations(jsonl_path, field: str = "prompts") -> list[list[dict]]:
+    """The conversations of a JSONL file ({"messages": [...]} per line); errors name `field`,
+    the option the user gave the path as."""
     path = Path(jsonl_path)
+    if path.is_dir():
+        raise ConfigError(f"{field}={str(jsonl_path)!r}: is a folder; give a JSONL file of conversations")
     if not path.is_file():
-        raise ConfigError(f"jsonl_path={str(jsonl_path)!r}: no such file")
+        raise ConfigError(f"{field}={str(jsonl_path)!r}: no such file")
     out = []
     # utf-8-sig: a byte-order mark (Windows editors write one) is not part of the first record
     for n, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), start=1):
@@ -145,17 +149,18 @@ def read_conversations(jsonl_path) -> list[list[dict]]:
     return out
 
 
-def encode_conversations(folder, jsonl_path, max_len: int | None = None) -> list[list[int]]:
+def encode_conversations(folder, jsonl_path, max_len: int | None = None, field: str = "prompts",
+                         max_field: str = "max_prompt") -> list[list[int]]:
     """Prompt ids, one list per conversation, ready for the model to continue.
 
     A conversation that ends with the assistant's answer is cut before it (prompt_answer_split),
     so the generation prompt follows the last user turn. Prompts longer than max_len are
     skipped with a warning, never truncated: a truncated prompt is not one the model saw."""
     if max_len is not None and max_len < 1:
-        raise ConfigError(f"max_len={max_len}: must be a positive number of tokens or None")
+        raise ConfigError(f"{max_field}={max_len}: must be a positive number of tokens")
     tokenizer = load_tokenizer(folder)
     out, skipped = [], []
-    for i, messages in enumerate(read_conversations(jsonl_path)):
+    for i, messages in enumerate(read_conversations(jsonl_path, field)):
         prompt, _ = prompt_answer_split(messages)
         ids = encode(tokenizer, render(tokenizer, prompt, add_generation_prompt=True))
         if max_len is not None and len(ids) > max_len:
@@ -163,6 +168,6 @@ def encode_conversations(folder, jsonl_path, max_len: int | None = None) -> list
             continue
         out.append(ids)
     if skipped:
-        warnings.warn(f"{len(skipped)} prompts longer than max_len={max_len} tokens skipped (conversations "
+        warnings.warn(f"{len(skipped)} prompts longer than {max_field}={max_len} tokens skipped (conversations "
                       f"{skipped[:10]}{' ...' if len(skipped) > 10 else ''})", UserWarning, stacklevel=2)
     return out

@@ -109,8 +109,8 @@ def run_real_validation(spec: RealValSpec, run_dir: Path, log=print) -> pd.DataF
     run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(spec.seed)
     tcfg, dcfg = checkpoint_config(spec.checkpoint), checkpoint_config(spec.draft_checkpoint)
-    pa = encode_conversations(spec.checkpoint, spec.prompts_a)[:spec.n_prompts]
-    pb = encode_conversations(spec.checkpoint, spec.prompts_b)[:spec.n_prompts]
+    pa = encode_conversations(spec.checkpoint, spec.prompts_a, field="prompts_a")[:spec.n_prompts]
+    pb = encode_conversations(spec.checkpoint, spec.prompts_b, field="prompts_b")[:spec.n_prompts]
     if len(pa) < spec.n_prompts or len(pb) < spec.n_prompts:
         raise ConfigError(f"prompts: {len(pa)} (set a) and {len(pb)} (set b) conversations; need n_prompts="
                           f"{spec.n_prompts} in each")
