@@ -64,6 +64,14 @@ def test_bad_kernel_triple_names_the_field():
         kernels.pick({"values": [0.5, 0.6]}, 1, "kernels.gemm.peak_fraction")
 
 
+def test_int4_experts_stream_at_their_own_grouped_kernel_curve():
+    kern = dict(KERN, grouped_gemm=dict(KERN["grouped_gemm"], weight_only={"int4": {"table": [[1, [0.3, 0.2, 0.1]]]}}))
+    args = (1e9, 1e6, 1.0, 4096, 3e12, 1e15, "h100_sxm", 1, kern)
+    dense, int4 = kernels.grouped_gemm_seconds(*args)["memory"], kernels.grouped_gemm_seconds(*args, "int4")["memory"]
+    assert int4 == pytest.approx(1e9 / (3e12 * 0.2)) and dense == pytest.approx(1e9 / (3e12 * 0.45))
+    assert kernels.grouped_gemm_seconds(*args, "int8")["memory"] == pytest.approx(dense)  # no int8 curve: the dense one
+
+
 # ---- MoE: touched experts in every mode ------------------------------------------------------
 
 def test_qwen3_moe_what_if_prices_touched_experts_not_all_of_them():

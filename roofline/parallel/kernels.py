@@ -123,14 +123,19 @@ def attention_seconds(kv_bytes: float, attn_flops: float, B: float, context: flo
 
 
 def grouped_gemm_seconds(expert_bytes: float, expert_flops: float, tokens_per_expert: float, N: int,
-                         bw_Bps: float, flops: float, device_key: str, scenario: int, kern: dict) -> dict:
+                         bw_Bps: float, flops: float, device_key: str, scenario: int, kern: dict,
+                         fmt_kind: str = "dense") -> dict:
     """The touched experts of one MoE layer as one grouped GEMM: bytes at the grouped kernel's
-    bandwidth fraction for its tokens per expert, FLOPs at the tile quantization of those tokens."""
+    bandwidth fraction for its tokens per expert (a weight-only format with its own grouped kernel,
+    `grouped_gemm.weight_only.<fmt>`, at that kernel's fraction), FLOPs at the tile quantization of
+    those tokens."""
     if expert_bytes <= 0:
         return dict(memory=0.0, compute=0.0, seconds=0.0)
     g = kern["grouped_gemm"]
-    frac = table_value(g["bw_fraction_vs_tokens_per_expert"], max(tokens_per_expert, 1), scenario,
-                       "kernels.grouped_gemm.bw_fraction_vs_tokens_per_expert")
+    own = (g.get("weight_only") or {}).get(fmt_kind)
+    rows, field = ((own["table"], f"kernels.grouped_gemm.weight_only.{fmt_kind}") if own else
+                   (g["bw_fraction_vs_tokens_per_expert"], "kernels.grouped_gemm.bw_fraction_vs_tokens_per_expert"))
+    frac = table_value(rows, max(tokens_per_expert, 1), scenario, field)
     t_mem = expert_bytes / (bw_Bps * frac)
     peak = pick(kern["gemm"]["peak_fraction"], scenario, "kernels.gemm.peak_fraction")
     t_f = expert_flops / (flops * peak * tile_wave_utilisation(tokens_per_expert, N, device_key, kern))

@@ -153,7 +153,7 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Devic
             m_e = pairs / touched if touched else 0.0
             w_e = 3 * cfg.d * s.moe_ffn
             out["experts"] = K.grouped_gemm_seconds(touched * expert_bytes(expert_cfg, prec), 2.0 * pairs * w_e, m_e,
-                                                    2 * s.moe_ffn, bw, f, device.key, scenario, kern)["seconds"]
+                                                    2 * s.moe_ffn, bw, f, device.key, scenario, kern, wk)["seconds"]
             out["touched"] = touched
         return out
 
