@@ -147,6 +147,26 @@ def test_capacity_with_and_without_layouts_give_one_answer(fixture_data):
     assert summary["engine"] == "vllm"
 
 
+def test_capacity_and_layouts_honour_calibrate_with_one_answer(fixture_data, tmp_path):
+    from dataclasses import asdict
+
+    from roofline.analysis.capacity import plan_layouts, plan_whatif, request_from_config
+    w = WhatIf(get_preset("llama-3.1-8b"), get_spec("h100_sxm"), "bfloat16", Layout(), Setting(engine="vllm"))
+    L = 1024 + 256 // 2
+    (tmp_path / "cal.yaml").write_text(yaml.safe_dump(dict(points=[dict(B=16, L=L, itl_ms=1.5e3 * w.itl(16, L)["typical"])])))
+    c = yaml.safe_load((ROOT / "conf" / "capacity.yaml").read_text())
+    c = {k: v for k, v in c.items() if k not in ("defaults", "layouts", "out_dir")}
+    c.update(model=asdict(get_preset("llama-3.1-8b")), device="h100_sxm", engine={"profile": "vllm"}, B=[16],
+             itl_target_ms=1e4, out_dir="", calibrate=str(tmp_path / "cal.yaml"))
+    one, summary = plan_whatif(request_from_config(dict(c)))
+    rows, _ = plan_layouts(dict(c))
+    tp1 = rows[rows["layout"] == "tp1"].iloc[0]
+    assert float(one.iloc[0]["itl_ms"]) == pytest.approx(1.5e3 * w.itl(16, L)["typical"], rel=1e-9)
+    assert float(tp1["itl_ms"]) == pytest.approx(float(one.iloc[0]["itl_ms"]), rel=1e-12)
+    assert float(one.iloc[0]["itl_ms_pessimistic"]) == pytest.approx(1.05 * float(one.iloc[0]["itl_ms"]), rel=1e-9)
+    assert summary["calibration_scale"] == pytest.approx(1.5)
+
+
 def test_predict_what_if_honours_formats_and_prices_plain_decode_without_mtp(fixture_data):
     from dataclasses import asdict
 
@@ -176,20 +196,53 @@ def test_finite_run_prices_ttft_itl_and_throughput_consistently():
         serve(w, 1024, 256, 0)
 
 
-def test_calibration_rescales_to_the_points_and_keeps_their_spread(tmp_path):
+def test_calibration_rescales_by_batch_and_keeps_the_points_leave_one_out_spread(tmp_path):
     from roofline.analysis.calibrate import calibrated
     w = WhatIf(get_preset("llama-3.1-8b"), get_spec("h100_sxm"), "bfloat16", Layout(), S)
-    t1, t8 = w.itl(1, 1024)["typical"], w.itl(8, 1024)["typical"]
+    t1, t8, t8s = w.itl(1, 1024)["typical"], w.itl(8, 1024)["typical"], w.itl(8, 512)["typical"]
     pts = [dict(B=1, L=1024, itl_ms=1.2e3 * t1), dict(B=8, L=1024, itl_ms=1.3e3 * t8),
-           dict(B=8, L=512, tok_s_per_user=1 / (1.25 * w.itl(8, 512)["typical"]))]
+           dict(B=8, L=512, tok_s_per_user=1 / (1.25 * t8s))]
     (tmp_path / "cal.yaml").write_text(yaml.safe_dump(dict(points=pts)))
     c = calibrated(w, tmp_path / "cal.yaml")
-    assert c.itl(1, 1024)["typical"] == pytest.approx(1.25 * t1)
-    lo, hi = c.itl(1, 1024)["optimistic"] / (1.25 * t1), c.itl(1, 1024)["pessimistic"] / (1.25 * t1)
-    assert lo == pytest.approx(1.2 / 1.25) and hi == pytest.approx(1.3 / 1.25)
+    assert c.scale == pytest.approx(1.25)
+    assert c.itl(1, 1024)["typical"] == pytest.approx(1.2 * t1)  # B = 1 measured at 1.2x
+    assert c.itl(8, 1024)["typical"] == pytest.approx(1.275 * t8)  # B = 8: the median of its two points
+    i1 = c.itl(1, 1024)
+    # leave-one-out: B=1 from the B=8 points (1.275) -> 1.2/1.275; B=8 L=1024 from (1.2, 1.25) -> 1.3/1.25
+    assert i1["optimistic"] / i1["typical"] == pytest.approx(1.2 / 1.275)
+    assert i1["pessimistic"] / i1["typical"] == pytest.approx(1.3 / 1.25)
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(dict(points=[dict(B=0, L=1, itl_ms=3)])))
     with pytest.raises(ConfigError, match=r"points\[0\].B=0"):
         calibrated(w, tmp_path / "bad.yaml")
+
+
+def test_a_calibrated_interval_widens_back_to_the_priors_away_from_the_points(tmp_path):
+    from roofline.analysis.calibrate import calibrated
+    w = WhatIf(get_preset("llama-3.1-8b"), get_spec("h100_sxm"), "bfloat16", Layout(), S)
+    (tmp_path / "one.yaml").write_text(yaml.safe_dump(dict(points=[dict(B=4, L=1024, itl_ms=1.1e3 * w.itl(4, 1024)["typical"])])))
+    c = calibrated(w, tmp_path / "one.yaml")
+    rel = lambda d: (d["optimistic"] / d["typical"], d["pessimistic"] / d["typical"])  # noqa: E731
+    assert rel(c.itl(4, 1024)) == pytest.approx((0.95, 1.05))  # one point: +-5% at the point
+    near, far, prior = rel(c.itl(8, 1024)), rel(c.itl(64, 1024)), rel(w.itl(64, 1024))
+    assert 0.95 > near[0] > prior[0] and 1.05 < near[1] < prior[1]  # 0.3 decade out: part of the way back
+    assert far == pytest.approx(prior)  # 1.2 decades out: the priors' own interval
+    assert c.itl(64, 1024)["typical"] == pytest.approx(1.1 * w.itl(64, 1024)["typical"])
+
+
+def test_calibrate_reads_a_sweeps_fit_json_of_the_same_model_only(tmp_path):
+    from roofline.analysis.calibrate import calibrated, load_points
+    fit = ROOT / "results" / "cpu-demo" / "fit.json"
+    pts = load_points(fit, "cpu-demo", "bfloat16")
+    assert pts and all(p["kernels_only"] and p["itl_ms"] > 0 for p in pts)
+    w = WhatIf(get_preset("cpu-demo"), get_spec("h100_sxm"), "bfloat16", Layout(), S)
+    c = calibrated(w, fit)
+    B, L = pts[0]["B"], pts[0]["L"]
+    assert c.calibration.B_range == (min(p["B"] for p in pts), max(p["B"] for p in pts))
+    assert c.itl(B, L)["typical"] > 10 * w.itl(B, L)["typical"]  # a CPU sweep: far slower than an H100 datasheet
+    with pytest.raises(ConfigError, match="the fit measured model 'cpu-demo'"):
+        calibrated(WhatIf(get_preset("llama-3.1-8b"), get_spec("h100_sxm"), "bfloat16", Layout(), S), fit)
+    with pytest.raises(ConfigError, match="no forward group in dtype 'float32'"):
+        load_points(fit, "cpu-demo", "float32")
 
 
 # ---- anchors -----------------------------------------------------------------------------------
