@@ -333,10 +333,12 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     tok/s per GPU, each an interval. Steady state: C sequences decode at mean context
     input + output/2 while the prompts of the requests that replace finished ones are prefilled in
     chunks of `chunk_tokens` (chunked prefill, compute-bound) inside the same steps: on average
-    C·input/output prompt tokens per step. ITL median: the plain decode step when fewer than half
+    C·input/output·(N − C)/N prompt tokens per step (the first C prompts are the ramp's: a single wave,
+    N = C, is a static batch that carries none). ITL median: the plain decode step when fewer than half
     the steps carry a chunk, else the mixed step; p90: the mixed step when more than a tenth do.
-    The ramp: the first C prompts are prefilled before their first tokens (one wave:
-    the median request waits for half of them)."""
+    The ramp: the first C prompts are prefilled before their first tokens (one wave: the median
+    request waits for half of them, and ends after the whole ramp, whose steps carry its first decodes,
+    plus its remaining decode steps)."""
     for name, v, lo in (("input_len", input_len, 1), ("output_len", output_len, 1), ("concurrency", concurrency, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ConfigError(f"{name}={v!r}: allowed integers >= {lo}")
@@ -344,7 +346,9 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     chunk = chunk_tokens or int(load_priors()["chunked_prefill_tokens"]["value"])
     C, I, O = concurrency, input_len, output_len
     L = I + O // 2
-    pre_avg = C * I / O
+    # only requests that replace a finished one prefill inside running decode steps; the first C are
+    # the ramp (a single wave, num_prompts = concurrency, is a static batch: ramp, then pure decode)
+    pre_avg = C * I / O * max(N - C, 0) / N
     frac = min(1.0, pre_avg / chunk)  # share of decode steps that carry a prefill chunk
     pre_step = min(chunk, C * I)
 
@@ -358,7 +362,11 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
         ttft = (math.ceil(ramp_chunks / 2) * first) if waves == 1 else math.ceil(I / chunk) * mixed
         itl50 = mixed if frac >= 0.5 else plain
         itl90 = mixed if frac > 0.1 else plain
-        e2e = ttft + (O - 1) * mean
+        if waves == 1:  # the ramp's steps carry the decodes of the prompts prefilled before them: the median
+            # request finishes after the whole ramp and its remaining decode steps
+            e2e = ramp_chunks * first + max(O - 1 - math.ceil(ramp_chunks / 2), 0) * mean
+        else:
+            e2e = ttft + (O - 1) * mean
         total = ramp_chunks * first + waves * O * mean
         return dict(ttft_s=ttft, itl_s=itl50, itl_p90_s=itl90, itl_mean_s=mean, e2e_s=e2e, output_tok_s=N * O / total)
 
