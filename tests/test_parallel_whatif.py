@@ -53,6 +53,14 @@ def test_weight_only_int4_streams_fewer_bytes_but_loses_its_edge_as_M_grows():
     assert r1 < 0.5 and r128 > r1 * 1.5
 
 
+def test_a_weight_only_quantized_gemm_pays_its_call_floor_and_a_dense_one_does_not():
+    kern = dict(KERN, weight_only=dict(KERN["weight_only"], call_floor_us={"applies_to": ["int8"], "values": [1, 7, 9]}))
+    args = (1, 4096, 4096, 4096 * 4096, None, 0, 3e12, 1e15, 2e13, "h100_sxm", 1, kern)
+    g = lambda kind: kernels.gemm_seconds(*args[:4], kind, *args[5:])  # noqa: E731
+    assert g("int8")["seconds"] == pytest.approx(7e-6 + max(g("int8")["memory"], g("int8")["compute"]))
+    assert g("dense")["seconds"] == pytest.approx(max(g("dense")["memory"], g("dense")["compute"]))
+
+
 def test_decode_attention_overlaps_kv_traffic_and_arithmetic():
     d = kernels.attention_seconds(1e9, 1e12, 8, 4096, 3e12, 1e15, 1, KERN)
     assert d["seconds"] == pytest.approx(max(d["memory"], d["compute"]))

@@ -9,7 +9,8 @@ own FLOPs, each at the efficiency its kernel reaches at that shape:
   by split-K, as decode GEMV kernels do); weights streamed at the weight format's bandwidth
   fraction at that M (`weight_only.<fmt>`: a weight-only int8/int4/fp8 kernel streams at its
   M = 1 fraction and falls with M; the dequantisation, N·K·ops per M tile, runs on the CUDA
-  cores at the fp32 rate and is added to the compute side);
+  cores at the fp32 rate and is added to the compute side; a weight-only quantized kernel also pays
+  a fixed floor per call, `weight_only.call_floor_us`);
 - decode attention (paged / flash decoding): max(KV bytes / (BW · fraction(B, context)),
   attention FLOPs / (F · peak_fraction)): the KV traffic and the arithmetic overlap in one kernel;
 - grouped-GEMM MoE: the touched experts' bytes at the grouped kernel's bandwidth fraction for
@@ -103,7 +104,15 @@ def gemm_seconds(M: float, N: int, K: int, weight_bytes: float, fmt_kind: str, d
     t_mm = 2.0 * M * N * K / (flops * peak * tile_wave_utilisation(M, N, device_key, kern))
     tm = _arch(kern, device_key)["tile_m"]
     t_dq = dequant_ops_per_weight * N * K * math.ceil(M / tm) / fp32_flops if dequant_ops_per_weight else 0.0
-    return dict(memory=t_mem, compute=t_mm + t_dq, seconds=max(t_mem, t_mm + t_dq))
+    return dict(memory=t_mem, compute=t_mm + t_dq, seconds=call_floor_s(fmt_kind, scenario, kern) + max(t_mem, t_mm + t_dq))
+
+
+def call_floor_s(fmt_kind: str, scenario: int, kern: dict) -> float:
+    """Fixed seconds per call of a weight-only quantized GEMM (`weight_only.call_floor_us`); 0 for others."""
+    fl = kern.get("weight_only", {}).get("call_floor_us")
+    if not fl or fmt_kind not in fl.get("applies_to", ()):
+        return 0.0
+    return pick(fl, scenario, "kernels.weight_only.call_floor_us") * 1e-6
 
 
 def attention_seconds(kv_bytes: float, attn_flops: float, B: float, context: float, bw_Bps: float, flops: float,
