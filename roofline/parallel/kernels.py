@@ -82,6 +82,16 @@ def tile_wave_utilisation(M: float, N: int, device_key: str, kern: dict) -> floa
     return tile * wave
 
 
+def peak_fraction(fmt_kind: str, scenario: int, kern: dict) -> float:
+    """Share of the datasheet tensor rate a large GEMM reaches: `gemm.peak_fraction_by_format.<fmt>`
+    (fp8 GEMMs on fp8 tensor cores) or `gemm.peak_fraction`."""
+    g = kern["gemm"]
+    own = (g.get("peak_fraction_by_format") or {}).get(fmt_kind)
+    if own is not None:
+        return pick(own, scenario, f"kernels.gemm.peak_fraction_by_format.{fmt_kind}")
+    return pick(g["peak_fraction"], scenario, "kernels.gemm.peak_fraction")
+
+
 def weight_bw_fraction(fmt_kind: str, M: float, scenario: int, kern: dict) -> float:
     """Streaming efficiency of the weight reads of a GEMM whose weights are in `fmt_kind`
     (dense: the activation dtype) at M tokens per pass."""
@@ -100,8 +110,7 @@ def gemm_seconds(M: float, N: int, K: int, weight_bytes: float, fmt_kind: str, d
     if M <= 0:
         return dict(memory=0.0, compute=0.0, seconds=0.0)
     t_mem = weight_bytes / (bw_Bps * weight_bw_fraction(fmt_kind, M, scenario, kern))
-    peak = pick(kern["gemm"]["peak_fraction"], scenario, "kernels.gemm.peak_fraction")
-    t_mm = 2.0 * M * N * K / (flops * peak * tile_wave_utilisation(M, N, device_key, kern))
+    t_mm = 2.0 * M * N * K / (flops * peak_fraction(fmt_kind, scenario, kern) * tile_wave_utilisation(M, N, device_key, kern))
     tm = _arch(kern, device_key)["tile_m"]
     t_dq = dequant_ops_per_weight * N * K * math.ceil(M / tm) / fp32_flops if dequant_ops_per_weight else 0.0
     return dict(memory=t_mem, compute=t_mm + t_dq, seconds=call_floor_s(fmt_kind, scenario, kern) + max(t_mem, t_mm + t_dq))
@@ -146,6 +155,6 @@ def grouped_gemm_seconds(expert_bytes: float, expert_flops: float, tokens_per_ex
                    (g["bw_fraction_vs_tokens_per_expert"], "kernels.grouped_gemm.bw_fraction_vs_tokens_per_expert"))
     frac = table_value(rows, max(tokens_per_expert, 1), scenario, field)
     t_mem = expert_bytes / (bw_Bps * frac)
-    peak = pick(kern["gemm"]["peak_fraction"], scenario, "kernels.gemm.peak_fraction")
+    peak = peak_fraction(fmt_kind, scenario, kern)
     t_f = expert_flops / (flops * peak * tile_wave_utilisation(tokens_per_expert, N, device_key, kern))
     return dict(memory=t_mem, compute=t_f, seconds=max(t_mem, t_f))
