@@ -155,6 +155,16 @@ def test_capacity_with_and_without_layouts_give_one_answer(fixture_data):
     assert summary["engine"] == "vllm"
 
 
+def test_fixed_lengths_ramp_every_wave_and_staggered_ones_interleave_the_prompts():
+    w = WhatIf(get_preset("llama-3.1-8b"), get_spec("h100_sxm"), "bfloat16", Layout(), S)
+    fixed, stag = serve(w, 2048, 512, 16, 160), serve(w, 2048, 512, 16, 160, staggered=True)
+    one = serve(w, 2048, 512, 16, 16)
+    # fixed lengths: the 10 waves each wait for their 16 prompts (8 of 16 chunks for the median request)
+    assert fixed["ttft_s"]["typical"] == pytest.approx(one["ttft_s"]["typical"])
+    assert fixed["ttft_s"]["typical"] > 4 * stag["ttft_s"]["typical"]  # staggered: one chunk step
+    assert stag["itl_mean_s"]["typical"] > fixed["itl_s"]["typical"]  # its decode steps carry prompt chunks
+
+
 def test_capacity_and_layouts_honour_calibrate_with_one_answer(fixture_data, tmp_path):
     from dataclasses import asdict
 
@@ -285,16 +295,16 @@ def test_deployments_have_both_splits_and_enough_sources():
 @pytest.mark.slow
 def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran: bounds at the level measured
-    when this test was last set (median |error| 19.7%, signed median +7.3% too fast, 54% inside the
-    interval, 35 anchors priced; quantized 23.6% / +15.3%) plus a small margin, so a regression fails.
-    The issue's targets (10%, +-5%, 80%) are NOT met. The calibration split is held too (10.3%, +5.9%)."""
+    when this test was last set (median |error| 19.0%, signed median +5.4% too fast, 57% inside the
+    interval, 35 anchors priced; quantized 21.6% / +8.0%) plus a small margin, so a regression fails.
+    The issue's targets (10%, +-5%, 80%) are NOT met. The calibration split is held too (10.3%, +6.3%)."""
     s = anchors.summary(anchors.table())
     t, q, c = s["test"]["all"], s["test"]["quantized"], s["calibration"]["all"]
     assert t["n"] >= 30
-    assert t["median_abs_error_pct"] <= 21.0
-    assert abs(t["signed_median_fast_pct"]) <= 9.0
-    assert t["inside_interval"] >= 0.51
-    assert q["median_abs_error_pct"] <= 25.0 and abs(q["signed_median_fast_pct"]) <= 17.0
+    assert t["median_abs_error_pct"] <= 20.5
+    assert abs(t["signed_median_fast_pct"]) <= 7.5
+    assert t["inside_interval"] >= 0.54
+    assert q["median_abs_error_pct"] <= 23.5 and abs(q["signed_median_fast_pct"]) <= 10.0
     assert c["median_abs_error_pct"] <= 11.5 and abs(c["signed_median_fast_pct"]) <= 7.5
 
 

@@ -327,18 +327,20 @@ class WhatIf:
 
 
 def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prompts: int | None = None,
-          chunk_tokens: int | None = None) -> dict:
+          chunk_tokens: int | None = None, staggered: bool = False) -> dict:
     """A finite benchmark run as `vllm bench serve --max-concurrency C --num-prompts N` measures it
     (every request ready at t = 0): TTFT, ITL median and p90, end-to-end latency, output tok/s and
-    tok/s per GPU, each an interval. Steady state: C sequences decode at mean context
-    input + output/2 while the prompts of the requests that replace finished ones are prefilled in
-    chunks of `chunk_tokens` (chunked prefill, compute-bound) inside the same steps: on average
-    C·input/output·(N − C)/N prompt tokens per step (the first C prompts are the ramp's: a single wave,
-    N = C, is a static batch that carries none). ITL median: the plain decode step when fewer than half
-    the steps carry a chunk, else the mixed step; p90: the mixed step when more than a tenth do.
-    The ramp: the first C prompts are prefilled before their first tokens (one wave: the median
-    request waits for half of them, and ends after the whole ramp, whose steps carry its first decodes,
-    plus its remaining decode steps)."""
+    tok/s per GPU, each an interval. Prompts are prefilled in chunks of `chunk_tokens` (chunked
+    prefill, compute-bound); C sequences decode at mean context input + output/2.
+
+    Fixed lengths (staggered=False, what a random dataset of fixed input / output lengths and a static
+    batch run): the C requests of a wave finish together, so every wave is a ramp of R = C·input/chunk
+    prefill steps, which carry the decodes of the prompts already prefilled, then plain decode steps.
+    The median request waits ceil(R/2) ramp steps for its first token (TTFT), decodes ceil(R/2) tokens
+    inside the ramp and the rest in plain steps; a wave lasts R ramp steps + (output − 1) plain ones.
+    Staggered lengths (staggered=True): after the first wave, requests finish one by one and their
+    replacements' prompts ride in the running decode steps, C·input/output·(N − C)/N prompt tokens per
+    step on average; the ITL median is the mixed step when at least half the steps carry a chunk."""
     for name, v, lo in (("input_len", input_len, 1), ("output_len", output_len, 1), ("concurrency", concurrency, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ConfigError(f"{name}={v!r}: allowed integers >= {lo}")
@@ -346,28 +348,27 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     chunk = chunk_tokens or int(load_priors()["chunked_prefill_tokens"]["value"])
     C, I, O = concurrency, input_len, output_len
     L = I + O // 2
-    # only requests that replace a finished one prefill inside running decode steps; the first C are
-    # the ramp (a single wave, num_prompts = concurrency, is a static batch: ramp, then pure decode)
-    pre_avg = C * I / O * max(N - C, 0) / N
-    frac = min(1.0, pre_avg / chunk)  # share of decode steps that carry a prefill chunk
+    waves, R = math.ceil(N / C), math.ceil(C * I / chunk)
+    half = math.ceil(R / 2)
+    frac = min(1.0, C * I / O * max(N - C, 0) / N / chunk) if staggered else 0.0  # steps carrying a chunk
     pre_step = min(chunk, C * I)
 
     def per(s, e):
         plain = w.forward(Pass(C, 1, L), s, e)
         mixed = w.forward(Pass(C, 1, L, pre_step, I / 2), s, e)
-        mean = (1 - frac) * plain + frac * mixed
-        first = w.forward(Pass(1, 1, 0, pre_step, I / 2), s, e)  # a prefill-only chunk at the start
-        waves = math.ceil(N / C)
-        ramp_chunks = math.ceil(C * I / chunk)
-        ttft = (math.ceil(ramp_chunks / 2) * first) if waves == 1 else math.ceil(I / chunk) * mixed
-        itl50 = mixed if frac >= 0.5 else plain
-        itl90 = mixed if frac > 0.1 else plain
-        if waves == 1:  # the ramp's steps carry the decodes of the prompts prefilled before them: the median
-            # request finishes after the whole ramp and its remaining decode steps
-            e2e = ramp_chunks * first + max(O - 1 - math.ceil(ramp_chunks / 2), 0) * mean
+        first = w.forward(Pass(1, 1, 0, pre_step, I / 2), s, e)  # a ramp step: a prompt chunk (+ a few decodes)
+        if staggered and waves > 1:
+            mean = (1 - frac) * plain + frac * mixed
+            ttft, e2e = math.ceil(I / chunk) * mixed, math.ceil(I / chunk) * mixed + (O - 1) * mean
+            itl50, itl90 = (mixed if frac >= 0.5 else plain), (mixed if frac > 0.1 else plain)
+            total = R * first + waves * O * mean
         else:
-            e2e = ttft + (O - 1) * mean
-        total = ramp_chunks * first + waves * O * mean
+            in_ramp = min(half, O - 1)  # the median request's tokens decoded inside the ramp
+            mean = (in_ramp * first + (O - 1 - in_ramp) * plain) / max(O - 1, 1)
+            ttft, e2e = half * first, R * first + (O - 1 - in_ramp) * plain
+            itl50 = first if in_ramp >= (O - 1) / 2 else plain
+            itl90 = first if in_ramp > 0.1 * (O - 1) else plain
+            total = waves * (R * first + (O - 1) * plain)
         return dict(ttft_s=ttft, itl_s=itl50, itl_p90_s=itl90, itl_mean_s=mean, e2e_s=e2e, output_tok_s=N * O / total)
 
     out = {}
