@@ -53,6 +53,14 @@ def test_weight_only_int4_streams_fewer_bytes_but_loses_its_edge_as_M_grows():
     assert r1 < 0.5 and r128 > r1 * 1.5
 
 
+def test_a_weight_only_quantized_gemm_pays_its_call_floor_and_a_dense_one_does_not():
+    kern = dict(KERN, weight_only=dict(KERN["weight_only"], call_floor_us={"applies_to": ["int8"], "values": [1, 7, 9]}))
+    args = (1, 4096, 4096, 4096 * 4096, None, 0, 3e12, 1e15, 2e13, "h100_sxm", 1, kern)
+    g = lambda kind: kernels.gemm_seconds(*args[:4], kind, *args[5:])  # noqa: E731
+    assert g("int8")["seconds"] == pytest.approx(7e-6 + max(g("int8")["memory"], g("int8")["compute"]))
+    assert g("dense")["seconds"] == pytest.approx(max(g("dense")["memory"], g("dense")["compute"]))
+
+
 def test_decode_attention_overlaps_kv_traffic_and_arithmetic():
     d = kernels.attention_seconds(1e9, 1e12, 8, 4096, 3e12, 1e15, 1, KERN)
     assert d["seconds"] == pytest.approx(max(d["memory"], d["compute"]))
@@ -62,6 +70,14 @@ def test_decode_attention_overlaps_kv_traffic_and_arithmetic():
 def test_bad_kernel_triple_names_the_field():
     with pytest.raises(ConfigError, match="kernels.gemm.peak_fraction"):
         kernels.pick({"values": [0.5, 0.6]}, 1, "kernels.gemm.peak_fraction")
+
+
+def test_int4_experts_stream_at_their_own_grouped_kernel_curve():
+    kern = dict(KERN, grouped_gemm=dict(KERN["grouped_gemm"], weight_only={"int4": {"table": [[1, [0.3, 0.2, 0.1]]]}}))
+    args = (1e9, 1e6, 1.0, 4096, 3e12, 1e15, "h100_sxm", 1, kern)
+    dense, int4 = kernels.grouped_gemm_seconds(*args)["memory"], kernels.grouped_gemm_seconds(*args, "int4")["memory"]
+    assert int4 == pytest.approx(1e9 / (3e12 * 0.2)) and dense == pytest.approx(1e9 / (3e12 * 0.45))
+    assert kernels.grouped_gemm_seconds(*args, "int8")["memory"] == pytest.approx(dense)  # no int8 curve: the dense one
 
 
 # ---- MoE: touched experts in every mode ------------------------------------------------------
@@ -139,6 +155,36 @@ def test_capacity_with_and_without_layouts_give_one_answer(fixture_data):
     assert summary["engine"] == "vllm"
 
 
+def test_fixed_lengths_ramp_every_wave_and_staggered_ones_interleave_the_prompts():
+    w = WhatIf(get_preset("llama-3.1-8b"), get_spec("h100_sxm"), "bfloat16", Layout(), S)
+    fixed, stag = serve(w, 2048, 512, 16, 160), serve(w, 2048, 512, 16, 160, staggered=True)
+    one = serve(w, 2048, 512, 16, 16)
+    # fixed lengths: the 10 waves each wait for their 16 prompts (8 of 16 chunks for the median request)
+    assert fixed["ttft_s"]["typical"] == pytest.approx(one["ttft_s"]["typical"])
+    assert fixed["ttft_s"]["typical"] > 4 * stag["ttft_s"]["typical"]  # staggered: one chunk step
+    assert stag["itl_mean_s"]["typical"] > fixed["itl_s"]["typical"]  # its decode steps carry prompt chunks
+
+
+def test_capacity_and_layouts_honour_calibrate_with_one_answer(fixture_data, tmp_path):
+    from dataclasses import asdict
+
+    from roofline.analysis.capacity import plan_layouts, plan_whatif, request_from_config
+    w = WhatIf(get_preset("llama-3.1-8b"), get_spec("h100_sxm"), "bfloat16", Layout(), Setting(engine="vllm"))
+    L = 1024 + 256 // 2
+    (tmp_path / "cal.yaml").write_text(yaml.safe_dump(dict(points=[dict(B=16, L=L, itl_ms=1.5e3 * w.itl(16, L)["typical"])])))
+    c = yaml.safe_load((ROOT / "conf" / "capacity.yaml").read_text())
+    c = {k: v for k, v in c.items() if k not in ("defaults", "layouts", "out_dir")}
+    c.update(model=asdict(get_preset("llama-3.1-8b")), device="h100_sxm", engine={"profile": "vllm"}, B=[16],
+             itl_target_ms=1e4, out_dir="", calibrate=str(tmp_path / "cal.yaml"))
+    one, summary = plan_whatif(request_from_config(dict(c)))
+    rows, _ = plan_layouts(dict(c))
+    tp1 = rows[rows["layout"] == "tp1"].iloc[0]
+    assert float(one.iloc[0]["itl_ms"]) == pytest.approx(1.5e3 * w.itl(16, L)["typical"], rel=1e-9)
+    assert float(tp1["itl_ms"]) == pytest.approx(float(one.iloc[0]["itl_ms"]), rel=1e-12)
+    assert float(one.iloc[0]["itl_ms_pessimistic"]) == pytest.approx(1.05 * float(one.iloc[0]["itl_ms"]), rel=1e-9)
+    assert summary["calibration_scale"] == pytest.approx(1.5)
+
+
 def test_predict_what_if_honours_formats_and_prices_plain_decode_without_mtp(fixture_data):
     from dataclasses import asdict
 
@@ -168,20 +214,53 @@ def test_finite_run_prices_ttft_itl_and_throughput_consistently():
         serve(w, 1024, 256, 0)
 
 
-def test_calibration_rescales_to_the_points_and_keeps_their_spread(tmp_path):
+def test_calibration_rescales_by_batch_and_keeps_the_points_leave_one_out_spread(tmp_path):
     from roofline.analysis.calibrate import calibrated
     w = WhatIf(get_preset("llama-3.1-8b"), get_spec("h100_sxm"), "bfloat16", Layout(), S)
-    t1, t8 = w.itl(1, 1024)["typical"], w.itl(8, 1024)["typical"]
+    t1, t8, t8s = w.itl(1, 1024)["typical"], w.itl(8, 1024)["typical"], w.itl(8, 512)["typical"]
     pts = [dict(B=1, L=1024, itl_ms=1.2e3 * t1), dict(B=8, L=1024, itl_ms=1.3e3 * t8),
-           dict(B=8, L=512, tok_s_per_user=1 / (1.25 * w.itl(8, 512)["typical"]))]
+           dict(B=8, L=512, tok_s_per_user=1 / (1.25 * t8s))]
     (tmp_path / "cal.yaml").write_text(yaml.safe_dump(dict(points=pts)))
     c = calibrated(w, tmp_path / "cal.yaml")
-    assert c.itl(1, 1024)["typical"] == pytest.approx(1.25 * t1)
-    lo, hi = c.itl(1, 1024)["optimistic"] / (1.25 * t1), c.itl(1, 1024)["pessimistic"] / (1.25 * t1)
-    assert lo == pytest.approx(1.2 / 1.25) and hi == pytest.approx(1.3 / 1.25)
+    assert c.scale == pytest.approx(1.25)
+    assert c.itl(1, 1024)["typical"] == pytest.approx(1.2 * t1)  # B = 1 measured at 1.2x
+    assert c.itl(8, 1024)["typical"] == pytest.approx(1.275 * t8)  # B = 8: the median of its two points
+    i1 = c.itl(1, 1024)
+    # leave-one-out: B=1 from the B=8 points (1.275) -> 1.2/1.275; B=8 L=1024 from (1.2, 1.25) -> 1.3/1.25
+    assert i1["optimistic"] / i1["typical"] == pytest.approx(1.2 / 1.275)
+    assert i1["pessimistic"] / i1["typical"] == pytest.approx(1.3 / 1.25)
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(dict(points=[dict(B=0, L=1, itl_ms=3)])))
     with pytest.raises(ConfigError, match=r"points\[0\].B=0"):
         calibrated(w, tmp_path / "bad.yaml")
+
+
+def test_a_calibrated_interval_widens_back_to_the_priors_away_from_the_points(tmp_path):
+    from roofline.analysis.calibrate import calibrated
+    w = WhatIf(get_preset("llama-3.1-8b"), get_spec("h100_sxm"), "bfloat16", Layout(), S)
+    (tmp_path / "one.yaml").write_text(yaml.safe_dump(dict(points=[dict(B=4, L=1024, itl_ms=1.1e3 * w.itl(4, 1024)["typical"])])))
+    c = calibrated(w, tmp_path / "one.yaml")
+    rel = lambda d: (d["optimistic"] / d["typical"], d["pessimistic"] / d["typical"])  # noqa: E731
+    assert rel(c.itl(4, 1024)) == pytest.approx((0.95, 1.05))  # one point: +-5% at the point
+    near, far, prior = rel(c.itl(8, 1024)), rel(c.itl(64, 1024)), rel(w.itl(64, 1024))
+    assert 0.95 > near[0] > prior[0] and 1.05 < near[1] < prior[1]  # 0.3 decade out: part of the way back
+    assert far == pytest.approx(prior)  # 1.2 decades out: the priors' own interval
+    assert c.itl(64, 1024)["typical"] == pytest.approx(1.1 * w.itl(64, 1024)["typical"])
+
+
+def test_calibrate_reads_a_sweeps_fit_json_of_the_same_model_only(tmp_path):
+    from roofline.analysis.calibrate import calibrated, load_points
+    fit = ROOT / "results" / "cpu-demo" / "fit.json"
+    pts = load_points(fit, "cpu-demo", "bfloat16")
+    assert pts and all(p["kernels_only"] and p["itl_ms"] > 0 for p in pts)
+    w = WhatIf(get_preset("cpu-demo"), get_spec("h100_sxm"), "bfloat16", Layout(), S)
+    c = calibrated(w, fit)
+    B, L = pts[0]["B"], pts[0]["L"]
+    assert c.calibration.B_range == (min(p["B"] for p in pts), max(p["B"] for p in pts))
+    assert c.itl(B, L)["typical"] > 10 * w.itl(B, L)["typical"]  # a CPU sweep: far slower than an H100 datasheet
+    with pytest.raises(ConfigError, match="the fit measured model 'cpu-demo'"):
+        calibrated(WhatIf(get_preset("llama-3.1-8b"), get_spec("h100_sxm"), "bfloat16", Layout(), S), fit)
+    with pytest.raises(ConfigError, match="no forward group in dtype 'float32'"):
+        load_points(fit, "cpu-demo", "float32")
 
 
 # ---- anchors -----------------------------------------------------------------------------------
@@ -216,14 +295,17 @@ def test_deployments_have_both_splits_and_enough_sources():
 @pytest.mark.slow
 def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran: bounds at the level measured
-    when this test was written (median |error| 19.4%, signed median +9.5% too fast, 60% inside the
-    interval, 35 anchors priced) plus a small margin. The issue's targets (10%, +-5%, 80%) are NOT met."""
-    t = anchors.table()
-    s = anchors.summary(t)["test"]["all"]
-    assert s["n"] >= 30
-    assert s["median_abs_error_pct"] <= 22.0
-    assert abs(s["signed_median_fast_pct"]) <= 12.0
-    assert s["inside_interval"] >= 0.55
+    when this test was last set (median |error| 19.0%, signed median +5.4% too fast, 57% inside the
+    interval, 35 anchors priced; quantized 21.6% / +8.0%) plus a small margin, so a regression fails.
+    The issue's targets (10%, +-5%, 80%) are NOT met. The calibration split is held too (10.3%, +6.3%)."""
+    s = anchors.summary(anchors.table())
+    t, q, c = s["test"]["all"], s["test"]["quantized"], s["calibration"]["all"]
+    assert t["n"] >= 30
+    assert t["median_abs_error_pct"] <= 20.5
+    assert abs(t["signed_median_fast_pct"]) <= 7.5
+    assert t["inside_interval"] >= 0.54
+    assert q["median_abs_error_pct"] <= 23.5 and abs(q["signed_median_fast_pct"]) <= 10.0
+    assert c["median_abs_error_pct"] <= 11.5 and abs(c["signed_median_fast_pct"]) <= 7.5
 
 
 def _graph_fit(tmp_path):

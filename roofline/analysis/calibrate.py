@@ -1,16 +1,26 @@
 """Calibrate the what-if model to a few points measured on the user's own deployment.
 
-`calibrate=<file>`: a YAML or JSON file of points,
+`calibrate=<file>` is either a YAML or JSON file of points,
 
     points:
       - {B: 1, L: 1024, tok_s_per_user: 41.0}     # decode tokens/s of one sequence at batch B, context L
       - {B: 32, L: 2048, itl_ms: 38.5}            # or the inter-token latency (ms)
 
-Each point gives the ratio measured / predicted step time (typical priors, the engine named or
-the median of the profiles). The prediction is rescaled by the median ratio and its interval
-replaced by the range of the ratios around it, which is what the points determine; the interval
-is never narrower than the points' spread, and with fewer than three points never narrower than
-±MIN_HALF_WIDTH (an assumption: one or two points cannot show how the error varies with B and L).
+or a GPU sweep's fit.json (`roofline.fit/*`) of the same model: its measured decode rows (q = 1) of the
+forward group in the what-if's precision are the points. A sweep times the model's forward as a CUDA
+graph with no serving engine around it, so its points are compared with the what-if's kernels and
+launch floors without the engine's per-step host time (the engine's own term is kept in predictions).
+
+Each point gives the ratio measured / predicted step time (typical priors; the engine named, or the
+median of the profiles). What the points determine:
+
+- the scale: the median ratio overall (`WhatIf.scale`), and by batch the median of each batch's points,
+  interpolated in log B between the batches measured and held beyond them (`whatif.Calibration`);
+- the interval at the points: the leave-one-out residuals (each point predicted from the others), so
+  it is never narrower than what the points disagree on; with fewer than three points, also never
+  narrower than ±MIN_HALF_WIDTH (an assumption: one or two points cannot show how the error varies);
+- away from the points the interval widens back to the priors' own, in full one decade (x10 in B or L)
+  outside the points' range (REACH_DECADES, an assumption).
 """
 
 from __future__ import annotations
@@ -23,45 +33,121 @@ from pathlib import Path
 import yaml
 
 from roofline.io.fields import ConfigError
+from roofline.parallel.whatif import Calibration, Pass
 
 MIN_HALF_WIDTH = 0.05
+REACH_DECADES = 1.0
 
 
-def load_points(path) -> list[dict]:
+def _doc(path):
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"calibrate={str(path)!r}: no such file")
-    doc = json.loads(p.read_text()) if p.suffix == ".json" else yaml.safe_load(p.read_text())
-    if isinstance(doc, dict) and doc.get("schema", "").startswith("roofline.fit"):
-        raise ConfigError(f"calibrate={str(path)!r}: a fit.json is not read by calibrate yet; pass it as fit= "
-                          "(experiments.capacity / predict), or give measured points")
-    pts = (doc or {}).get("points") if isinstance(doc, dict) else None
+    try:
+        return json.loads(p.read_text()) if p.suffix == ".json" else yaml.safe_load(p.read_text())
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"calibrate={str(path)!r}: not YAML/JSON ({str(e).splitlines()[0]})") from None
+
+
+def fit_points(fit: dict, model: str, dtype: str, path="") -> list[dict]:
+    """The measured decode rows (q = 1) of a fit.json's forward group for `model` in `dtype`, as points."""
+    spec = fit.get("model_spec") or {}
+    if spec.get("name") != model:
+        raise ConfigError(f"calibrate={str(path)!r}: the fit measured model {spec.get('name')!r}, the what-if prices "
+                          f"{model!r} (calibrate with a sweep of the same model)")
+    groups = [g for g in fit.get("groups", []) if g["key"]["kind"] == "forward" and g["key"]["dtype"] == dtype]
+    if not groups:
+        have = sorted({g["key"]["dtype"] for g in fit.get("groups", []) if g["key"]["kind"] == "forward"})
+        raise ConfigError(f"calibrate={str(path)!r}: no forward group in dtype {dtype!r}; the fit has {have}")
+    g = sorted(groups, key=lambda g: g["key"]["mode"] != "graph")[0]  # a CUDA-graph sweep first: what engines run
+    tab = g.get("table") or {}
+    pts = [dict(B=int(B), L=int(L), itl_ms=1e3 * float(t), kernels_only=True)
+           for q, B, L, t in zip(tab.get("q", []), tab.get("B", []), tab.get("L", []), tab.get("t_s", []))
+           if int(q) == 1 and t and float(t) > 0]
     if not pts:
+        raise ConfigError(f"calibrate={str(path)!r}: the fit's forward group has no measured q = 1 rows")
+    return pts
+
+
+def load_points(path, model: str | None = None, dtype: str | None = None) -> list[dict]:
+    doc = _doc(path)
+    if isinstance(doc, dict) and str(doc.get("schema", "")).startswith("roofline.fit"):
+        if model is None:
+            raise ConfigError(f"calibrate={str(path)!r}: a fit.json needs the what-if's model to pick its group")
+        return fit_points(doc, model, dtype, path)
+    pts = (doc or {}).get("points") if isinstance(doc, dict) else None
+    if not pts or not isinstance(pts, list):
         raise ConfigError(f"calibrate={str(path)!r}: missing key 'points' (a list of {{B, L, tok_s_per_user | itl_ms}})")
     for i, pt in enumerate(pts):
+        if not isinstance(pt, dict):
+            raise ConfigError(f"calibrate: points[{i}]={pt!r}: expected a mapping {{B, L, tok_s_per_user | itl_ms}}")
         for key in ("B", "L"):
             if not isinstance(pt.get(key), int) or isinstance(pt.get(key), bool) or pt[key] < (1 if key == "B" else 0):
                 raise ConfigError(f"calibrate: points[{i}].{key}={pt.get(key)!r}: allowed an integer "
                                   f">= {1 if key == 'B' else 0}")
         have = [k for k in ("tok_s_per_user", "itl_ms") if k in pt]
-        if len(have) != 1 or not isinstance(pt[have[0]], (int, float)) or pt[have[0]] <= 0:
+        if len(have) != 1 or not isinstance(pt[have[0]], (int, float)) or isinstance(pt[have[0]], bool) \
+                or pt[have[0]] <= 0:
             raise ConfigError(f"calibrate: points[{i}]: give exactly one of tok_s_per_user, itl_ms (a number > 0)")
     return pts
 
 
+def predicted_s(w, B: int, L: int, kernels_only: bool = False) -> float:
+    """The uncalibrated what-if's typical decode step (s); kernels_only: without the engine's per-step host time."""
+    if not kernels_only:
+        return w.itl(B, L)["typical"]
+    per = []
+    for e in w.setting.engine_names():
+        d = w.pass_detail(Pass(B, 1, L), 1, e)
+        per.append(w.layout.pp * (d["seconds"] - d["terms"]["step_overhead"]))
+    return statistics.median(per)
+
+
 def ratios(w, points: list[dict]) -> list[float]:
-    """measured / predicted ITL of each point (the what-if `w` uncalibrated)."""
+    """measured / predicted step time of each point (the what-if `w` uncalibrated)."""
     out = []
     for pt in points:
         measured = pt["itl_ms"] / 1e3 if "itl_ms" in pt else 1.0 / pt["tok_s_per_user"]
-        out.append(measured / w.itl(pt["B"], pt["L"])["typical"])
+        out.append(measured / predicted_s(w, pt["B"], pt["L"], bool(pt.get("kernels_only"))))
     return out
 
 
-def calibrated(w, path):
-    """The what-if `w` rescaled to the points of `path`, its interval their spread."""
-    r = ratios(replace(w, scale=1.0, band=None), load_points(path))
+def by_batch(points: list[dict], r: list[float]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    Bs = sorted({pt["B"] for pt in points})
+    return tuple(map(float, Bs)), tuple(statistics.median(x for pt, x in zip(points, r) if pt["B"] == B) for B in Bs)
+
+
+def calibration_of(points: list[dict], r: list[float], reach_decades: float = REACH_DECADES) -> tuple[float, Calibration]:
+    """(overall factor, Calibration) from the points and their ratios."""
     m = statistics.median(r)
-    half = MIN_HALF_WIDTH if len(r) < 3 else 0.0
-    lo, hi = min(min(r) / m, 1 - half), max(max(r) / m, 1 + half)
-    return replace(w, scale=w.scale * m, band=(lo, hi))
+    Bs, rs = by_batch(points, r)
+    if len(points) >= 3:  # leave-one-out: each point predicted from the others
+        resid = []
+        for i, (pt, x) in enumerate(zip(points, r)):
+            rest = [p for j, p in enumerate(points) if j != i]
+            b, q = by_batch(rest, [y for j, y in enumerate(r) if j != i])
+            resid.append(x / Calibration(b, q, 1.0, 1.0, (1, 1), (1, 1)).factor(pt["B"]))
+        lo, hi = min(min(resid), 1.0), max(max(resid), 1.0)
+    else:
+        lo, hi = min(min(r) / max(r), 1 - MIN_HALF_WIDTH), max(max(r) / min(r), 1 + MIN_HALF_WIDTH)
+    cal = Calibration(Bs, tuple(x / m for x in rs), lo, hi, (min(Bs), max(Bs)),
+                      (float(min(pt["L"] for pt in points)), float(max(pt["L"] for pt in points))), reach_decades)
+    return m, cal
+
+
+def calibrated(w, path):
+    """The what-if `w` rescaled to the points of `path` (a points file or a fit.json of the same model)."""
+    base = replace(w, scale=1.0, calibration=None)
+    pts = load_points(path, w.cfg.name, w.dtype)
+    m, cal = calibration_of(pts, ratios(base, pts))
+    return replace(w, scale=w.scale * m, calibration=cal)
+
+
+def summary(w) -> dict | None:
+    """What the calibration of `w` determined, for a command's JSON summary."""
+    c = w.calibration
+    if c is None:
+        return None
+    return dict(scale=w.scale, ratio_by_batch={int(b): w.scale * x for b, x in zip(c.batches, c.ratios)},
+                interval_at_points=[c.low, c.high], B_range=list(c.B_range), L_range=list(c.L_range),
+                reach_decades=c.reach_decades)

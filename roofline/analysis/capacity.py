@@ -282,7 +282,7 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
                     elif dw is not None:
                         r += sum(dw.target(2 if i == 1 else 1, B, L + i - 1, s, e) for i in range(1, spec.k + 1))
                     return r / tau
-                t = w.over_engines(per_tok)
+                t = w.over_engines(per_tok, (B, L))
             else:
                 t = w.itl(B, L)
             mem = whatif.memory_check(req.model, w.device, req.dtype, w.layout, B, tokens, sp and mtp, draft if sp else None,
@@ -345,7 +345,7 @@ def plan_layouts(c: dict) -> tuple[pd.DataFrame, dict]:
                                         work.target_tok_s, c.get("price_per_device_hour"),
                                         c["alpha"] if mtp else None, c["k"], w.setting,
                                         batches=tuple(c.get("B") or (1, 2, 4, 8, 16, 32, 64, 128, 256)),
-                                        scale=w.scale, band=w.band))
+                                        scale=w.scale, calibration=w.calibration))
     note = None
     if spec and not mtp:
         note = (f"speculation with drafter={c.get('drafter')!r} is not priced per rank (allowed with layouts: "

@@ -180,7 +180,7 @@ def predict_command(c: Mapping) -> tuple[str, dict]:
         w = whatif_of(what, model, label)
         ks = c["k"] if model.mtp_layers else [k for k in c["k"] if k == 0] or [0]
         rows = whatif.speedup_table(model, w.device, label, w.layout, c["alphas"], ks, c["B"], c["L"], w.setting,
-                                    w.scale, w.band)
+                                    w.scale, w.calibration)
         note = None if model.mtp_layers else f"model {model.name!r} has no MTP module: plain decode (k = 0) only"
         return (pd.DataFrame(rows).round(3).to_string(index=False),
                 dict(source="what-if", device=device, dtype=label, layout=w.layout.label(),

@@ -9,7 +9,8 @@ own FLOPs, each at the efficiency its kernel reaches at that shape:
   by split-K, as decode GEMV kernels do); weights streamed at the weight format's bandwidth
   fraction at that M (`weight_only.<fmt>`: a weight-only int8/int4/fp8 kernel streams at its
   M = 1 fraction and falls with M; the dequantisation, N·K·ops per M tile, runs on the CUDA
-  cores at the fp32 rate and is added to the compute side);
+  cores at the fp32 rate and is added to the compute side; a weight-only quantized kernel also pays
+  a fixed floor per call, `weight_only.call_floor_us`);
 - decode attention (paged / flash decoding): max(KV bytes / (BW · fraction(B, context)),
   attention FLOPs / (F · peak_fraction)): the KV traffic and the arithmetic overlap in one kernel;
 - grouped-GEMM MoE: the touched experts' bytes at the grouped kernel's bandwidth fraction for
@@ -81,6 +82,16 @@ def tile_wave_utilisation(M: float, N: int, device_key: str, kern: dict) -> floa
     return tile * wave
 
 
+def peak_fraction(fmt_kind: str, scenario: int, kern: dict) -> float:
+    """Share of the datasheet tensor rate a large GEMM reaches: `gemm.peak_fraction_by_format.<fmt>`
+    (fp8 GEMMs on fp8 tensor cores) or `gemm.peak_fraction`."""
+    g = kern["gemm"]
+    own = (g.get("peak_fraction_by_format") or {}).get(fmt_kind)
+    if own is not None:
+        return pick(own, scenario, f"kernels.gemm.peak_fraction_by_format.{fmt_kind}")
+    return pick(g["peak_fraction"], scenario, "kernels.gemm.peak_fraction")
+
+
 def weight_bw_fraction(fmt_kind: str, M: float, scenario: int, kern: dict) -> float:
     """Streaming efficiency of the weight reads of a GEMM whose weights are in `fmt_kind`
     (dense: the activation dtype) at M tokens per pass."""
@@ -99,11 +110,18 @@ def gemm_seconds(M: float, N: int, K: int, weight_bytes: float, fmt_kind: str, d
     if M <= 0:
         return dict(memory=0.0, compute=0.0, seconds=0.0)
     t_mem = weight_bytes / (bw_Bps * weight_bw_fraction(fmt_kind, M, scenario, kern))
-    peak = pick(kern["gemm"]["peak_fraction"], scenario, "kernels.gemm.peak_fraction")
-    t_mm = 2.0 * M * N * K / (flops * peak * tile_wave_utilisation(M, N, device_key, kern))
+    t_mm = 2.0 * M * N * K / (flops * peak_fraction(fmt_kind, scenario, kern) * tile_wave_utilisation(M, N, device_key, kern))
     tm = _arch(kern, device_key)["tile_m"]
     t_dq = dequant_ops_per_weight * N * K * math.ceil(M / tm) / fp32_flops if dequant_ops_per_weight else 0.0
-    return dict(memory=t_mem, compute=t_mm + t_dq, seconds=max(t_mem, t_mm + t_dq))
+    return dict(memory=t_mem, compute=t_mm + t_dq, seconds=call_floor_s(fmt_kind, scenario, kern) + max(t_mem, t_mm + t_dq))
+
+
+def call_floor_s(fmt_kind: str, scenario: int, kern: dict) -> float:
+    """Fixed seconds per call of a weight-only quantized GEMM (`weight_only.call_floor_us`); 0 for others."""
+    fl = kern.get("weight_only", {}).get("call_floor_us")
+    if not fl or fmt_kind not in fl.get("applies_to", ()):
+        return 0.0
+    return pick(fl, scenario, "kernels.weight_only.call_floor_us") * 1e-6
 
 
 def attention_seconds(kv_bytes: float, attn_flops: float, B: float, context: float, bw_Bps: float, flops: float,
@@ -123,15 +141,20 @@ def attention_seconds(kv_bytes: float, attn_flops: float, B: float, context: flo
 
 
 def grouped_gemm_seconds(expert_bytes: float, expert_flops: float, tokens_per_expert: float, N: int,
-                         bw_Bps: float, flops: float, device_key: str, scenario: int, kern: dict) -> dict:
+                         bw_Bps: float, flops: float, device_key: str, scenario: int, kern: dict,
+                         fmt_kind: str = "dense") -> dict:
     """The touched experts of one MoE layer as one grouped GEMM: bytes at the grouped kernel's
-    bandwidth fraction for its tokens per expert, FLOPs at the tile quantization of those tokens."""
+    bandwidth fraction for its tokens per expert (a weight-only format with its own grouped kernel,
+    `grouped_gemm.weight_only.<fmt>`, at that kernel's fraction), FLOPs at the tile quantization of
+    those tokens."""
     if expert_bytes <= 0:
         return dict(memory=0.0, compute=0.0, seconds=0.0)
     g = kern["grouped_gemm"]
-    frac = table_value(g["bw_fraction_vs_tokens_per_expert"], max(tokens_per_expert, 1), scenario,
-                       "kernels.grouped_gemm.bw_fraction_vs_tokens_per_expert")
+    own = (g.get("weight_only") or {}).get(fmt_kind)
+    rows, field = ((own["table"], f"kernels.grouped_gemm.weight_only.{fmt_kind}") if own else
+                   (g["bw_fraction_vs_tokens_per_expert"], "kernels.grouped_gemm.bw_fraction_vs_tokens_per_expert"))
+    frac = table_value(rows, max(tokens_per_expert, 1), scenario, field)
     t_mem = expert_bytes / (bw_Bps * frac)
-    peak = pick(kern["gemm"]["peak_fraction"], scenario, "kernels.gemm.peak_fraction")
+    peak = peak_fraction(fmt_kind, scenario, kern)
     t_f = expert_flops / (flops * peak * tile_wave_utilisation(tokens_per_expert, N, device_key, kern))
     return dict(memory=t_mem, compute=t_f, seconds=max(t_mem, t_f))

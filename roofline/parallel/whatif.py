@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from roofline.io.fields import ConfigError
@@ -153,7 +154,7 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Devic
             m_e = pairs / touched if touched else 0.0
             w_e = 3 * cfg.d * s.moe_ffn
             out["experts"] = K.grouped_gemm_seconds(touched * expert_bytes(expert_cfg, prec), 2.0 * pairs * w_e, m_e,
-                                                    2 * s.moe_ffn, bw, f, device.key, scenario, kern)["seconds"]
+                                                    2 * s.moe_ffn, bw, f, device.key, scenario, kern, wk)["seconds"]
             out["touched"] = touched
         return out
 
@@ -215,14 +216,48 @@ def span(per_engine: dict[str, dict]) -> dict:
 
 
 @dataclass(frozen=True)
+class Calibration:
+    """What a few measured points of the user's deployment determine (roofline.analysis.calibrate):
+    the measured / predicted step-time ratio by batch, relative to the overall factor `WhatIf.scale`
+    (the median over each batch's points, interpolated in log B, held beyond the points), and the
+    relative interval (low <= 1 <= high) the points leave at their own batches and contexts. Away
+    from them the interval widens back to the priors' own, in full `reach_decades` (factors of 10 in
+    B or L) outside the points' range: a point at B = 1 says little about B = 256."""
+    batches: tuple[float, ...]
+    ratios: tuple[float, ...]
+    low: float
+    high: float
+    B_range: tuple[float, float]
+    L_range: tuple[float, float]
+    reach_decades: float = 1.0
+
+    def factor(self, B: float) -> float:
+        return float(np.interp(math.log(max(B, 1)), [math.log(b) for b in self.batches], self.ratios))
+
+    def reach(self, B: float, L: float) -> float:
+        """0 inside the points' B and L range, 1 at reach_decades or more outside it."""
+        def out(x, lo, hi):
+            x, lo, hi = (math.log10(max(v, 1)) for v in (x, lo, hi))
+            return max(lo - x, x - hi, 0.0)
+        return min(1.0, max(out(B, *self.B_range), out(L, *self.L_range)) / self.reach_decades)
+
+    def interval(self, typical: float, prior: dict, B: float, L: float) -> dict:
+        """The points' relative interval at (B, L), blended (geometrically) toward the priors' own."""
+        w = self.reach(B, L)
+        lo = self.low ** (1 - w) * (prior["optimistic"] / prior["typical"]) ** w
+        hi = self.high ** (1 - w) * (prior["pessimistic"] / prior["typical"]) ** w
+        return dict(optimistic=typical * lo, typical=typical, pessimistic=typical * hi)
+
+
+@dataclass(frozen=True)
 class WhatIf:
     cfg: ModelConfig
     device: DeviceSpec
     dtype: str
     layout: Layout = Layout()
     setting: Setting = Setting()
-    scale: float = 1.0  # a calibration's factor on every step time (roofline.analysis.calibrate)
-    band: tuple[float, float] | None = None  # calibrated: (low, high) / typical, replacing the priors' interval
+    scale: float = 1.0  # a calibration's overall factor on every step time (roofline.analysis.calibrate)
+    calibration: Calibration | None = None  # calibrated: its ratio by batch and the interval its points leave
 
     def __post_init__(self) -> None:
         self.layout.check(self.cfg)
@@ -240,7 +275,10 @@ class WhatIf:
 
     def forward(self, p: Pass, scenario: int, engine: str) -> float:
         """One forward through every pipeline stage (pp stages run one after the other for a token)."""
-        return self.scale * self.layout.pp * self.pass_detail(p, scenario, engine)["seconds"]
+        return self._scale(p.B) * self.layout.pp * self.pass_detail(p, scenario, engine)["seconds"]
+
+    def _scale(self, B: int) -> float:
+        return self.scale * (self.calibration.factor(B) if self.calibration else 1.0)
 
     def target(self, q: int, B: int, L: int, scenario: int, engine: str | None = None) -> float:
         return self.forward(Pass(B, q, L), scenario, engine or self.setting.engine_names()[0])
@@ -249,18 +287,21 @@ class WhatIf:
         if self.cfg.mtp_layers < 1:
             raise ConfigError(f"drafter=mtp: model {self.cfg.name!r} has no MTP module (mtp_layers=0)")
         eng = engine or self.setting.engine_names()[0]
-        return self.scale * self.pass_detail(Pass(B, q, L), scenario, eng, mtp=True)["seconds"]
+        return self._scale(B) * self.pass_detail(Pass(B, q, L), scenario, eng, mtp=True)["seconds"]
 
-    def over_engines(self, fn) -> dict:
-        """fn(scenario, engine) -> seconds, as one interval (the engine's, or spanning the profiles)."""
-        if self.band is not None:  # calibrated: the typical prediction rescaled, the interval the points' spread
-            t = statistics.median(fn(1, e) for e in self.setting.engine_names())
-            return dict(optimistic=t * self.band[0], typical=t, pessimistic=t * self.band[1])
-        return span({e: interval(lambda s: fn(s, e)) for e in self.setting.engine_names()})
+    def over_engines(self, fn, at: tuple[float, float] | None = None) -> dict:
+        """fn(scenario, engine) -> seconds, as one interval (the engine's, or spanning the profiles).
+        Calibrated: the typical value rescaled, the interval what the points leave at `at` = (B, L)."""
+        prior = span({e: interval(lambda s: fn(s, e)) for e in self.setting.engine_names()})
+        if self.calibration is None:
+            return prior
+        t = statistics.median(fn(1, e) for e in self.setting.engine_names())
+        B, L = at if at is not None else (math.inf, math.inf)  # unknown shape: the priors' interval
+        return self.calibration.interval(t, prior, B, L)
 
     def itl(self, B: int, L: int) -> dict:
         """Inter-token latency of plain decode (s), as an interval."""
-        return self.over_engines(lambda s, e: self.target(1, B, L, s, e))
+        return self.over_engines(lambda s, e: self.target(1, B, L, s, e), (B, L))
 
     def round_seconds(self, k: int, B: int, L: int, scenario: int, engine: str | None = None) -> float:
         """One speculative round with the MTP module chained k times: verify k+1 positions, the
@@ -286,16 +327,20 @@ class WhatIf:
 
 
 def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prompts: int | None = None,
-          chunk_tokens: int | None = None) -> dict:
+          chunk_tokens: int | None = None, staggered: bool = False) -> dict:
     """A finite benchmark run as `vllm bench serve --max-concurrency C --num-prompts N` measures it
     (every request ready at t = 0): TTFT, ITL median and p90, end-to-end latency, output tok/s and
-    tok/s per GPU, each an interval. Steady state: C sequences decode at mean context
-    input + output/2 while the prompts of the requests that replace finished ones are prefilled in
-    chunks of `chunk_tokens` (chunked prefill, compute-bound) inside the same steps: on average
-    C·input/output prompt tokens per step. ITL median: the plain decode step when fewer than half
-    the steps carry a chunk, else the mixed step; p90: the mixed step when more than a tenth do.
-    The ramp: the first C prompts are prefilled before their first tokens (one wave:
-    the median request waits for half of them)."""
+    tok/s per GPU, each an interval. Prompts are prefilled in chunks of `chunk_tokens` (chunked
+    prefill, compute-bound); C sequences decode at mean context input + output/2.
+
+    Fixed lengths (staggered=False, what a random dataset of fixed input / output lengths and a static
+    batch run): the C requests of a wave finish together, so every wave is a ramp of R = C·input/chunk
+    prefill steps, which carry the decodes of the prompts already prefilled, then plain decode steps.
+    The median request waits ceil(R/2) ramp steps for its first token (TTFT), decodes ceil(R/2) tokens
+    inside the ramp and the rest in plain steps; a wave lasts R ramp steps + (output − 1) plain ones.
+    Staggered lengths (staggered=True): after the first wave, requests finish one by one and their
+    replacements' prompts ride in the running decode steps, C·input/output·(N − C)/N prompt tokens per
+    step on average; the ITL median is the mixed step when at least half the steps carry a chunk."""
     for name, v, lo in (("input_len", input_len, 1), ("output_len", output_len, 1), ("concurrency", concurrency, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ConfigError(f"{name}={v!r}: allowed integers >= {lo}")
@@ -303,22 +348,27 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     chunk = chunk_tokens or int(load_priors()["chunked_prefill_tokens"]["value"])
     C, I, O = concurrency, input_len, output_len
     L = I + O // 2
-    pre_avg = C * I / O
-    frac = min(1.0, pre_avg / chunk)  # share of decode steps that carry a prefill chunk
+    waves, R = math.ceil(N / C), math.ceil(C * I / chunk)
+    half = math.ceil(R / 2)
+    frac = min(1.0, C * I / O * max(N - C, 0) / N / chunk) if staggered else 0.0  # steps carrying a chunk
     pre_step = min(chunk, C * I)
 
     def per(s, e):
         plain = w.forward(Pass(C, 1, L), s, e)
         mixed = w.forward(Pass(C, 1, L, pre_step, I / 2), s, e)
-        mean = (1 - frac) * plain + frac * mixed
-        first = w.forward(Pass(1, 1, 0, pre_step, I / 2), s, e)  # a prefill-only chunk at the start
-        waves = math.ceil(N / C)
-        ramp_chunks = math.ceil(C * I / chunk)
-        ttft = (math.ceil(ramp_chunks / 2) * first) if waves == 1 else math.ceil(I / chunk) * mixed
-        itl50 = mixed if frac >= 0.5 else plain
-        itl90 = mixed if frac > 0.1 else plain
-        e2e = ttft + (O - 1) * mean
-        total = ramp_chunks * first + waves * O * mean
+        first = w.forward(Pass(1, 1, 0, pre_step, I / 2), s, e)  # a ramp step: a prompt chunk (+ a few decodes)
+        if staggered and waves > 1:
+            mean = (1 - frac) * plain + frac * mixed
+            ttft, e2e = math.ceil(I / chunk) * mixed, math.ceil(I / chunk) * mixed + (O - 1) * mean
+            itl50, itl90 = (mixed if frac >= 0.5 else plain), (mixed if frac > 0.1 else plain)
+            total = R * first + waves * O * mean
+        else:
+            in_ramp = min(half, O - 1)  # the median request's tokens decoded inside the ramp
+            mean = (in_ramp * first + (O - 1 - in_ramp) * plain) / max(O - 1, 1)
+            ttft, e2e = half * first, R * first + (O - 1 - in_ramp) * plain
+            itl50 = first if in_ramp >= (O - 1) / 2 else plain
+            itl90 = first if in_ramp > 0.1 * (O - 1) else plain
+            total = waves * (R * first + (O - 1) * plain)
         return dict(ttft_s=ttft, itl_s=itl50, itl_p90_s=itl90, itl_mean_s=mean, e2e_s=e2e, output_tok_s=N * O / total)
 
     out = {}
@@ -386,7 +436,7 @@ def capacity(cfg: ModelConfig, device: DeviceSpec, dtype: str, context: int, out
              target_tok_s: float, price_per_device_hour: float | None = None, alpha: float | None = None,
              k: int = 1, setting: Setting = Setting(), batches=(1, 2, 4, 8, 16, 32, 64, 128, 256),
              max_devices: int = 64, layouts: list[Layout] | None = None, scale: float = 1.0,
-             band: tuple[float, float] | None = None) -> list[dict]:
+             calibration: Calibration | None = None) -> list[dict]:
     """For every layout (default: every candidate): the largest batch of `batches` meeting the ITL
     target (typical priors, with the interval) that fits the device, tokens/s per replica, devices
     for the target and the price per million tokens. alpha: also plan with the preset's MTP module
@@ -396,7 +446,7 @@ def capacity(cfg: ModelConfig, device: DeviceSpec, dtype: str, context: int, out
     L = context + output // 2
     rows = []
     for lay in layouts or candidate_layouts(cfg, max_devices):
-        w = WhatIf(cfg, device, dtype, lay, setting, scale, band)
+        w = WhatIf(cfg, device, dtype, lay, setting, scale, calibration)
         for spec in ([False, True] if alpha is not None and cfg.mtp_layers else [False]):
             best, fits_any = None, False
             for B in batches:
@@ -408,7 +458,7 @@ def capacity(cfg: ModelConfig, device: DeviceSpec, dtype: str, context: int, out
                 fits_any = True
                 if spec:
                     tau = tau_iid(alpha, k)
-                    per_tok = w.over_engines(lambda s, e: w.round_seconds(k, B, L, s, e) / tau)
+                    per_tok = w.over_engines(lambda s, e: w.round_seconds(k, B, L, s, e) / tau, (B, L))
                 else:
                     per_tok = w.itl(B, L)
                 if per_tok["typical"] * 1e3 <= itl_target_ms:
@@ -437,13 +487,13 @@ def capacity(cfg: ModelConfig, device: DeviceSpec, dtype: str, context: int, out
 
 
 def speedup_table(cfg: ModelConfig, device: DeviceSpec, dtype: str, layout: Layout, alphas, ks, Bs, Ls,
-                  setting: Setting = Setting(), scale: float = 1.0, band=None) -> list[dict]:
+                  setting: Setting = Setting(), scale: float = 1.0, calibration: Calibration | None = None) -> list[dict]:
     """MTP speculative speedup and plain ITL per (alpha, k, B, L), each an interval; k = 0 is
     plain decode and needs no MTP module (a model without one is priced at k = 0 only)."""
     if cfg.mtp_layers < 1 and any(k for k in ks):
         raise ConfigError(f"k={list(ks)}: model {cfg.name!r} has no MTP module (mtp_layers=0); allowed k=[0] "
                           "(plain decode)")
-    w = WhatIf(cfg, device, dtype, layout, setting, scale, band)
+    w = WhatIf(cfg, device, dtype, layout, setting, scale, calibration)
     rows = []
     for L in Ls:
         for B in Bs:
