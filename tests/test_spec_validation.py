@@ -71,3 +71,16 @@ def test_each_rep_of_the_oracle_draws_its_own_coin_flips():
         return m.counters.accepted_per_pos, m.counters.drafts
     assert hits(0) == hits(0)  # a rep is reproducible
     assert len({hits(rep) for rep in range(4)}) > 1  # and the reps are not one sample replayed
+
+
+@pytest.mark.parametrize("kw, says", [
+    (dict(ks=()), r"^ks=\[\]: the grid has no points"),          # was "min() arg is an empty sequence"
+    (dict(ks=(1.5,)), r"^ks=\[1\.5\]: allowed integers"),       # was a TypeError traceback
+    (dict(ks=(True,)), r"^ks=\[True\]: allowed integers"),
+    (dict(Bs=(0,)), r"^Bs=\[0\]: allowed integers"),
+    (dict(reps=0), r"^reps=0: allowed integers >= 1"),
+    (dict(alphas=("x",)), r"^alphas=\['x'\]: allowed values in \[0, 1\]"),
+])
+def test_L4_a_bad_specdec_grid_is_one_line_naming_the_field(kw, says):
+    with pytest.raises(ConfigError, match=says):
+        SpecValSpec(model=get_preset("tiny"), **kw)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from numbers import Real
 
-from roofline.io.fields import ConfigError
+from roofline.io.fields import ConfigError, check_grid
 
 GROUP_KEY_FIELDS = ("model", "dtype", "mode", "kind")
 MIN_COEFS, MAX_COEFS = 5, 7  # t0, weights, kv, matmul, attention [, per_layer, comm]
@@ -85,15 +85,7 @@ def speedup_problems(t) -> tuple[object, list[str]]:
 
 
 def _grid(value, field: str, lo: float, hi: float | None = None, integer: bool = True) -> tuple:
-    vals = tuple(value) if isinstance(value, (list, tuple)) else (value,)
-    if not vals:
-        raise ConfigError(f"{field}=[]: the grid has no points; give at least one value")
-    kind = "integers" if integer else "numbers"
-    for v in vals:
-        ok = isinstance(v, int) if integer else _number(v)
-        if isinstance(v, bool) or not ok or v < lo or (hi is not None and v > hi):
-            raise ConfigError(f"{field}={list(vals)}: allowed {kind} in [{lo:g}, {'inf' if hi is None else f'{hi:g}'}]")
-    return vals
+    return check_grid(field, value, lo, hi, integer)
 
 
 def check_predict_grid(alphas, k, B, L, plot_B: int, plot_L: int, vllm_metrics=None) -> None:

@@ -61,3 +61,17 @@ def check_number(name: str, v: Any, lo: float, hi: float | None = None, lo_open:
     if not ok:
         span = ("(" if lo_open else "[") + f"{lo}, " + (f"{hi}]" if hi is not None else "inf)")
         raise ConfigError(f"{name}={v!r}: allowed numbers in {span}")
+
+
+def check_grid(name: str, value: Any, lo: float, hi: float | None = None, integer: bool = True) -> tuple:
+    """A grid axis (a list, or one value) that is not empty and whose every value is an integer
+    (integer=True; a bool is not one) or a finite number in [lo, hi]; ConfigError naming it otherwise."""
+    vals = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+    if not vals:
+        raise ConfigError(f"{name}=[]: the grid has no points; give at least one value")
+    kind = "integers" if integer else "numbers"
+    for v in vals:
+        ok = isinstance(v, int) if integer else (isinstance(v, (int, float)) and v == v and abs(v) != float("inf"))
+        if isinstance(v, bool) or not ok or v < lo or (hi is not None and v > hi):
+            raise ConfigError(f"{name}={list(vals)}: allowed {kind} in [{lo:g}, {'inf' if hi is None else f'{hi:g}'}]")
+    return vals

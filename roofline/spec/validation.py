@@ -38,7 +38,7 @@ import torch
 from roofline.analysis import quality
 from roofline.io import files
 from roofline.model.dtypes import torch_dtype
-from roofline.io.fields import ConfigError
+from roofline.io.fields import ConfigError, check_grid, check_int
 from roofline.model.config import ModelConfig
 from roofline.spec.drafters import MTPDrafter, NgramDrafter, OracleDrafter
 from roofline.model.decoder import build_model
@@ -70,10 +70,13 @@ class SpecValSpec:
         if self.model.mtp_layers < 1:
             raise ConfigError(f"model={self.model.name!r}: the validation drafts with the MTP module; "
                               "pick a preset with mtp_layers >= 1")
-        if not all(0 <= a <= 1 for a in self.alphas):
+        if not all(isinstance(a, (int, float)) and not isinstance(a, bool) and 0 <= a <= 1 for a in self.alphas):
             raise ConfigError(f"alphas={list(self.alphas)}: allowed values in [0, 1]")
-        if min(self.ks) < 1 or min(self.Bs) < 1 or self.reps < 1 or self.max_new < 2 or self.prompt_len < 1:
-            raise ConfigError("ks, Bs, reps >= 1, max_new >= 2, prompt_len >= 1")
+        check_grid("ks", self.ks, 1)  # `ks=[]` and `ks=[1.5]` were a min() error and a TypeError traceback
+        check_grid("Bs", self.Bs, 1)
+        check_int("reps", self.reps, 1)
+        check_int("max_new", self.max_new, 2)
+        check_int("prompt_len", self.prompt_len, 1)
         bad = set(self.real_drafters) - {"mtp", "ngram"}
         if bad:
             raise ConfigError(f"real_drafters={sorted(bad)}: allowed ['mtp', 'ngram']")
