@@ -457,3 +457,14 @@ def test_N17_a_fit_on_all_noisy_points_warns_in_fit_and_predict(tmp_path):
     df["noisy"] = False
     df.to_csv(run / "points.csv", index=False)
     assert quality.noise_warnings(costmodel.fit_run(run, costmodel.FitSettings())[0]) == []
+
+
+def test_L10_specdec_real_acceptance_refuses_the_options_it_would_ignore():
+    """L10: `specdec checkpoint=... 'alphas=[5]' out_dir=...` exited 0 and never wrote out_dir."""
+    from roofline.spec.run import specdec
+    c = dict(checkpoint="any", prompts_eval=None, overrides=["checkpoint=any", "alphas=[5]", "out_dir=/x", "k=3"])
+    with pytest.raises(ConfigError, match=r"^alphas=, out_dir= given with checkpoint=.*drop them"):
+        specdec(c)
+    c["overrides"] = ["checkpoint=any", "timer.max_reps=3"]
+    with pytest.raises(ConfigError, match=r"^timer= given with checkpoint="):
+        specdec(c)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from roofline.io.fields import from_dict
+from roofline.io.fields import from_dict, refuse_unused
 from roofline.io.results import RUNS_ROOT
 from roofline.measure.timer import TimerSettings
 from roofline.model.config import ModelConfig
@@ -38,6 +38,14 @@ def _fingerprint(spec) -> str:
     return hashlib.sha256(json.dumps(dataclasses.asdict(spec), sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 
+# what the oracle validation reads and the real-acceptance mode (checkpoint= alone) does not
+_ORACLE_ONLY = {"alphas": "the oracle drafter's acceptance", "prompt_len": "random prompts' length",
+                "real_drafters": "the oracle validation's real drafters", "reps": "timed pairs per point",
+                "out_dir": "the validation's run folder (acceptance prints its counters)",
+                "fail_on_mismatch": "the validation's CI verdict", "timer": "the calibration sweep",
+                "model": "a preset (checkpoint= replaces it)"}
+
+
 def specdec(c: Mapping) -> tuple[str, dict]:
     """Plain vs speculative decoding measured against the cost model, with the run's report; or,
     with `checkpoint`, the checkpoint's real acceptance at k = max(ks) and batch = max(Bs)."""
@@ -52,9 +60,11 @@ def specdec(c: Mapping) -> tuple[str, dict]:
         text, summary = summarize(table)
         return text, dict(run_dir=str(run_dir), overrides=c.get("overrides", []), **summary)
     if c["checkpoint"]:
+        refuse_unused(c.get("overrides"), _ORACLE_ONLY, "checkpoint= without prompts_eval= (real acceptance only)")
         return acceptance(dict(checkpoint=c["checkpoint"], prompts=c["prompts"], drafter=c["drafter"],
                                draft_checkpoint=c["draft_checkpoint"], k=max(c["ks"]), max_new=c["max_new"],
-                               batch=max(c["Bs"]), dtype=c["dtype"], device=c["device"], seed=c["seed"]))
+                               batch=max(c["Bs"]), dtype=c["dtype"], device=c["device"], seed=c["seed"],
+                               temperature=c["temperature"]))
     spec = SpecValSpec(model=ModelConfig.from_dict(c["model"]), alphas=tuple(c["alphas"]), ks=tuple(c["ks"]),
                        Bs=tuple(c["Bs"]), prompt_len=c["prompt_len"], max_new=c["max_new"], reps=c["reps"],
                        real_drafters=tuple(c["real_drafters"]), dtype=c["dtype"], device=c["device"],
