@@ -468,3 +468,10 @@ def test_L10_specdec_real_acceptance_refuses_the_options_it_would_ignore():
     c["overrides"] = ["checkpoint=any", "timer.max_reps=3"]
     with pytest.raises(ConfigError, match=r"^timer= given with checkpoint="):
         specdec(c)
+
+
+def test_M3_a_weights_group_the_model_cannot_take_is_bad_input_before_anything_runs():
+    """M3: weights=int4_g1024 on tiny (K=64) passed the dry run and became an `unsupported` row, exit 0."""
+    with pytest.raises(ConfigError, match=r"weights=int4_g1024: the group size 1024 does not divide K=64"):
+        spec(dtypes=("bfloat16+weights=int4_g1024",))
+    spec(dtypes=("bfloat16+weights=int4_g32",))  # 32 divides every K of tiny

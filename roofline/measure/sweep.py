@@ -37,7 +37,7 @@ from tqdm import tqdm
 from roofline.io import files, provenance, results, runfolder
 from roofline.measure import memory
 from roofline.model import kvcache
-from roofline.model.accounting import forward_cost, mtp_cost
+from roofline.model.accounting import check_weight_format, forward_cost, mtp_cost
 from roofline.model.dtypes import datasheet_column, torch_dtype
 from roofline.model.formats import activation_dtype, parse_precision, precision, precision_columns
 from roofline.io.fields import ConfigError
@@ -96,8 +96,8 @@ class SweepSpec:
             raise ConfigError(f"L={max(self.L)} + q={max(self.q + self.mtp_q)}: exceeds model.max_context="
                               f"{cfg.max_context} of {cfg.name!r}; allowed L + q <= {cfg.max_context}")
         for d in self.dtypes:
-            if d != AUTO:
-                parse_precision(d)
+            if d != AUTO:  # a format the model's shapes cannot take is bad input, not an unsupported row
+                check_weight_format(cfg, parse_precision(d))
         bad = [m for m in self.modes if m not in MODES + (AUTO,)]
         if bad:
             raise ConfigError(f"modes={bad}: allowed {MODES + (AUTO,)}")

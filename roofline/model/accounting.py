@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from roofline.io.fields import ConfigError
 from roofline.model.config import ModelConfig
 from roofline.model.formats import Precision, parse_precision
 
@@ -170,6 +171,20 @@ def block_matrices(cfg: ModelConfig, moe: bool) -> list[tuple[str, int, int]]:
 
 def expert_matrices(cfg: ModelConfig) -> list[tuple[str, int, int]]:
     return [("ffn.w1", cfg.moe_ffn, cfg.d), ("ffn.w3", cfg.moe_ffn, cfg.d), ("ffn.w2", cfg.d, cfg.moe_ffn)]
+
+
+def check_weight_format(cfg: ModelConfig, prec: Precision) -> None:
+    """ConfigError when the weights format cannot hold this model's matrices: an int4 group
+    size that does not divide a linear's K (names the first such matrix). The LM head's format
+    is checked the same way against d."""
+    mats = [m for moe in ({False, True} if cfg.is_moe else {False}) for m in block_matrices(cfg, moe)]
+    mats += expert_matrices(cfg) if cfg.is_moe else []
+    for cls, fmt, shapes in (("weights", prec.weights, mats), ("lm_head", prec.lm_head, [("lm_head", cfg.vocab, cfg.d)])):
+        if fmt.kind == "int4" and fmt.group:
+            bad = [(name, K) for name, _, K in shapes if K % fmt.group]
+            if bad:
+                raise ConfigError(f"{cls}={fmt.name}: the group size {fmt.group} does not divide K={bad[0][1]} of "
+                                  f"{cfg.name}'s {bad[0][0]} (a group must divide every K; try a smaller group)")
 
 
 def block_weight_bytes(cfg: ModelConfig, moe: bool, prec: Precision) -> int:
