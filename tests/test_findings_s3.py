@@ -6,6 +6,7 @@ Each test names its finding; the reproduction is the audit's, cut to what the li
 import dataclasses
 import json
 import math
+import re
 
 import pandas as pd
 import pytest
@@ -475,3 +476,23 @@ def test_M3_a_weights_group_the_model_cannot_take_is_bad_input_before_anything_r
     with pytest.raises(ConfigError, match=r"weights=int4_g1024: the group size 1024 does not divide K=64"):
         spec(dtypes=("bfloat16+weights=int4_g1024",))
     spec(dtypes=("bfloat16+weights=int4_g32",))  # 32 divides every K of tiny
+
+
+@pytest.mark.parametrize("text, says", [("{\"a\":\n", "not a readable ceilings.json"), ("[1, 2]", "not a ceilings.json (a JSON list"),
+                                        ("{\"schema_version\": 99}", "schema_version=99")])
+def test_L3_a_broken_ceilings_file_is_one_line_naming_the_option_and_file(tmp_path, text, says):
+    from roofline.measure.ceilings import load_ceilings
+    f = tmp_path / "ceilings.json"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=r"^ceilings=.*ceilings\.json.: " + re.escape(says)):
+        load_ceilings(f)
+
+
+def test_L3_a_json_option_that_is_not_json_names_the_option_and_file(tmp_path):
+    from roofline.io.files import read_json
+    f = tmp_path / "o.json"
+    f.write_text("{\"a\":\n")
+    with pytest.raises(ConfigError, match=r"^overhead='.*o\.json': not JSON \(Expecting value"):
+        read_json(f, "overhead")
+    with pytest.raises(ConfigError, match=r"^overhead='.*nope\.json': no such file"):
+        read_json(tmp_path / "nope.json", "overhead")

@@ -29,6 +29,7 @@ from roofline.report import figures
 
 from roofline.spec import theory
 from roofline.analysis import fitcheck
+from roofline.io import files
 from roofline.io.fields import ConfigError, from_dict
 from roofline.model.config import ModelConfig
 from roofline.spec.theory import StepCosts, no_cost
@@ -141,8 +142,11 @@ def run(req: PredictRequest) -> tuple[pd.DataFrame, dict]:
     drafter = DraftCost(req.drafter, req.draft_model, costmodel.load_fit(req.draft_fit) if req.draft_fit else None)
     alphas = {float(a): float(a) for a in req.alphas}
     if req.vllm_metrics:
-        alphas.update(alphas_from_vllm(Path(req.vllm_metrics).read_text()))
-    overhead = json.loads(Path(req.overhead).read_text()) if req.overhead else None
+        try:
+            alphas.update(alphas_from_vllm(Path(req.vllm_metrics).read_text()))
+        except ConfigError as e:  # the parser's message names the line and the counter, this the file
+            raise ConfigError(f"vllm_metrics={req.vllm_metrics!r}: {e}") from None
+    overhead = files.read_json(req.overhead, "overhead") if req.overhead else None
     fitcheck.check_context(req.plot_L, max(8, *req.k), target.max_context, target.name)  # before out_dir is written
     out = Path(req.out_dir or Path(req.fit).parent / f"predict-{target.name}-{req.drafter}")
     out.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from roofline.io.fields import ConfigError
+
 
 def write_atomic(path: str | Path, data: str | bytes) -> Path:
     """Write `data` to a temporary file beside `path`, fsync it, then rename it over `path`."""
@@ -52,3 +54,15 @@ def write_json_atomic(path: str | Path, doc, indent: int | None = 1, default=str
 
 def write_csv_atomic(df: pd.DataFrame, path: str | Path) -> Path:
     return write_atomic(path, df.to_csv(index=False))
+
+
+def read_json(path: str | Path, field: str):
+    """The JSON document at `path`, given by the user as option `field`: a missing file or one
+    that is not JSON is ConfigError naming both (not the decoder's bare 'line 2 column 1')."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{field}={str(path)!r}: no such file")
+    try:
+        return json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{field}={str(path)!r}: not JSON ({e})") from None

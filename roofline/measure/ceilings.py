@@ -611,16 +611,21 @@ def load_ceilings(path: str | Path) -> dict:
     path = Path(path)
     if path.is_dir():
         path = path / "ceilings.json"
-    doc = json.loads(path.read_text())
+    try:
+        doc = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"ceilings={str(path)!r}: not a readable ceilings.json ({e})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"ceilings={str(path)!r}: not a ceilings.json (a JSON {type(doc).__name__}, not an object)")
     if doc.get("schema_version") != SCHEMA_VERSION:
-        raise ValueError(f"{path}: schema_version={doc.get('schema_version')!r}; "
-                         f"this code reads {SCHEMA_VERSION}")
+        raise ConfigError(f"ceilings={str(path)!r}: schema_version={doc.get('schema_version')!r}; "
+                          f"this code reads {SCHEMA_VERSION}")
     for key in TOP_KEYS:
         if key not in doc:
-            raise ValueError(f"{path}: missing key {key!r}")
+            raise ConfigError(f"ceilings={str(path)!r}: missing key {key!r}")
     for key in SUMMARY_KEYS:
-        if key not in doc["summary"]:
-            raise ValueError(f"{path}: summary is missing key {key!r}")
+        if not isinstance(doc["summary"], dict) or key not in doc["summary"]:
+            raise ConfigError(f"ceilings={str(path)!r}: summary is missing key {key!r}")
     return doc
 
 
