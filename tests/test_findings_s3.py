@@ -496,3 +496,11 @@ def test_L3_a_json_option_that_is_not_json_names_the_option_and_file(tmp_path):
         read_json(f, "overhead")
     with pytest.raises(ConfigError, match=r"^overhead='.*nope\.json': no such file"):
         read_json(tmp_path / "nope.json", "overhead")
+
+
+@pytest.mark.parametrize("doc", [{"x": 1}, {"coef": [1, 2]}, {"coef": [1, "a", 3]}, [1, 2, 3], {"coef": [1, 2, float("nan")]}])
+def test_L6_an_overhead_file_that_is_not_one_is_one_line(doc):
+    """L6: `overhead=<{"x":1}>` ended in `KeyError: 'coef'`."""
+    with pytest.raises(ConfigError, match=r"^overhead='o.json': not an overhead.json"):
+        fitcheck.check_overhead(doc, "overhead='o.json'")
+    assert fitcheck.check_overhead({"coef": [1e-3, 2e-4, 0]}) == (1e-3, 2e-4, 0.0)

@@ -153,3 +153,13 @@ def check_fit_settings(s) -> None:
             or not 0 <= band[0] < band[1] <= 1:
         raise ConfigError(f"band={list(band) if isinstance(band, (list, tuple)) else band!r}: allowed [lo, hi] "
                           "quantiles with 0 <= lo < hi <= 1")
+
+
+def check_overhead(doc, where: str = "overhead") -> tuple[float, float, float]:
+    """The (c0, c1, c2) of an overhead.json (roofline.spec.validation's O(k, B) = c0 + c1*k + c2*B
+    seconds per round), or ConfigError naming `where` and what is wrong."""
+    coef = doc.get("coef") if isinstance(doc, dict) else None
+    if not isinstance(coef, list) or len(coef) != 3 or not all(_number(c) for c in coef):
+        raise ConfigError(f"{where}: not an overhead.json of the speculative validation (needs 'coef': three "
+                          f"finite numbers c0, c1, c2 of O(k, B) = c0 + c1*k + c2*B seconds; got {str(coef)[:60]})")
+    return tuple(float(c) for c in coef)

@@ -83,7 +83,7 @@ def step_costs(fit: dict, dtype: str, drafter: DraftCost, target: ModelConfig | 
     overhead_s = overhead_share * group["coefs"][0]
     per_round, source = (lambda k, B: overhead_s), "fit_t0"
     if overhead is not None:  # measured by the speculative engine (roofline.spec.validation overhead.json)
-        c0, c1, c2 = overhead["coef"]
+        c0, c1, c2 = fitcheck.check_overhead(overhead)
         per_round, source = (lambda k, B: max(0.0, c0 + c1 * k + c2 * B)), "measured"
     return Costs(StepCosts(target=tgt, draft=draft, overhead=per_round),
                  source=forward.fit_source, overhead_source=source, overhead_s=overhead_s,
@@ -147,6 +147,8 @@ def run(req: PredictRequest) -> tuple[pd.DataFrame, dict]:
         except ConfigError as e:  # the parser's message names the line and the counter, this the file
             raise ConfigError(f"vllm_metrics={req.vllm_metrics!r}: {e}") from None
     overhead = files.read_json(req.overhead, "overhead") if req.overhead else None
+    if overhead is not None:
+        fitcheck.check_overhead(overhead, f"overhead={req.overhead!r}")
     fitcheck.check_context(req.plot_L, max(8, *req.k), target.max_context, target.name)  # before out_dir is written
     out = Path(req.out_dir or Path(req.fit).parent / f"predict-{target.name}-{req.drafter}")
     out.mkdir(parents=True, exist_ok=True)
