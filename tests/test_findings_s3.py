@@ -504,3 +504,9 @@ def test_L6_an_overhead_file_that_is_not_one_is_one_line(doc):
     with pytest.raises(ConfigError, match=r"^overhead='o.json': not an overhead.json"):
         fitcheck.check_overhead(doc, "overhead='o.json'")
     assert fitcheck.check_overhead({"coef": [1e-3, 2e-4, 0]}) == (1e-3, 2e-4, 0.0)
+
+
+def test_L6_a_fit_without_its_model_names_an_option_that_exists():
+    """L6: the message said "pass cfg=", which is no command-line option."""
+    with pytest.raises(ConfigError, match="give the fitted model as model=<preset>"):
+        costmodel.fitted_model({"groups": []})

@@ -487,7 +487,8 @@ def find_group(fit: dict, kind: str, dtype: str, mode: str | None = None, model:
 
 def fitted_model(fit: dict) -> ModelConfig:
     if not fit.get("model_spec"):
-        raise ConfigError("the fit has no model_spec (run.json missing when it was fitted): pass cfg=")
+        raise ConfigError("the fit has no model_spec (its run had no run.json when it was fitted): give the "
+                          "fitted model as model=<preset>, or refit a run folder that has its run.json")
     return ModelConfig.from_dict(fit["model_spec"])
 
 
