@@ -510,3 +510,17 @@ def test_L6_a_fit_without_its_model_names_an_option_that_exists():
     """L6: the message said "pass cfg=", which is no command-line option."""
     with pytest.raises(ConfigError, match="give the fitted model as model=<preset>"):
         costmodel.fitted_model({"groups": []})
+
+
+def test_N16_an_out_dir_that_is_a_dangling_symlink_a_loop_or_a_file_says_which(tmp_path):
+    """N16: a dangling symlink or a symlink loop as out_dir said only "File exists"."""
+    (tmp_path / "dangle").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    (tmp_path / "f").write_text("x")
+    for where, says in (("dangle", "is a symlink to .*nowhere.*, which does not exist"),
+                        ("a/x", "is a symlink loop"), ("f/run", "is a file, not a folder"),
+                        ("x" * 256, "longer than 255 bytes")):
+        with pytest.raises(ConfigError, match=r"^out_dir=.*" + says):
+            runfolder.check_folder_path(tmp_path / where, "out_dir")
+    runfolder.check_folder_path(tmp_path / "new" / "run", "out_dir")  # a folder yet to be made is fine

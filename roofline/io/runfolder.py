@@ -51,6 +51,26 @@ DERIVED_DIRS = ("figures",)
 TRANSIENT = ("oom", "too_big", "error")
 
 
+def check_folder_path(path: Path, field: str) -> None:
+    """A folder the command will create or write: refused naming `field` when it is a dangling
+    symlink or a symlink loop (mkdir says only "File exists"), a file, or a name too long."""
+    path = Path(path)
+    long = [part for part in path.parts if len(part.encode()) > 255]
+    if long:  # checked first: is_symlink() itself fails on such a name
+        raise ConfigError(f"{field}={str(path)!r}: a name is longer than 255 bytes ({long[0][:40]}...)")
+    for p in (path, *path.parents):
+        if p.is_symlink() and not p.exists():
+            try:
+                p.resolve(strict=True)
+            except RuntimeError:
+                raise ConfigError(f"{field}={str(path)!r}: {str(p)!r} is a symlink loop") from None
+            except OSError:
+                pass
+            raise ConfigError(f"{field}={str(path)!r}: {str(p)!r} is a symlink to {os.readlink(p)!r}, which does not exist")
+        if p.exists() and not p.is_dir():
+            raise ConfigError(f"{field}={str(path)!r}: {str(p)!r} is a file, not a folder")
+
+
 class Interrupted(KeyboardInterrupt):
     """SIGINT or SIGTERM during a sweep; `signum` says which (the exit status is 128 + signum)."""
 

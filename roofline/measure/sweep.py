@@ -432,6 +432,7 @@ def check_run_dir(spec: SweepSpec, run_dir: Path, force: bool = False,
     spec to measure, the run.json kept or None for a fresh folder, the extension log). A folder
     holding another measurement, or one of another results schema, is refused naming what
     differs, unless `force`; when only grid values differ, `extend` measures the union grid."""
+    runfolder.check_folder_path(run_dir, "out_dir")
     meta = run_dir / "run.json"
     if force and extend:
         raise ConfigError("force=true and extend=true: force sets the old run aside, extend adds to it; choose one")
@@ -535,6 +536,7 @@ def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
     t0 = time.time()
     run_dir = Path(run_dir)
     spec.identity()  # the device must exist before a folder is made
+    runfolder.check_folder_path(run_dir, "out_dir")
     if spec.ceilings and spec.ceilings != "quick":
         _ceilings_for(spec, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
