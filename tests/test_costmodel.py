@@ -275,3 +275,22 @@ def test_a_noisy_grid_marks_t0_weakly_identified(tmp_path):
     g, _ = _fit_of(tmp_path, truth=TRUTH, noise=0.01)
     assert _checks(g)["t0"] == "weakly identified"
     assert any(w.startswith("term t0 weakly identified") for w in g["problems"])
+
+
+def test_an_extrapolated_prediction_band_is_widened_by_the_measured_extrapolation_error():
+    """In the measured box the band is the K-fold one, [T/p90, T/p10]; outside it (B = 64 of a B <= 4
+    fit) each side is widened by the group's measured extrapolation error (the largest median |err|
+    of its 'train ..., predict ...' splits): without that the band claims the in-box accuracy."""
+    fit = json.loads((REPO / "results" / "cpu-demo" / "fit.json").read_text())
+    g = cm.find_group(fit, "forward", "bfloat16")
+    inside = cm.predict_detail(fit, "forward", "bfloat16", 1, 1, 128)
+    assert not inside["extrapolated"] and inside["band_widened_by_pct"] == 0.0
+    assert inside["p90_s"] == pytest.approx(inside["seconds"] / g["band"]["p10"], rel=1e-12)
+    widen = max(e["median_abs_pct"] for e in g["errors"]
+                if e["method"] == "fit" and e["regime"] == "all" and e["split"].startswith("train "))
+    assert widen > 5.0
+    far = cm.predict_detail(fit, "forward", "bfloat16", 1, 64, 128)
+    assert far["extrapolated"] and far["band_widened_by_pct"] == pytest.approx(widen)
+    assert far["p90_s"] == pytest.approx(far["seconds"] / g["band"]["p10"] * (1 + widen / 100), rel=1e-12)
+    assert far["p10_s"] == pytest.approx(far["seconds"] / g["band"]["p90"] / (1 + widen / 100), rel=1e-12)
+    assert far["p90_s"] / far["seconds"] > inside["p90_s"] / inside["seconds"]
