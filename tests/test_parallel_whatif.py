@@ -335,3 +335,41 @@ def test_a_dequantise_per_step_kv_row_is_priced_as_what_it_moved():
     assert moved.kv_read_bytes - fused.kv_read_bytes == 2 * 4 * 32 * 1024 * 2048 * 2
     assert forward_cost(cfg, "bfloat16", 4, 1, 1023, kv_impl="dequant").kv_read_bytes == \
         forward_cost(cfg, "bfloat16", 4, 1, 1023).kv_read_bytes  # a float cache has no copy
+
+
+def test_one_moe_mode_rule_covers_one_device_and_sharded_runs():
+    """accounting.moe_impl_for_mode is the one home: the sweep (one device) and the sharded runner
+    both take it; sharded graph mode is refused for an MoE with the rule's reason."""
+    from roofline.model.accounting import SHARDED_MOE_NO_GRAPH, moe_impl_for_mode
+    assert [moe_impl_for_mode(m) for m in ("eager", "graph", "compiled")] == ["touched", "dense", "dense"]
+    assert [moe_impl_for_mode(m, sharded=True) for m in ("eager", "compiled")] == ["touched", "touched"]
+    with pytest.raises(ValueError, match="CUDA-graph capture"):
+        moe_impl_for_mode("graph", sharded=True)
+    import inspect
+    from roofline.measure import sweep
+    from roofline.parallel import runner
+    for mod in (sweep, runner):  # no second home: neither names an implementation itself
+        src = inspect.getsource(mod)
+        assert 'moe_impl="touched"' not in src and 'moe_impl="dense"' not in src, mod.__name__
+    from roofline.measure.sweep import SweepSpec
+    from roofline.model.presets import scaled_down
+    cfg = scaled_down(get_preset("mixtral-8x7b"), layers=2)
+    with pytest.raises(ConfigError) as e:
+        SweepSpec(model=cfg, q=(1,), B=(2,), L=(8,), parallel=Layout(tp=2, ep=2), modes=("graph",), device="cuda")
+    assert SHARDED_MOE_NO_GRAPH in str(e.value)
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_a_datasheet_what_if_of_qwen3_moe_in_graph_mode_prices_the_touched_experts(graphs):
+    """The shipped engine data, CUDA graphs on (graph mode) or off: the experts are the ones B*q
+    tokens touch (8 of 128 at one token, ~15.5 at two), never all of them; graphs change the launch
+    floor only."""
+    from roofline.model.accounting import experts_touched
+    cfg, dev = get_preset("qwen3-30b-a3b"), get_spec("h100_sxm")
+    w = WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine="vllm", graphs=graphs))
+    assert w.experts_touched(1) == pytest.approx(8.0) and w.experts_touched(2) == pytest.approx(
+        experts_touched(cfg, 2))
+    t1, t2 = w.target(1, 1, 1024, 1), w.target(1, 2, 1024, 1)
+    assert t2 / t1 > 1.2  # priced dense (all 128 experts read at any batch) the ratio was 1.00
+    dense_GB = 2 * 30.5e9 / 1e9
+    assert t1 < 0.5 * dense_GB / 3350
