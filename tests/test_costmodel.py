@@ -294,3 +294,11 @@ def test_an_extrapolated_prediction_band_is_widened_by_the_measured_extrapolatio
     assert far["p90_s"] == pytest.approx(far["seconds"] / g["band"]["p10"] * (1 + widen / 100), rel=1e-12)
     assert far["p10_s"] == pytest.approx(far["seconds"] / g["band"]["p90"] / (1 + widen / 100), rel=1e-12)
     assert far["p90_s"] / far["seconds"] > inside["p90_s"] / inside["seconds"]
+
+
+def test_a_cache_resident_working_set_is_not_bounded_by_the_dram_ceiling():
+    ceilings = {"summary": {"mem_bw_GBps": 21.0, "peak_tflops": {"bfloat16": 0.42}, "llc_bytes": 64 * 2**20}}
+    small = cm.fit_roofs("bfloat16", ceilings, "some CPU", working_set=8e6)
+    large = cm.fit_roofs("bfloat16", ceilings, "some CPU", working_set=4.3e8)
+    assert small.bw_Bps is None and small.flops == pytest.approx(0.42e12)
+    assert large.bw_Bps == pytest.approx(21e9) and "measured ceiling of 21 GB/s" in large.bw_source

@@ -482,12 +482,17 @@ def _layer_terms(g: pd.DataFrame) -> dict:
 ROOF_SLACK = 1.15  # a fitted rate may reach 1.15x its ceiling (a ceiling's own error, a cache-resident share)
 
 
-def fit_roofs(dtype: str, ceilings: dict | None, device_name: str) -> Roofs:
+def fit_roofs(dtype: str, ceilings: dict | None, device_name: str, working_set: float | None = None) -> Roofs:
     """The bounds of a group's fitted rates: the run's measured ceilings (ceilings.json), else the
-    datasheet row of its device (quality.ceilings_for); none where neither is known."""
+    datasheet row of its device (quality.ceilings_for); none where neither is known. No memory bound
+    when every pass's bytes (`working_set`, B) fit in the last-level cache: the ceiling is DRAM's."""
     sheet = detect(device_name)
     sheet = None if sheet is None or sheet.measured_only else sheet
     bw, bw_src, f, f_src = quality.ceilings_for(dtype, ceilings, sheet)
+    summary = (ceilings or {}).get("summary") or {}
+    cache = summary.get("llc_bytes") or summary.get("cache_bytes") or (sheet.cache_bytes() if sheet else None)
+    if bw and working_set and cache and working_set < cache:
+        bw = None
     return Roofs(bw_Bps=bw * 1e9 if bw else None, flops=f * 1e12 if f else None,
                  bw_source=f"{bw_src} of {bw:.4g} GB/s" if bw else "", flops_source=f"{f_src} of {f:.4g} TFLOP/s"
                  if f else "", slack=ROOF_SLACK)
@@ -496,7 +501,7 @@ def fit_roofs(dtype: str, ceilings: dict | None, device_name: str) -> Roofs:
 def fit_group(g: pd.DataFrame, settings: FitSettings, ceilings: dict | None,
               sliced: pd.DataFrame | None = None) -> tuple[dict, pd.DataFrame]:
     key = {k: (str(g[k].iloc[0]) if k in g else "?") for k in GROUP_KEYS}
-    roofs = fit_roofs(key["dtype"], ceilings, key["device_name"])
+    roofs = fit_roofs(key["dtype"], ceilings, key["device_name"], float(_col(g, "bytes_total").max()) or None)
     checks: list[dict] = []
     coefs, knee = fit_coefs(g, roofs=roofs, checks=checks)
     t = terms(g, coefs, knee)
