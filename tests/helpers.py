@@ -39,19 +39,31 @@ def physics(kind: str, q: int, B: int, L: int, weight_bytes: float = WEIGHT_BYTE
     kv_write = B * LAYERS * KV_ELEMS * q * 2
     embed = tokens * D * 2
     total = weight_bytes + kv_read + kv_write + embed
-    flops = 2 * (weight_bytes / 2) * tokens + 4 * B * q * (L + q / 2) * HEAD_FLOPS * LAYERS
+    flops_matmul = 2 * (weight_bytes / 2) * tokens
+    flops_attention = 4 * B * q * (L + q / 2) * HEAD_FLOPS * LAYERS
+    flops = flops_matmul + flops_attention
     return dict(kv_len=L + q, tokens=tokens, weight_bytes=weight_bytes, kv_read_bytes=kv_read,
                 kv_write_bytes=kv_write, embed_bytes=embed, bytes_total=total, flops=flops,
-                intensity=flops / total)
+                flops_matmul=flops_matmul, flops_attention=flops_attention, intensity=flops / total)
 
 
-def make_synthetic_run(run_dir: Path, ceilings: bool = True, datasheet: bool = True, seed: int = 0) -> Path:
+def form_time(p: dict, truth: dict) -> float:
+    """The cost model's own form with known parameters (truth: t0 s, bw B/s, f FLOP/s for the
+    matmuls past the knee, f_attn FLOP/s, knee tokens), attention FLOPs split from the matmuls."""
+    mm = p["flops_matmul"] * max(0.0, 1 - truth["knee"] / p["tokens"])
+    return truth["t0"] + p["bytes_total"] / truth["bw"] + mm / truth["f"] + p["flops_attention"] / truth["f_attn"]
+
+
+def make_synthetic_run(run_dir: Path, ceilings: bool = True, datasheet: bool = True, seed: int = 0,
+                       truth: dict | None = None, Bs=(1, 4), Ls=(0, 4096), noise: float = 0.01) -> Path:
     """points.jsonl + points.csv (+ run.json, ceilings.json) of a small CPU sweep: q 1..128,
-    B in {1, 4}, L in {0, 4096}, two MTP points and one failed (oom) point."""
+    B in `Bs`, L in `Ls`, two MTP points and one failed (oom) point. Times: CPU-like T(q)/T(1)
+    ratios, or with `truth` the cost model's form with those parameters (form_time), times
+    1 + `noise` x a standard normal."""
     rng = np.random.default_rng(seed)
     run_dir.mkdir(parents=True, exist_ok=True)
     rows = []
-    grid = [("forward", q, B, L) for B in (1, 4) for L in (0, 4096) for q in (1, 2, 4, 8, 16, 32, 64, 128)]
+    grid = [("forward", q, B, L) for B in Bs for L in Ls for q in (1, 2, 4, 8, 16, 32, 64, 128)]
     grid += [("mtp", 1, 1, 0), ("mtp", 1, 4, 0)]
     for n, (kind, q, B, L) in enumerate(grid):
         key = dict(point_id=f"p{n:03d}", kind=kind, model="cpu-demo", dtype="bfloat16", mode="eager",
@@ -62,8 +74,11 @@ def make_synthetic_run(run_dir: Path, ceilings: bool = True, datasheet: bool = T
                                                 extrapolated=False, t_l2="warm", t_threads=2))
             continue
         p = physics(kind, q, B, L, WEIGHT_BYTES if kind == "forward" else 0.16e9)
-        t = p["bytes_total"] / BW_Q1 * np.interp(np.log2(B * q), np.log2(RATIO_TOKENS), RATIO)
-        t *= 1 + 0.01 * rng.standard_normal()
+        if truth is not None:
+            t = form_time(p, truth)
+        else:
+            t = p["bytes_total"] / BW_Q1 * np.interp(np.log2(B * q), np.log2(RATIO_TOKENS), RATIO)
+        t *= 1 + noise * rng.standard_normal()
         timing = dict(t_median_s=t, t_p10_s=0.97 * t, t_p90_s=1.05 * t, t_cv=0.03, t_n=15, t_l2="warm", t_threads=2)
         derived = dict(achieved_GBps=p["bytes_total"] / t / 1e9, achieved_TFLOPs=p["flops"] / t / 1e12,
                        tokens_per_s=B * q / t, ridge_datasheet=None, bound_datasheet=None)

@@ -204,3 +204,101 @@ def test_a_sliced_run_lends_only_its_measured_shallow_rows(tmp_path):
     assert e.loc["train layers 1,2, predict full depth", "max_abs_pct"] < 1.0
     alone, _ = cm.fit_run(full_dir)  # the 3x guesses never reached the fit: same coefficients as without S
     assert group["coefs"] == pytest.approx(alone["groups"][0]["coefs"], rel=1e-9)
+
+
+# ---- a bounded, identified fit (issue 21, build item 6) ---------------------------------------
+
+TRUTH = dict(t0=2e-3, bw=18e9, f=0.3e12, f_attn=0.1e12, knee=8)  # s, B/s, FLOP/s, FLOP/s, tokens
+
+
+def _fit_of(tmp_path, **kw):
+    from tests.helpers import make_synthetic_run
+    fit, _ = cm.fit_run(make_synthetic_run(tmp_path / "run", **kw))
+    return next(g for g in fit["groups"] if g["key"]["kind"] == "forward"), fit
+
+
+def _checks(group) -> dict:
+    return {c["term"]: c["status"] for c in group["term_checks"]}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_synthetic_run_of_the_form_gives_back_its_parameters(tmp_path, seed):
+    """A run folder whose times follow the form with known parameters (0.2% noise, ceilings.json of
+    21 GB/s and 0.42 TFLOP/s, every rate below them): BW within 3%, the matmul and attention rates
+    within 2%, t0 (2 ms of 25-700 ms steps) within 35%; every term identified, no problem."""
+    g, _ = _fit_of(tmp_path, truth=TRUTH, noise=0.002, seed=seed)
+    p = g["params"]
+    assert p["BW_eff_GBps"] == pytest.approx(TRUTH["bw"] / 1e9, rel=0.03)
+    assert p["F_eff_TFLOPs"] == pytest.approx(TRUTH["f"] / 1e12, rel=0.02)
+    assert p["F_attn_TFLOPs"] == pytest.approx(TRUTH["f_attn"] / 1e12, rel=0.02)
+    assert p["t0_ms"] == pytest.approx(TRUTH["t0"] * 1e3, rel=0.35)
+    assert g["knee_tokens"] == TRUTH["knee"]
+    assert set(_checks(g).values()) == {"identified"} and g["problems"] == []
+
+
+def test_no_fitted_rate_above_its_ceiling_and_the_term_at_its_bound_is_a_problem(tmp_path):
+    """Attention that costs nothing in the times (50 TFLOP/s on a 0.42 TFLOP/s device): the fit may
+    not claim it (unbounded it did: 6.9e7 TFLOP/s on a CPU); it sits at 1.15x the measured ceiling
+    and the gate says so in problems and in the warnings the report prints."""
+    from roofline.analysis import quality
+    from tests.helpers import MEASURED_BF16_TFLOPS, MEASURED_BW_GBPS
+    g, fit = _fit_of(tmp_path, truth=dict(TRUTH, f_attn=50e12), noise=0.002)
+    p = g["params"]
+    assert p["F_attn_TFLOPs"] <= cm.ROOF_SLACK * MEASURED_BF16_TFLOPS * (1 + 1e-6)
+    assert p["F_eff_TFLOPs"] <= cm.ROOF_SLACK * MEASURED_BF16_TFLOPS * (1 + 1e-6)
+    assert p["BW_eff_GBps"] <= cm.ROOF_SLACK * MEASURED_BW_GBPS * (1 + 1e-6)
+    assert _checks(g)["attention"] == "at bound"
+    assert any(w.startswith("term attention at bound") for w in g["problems"])
+    assert any("term attention at bound" in w for w in quality.fit_warnings(fit))
+    assert g["bounds"]["F_max_TFLOPs"] == pytest.approx(cm.ROOF_SLACK * MEASURED_BF16_TFLOPS)
+
+
+def test_without_ceilings_the_datasheet_row_bounds_the_fit(tmp_path):
+    """No ceilings.json: the device's datasheet row bounds the rates (here a CPU without one: no
+    bound, and the fit says where its bounds came from)."""
+    g, _ = _fit_of(tmp_path, truth=TRUTH, noise=0.002, ceilings=False)
+    assert g["bounds"]["BW_max_GBps"] is None and g["bounds"]["F_max_TFLOPs"] is None
+    sheet = cm.fit_roofs("bfloat16", None, "NVIDIA H100 80GB HBM3")
+    assert sheet.bw_Bps == pytest.approx(3.35e12, rel=0.01) and "datasheet" in sheet.bw_source
+
+
+def test_a_grid_that_does_not_vary_bytes_leaves_t0_unidentified_and_says_so(tmp_path):
+    """One batch and no context: every pass reads the same bytes (to 0.1%), so t0 and W/BW are one
+    column; t0 is not fitted (0) and the gate names it, instead of a split the noise chooses."""
+    g, _ = _fit_of(tmp_path, truth=TRUTH, noise=0.002, Bs=(1,), Ls=(0,))
+    assert _checks(g)["t0"] == "unidentified" and g["params"]["t0_ms"] == 0.0
+    assert any(w.startswith("term t0 unidentified") for w in g["problems"])
+
+
+def test_a_noisy_grid_marks_t0_weakly_identified(tmp_path):
+    """At 1% noise the bytes vary too little (7% of the t0 column outside W's span) to pin a 2 ms t0."""
+    g, _ = _fit_of(tmp_path, truth=TRUTH, noise=0.01)
+    assert _checks(g)["t0"] == "weakly identified"
+    assert any(w.startswith("term t0 weakly identified") for w in g["problems"])
+
+
+def test_an_extrapolated_prediction_band_is_widened_by_the_measured_extrapolation_error():
+    """In the measured box the band is the K-fold one, [T/p90, T/p10]; outside it (B = 64 of a B <= 4
+    fit) each side is widened by the group's measured extrapolation error (the largest median |err|
+    of its 'train ..., predict ...' splits): without that the band claims the in-box accuracy."""
+    fit = json.loads((REPO / "results" / "cpu-demo" / "fit.json").read_text())
+    g = cm.find_group(fit, "forward", "bfloat16")
+    inside = cm.predict_detail(fit, "forward", "bfloat16", 1, 1, 128)
+    assert not inside["extrapolated"] and inside["band_widened_by_pct"] == 0.0
+    assert inside["p90_s"] == pytest.approx(inside["seconds"] / g["band"]["p10"], rel=1e-12)
+    widen = max(e["median_abs_pct"] for e in g["errors"]
+                if e["method"] == "fit" and e["regime"] == "all" and e["split"].startswith("train "))
+    assert widen > 5.0
+    far = cm.predict_detail(fit, "forward", "bfloat16", 1, 64, 128)
+    assert far["extrapolated"] and far["band_widened_by_pct"] == pytest.approx(widen)
+    assert far["p90_s"] == pytest.approx(far["seconds"] / g["band"]["p10"] * (1 + widen / 100), rel=1e-12)
+    assert far["p10_s"] == pytest.approx(far["seconds"] / g["band"]["p90"] / (1 + widen / 100), rel=1e-12)
+    assert far["p90_s"] / far["seconds"] > inside["p90_s"] / inside["seconds"]
+
+
+def test_a_cache_resident_working_set_is_not_bounded_by_the_dram_ceiling():
+    ceilings = {"summary": {"mem_bw_GBps": 21.0, "peak_tflops": {"bfloat16": 0.42}, "llc_bytes": 64 * 2**20}}
+    small = cm.fit_roofs("bfloat16", ceilings, "some CPU", working_set=8e6)
+    large = cm.fit_roofs("bfloat16", ceilings, "some CPU", working_set=4.3e8)
+    assert small.bw_Bps is None and small.flops == pytest.approx(0.42e12)
+    assert large.bw_Bps == pytest.approx(21e9) and "measured ceiling of 21 GB/s" in large.bw_source

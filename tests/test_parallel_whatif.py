@@ -335,3 +335,71 @@ def test_a_dequantise_per_step_kv_row_is_priced_as_what_it_moved():
     assert moved.kv_read_bytes - fused.kv_read_bytes == 2 * 4 * 32 * 1024 * 2048 * 2
     assert forward_cost(cfg, "bfloat16", 4, 1, 1023, kv_impl="dequant").kv_read_bytes == \
         forward_cost(cfg, "bfloat16", 4, 1, 1023).kv_read_bytes  # a float cache has no copy
+
+
+def test_one_moe_mode_rule_covers_one_device_and_sharded_runs():
+    """accounting.moe_impl_for_mode is the one home: the sweep (one device) and the sharded runner
+    both take it; sharded graph mode is refused for an MoE with the rule's reason."""
+    from roofline.model.accounting import SHARDED_MOE_NO_GRAPH, moe_impl_for_mode
+    assert [moe_impl_for_mode(m) for m in ("eager", "graph", "compiled")] == ["touched", "dense", "dense"]
+    assert [moe_impl_for_mode(m, sharded=True) for m in ("eager", "compiled")] == ["touched", "touched"]
+    with pytest.raises(ValueError, match="CUDA-graph capture"):
+        moe_impl_for_mode("graph", sharded=True)
+    import inspect
+    from roofline.measure import sweep
+    from roofline.parallel import runner
+    for mod in (sweep, runner):  # no second home: neither names an implementation itself
+        src = inspect.getsource(mod)
+        assert 'moe_impl="touched"' not in src and 'moe_impl="dense"' not in src, mod.__name__
+    from roofline.measure.sweep import SweepSpec
+    from roofline.model.presets import scaled_down
+    cfg = scaled_down(get_preset("mixtral-8x7b"), layers=2)
+    with pytest.raises(ConfigError) as e:
+        SweepSpec(model=cfg, q=(1,), B=(2,), L=(8,), parallel=Layout(tp=2, ep=2), modes=("graph",), device="cuda")
+    assert SHARDED_MOE_NO_GRAPH in str(e.value)
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_a_datasheet_what_if_of_qwen3_moe_in_graph_mode_prices_the_touched_experts(graphs):
+    """The shipped engine data, CUDA graphs on (graph mode) or off: the experts are the ones B*q
+    tokens touch (8 of 128 at one token, ~15.5 at two), never all of them; graphs change the launch
+    floor only."""
+    from roofline.model.accounting import experts_touched
+    cfg, dev = get_preset("qwen3-30b-a3b"), get_spec("h100_sxm")
+    w = WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine="vllm", graphs=graphs))
+    assert w.experts_touched(1) == pytest.approx(8.0) and w.experts_touched(2) == pytest.approx(
+        experts_touched(cfg, 2))
+    t1, t2 = w.target(1, 1, 1024, 1), w.target(1, 2, 1024, 1)
+    assert t2 / t1 > 1.2  # priced dense (all 128 experts read at any batch) the ratio was 1.00
+    dense_GB = 2 * 30.5e9 / 1e9
+    assert t1 < 0.5 * dense_GB / 3350
+
+
+def test_a_graph_mode_fit_of_qwen3_moe_itself_prices_the_touched_experts():
+    """A fit of Qwen3-30B-A3B's own graph-mode rows (which ran and were priced dense: all 128 experts)
+    predicts a step of that model with the touched experts, as a device-fit transfer: T(2)/T(1)
+    follows the experts a second token touches, where the dense rows' own table says ~1.00."""
+    import dataclasses
+    import pandas as pd
+    from roofline.analysis import costmodel as cm
+    cfg = get_preset("qwen3-30b-a3b")
+    rows = []
+    for q in (1, 2, 4, 8, 16, 32):
+        for B in (1, 2, 4):
+            for L in (128, 1024):
+                r = cm.cost_row(cfg, "forward", "bfloat16", q, B, L, "graph")
+                assert r["experts_touched"] == cfg.experts  # what the decoder ran under capture
+                t = 2e-4 + (r["weight_bytes"] + r["kv_read_bytes"] + r["kv_write_bytes"]) / 3.0e12 \
+                    + r["flops_matmul"] * max(0, 1 - 64 / (B * q)) / 6e14 + r["flops_attention"] / 3e14
+                rows.append({**r, "device_name": "NVIDIA H100 80GB HBM3", "model": cfg.name, "dtype": "bfloat16",
+                             "mode": "graph", "kind": "forward", "q": q, "B": B, "L": L, "t_median_s": t,
+                             "status": "ok", "layers_run": cfg.layers, "layers_full": cfg.layers})
+    group, _ = cm.fit_group(pd.DataFrame(rows), cm.FitSettings(), ceilings=None)
+    fit = dict(schema=cm.FIT_SCHEMA, groups=[group], model_spec=dataclasses.asdict(cfg),
+               provenance=dict(device_name="NVIDIA H100 80GB HBM3"))
+    d1 = cm.predict_detail(fit, "forward", "bfloat16", 1, 1, 128, "graph")
+    d2 = cm.predict_detail(fit, "forward", "bfloat16", 1, 2, 128, "graph")
+    assert d1["source"] == "device-fit-transfer" and d1["step_source"] == "fit"
+    dense_ratio = rows[2]["t_median_s"] / rows[0]["t_median_s"]  # the rows' own B=2 / B=1 at q=1, L=128
+    assert dense_ratio < 1.01 and d2["seconds"] / d1["seconds"] > 1.3
+    assert d1["seconds"] < 0.3 * rows[0]["t_median_s"]  # 8 of 128 experts read, not all

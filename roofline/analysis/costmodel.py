@@ -116,22 +116,65 @@ def full_coefs(coefs) -> np.ndarray:
 
 
 ROBUST_SCALE = 0.05  # relative residual beyond which a point's pull grows only linearly
+ID_SHARE = 0.01  # a design column with < 1% of its norm outside the other columns' span is not identified
 
 
-def _solve(X: np.ndarray, y: np.ndarray, offset: np.ndarray | None = None) -> np.ndarray:
-    """Non-negative fit of relative residuals (columns scaled for conditioning): nnls for the
-    start, then scipy's least_squares with bounds >= 0 and a soft-L1 loss, so a few points
-    timed while the machine was busy (shared CPUs) do not drag the physics."""
+def _solve(X: np.ndarray, y: np.ndarray, offset: np.ndarray | None = None,
+           lower: np.ndarray | None = None) -> np.ndarray:
+    """Bounded fit of relative residuals (columns scaled for conditioning): coefficients >= `lower`
+    (0 where not given: no negative bandwidths; a rate's bound where the hardware caps it), nnls of
+    the shifted problem for the start, then scipy's least_squares with those bounds and a soft-L1
+    loss, so a few points timed while the machine was busy (shared CPUs) do not drag the physics."""
     A = X / y[:, None]
     scale = np.abs(A).max(axis=0)
     scale[scale == 0] = 1.0
     A = A / scale
+    lb = np.zeros(X.shape[1]) if lower is None else np.asarray(lower, float) * scale
     target = np.ones(len(y)) if offset is None else 1.0 - offset / y  # a known term (T_comm) moved to the left
-    z, _ = nnls(A, target, maxiter=50 * X.shape[1])
+    d, _ = nnls(A, target - A @ lb, maxiter=50 * X.shape[1])  # z = lb + d, d >= 0
+    z = lb + d
     if len(y) > X.shape[1]:
-        z = least_squares(lambda v: A @ v - target, np.maximum(z, 1e-9), jac=lambda v: A, bounds=(0.0, np.inf),
-                          loss="soft_l1", f_scale=ROBUST_SCALE, method="trf").x
+        z = least_squares(lambda v: A @ v - target, np.maximum(z, lb + 1e-9), jac=lambda v: A,
+                          bounds=(lb, np.inf), loss="soft_l1", f_scale=ROBUST_SCALE, method="trf").x
     return z / scale
+
+
+def outside_share(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Per design column: the share of its (relative, scaled) norm outside the span of the other
+    columns; ~0 when the grid cannot tell that term from the others (t0 and W/BW for a dense model
+    whose bytes do not vary), 0 for a column of zeros."""
+    A = X / y[:, None]
+    norms = np.linalg.norm(A, axis=0)
+    out = np.zeros(A.shape[1])
+    for j in range(A.shape[1]):
+        if norms[j] == 0:
+            continue
+        a = A[:, j] / norms[j]
+        others = np.delete(A, j, axis=1)
+        others = others[:, np.linalg.norm(others, axis=0) > 0]
+        if others.shape[1] == 0:
+            out[j] = 1.0
+            continue
+        others = others / np.linalg.norm(others, axis=0)
+        coef, *_ = np.linalg.lstsq(others, a, rcond=None)
+        out[j] = float(np.linalg.norm(a - others @ coef))
+    return out
+
+
+@dataclass(frozen=True)
+class Roofs:
+    """What bounds a fitted rate: the memory and FLOP ceilings (B/s, FLOP/s; None where unknown) and
+    their sources, times `slack` (the fit may not claim more than slack x the ceiling)."""
+    bw_Bps: float | None = None
+    flops: float | None = None
+    bw_source: str = ""
+    flops_source: str = ""
+    slack: float = 1.15
+
+    def lower(self, names) -> np.ndarray:
+        """Lower bounds of the coefficients of the design columns `names` (s/B, s/FLOP; 0 else)."""
+        rate = dict(weights=self.bw_Bps, kv=self.bw_Bps, matmul=self.flops, attention=self.flops)
+        return np.array([1.0 / (self.slack * rate[n]) if rate.get(n) else 0.0 for n in names])
 
 
 def weights_vary(df: pd.DataFrame, spread: float = 0.02) -> bool:
@@ -146,32 +189,119 @@ def blocks_vary(df: pd.DataFrame) -> bool:
     return bool(n.size and n.max() > n.min())
 
 
-def fit_coefs(df: pd.DataFrame, tie_kv: bool | None = None) -> tuple[np.ndarray, float]:
-    """(coefficients in s, s/B, s/B, s/FLOP, s/FLOP; knee in tokens) minimising relative error.
+def _design(X: np.ndarray, tie_kv: bool, per_layer: bool, with_t0: bool) -> tuple[np.ndarray, list[str]]:
+    cols = [("t0", X[:, 0])] if with_t0 else []
+    if tie_kv:
+        cols.append(("weights", X[:, 1] + X[:, 2]))
+    else:
+        cols += [("weights", X[:, 1]), ("kv", X[:, 2])]
+    cols += [("matmul", X[:, 3]), ("attention", X[:, 4])] + ([("per_layer", X[:, 5])] if per_layer else [])
+    return np.column_stack([c for _, c in cols]), [n for n, _ in cols]
+
+
+def _expand(c: np.ndarray, names: list[str], tie_kv: bool) -> np.ndarray:
+    v = dict(zip(names, c))
+    if tie_kv:
+        v["kv"] = v["weights"]
+    return np.array([v.get(n, 0.0) for n in TERMS[:6]] + [1.0])
+
+
+def fit_coefs(df: pd.DataFrame, tie_kv: bool | None = None, roofs: Roofs | None = None,
+              checks: list | None = None) -> tuple[np.ndarray, float]:
+    """(coefficients in s, s/B, s/B, s/FLOP, s/FLOP, s/block, 1; knee in tokens) minimising relative error.
 
     A dense model reads the same weight bytes in every pass, so t0 and W/BW_eff are the same
     column; then (tie_kv=None → auto) the cache is taken to stream at the weights' bandwidth
     (one BW for W + KV) and t0 is identified through the KV traffic, which varies with B and L.
+    Bounded by physics: t0 >= 0; with `roofs`, no bandwidth above slack x the memory ceiling and no
+    matmul or attention rate above slack x the FLOP ceiling. Identified by the grid: where the
+    t0 column lies in the span of the others (no byte or block variation separates it), t0 is
+    not fitted (0: the fixed time is inside W/BW_eff). `checks`, when a list, receives one entry
+    per term (`term_checks`): identified, unidentified (with its share outside the others' span),
+    at its bound, or not in the rows.
     """
     tie_kv = not weights_vary(df) if tie_kv is None else tie_kv
     per_layer = blocks_vary(df)
+    roofs = roofs or Roofs()
     y = _col(df, "t_median_s")
     best = None
     for knee in [0.0] + sorted(set(_col(df, "tokens"))):
         X = features(df, knee)
-        comm = X[:, 6]
-        layer_col = [X[:, 5]] if per_layer else []
-        if tie_kv:
-            c = _solve(np.column_stack([X[:, 0], X[:, 1] + X[:, 2], X[:, 3], X[:, 4], *layer_col]), y, comm)
-            c = np.array([c[0], c[1], c[1], c[2], c[3], c[4] if per_layer else 0.0, 1.0])
-        else:
-            c = _solve(np.column_stack([X[:, :5], *layer_col]), y, comm)
-            c = np.array([*c[:5], c[5] if per_layer else 0.0, 1.0])
+        D, names = _design(X, tie_kv, per_layer, with_t0=True)
+        share = dict(zip(names, outside_share(D, y)))
+        layered = per_layer and share["per_layer"] >= ID_SHARE  # depth that moves only with W: no per-block term
+        if not layered:
+            D, names = _design(X, tie_kv, False, with_t0=True)
+            share.update({n: v for n, v in zip(names, outside_share(D, y)) if n == "t0"})
+        if share["t0"] < ID_SHARE:
+            D, names = _design(X, tie_kv, layered, with_t0=False)
+        share.update({n: v for n, v in zip(names, outside_share(D, y)) if n not in ("t0", "per_layer")})
+        lower = roofs.lower(names)
+        z = _solve(D, y, X[:, 6], lower)
+        c = _expand(z, names, tie_kv)
         r = np.abs(X @ c / y - 1.0) / ROBUST_SCALE
         err = float(np.sum(2 * (np.sqrt(1 + r**2) - 1)))  # the same soft-L1 loss
         if best is None or err < best[0] - 1e-12:
-            best = (err, c, knee)
-    return best[1], best[2]
+            best = (err, c, knee, share, names, z, lower, D)
+    _, c, knee, share, names, z, lower, D = best
+    if checks is not None:
+        comm = features(df, knee)[:, 6]
+        checks.extend(_term_checks(share, names, z, lower, D / y[:, None], roofs, tie_kv, 1.0 - comm / y))
+    return c, knee
+
+
+WEAK_REL_SE = 0.5  # a fitted term whose standard error is above half its value is weakly identified
+
+
+def standard_errors(A: np.ndarray, z: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Standard errors of the coefficients z of the relative-residual problem A z ≈ target (the
+    Gauss-Newton covariance s² (AᵀA)⁻¹, s² the residual variance); inf without spare points."""
+    n, p = A.shape
+    if n <= p:
+        return np.full(p, np.inf)
+    sc = np.abs(A).max(axis=0)
+    sc[sc == 0] = 1.0
+    As = A / sc
+    s2 = float(np.sum((A @ z - target) ** 2)) / (n - p)
+    return np.sqrt(np.maximum(np.diag(np.linalg.pinv(As.T @ As)), 0.0) * s2) / sc
+
+
+def _term_checks(share: dict, names: list[str], z, lower, A, roofs: Roofs, tie_kv: bool,
+                 target: np.ndarray | None = None) -> list[dict]:
+    """One entry per term of the design (A: its columns relative to the measured times)."""
+    se = standard_errors(A, z, np.ones(len(A)) if target is None else target)
+    fitted = dict(zip(names, zip(z, lower, np.abs(A).max(axis=0), se)))
+    out = []
+    for term, s in share.items():
+        if term not in fitted:  # t0 or the per-block term dropped: the grid does not separate it
+            inside = ("the fixed time is inside W/BW_eff; vary B or L (bytes) to measure it" if term == "t0" else
+                      "the depth moves only with the weight bytes, a per-block floor is inside W/BW_eff and t0")
+            out.append(dict(term=term, status="unidentified", outside_share=float(s),
+                            note=f"the grid does not separate it from the other terms ({100 * s:.2g}% of its "
+                                 f"column outside their span, < {100 * ID_SHARE:g}%): not fitted (0), {inside}"))
+            continue
+        v, lb, size, err = fitted[term]
+        what = "weights + kv" if term == "weights" and tie_kv else term
+        if size == 0:
+            out.append(dict(term=what, status="absent", outside_share=0.0, note="the rows carry none of it"))
+        elif s < ID_SHARE:
+            out.append(dict(term=what, status="unidentified", outside_share=float(s),
+                            note=f"the grid does not separate it from the other terms ({100 * s:.2g}% of its column "
+                                 f"outside their span, < {100 * ID_SHARE:g}%)"))
+        elif (v - lb) * size < 1e-6:  # within a millionth of a step of its bound
+            src = roofs.bw_source if term in ("weights", "kv") else roofs.flops_source
+            note = (f"at its bound ({roofs.slack:g}x the {src}): the points would have it faster than the hardware, "
+                    "the bound prices it") if lb > 0 else (
+                "held at 0 (no negative fixed time)" if term == "t0" else
+                "fitted as free (0 s): the points give it no time and no ceiling bounds it")
+            out.append(dict(term=what, status="at bound", outside_share=float(s), note=note))
+        elif err > WEAK_REL_SE * v:
+            out.append(dict(term=what, status="weakly identified", outside_share=float(s), rel_se=float(err / v),
+                            note=f"its standard error is {100 * err / v:.0f}% of its value (> {100 * WEAK_REL_SE:g}%): "
+                                 "the points' scatter leaves it open; more or quieter points, or a wider grid"))
+        else:
+            out.append(dict(term=what, status="identified", outside_share=float(s), rel_se=float(err / v), note=""))
+    return out
 
 
 def terms(df: pd.DataFrame, coefs, knee: float) -> np.ndarray:
@@ -210,7 +340,7 @@ def error_row(split: str, method: str, rg: str, pred, meas) -> dict:
                 bias_pct=float(np.mean(e)))
 
 
-def kfold_predictions(df: pd.DataFrame, folds: int, seed: int) -> np.ndarray:
+def kfold_predictions(df: pd.DataFrame, folds: int, seed: int, roofs: Roofs | None = None) -> np.ndarray:
     """Held-out predictions: each point predicted by a fit (knee included) that never saw it."""
     n = len(df)
     k = min(folds, n)
@@ -220,7 +350,7 @@ def kfold_predictions(df: pd.DataFrame, folds: int, seed: int) -> np.ndarray:
     perm = np.random.default_rng(seed).permutation(n)
     for test in np.array_split(perm, k):
         train = np.setdiff1d(perm, test)
-        c, knee = fit_coefs(df.iloc[train])
+        c, knee = fit_coefs(df.iloc[train], roofs=roofs)
         pred[test] = features(df.iloc[test], knee) @ c
     return pred
 
@@ -246,32 +376,32 @@ def roofline_baseline(df: pd.DataFrame, dtype: str, ceilings: dict | None) -> tu
 
 
 def _error_tables(df, full_pred, regimes, settings: FitSettings, ceilings, dtype,
-                  sliced: pd.DataFrame | None = None) -> tuple[list[dict], dict]:
+                  sliced: pd.DataFrame | None = None, roofs: Roofs | None = None) -> tuple[list[dict], dict]:
     meas = _col(df, "t_median_s")
     roof, roof_label = roofline_baseline(df, dtype, ceilings)
     free = verify_is_free(df)
-    cv = kfold_predictions(df, settings.folds, settings.seed)
+    cv = kfold_predictions(df, settings.folds, settings.seed, roofs)
     splits = {f"{settings.folds}-fold held-out": (np.ones(len(df), bool), cv)}
     qs, Bs = _col(df, "q"), _col(df, "B")
     train = qs <= settings.q_split
     if (~train).any() and train.sum() >= 4:
-        c, knee = fit_coefs(df[train])
+        c, knee = fit_coefs(df[train], roofs=roofs)
         splits[f"train q<={settings.q_split}, predict q>{settings.q_split}"] = (~train, features(df, knee) @ c)
     train = Bs == Bs.min()
     if (~train).any() and train.sum() >= 4:
-        c, knee = fit_coefs(df[train])
+        c, knee = fit_coefs(df[train], roofs=roofs)
         splits[f"train B={int(Bs.min())}, predict B>{int(Bs.min())}"] = (~train, features(df, knee) @ c)
     tabled = {}  # split -> the same fit times the trained rows' measured kernel factor (steptable)
     Ls = _col(df, "L")
     if len(set(Ls)) >= 3:  # two contexts to train on (the KV slope), the longest to predict
         train = Ls < Ls.max()
-        c, knee = fit_coefs(df[train])
+        c, knee = fit_coefs(df[train], roofs=roofs)
         name = f"train L<{int(Ls.max())}, predict L={int(Ls.max())}"
         pred = features(df, knee) @ c
         splits[name] = (~train, pred)
         tabled[name] = kernel_factor(df[train], pred[train], df, pred)
     if sliced is not None and len(sliced) >= 4:
-        c, knee = fit_coefs(sliced)
+        c, knee = fit_coefs(sliced, roofs=roofs)
         depths = ",".join(map(str, sorted(set(sliced["layers_run"].astype(int)))))
         name = f"train layers {depths}, predict full depth"
         splits[name] = (np.ones(len(df), bool), features(df, knee) @ c)
@@ -349,19 +479,43 @@ def _layer_terms(g: pd.DataFrame) -> dict:
     return dict(source="n/a: one layer depth measured (no sliced runs)")
 
 
+ROOF_SLACK = 1.15  # a fitted rate may reach 1.15x its ceiling (a ceiling's own error, a cache-resident share)
+
+
+def fit_roofs(dtype: str, ceilings: dict | None, device_name: str, working_set: float | None = None) -> Roofs:
+    """The bounds of a group's fitted rates: the run's measured ceilings (ceilings.json), else the
+    datasheet row of its device (quality.ceilings_for); none where neither is known. No memory bound
+    when every pass's bytes (`working_set`, B) fit in the last-level cache: the ceiling is DRAM's."""
+    sheet = detect(device_name)
+    sheet = None if sheet is None or sheet.measured_only else sheet
+    bw, bw_src, f, f_src = quality.ceilings_for(dtype, ceilings, sheet)
+    summary = (ceilings or {}).get("summary") or {}
+    cache = summary.get("llc_bytes") or summary.get("cache_bytes") or (sheet.cache_bytes() if sheet else None)
+    if bw and working_set and cache and working_set < cache:
+        bw = None
+    return Roofs(bw_Bps=bw * 1e9 if bw else None, flops=f * 1e12 if f else None,
+                 bw_source=f"{bw_src} of {bw:.4g} GB/s" if bw else "", flops_source=f"{f_src} of {f:.4g} TFLOP/s"
+                 if f else "", slack=ROOF_SLACK)
+
+
 def fit_group(g: pd.DataFrame, settings: FitSettings, ceilings: dict | None,
               sliced: pd.DataFrame | None = None) -> tuple[dict, pd.DataFrame]:
     key = {k: (str(g[k].iloc[0]) if k in g else "?") for k in GROUP_KEYS}
-    coefs, knee = fit_coefs(g)
+    roofs = fit_roofs(key["dtype"], ceilings, key["device_name"], float(_col(g, "bytes_total").max()) or None)
+    checks: list[dict] = []
+    coefs, knee = fit_coefs(g, roofs=roofs, checks=checks)
     t = terms(g, coefs, knee)
     rg = regime(t)
     real = ~g["extrapolated"].fillna(False).astype(bool) if "extrapolated" in g else np.ones(len(g), bool)
     errors, band = _error_tables(g, t.sum(axis=1), rg, settings, ceilings, key["dtype"],
-                                 sliced if sliced is not None and real.all() else None)
+                                 sliced if sliced is not None and real.all() else None, roofs)
     domain = {a: [int(g[a].min()), int(g[a].max())] for a in ("q", "B", "L")}
     group = dict(key=key, n_points=len(g), kv_tied_to_weights=not weights_vary(g), coefs=[float(c) for c in coefs],
                  coef_units=COEF_UNITS, knee_tokens=float(knee), params=physical(coefs, knee), band=band,
-                 domain=domain, layer_terms=_layer_terms(g), errors=errors)
+                 domain=domain, layer_terms=_layer_terms(g), errors=errors, term_checks=checks,
+                 bounds=dict(BW_max_GBps=roofs.bw_Bps and roofs.slack * roofs.bw_Bps / 1e9, BW_source=roofs.bw_source,
+                             F_max_TFLOPs=roofs.flops and roofs.slack * roofs.flops / 1e12,
+                             F_source=roofs.flops_source, slack=roofs.slack))
     points = g.assign(t_pred_s=t.sum(axis=1), regime=rg)
     trusted = ~_noisy(points)
     group["table"] = measured_table(points, trusted)

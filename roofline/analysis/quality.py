@@ -32,26 +32,36 @@ def fit_problems(group: dict, ceilings: dict | None, datasheet) -> list[str]:
         out.append(f"negative fixed time t0 = {p['t0_ms']:.3g} ms")
     if math.isinf(p["BW_eff_GBps"]):
         out.append("weight reads fitted as free (BW_eff infinite): the points do not constrain the bandwidth")
-    summary = (ceilings or {}).get("summary") or {}
-    bw_roof, bw_src = summary.get("mem_bw_GBps"), "measured ceiling"
-    if not bw_roof and datasheet is not None and getattr(datasheet, "mem_bw_GBps", None):
-        bw_roof, bw_src = datasheet.mem_bw_GBps, "datasheet"
+    bw_roof, bw_src, f_roof, f_src = ceilings_for(group["key"].get("dtype"), ceilings, datasheet)
     for name in ("BW_eff_GBps", "BW_kv_GBps"):
         v = p[name]
         if bw_roof and math.isfinite(v) and v > CEILING_SLACK * bw_roof:
             out.append(f"{name} = {v:.4g} GB/s is above {CEILING_SLACK:g}x the {bw_src} of {bw_roof:.4g} GB/s")
-    dtype = group["key"].get("dtype")
-    f_roof = ((summary.get("peak_tflops") or {}).get(dtype))
-    f_src = "measured ceiling"
-    if not f_roof and datasheet is not None:
-        from roofline.measure.devices import canonical_dtype
-        peak = datasheet.peak_flops(canonical_dtype(dtype)) if dtype else None
-        f_roof, f_src = (peak / 1e12 if peak else None), "datasheet"
     for name in ("F_eff_TFLOPs", "F_attn_TFLOPs"):  # attention runs on the same units: the same roof bounds it
         v = p.get(name, math.nan)
         if f_roof and math.isfinite(v) and v > CEILING_SLACK * f_roof:
             out.append(f"{name} = {v:.4g} TFLOP/s is above {CEILING_SLACK:g}x the {f_src} of {f_roof:.4g} TFLOP/s")
+    for c in (group.get("term_checks") or []) if n >= MIN_POINTS else []:  # the fit's per-term gate (fit_coefs)
+        if c.get("status") in ("unidentified", "at bound", "weakly identified"):
+            out.append(f"term {c['term']} {c['status']}: {c['note']}")
     return out
+
+
+def ceilings_for(dtype: str | None, ceilings: dict | None, datasheet) -> tuple:
+    """(memory roof GB/s, its source, FLOP roof TFLOP/s, its source): the run's measured ceilings
+    (ceilings.json summary) where present, else the datasheet row; None where neither has it."""
+    from roofline.analysis.roofs import roofs_for
+    try:
+        r = roofs_for(dtype or "", ceilings, datasheet)
+    except ValueError:  # a dtype without a datasheet column: the memory roof alone
+        r = roofs_for("bfloat16", ceilings, datasheet)
+        r = type(r)(r.dtype, r.bw_measured, None, r.bw_datasheet, None)
+    scale = lambda v, k: v / k if v else None  # noqa: E731
+    bw_roof, bw_src = (scale(r.bw_measured, 1e9), "measured ceiling") if r.bw_measured else \
+        (scale(r.bw_datasheet, 1e9), "datasheet")
+    f_roof, f_src = (scale(r.flops_measured, 1e12), "measured ceiling") if r.flops_measured else \
+        (scale(r.flops_datasheet, 1e12), "datasheet")
+    return bw_roof or None, bw_src, f_roof or None, f_src
 
 
 def usable(group: dict) -> bool:

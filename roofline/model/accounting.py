@@ -118,15 +118,26 @@ def param_count(cfg: ModelConfig) -> ParamCount:
                       matmul_active=matmul)
 
 
-def moe_impl_for_mode(mode: str) -> str:
-    """The one MoE/mode rule: what our decoder RUNS for MoE in a timing mode. Eager routes to the
-    touched experts (the routing syncs with the host); CUDA-graph capture (`graph`) and
-    torch.compile (`compiled`) need static shapes, so the decoder runs every expert ("dense") and
-    the sweep prices those rows dense. Predictions never price dense experts: serving engines'
-    fused MoE kernels read only the routed experts and capture in CUDA graphs, so the what-if
-    (roofline.parallel.whatif) prices touched experts in every mode, and a fit whose MoE rows ran
-    dense is applied to the touched accounting as a device-fit transfer
-    (roofline.analysis.costmodel.step_model)."""
+SHARDED_MOE_NO_GRAPH = ("the sharded MoE selects each expert's tokens on the host (data-dependent shapes), which "
+                        "CUDA-graph capture cannot record")
+
+
+def moe_impl_for_mode(mode: str, sharded: bool = False) -> str:
+    """The one MoE/mode rule: what our decoder RUNS for MoE in a timing mode, on one device or
+    sharded over ranks (roofline.parallel.runner). Eager routes to the touched experts (the routing
+    syncs with the host). On one device, CUDA-graph capture (`graph`) and torch.compile (`compiled`)
+    need static shapes, so the decoder runs every expert ("dense") and the sweep prices those rows
+    dense. Sharded, the rank's MoE (roofline.parallel.sharded) selects each expert's tokens on the
+    host in every implementation, so it runs touched experts in eager and compiled mode (graph breaks
+    at the routing) and graph mode is refused (nothing data-dependent can be captured).
+    Predictions never price dense experts: serving engines' fused MoE kernels read only the routed
+    experts and capture in CUDA graphs, so the what-if (roofline.parallel.whatif) prices touched
+    experts in every mode, and a fit whose MoE rows ran dense is applied to the touched accounting
+    as a device-fit transfer (roofline.analysis.costmodel.step_model)."""
+    if sharded:
+        if mode == "graph":
+            raise ValueError(f"mode='graph' with tp/ep > 1: {SHARDED_MOE_NO_GRAPH}")
+        return "touched"
     return "touched" if mode == "eager" else "dense"
 
 

@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from roofline.model.dtypes import torch_dtype
 from roofline.io.fields import ConfigError
+from roofline.model.accounting import SHARDED_MOE_NO_GRAPH, moe_impl_for_mode
 from roofline.model.decoder import build_model
 from roofline.measure.sweep import Point, SweepSpec, _Workload, run_sweep
 from roofline.measure.timer import TimerSettings, time_fn
@@ -42,7 +43,9 @@ def check_spec(spec: SweepSpec) -> None:
     if lay.pp > 1:
         raise ConfigError(f"parallel.pp={lay.pp}: the sharded forward runs one stage; pp is accounting only")
     if "graph" in spec.modes:
-        raise ConfigError("modes=['graph']: CUDA-graph replay is not captured across ranks; use eager with tp/ep > 1")
+        reason = "; ".join(filter(None, ["CUDA-graph replay is not captured across ranks",
+                                         SHARDED_MOE_NO_GRAPH if spec.model.is_moe else ""]))
+        raise ConfigError(f"modes=['graph']: {reason}; use eager with tp/ep > 1")
     if spec.layers:
         raise ConfigError(f"layers={spec.layers}: layer slicing is single-device; vary model.layers across sweeps")
     if spec.checkpoint:
@@ -73,7 +76,7 @@ def _flag(device: str, value: int = 0) -> int:
 def _sharded(spec: SweepSpec, dtype: str, depth: int, max_ctx: int, rank: int, device: str):
     per = max(spec.B) // spec.parallel.batch_split
     model = build_model(spec.model.scaled(layers=depth), max_batch=per, max_context=max_ctx, dtype=torch_dtype(dtype),
-                        device=device, seed=spec.seed, moe_impl="touched")
+                        device=device, seed=spec.seed, moe_impl=moe_impl_for_mode("eager", sharded=True))
     return shard(model, spec.parallel, rank)
 
 
@@ -129,19 +132,20 @@ def leader_measure(w: LeaderWorkload, p: Point, timer: TimerSettings) -> dict:
         proxy.fast = False
         _flag(w.spec.device, 0)
     touched, ranks = None, None
+    moe_impl = moe_impl_for_mode(p.mode, sharded=True)
     if w.cfg.is_moe:  # every rank's per-layer counts of the last step: the step waits for each layer's busiest
         _send(("touched", p.kind))
         per_rank = _gather(proxy.inner.last_touched_per_layer(p.kind))
         touched = busiest_rank_touched(per_rank)
         ranks = ";".join(f"{sum(c) / len(c):.3g}" for c in per_rank)
     cost = (rank_forward_cost if p.kind == "forward" else rank_mtp_cost)(
-        w.cfg, w.spec.parallel, p.dtype, p.B, p.q, p.L, p.L + p.q, "touched", touched)
+        w.cfg, w.spec.parallel, p.dtype, p.B, p.q, p.L, p.L + p.q, moe_impl, touched)
     cost = dataclasses.replace(cost, collectives=cost.collectives + (SYNC,))
     row = t.to_row()
     row.update(cost.as_row())
     if ranks is not None:
         row["experts_touched_ranks"] = ranks  # each rank's mean per MoE layer; experts_touched is the busiest's
-    row.update(moe_impl="touched", achieved_GBps=cost.bytes_total / t.median_s / 1e9,
+    row.update(moe_impl=moe_impl, achieved_GBps=cost.bytes_total / t.median_s / 1e9,
                achieved_TFLOPs=cost.flops / t.median_s / 1e12, tokens_per_s=p.B * p.q / t.median_s,
                per_rank=True)
     return row
