@@ -221,23 +221,33 @@ def _graphs_compiled() -> int:
 
 
 class CompiledForward:
-    """One model call `call(*args)` compiled for the CPU, one graph per shape of its tensor
-    arguments (the token count M = B·q of the GEMMs: Inductor specialises their micro-kernels
-    and blocking on it), the cache length dynamic: `start_pos` is a symbolic int
-    (`dynamic=True`, with every tensor argument marked static), so the sweep's L axis never
-    recompiles. One compiled function serves every (q, B, L) of a kind.
+    """One model call `call(*args)` compiled for the CPU, its token axes dynamic: the batch B and
+    the tokens per sequence q (dims 0 and 1 of every tensor argument; the rest static) are
+    symbolic, and so is the cache length (`start_pos`, an int: `dynamic=True`). Inductor's CPP
+    micro-GEMM template takes a symbolic M = B·q (its thread and cache blocking are chosen at run
+    time; the register blocking and the prepacked weight layout depend only on N and K), so one
+    graph serves every token count. Dynamo specialises a size of 1, and the decoder branches on
+    q = 1 (attend's CPU decode path), so a kind holds at most four graphs, B = 1 or > 1 by q = 1
+    or > 1, whatever the grid: a sweep of q = 1..8 at B = 1 and 4 compiles four graphs, not one
+    per (q, B) (`static_tokens=True`: one per shape, the former behaviour, for comparisons).
 
-    `prepare(*args)` compiles for those shapes (at most once per shape), checks the compiled
-    output against the eager call on the same inputs (`depth_cosine_gate`) and returns what a
-    row records: compile_s (first call, outside any timed region), compile_fallback (None, or
-    why the call runs eagerly: the recompile limit), compile_graphs (graphs compiled so far).
+    Each compile lowers every layer of the model (frozen weights are constants: the layers' GEMMs
+    cannot share one compiled kernel call), so a graph costs about a minute on a 2-vCPU CPU.
+
+    `prepare(*args)` runs the first call of these shapes (compiling a graph when no earlier graph
+    serves them), checks its output against the eager call on the same inputs
+    (`depth_cosine_gate`) and returns what a row records: compile_s (that first call, outside any
+    timed region: a graph's compile, or a few seconds where an earlier graph served the shapes),
+    compile_new_graph (whether it compiled one), compile_fallback (None, or why the call runs
+    eagerly: the recompile limit), compile_graphs (graphs compiled so far).
     `__call__` runs the compiled call, or the eager one after a fallback.
     """
 
     def __init__(self, call: Callable[..., Any], layers: int, dtype, max_autotune: bool = True,
-                 recompile_limit: int = COMPILE_RECOMPILE_LIMIT):
+                 recompile_limit: int = COMPILE_RECOMPILE_LIMIT, static_tokens: bool = False):
         self.call, self.layers, self.dtype = call, layers, dtype
         self.max_autotune, self.recompile_limit = max_autotune, recompile_limit
+        self.static_tokens = static_tokens
         self.compiled = torch.compile(call, dynamic=True)
         self.shapes: dict[tuple, dict] = {}
 
@@ -245,13 +255,18 @@ class CompiledForward:
     def _key(args) -> tuple:
         return tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__ for a in args)
 
+    def _mark(self, args) -> None:
+        """Every tensor dim static but the token axes B and q (all of them with static_tokens)."""
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                for dim in range(0 if self.static_tokens else min(2, a.dim()), a.dim()):
+                    torch._dynamo.mark_static(a, dim)
+
     def prepare(self, *args) -> dict:
         key = self._key(args)
         if key in self.shapes:  # compiled for an earlier point: no new graph; graphs counted from now
             return {**self.shapes[key], "compile_new_graph": False, "compile_graphs": _graphs_compiled()}
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                torch._dynamo.mark_static(a)
+        self._mark(args)
         before, t0 = _graphs_compiled(), time.perf_counter()
         fallback = None
         try:
