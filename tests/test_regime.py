@@ -59,3 +59,15 @@ def test_decode_below_the_target_names_the_kernel_measured():
     assert "M=1 GEMM kernel itself is below the target" in line and "reach 8 GB/s (40%)" in line
     (fast,) = regime.decode_notes(df.assign(achieved_GBps=17.0), ceil)
     assert "85%" in fast and "below" not in fast
+
+
+def test_a_pass_faster_than_decode_names_the_decode_kernels():
+    df = rows(lambda q: {1: 1.0, 2: 0.8, 4: 0.7}.get(q, 1.1)).assign(achieved_GBps=10.0)
+    df.loc[df["q"] == 4, "achieved_GBps"] = 14.0
+    ceil = {"summary": {"mem_bw_GBps": 20.0, "mem_bw_by_kernel": {"torch_read": 20.0},
+                        "decode_m1_GBps": {"float32": 12.0}}}
+    (line,) = regime.decode_notes(df, ceil)
+    assert "a q=4 pass (B=1, L=128) takes only 0.70x the q=1 step" in line and "14 GB/s (70%)" in line
+    assert "own kernels, not the memory, hold decode back" in line
+    (plain,) = regime.decode_notes(rows(lambda q: max(1.0, q / 12.0)).assign(achieved_GBps=10.0), ceil)
+    assert "hold decode back" not in plain
