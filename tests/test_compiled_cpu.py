@@ -79,7 +79,27 @@ def test_a_compiled_sweep_row_records_its_compile_apart_from_its_timing(tmp_path
     assert [r["status"] for r in rows] == ["ok", "ok"], rows[0].get("error")
     first, second = sorted(rows, key=lambda r: r["L"])
     assert first["t_mode"] == "compiled" and first["compile_fallback"] is None
+    assert first["compile_gemm_backends"] == "CPP"  # the CPP template took every GEMM, nothing autotuned
     assert first["compile_vs_eager_cosine"] > 0.9999
     assert first["compile_new_graph"] and not second["compile_new_graph"]  # L is dynamic: one graph for both
     assert second["compile_s"] == first["compile_s"]  # the compile of the graph it ran, measured once, outside the reps
     assert not first["compile_recompiled_while_timed"] and not second["compile_recompiled_while_timed"]
+
+
+def test_a_gemm_the_cpp_template_cannot_take_is_compiled_again_with_aten_beside_it(model):
+    import torch._inductor.config as inductor_config
+    from roofline.measure.forward import _no_gemm_choice
+    NoValidChoicesError = type("NoValidChoicesError", (RuntimeError,), {})
+    assert not _no_gemm_choice(RuntimeError("something else"))
+    fwd = CompiledForward(lambda t, s: model(t, s), model.cfg.layers, "float32")
+    tried = []
+
+    def compiled(t, s):  # stands in for torch.compile: the CPP backend alone finds no kernel
+        tried.append(inductor_config.max_autotune_gemm_backends)
+        if tried[-1] == "CPP":
+            raise RuntimeError("backend compiler failed") from NoValidChoicesError("No choices exist for backend.")
+        return model(t, s)
+    fwd.compiled = compiled
+    info = fwd.prepare(torch.randint(0, model.cfg.vocab, (1, 2)), 4)
+    assert tried == ["CPP", "CPP,ATEN"] and info["compile_gemm_backends"] == "CPP,ATEN"
+    assert info["compile_fallback"] is None
