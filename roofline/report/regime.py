@@ -214,3 +214,34 @@ def faster_than_decode(ok: pd.DataFrame) -> dict | None:
             if ratio < FASTER_MARGIN and (best is None or ratio < best["ratio"]):
                 best = dict(B=int(B), L=int(L), q=int(r["q"]), ratio=ratio, GBps=float(r["achieved_GBps"]))
     return best
+
+
+def _truthy(s: pd.Series) -> pd.Series:
+    return s.astype(str).str.lower().isin(["true", "1", "1.0"])
+
+
+def compile_notes(df: pd.DataFrame) -> list[str]:
+    """Per (dtype, mode) of the CPU's compiled rows: the graphs compiled, their compile time
+    (each row's compile_s where it compiled a new graph; measured outside the timed region), the
+    rows they served, the GEMM backends, and any recompile-limit fallback to eager."""
+    if df is None or df.empty or "compile_s" not in df or "compile_new_graph" not in df:
+        return []
+    rows = df[df["compile_s"].notna()]
+    if "status" in rows:
+        rows = rows[rows["status"] == "ok"]
+    out = []
+    for (dtype, mode), g in rows.groupby(["dtype", "mode"]):
+        new = g[_truthy(g["compile_new_graph"])]
+        secs = new["compile_s"].astype(float)
+        line = (f"{dtype} {mode}: {len(new)} graph(s) compiled in {secs.sum():.0f} s"
+                + (f" ({secs.min():.0f}-{secs.max():.0f} s each)" if len(new) > 1 else "")
+                + f", outside the timed region, serving {len(g)} rows (compile_s per row)")
+        if "compile_gemm_backends" in g:
+            line += f"; GEMM backends {', '.join(sorted(set(g['compile_gemm_backends'].dropna().astype(str))))}"
+        if "compile_fallback" in g:
+            fell = g["compile_fallback"].dropna().astype(str)
+            fell = fell[fell.str.len() > 0]
+            if len(fell):
+                line += f"; {len(fell)} row(s) ran eagerly after the recompile limit: {fell.iloc[0]}"
+        out.append(line)
+    return out
