@@ -70,14 +70,17 @@ def demo() -> None:
 
     The sweep runs dtypes=[auto, bfloat16]: the precision this machine's measured ceilings keep
     memory-bound longest, in its fast mode (on a CPU without native bf16: float32 compiled), beside
-    bf16 eager, so that the report shows both regimes. The grid is kept small because every token
-    count M = B·q is one Inductor compile of the whole model (measured on a quiet 2-vCPU EPYC:
-    73-81 s each with max-autotune): q up to 8 at B = 1, two cache lengths, no MTP points."""
+    bf16 eager, so that the report shows both regimes, T(q)/T(1) at B = 1 and B = 4. The compiled
+    mode's token axes are dynamic, so its grid q = 1, 2, 4, 8 by B = 1, 4 compiles four Inductor
+    graphs of the whole model (B = 1 or 4 by q = 1 or > 1), not eight; each still lowers every
+    layer: about a minute each on a quiet 2-vCPU EPYC (60-61 s measured per graph when it was one
+    graph per token count; 235-384 s each on the same machine loaded by other jobs, load 5-7).
+    Two cache lengths, no MTP points. The compile dominates the wall time (docs/cpu.md)."""
     t0 = time.time()
     run(PY, "-m", "experiments.card", "model=cpu-demo", "device=null")
     run(PY, "-m", "experiments.ceilings", "device=cpu", "quick=true", f"out_dir={DEMO}")
     run(PY, "-m", "experiments.sweep", "model=cpu-demo", f"out_dir={DEMO}", f"ceilings={DEMO}/ceilings.json",
-        "dtypes=[auto,bfloat16]", "q=[1,2,4,8]", "B=[1]", "L=[128,1024]", "mtp_q=[]")
+        "dtypes=[auto,bfloat16]", "q=[1,2,4,8]", "B=[1,4]", "L=[128,1024]", "mtp_q=[]")
     run(PY, "-m", "experiments.fit", f"results_dir={DEMO}")
     run(PY, "-m", "experiments.report", f"results_dir={DEMO}")
     print(f"demo: {time.time() - t0:.0f} s wall (set-up excluded)", flush=True)

@@ -59,3 +59,25 @@ def test_decode_below_the_target_names_the_kernel_measured():
     assert "M=1 GEMM kernel itself is below the target" in line and "reach 8 GB/s (40%)" in line
     (fast,) = regime.decode_notes(df.assign(achieved_GBps=17.0), ceil)
     assert "85%" in fast and "below" not in fast
+
+
+def test_a_pass_faster_than_decode_names_the_decode_kernels():
+    df = rows(lambda q: {1: 1.0, 2: 0.8, 4: 0.7}.get(q, 1.1)).assign(achieved_GBps=10.0)
+    df.loc[df["q"] == 4, "achieved_GBps"] = 14.0
+    ceil = {"summary": {"mem_bw_GBps": 20.0, "mem_bw_by_kernel": {"torch_read": 20.0},
+                        "decode_m1_GBps": {"float32": 12.0}}}
+    (line,) = regime.decode_notes(df, ceil)
+    assert "a q=4 pass (B=1, L=128) takes only 0.70x the q=1 step" in line and "14 GB/s (70%)" in line
+    assert "own kernels, not the memory, hold decode back" in line
+    (plain,) = regime.decode_notes(rows(lambda q: max(1.0, q / 12.0)).assign(achieved_GBps=10.0), ceil)
+    assert "hold decode back" not in plain
+
+
+def test_the_compile_note_counts_graphs_and_their_time_apart_from_the_rows():
+    df = rows(lambda q: 1.0, qs=(1, 2, 4)).assign(compile_s=[60.0, 70.0, 3.0], compile_new_graph=[True, True, False],
+                                                  compile_gemm_backends="CPP", compile_fallback=None)
+    (line,) = regime.compile_notes(df)
+    assert "2 graph(s) compiled in 130 s (60-70 s each)" in line and "serving 3 rows" in line and "CPP" in line
+    fell = df.assign(compile_fallback=[None, None, "recompile limit (1 graphs) hit"])
+    assert "1 row(s) ran eagerly after the recompile limit" in regime.compile_notes(fell)[0]
+    assert regime.compile_notes(rows(lambda q: 1.0)) == []  # eager rows: no compile

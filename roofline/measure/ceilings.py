@@ -726,5 +726,6 @@ def choose_precision(device: str, doc: Mapping[str, Any] | None) -> tuple[str, s
                + ("multiplies bf16 natively" if native else "has no native bf16 (no AVX512-BF16/AMX), so bf16 is "
                                                             "emulated and compute-bound at a few tokens"))
     if mode == "compiled":
-        why += "; compiled: Inductor with frozen weights (GEMMs prepacked once), one graph per token count"
+        why += ("; compiled: Inductor with frozen weights (GEMMs prepacked once), the token counts dynamic "
+                "(at most four graphs: B = 1 or > 1 by q = 1 or > 1)")
     return best, mode, why

@@ -194,25 +194,49 @@ class RecompileFallback(RuntimeError):
     run the call eagerly, silently. A CompiledForward catches it and records the fallback."""
 
 
+GEMM_BACKENDS = "CPP"  # the CPP micro-GEMM template alone: no autotuning (see inductor_cpu)
+GEMM_BACKENDS_FALLBACK = "CPP,ATEN"  # where the template cannot take a GEMM: autotuned against ATen
+
+
 @contextlib.contextmanager
-def inductor_cpu(max_autotune: bool = True, recompile_limit: int = COMPILE_RECOMPILE_LIMIT) -> Iterator[None]:
+def inductor_cpu(max_autotune: bool = True, recompile_limit: int = COMPILE_RECOMPILE_LIMIT,
+                 gemm_backends: str = GEMM_BACKENDS) -> Iterator[None]:
     """Inductor as a CPU forward needs it (only inside the block; compiling happens at a first call):
     weight freezing (parameters become constants, so GEMM weights are prepacked once at compile
     time: oneDNN/MKL packed linears, or with max_autotune the CPP micro-GEMM template in a blocked
-    layout, generated for the call's M, N, K), the recompile limit raised, and a hit of it raised
-    as an error instead of a silent eager fallback. The autotuner's benchmark tables go to
-    stderr directly (sys.stderr.write); they are kept off the console (the progress bar)."""
+    layout, generated for the call's N, K and its M or a symbolic one), the recompile limit raised,
+    and a hit of it raised as an error instead of a silent eager fallback.
+
+    `gemm_backends` "CPP" (the default) takes the CPP template for every GEMM it can take, with
+    no autotuning: "CPP,ATEN" benchmarks it against ATen's packed linears one GEMM at a time,
+    with the weight warm in the cache, and on the 2-vCPU EPYC chose MKL's packed linear for every
+    GEMM of the M = 1 graph and oneDNN's for the graphs of symbolic M (read from the generated
+    code), kernels that stream a DRAM-resident weight slower and are not flat in M (docs/cpu.md);
+    the benchmark was also a quarter of the compile. The autotuner's tables go to stderr directly
+    (sys.stderr.write); they are kept off the console (the progress bar)."""
     import io
 
     import torch._dynamo.config as dynamo_config
     import torch._inductor.config as inductor_config
     patch = dict(freezing=True, max_autotune=max_autotune, max_autotune_report_choices_stats=False)
     if max_autotune:
-        patch["max_autotune_gemm_backends"] = "CPP,ATEN"
+        patch["max_autotune_gemm_backends"] = gemm_backends
     with inductor_config.patch(patch), dynamo_config.patch(recompile_limit=recompile_limit,
                                                            fail_on_recompile_limit_hit=True), \
             contextlib.redirect_stderr(io.StringIO()):
         yield
+
+
+def _no_gemm_choice(e: BaseException) -> bool:
+    """Inductor found no kernel for a GEMM with the backends it was given (NoValidChoicesError,
+    however torch.compile wrapped it)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if type(e).__name__ == "NoValidChoicesError" or "NoValidChoicesError" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _graphs_compiled() -> int:
@@ -221,23 +245,36 @@ def _graphs_compiled() -> int:
 
 
 class CompiledForward:
-    """One model call `call(*args)` compiled for the CPU, one graph per shape of its tensor
-    arguments (the token count M = B·q of the GEMMs: Inductor specialises their micro-kernels
-    and blocking on it), the cache length dynamic: `start_pos` is a symbolic int
-    (`dynamic=True`, with every tensor argument marked static), so the sweep's L axis never
-    recompiles. One compiled function serves every (q, B, L) of a kind.
+    """One model call `call(*args)` compiled for the CPU, its token axes dynamic: the batch B and
+    the tokens per sequence q (dims 0 and 1 of every tensor argument; the rest static) are
+    symbolic, and so is the cache length (`start_pos`, an int: `dynamic=True`). Inductor's CPP
+    micro-GEMM template takes a symbolic M = B·q (its thread and cache blocking are chosen at run
+    time; the register blocking and the prepacked weight layout depend only on N and K), so one
+    graph serves every token count. Dynamo specialises a size of 1, and the decoder branches on
+    q = 1 (attend's CPU decode path), so a kind holds at most four graphs, B = 1 or > 1 by q = 1
+    or > 1, whatever the grid: a sweep of q = 1..8 at B = 1 and 4 compiles four graphs, not one
+    per (q, B) (`static_tokens=True`: one per shape, the former behaviour, for comparisons).
 
-    `prepare(*args)` compiles for those shapes (at most once per shape), checks the compiled
-    output against the eager call on the same inputs (`depth_cosine_gate`) and returns what a
-    row records: compile_s (first call, outside any timed region), compile_fallback (None, or
-    why the call runs eagerly: the recompile limit), compile_graphs (graphs compiled so far).
-    `__call__` runs the compiled call, or the eager one after a fallback.
+    Each compile lowers every layer of the model (frozen weights are constants: the layers' GEMMs
+    cannot share one compiled kernel call), so a graph costs about a minute on a 2-vCPU CPU.
+
+    `prepare(*args)` runs the first call of these shapes (compiling a graph when no earlier graph
+    serves them), checks its output against the eager call on the same inputs
+    (`depth_cosine_gate`) and returns what a row records: compile_s (that first call, outside any
+    timed region: a graph's compile, or a few seconds where an earlier graph served the shapes),
+    compile_new_graph (whether it compiled one), compile_fallback (None, or why the call runs
+    eagerly: the recompile limit), compile_graphs (graphs compiled so far), compile_gemm_backends
+    (the GEMM backends it compiled with: "CPP", or "CPP,ATEN" where the template could not take
+    some GEMM and Inductor found no kernel; `inductor_cpu`). `__call__` runs the compiled call, or the eager one after a fallback.
     """
 
     def __init__(self, call: Callable[..., Any], layers: int, dtype, max_autotune: bool = True,
-                 recompile_limit: int = COMPILE_RECOMPILE_LIMIT):
+                 recompile_limit: int = COMPILE_RECOMPILE_LIMIT, static_tokens: bool = False,
+                 gemm_backends: str = GEMM_BACKENDS):
         self.call, self.layers, self.dtype = call, layers, dtype
+        self.gemm_backends = gemm_backends
         self.max_autotune, self.recompile_limit = max_autotune, recompile_limit
+        self.static_tokens = static_tokens
         self.compiled = torch.compile(call, dynamic=True)
         self.shapes: dict[tuple, dict] = {}
 
@@ -245,18 +282,30 @@ class CompiledForward:
     def _key(args) -> tuple:
         return tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__ for a in args)
 
+    def _mark(self, args) -> None:
+        """Every tensor dim static but the token axes B and q (all of them with static_tokens)."""
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                for dim in range(0 if self.static_tokens else min(2, a.dim()), a.dim()):
+                    torch._dynamo.mark_static(a, dim)
+
     def prepare(self, *args) -> dict:
         key = self._key(args)
         if key in self.shapes:  # compiled for an earlier point: no new graph; graphs counted from now
             return {**self.shapes[key], "compile_new_graph": False, "compile_graphs": _graphs_compiled()}
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                torch._dynamo.mark_static(a)
+        self._mark(args)
         before, t0 = _graphs_compiled(), time.perf_counter()
-        fallback = None
+        fallback, backends = None, self.gemm_backends
         try:
-            with torch.no_grad(), inductor_cpu(self.max_autotune, self.recompile_limit):
-                out = self.compiled(*args)
+            try:
+                with torch.no_grad(), inductor_cpu(self.max_autotune, self.recompile_limit, backends):
+                    out = self.compiled(*args)
+            except Exception as e:
+                if not (self.max_autotune and backends != GEMM_BACKENDS_FALLBACK and _no_gemm_choice(e)):
+                    raise
+                backends = GEMM_BACKENDS_FALLBACK  # a GEMM the CPP template cannot take: ATen beside it
+                with torch.no_grad(), inductor_cpu(self.max_autotune, self.recompile_limit, backends):
+                    out = self.compiled(*args)
         except Exception as e:
             if type(e).__name__ != "FailOnRecompileLimitHit":
                 raise
@@ -264,7 +313,8 @@ class CompiledForward:
                         "this call runs eagerly")
             out = None
         info = dict(compile_s=time.perf_counter() - t0, compile_fallback=fallback,
-                    compile_graphs=_graphs_compiled())
+                    compile_graphs=_graphs_compiled(),
+                    compile_gemm_backends=backends if self.max_autotune else "none (max_autotune off)")
         if out is not None:
             with torch.no_grad():
                 ref = self.call(*args)

@@ -208,6 +208,7 @@ def build_blocks(run_dir: Path, df, ceilings, run, spec, figures: plots.FigureSe
                       ("p", f"**Key figure:** {quality.key_figure(df, ceilings)}."),
                       *[("p", f"**Regime:** {line}.") for line in regime.headline(df)],
                       *[("p", f"**Decode:** {line}.") for line in regime.decode_notes(df, ceilings)],
+                      *[("p", f"**Compile:** {line}.") for line in regime.compile_notes(df)],
                       *[("p", f"**Precision and mode:** {why}") for why in _auto_choice(run)],
                       ("toc",),
                       ("h", 2, "Warnings"),

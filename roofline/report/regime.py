@@ -185,5 +185,63 @@ def decode_notes(df: pd.DataFrame, ceilings: dict | None) -> list[str]:
                          "(attention, norms, dispatch) costs the remainder")
             if m1 and gb > m1:
                 line += "; the pass beats torch's eager M=1 GEMMs (its own GEMMs are faster: compiled, prepacked)"
+            faster = faster_than_decode(ok[(ok["dtype"] == dtype) & (ok["mode"] == mode)])
+            if faster:
+                line += (f"; a q={faster['q']} pass (B={faster['B']}, L={faster['L']}) takes only "
+                         f"{faster['ratio']:.2f}x the q=1 step while reading the same weights, streaming "
+                         f"{faster['GBps']:.3g} GB/s ({100 * faster['GBps'] / read:.0f}%): the q=1 step's own kernels, "
+                         "not the memory, hold decode back")
+        out.append(line)
+    return out
+
+
+FASTER_MARGIN = 0.9  # T(q)/T(1) below this: the q-token pass is faster than decode beyond noise
+
+
+def faster_than_decode(ok: pd.DataFrame) -> dict | None:
+    """The (B, L, q > 1) point whose step is the most below its q=1 step (T(q)/T(1) <
+    FASTER_MARGIN), with its ratio and GB/s; None when no q > 1 pass beats decode. A pass of q
+    tokens reads the same weights as decode and does more work, so a faster one shows that the
+    decode (M = B tokens) kernels run below what the M = B·q ones reach."""
+    best = None
+    for (B, L), g in ok.groupby(["B", "L"]):
+        one = g[g["q"] == 1]
+        if one.empty or "achieved_GBps" not in g:
+            continue
+        t1 = float(one["t_median_s"].median())
+        for _, r in g[g["q"] > 1].iterrows():
+            ratio = float(r["t_median_s"]) / t1
+            if ratio < FASTER_MARGIN and (best is None or ratio < best["ratio"]):
+                best = dict(B=int(B), L=int(L), q=int(r["q"]), ratio=ratio, GBps=float(r["achieved_GBps"]))
+    return best
+
+
+def _truthy(s: pd.Series) -> pd.Series:
+    return s.astype(str).str.lower().isin(["true", "1", "1.0"])
+
+
+def compile_notes(df: pd.DataFrame) -> list[str]:
+    """Per (dtype, mode) of the CPU's compiled rows: the graphs compiled, their compile time
+    (each row's compile_s where it compiled a new graph; measured outside the timed region), the
+    rows they served, the GEMM backends, and any recompile-limit fallback to eager."""
+    if df is None or df.empty or "compile_s" not in df or "compile_new_graph" not in df:
+        return []
+    rows = df[df["compile_s"].notna()]
+    if "status" in rows:
+        rows = rows[rows["status"] == "ok"]
+    out = []
+    for (dtype, mode), g in rows.groupby(["dtype", "mode"]):
+        new = g[_truthy(g["compile_new_graph"])]
+        secs = new["compile_s"].astype(float)
+        line = (f"{dtype} {mode}: {len(new)} graph(s) compiled in {secs.sum():.0f} s"
+                + (f" ({secs.min():.0f}-{secs.max():.0f} s each)" if len(new) > 1 else "")
+                + f", outside the timed region, serving {len(g)} rows (compile_s per row)")
+        if "compile_gemm_backends" in g:
+            line += f"; GEMM backends {', '.join(sorted(set(g['compile_gemm_backends'].dropna().astype(str))))}"
+        if "compile_fallback" in g:
+            fell = g["compile_fallback"].dropna().astype(str)
+            fell = fell[fell.str.len() > 0]
+            if len(fell):
+                line += f"; {len(fell)} row(s) ran eagerly after the recompile limit: {fell.iloc[0]}"
         out.append(line)
     return out
