@@ -10,7 +10,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from experiments.entry import axis, fail_fast
+from experiments.entry import fail_fast
+from roofline.commands import axis
 from roofline.checkpoints.inventory import read_checkpoint
 from roofline.checkpoints.loader import config_from_hf, shard_files
 from roofline.io import results

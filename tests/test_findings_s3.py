@@ -394,7 +394,7 @@ def test_N17_force_and_extend_together_and_boolean_grid_values_are_refused(tmp_p
 
 
 def test_L10_checkpoint_and_model_together_are_refused():
-    from experiments.entry import not_both
+    from roofline.commands import not_both
     with pytest.raises(ConfigError, match="model= and checkpoint= are both given"):
         not_both(dict(checkpoint="/x", overrides=["checkpoint=/x", "model=llama-3.1-70b"]), "checkpoint", "model")
     not_both(dict(checkpoint="/x", overrides=["checkpoint=/x", "q=[1]"]), "checkpoint", "model")
@@ -407,7 +407,7 @@ def test_N16_compare_out_in_a_missing_folder_is_bad_input(tmp_path):
 
 
 def test_L11_specdec_default_folders_differ_per_request():
-    from roofline.spec.run import _fingerprint
+    from roofline.commands.specdec import _fingerprint
     from roofline.spec.validation import SpecValSpec
     a = SpecValSpec(model=get_preset("tiny"), ks=(1,))
     b = dataclasses.replace(a, ks=(2,))

@@ -127,7 +127,7 @@ def load_run(run_dir: Path, field: str = "results_dir") -> pd.DataFrame:
 
     from roofline.io import runfolder
     from roofline.io.fields import ConfigError
-    if run_dir is None or str(run_dir).strip() in ("", "None", "???"):
+    if run_dir is None or str(run_dir).strip() in ("", "None"):
         raise ConfigError(f"{field} is required: a run folder holding points.csv or points.jsonl")
     run_dir = Path(run_dir)
     csv, jsonl = run_dir / "points.csv", run_dir / runfolder.POINTS
