@@ -34,8 +34,8 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from roofline.io import files, provenance, results, runfolder
-from roofline.measure import memory
+from roofline.io import files, results, runfolder
+from roofline.measure import memory, provenance
 from roofline.model import kvcache
 from roofline.model.accounting import forward_cost, mtp_cost
 from roofline.model.dtypes import datasheet_column, torch_dtype
