@@ -89,6 +89,9 @@ def job_dir(record: dict | None) -> None:
 
 BAD_INPUT = 2  # exit status of bad input (a field, a path, a file), everywhere
 INTERRUPTED = 130  # Ctrl-C (128 + SIGINT; SIGTERM: 143), after what was measured is saved
+# what bad input raises: a field (ConfigError), a point too big for the device, a file that is not
+# JSON or text; any other exception (a ValueError of the library included) is a bug: its traceback
+BAD_INPUT_ERRORS = (ConfigError, TooBig, json.JSONDecodeError, UnicodeDecodeError)
 # file-system errors that mean the path given was wrong (missing, not writable, not a folder)
 _BAD_PATH = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR, errno.ENOTDIR, errno.EEXIST}
 
@@ -106,7 +109,8 @@ class _Saved:
 
 @contextmanager
 def fail_fast():
-    """Bad input exits 2 with the library's message (it names the field and the allowed values);
+    """Bad input (BAD_INPUT_ERRORS) exits 2 with the library's message (it names the field and the
+    allowed values); any other exception keeps its traceback;
     a file-system error is one line too (2 when the path is wrong, 1 when the disk is full).
     Ctrl-C says what was saved and exits 130.
 
@@ -136,7 +140,7 @@ def fail_fast():
         if _multirun():
             job_dir(dict(status="failed", error=f"{type(e).__name__}: {e}"))
             return
-        if isinstance(e, (ConfigError, ValueError, TooBig)):
+        if isinstance(e, BAD_INPUT_ERRORS):
             sys.exit(BAD_INPUT)
         if isinstance(e, OSError):
             sys.exit(BAD_INPUT if e.errno in _BAD_PATH else 1)

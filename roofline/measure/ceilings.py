@@ -614,14 +614,14 @@ def load_ceilings(path: str | Path) -> dict:
         path = path / "ceilings.json"
     doc = json.loads(path.read_text())
     if doc.get("schema_version") != SCHEMA_VERSION:
-        raise ValueError(f"{path}: schema_version={doc.get('schema_version')!r}; "
+        raise ConfigError(f"{path}: schema_version={doc.get('schema_version')!r}; "
                          f"this code reads {SCHEMA_VERSION}")
     for key in TOP_KEYS:
         if key not in doc:
-            raise ValueError(f"{path}: missing key {key!r}")
+            raise ConfigError(f"{path}: missing key {key!r}")
     for key in SUMMARY_KEYS:
         if key not in doc["summary"]:
-            raise ValueError(f"{path}: summary is missing key {key!r}")
+            raise ConfigError(f"{path}: summary is missing key {key!r}")
     return doc
 
 

@@ -213,9 +213,13 @@ def memory_plan(spec: SweepSpec, dtype: str, depth: int, points: list["Point"]) 
 
 
 def _failure_status(e: BaseException) -> str:
+    """`unsupported` only for what says the combination does not exist: a NotImplementedError (our
+    Unsupported of a format without a fast kernel, CompileUnsupported, torch's missing backend
+    kernel) or torch's RuntimeError "... not implemented for 'Half'"; anything else (a TypeError
+    of a bug included) is an `error` row with its type and message."""
     if isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower():
         return "oom"
-    if isinstance(e, (NotImplementedError, TypeError)) or "not implemented" in str(e).lower():
+    if isinstance(e, NotImplementedError) or (isinstance(e, RuntimeError) and "not implemented for" in str(e)):
         return "unsupported"
     return "error"
 
