@@ -14,26 +14,23 @@ subcommands are offered.
 
 from __future__ import annotations
 
+import ast
 import os
 import runpy
 import sys
+from pathlib import Path
 
-COMMANDS = {
-    "sweep": "time forward passes over a grid (q, B, L, dtypes, modes)",
-    "ceilings": "measure this device's memory and matmul roofs",
-    "card": "the cost card of a preset or checkpoint",
-    "fit": "fit the step-time cost model to a run folder",
-    "report": "report.md + report.html of a run folder",
-    "plots": "figures of a run folder",
-    "compare": "two runs point by point: ratio and whether it exceeds the noise",
-    "predict": "speculative-decoding speedups from a fit",
-    "capacity": "batch and devices for a latency and throughput target",
-    "slicing": "check layer-sliced extrapolation against a full-depth run",
-    "specdec": "plain vs speculative decoding, measured against the cost model",
-    "acceptance": "real per-position acceptance on chat prompts",
-    "inventory": "did a checkpoint conversion lose tensors?",
-    "train": "train the small MTP model, its tokenizer and draft model on the CPU",
-}
+from roofline import commands
+
+def _commands() -> dict[str, str]:
+    """{name: its line of help}, one per module of roofline/commands/ (the first line of its
+    docstring), read from the files, so that listing them imports nothing heavy."""
+    folder = Path(commands.__file__).parent
+    return {p.stem: (ast.get_docstring(ast.parse(p.read_text())) or "").splitlines()[0]
+            for p in sorted(folder.glob("*.py")) if not p.name.startswith("_")}
+
+
+COMMANDS = _commands()
 
 
 def usage() -> str:

@@ -1,28 +1,17 @@
 """Measure collectives: `python -m experiments.collectives world=2` (gloo on the CPU, NCCL with device=cuda).
 
 Under torchrun or srun every rank runs this same command; rank 0 writes the results.
-"""
 
-import json
-from pathlib import Path
+The Hydra entry of the `collectives` command; what it does is roofline/commands/collectives.py."""
 
 from experiments.entry import command, fail_fast, plain
-from roofline.io.results import RUNS_ROOT
-from roofline.parallel.collectives import CollectiveSpec, run_collectives, summary_text
+from roofline.commands import collectives
 
 
 @command("collectives")
 def main(cfg) -> None:
     with fail_fast():
-        c = plain(cfg, device_as="torch")
-        spec = CollectiveSpec(kinds=tuple(c["kinds"]), min_bytes=c["min_bytes"], max_bytes=c["max_bytes"],
-                              factor=c["factor"], dtype=c["dtype"], reps=c["reps"], device=c["device"], world=c["world"],
-                              flush_bytes=c["flush_bytes"])
-        out = Path(c["out_dir"]) if c["out_dir"] else spec.default_out_dir(RUNS_ROOT)
-        doc = run_collectives(spec, out)
-        if doc:  # rank 0 (the others of a torchrun / srun launch return nothing)
-            print(summary_text(doc))
-            print(json.dumps(dict(out_dir=str(out), fit=doc["fit"])))
+        collectives.run(plain(cfg, device_as="torch"))
 
 
 if __name__ == "__main__":

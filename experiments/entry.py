@@ -15,7 +15,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException, MissingConfigException
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from roofline.io.results import RUNS_ROOT
@@ -57,20 +57,14 @@ def _check_flags(composed: dict, defaults, where: str = "") -> None:
         _check_flags(value, default, f"{where}{key}.")
 
 
-def not_both(c: dict, given: str, ignored: str) -> None:
-    """`given` replaces `ignored`: asking for both on the command line is a contradiction, not a choice."""
-    if c.get(given) and any(o.split("=", 1)[0].lstrip("+~") in (ignored,) or o.startswith(f"{ignored}.")
-                            for o in c.get("overrides", [])):
-        raise ConfigError(f"{ignored}= and {given}= are both given: {given} replaces {ignored} "
-                          f"(its config is read from {given}); drop one")
-
-
 def plain(cfg: DictConfig, device_as: str | None = None) -> dict:
     """The composed config as a dict, with the command-line overrides (provenance).
 
     device_as: the string the library takes for the `device` entry: "torch" (the device to run
     on) or "datasheet" (the datasheet row; `cuda` means the running GPU's). device=null: None."""
     c = OmegaConf.to_container(cfg, resolve=True)
+    # a required key left unset (`???` in conf/) reaches the library as None: its check names the key
+    c = {k: None if v == MISSING else v for k, v in c.items()}
     c["overrides"] = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     if HydraConfig.initialized() and (CONF_DIR / f"{HydraConfig.get().job.config_name}.yaml").is_file():
         _check_flags(c, OmegaConf.to_container(OmegaConf.load(CONF_DIR / f"{HydraConfig.get().job.config_name}.yaml")))
@@ -80,20 +74,14 @@ def plain(cfg: DictConfig, device_as: str | None = None) -> dict:
     return c
 
 
-def axis(value, field: str) -> tuple:
-    """A grid axis from the config: a list, or one value (`q=4`, and each job of `-m 'q=1,2'`)."""
-    if value is None:
-        raise ConfigError(f"{field}: the grid has no points (null)")
-    return tuple(value) if isinstance(value, (list, tuple)) else (value,)
-
-
 def _multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
-def job_dir(record: dict) -> None:
-    """In a multirun, leave the job's summary where the aggregation callback looks for it."""
-    if _multirun():
+def job_dir(record: dict | None) -> None:
+    """In a multirun, leave the job's summary where the aggregation callback looks for it (None:
+    a follower rank of a torchrun / srun launch, whose rank 0 reports)."""
+    if record is not None and _multirun():
         out = Path(HydraConfig.get().runtime.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / JOB_FILE).write_text(json.dumps(record))
@@ -101,7 +89,9 @@ def job_dir(record: dict) -> None:
 
 BAD_INPUT = 2  # exit status of bad input (a field, a path, a file), everywhere
 INTERRUPTED = 130  # Ctrl-C (128 + SIGINT; SIGTERM: 143), after what was measured is saved
-REGRESSION = 3  # asked to fail (compare fail_above=, specdec fail_on_mismatch=true) and it did: a CI verdict
+# what bad input raises: a field (ConfigError), a point too big for the device, a file that is not
+# JSON or text; any other exception (a ValueError of the library included) is a bug: its traceback
+BAD_INPUT_ERRORS = (ConfigError, TooBig, json.JSONDecodeError, UnicodeDecodeError)
 # file-system errors that mean the path given was wrong (missing, not writable, not a folder)
 _BAD_PATH = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR, errno.ENOTDIR, errno.EEXIST}
 
@@ -119,7 +109,8 @@ class _Saved:
 
 @contextmanager
 def fail_fast():
-    """Bad input exits 2 with the library's message (it names the field and the allowed values);
+    """Bad input (BAD_INPUT_ERRORS) exits 2 with the library's message (it names the field and the
+    allowed values); any other exception keeps its traceback;
     a file-system error is one line too (2 when the path is wrong, 1 when the disk is full).
     Ctrl-C says what was saved and exits 130.
 
@@ -149,7 +140,7 @@ def fail_fast():
         if _multirun():
             job_dir(dict(status="failed", error=f"{type(e).__name__}: {e}"))
             return
-        if isinstance(e, (ConfigError, ValueError, TooBig)):
+        if isinstance(e, BAD_INPUT_ERRORS):
             sys.exit(BAD_INPUT)
         if isinstance(e, OSError):
             sys.exit(BAD_INPUT if e.errno in _BAD_PATH else 1)

@@ -1,19 +1,16 @@
 """Fit the cost model on some sweeps, predict unseen layouts:
-`python -m experiments.layout_validation 'train=[A,B]' 'test=[C,D]' collectives=.../collectives.json`."""
+`python -m experiments.layout_validation 'train=[A,B]' 'test=[C,D]' collectives=.../collectives.json`.
 
-import json
+The Hydra entry of the `layout_validation` command; what it does is roofline/commands/layout_validation.py."""
 
 from experiments.entry import command, fail_fast, plain
-from roofline.parallel.validate import held_out
+from roofline.commands import layout_validation
 
 
 @command("layout_validation")
 def main(cfg) -> None:
     with fail_fast():
-        c = plain(cfg)
-        table, summary = held_out(c["train"], c["test"], c["collectives"], c["out_dir"])
-        print(table.round(5).to_string(index=False))
-        print(json.dumps(summary, default=float))
+        layout_validation.run(plain(cfg))
 
 
 if __name__ == "__main__":

@@ -1,23 +1,17 @@
 """Figures of a run folder: `python -m experiments.plots results_dir=results/<run>`.
 
-The last line of stdout is one JSON document: the written paths and the figures skipped (why)."""
+The last line of stdout is one JSON document: the written paths and the figures skipped (why).
 
-import json
+The Hydra entry of the `plots` command; what it does is roofline/commands/plots.py."""
 
 from experiments.entry import command, fail_fast, plain
-from roofline.report.document import write_figures
+from roofline.commands import plots
 
 
 @command("plots")
 def main(cfg) -> None:
     with fail_fast():
-        c = plain(cfg)
-        figures = write_figures(c["results_dir"], c["out_dir"])
-    for paths in figures.paths.values():
-        for p in paths:
-            print(p)
-    print(json.dumps({"figures": {k: [str(p) for p in v] for k, v in figures.paths.items()},
-                      "skipped": figures.skipped}))
+        plots.run(plain(cfg))
 
 
 if __name__ == "__main__":

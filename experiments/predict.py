@@ -1,19 +1,17 @@
 """Predict speculative-decoding speedups: `python -m experiments.predict fit=<run>/fit.json model=deepseek-v3`,
 or without a fit for a device never measured: `python -m experiments.predict model=deepseek-v3 device=h200_sxm tp=8`
-(datasheet row + roofline/data/priors.yaml, an interval)."""
+(datasheet row + roofline/data/priors.yaml, an interval).
 
-import json
+The Hydra entry of the `predict` command; what it does is roofline/commands/predict.py."""
 
 from experiments.entry import command, fail_fast, plain
-from roofline.analysis.predict import predict_command
+from roofline.commands import predict
 
 
 @command("predict")
 def main(cfg) -> None:
     with fail_fast():
-        text, summary = predict_command(plain(cfg, device_as="datasheet"))
-        print(text)
-        print(json.dumps(summary))
+        predict.run(plain(cfg, device_as="datasheet"))
 
 
 if __name__ == "__main__":

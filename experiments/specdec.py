@@ -3,24 +3,21 @@
 `checkpoint=DIR prompts=chats.jsonl` it measures the checkpoint's real per-position
 acceptance instead (the same as `python -m experiments.acceptance`). In CI:
 `fail_on_mismatch=true` exits REGRESSION (3) when a predicted and a measured speedup are a
-MISMATCH (more than 2x apart)."""
+MISMATCH (more than 2x apart).
 
-import json
+The Hydra entry of the `specdec` command; what it does is roofline/commands/specdec.py."""
+
 import sys
 
-from experiments.entry import REGRESSION, command, fail_fast, plain
-from roofline.spec.run import specdec
+from experiments.entry import command, fail_fast, plain
+from roofline.commands import specdec
 
 
 @command("specdec")
 def main(cfg) -> None:
     with fail_fast():
-        c = plain(cfg, device_as="torch")
-        text, summary = specdec(c)
-        print(text)
-        print(json.dumps(summary))
-        if c["fail_on_mismatch"] and summary.get("mismatches"):
-            sys.exit(REGRESSION)
+        if status := specdec.run(plain(cfg, device_as="torch")):
+            sys.exit(status)
 
 
 if __name__ == "__main__":

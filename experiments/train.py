@@ -1,16 +1,16 @@
 """Train the small MTP model, its tokenizer and its draft model on the CPU:
-`python -m experiments.train [target_steps=300 control=true out_dir=DIR]` (conf/train.yaml)."""
+`python -m experiments.train [target_steps=300 control=true out_dir=DIR]` (conf/train.yaml).
 
-import json
+The Hydra entry of the `train` command; what it does is roofline/commands/train.py."""
 
 from experiments.entry import command, fail_fast, plain
-from roofline.train.run import train
+from roofline.commands import train
 
 
 @command("train")
 def main(cfg) -> None:
     with fail_fast():
-        print(json.dumps(train(plain(cfg))))
+        train.run(plain(cfg))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ Where things live (one subpackage per part of the pipeline; data flows top to bo
     model/        what a forward pass is: shapes (config), presets, the dtype vocabulary (dtypes),
                   number formats per tensor class (formats) and quantised linears (quant), the
                   KV cache in its format (kvcache), the compact decoder, RoPE, the byte/FLOP
-                  model of that exact code (accounting), the cost card
+                  model of that exact code (accounting)
     checkpoints/  Hugging Face folders: safetensors loader, tensor inventory, chat prompts
     measure/      how it is timed: the one timer, Triton kernels, ceilings, telemetry, busy-machine
                   detection (noise), the device datasheet table and device strings (devices),
@@ -18,11 +18,13 @@ Where things live (one subpackage per part of the pipeline; data flows top to bo
                   table, predictions, capacity planning
     spec/         speculative decoding: theory (tau, speedup, k*), the verification rules,
                   acceptance counters, the engine and its drafters, validation against the
-                  cost model, acceptance measured on real prompts, vLLM metrics, the specdec and
-                  acceptance commands (run)
+                  cost model, acceptance measured on real prompts, vLLM metrics
     report/       figures (making and saving), pictures of a run, report sections (cost model,
                   speculative decoding), the Markdown/HTML report
+    train/        the small MTP model, its tokenizer and draft model, trained on the CPU
+    commands/     one module per command (sweep, fit, predict, card, ...): the plain config dict
+                  -> the request -> the run -> files, console text and JSON summary
 
-The library never imports Hydra; experiments/ turns a composed config into the frozen
-dataclasses these modules take.
+The library never imports Hydra; experiments/ composes the config (Hydra) and calls
+roofline.commands. Each floor imports only the floors below it (docs/design.md, tests/test_layering.py).
 """

@@ -88,7 +88,7 @@ def compose(config: str, overrides: list[str]) -> int:
             cfg = hydra_compose(config, overrides=hydra_args(list(overrides)))
         what = "composed"
         if config == "sweep":
-            from experiments.sweep import build_spec
+            from roofline.commands.sweep import build_spec
             spec = build_spec(plain(cfg, device_as="torch"))
             what = (f"valid sweep: {spec.model.name} on {spec.device}, modes {list(spec.modes)}, "
                     f"{len(spec.q) * len(spec.B) * len(spec.L) * len(spec.dtypes) * len(spec.modes)} forward points")

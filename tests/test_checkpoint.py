@@ -285,13 +285,13 @@ def test_card_takes_a_model_folder(llama_dir):
 # ---- the sweep on a model folder -------------------------------------------------------------
 
 def test_sweep_times_the_checkpoint_weights_layer_sliced(llama_dir, tmp_path):
-    from roofline.measure.sweep import SweepSpec, _Workload, run_sweep
+    from roofline.measure.sweep import SweepSpec, BuiltModel, run_sweep
     from roofline.measure.timer import TimerSettings
     kw = dict(model=checkpoint_config(llama_dir), q=(1, 2), B=(1,), L=(0, 4), dtypes=("float32",), layers=1,
               timer=TimerSettings(warmup=1, min_reps=3, max_reps=3, budget_s=0.02))
     spec = SweepSpec(checkpoint=str(llama_dir), **kw)
     assert spec.fingerprint() != SweepSpec(**kw).fingerprint()
-    model = _Workload(spec, "float32", 1, "eager").model
+    model = BuiltModel(spec, "float32", 1, "eager").model
     assert len(model.layers) == 1
     with safe_open(str(llama_dir / "model.safetensors"), framework="pt") as fh:
         qkv = torch.cat([fh.get_tensor(f"model.layers.0.self_attn.{p}_proj.weight") for p in "qkv"])

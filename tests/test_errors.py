@@ -10,7 +10,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from experiments.entry import axis, fail_fast
+from experiments.entry import fail_fast
+from roofline.commands import axis
 from roofline.checkpoints.inventory import read_checkpoint
 from roofline.checkpoints.loader import config_from_hf, shard_files
 from roofline.io import results
@@ -39,6 +40,21 @@ def _exit_of(exc, capsys):
 ])
 def test_file_system_and_input_errors_are_one_line(exc, code, line, capsys):
     assert _exit_of(exc, capsys) == (code, [line])
+
+
+def test_a_library_valueerror_is_a_bug_and_keeps_its_traceback(capsys):
+    """Only bad input exits 2: a ValueError that is not a ConfigError (an internal check of the
+    library) propagates, after its one line, so its traceback is seen."""
+    with pytest.raises(ValueError, match="median_ci: no samples"):
+        with fail_fast():
+            raise ValueError("median_ci: no samples")
+    assert capsys.readouterr().err.strip() == "error: median_ci: no samples"
+
+
+def test_a_file_that_is_not_json_is_bad_input(capsys):
+    import json
+    code, _ = _exit_of(json.JSONDecodeError("Expecting value", "{", 1), capsys)
+    assert code == 2
 
 
 def test_ctrl_c_exits_130_saying_what_was_saved(capsys):

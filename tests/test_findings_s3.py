@@ -395,7 +395,7 @@ def test_N17_force_and_extend_together_and_boolean_grid_values_are_refused(tmp_p
 
 
 def test_L10_checkpoint_and_model_together_are_refused():
-    from experiments.entry import not_both
+    from roofline.commands import not_both
     with pytest.raises(ConfigError, match="model= and checkpoint= are both given"):
         not_both(dict(checkpoint="/x", overrides=["checkpoint=/x", "model=llama-3.1-70b"]), "checkpoint", "model")
     not_both(dict(checkpoint="/x", overrides=["checkpoint=/x", "q=[1]"]), "checkpoint", "model")
@@ -408,7 +408,7 @@ def test_N16_compare_out_in_a_missing_folder_is_bad_input(tmp_path):
 
 
 def test_L11_specdec_default_folders_differ_per_request():
-    from roofline.spec.run import _fingerprint
+    from roofline.commands.specdec import _fingerprint
     from roofline.spec.validation import SpecValSpec
     a = SpecValSpec(model=get_preset("tiny"), ks=(1,))
     b = dataclasses.replace(a, ks=(2,))
@@ -462,7 +462,7 @@ def test_N17_a_fit_on_all_noisy_points_warns_in_fit_and_predict(tmp_path):
 
 def test_L10_specdec_real_acceptance_refuses_the_options_it_would_ignore():
     """L10: `specdec checkpoint=... 'alphas=[5]' out_dir=...` exited 0 and never wrote out_dir."""
-    from roofline.spec.run import specdec
+    from roofline.commands.specdec import specdec
     c = dict(checkpoint="any", prompts_eval=None, overrides=["checkpoint=any", "alphas=[5]", "out_dir=/x", "k=3"])
     with pytest.raises(ConfigError, match=r"^alphas=, out_dir= given with checkpoint=.*drop them"):
         specdec(c)

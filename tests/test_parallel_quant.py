@@ -3,7 +3,7 @@ the anchors priced in the precision their deployments served."""
 
 import pytest
 
-from roofline.analysis.capacity import plan_layouts, request_from_config
+from roofline.commands.capacity import plan_layouts, request_from_config
 from roofline.measure.devices import get_spec
 from roofline.model.accounting import block_weight_bytes, forward_cost, mtp_cost
 from roofline.model.formats import parse_precision

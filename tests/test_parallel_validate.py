@@ -11,7 +11,7 @@ from roofline.model.presets import get_preset
 from roofline.parallel.collectives import SCHEMA, seconds
 from roofline.parallel.cost import parse_collectives, rank_forward_cost, rank_mtp_cost
 from roofline.parallel.layout import Layout
-from roofline.parallel.validate import held_out
+from roofline.commands.layout_validation import held_out
 
 COMM = dict(all_reduce=dict(latency_us=50.0, algbw_GBps=2.0), all_gather=dict(latency_us=60.0, algbw_GBps=2.0),
             broadcast=dict(latency_us=40.0, algbw_GBps=5.0))

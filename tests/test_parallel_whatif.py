@@ -140,7 +140,8 @@ def test_memory_check_counts_the_draft_model_and_a_plan_that_does_not_fit_says_s
 # ---- one answer behind every command ---------------------------------------------------------
 
 def test_capacity_with_and_without_layouts_give_one_answer(fixture_data):
-    from roofline.analysis.capacity import plan_layouts, plan_whatif, request_from_config
+    from roofline.analysis.capacity import plan_whatif
+    from roofline.commands.capacity import plan_layouts, request_from_config
     c = yaml.safe_load((ROOT / "conf" / "capacity.yaml").read_text())
     c = {k: v for k, v in c.items() if k not in ("defaults", "layouts", "out_dir")}
     c.update(model=get_preset("llama-3.1-8b").__dict__ | {}, device="h100_sxm", engine={"profile": "vllm"},
@@ -188,7 +189,7 @@ def test_capacity_and_layouts_honour_calibrate_with_one_answer(fixture_data, tmp
 def test_predict_what_if_honours_formats_and_prices_plain_decode_without_mtp(fixture_data):
     from dataclasses import asdict
 
-    from roofline.analysis.predict import predict_command
+    from roofline.commands.predict import predict_command
     base = dict(fit=None, device="h100_sxm", tp=1, ep=1, dp_attention=False, engine=None, calibrate=None,
                 model=asdict(get_preset("llama-3.1-8b")), dtype="bfloat16", weights=None, kv=None, lm_head=None,
                 alphas=[0.8], k=[0, 1, 2], B=[1], L=[1024], overrides=[])

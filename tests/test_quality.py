@@ -17,7 +17,8 @@ from roofline.io import results
 from roofline.model.accounting import forward_cost
 from roofline.io.fields import ConfigError
 from roofline.model.presets import REPO_ROOT, get_preset
-from roofline.measure.sweep import SweepSpec, run_sweep, summary_text
+from roofline.commands.sweep import summary_text
+from roofline.measure.sweep import SweepSpec, run_sweep
 from roofline.measure.timer import TimerSettings
 
 

@@ -18,16 +18,25 @@ def test_usage_lists_every_subcommand(capsys):
     assert out.startswith("usage: roofline <command>") and all(f"  {c} " in out for c in cli.COMMANDS)
 
 
+def test_every_entry_point_and_config_is_a_subcommand():
+    """Found independently of cli.COMMANDS: every experiments/<name>.py with a Hydra entry and
+    every conf/<name>.yaml is a subcommand, and every subcommand has both."""
+    entries = {p.stem for p in (REPO_ROOT / "experiments").glob("*.py") if "@command(" in p.read_text()}
+    configs = {p.stem for p in (REPO_ROOT / "conf").glob("*.yaml")}
+    assert len(entries) >= 17 and entries == configs == set(cli.COMMANDS)
+    assert all(cli.COMMANDS.values()), [c for c, line in cli.COMMANDS.items() if not line]
+
+
 def test_an_unknown_subcommand_exits_2_naming_the_allowed_ones(capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["swep"])
-    assert e.value.code == 2 and "error: command 'swep': allowed ['sweep'" in capsys.readouterr().err
+    assert e.value.code == 2 and "error: command 'swep': allowed ['acceptance', 'anchors'" in capsys.readouterr().err
 
 
 def test_completion_of_the_subcommand_name(capsys, monkeypatch):
     monkeypatch.setenv("COMP_LINE", "roofline c")
     cli.main(["-sc", "query=bash"])
-    assert capsys.readouterr().out.split() == ["ceilings", "card", "compare", "capacity"]
+    assert capsys.readouterr().out.split() == ["capacity", "card", "ceilings", "collectives", "compare"]
 
 
 def _run(args, env=None, cwd=REPO_ROOT):

@@ -82,6 +82,25 @@ def test_an_oom_point_becomes_a_row_and_the_sweep_goes_on(tmp_path):
     assert out["ok"] == len(df) - 2
 
 
+def test_only_an_unsupported_combination_is_an_unsupported_row_and_a_bug_is_an_error_row(tmp_path):
+    from roofline.measure.sweep import _measure
+    from roofline.model.quant import Unsupported
+
+    def step(w, p, timer):
+        if p.q == 2:
+            raise Unsupported("weights=fp8 on device=cpu: no fast kernel")
+        if p.B == 2:
+            raise TypeError("unsupported operand type(s) for +: 'int' and 'NoneType'")  # a bug, not a combination
+        return _measure(w, p, timer)
+
+    run_sweep(spec(L=(0,)), tmp_path, progress=False, measure=step)
+    df = pd.read_csv(tmp_path / "points.csv")
+    by = {(r.q, r.B): r for r in df.itertuples()}
+    assert by[(2, 1)].status == by[(2, 2)].status == "unsupported" and "no fast kernel" in by[(2, 1)].error
+    assert by[(1, 2)].status == "error" and by[(1, 2)].error.startswith("TypeError: unsupported operand")
+    assert by[(1, 1)].status == "ok"
+
+
 def test_a_model_that_cannot_fit_becomes_too_big_rows(tmp_path, monkeypatch):
     from roofline.measure import memory
     monkeypatch.setattr(memory, "available", lambda device: (1e3, "1 kB available"))

@@ -237,7 +237,7 @@ def test_energy_counter_through_a_fake_nvml(nvml):
 def test_provenance_reads_the_clocks_of_the_gpu_found_by_uuid_through_the_one_nvml_session(nvml, monkeypatch):
     """provenance asks telemetry for the handle (UUID-mapped, NVML initialised once per process),
     so its clocks and power limit are of the GPU the sweep runs on, and nvmlInit runs once."""
-    from roofline.io import provenance
+    from roofline.measure import provenance
     m = nvml()
     m.nvmlSystemGetDriverVersion = lambda: b"580.159.04"
     m.nvmlDeviceGetHandleByUUID = lambda u: "h3"

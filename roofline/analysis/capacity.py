@@ -16,15 +16,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from roofline.analysis import costmodel, fitcheck, quality
-from roofline.io import files
-from roofline.io.results import RUNS_ROOT
-from roofline.report import figures
+from roofline.analysis import fitcheck, quality
 
 from roofline.spec import theory
 from roofline.model.accounting import forward_cost
@@ -33,7 +29,7 @@ from roofline.io.fields import ConfigError
 from roofline.model.config import ModelConfig
 from roofline.analysis.predict import DraftCost, step_costs
 from roofline.measure import memory
-from roofline.measure.devices import DeviceSpec, detect, get_spec
+from roofline.measure.devices import DeviceSpec, get_spec
 
 
 @dataclass(frozen=True)
@@ -169,71 +165,6 @@ class CapacityRequest:
     allow_other_model: bool = False  # apply a fit of one model to another (a device-fit transfer, marked)
 
 
-def run(req: CapacityRequest) -> tuple[pd.DataFrame, dict, Path]:
-    """capacity.csv, capacity.json and the throughput-vs-latency picture in one folder."""
-    if req.fit:
-        fit, extrapolated = costmodel.load_fit(req.fit), False
-        quality.check_model(fit, req.model.name, req.allow_other_model)
-        sheet = detect(fit["provenance"]["device_name"])
-    else:
-        table, summary = plan_whatif(req)
-        return _write(req, table, summary)
-    mem = req.memory_gb * 1e9 if req.memory_gb else (sheet.mem_bytes if sheet is not None else None)
-    if not mem:
-        raise ConfigError("memory_gb is required: the device has no datasheet memory size (a CPU)")
-    table, summary = plan(fit, req.model, req.dtype, req.work, mem, req.B, req.speculation, extrapolated)
-    return _write(req, table, summary)
-
-
-def _write(req: CapacityRequest, table: pd.DataFrame, summary: dict) -> tuple[pd.DataFrame, dict, Path]:
-    out = Path(req.out_dir or RUNS_ROOT / "capacity") / f"{req.model.name}-{summary['device'].replace(' ', '_')}-{req.dtype}"
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "capacity.csv", index=False)
-    files.write_json_atomic(out / "capacity.json", summary)
-    plot(table, summary, out / "throughput_vs_latency.png")
-    return table, summary, out
-
-
-def plot(table: pd.DataFrame, summary: dict, path) -> None:
-    fig, ax = figures.subplots(figsize=(6, 4.2))
-    for spec, g in table.groupby("spec"):
-        ok = g["fits_memory"]
-        ax.plot(g["itl_ms"], g["tok_s"], "-o" if spec else "-s", label="speculative" if spec else "plain decode")
-        ax.scatter(g.loc[~ok, "itl_ms"], g.loc[~ok, "tok_s"], marker="x", color="r", zorder=3)
-        for _, r in g.iterrows():
-            ax.annotate(f"B={r['B']}", (r["itl_ms"], r["tok_s"]), fontsize=6)
-    ax.axvline(summary["workload"]["itl_target_ms"], color="k", ls=":", lw=0.8, label="ITL target")
-    flag = " (WHAT-IF, extrapolated)" if summary["extrapolated"] else ""
-    ax.set(xscale="log", yscale="log", xlabel="inter-token latency (ms)", ylabel="tokens/s per device",
-           title=f"{summary['model']} on {summary['device']}{flag}")
-    ax.legend(fontsize=8, title="x: does not fit in memory", title_fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    figures.save(fig, path.parent, path.stem, dpi=110)
-
-
-def request_from_config(c: dict) -> CapacityRequest:
-    """The one-device plan of conf/capacity.yaml from its plain config dict (its `layouts` and
-    `overrides` keys already taken off): the precision overrides applied to `dtype`
-    (weights=native: the preset's released format), the workload and the speculation."""
-    from roofline.io.fields import from_dict
-    from roofline.model.formats import with_overrides
-    from roofline.model.presets import get_preset
-
-    fitcheck.check_capacity_config(c)
-    c = dict(c)
-    c.pop("price_per_device_hour", None)
-    from roofline.parallel.engines import engine_name
-    c["engine"] = engine_name(c.get("engine"))
-    work = Workload(*(c.pop(f) for f in ("context", "output", "itl_target_ms", "target_tok_s")))
-    alpha, k, drafter, draft = (c.pop(f) for f in ("alpha", "k", "drafter", "draft_model"))
-    spec = Speculation(alpha, k, DraftCost(drafter, get_preset(draft) if draft else None)) \
-        if c.pop("speculative") else None
-    model = ModelConfig.from_dict(c["model"])
-    c["dtype"] = with_overrides([c["dtype"]], c.pop("weights"), c.pop("kv"), c.pop("lm_head"), model.native_weights)[0]
-    return from_dict(CapacityRequest, c, "capacity", lists_to_tuples=True, model=model, work=work, speculation=spec)
-
-
 def whatif_of(c: dict, model: ModelConfig, label: str):
     """The one what-if model (roofline.parallel.whatif) for a plain config dict's device, layout,
     engine and calibration."""
@@ -316,44 +247,3 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
                               devices_for_target=None if best is None else
                               math.ceil(work.target_tok_s / best["tok_s"]))
     return table, summary
-
-
-LAYOUT_SPEC_DRAFTERS = ("mtp",)  # the layouts' what-if prices the preset's own MTP module only
-
-
-def plan_layouts(c: dict) -> tuple[pd.DataFrame, dict]:
-    """`layouts=true` of conf/capacity.yaml from its plain config dict: for every layout that fits
-    the device, the largest batch meeting the ITL target, tokens/s per replica and the devices
-    for the target throughput, each with its interval (optimistic / typical / pessimistic
-    priors), in the precision `dtype` + `weights` / `kv` / `lm_head` give (weights=native: the
-    preset's released format). Speculation: the preset's MTP module chained k times
-    (drafter=mtp); other drafters are not priced per rank and say so in the summary."""
-    from roofline.model.formats import with_overrides
-    from roofline.parallel import whatif
-
-    fitcheck.check_capacity_config(c)
-    model = ModelConfig.from_dict(c["model"])
-    label = with_overrides([c["dtype"]], c.get("weights"), c.get("kv"), c.get("lm_head"), model.native_weights)[0]
-    work = Workload(c["context"], c["output"], c["itl_target_ms"], c["target_tok_s"])
-    spec = bool(c.get("speculative"))
-    mtp = spec and c.get("drafter") in LAYOUT_SPEC_DRAFTERS and model.mtp_layers > 0
-    if mtp:
-        check_inputs(1.0, [1], spec=Speculation(c["alpha"], c["k"]))
-    device = get_spec(c["device"])
-    w = whatif_of(c, model, label)
-    rows = pd.DataFrame(whatif.capacity(model, device, label, work.context, work.output, work.itl_target_ms,
-                                        work.target_tok_s, c.get("price_per_device_hour"),
-                                        c["alpha"] if mtp else None, c["k"], w.setting,
-                                        batches=tuple(c.get("B") or (1, 2, 4, 8, 16, 32, 64, 128, 256)),
-                                        scale=w.scale, calibration=w.calibration))
-    note = None
-    if spec and not mtp:
-        note = (f"speculation with drafter={c.get('drafter')!r} is not priced per rank (allowed with layouts: "
-                f"{LAYOUT_SPEC_DRAFTERS}, on a preset with an MTP module); plain decode only")
-    summary = dict(model=model.name, dtype=label, **precision_columns(label), device=device.name,
-                   memory_GB=(device.mem_bytes or 0) / 1e9, workload=work.__dict__,
-                   speculation=dict(alpha=c["alpha"], k=c["k"], drafter="mtp") if mtp else None,
-                   engine=w.setting.engine or "all profiles (span)", calibration_scale=w.scale,
-                   what_if="datasheet row + kernels.yaml + engines.yaml + priors.yaml (roofline.parallel.whatif)",
-                   layouts=len(rows), note=note)
-    return rows, summary

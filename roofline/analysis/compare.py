@@ -21,8 +21,9 @@ from roofline.io.fields import ConfigError
 KEYS = ["point_id", "kind", "dtype", "mode", "q", "B", "L"]
 
 
-def _ok_points(run_dir: Path, field: str) -> pd.DataFrame:
-    df = results.load_run(run_dir, field)
+def _ok_points(run_dir: Path | None, field: str) -> pd.DataFrame:
+    df = results.load_run(run_dir, field)  # None (a required key left unset): "a is required"
+    run_dir = Path(run_dir)
     if "t_median_s" not in df or "status" not in df:
         raise ConfigError(f"{field}={str(run_dir)!r}: no measured points (every point failed)")
     df = df[df["status"] == "ok"].copy()
@@ -62,7 +63,7 @@ def compare_runs(a, b, allow_other_model: bool = False, fail_above: float | None
     `fail_above`, summary["regressions"] counts the points slower in b beyond the noise by
     more than that ratio (the CLI then exits non-zero)."""
     threshold = check_threshold(fail_above)
-    A, B = _ok_points(Path(a), "a"), _ok_points(Path(b), "b")
+    A, B = _ok_points(a, "a"), _ok_points(b, "b")
     if _models(A) != _models(B) and not allow_other_model:
         raise ConfigError(f"a={str(a)!r} is a run of {_models(A)}, b={str(b)!r} of {_models(B)}: compare joins runs of "
                           "one model; allow_other_model=true joins them anyway (point by point id)")

@@ -45,7 +45,8 @@ from scipy.optimize import least_squares, nnls
 from roofline.analysis.roofs import predict_step_time, roofs_for
 
 from roofline.analysis import quality
-from roofline.io import files, provenance
+from roofline.io import files
+from roofline.measure import provenance
 from roofline.model.accounting import forward_cost, moe_impl_for_mode, mtp_cost
 from roofline.io.fields import ConfigError
 from roofline.model.config import ModelConfig

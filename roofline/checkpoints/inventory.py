@@ -72,7 +72,7 @@ class InventoryRequest:
 
     def __post_init__(self) -> None:
         for key in ("before", "after"):
-            if getattr(self, key) in (None, "", "???"):
+            if getattr(self, key) in (None, ""):
                 raise ConfigError(f"{key} is required: a checkpoint folder")
 
 

@@ -111,7 +111,7 @@ def encode(tokenizer, text: str) -> list[int]:
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     bos = tokenizer.bos_token_id
     if bos is not None and ids[:2] == [bos, bos]:
-        raise ValueError(f"doubled BOS ({tokenizer.bos_token!r}) at the start of the prompt: the text already held "
+        raise ConfigError(f"doubled BOS ({tokenizer.bos_token!r}) at the start of the prompt: the text already held "
                          f"one when the template added its own")
     return ids
 

@@ -11,6 +11,9 @@ import pandas as pd
 
 from roofline.io.fields import ConfigError
 
+# the folder holding roofline/ (a checkout, or site-packages): conf/ and results/ live beside it
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
 
 def write_atomic(path: str | Path, data: str | bytes) -> Path:
     """Write `data` to a temporary file beside `path`, fsync it, then rename it over `path`."""

@@ -17,9 +17,10 @@ from typing import Iterable
 import pandas as pd
 
 from roofline.io import files
-from roofline.model.presets import REPO_ROOT
-
-SCHEMA_VERSION = 1
+from roofline.io.files import REPO_ROOT
+from roofline.io import runfolder
+# the row schema's version, its statuses and the corrections file are runfolder's (which checks rows)
+from roofline.io.runfolder import CORRECTIONS, SCHEMA_VERSION, STATUSES  # noqa: F401
 
 
 def runs_root() -> Path:
@@ -34,8 +35,6 @@ def runs_root() -> Path:
 
 
 RUNS_ROOT = runs_root()  # default output root (not committed)
-# math_fallback: measured, but attention ran torch's math path on CUDA (roofline.measure.forward)
-STATUSES = ("ok", "oom", "error", "unsupported", "too_big", "math_fallback")
 
 # Columns every row has, in order; physics columns are NaN on failed rows.
 KEY_COLUMNS = ["point_id", "kind", "model", "dtype", "mode", "q", "B", "L", "layers_run", "layers_full"]
@@ -125,9 +124,8 @@ def load_run(run_dir: Path, field: str = "results_dir") -> pd.DataFrame:
     `df.attrs["load_warnings"]` (roofline.analysis.quality.run_warnings shows it) and on stderr."""
     import sys
 
-    from roofline.io import runfolder
     from roofline.io.fields import ConfigError
-    if run_dir is None or str(run_dir).strip() in ("", "None", "???"):
+    if run_dir is None or str(run_dir).strip() in ("", "None"):
         raise ConfigError(f"{field} is required: a run folder holding points.csv or points.jsonl")
     run_dir = Path(run_dir)
     csv, jsonl = run_dir / "points.csv", run_dir / runfolder.POINTS
@@ -197,9 +195,6 @@ def aggregate_jobs(sweep_dir: Path, job_file: str) -> dict:
 # A row is written the moment its point is measured; what is learnt about it later (the
 # busy-machine verdict, a re-measurement: roofline.measure.noise) is appended here, never
 # held back. Readers of points.jsonl apply them; points.csv is written with them applied.
-CORRECTIONS = "points.corrections.jsonl"
-
-
 def append_correction(run_dir: Path, point_id: str, fields: dict) -> None:
     """Amend the row of `point_id`: `fields` replace the row's own (appended and fsynced)."""
     append_row(Path(run_dir) / CORRECTIONS, dict(point_id=point_id, set=fields))

@@ -35,8 +35,11 @@ from typing import Collection, Iterator
 
 from roofline.io.files import write_atomic
 from roofline.io.fields import ConfigError
-from roofline.io.results import CORRECTIONS
 
+SCHEMA_VERSION = 1  # of a points.jsonl row (roofline.io.results: the columns)
+# math_fallback: measured, but attention ran torch's math path on CUDA (roofline.measure.forward)
+STATUSES = ("ok", "oom", "error", "unsupported", "too_big", "math_fallback")
+CORRECTIONS = "points.corrections.jsonl"
 LOCK = "run.lock"
 POINTS = "points.jsonl"
 QUARANTINE = "points.quarantine.jsonl"
@@ -173,7 +176,6 @@ REQUIRED = ("kind", "model", "dtype", "mode", "q", "B", "L", "layers_run", "laye
 
 
 def _problem(row) -> str | None:
-    from roofline.io.results import SCHEMA_VERSION, STATUSES
     if not isinstance(row, dict):
         return f"not a JSON object ({type(row).__name__})"
     if not isinstance(row.get("point_id"), str) or not row["point_id"]:

@@ -37,7 +37,8 @@ import torch
 
 from roofline.measure import kernels
 
-from roofline.io import files, provenance
+from roofline.io import files
+from roofline.measure import provenance
 from roofline.io.fields import ConfigError, check_fields
 
 from roofline.measure import timer

@@ -145,7 +145,7 @@ def list_specs() -> list[DeviceSpec]:
 def get_spec(key: str) -> DeviceSpec:
     table = _table()
     if key not in table:
-        raise ValueError(f"device={key!r}: unknown; allowed {sorted(table)}")
+        raise ConfigError(f"device={key!r}: unknown; allowed {sorted(table)}")
     return table[key]
 
 

@@ -34,10 +34,10 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from roofline.io import files, provenance, results, runfolder
-from roofline.measure import memory
+from roofline.io import files, results, runfolder
+from roofline.measure import memory, provenance
 from roofline.model import kvcache
-from roofline.model.accounting import check_weight_format, forward_cost, mtp_cost
+from roofline.model.accounting import SHARDED_MOE_NO_GRAPH, check_weight_format, forward_cost, mtp_cost
 from roofline.model.dtypes import datasheet_column, torch_dtype
 from roofline.model.formats import activation_dtype, parse_precision, precision, precision_columns
 from roofline.io.fields import ConfigError
@@ -121,7 +121,6 @@ class SweepSpec:
             from roofline.checkpoints.loader import tensor_headers
             tensor_headers(self.checkpoint)
         if self.parallel.devices > 1:
-            from roofline.parallel.runner import check_spec
             check_spec(self)
 
     def identity(self) -> dict:
@@ -141,6 +140,25 @@ class SweepSpec:
 
     def default_out_dir(self, root: Path) -> Path:
         return root / f"sweep-{self.model.name}-{self.fingerprint()}"
+
+
+def check_spec(spec: SweepSpec) -> None:
+    """What a distributed sweep cannot do, named before anything runs."""
+    lay = spec.parallel
+    lay.check(spec.model, world=lay.devices)
+    if lay.pp > 1:
+        raise ConfigError(f"parallel.pp={lay.pp}: the sharded forward runs one stage; pp is accounting only")
+    if "graph" in spec.modes:
+        reason = "; ".join(filter(None, ["CUDA-graph replay is not captured across ranks",
+                                         SHARDED_MOE_NO_GRAPH if spec.model.is_moe else ""]))
+        raise ConfigError(f"modes=['graph']: {reason}; use eager with tp/ep > 1")
+    if spec.layers:
+        raise ConfigError(f"layers={spec.layers}: layer slicing is single-device; vary model.layers across sweeps")
+    if spec.checkpoint:
+        raise ConfigError("checkpoint=...: sharded sweeps run random weights of the preset's shapes")
+    if lay.dp_attention and any(b % lay.tp for b in spec.B):
+        raise ConfigError(f"B={list(spec.B)}: with parallel.dp_attention each of the tp={lay.tp} ranks runs B/tp "
+                          "sequences; every B must be a multiple of tp")
 
 
 @dataclass(frozen=True)
@@ -196,14 +214,18 @@ def memory_plan(spec: SweepSpec, dtype: str, depth: int, points: list["Point"]) 
 
 
 def _failure_status(e: BaseException) -> str:
+    """`unsupported` only for what says the combination does not exist: a NotImplementedError (our
+    Unsupported of a format without a fast kernel, CompileUnsupported, torch's missing backend
+    kernel) or torch's RuntimeError "... not implemented for 'Half'"; anything else (a TypeError
+    of a bug included) is an `error` row with its type and message."""
     if isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower():
         return "oom"
-    if isinstance(e, (NotImplementedError, TypeError)) or "not implemented" in str(e).lower():
+    if isinstance(e, NotImplementedError) or (isinstance(e, RuntimeError) and "not implemented for" in str(e)):
         return "unsupported"
     return "error"
 
 
-class _Workload:
+class BuiltModel:
     """One built model (dtype, depth, mode) and the static inputs of each point."""
 
     def __init__(self, spec: SweepSpec, dtype: str, depth: int, mode: str, max_batch: int | None = None,
@@ -280,7 +302,7 @@ class _Workload:
             raise RuntimeError(f"forward check failed for {self.cfg.name} {self.dtype}: {why}")
 
 
-def _measure(w: _Workload, p: Point, timer: TimerSettings) -> dict:
+def _measure(w: BuiltModel, p: Point, timer: TimerSettings) -> dict:
     w.fill_cache(p.L)
     fn, cost_of = w.callable_for(p)
     backend = eager_attention_backend(getattr(fn, "eager", fn))  # one eager call: which SDPA kernel each layer selects
@@ -519,7 +541,7 @@ class SweepInterrupted(KeyboardInterrupt):
 
 
 def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
-              measure: Callable[[_Workload, Point, TimerSettings], dict] = _measure,
+              measure: Callable[[BuiltModel, Point, TimerSettings], dict] = _measure,
               force: bool = False, extend: bool = False, retry_failed: bool = True, workload=None,
               noise: NoiseSettings | None = NoiseSettings()) -> dict:
     """Measure every point not already in run_dir; return the counts. `measure` is the
@@ -531,8 +553,8 @@ def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
     if AUTO not in spec.dtypes:
         spec, _ = resolve_auto(spec, Path(run_dir))  # modes=[auto] -> eager; nothing measured
     if workload is None and spec.parallel.devices > 1:
-        from roofline.parallel.runner import run_parallel_sweep
-        return run_parallel_sweep(spec, run_dir, progress, force=force, extend=extend, retry_failed=retry_failed)
+        raise ConfigError(f"tp={spec.parallel.tp} ep={spec.parallel.ep}: a sweep over "
+                          f"{spec.parallel.devices} ranks runs through roofline.parallel.runner.run_parallel_sweep")
     t0 = time.time()
     run_dir = Path(run_dir)
     spec.identity()  # the device must exist before a folder is made
@@ -541,7 +563,7 @@ def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
         _ceilings_for(spec, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     with runfolder.locked(run_dir):
-        return _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t0, workload or _Workload,
+        return _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t0, workload or BuiltModel,
                            noise)
 
 
@@ -787,17 +809,3 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
                             p90_ms=1e3 * r.get("t_p90_s", np.nan), p99_ms=1e3 * r.get("t_p99_s", np.nan),
                             t_over_t1=r["t_median_s"] / t1, GBps=r["achieved_GBps"], TFLOPs=r["achieved_TFLOPs"]))
     return pd.DataFrame(out)
-
-
-def summary_text(run_dir: Path) -> str:
-    """The one-screen end-of-run table: T(q)/T(1), ms, GB/s, TFLOP/s per (kind, dtype, mode, B, L)."""
-    from roofline.analysis import quality
-    df = results.load_run(run_dir)
-    t = summary_table(df)
-    head = f"key figure: {quality.key_figure(df)}"
-    warnings = [f"warning: {w}" for w in quality.run_warnings(run_dir, df)]
-    if t.empty:
-        return "\n".join([head, "no successful points"] + warnings)
-    with pd.option_context("display.width", 160, "display.max_rows", 200):
-        table = t.round({"p50_ms": 3, "p90_ms": 3, "p99_ms": 3, "t_over_t1": 3, "GBps": 2, "TFLOPs": 4}).to_string(index=False)
-    return "\n".join([head, table] + warnings)

@@ -75,11 +75,11 @@ class TimerSettings:
     is; the count actually used is recorded either way.
     """
 
-    warmup: int = 3
+    warmup: int = 2
     min_reps: int = 5
-    max_reps: int = 200
-    rel_ci: float = 0.02
-    budget_s: float = 2.0
+    max_reps: int = 40
+    rel_ci: float = 0.03
+    budget_s: float = 0.6
     mode: str = "eager"
     l2: str = "warm"
     l2_bytes: int = 0

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from roofline.io.fields import ConfigError
 from roofline.model.config import ModelConfig
 from roofline.model.formats import Precision, parse_precision
+from roofline.io.fields import ConfigError
 
 # ---- parameter counts, per module, matching roofline.model.decoder exactly ------------------------
 
@@ -380,7 +381,7 @@ def mtp_cost(cfg: ModelConfig, dtype, B: int, q: int, L: int, kv_len: int | None
 def mtp_args(cfg: ModelConfig, dtype, B: int, q: int, L: int, kv_len: int | None) -> tuple[Precision, int]:
     """(precision, kv_len) of one MTP forward, its shape checked (ValueError without an MTP module)."""
     if cfg.mtp_layers < 1:
-        raise ValueError(f"model {cfg.name!r} has no MTP module (mtp_layers=0)")
+        raise ConfigError(f"model {cfg.name!r} has no MTP module (mtp_layers=0)")
     _check_shape(cfg, B, q, L)
     return parse_precision(dtype), L + q if kv_len is None else kv_len
 
@@ -396,6 +397,6 @@ def add_mtp_own_cost(c: dict, cfg: ModelConfig, act_bytes: int, tokens: int) -> 
 def _check_shape(cfg: ModelConfig, B: int, q: int, L: int) -> None:
     for name, v, lo in (("B", B, 1), ("q", q, 1), ("L", L, 0)):
         if not isinstance(v, int) or v < lo:
-            raise ValueError(f"{name}={v!r}: must be an integer >= {lo}")
+            raise ConfigError(f"{name}={v!r}: must be an integer >= {lo}")
     if L + q > cfg.max_context:
-        raise ValueError(f"L + q = {L + q}: exceeds model.max_context={cfg.max_context} of {cfg.name!r}")
+        raise ConfigError(f"L + q = {L + q}: exceeds model.max_context={cfg.max_context} of {cfg.name!r}")

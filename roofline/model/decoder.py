@@ -33,6 +33,7 @@ from torch import nn
 from roofline.model import kvcache
 from roofline.model.config import ModelConfig
 from roofline.model.rope import apply_rope, rope_table, yarn_softmax_scale
+from roofline.io.fields import ConfigError
 
 MOE_IMPLS = ("touched", "dense")
 
@@ -327,9 +328,9 @@ class Transformer(nn.Module):
         if moe_impl not in MOE_IMPLS:
             raise ValueError(f"moe_impl={moe_impl!r}: allowed {MOE_IMPLS}")
         if not 1 <= max_context <= cfg.max_context:
-            raise ValueError(f"max_context={max_context}: must be in 1..{cfg.max_context} (model.max_context)")
+            raise ConfigError(f"max_context={max_context}: must be in 1..{cfg.max_context} (model.max_context)")
         if max_batch < 1:
-            raise ValueError(f"max_batch={max_batch}: must be >= 1")
+            raise ConfigError(f"max_batch={max_batch}: must be >= 1")
         self.cfg, self.max_batch, self.max_context = cfg, max_batch, max_context
         self.embed = nn.Embedding(cfg.vocab, cfg.d)
         self.layers = nn.ModuleList(

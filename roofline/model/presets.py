@@ -16,9 +16,9 @@ from pathlib import Path
 import yaml
 
 from roofline.io.fields import ConfigError
+from roofline.io.files import REPO_ROOT
 from roofline.model.config import ModelConfig
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 PRESET_DIR = REPO_ROOT / "conf" / "model"
 
 

@@ -8,7 +8,9 @@
     launch       torch.distributed start-up: torch.multiprocessing spawn, torchrun or srun
     sharded      the compact decoder with column/row-parallel linears and experts split
     runner       the sweep across ranks: rank 0 times, the others follow in lockstep
-    priors       sourced priors (efficiencies, launch floors, links) for devices never measured
-    whatif       step time, layouts and capacity for a device from its datasheet row + priors
+    engines      engine profiles (roofline/data/engines.yaml) and the name of one
+    kernels      kernel efficiencies per device and format (roofline/data/kernels.yaml)
+    whatif       step time, layouts and capacity for a device from its datasheet row and the
+                 sourced priors of roofline/data/priors.yaml (efficiencies, launch floors, links)
     anchors      published multi-GPU measurements beside our predictions
 """

@@ -221,18 +221,6 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def summary_text(doc: dict) -> str:
-    """The console summary: the nccl-tests table, each collective's latency + bandwidth fit, and
-    what to read the bus bandwidth against."""
-    lines = [table(doc["rows"])]
-    for kind, f in doc["fit"].items():
-        lines.append(f"{kind:>15}: latency {f['latency_us']:.1f} us + S / {f['algbw_GBps']:.2f} GB/s "
-                     f"(busbw {f['busbw_GBps']:.2f} GB/s, factor {f['bus_factor']:.2f}, n={f['ranks']}; "
-                     f"median |fit error| {f['median_abs_err_pct']:.1f}%)")
-    lines.append("beside: " + link_reference(doc["device_name"]))
-    return "\n".join(lines)
-
-
 def run_collectives(spec: CollectiveSpec, out_dir) -> dict:
     """Spawn (or join, under torchrun/srun) spec.world ranks, measure, write collectives.json and
     collectives.csv into out_dir; returns the document."""
@@ -251,20 +239,3 @@ def run_collectives(spec: CollectiveSpec, out_dir) -> dict:
     write_json_atomic(out / "collectives.json", doc)
     write_csv_atomic(pd.DataFrame(rows), out / "collectives.csv")
     return doc
-
-
-def link_reference(device_name: str) -> str:
-    """What the measured busbw should be read against: the device's link from priors.yaml (a GPU
-    with a datasheet row), else a note that ranks on one CPU exchange through shared memory."""
-    from roofline.measure.devices import detect
-    from roofline.parallel.whatif import load_priors
-    spec = detect(device_name)
-    priors = load_priors()
-    link = priors["device_links"].get(spec.key) if spec is not None else None
-    if link is None:
-        return (f"{device_name}: ranks exchange through shared memory (gloo); compare busbw with the DRAM "
-                "bandwidth of python -m experiments.ceilings (no link datasheet)")
-    p = priors["interconnects"][link]
-    return (f"{device_name}: {link} prior busbw {p['busbw_GBps'][0]}/{p['busbw_GBps'][1]}/{p['busbw_GBps'][2]} GB/s, "
-            f"latency {p['latency_us'][0]}/{p['latency_us'][1]}/{p['latency_us'][2]} us "
-            "(optimistic/typical/pessimistic, roofline/data/priors.yaml)")

@@ -24,35 +24,15 @@ import torch
 import torch.distributed as dist
 
 from roofline.model.dtypes import torch_dtype
-from roofline.io.fields import ConfigError
-from roofline.model.accounting import SHARDED_MOE_NO_GRAPH, moe_impl_for_mode
+from roofline.model.accounting import moe_impl_for_mode
 from roofline.model.decoder import build_model
-from roofline.measure.sweep import Point, SweepSpec, _Workload, run_sweep
+from roofline.measure.sweep import BuiltModel, Point, SweepSpec, check_spec, run_sweep
 from roofline.measure.timer import TimerSettings, time_fn
 from roofline.parallel.cost import Collective, rank_forward_cost, rank_mtp_cost
 from roofline.parallel.launch import run
 from roofline.parallel.sharded import busiest_rank_touched, shard
 
 SYNC = Collective("broadcast", 8, 1)  # the step's opening broadcast (int64 flag)
-
-
-def check_spec(spec: SweepSpec) -> None:
-    """What a distributed sweep cannot do, named before anything runs."""
-    lay = spec.parallel
-    lay.check(spec.model, world=lay.devices)
-    if lay.pp > 1:
-        raise ConfigError(f"parallel.pp={lay.pp}: the sharded forward runs one stage; pp is accounting only")
-    if "graph" in spec.modes:
-        reason = "; ".join(filter(None, ["CUDA-graph replay is not captured across ranks",
-                                         SHARDED_MOE_NO_GRAPH if spec.model.is_moe else ""]))
-        raise ConfigError(f"modes=['graph']: {reason}; use eager with tp/ep > 1")
-    if spec.layers:
-        raise ConfigError(f"layers={spec.layers}: layer slicing is single-device; vary model.layers across sweeps")
-    if spec.checkpoint:
-        raise ConfigError("checkpoint=...: sharded sweeps run random weights of the preset's shapes")
-    if lay.dp_attention and any(b % lay.tp for b in spec.B):
-        raise ConfigError(f"B={list(spec.B)}: with parallel.dp_attention each of the tp={lay.tp} ranks runs B/tp "
-                          "sequences; every B must be a multiple of tp")
 
 
 def _send(obj) -> object:
@@ -108,7 +88,7 @@ class LeaderModel:
         return getattr(self.inner, name)
 
 
-class LeaderWorkload(_Workload):
+class LeaderWorkload(BuiltModel):
     def build(self, max_ctx: int):
         _send(("build", self.dtype, self.cfg.layers, max_ctx))
         return LeaderModel(_sharded(self.spec, self.dtype, self.cfg.layers, max_ctx, 0, self.spec.device),

@@ -62,7 +62,7 @@ def _read_json(path: Path) -> dict | None:
 
 def open_run(run_dir) -> tuple[Path, pd.DataFrame, dict | None, dict | None, DeviceSpec | None]:
     """(run_dir, points, ceilings, run, datasheet spec). Fails fast naming results_dir."""
-    if run_dir is None or str(run_dir).strip() in ("", "None", "???"):
+    if run_dir is None or str(run_dir).strip() in ("", "None"):
         raise ConfigError("results_dir is required: a run folder holding points.csv or points.jsonl")
     run_dir = Path(run_dir)
     if not run_dir.is_dir():

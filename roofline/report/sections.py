@@ -101,7 +101,7 @@ def fit_and_report(run_dir, settings: costmodel.FitSettings = costmodel.FitSetti
                    sliced_dir=None) -> tuple[dict, str, dict]:
     """The fit command: fit a run folder, save fit.json and report_costmodel.md in it; returns
     (fit, console text: parameters and the all-points errors of each split, JSON summary)."""
-    if run_dir in (None, "", "???"):
+    if run_dir in (None, ""):
         raise ConfigError("results_dir is required: a sweep run folder")
     run_dir = Path(run_dir)
     fit, points = costmodel.fit_run(run_dir, settings, sliced_dir=sliced_dir)

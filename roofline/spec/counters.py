@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from roofline.io.fields import ConfigError
+
 
 def ratio(numerator: float, denominator: float) -> float:
     """numerator / denominator; NaN when the denominator is 0 (nothing was counted)."""
@@ -64,7 +66,7 @@ class AcceptanceCounters:
 
     def _need_positions(self) -> None:
         if not self.accepted_per_pos:
-            raise ValueError("no per-position counters (num_accepted_tokens_per_pos): per-position "
+            raise ConfigError("no per-position counters (num_accepted_tokens_per_pos): per-position "
                              "acceptance needs them (a vLLM dump from a version that exports them)")
 
     def vllm_names(self) -> dict:

@@ -23,6 +23,7 @@ import torch
 from roofline.model.decoder import Transformer
 from roofline.spec.ngram import propose as ngram_propose
 from roofline.spec.engine import DecodeState
+from roofline.io.fields import ConfigError
 
 
 def chain(st: DecodeState, k: int, logits: torch.Tensor, step) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -43,7 +44,7 @@ class MTPDrafter:
 
     def __init__(self, target: Transformer, depth: int = 0):
         if not target.mtp:
-            raise ValueError("the target has no MTP module (mtp_layers=0)")
+            raise ConfigError("the target has no MTP module (mtp_layers=0)")
         self.target, self.depth = target, depth
         self._ready = None  # the catch-up pass already run (by prefill), for the next propose
 
@@ -90,7 +91,7 @@ class DraftModelDrafter:
 
     def __init__(self, model: Transformer, target_vocab: int):
         if model.cfg.vocab != target_vocab:
-            raise ValueError(f"draft model vocab {model.cfg.vocab} != target vocab {target_vocab}: "
+            raise ConfigError(f"draft model vocab {model.cfg.vocab} != target vocab {target_vocab}: "
                              "a draft model must share the target's vocabulary")
         self.model = model
 
@@ -155,7 +156,7 @@ class OracleDrafter:
 
     def __init__(self, target: Transformer, alpha: float, vocab: int, inner=None, seed: int = 0):
         if not 0 <= alpha <= 1:
-            raise ValueError(f"alpha={alpha}: must be in [0, 1]")
+            raise ConfigError(f"alpha={alpha}: must be in [0, 1]")
         self.target, self.alpha, self.vocab, self.inner = target, alpha, vocab, inner
         self.needs_hidden = bool(inner and inner.needs_hidden)
         self.gen = torch.Generator().manual_seed(seed)
@@ -164,7 +165,7 @@ class OracleDrafter:
 
     def prefill(self, st, hidden) -> None:
         if not st.settings.greedy:
-            raise ValueError("the oracle drafter validates greedy decoding (temperature=0)")
+            raise ConfigError("the oracle drafter validates greedy decoding (temperature=0)")
         if self.inner:
             self.inner.prefill(st, hidden)
 

@@ -27,6 +27,7 @@ import torch
 from roofline.spec.counters import AcceptanceCounters
 from roofline.spec.verify import greedy_accept, probs_from_logits, sample_accept
 from roofline.model.decoder import Transformer
+from roofline.io.fields import ConfigError
 
 
 @dataclass(frozen=True)
@@ -40,11 +41,11 @@ class DecodeSettings:
 
     def __post_init__(self) -> None:
         if self.max_new < 1:
-            raise ValueError(f"max_new={self.max_new}: must be >= 1")
+            raise ConfigError(f"max_new={self.max_new}: must be >= 1")
         if self.k < 0:
-            raise ValueError(f"k={self.k}: must be >= 0")
+            raise ConfigError(f"k={self.k}: must be >= 0")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ValueError(f"temperature={self.temperature}, top_p={self.top_p}: need temperature >= 0, 0 < top_p <= 1")
+            raise ConfigError(f"temperature={self.temperature}, top_p={self.top_p}: need temperature >= 0, 0 < top_p <= 1")
 
     @property
     def greedy(self) -> bool:
@@ -173,10 +174,10 @@ class SpecEngine:
     def _start(self, prompts: list[list[int]], s: DecodeSettings) -> tuple[DecodeState, torch.Tensor | None]:
         B, P = len(prompts), max(len(p) for p in prompts)
         if B > self.target.max_batch or P + s.max_new + 2 * s.k + 1 > self.target.max_context:
-            raise ValueError(f"batch {B} / prompt {P} + max_new {s.max_new} + 2k {2 * s.k} + 1 exceed the cache "
+            raise ConfigError(f"batch {B} / prompt {P} + max_new {s.max_new} + 2k {2 * s.k} + 1 exceed the cache "
                              f"(max_batch={self.target.max_batch}, max_context={self.target.max_context})")
         if min(len(p) for p in prompts) < 1:
-            raise ValueError("every prompt needs at least one token")
+            raise ConfigError("every prompt needs at least one token")
         self.target.reset_cache()
         lens = torch.tensor([len(p) for p in prompts], device=self.device)
         padded = torch.tensor([p + [p[-1]] * (P - len(p)) for p in prompts], device=self.device)

@@ -13,6 +13,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from roofline.io.fields import ConfigError
+
 
 def propose(
     context: Sequence[int] | torch.Tensor,
@@ -28,7 +30,7 @@ def propose(
     occurrence, at most k of them, fewer when the context ends first.
     """
     if k < 0:
-        raise ValueError(f"k must be >= 0, got {k!r}")
+        raise ConfigError(f"k must be >= 0, got {k!r}")
     if not 1 <= min_ngram <= max_ngram:
         raise ValueError(
             f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram!r}, max_ngram={max_ngram!r}"

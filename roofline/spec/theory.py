@@ -25,6 +25,8 @@ from typing import Callable, Mapping, Sequence, Union
 import numpy as np
 import pandas as pd
 
+from roofline.io.fields import ConfigError
+
 AlphaOrProfile = Union[float, Sequence[float]]
 
 TABLE_COLUMNS = ("alpha", "k", "B", "L", "tau", "R_s", "T1_s", "S", "throughput_tok_s",
@@ -33,7 +35,7 @@ TABLE_COLUMNS = ("alpha", "k", "B", "L", "tau", "R_s", "T1_s", "S", "throughput_
 
 def _check_alpha(alpha: float, name: str = "alpha") -> float:
     if isinstance(alpha, bool) or not isinstance(alpha, Real) or not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"{name} must be a real number in [0, 1], got {alpha!r}")
+        raise ConfigError(f"{name} must be a real number in [0, 1], got {alpha!r}")
     return float(alpha)
 
 
@@ -43,13 +45,13 @@ def _check_alphas(alphas: Sequence[float], name: str = "alphas") -> np.ndarray:
         raise ValueError(f"{name} must be a 1-D sequence of per-position acceptances, "
                          f"got shape {a.shape}")
     if not np.all((a >= 0.0) & (a <= 1.0)):  # NaN fails too
-        raise ValueError(f"{name} must lie in [0, 1], got {a.tolist()}")
+        raise ConfigError(f"{name} must lie in [0, 1], got {a.tolist()}")
     return a
 
 
 def _check_int(value: int, name: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
 
 
@@ -80,7 +82,7 @@ def _profile(alpha_or_profile: AlphaOrProfile, k: int) -> np.ndarray:
         return np.full(k, _check_alpha(alpha_or_profile))
     profile = _check_alphas(alpha_or_profile, "alphas")
     if k > len(profile):
-        raise ValueError(f"k={k} exceeds the per-position profile (len {len(profile)}): "
+        raise ConfigError(f"k={k} exceeds the per-position profile (len {len(profile)}): "
                          "acceptance beyond the measured positions is unknown")
     return profile[:k]
 

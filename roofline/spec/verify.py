@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from roofline.io.fields import ConfigError
+
 PAD = -1
 
 
@@ -34,9 +36,9 @@ def probs_from_logits(logits: torch.Tensor, temperature: float, top_p: float = 1
     exact for the p and q actually used, so both sides must go through this function.
     """
     if not temperature >= 0.0:
-        raise ValueError(f"temperature must be >= 0, got {temperature!r}")
+        raise ConfigError(f"temperature must be >= 0, got {temperature!r}")
     if not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+        raise ConfigError(f"top_p must be in (0, 1], got {top_p!r}")
     dtype = torch.promote_types(logits.dtype, torch.float32)
     if temperature == 0.0:
         probs = torch.zeros(logits.shape, dtype=dtype, device=logits.device)

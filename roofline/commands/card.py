@@ -1,4 +1,7 @@
-"""The cost card: what one forward of a preset must move, and the floor that implies.
+"""the cost card of a preset or checkpoint
+
+`python -m experiments.card model=llama-3.1-8b dtype=bf16` (or `checkpoint=DIR`): what one forward
+of a preset must move, and the floor that implies.
 
 Decode at small batch is bandwidth-bound: each step streams every active weight (and the
 KV cache) from memory once, so no step can be faster than bytes / bandwidth. The card states
@@ -15,7 +18,11 @@ from roofline.model.accounting import forward_cost, kv_bytes_per_token, param_co
 from roofline.model.formats import QUALITY_NOTE, compute_dtype, parse_precision, precision_columns
 from roofline.io.fields import ConfigError
 from roofline.model.config import ModelConfig
-from roofline.measure.devices import DeviceSpec
+from roofline.checkpoints.loader import checkpoint_config
+from roofline.commands import not_both
+from roofline.measure.devices import DeviceSpec, get_spec
+from roofline.model.formats import with_overrides
+from roofline.parallel.engines import engine_name
 
 
 @dataclass(frozen=True)
@@ -157,3 +164,13 @@ def print_card(req: CardRequest) -> dict:
     print(render_card(rec))
     print(json.dumps(rec))
     return rec
+
+
+def run(c: dict) -> None:
+    not_both(c, "checkpoint", "model")
+    model = checkpoint_config(c["checkpoint"]) if c["checkpoint"] else ModelConfig.from_dict(c["model"])
+    dtype = with_overrides([c["dtype"]], c["weights"], c["kv"], c["lm_head"], model.native_weights)[0]
+    print_card(CardRequest(model=model, dtype=dtype,
+                           device=get_spec(c["device"]) if c["device"] else None,
+                           batch=c["batch"], context=c["context"], engine=engine_name(c.get("engine")),
+                           tp=c["tp"], ep=c["ep"], dp_attention=c["dp_attention"]))

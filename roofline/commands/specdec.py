@@ -1,34 +1,29 @@
-"""The `specdec` and `acceptance` commands, one call each: the composed config as a plain dict
-(conf/specdec.yaml, conf/acceptance.yaml; `device` is the torch device) in, the console text
-and the JSON summary out. experiments/ only composes the config and prints."""
+"""plain vs speculative decoding, measured against the cost model
+
+`python -m experiments.specdec model=cpu-demo` (conf/specdec.yaml; `device` is the torch device):
+the composed config as a plain dict in, the console table and the JSON summary out. With
+`checkpoint=DIR prompts=chats.jsonl` the checkpoint's real per-position acceptance instead (as
+the acceptance command). With `fail_on_mismatch=true` it returns REGRESSION when a predicted and
+a measured speedup are a MISMATCH (more than 2x apart)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 
+from roofline.commands import REGRESSION
+from roofline.commands.acceptance import acceptance
 from roofline.io.fields import from_dict, refuse_unused
 from roofline.io.results import RUNS_ROOT
 from roofline.measure.timer import TimerSettings
 from roofline.model.config import ModelConfig
 from roofline.report.document import write_report
 from roofline.report.sections import write_specdec_section
-from roofline.spec.real_acceptance import AcceptanceRequest, measure_acceptance
 from roofline.spec.real_validation import RealValSpec, run_real_validation, summarize
 from roofline.spec.validation import SpecValSpec, run_validation
 
 _CONSOLE_COLUMNS = ["drafter", "k", "B", "tau_meas", "alpha_meas", "S_meas", "S_pred", "err"]
-
-
-def acceptance(c: Mapping) -> tuple[str, dict]:
-    """Real per-position acceptance: one line per draft position, then the totals."""
-    out = measure_acceptance(from_dict(AcceptanceRequest, {k: v for k, v in c.items() if k != "overrides"},
-                                       "acceptance"))
-    lines = [f"position {i + 1}: accepted {n}, conditional alpha {a:.3f}"
-             for i, (a, n) in enumerate(zip(out["alpha_per_pos"], out["num_accepted_tokens_per_pos"]))]
-    lines.append(f"acceptance rate {out['acceptance_rate']:.3f}, "
-                 f"mean acceptance length {out['mean_acceptance_length']:.3f}")
-    return "\n".join(lines), out
 
 
 def _fingerprint(spec) -> str:
@@ -81,3 +76,10 @@ def specdec(c: Mapping) -> tuple[str, dict]:
                    median_abs_err=float(e.median()), max_abs_err=float(e.max()),
                    mismatches=int(table["mismatch"].astype(bool).sum()) if "mismatch" in table else 0)
     return table[_CONSOLE_COLUMNS].round(3).to_string(index=False), summary
+
+
+def run(c: dict) -> int:
+    text, summary = specdec(c)
+    print(text)
+    print(json.dumps(summary))
+    return REGRESSION if c["fail_on_mismatch"] and summary.get("mismatches") else 0

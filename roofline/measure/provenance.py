@@ -6,13 +6,11 @@ import datetime as dt
 import platform
 import subprocess
 from functools import lru_cache
-from pathlib import Path
 
 import torch
 
+from roofline.io.files import REPO_ROOT
 from roofline.measure.devices import running_device_name
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @lru_cache(maxsize=1)

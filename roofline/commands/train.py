@@ -1,8 +1,11 @@
-"""The `train` command, one call: the composed config (conf/train.yaml) as a plain dict in,
-the JSON summary out."""
+"""train the small MTP model, its tokenizer and draft model on the CPU
+
+`python -m experiments.train [target_steps=300 control=true out_dir=DIR]` (conf/train.yaml): the
+composed config as a plain dict in, the JSON summary out."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 
 from roofline.io.fields import from_dict
@@ -14,3 +17,7 @@ def train(c: Mapping) -> dict:
     shapes = {k: from_dict(ModelShape, raw.pop(k), k) for k in ("target", "draft")}
     summary = run_training(from_dict(TrainSpec, raw, "train", **shapes))
     return dict(out_dir=str(c["out_dir"]), overrides=c.get("overrides", []), **summary)
+
+
+def run(c: dict) -> None:
+    print(json.dumps(train(c)))

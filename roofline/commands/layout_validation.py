@@ -1,4 +1,7 @@
-"""Does the cost model predict a layout it never saw? Fit on some sweeps, predict others.
+"""fit the cost model on some sweeps, predict layouts it never saw
+
+`python -m experiments.layout_validation 'train=[A,B]' 'test=[C,D]' collectives=.../collectives.json`:
+Does the cost model predict a layout it never saw? Fit on some sweeps, predict others.
 
 Typical use: fit on single-rank sweeps (several depths, so the per-block fixed cost is
 identified; forward and MTP steps together, one block vs many) and predict tp=2 / ep=2 sweeps
@@ -17,6 +20,7 @@ Two things decide whether that transfers (results/parallel/README.md has the num
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -79,3 +83,9 @@ def held_out(train_dirs, test_dirs, collectives_json, out_dir=None) -> tuple[pd.
         write_csv_atomic(table, out / "layout_validation.csv")
         write_json_atomic(out / "layout_validation.json", summary, default=float)
     return table, summary
+
+
+def run(c: dict) -> None:
+    table, summary = held_out(c["train"], c["test"], c["collectives"], c["out_dir"])
+    print(table.round(5).to_string(index=False))
+    print(json.dumps(summary, default=float))

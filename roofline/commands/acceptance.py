@@ -1,0 +1,29 @@
+"""real per-position acceptance on chat prompts
+
+`python -m experiments.acceptance checkpoint=DIR prompts=chats.jsonl drafter=mtp k=3`: one line per
+draft position, then the totals, then the JSON document (strict: a position never reached is null)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from roofline.io.fields import from_dict
+from roofline.io.files import json_text
+from roofline.spec.real_acceptance import AcceptanceRequest, measure_acceptance
+
+
+def acceptance(c: Mapping) -> tuple[str, dict]:
+    """Real per-position acceptance: one line per draft position, then the totals."""
+    out = measure_acceptance(from_dict(AcceptanceRequest, {k: v for k, v in c.items() if k != "overrides"},
+                                       "acceptance"))
+    lines = [f"position {i + 1}: accepted {n}, conditional alpha {a:.3f}"
+             for i, (a, n) in enumerate(zip(out["alpha_per_pos"], out["num_accepted_tokens_per_pos"]))]
+    lines.append(f"acceptance rate {out['acceptance_rate']:.3f}, "
+                 f"mean acceptance length {out['mean_acceptance_length']:.3f}")
+    return "\n".join(lines), out
+
+
+def run(c: dict) -> None:
+    text, out = acceptance(c)
+    print(text)
+    print(json_text(out))  # strict JSON: a position never reached is null, not NaN

@@ -1,0 +1,33 @@
+"""published multi-GPU measurements beside our what-if predictions
+
+`python -m experiments.anchors [out_dir=DIR]`: the table (and trends) on the console, anchors.csv
+and anchors.json in out_dir."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from roofline.io.files import write_csv_atomic, write_json_atomic
+from roofline.parallel import anchors
+
+
+def run(c: dict) -> None:
+    t = anchors.table(c["anchors"] or anchors.ANCHORS_PATH, c["engine_known"])
+    cols = ["split", "id", "engine", "metric", "published", "predicted", "low", "high", "error_pct", "inside"]
+    with pd.option_context("display.width", 200):
+        print(t[cols].round(3).to_string(index=False))
+        for aid in c["trend"]:
+            print(f"\n{aid}: predicted vs batch (optimistic / typical / pessimistic priors)")
+            print(anchors.trend(aid, tuple(c["trend_B"]), c["anchors"] or anchors.ANCHORS_PATH).round(3)
+                  .to_string(index=False))
+    summary = dict(anchors=len(t), not_priced=int(t["predicted"].isna().sum()), **anchors.summary(t))
+    if c["out_dir"]:
+        out = Path(c["out_dir"])
+        out.mkdir(parents=True, exist_ok=True)
+        write_csv_atomic(t, out / "anchors.csv")
+        for aid in c["trend"]:
+            write_csv_atomic(anchors.trend(aid, tuple(c["trend_B"]), c["anchors"] or anchors.ANCHORS_PATH),
+                             out / f"trend-{aid}.csv")
+        write_json_atomic(out / "anchors.json", summary)
+    print(json.dumps(summary, indent=1))

@@ -1,0 +1,19 @@
+"""measure this device's memory and matmul roofs
+
+`python -m experiments.ceilings device=cpu quick=true`: ceilings.json (rewritten after each
+group), the summary on the console."""
+
+import json
+
+from roofline.measure.ceilings import (CeilingsSpec, format_summary, measure_ceilings, stderr_log,
+                                       write_ceilings)
+
+
+def run(c: dict) -> None:
+    c = dict(c)
+    out_dir, overrides = c.pop("out_dir"), c.pop("overrides", [])
+    result = measure_ceilings(CeilingsSpec.from_dict(c), log=stderr_log, context={"overrides": overrides},
+                              out_dir=out_dir, progress=True)  # ceilings.json rewritten after each group
+    run_dir = write_ceilings(result, out_dir)
+    print(format_summary(result))
+    print(json.dumps({"run_dir": str(run_dir), "summary": result["summary"]}))

@@ -1,0 +1,50 @@
+"""time collectives (all-reduce, all-gather, ...) as nccl-tests reports them
+
+`python -m experiments.collectives world=2` (gloo on the CPU, NCCL with device=cuda). Under
+torchrun or srun every rank runs this same command; rank 0 writes the results and prints."""
+
+import json
+from pathlib import Path
+
+from roofline.io.results import RUNS_ROOT
+from roofline.measure.devices import detect
+from roofline.parallel.collectives import CollectiveSpec, run_collectives, table
+from roofline.parallel.whatif import load_priors
+
+
+def run(c: dict) -> None:
+    spec = CollectiveSpec(kinds=tuple(c["kinds"]), min_bytes=c["min_bytes"], max_bytes=c["max_bytes"],
+                          factor=c["factor"], dtype=c["dtype"], reps=c["reps"], device=c["device"], world=c["world"],
+                          flush_bytes=c["flush_bytes"])
+    out = Path(c["out_dir"]) if c["out_dir"] else spec.default_out_dir(RUNS_ROOT)
+    doc = run_collectives(spec, out)
+    if doc:  # rank 0 (the others of a torchrun / srun launch return nothing)
+        print(summary_text(doc))
+        print(json.dumps(dict(out_dir=str(out), fit=doc["fit"])))
+
+
+def summary_text(doc: dict) -> str:
+    """The console summary: the nccl-tests table, each collective's latency + bandwidth fit, and
+    what to read the bus bandwidth against."""
+    lines = [table(doc["rows"])]
+    for kind, f in doc["fit"].items():
+        lines.append(f"{kind:>15}: latency {f['latency_us']:.1f} us + S / {f['algbw_GBps']:.2f} GB/s "
+                     f"(busbw {f['busbw_GBps']:.2f} GB/s, factor {f['bus_factor']:.2f}, n={f['ranks']}; "
+                     f"median |fit error| {f['median_abs_err_pct']:.1f}%)")
+    lines.append("beside: " + link_reference(doc["device_name"]))
+    return "\n".join(lines)
+
+
+def link_reference(device_name: str) -> str:
+    """What the measured busbw should be read against: the device's link from priors.yaml (a GPU
+    with a datasheet row), else a note that ranks on one CPU exchange through shared memory."""
+    spec = detect(device_name)
+    priors = load_priors()
+    link = priors["device_links"].get(spec.key) if spec is not None else None
+    if link is None:
+        return (f"{device_name}: ranks exchange through shared memory (gloo); compare busbw with the DRAM "
+                "bandwidth of python -m experiments.ceilings (no link datasheet)")
+    p = priors["interconnects"][link]
+    return (f"{device_name}: {link} prior busbw {p['busbw_GBps'][0]}/{p['busbw_GBps'][1]}/{p['busbw_GBps'][2]} GB/s, "
+            f"latency {p['latency_us'][0]}/{p['latency_us'][1]}/{p['latency_us'][2]} us "
+            "(optimistic/typical/pessimistic, roofline/data/priors.yaml)")

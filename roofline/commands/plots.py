@@ -1,0 +1,17 @@
+"""figures of a run folder
+
+`python -m experiments.plots results_dir=results/<run>`: the written paths, then one JSON
+document with the paths and the figures skipped (why)."""
+
+import json
+
+from roofline.report.document import write_figures
+
+
+def run(c: dict) -> None:
+    figures = write_figures(c["results_dir"], c["out_dir"])
+    for paths in figures.paths.values():
+        for p in paths:
+            print(p)
+    print(json.dumps({"figures": {k: [str(p) for p in v] for k, v in figures.paths.items()},
+                      "skipped": figures.skipped}))

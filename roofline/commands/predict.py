@@ -1,0 +1,176 @@
+"""speculative-decoding speedups from a fit, or from a datasheet what-if without one
+
+`python -m experiments.predict fit=<run>/fit.json model=deepseek-v3`: predict.csv and the figures
+(S vs alpha, the k* map, the break-even batch) beside the fit, the k* rows on the console. Without
+a fit but with a device (`model=deepseek-v3 device=h200_sxm tp=8`): the what-if from the datasheet
+row and roofline/data/priors.yaml, each number an interval. The step costs and the table are
+roofline.analysis.predict's."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from roofline.analysis import costmodel, fitcheck, quality
+from roofline.analysis.capacity import whatif_of
+from roofline.analysis.predict import Costs, DraftCost, breakeven_batch, step_costs, table
+from roofline.io import files
+from roofline.io.fields import ConfigError, from_dict
+from roofline.model.config import ModelConfig
+from roofline.model.formats import with_overrides
+from roofline.model.presets import get_preset
+from roofline.parallel import whatif
+from roofline.report import figures
+from roofline.spec import theory
+from roofline.spec.vllm_metrics import parse_spec_decode
+
+
+@dataclass(frozen=True)
+class PredictRequest:
+    """One prediction run: a fit, a target, a drafter and the grid (conf/predict.yaml)."""
+
+    fit: str  # a fit.json written by experiments.fit
+    model: ModelConfig | None = None  # the target; None: the fitted model. Another = device-fit transfer
+    dtype: str = "bfloat16"
+    mode: str | None = None  # None: the fitted mode
+    drafter: str = "mtp"  # mtp | draft_model | ngram
+    draft_model: ModelConfig | None = None  # the draft model (drafter=draft_model)
+    draft_fit: str | None = None  # its own fit.json (default: the target's device fit, transferred)
+    alphas: tuple[float, ...] = (0.6, 0.7, 0.8, 0.9)
+    vllm_metrics: str | None = None  # a vLLM /metrics dump: adds its per-position profile
+    k: tuple[int, ...] = tuple(range(9))
+    B: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    L: tuple[int, ...] = (128, 1024, 3072)
+    plot_B: int = 1
+    plot_L: int = 1024
+    overhead_share: float = 1.0
+    overhead: str | None = None  # overhead.json of a specdec run: measured O(k, B)
+    out_dir: str | None = None  # default: <fit's folder>/predict-<model>-<drafter>
+    allow_other_model: bool = False  # apply a fit of one model to another (a device-fit transfer, marked)
+
+    def __post_init__(self) -> None:
+        if self.fit in (None, ""):
+            raise ConfigError("fit is required: a fit.json written by experiments.fit")
+        fitcheck.check_predict_grid(self.alphas, self.k, self.B, self.L, self.plot_B, self.plot_L, self.vllm_metrics)
+
+
+def predict(req: PredictRequest) -> tuple[pd.DataFrame, dict]:
+    """predict.csv and the figures in the output folder; returns (the k* rows, a summary)."""
+    fit = costmodel.load_fit(req.fit)
+    target = req.model or costmodel.fitted_model(fit)
+    quality.check_model(fit, target.name, req.allow_other_model)
+    drafter = DraftCost(req.drafter, req.draft_model, costmodel.load_fit(req.draft_fit) if req.draft_fit else None)
+    alphas = {float(a): float(a) for a in req.alphas}
+    if req.vllm_metrics:
+        try:
+            alphas.update(alphas_from_vllm(Path(req.vllm_metrics).read_text()))
+        except ConfigError as e:  # the parser's message names the line and the counter, this the file
+            raise ConfigError(f"vllm_metrics={req.vllm_metrics!r}: {e}") from None
+    overhead = files.read_json(req.overhead, "overhead") if req.overhead else None
+    if overhead is not None:
+        fitcheck.check_overhead(overhead, f"overhead={req.overhead!r}")
+    fitcheck.check_context(req.plot_L, max(8, *req.k), target.max_context, target.name)  # before out_dir is written
+    out = Path(req.out_dir or Path(req.fit).parent / f"predict-{target.name}-{req.drafter}")
+    out.mkdir(parents=True, exist_ok=True)
+    t = table(fit, alphas, req.k, req.B, req.L, req.dtype, drafter, target, req.mode, req.overhead_share, overhead)
+    t, warnings = fitcheck.speedup_problems(t)
+    warnings = fitcheck.unconverged(fit) + quality.noise_warnings(fit) + warnings
+    t.to_csv(out / "predict.csv", index=False)
+    costs = step_costs(fit, req.dtype, drafter, target, req.mode, req.overhead_share, overhead)
+    plot_all(costs, req.B, req.L, req.plot_B, req.plot_L, out / "figures",
+             f"{target.name} ({costs.source}, {fit['provenance']['device_name']})")
+    best = t[t["k"] == t["k_star"]][["alpha", "B", "L", "k_star", "S", "throughput_tok_s", "extrapolated",
+                                    "extrapolation"]]
+    return best, dict(csv=str(out / "predict.csv"), rows=len(t), source=costs.source,
+                      overhead_source=costs.overhead_source, warnings=warnings)
+
+
+def predict_command(c: Mapping) -> tuple[str, dict]:
+    """The predict command: conf/predict.yaml as a plain dict (`device`: a datasheet row or None)
+    -> (console table, JSON summary). Without a fit but with a device: the what-if from the
+    datasheet row and roofline/data/priors.yaml (MTP; each number an interval of three scenarios)."""
+    c = {k: v for k, v in c.items() if k != "overrides"}
+    device = c.pop("device")
+    what = dict(device=device, tp=c.pop("tp"), ep=c.pop("ep"), dp_attention=c.pop("dp_attention"),
+                engine=c.pop("engine", None), calibrate=c.pop("calibrate", None))
+    model = ModelConfig.from_dict(c.pop("model")) if c.get("model") else None
+    if c.get("fit") in (None, "") and device:
+        if model is None:
+            raise ConfigError("model is required for a what-if (device=... without fit=...)")
+        label = with_overrides([c["dtype"]], c.get("weights"), c.get("kv"), c.get("lm_head"), model.native_weights)[0]
+        w = whatif_of(what, model, label)
+        ks = c["k"] if model.mtp_layers else [k for k in c["k"] if k == 0] or [0]
+        rows = whatif.speedup_table(model, w.device, label, w.layout, c["alphas"], ks, c["B"], c["L"], w.setting,
+                                    w.scale, w.calibration)
+        note = None if model.mtp_layers else f"model {model.name!r} has no MTP module: plain decode (k = 0) only"
+        return (pd.DataFrame(rows).round(3).to_string(index=False),
+                dict(source="what-if", device=device, dtype=label, layout=w.layout.label(),
+                     engine=w.setting.engine or "all profiles (span)", calibration_scale=w.scale, rows=len(rows),
+                     note=note))
+    fitcheck.check_drafter(c.get("drafter"), c.get("draft_model"))
+    draft = get_preset(c.pop("draft_model")) if c.get("draft_model") else None
+    native = model.native_weights if model else ""  # weights=native needs the target: model=
+    c["dtype"] = with_overrides([c["dtype"]], c.pop("weights"), c.pop("kv"), c.pop("lm_head"), native)[0]
+    best, summary = predict(from_dict(PredictRequest, c, "predict", lists_to_tuples=True, model=model, draft_model=draft))
+    return "\n".join([best.round(3).to_string(index=False)] + [f"warning: {w}" for w in summary["warnings"]]), summary
+
+
+def alphas_from_vllm(text: str, model_name: str | None = None) -> dict:
+    """{label: per-position conditional acceptance} from a vLLM /metrics dump."""
+    profile = parse_spec_decode(text, model_name).per_position_alpha()
+    if not all(np.isfinite(profile)):
+        raise ConfigError(f"vllm_metrics: per-position acceptance has positions nothing reached: {profile}")
+    return {"vllm(" + ", ".join(f"{a:.3f}" for a in profile) + ")": list(profile)}
+
+
+# ---- pictures -------------------------------------------------------------------------------
+
+def plot_all(costs: Costs, Bs, Ls, B: int, L: int, out_dir: Path, title: str, k_max: int = 8) -> list[Path]:
+    """S vs alpha (k = 1..k_max) at (B, L); k* map over (B, L) at alpha 0.8; break-even batch vs alpha."""
+    grid = np.linspace(0.05, 0.99, 48)
+    paths = []
+    fig, ax = figures.subplots(figsize=(6, 4.2))
+    for k in range(1, k_max + 1):
+        ax.plot(grid, [theory.speedup(float(a), k, B, L, costs.steps) for a in grid], label=f"k={k}")
+    ax.axhline(1.0, color="k", lw=0.7)
+    ax.set(xlabel="acceptance alpha (i.i.d.)", ylabel="speedup S = tau T(1) / R", title=f"{title}: B={B}, L={L}")
+    ax.legend(fontsize=7, ncol=2)
+    paths += _save(fig, out_dir, "speedup_vs_alpha")
+    kstar = np.array([[theory.best_k(0.8, b, l, costs.steps, k_max)[0] for b in Bs] for l in Ls])
+    fig, ax = figures.subplots(figsize=(6, 4.2))
+    im = ax.imshow(kstar, origin="lower", aspect="auto", cmap="viridis", vmin=0, vmax=k_max)
+    ax.set(xticks=range(len(Bs)), xticklabels=Bs, yticks=range(len(Ls)), yticklabels=Ls, xlabel="batch B",
+           ylabel="context L", title=f"{title}: k* at alpha=0.8 (0 = do not speculate)")
+    for (i, j), v in np.ndenumerate(kstar):
+        ax.text(j, i, str(v), ha="center", va="center", color="w", fontsize=8)
+    fig.colorbar(im, ax=ax, label="k*")
+    paths += _save(fig, out_dir, "kstar_map")
+    fig, ax = figures.subplots(figsize=(6, 4.2))
+    styles = ["-", "--", ":", "-."]
+    for i, l in enumerate(Ls):  # lines that coincide (at the grid edge) stay visible: widths and dashes differ
+        ax.plot(grid, [breakeven_batch(float(a), l, Bs, costs.steps, k_max) for a in grid], label=f"L={l}",
+                ls=styles[i % len(styles)], lw=max(0.8, 3.0 - 0.7 * i), marker="os^vD"[i % 5], ms=3, markevery=6 + i)
+    ax.axhline(max(Bs), color="0.5", lw=0.6, ls=":")
+    ax.annotate(f"grid edge B={max(Bs)}: speculation still wins there", (0.02, max(Bs)), xycoords=("axes fraction", "data"),
+                fontsize=7, va="bottom", color="0.4")
+    ax.set(xlabel="acceptance alpha", ylabel="largest batch with S* > 1", yscale="log",
+           title=f"{title}: batch above which speculation loses")
+    ax.legend(fontsize=8)
+    paths += _save(fig, out_dir, "breakeven_batch")
+    return paths
+
+
+def _save(fig, out_dir: Path, stem: str) -> list[Path]:
+    fig.tight_layout()
+    return figures.save(fig, out_dir, stem, dpi=110)
+
+
+def run(c: dict) -> None:
+    text, summary = predict_command(c)
+    print(text)
+    print(json.dumps(summary))

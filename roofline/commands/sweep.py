@@ -1,0 +1,78 @@
+"""time forward passes over a grid (q, B, L, dtypes, modes)
+
+`python -m experiments.sweep model=cpu-demo` (or `checkpoint=DIR`; `tp=2 [ep=2]`: several ranks,
+spawned here or under torchrun / srun): points.jsonl and run.json in the run folder, the
+one-screen table (T(q)/T(1), ms, GB/s, TFLOP/s) and the JSON summary on the console."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from roofline.analysis import quality
+from roofline.checkpoints.loader import checkpoint_config
+from roofline.commands import axis, not_both
+from roofline.io import results
+from roofline.io.fields import from_dict
+from roofline.io.results import RUNS_ROOT
+from roofline.measure.noise import NoiseSettings
+from roofline.measure.sweep import SweepSpec, dry_run, run_sweep, summary_table
+from roofline.measure.timer import TimerSettings
+from roofline.model.config import ModelConfig
+from roofline.model.formats import with_overrides
+from roofline.parallel.layout import Layout
+from roofline.parallel.runner import run_parallel_sweep
+
+
+def build_spec(c: dict) -> SweepSpec:
+    """The sweep a composed config asks for, validated (also what the device check's dry run
+    calls on the GPU branch's overrides: nothing here needs the device itself)."""
+    not_both(c, "checkpoint", "model")
+    model = checkpoint_config(c["checkpoint"]) if c["checkpoint"] else ModelConfig.from_dict(c["model"])
+    return SweepSpec(model=model, q=axis(c["q"], "q"), B=axis(c["B"], "B"),
+                     L=axis(c["L"], "L"), modes=axis(c["modes"], "modes"),
+                     dtypes=tuple(d if d == "auto" else with_overrides((d,), c["weights"], c["kv"], c["lm_head"], model.native_weights)[0]
+                                  for d in axis(c["dtypes"], "dtypes")),
+                     timer=from_dict(TimerSettings, c["timer"], "timer"), device=c["device"], layers=c["layers"],
+                     mtp_q=axis(c["mtp_q"], "mtp_q"), seed=c["seed"], ceilings=c["ceilings"] or "",
+                     overrides=tuple(c["overrides"]), checkpoint=c["checkpoint"] or "",
+                     parallel=Layout(tp=c["tp"], ep=c["ep"], dp_attention=c["dp_attention"]))
+
+
+def run(c: dict, done=None) -> dict | None:
+    """The sweep; returns the record of its job (None on a follower rank of a torchrun / srun
+    launch: rank 0 reports). `done.summary` is set once the points are saved, so a signal from
+    then on still says what was saved."""
+    spec = build_spec(c)
+    run_dir = Path(c["out_dir"]) if c["out_dir"] else spec.default_out_dir(RUNS_ROOT)
+    noise = {k: v for k, v in c["noise"].items() if k != "enabled"}
+    noise = NoiseSettings(**noise) if c["noise"]["enabled"] else None  # checked in a dry run too
+    if c["dry_run"]:
+        print(dry_run(spec, run_dir, force=c["force"], extend=c["extend"]))
+        return dict(status="ok", dry_run=True)
+    options = dict(force=c["force"], extend=c["extend"], retry_failed=c["retry_failed"])
+    if spec.parallel.devices > 1:  # the ranks are started here (or joined, under torchrun / srun)
+        summary = run_parallel_sweep(spec, run_dir, c["progress"], **options)
+    else:
+        summary = run_sweep(spec, run_dir, progress=c["progress"], **options,
+                            noise=noise)
+    if summary is None:  # a follower rank of a torchrun / srun launch: rank 0 reports
+        return None
+    if done is not None:
+        done.summary = summary  # a signal from here on still says what was saved
+    print(summary_text(run_dir))
+    print(json.dumps(summary))
+    return dict(status="ok", **summary)
+
+
+def summary_text(run_dir: Path) -> str:
+    """The one-screen end-of-run table: T(q)/T(1), ms, GB/s, TFLOP/s per (kind, dtype, mode, B, L)."""
+    df = results.load_run(run_dir)
+    t = summary_table(df)
+    head = f"key figure: {quality.key_figure(df)}"
+    warnings = [f"warning: {w}" for w in quality.run_warnings(run_dir, df)]
+    if t.empty:
+        return "\n".join([head, "no successful points"] + warnings)
+    with pd.option_context("display.width", 160, "display.max_rows", 200):
+        table = t.round({"p50_ms": 3, "p90_ms": 3, "p99_ms": 3, "t_over_t1": 3, "GBps": 2, "TFLOPs": 4}).to_string(index=False)
+    return "\n".join([head, table] + warnings)
