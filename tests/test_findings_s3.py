@@ -524,3 +524,20 @@ def test_N16_an_out_dir_that_is_a_dangling_symlink_a_loop_or_a_file_says_which(t
         with pytest.raises(ConfigError, match=r"^out_dir=.*" + says):
             runfolder.check_folder_path(tmp_path / where, "out_dir")
     runfolder.check_folder_path(tmp_path / "new" / "run", "out_dir")  # a folder yet to be made is fine
+
+
+def test_L12_every_command_prints_its_json_line_strictly():
+    """L12: the "one JSON object" lines held NaN / Infinity, which strict parsers refuse. Every
+    command's summary line goes through files.json_text (NaN and infinities become null)."""
+    import ast
+    from roofline.io.files import json_text
+    assert json.loads(json_text({"a": float("nan"), "b": [float("inf"), 1.0]}), parse_constant=lambda c: 1 / 0) == \
+        {"a": None, "b": [None, 1.0]}
+    loose = []
+    for path in sorted((REPO_ROOT / "roofline" / "commands").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print" and node.args:
+                inner = node.args[0]
+                if isinstance(inner, ast.Call) and isinstance(inner.func, ast.Attribute) and inner.func.attr == "dumps":
+                    loose.append(f"{path.name}:{node.lineno}")
+    assert not loose, f"json.dumps printed without the strict encoder: {loose}"

@@ -3,11 +3,11 @@
 `python -m experiments.anchors [out_dir=DIR]`: the table (and trends) on the console, anchors.csv
 and anchors.json in out_dir."""
 
-import json
 from pathlib import Path
 
 import pandas as pd
 
+from roofline.io import files
 from roofline.io.files import write_csv_atomic, write_json_atomic
 from roofline.parallel import anchors
 
@@ -30,4 +30,4 @@ def run(c: dict) -> None:
             write_csv_atomic(anchors.trend(aid, tuple(c["trend_B"]), c["anchors"] or anchors.ANCHORS_PATH),
                              out / f"trend-{aid}.csv")
         write_json_atomic(out / "anchors.json", summary)
-    print(json.dumps(summary, indent=1))
+    print(files.json_text(summary, indent=1))

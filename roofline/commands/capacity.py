@@ -8,7 +8,6 @@ roofline.analysis.capacity's."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -136,8 +135,8 @@ def run(c: dict) -> None:
         rows, summary = plan_layouts(c)
         with pd.option_context("display.width", 250, "display.max_columns", 40):
             print(rows.round(3).to_string(index=False) if not rows.empty else "no layout meets the ITL target")
-        print(json.dumps(summary, default=str))
+        print(files.json_text(summary, default=str))
         return
     table, summary, _ = plan_request(request_from_config(c))
     print(table.round(3).to_string(index=False))
-    print(json.dumps(summary, default=str))
+    print(files.json_text(summary, default=str))

@@ -11,9 +11,9 @@ those bytes, the floor on a chosen device's datasheet bandwidth, and the ridge p
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
+from roofline.io import files
 from roofline.model.accounting import forward_cost, kv_bytes_per_token, param_count, resident_weight_bytes
 from roofline.model.formats import QUALITY_NOTE, compute_dtype, parse_precision, precision_columns
 from roofline.io.fields import ConfigError
@@ -162,7 +162,7 @@ def req_moe(rec: dict) -> bool:
 def print_card(req: CardRequest) -> dict:
     rec = card_record(req)
     print(render_card(rec))
-    print(json.dumps(rec))
+    print(files.json_text(rec))
     return rec
 
 

@@ -3,8 +3,8 @@
 `python -m experiments.ceilings device=cpu quick=true`: ceilings.json (rewritten after each
 group), the summary on the console."""
 
-import json
 
+from roofline.io import files
 from roofline.measure.ceilings import (CeilingsSpec, format_summary, measure_ceilings, stderr_log,
                                        write_ceilings)
 
@@ -16,4 +16,4 @@ def run(c: dict) -> None:
                               out_dir=out_dir, progress=True)  # ceilings.json rewritten after each group
     run_dir = write_ceilings(result, out_dir)
     print(format_summary(result))
-    print(json.dumps({"run_dir": str(run_dir), "summary": result["summary"]}))
+    print(files.json_text({"run_dir": str(run_dir), "summary": result["summary"]}))

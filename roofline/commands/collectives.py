@@ -3,9 +3,9 @@
 `python -m experiments.collectives world=2` (gloo on the CPU, NCCL with device=cuda). Under
 torchrun or srun every rank runs this same command; rank 0 writes the results and prints."""
 
-import json
 from pathlib import Path
 
+from roofline.io import files
 from roofline.io.results import RUNS_ROOT
 from roofline.measure.devices import detect
 from roofline.parallel.collectives import CollectiveSpec, run_collectives, table
@@ -20,7 +20,7 @@ def run(c: dict) -> None:
     doc = run_collectives(spec, out)
     if doc:  # rank 0 (the others of a torchrun / srun launch return nothing)
         print(summary_text(doc))
-        print(json.dumps(dict(out_dir=str(out), fit=doc["fit"])))
+        print(files.json_text(dict(out_dir=str(out), fit=doc["fit"])))
 
 
 def summary_text(doc: dict) -> str:

@@ -3,8 +3,8 @@
 `python -m experiments.compare a=DIR b=DIR [out=FILE.csv]`; with `fail_above=1.05` it returns
 REGRESSION when a point is more than 5% slower in b beyond the noise."""
 
-import json
 
+from roofline.io import files
 from roofline.analysis.compare import compare_runs, format_comparison, write_table
 from roofline.commands import REGRESSION
 
@@ -14,5 +14,5 @@ def run(c: dict) -> int:
     if c["out"]:
         write_table(table, c["out"])
     print(format_comparison(table, summary))
-    print(json.dumps(summary))
+    print(files.json_text(summary))
     return REGRESSION if summary.get("regressions") else 0

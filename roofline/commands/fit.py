@@ -3,8 +3,8 @@
 `python -m experiments.fit results_dir=results/runs/<run>`: fit.json and report_costmodel.md in
 the run folder, the parameters and errors on the console."""
 
-import json
 
+from roofline.io import files
 from roofline.analysis.costmodel import FitSettings
 from roofline.report.sections import fit_and_report
 
@@ -14,4 +14,4 @@ def run(c: dict) -> None:
                            collectives=c.get("collectives") or "")
     _, text, summary = fit_and_report(c.get("results_dir"), settings, sliced_dir=c["sliced_dir"])
     print(text)
-    print(json.dumps(summary))
+    print(files.json_text(summary))

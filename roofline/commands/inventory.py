@@ -3,8 +3,8 @@
 `python -m experiments.inventory before=DIR after=DIR [rename_map=FILE]`: returns 1 on any loss
 (missing, reshaped, re-typed or changed tensors, or a dropped num_nextn_predict_layers)."""
 
-import json
 
+from roofline.io import files
 from roofline.checkpoints.inventory import InventoryRequest, format_report, run_inventory, write_outputs
 
 
@@ -13,5 +13,5 @@ def run(c: dict) -> int:
                                             rename_map=c["rename_map"], strict=c["strict"]))
     path = write_outputs(result, c["out"]) if c["out"] else None
     print(format_report(result))
-    print(json.dumps(dict(result.counts(), inventory=str(path) if path else None)))
+    print(files.json_text(dict(result.counts(), inventory=str(path) if path else None)))
     return 0 if result.ok else 1

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from roofline.io import files
 from roofline.analysis.costmodel import comm_seconds, features, fit_coefs, fit_rows, full_coefs, physical, terms
 from roofline.io.files import write_csv_atomic, write_json_atomic
 from roofline.io.results import load_run
@@ -88,4 +89,4 @@ def held_out(train_dirs, test_dirs, collectives_json, out_dir=None) -> tuple[pd.
 def run(c: dict) -> None:
     table, summary = held_out(c["train"], c["test"], c["collectives"], c["out_dir"])
     print(table.round(5).to_string(index=False))
-    print(json.dumps(summary, default=float))
+    print(files.json_text(summary, default=float))

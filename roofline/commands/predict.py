@@ -8,7 +8,6 @@ roofline.analysis.predict's."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,4 +172,4 @@ def _save(fig, out_dir: Path, stem: str) -> list[Path]:
 def run(c: dict) -> None:
     text, summary = predict_command(c)
     print(text)
-    print(json.dumps(summary))
+    print(files.json_text(summary))

@@ -12,6 +12,7 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
+from roofline.io import files
 from roofline.commands import REGRESSION
 from roofline.commands.acceptance import acceptance
 from roofline.io.fields import from_dict, refuse_unused
@@ -81,5 +82,5 @@ def specdec(c: Mapping) -> tuple[str, dict]:
 def run(c: dict) -> int:
     text, summary = specdec(c)
     print(text)
-    print(json.dumps(summary))
+    print(files.json_text(summary))
     return REGRESSION if c["fail_on_mismatch"] and summary.get("mismatches") else 0

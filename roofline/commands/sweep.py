@@ -4,11 +4,11 @@
 spawned here or under torchrun / srun): points.jsonl and run.json in the run folder, the
 one-screen table (T(q)/T(1), ms, GB/s, TFLOP/s) and the JSON summary on the console."""
 
-import json
 from pathlib import Path
 
 import pandas as pd
 
+from roofline.io import files
 from roofline.analysis import quality
 from roofline.checkpoints.loader import checkpoint_config
 from roofline.commands import axis, not_both
@@ -61,7 +61,7 @@ def run(c: dict, done=None) -> dict | None:
     if done is not None:
         done.summary = summary  # a signal from here on still says what was saved
     print(summary_text(run_dir))
-    print(json.dumps(summary))
+    print(files.json_text(summary))
     return dict(status="ok", **summary)
 
 

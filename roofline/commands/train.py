@@ -5,9 +5,9 @@ composed config as a plain dict in, the JSON summary out."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 
+from roofline.io import files
 from roofline.io.fields import from_dict
 from roofline.train.trainer import ModelShape, TrainSpec, run_training
 
@@ -20,4 +20,4 @@ def train(c: Mapping) -> dict:
 
 
 def run(c: dict) -> None:
-    print(json.dumps(train(c)))
+    print(files.json_text(train(c)))
