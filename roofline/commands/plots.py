@@ -3,8 +3,7 @@
 `python -m experiments.plots results_dir=results/<run>`: the written paths, then one JSON
 document with the paths and the figures skipped (why)."""
 
-import json
-
+from roofline.io import files
 from roofline.report.document import write_figures
 
 
@@ -13,5 +12,5 @@ def run(c: dict) -> None:
     for paths in figures.paths.values():
         for p in paths:
             print(p)
-    print(json.dumps({"figures": {k: [str(p) for p in v] for k, v in figures.paths.items()},
+    print(files.json_text({"figures": {k: [str(p) for p in v] for k, v in figures.paths.items()},
                       "skipped": figures.skipped}))
