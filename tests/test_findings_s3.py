@@ -541,3 +541,16 @@ def test_L12_every_command_prints_its_json_line_strictly():
                 if isinstance(inner, ast.Call) and isinstance(inner.func, ast.Attribute) and inner.func.attr == "dumps":
                     loose.append(f"{path.name}:{node.lineno}")
     assert not loose, f"json.dumps printed without the strict encoder: {loose}"
+
+
+def test_N16_an_invalid_mplbackend_does_not_stop_a_report():
+    """N16: `MPLBACKEND=nonsense` made plots and report a matplotlib ValueError traceback;
+    figures never use a backend, so the setting is hidden for matplotlib's import and given back."""
+    import os
+    import subprocess
+    import sys
+    code = ("import os; from roofline.report import figures, plots; "
+            "fig, ax = figures.subplots(figsize=(1, 1)); print(os.environ['MPLBACKEND'])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
+                       env=dict(os.environ, MPLBACKEND="nonsense"))
+    assert r.returncode == 0 and r.stdout.strip() == "nonsense", r.stderr[-800:]
