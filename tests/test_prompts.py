@@ -125,3 +125,12 @@ def test_prompt_file_errors_name_the_option_the_user_gave(tmp_path, folder):
         read_conversations(tmp_path / "nope.jsonl", "prompts_b")
     with pytest.raises(ConfigError, match=r"^max_prompt=0: must be a positive"):
         encode_conversations(folder, tmp_path / "x.jsonl", max_len=0)
+
+
+def test_an_empty_prompts_file_says_it_is_empty(tmp_path):
+    """N16: an empty prompts file said "no conversation fits max_prompt=2048"."""
+    from roofline.checkpoints.prompts import read_conversations
+    from roofline.io.fields import ConfigError
+    (tmp_path / "e.jsonl").write_text("\n\n")
+    with pytest.raises(ConfigError, match=r"^prompts='.*e\.jsonl': holds no conversation"):
+        read_conversations(tmp_path / "e.jsonl")

@@ -146,6 +146,8 @@ def read_conversations(jsonl_path, field: str = "prompts") -> list[list[dict]]:
         if not isinstance(record, dict):
             raise ConfigError(f"{path.name} line {n}: must be an object with 'messages'")
         out.append(_check_messages(record.get("messages"), f"{path.name} line {n}: messages"))
+    if not out:  # N16: an empty file was reported as "no conversation fits max_prompt"
+        raise ConfigError(f"{field}={str(jsonl_path)!r}: holds no conversation (an empty file)")
     return out
 
 
