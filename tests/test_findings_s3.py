@@ -478,7 +478,7 @@ def test_M3_a_weights_group_the_model_cannot_take_is_bad_input_before_anything_r
     spec(dtypes=("bfloat16+weights=int4_g32",))  # 32 divides every K of tiny
 
 
-@pytest.mark.parametrize("text, says", [("{\"a\":\n", "not a readable ceilings.json"), ("[1, 2]", "not a ceilings.json (a JSON list"),
+@pytest.mark.parametrize("text, says", [("{\"a\":\n", "ceilings.json is not JSON"), ("[1, 2]", "ceilings.json is not a JSON object (a JSON list"),
                                         ("{\"schema_version\": 99}", "schema_version=99")])
 def test_L3_a_broken_ceilings_file_is_one_line_naming_the_option_and_file(tmp_path, text, says):
     from roofline.measure.ceilings import load_ceilings
@@ -492,10 +492,10 @@ def test_L3_a_json_option_that_is_not_json_names_the_option_and_file(tmp_path):
     from roofline.io.files import read_json
     f = tmp_path / "o.json"
     f.write_text("{\"a\":\n")
-    with pytest.raises(ConfigError, match=r"^overhead='.*o\.json': not JSON \(Expecting value"):
-        read_json(f, "overhead")
+    with pytest.raises(ConfigError, match=r"^overhead='.*o\.json': overhead.json is not JSON \(Expecting value"):
+        read_json(f, f"overhead={str(f)!r}", "overhead.json")
     with pytest.raises(ConfigError, match=r"^overhead='.*nope\.json': no such file"):
-        read_json(tmp_path / "nope.json", "overhead")
+        read_json(tmp_path / "nope.json", f"overhead={str(tmp_path / 'nope.json')!r}")
 
 
 @pytest.mark.parametrize("doc", [{"x": 1}, {"coef": [1, 2]}, {"coef": [1, "a", 3]}, [1, 2, 3], {"coef": [1, 2, float("nan")]}])

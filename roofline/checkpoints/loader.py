@@ -44,6 +44,7 @@ from roofline.model.accounting import block_matrices
 from roofline.model.dtypes import torch_dtype
 from roofline.model.formats import parse_format
 from roofline.model.quant import QuantExperts, QuantLinear, expand_scale, kernel_for, store_quantized
+from roofline.io import files
 from roofline.io.fields import ConfigError
 from roofline.model.config import ModelConfig, RopeScaling
 from roofline.model.decoder import MOE_IMPLS, Transformer
@@ -192,13 +193,7 @@ def read_config(folder: str | Path) -> dict:
     path = Path(folder) / "config.json"
     if not path.is_file():
         raise ConfigError(f"checkpoint={str(folder)!r}: no config.json (expected a Hugging Face model folder)")
-    try:
-        raw = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"checkpoint={str(folder)!r}: config.json is not JSON ({e})") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"checkpoint={str(folder)!r}: config.json is not a JSON object")
-    return raw
+    return files.read_json(path, f"checkpoint={str(folder)!r}", "config.json", obj=True)
 
 
 def shard_path(folder: Path, name: object, field_name: str = "checkpoint") -> Path:

@@ -70,7 +70,7 @@ def predict(req: PredictRequest) -> tuple[pd.DataFrame, dict]:
             alphas.update(alphas_from_vllm(Path(req.vllm_metrics).read_text()))
         except ConfigError as e:  # the parser's message names the line and the counter, this the file
             raise ConfigError(f"vllm_metrics={req.vllm_metrics!r}: {e}") from None
-    overhead = files.read_json(req.overhead, "overhead") if req.overhead else None
+    overhead = files.read_json(req.overhead, f"overhead={req.overhead!r}", "overhead.json") if req.overhead else None
     if overhead is not None:
         fitcheck.check_overhead(overhead, f"overhead={req.overhead!r}")
     fitcheck.check_context(req.plot_L, max(8, *req.k), target.max_context, target.name)  # before out_dir is written

@@ -59,13 +59,17 @@ def write_csv_atomic(df: pd.DataFrame, path: str | Path) -> Path:
     return write_atomic(path, df.to_csv(index=False))
 
 
-def read_json(path: str | Path, field: str):
-    """The JSON document at `path`, given by the user as option `field`: a missing file or one
-    that is not JSON is ConfigError naming both (not the decoder's bare 'line 2 column 1')."""
+def read_json(path: str | Path, where: str, what: str = "the file", obj: bool = False):
+    """The JSON document at `path`, which the user gave as `where` (e.g. "overhead='x.json'"):
+    a missing file, one that is not JSON or (obj=True) not a JSON object is ConfigError naming
+    `where` and `what` (not the decoder's bare 'line 2 column 1')."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"{field}={str(path)!r}: no such file")
+        raise ConfigError(f"{where}: no such file")
     try:
-        return json.loads(p.read_text())
+        doc = json.loads(p.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{field}={str(path)!r}: not JSON ({e})") from None
+        raise ConfigError(f"{where}: {what} is not JSON ({e})") from None
+    if obj and not isinstance(doc, dict):
+        raise ConfigError(f"{where}: {what} is not a JSON object (a JSON {type(doc).__name__})")
+    return doc

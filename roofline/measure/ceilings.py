@@ -612,12 +612,7 @@ def load_ceilings(path: str | Path) -> dict:
     path = Path(path)
     if path.is_dir():
         path = path / "ceilings.json"
-    try:
-        doc = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"ceilings={str(path)!r}: not a readable ceilings.json ({e})") from None
-    if not isinstance(doc, dict):
-        raise ConfigError(f"ceilings={str(path)!r}: not a ceilings.json (a JSON {type(doc).__name__}, not an object)")
+    doc = files.read_json(path, f"ceilings={str(path)!r}", "ceilings.json", obj=True)
     if doc.get("schema_version") != SCHEMA_VERSION:
         raise ConfigError(f"ceilings={str(path)!r}: schema_version={doc.get('schema_version')!r}; "
                           f"this code reads {SCHEMA_VERSION}")
