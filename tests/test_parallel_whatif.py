@@ -169,7 +169,8 @@ def test_fixed_lengths_ramp_every_wave_and_staggered_ones_interleave_the_prompts
 def test_capacity_and_layouts_honour_calibrate_with_one_answer(fixture_data, tmp_path):
     from dataclasses import asdict
 
-    from roofline.analysis.capacity import plan_layouts, plan_whatif, request_from_config
+    from roofline.analysis.capacity import plan_whatif
+    from roofline.commands.capacity import plan_layouts, request_from_config
     w = WhatIf(get_preset("llama-3.1-8b"), get_spec("h100_sxm"), "bfloat16", Layout(), Setting(engine="vllm"))
     L = 1024 + 256 // 2
     (tmp_path / "cal.yaml").write_text(yaml.safe_dump(dict(points=[dict(B=16, L=L, itl_ms=1.5e3 * w.itl(16, L)["typical"])])))
