@@ -87,9 +87,7 @@ def demo() -> None:
 
 
 def test() -> None:
-    # two workers (pytest-xdist), a file's tests on one worker: the suite is mostly subprocesses
-    # and model builds, each on one core, so two cores halve its wall time
-    run(PY, "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile")
+    run(PY, "-m", "pytest", "-q")
 
 
 def bench() -> None:

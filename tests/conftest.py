@@ -1,18 +1,6 @@
 import os
-import tempfile
 
-# Every run a test makes without an out_dir goes under one scratch root per pytest worker
-# (pytest-xdist runs two), never into the checkout's results/runs and never into a folder
-# another worker is writing (two identical default requests would meet at one run lock).
-# Set before anything imports roofline.io.results (RUNS_ROOT is read at import) and inherited
-# by the commands the tests start as subprocesses.
-if "ROOFLINE_RESULTS" not in os.environ:
-    import atexit
-    import shutil
-    os.environ["ROOFLINE_RESULTS"] = tempfile.mkdtemp(prefix=f"roofline-tests-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
-    atexit.register(shutil.rmtree, os.environ["ROOFLINE_RESULTS"], True)
-
-import torch  # noqa: E402
+import torch
 
 # Without a GPU, Triton kernels can only run under the interpreter: set it before anything
 # imports triton. With one, never: the GPU-marked tests and the ceilings must launch real
