@@ -84,19 +84,15 @@ def speedup_problems(t) -> tuple[object, list[str]]:
                "believed there; refit on converged points (a quiet machine, timer=default)"]
 
 
-def _grid(value, field: str, lo: float, hi: float | None = None, integer: bool = True) -> tuple:
-    return check_grid(field, value, lo, hi, integer)
-
-
 def check_predict_grid(alphas, k, B, L, plot_B: int, plot_L: int, vllm_metrics=None) -> None:
     """predict's grid: alphas in [0, 1] (empty only when vLLM counters give them), k >= 0, B >= 1, L >= 0."""
     if alphas or not vllm_metrics:
-        _grid(alphas, "alphas", 0.0, 1.0, integer=False)
-    _grid(k, "k", 0)
-    _grid(B, "B", 1)
-    _grid(L, "L", 0)
-    _grid(plot_B, "plot_B", 1)
-    _grid(plot_L, "plot_L", 0)
+        check_grid("alphas", alphas, 0.0, 1.0, integer=False)
+    check_grid("k", k, 0)
+    check_grid("B", B, 1)
+    check_grid("L", L, 0)
+    check_grid("plot_B", plot_B, 1)
+    check_grid("plot_L", plot_L, 0)
 
 
 def check_context(plot_L: int, k_max: int, max_context: int, model: str) -> None:

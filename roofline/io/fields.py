@@ -46,11 +46,12 @@ def from_dict(cls: type[T], raw: Mapping[str, Any], where: str, *, drop_none: bo
     return cls(**kw)
 
 
-def check_int(name: str, v: Any, lo: int, hi: int | None = None) -> None:
-    """`name`=v must be an integer (a bool is not one) in [lo, hi]; ConfigError naming it otherwise."""
+def check_int(name: str, v: Any, lo: int, hi: int | None = None, allowed: str | None = None) -> None:
+    """`name`=v must be an integer (a bool is not one) in [lo, hi]; ConfigError naming it and
+    what is allowed (`allowed`, or the range) otherwise."""
     if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
-        span = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise ConfigError(f"{name}={v!r}: allowed integers {span}")
+        span = f"integers >= {lo}" if hi is None else f"integers in [{lo}, {hi}]"
+        raise ConfigError(f"{name}={v!r}: allowed {allowed or span}")
 
 
 def check_number(name: str, v: Any, lo: float, hi: float | None = None, lo_open: bool = False) -> None:

@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Protocol, Sequence
 import torch
 
 from roofline.measure.devices import parse_device
-from roofline.io.fields import ConfigError
+from roofline.io.fields import ConfigError, check_int
 
 MODES = ("eager", "graph", "compiled")
 L2_MODES = ("warm", "cold")
@@ -101,10 +101,7 @@ class TimerSettings:
         _check_int("max_reps", self.max_reps, self.min_reps, at_least_min)
         _check_int("l2_bytes", self.l2_bytes, 0)
         cores = os.cpu_count() or 1  # more threads than cores time the scheduler, not the kernels
-        _check_int("threads", self.threads, 0, f"0 (torch's default) to {cores} (this machine's cores)")
-        if self.threads > cores:
-            raise ConfigError(f"timer.threads={self.threads}: allowed 0 (torch's default) to {cores} "
-                              "(this machine's cores)")
+        check_int("timer.threads", self.threads, 0, cores, f"0 (torch's default) to {cores} (this machine's cores)")
         for name in ("rel_ci", "budget_s"):
             v = getattr(self, name)
             number = isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -113,8 +110,7 @@ class TimerSettings:
 
 
 def _check_int(name: str, v: Any, lo: int, allowed: str | None = None) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise ConfigError(f"timer.{name}={v!r}: allowed {allowed or f'integers >= {lo}'}")
+    check_int(f"timer.{name}", v, lo, allowed=allowed)
 
 
 # --------------------------------------------------------------------------- statistics
