@@ -15,10 +15,15 @@ from roofline.io.fields import ConfigError
 REGRESSION = 3  # asked to fail (compare fail_above=, specdec fail_on_mismatch=true) and it did: a CI verdict
 
 
+def given_on_command_line(overrides, key: str) -> bool:
+    """Whether the command line (Hydra's override list) set `key` or a key under it."""
+    keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides or ()}
+    return any(k == key or k.startswith(key + ".") for k in keys)
+
+
 def not_both(c: dict, given: str, ignored: str) -> None:
     """`given` replaces `ignored`: asking for both on the command line is a contradiction, not a choice."""
-    if c.get(given) and any(o.split("=", 1)[0].lstrip("+~") in (ignored,) or o.startswith(f"{ignored}.")
-                            for o in c.get("overrides", [])):
+    if c.get(given) and given_on_command_line(c.get("overrides"), ignored):
         raise ConfigError(f"{ignored}= and {given}= are both given: {given} replaces {ignored} "
                           f"(its config is read from {given}); drop one")
 
@@ -28,3 +33,13 @@ def axis(value, field: str) -> tuple:
     if value is None:
         raise ConfigError(f"{field}: the grid has no points (null)")
     return tuple(value) if isinstance(value, (list, tuple)) else (value,)
+
+
+def refuse_unused(overrides, unused: dict[str, str], why: str) -> None:
+    """ConfigError when the command line set a key (or a key under it) that this request does
+    not use: `unused` maps each such key to what it belongs to; `why` names the mode."""
+    hit = sorted(k for k in unused if given_on_command_line(overrides, k))
+    if hit:
+        them = "it" if len(hit) == 1 else "them"
+        raise ConfigError(f"{', '.join(f'{k}=' for k in hit)} given with {why}, which does not use {them} "
+                          f"({'; '.join(f'{k}: {unused[k]}' for k in hit)}); drop {them}")

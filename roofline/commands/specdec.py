@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from roofline.io import files
-from roofline.commands import REGRESSION
+from roofline.commands import REGRESSION, refuse_unused
 from roofline.commands.acceptance import acceptance
-from roofline.io.fields import from_dict, refuse_unused
+from roofline.io.fields import from_dict
 from roofline.io.results import RUNS_ROOT
 from roofline.measure.timer import TimerSettings
 from roofline.model.config import ModelConfig

@@ -76,14 +76,3 @@ def check_grid(name: str, value: Any, lo: float, hi: float | None = None, intege
         if isinstance(v, bool) or not ok or v < lo or (hi is not None and v > hi):
             raise ConfigError(f"{name}={list(vals)}: allowed {kind} in [{lo:g}, {'inf' if hi is None else f'{hi:g}'}]")
     return vals
-
-
-def refuse_unused(overrides, unused: Mapping[str, str], why: str) -> None:
-    """ConfigError when the command line set a key (or a key under it) that this request does
-    not use: `unused` maps each such key to what it belongs to; `why` names the mode."""
-    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides or ()}
-    hit = sorted(k for k in unused if any(g == k or g.startswith(k + ".") for g in given))
-    if hit:
-        raise ConfigError(f"{', '.join(f'{k}=' for k in hit)} given with {why}, which does not use "
-                          f"{'it' if len(hit) == 1 else 'them'} ({'; '.join(f'{k}: {unused[k]}' for k in hit)}); drop "
-                          f"{'it' if len(hit) == 1 else 'them'}")
