@@ -21,7 +21,13 @@ def interrupted_multirun(saved: dict | None) -> None:
     job = Path(hc.runtime.output_dir)
     job.mkdir(parents=True, exist_ok=True)
     (job / JOB_FILE).write_text(json.dumps(dict(status="interrupted", **(saved or {}))))
-    summary = aggregate_jobs(Path(hc.sweep.dir), JOB_FILE)
+    aggregate_finished()
+
+
+def aggregate_finished() -> None:
+    """Every finished point of every job so far, aggregated, and said on stderr."""
+    from hydra.core.hydra_config import HydraConfig
+    summary = aggregate_jobs(Path(HydraConfig.get().sweep.dir), JOB_FILE)
     print(f"multirun interrupted: {summary['rows']} points saved across {summary['jobs']} job(s), "
           f"aggregated in {summary['aggregate']}", file=sys.stderr)
 

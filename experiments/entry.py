@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -107,6 +108,44 @@ class _Saved:
     summary: dict | None = None
 
 
+_LAST = _Saved()  # the running command's (fail_fast's), for a signal that lands after it returned
+
+
+def _interrupted_line(saved: dict | None, signum: int) -> str:
+    name = signal.Signals(signum).name
+    if saved:
+        return (f"interrupted: {saved['ok'] + saved['failed']} points saved in {saved['run_dir']} ({name}); "
+                "the same command resumes")
+    return f"interrupted ({name})"
+
+
+def _late_signal(signum, frame) -> None:
+    """A signal outside fail_fast: while Hydra composes (nothing written yet) or after the command
+    returned (everything it wrote is whole: every write is atomic). Say so, exit 128 + signum at
+    once; the interpreter's teardown has nothing left to save."""
+    try:
+        print(_interrupted_line(_LAST.summary, signum), file=sys.stderr)
+        if _multirun():  # between two jobs: the finished jobs are aggregated, as after an interrupt in one
+            from experiments.callbacks import aggregate_finished
+            aggregate_finished()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(128 + signum)
+
+
+def hold_signals_to_the_end() -> None:
+    """SIGINT and SIGTERM exit 128 + signum with a message until the process ends, also in the
+    moments no fail_fast holds them (CI found a SIGTERM that landed after the sweep's summary, in
+    the interpreter's teardown: the process died of it, returncode -15, without a word)."""
+    if threading.current_thread() is threading.main_thread():
+        for s in Signals.HANDLED:
+            signal.signal(s, _late_signal)
+
+
 @contextmanager
 def fail_fast():
     """Bad input (BAD_INPUT_ERRORS) exits 2 with the library's message (it names the field and the
@@ -121,16 +160,15 @@ def fail_fast():
     signal that lands after the last point (while the summary or the report is written) still
     exits 128 + signum and says what was saved. A command that has its summary sets
     `done.summary`, and an interrupt after that point reports it."""
-    done = _Saved()
+    global _LAST
+    done = _LAST = _Saved()
     try:
         with Signals():
             yield done
     except KeyboardInterrupt as e:
         saved = getattr(e, "summary", None) or done.summary
         signum = getattr(e, "signum", INTERRUPTED - 128)
-        name = signal.Signals(signum).name
-        print(f"interrupted: {saved['ok'] + saved['failed']} points saved in {saved['run_dir']} ({name}); the "
-              "same command resumes" if saved else f"interrupted ({name})", file=sys.stderr)
+        print(_interrupted_line(saved, signum), file=sys.stderr)
         if _multirun():
             from experiments.callbacks import interrupted_multirun
             interrupted_multirun(saved)
@@ -180,6 +218,7 @@ def command(config_name: str):
 
         @functools.wraps(task)
         def main() -> None:
+            hold_signals_to_the_end()
             sys.argv[1:] = hydra_args(sys.argv[1:])
             before = os.environ.get("HYDRA_FULL_ERROR")
             if before == "1":

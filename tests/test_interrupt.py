@@ -120,3 +120,26 @@ def test_a_signal_after_the_last_point_still_exits_128_plus_signum_and_says_what
     assert stop.value.code == 128 + int(sig)
     assert f"interrupted: 16 points saved in runs/x ({signal.Signals(sig).name})" in capsys.readouterr().err
     assert {s: signal.getsignal(s) for s in before} == before  # the handlers are given back
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_after_the_command_returned_exits_128_plus_signum_and_says_what_was_saved(tmp_path, sig):
+    """The second CI run that found it: the sweep had returned (summary printed, fail_fast left)
+    and the process was tearing down when SIGTERM came; it died of it (returncode -15). The
+    command wrapper now holds both signals until the process ends."""
+    script = (
+        "import os, signal, sys, time\n"
+        "from experiments.entry import fail_fast, hold_signals_to_the_end\n"
+        "hold_signals_to_the_end()\n"
+        "with fail_fast() as done:\n"
+        "    done.summary = dict(ok=3, failed=0, run_dir='runs/y')\n"
+        "print('{\"summary\": 1}', flush=True)\n"
+        f"os.kill(os.getpid(), {int(sig)})\n"
+        "time.sleep(5)\n"
+        "sys.exit(0)\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    p = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 128 + int(sig), p.stderr[-2000:]
+    assert p.stdout.strip() == '{"summary": 1}'  # what was printed before stays printed
+    assert f"interrupted: 3 points saved in runs/y ({signal.Signals(sig).name})" in p.stderr
