@@ -77,12 +77,12 @@ def demo() -> None:
     graph per token count; 235-384 s each on the same machine loaded by other jobs, load 5-7).
     Two cache lengths, no MTP points. The compile dominates the wall time (docs/cpu.md)."""
     t0 = time.time()
-    run(PY, "-m", "experiments.card", "model=cpu-demo", "device=null")
-    run(PY, "-m", "experiments.ceilings", "device=cpu", "quick=true", f"out_dir={DEMO}")
-    run(PY, "-m", "experiments.sweep", "model=cpu-demo", f"out_dir={DEMO}", f"ceilings={DEMO}/ceilings.json",
+    run(PY, "-m", "roofline.cli.card", "model=cpu-demo", "device=null")
+    run(PY, "-m", "roofline.cli.ceilings", "device=cpu", "quick=true", f"out_dir={DEMO}")
+    run(PY, "-m", "roofline.cli.sweep", "model=cpu-demo", f"out_dir={DEMO}", f"ceilings={DEMO}/ceilings.json",
         "dtypes=[auto,bfloat16]", "q=[1,2,4,8]", "B=[1,4]", "L=[128,1024]", "mtp_q=[]")
-    run(PY, "-m", "experiments.fit", f"results_dir={DEMO}")
-    run(PY, "-m", "experiments.report", f"results_dir={DEMO}")
+    run(PY, "-m", "roofline.cli.fit", f"results_dir={DEMO}")
+    run(PY, "-m", "roofline.cli.report", f"results_dir={DEMO}")
     print(f"demo: {time.time() - t0:.0f} s wall (set-up excluded)", flush=True)
 
 

@@ -25,6 +25,6 @@ Where things live (one subpackage per part of the pipeline; data flows top to bo
     commands/     one module per command (sweep, fit, predict, card, ...): the plain config dict
                   -> the request -> the run -> files, console text and JSON summary
 
-The library never imports Hydra; experiments/ composes the config (Hydra) and calls
+The library never imports Hydra; roofline/cli/ composes the config (Hydra) and calls
 roofline.commands. Each floor imports only the floors below it (docs/design.md, tests/test_layering.py).
 """

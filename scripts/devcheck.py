@@ -77,11 +77,11 @@ COMPOSABLE = ("sweep", "ceilings", "fit", "predict")
 
 
 def compose(config: str, overrides: list[str]) -> int:
-    """Compose conf/<config>.yaml with `overrides` as the command would, and build the request it
+    """Compose roofline/conf/<config>.yaml with `overrides` as the command would, and build the request it
     describes (the sweep's SweepSpec, the ceilings' CeilingsSpec): the GPU branch's exact
     settings checked on a machine without one. One line; exit 2 on the first problem."""
     from hydra import compose as hydra_compose, initialize_config_dir
-    from experiments.entry import CONF_DIR, hydra_args, hydra_error_line, plain
+    from roofline.cli.entry import CONF_DIR, hydra_args, hydra_error_line, plain
     from roofline.io.fields import ConfigError
     try:
         with initialize_config_dir(str(CONF_DIR), version_base="1.3"):

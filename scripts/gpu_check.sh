@@ -192,7 +192,7 @@ trap on_signal TERM INT
 ceilings_once() {  # ceilings_once ARGS... out_dir=DIR: measure unless a previous run of the check did
   local dir=${*: -1}; dir=${dir#out_dir=}
   if [ -f "$dir/ceilings.json" ]; then echo "reusing $dir/ceilings.json"; return 0; fi
-  exec "$PY" -m experiments.ceilings "$@"
+  exec "$PY" -m roofline.cli.ceilings "$@"
 }
 
 # 0. what the node lacks, from the carried wheelhouse (never from the network)
@@ -230,7 +230,7 @@ if [ "$DRY" = 1 ]; then
   step compose_gpu "$TAIL_S" env TRITON_INTERPRET=1 bash "$WORK/compose_gpu.sh"
 fi
 build "$R"
-SWEEP=("$PY" -m experiments.sweep)
+SWEEP=("$PY" -m roofline.cli.sweep)
 roof() {  # the sweep arguments, less the ceilings= one while there is no ceilings file to give
   local a; for a in "$@"; do
     [[ $a == ceilings=* && ! -f ${a#ceilings=} ]] || printf '%s\0' "$a"
@@ -268,11 +268,11 @@ cp "$WORK/ceilings-full/ceilings.json" "$OUT/ceilings.json" 2>/dev/null
 
 # 8. the cost model, fitted with the measured ceilings beside the run
 [ -f "$WORK/sweep/ceilings.json" ] || cp "$WORK/ceilings-copy/ceilings.json" "$WORK/sweep/" 2>/dev/null
-step fit 40 "$PY" -m experiments.fit "results_dir=$WORK/sweep"
+step fit 40 "$PY" -m roofline.cli.fit "results_dir=$WORK/sweep"
 cp "$WORK/sweep/fit.json" "$OUT/fit.json" 2>/dev/null
 
 # 9. a prediction from the fit
-step predict 20 "$PY" -m experiments.predict "${A_PREDICT[@]}"
+step predict 20 "$PY" -m roofline.cli.predict "${A_PREDICT[@]}"
 cp "$WORK/predict/predict.csv" "$OUT/predict.csv" 2>/dev/null
 
 # 10. the goals, T(q)/T(1), failures: summary.md and sweep.csv

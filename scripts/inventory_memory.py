@@ -4,7 +4,7 @@
 
 Writes a bf16 DeepSeek-V3-like checkpoint (MTP layer included, one 256 MB tensor bigger than
 the hash chunk) shard by shard into DIR/before, copies it to DIR/after, then runs
-`python -m experiments.inventory` on the pair in a child process twice: on a tiny checkpoint
+`python -m roofline.cli.inventory` on the pair in a child process twice: on a tiny checkpoint
 (the cost of importing torch, safetensors and hydra) and on the big one. Peak RSS is the
 child's own ru_maxrss (os.wait4). The checkpoints are written by a separate child too: a
 forked child starts with its parent's high-water mark, so this process stays small (no torch).
@@ -62,7 +62,7 @@ def measured_run(before: Path, after: Path, log: Path) -> tuple[int, int, float]
     """(exit code, peak RSS in bytes, seconds) of one inventory run in a child process."""
     t0 = time.perf_counter()
     with log.open("w") as out:
-        p = subprocess.Popen([sys.executable, "-m", "experiments.inventory", f"before={before}", f"after={after}"],
+        p = subprocess.Popen([sys.executable, "-m", "roofline.cli.inventory", f"before={before}", f"after={after}"],
                              cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(p.pid, 0)
     p.returncode = os.waitstatus_to_exitcode(status)

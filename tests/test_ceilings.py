@@ -272,7 +272,7 @@ def test_from_dict_fills_nulls_with_defaults_and_reads_a_preset_name():
 
 
 def run_entry(*overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "experiments.ceilings", *overrides], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "roofline.cli.ceilings", *overrides], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
 
 

@@ -274,7 +274,7 @@ def test_tied_embeddings_load(tmp_path):
 
 def test_card_takes_a_model_folder(llama_dir):
     hf = hf_model("llama", seed=10)
-    out = subprocess.run([sys.executable, "-m", "experiments.card", f"checkpoint={llama_dir}", "device=null"],
+    out = subprocess.run([sys.executable, "-m", "roofline.cli.card", f"checkpoint={llama_dir}", "device=null"],
                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     rec = json.loads(out.stdout.strip().splitlines()[-1])

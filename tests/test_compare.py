@@ -51,7 +51,7 @@ def test_runs_with_nothing_in_common_or_missing_are_refused(tmp_path):
 
 def test_compare_entry_point(tmp_path):
     a, b = run(tmp_path / "a", [1e-3, 2e-3], 0), run(tmp_path / "b", [1.5e-3, 2e-3], 1)
-    r = subprocess.run([sys.executable, "-m", "experiments.compare", f"a={a}", f"b={b}", f"out={tmp_path / 'c.csv'}"],
+    r = subprocess.run([sys.executable, "-m", "roofline.cli.compare", f"a={a}", f"b={b}", f"out={tmp_path / 'c.csv'}"],
                        cwd=REPO_ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1])["b_slower"] == 1

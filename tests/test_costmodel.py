@@ -83,7 +83,7 @@ def test_datasheet_baseline_used_when_ceilings_given():
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("run") / "tiny"
-    subprocess.run([sys.executable, "-m", "experiments.sweep", "model=tiny", "q=[1,2,4,8,16,32]", "B=[1,2]",
+    subprocess.run([sys.executable, "-m", "roofline.cli.sweep", "model=tiny", "q=[1,2,4,8,16,32]", "B=[1,2]",
                     "L=[16,64]", f"out_dir={out}", "progress=false", "timer.min_reps=3", "timer.budget_s=0.05",
                     "noise.enabled=false"],  # the table must hold every point here, whatever the load
                    cwd=REPO, check=True, capture_output=True, timeout=120)
@@ -92,7 +92,7 @@ def tiny_run(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_fit_entry_point_writes_fit_json_report_and_figure(tiny_run):
-    r = subprocess.run([sys.executable, "-m", "experiments.fit", f"results_dir={tiny_run}"], cwd=REPO,
+    r = subprocess.run([sys.executable, "-m", "roofline.cli.fit", f"results_dir={tiny_run}"], cwd=REPO,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     fit = json.loads((tiny_run / "fit.json").read_text())
@@ -104,7 +104,7 @@ def test_fit_entry_point_writes_fit_json_report_and_figure(tiny_run):
 
 @pytest.mark.slow
 def test_fit_entry_point_without_results_dir_fails_naming_it():
-    r = subprocess.run([sys.executable, "-m", "experiments.fit"], cwd=REPO, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "roofline.cli.fit"], cwd=REPO, capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 2 and "results_dir" in r.stderr
 

@@ -1,5 +1,5 @@
-"""One home per default: a key that a conf/*.yaml file and the library dataclass it feeds both
-default must default to the same value (a drift would make `python -m experiments.X` and a
+"""One home per default: a key that a roofline/conf/*.yaml file and the library dataclass it feeds both
+default must default to the same value (a drift would make `python -m roofline.cli.X` and a
 library call of the same request measure different things)."""
 
 import dataclasses
@@ -50,7 +50,7 @@ def _same(a, b) -> bool:
 
 def shared_defaults(conf: str, key, cls) -> list[tuple[str, object, object]]:
     """(field, the config file's value, the dataclass's default) for every plain value both give."""
-    values = yaml.safe_load((REPO_ROOT / "conf" / conf).read_text())
+    values = yaml.safe_load((REPO_ROOT / "roofline" / "conf" / conf).read_text())
     values = values[key] if key else values
     out = []
     for f in dataclasses.fields(cls):
@@ -67,9 +67,9 @@ def shared_defaults(conf: str, key, cls) -> list[tuple[str, object, object]]:
 @pytest.mark.parametrize("conf, key, cls", PAIRS, ids=[p[0] + (f":{p[1]}" if p[1] else "") for p in PAIRS])
 def test_a_config_file_and_its_dataclass_default_alike(conf, key, cls):
     pairs = shared_defaults(conf, key, cls)
-    assert pairs, f"conf/{conf} and {cls.__name__} share no default: the pair is wrong"
+    assert pairs, f"roofline/conf/{conf} and {cls.__name__} share no default: the pair is wrong"
     drift = [(name, mine, lib) for name, mine, lib in pairs if not _same(mine, lib)]
-    assert not drift, f"conf/{conf} vs {cls.__name__} (field, yaml, dataclass): {drift}"
+    assert not drift, f"roofline/conf/{conf} vs {cls.__name__} (field, yaml, dataclass): {drift}"
 
 
 def test_the_check_sees_a_drift():

@@ -1,4 +1,4 @@
-"""One meaning for `device`: a conf/device/ entry ties a torch device to its datasheet row, and each
+"""One meaning for `device`: a roofline/conf/device/ entry ties a torch device to its datasheet row, and each
 command takes the half it means (sweep: the torch device; card: the datasheet row)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 
-from experiments.entry import CONF_DIR, hydra_args, plain
+from roofline.cli.entry import CONF_DIR, hydra_args, plain
 from roofline.io.fields import ConfigError
 from roofline.measure import devices
 from roofline.measure.devices import get_spec, list_specs

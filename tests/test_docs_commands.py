@@ -1,11 +1,11 @@
 """The README and docs/ say what they can back: every command line in them is checked.
 
 A command line is a line of a ```bash (sh, shell, console) block of README.md or docs/*.md, or an
-inline code span that starts with `python -m experiments.` or `roofline `. Each one is
+inline code span that starts with `python -m roofline.cli.` or `roofline `. Each one is
 
 - **run** for real on tiny inputs when it is in RUNS below (overrides substituted: the tiny
   model, the quick timer, outputs under a temporary folder);
-- else **composed**: an `experiments` or `roofline` line is composed by Hydra (`--cfg job`: every
+- else **composed**: a `roofline.cli` or `roofline` line is composed by Hydra (`--cfg job`: every
   key, group option and value type checked, nothing run; a multirun (`-m`) line is split into its
   jobs and each composed); `python3 dev.py demo` composes every command the demo runs;
 - else **marked**: its block follows `<!-- not-run: REASON -->` (a GPU, the package index, minutes
@@ -45,25 +45,25 @@ DRIVER_TIMEOUT_S = 600
 QUICK_SWEEP = {"model": "tiny", "q": "[1,2]", "B": "[1]", "L": "[16]", "dtypes": "[float32]", "mtp_q": "[]",
                "timer": "quick", "noise.enabled": "false", "progress": "false", "out_dir": "{tmp}"}
 RUNS = {
-    "experiments.sweep model=cpu-demo q=[1,2,4,8] B=[1,4] out_dir=results/runs/mine":
+    "roofline.cli.sweep model=cpu-demo q=[1,2,4,8] B=[1,4] out_dir=results/runs/mine":
         (QUICK_SWEEP, "{tmp}/points.csv"),
-    "experiments.fit results_dir=results/runs/mine": ({"results_dir": "{run}", "folds": "2"}, "{run}/fit.json"),
-    "experiments.report results_dir=results/runs/mine": ({"results_dir": "{synthetic}"}, "{synthetic}/report.md"),
-    "experiments.predict fit=results/cpu-demo/fit.json drafter=ngram out_dir=results/runs/predict":
+    "roofline.cli.fit results_dir=results/runs/mine": ({"results_dir": "{run}", "folds": "2"}, "{run}/fit.json"),
+    "roofline.cli.report results_dir=results/runs/mine": ({"results_dir": "{synthetic}"}, "{synthetic}/report.md"),
+    "roofline.cli.predict fit=results/cpu-demo/fit.json drafter=ngram out_dir=results/runs/predict":
         ({"fit": "{run}/fit.json", "k": "[0,1,2]", "B": "[1,4]", "L": "[128]", "plot_L": "128", "out_dir": "{tmp}"},
          "{tmp}/predict.csv"),
-    "experiments.capacity model=llama-3.1-8b device=h100_sxm": ({"out_dir": "{tmp}"}, "{tmp}"),
-    "experiments.card model=llama-3.1-8b device=h200_sxm context=4096": ({}, ""),
-    "experiments.card checkpoint=results/trained-stdlib/target": ({}, ""),
-    "experiments.inventory before=results/trained-stdlib/target after=DIR":
+    "roofline.cli.capacity model=llama-3.1-8b device=h100_sxm": ({"out_dir": "{tmp}"}, "{tmp}"),
+    "roofline.cli.card model=llama-3.1-8b device=h200_sxm context=4096": ({}, ""),
+    "roofline.cli.card checkpoint=results/trained-stdlib/target": ({}, ""),
+    "roofline.cli.inventory before=results/trained-stdlib/target after=DIR":
         ({"after": "results/trained-stdlib/target"}, ""),
-    "experiments.compare a=results/cpu-demo b=results/runs/mine allow_other_model=true": ({"b": "{run}"}, ""),
+    "roofline.cli.compare a=results/cpu-demo b=results/runs/mine allow_other_model=true": ({"b": "{run}"}, ""),
     "roofline sweep --help": ({}, ""),
     "roofline -sc install=bash": ({}, ""),
 }
 # Lines no page may hold: each must fail its composition
-BAD = [["experiments.sweep", "model=tiny", "no_such_key=1"], ["experiments.card", "model=no-such-preset"],
-       ["experiments.sweep", "-m", "model=tiny,cpu-demo", "timer.no_such_field=1"],
+BAD = [["roofline.cli.sweep", "model=tiny", "no_such_key=1"], ["roofline.cli.card", "model=no-such-preset"],
+       ["roofline.cli.sweep", "-m", "model=tiny,cpu-demo", "timer.no_such_field=1"],
        ["roofline", "fit", "results_dir=x", "foldz=2"]]
 
 
@@ -85,13 +85,13 @@ def _tokens(text: str, env: dict[str, str]) -> list[str]:
 
 
 def command(tokens: list[str]) -> list[str] | None:
-    """`experiments.<cmd> args...`, `roofline args...` or `dev.py <job>` of a shell line; None
+    """`roofline.cli.<cmd> args...`, `roofline args...` or `dev.py <job>` of a shell line; None
     for any other program. `eval "$(...)"` is its inner command; a launcher before
-    `-m experiments.<cmd>` (torchrun, srun, a python) is dropped."""
+    `-m roofline.cli.<cmd>` (torchrun, srun, a python) is dropped."""
     if tokens[:1] == ["eval"] and len(tokens) == 2 and (m := re.fullmatch(r"\$\((.*)\)", tokens[1])):
         tokens = shlex.split(m.group(1))
     for i, t in enumerate(tokens[:-1]):
-        if t == "-m" and tokens[i + 1].startswith("experiments."):
+        if t == "-m" and tokens[i + 1].startswith("roofline.cli."):
             return tokens[i + 1:]
     if tokens[:1] == ["roofline"]:
         return tokens
@@ -156,9 +156,9 @@ def span_lines(rel: str, prose: list[tuple[int, str]]) -> list[Line]:
             joined += r.strip() + " "
         for m in re.finditer(r"`([^`]+)`", joined):
             span = " ".join(m.group(1).split())
-            if re.search(r"<\w+>", span):  # a template (`python -m experiments.<name>`), not a command
+            if re.search(r"<\w+>", span):  # a template (`python -m roofline.cli.<name>`), not a command
                 continue
-            if span.startswith(("python -m experiments.", "python3 -m experiments.", "roofline ")):
+            if span.startswith(("python -m roofline.cli.", "python3 -m roofline.cli.", "roofline ")):
                 n = max(line for offset, line in starts if offset <= m.start())
                 lines.append(Line(f"{rel}:{n}", span, shlex.split(span)))
         paragraph = []
@@ -185,7 +185,7 @@ LINES, PROBLEMS = all_lines()
 
 
 def composable(argv: list[str]) -> bool:
-    return bool(argv) and (argv[0].startswith("experiments.") or argv[0] == "roofline"
+    return bool(argv) and (argv[0].startswith("roofline.cli.") or argv[0] == "roofline"
                            or argv[:2] == ["dev.py", "demo"])
 
 
@@ -234,7 +234,7 @@ def drive(jobs_path: str, out_path: str) -> None:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
             try:
                 if argv[0] == "roofline":
-                    from experiments import cli
+                    from roofline.cli import main as cli
                     cli.main(argv[1:])
                 else:
                     sys.argv = [argv[0].replace(".", "/") + ".py", *argv[1:]]
@@ -383,9 +383,9 @@ def test_readme_is_a_five_minute_read():
 
 
 def test_readme_table_lists_every_command():
-    """Every entry point (an experiments/ module with its conf/ file) has a row, found independently
+    """Every entry point (an roofline/cli/ module with its roofline/conf/ file) has a row, found independently
     of the `roofline` command's own list."""
-    commands = sorted(p.stem for p in (REPO / "experiments").glob("*.py") if (REPO / "conf" / f"{p.stem}.yaml").exists())
+    commands = sorted(p.stem for p in (REPO / "roofline" / "cli").glob("*.py") if (REPO / "roofline" / "conf" / f"{p.stem}.yaml").exists())
     rows = {m.group(1).strip("` ") for m in re.finditer(r"^\| *([^|]+?) *\|", (REPO / "README.md").read_text(), re.M)}
     assert len(commands) >= 15
     missing = [c for c in commands + ["roofline"] if c not in rows]

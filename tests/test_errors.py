@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from experiments.entry import fail_fast
+from roofline.cli.entry import fail_fast
 from roofline.commands import axis
 from roofline.checkpoints.inventory import read_checkpoint
 from roofline.checkpoints.loader import config_from_hf, shard_files
@@ -135,18 +135,18 @@ def test_inventory_of_a_corrupt_file_exits_2_not_the_loss_code(tmp_path):
     good = _model_folder(tmp_path, "good")
     bad = _model_folder(tmp_path, "bad")
     (bad / "model-1.safetensors").write_bytes(b"garbage")
-    r = subprocess.run([sys.executable, "-m", "experiments.inventory", f"before={good}", f"after={bad}"],
+    r = subprocess.run([sys.executable, "-m", "roofline.cli.inventory", f"before={good}", f"after={bad}"],
                        cwd=REPO_ROOT, capture_output=True, text=True)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("error: after="), r.stderr
 
 
 def test_sweep_cli_takes_a_scalar_axis_and_names_an_unknown_timer_key(tmp_path):
-    ok = subprocess.run([sys.executable, "-m", "experiments.sweep", "model=tiny", "q=2", "B=1", "L=0", "progress=false",
+    ok = subprocess.run([sys.executable, "-m", "roofline.cli.sweep", "model=tiny", "q=2", "B=1", "L=0", "progress=false",
                          "timer.min_reps=3", "timer.budget_s=0.02", f"out_dir={tmp_path / 'a'}"],
                         cwd=REPO_ROOT, capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout.strip().splitlines()[-1])["points"] == 2  # forward + mtp at q=2
-    bad = subprocess.run([sys.executable, "-m", "experiments.sweep", "model=tiny", "+timer.foo=1",
+    bad = subprocess.run([sys.executable, "-m", "roofline.cli.sweep", "model=tiny", "+timer.foo=1",
                           f"out_dir={tmp_path / 'b'}"], cwd=REPO_ROOT, capture_output=True, text=True)
     lines = bad.stderr.strip().splitlines()
     assert bad.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: timer: unknown field(s) ['foo']")
@@ -156,10 +156,10 @@ def test_sweep_cli_takes_a_scalar_axis_and_names_an_unknown_timer_key(tmp_path):
 # Hydra's own errors, raised while composing the config: each invocation runs in one child
 # interpreter (fresh Hydra state per case), in an empty folder with the results root inside it.
 HYDRA_CASES = {
-    "a key the config lacks": (["experiments.sweep", "timer.foo=1"], "timer.foo"),
-    "an override that does not parse": (["experiments.sweep", "q=[1,2"], "q=[1,2"),
-    "a group option that does not exist": (["experiments.sweep", "model=nope"], "model=nope"),
-    "a device the group does not hold": (["experiments.card", "device=foo"], "device=foo"),
+    "a key the config lacks": (["roofline.cli.sweep", "timer.foo=1"], "timer.foo"),
+    "an override that does not parse": (["roofline.cli.sweep", "q=[1,2"], "q=[1,2"),
+    "a group option that does not exist": (["roofline.cli.sweep", "model=nope"], "model=nope"),
+    "a device the group does not hold": (["roofline.cli.card", "device=foo"], "device=foo"),
 }
 _DRIVER = """
 import contextlib, io, json, runpy, sys
@@ -210,6 +210,6 @@ def test_an_unknown_device_lists_the_entries_and_says_how_to_pick_a_gpu(hydra_er
 
 def test_every_entry_point_composes_through_the_one_wrapper():
     """hydra.main called directly would print Hydra's multi-line errors again."""
-    direct = [f.name for f in (REPO_ROOT / "experiments").glob("*.py")
+    direct = [f.name for f in (REPO_ROOT / "roofline" / "cli").glob("*.py")
               if f.name != "entry.py" and "hydra.main(" in f.read_text()]
     assert direct == []

@@ -25,7 +25,7 @@ TOTAL = 16  # 12 forward points + 4 of tiny's MTP module (mtp_q=[1])
 def _start(args: list[str], cwd: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("TRITON_INTERPRET", None)
-    cmd = [sys.executable, "-m", "experiments.sweep"] + [a.strip("'") for a in args]
+    cmd = [sys.executable, "-m", "roofline.cli.sweep"] + [a.strip("'") for a in args]
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -70,7 +70,7 @@ def test_a_sweep_killed_at_a_random_moment_keeps_every_finished_point(tmp_path, 
     assert len({r["point_id"] for r in rows}) == len(rows)
     assert (out / "points.csv").exists()  # the table of what was saved, written on the way out
     # the same command measures only what is missing, and the folder ends whole
-    done = subprocess.run([sys.executable, "-m", "experiments.sweep"] + [a.strip("'") for a in args[:-1]]
+    done = subprocess.run([sys.executable, "-m", "roofline.cli.sweep"] + [a.strip("'") for a in args[:-1]]
                           + ["progress=false"], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
@@ -109,7 +109,7 @@ def test_a_signal_after_the_last_point_still_exits_128_plus_signum_and_says_what
     """The CI run that found it: a fast sweep had measured all 16 points and was writing its
     summary when the signal came; the handlers were already gone and the process died of the
     signal (returncode -15), without a word. fail_fast now holds them for the whole command."""
-    from experiments.entry import fail_fast
+    from roofline.cli.entry import fail_fast
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     with pytest.raises(SystemExit) as stop:
         with fail_fast() as done:
@@ -129,7 +129,7 @@ def test_a_signal_after_the_command_returned_exits_128_plus_signum_and_says_what
     command wrapper now holds both signals until the process ends."""
     script = (
         "import os, signal, sys, time\n"
-        "from experiments.entry import fail_fast, hold_signals_to_the_end\n"
+        "from roofline.cli.entry import fail_fast, hold_signals_to_the_end\n"
         "hold_signals_to_the_end()\n"
         "with fail_fast() as done:\n"
         "    done.summary = dict(ok=3, failed=0, run_dir='runs/y')\n"

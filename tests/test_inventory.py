@@ -59,7 +59,7 @@ def write(folder: Path, tensors: dict, config: dict = CONFIG, shards: int = 1) -
 
 
 def inventory(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "experiments.inventory", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "roofline.cli.inventory", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
 
 

@@ -221,6 +221,6 @@ def test_noise_settings_defaults_and_edges_are_accepted():
 
 def test_a_dry_run_checks_the_noise_settings_too():
     """N11's reproduction was a dry run: it exited 0 with noise.every=0."""
-    p = subprocess.run([sys.executable, "-m", "experiments.sweep", "model=tiny", "q=[1]", "B=[1]", "L=[16]",
+    p = subprocess.run([sys.executable, "-m", "roofline.cli.sweep", "model=tiny", "q=[1]", "B=[1]", "L=[16]",
                         "noise.every=0", "dry_run=true"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "noise.every=0" in p.stderr, p.stderr[-500:]

@@ -142,7 +142,7 @@ def test_memory_check_counts_the_draft_model_and_a_plan_that_does_not_fit_says_s
 def test_capacity_with_and_without_layouts_give_one_answer(fixture_data):
     from roofline.analysis.capacity import plan_whatif
     from roofline.commands.capacity import plan_layouts, request_from_config
-    c = yaml.safe_load((ROOT / "conf" / "capacity.yaml").read_text())
+    c = yaml.safe_load((ROOT / "roofline" / "conf" / "capacity.yaml").read_text())
     c = {k: v for k, v in c.items() if k not in ("defaults", "layouts", "out_dir")}
     c.update(model=get_preset("llama-3.1-8b").__dict__ | {}, device="h100_sxm", engine={"profile": "vllm"},
              B=[16], itl_target_ms=1e4, out_dir="")
@@ -174,7 +174,7 @@ def test_capacity_and_layouts_honour_calibrate_with_one_answer(fixture_data, tmp
     w = WhatIf(get_preset("llama-3.1-8b"), get_spec("h100_sxm"), "bfloat16", Layout(), Setting(engine="vllm"))
     L = 1024 + 256 // 2
     (tmp_path / "cal.yaml").write_text(yaml.safe_dump(dict(points=[dict(B=16, L=L, itl_ms=1.5e3 * w.itl(16, L)["typical"])])))
-    c = yaml.safe_load((ROOT / "conf" / "capacity.yaml").read_text())
+    c = yaml.safe_load((ROOT / "roofline" / "conf" / "capacity.yaml").read_text())
     c = {k: v for k, v in c.items() if k not in ("defaults", "layouts", "out_dir")}
     c.update(model=asdict(get_preset("llama-3.1-8b")), device="h100_sxm", engine={"profile": "vllm"}, B=[16],
              itl_target_ms=1e4, out_dir="", calibrate=str(tmp_path / "cal.yaml"))
@@ -273,7 +273,7 @@ def test_user_anchors_file_with_a_missing_key_is_one_line_exit_2(tmp_path):
     (tmp_path / "a.yaml").write_text(yaml.safe_dump(doc))
     with pytest.raises(ConfigError, match="missing key 'metric'"):
         anchors.load(tmp_path / "a.yaml")
-    r = subprocess.run([sys.executable, "-m", "experiments.anchors", f"anchors={tmp_path / 'a.yaml'}"], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "roofline.cli.anchors", f"anchors={tmp_path / 'a.yaml'}"], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "missing key 'metric'" in r.stderr and "Traceback" not in r.stderr
 

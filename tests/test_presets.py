@@ -1,4 +1,4 @@
-"""Model presets: every YAML in conf/model loads, and the published shapes are the real ones.
+"""Model presets: every YAML in roofline/conf/model loads, and the published shapes are the real ones.
 
 The spot checks are facts from each model's Hugging Face config.json (see the `source` field
 and the comment at the top of each preset file), so a typo in a preset fails here.

@@ -84,7 +84,7 @@ def test_fit_of_an_all_failed_run_is_one_line(tmp_path):
     rows = [dict(point_id=f"p{i}", kind="forward", model="tiny", dtype="bfloat16", mode="eager", q=1, B=1, L=0,
                  layers_run=2, layers_full=2, status="oom", error="out of memory") for i in range(3)]
     results.write_csv(rows, tmp_path / "points.csv")
-    r = subprocess.run([sys.executable, "-m", "experiments.fit", f"results_dir={tmp_path}"], cwd=REPO_ROOT,
+    r = subprocess.run([sys.executable, "-m", "roofline.cli.fit", f"results_dir={tmp_path}"], cwd=REPO_ROOT,
                        capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         f"error: results_dir={str(tmp_path)!r}: no ok full-depth rows to fit"]
@@ -167,7 +167,7 @@ def test_capacity_refuses_bad_inputs(kw, msg):
 
 @pytest.mark.parametrize("args, msg", [(["memory_gb=-80"], "memory_gb=-80"), (["calibrate=/no/such.yaml"], "calibrate=")])
 def test_capacity_bad_input_exits_2_and_writes_nothing(tmp_path, args, msg):
-    r = subprocess.run([sys.executable, "-m", "experiments.capacity", *args, f"out_dir={tmp_path / 'out'}"],
+    r = subprocess.run([sys.executable, "-m", "roofline.cli.capacity", *args, f"out_dir={tmp_path / 'out'}"],
                        cwd=REPO_ROOT, capture_output=True, text=True)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and msg in r.stderr, r.stderr
     assert not (tmp_path / "out").exists()

@@ -118,6 +118,6 @@ def test_md_table_escapes_pipes():
 
 
 def test_entry_point_names_results_dir_when_missing(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "experiments.plots", f"results_dir={tmp_path / 'nope'}"],
+    out = subprocess.run([sys.executable, "-m", "roofline.cli.plots", f"results_dir={tmp_path / 'nope'}"],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "results_dir" in out.stderr

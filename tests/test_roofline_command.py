@@ -1,5 +1,5 @@
 """The `roofline` command: subcommands, Hydra completion through it, --help with every key's
-comment, presets from $ROOFLINE_PRESETS in the model group, and a wheel that ships conf/."""
+comment, presets from $ROOFLINE_PRESETS in the model group, and a wheel that ships roofline/conf/."""
 
 import os
 import subprocess
@@ -8,7 +8,7 @@ import zipfile
 
 import pytest
 
-from experiments import cli
+from roofline.cli import main as cli
 from roofline.model.presets import REPO_ROOT
 
 
@@ -19,10 +19,10 @@ def test_usage_lists_every_subcommand(capsys):
 
 
 def test_every_entry_point_and_config_is_a_subcommand():
-    """Found independently of cli.COMMANDS: every experiments/<name>.py with a Hydra entry and
-    every conf/<name>.yaml is a subcommand, and every subcommand has both."""
-    entries = {p.stem for p in (REPO_ROOT / "experiments").glob("*.py") if "@command(" in p.read_text()}
-    configs = {p.stem for p in (REPO_ROOT / "conf").glob("*.yaml")}
+    """Found independently of cli.COMMANDS: every roofline/cli/<name>.py with a Hydra entry and
+    every roofline/conf/<name>.yaml is a subcommand, and every subcommand has both."""
+    entries = {p.stem for p in (REPO_ROOT / "roofline" / "cli").glob("*.py") if "@command(" in p.read_text()}
+    configs = {p.stem for p in (REPO_ROOT / "roofline" / "conf").glob("*.yaml")}
     assert len(entries) >= 17 and entries == configs == set(cli.COMMANDS)
     assert all(cli.COMMANDS.values()), [c for c, line in cli.COMMANDS.items() if not line]
 
@@ -40,7 +40,7 @@ def test_completion_of_the_subcommand_name(capsys, monkeypatch):
 
 
 def _run(args, env=None, cwd=REPO_ROOT):
-    return subprocess.run([sys.executable, "-m", "experiments.cli", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "roofline.cli.main", *args], cwd=cwd, capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, timeout=300)
 
 
@@ -55,11 +55,11 @@ def test_help_shows_each_keys_comment():
     assert "dry_run: false         # true: print the expanded grid" in r.stdout
     assert "# tokens already in each sequence's KV cache" in r.stdout
     assert "model: cpu-demo, deepseek-v3" in r.stdout
-    assert "device: a100_40gb_pcie, " in r.stdout and "# conf/device/: cpu | cuda" in r.stdout
+    assert "device: a100_40gb_pcie, " in r.stdout and "# roofline/conf/device/: cpu | cuda" in r.stdout
 
 
 def test_presets_of_roofline_presets_are_in_the_model_group(tmp_path):
-    text = (REPO_ROOT / "conf" / "model" / "tiny.yaml").read_text().replace("name: tiny", "name: my-tiny")
+    text = (REPO_ROOT / "roofline" / "conf" / "model" / "tiny.yaml").read_text().replace("name: tiny", "name: my-tiny")
     (tmp_path / "my-tiny.yaml").write_text(text)
     r = _run(["card", "model=my-tiny"], env={"ROOFLINE_PRESETS": str(tmp_path)})
     assert r.returncode == 0, r.stderr
@@ -73,8 +73,8 @@ def test_a_wheel_ships_conf_and_runs_outside_the_checkout(tmp_path):
     assert build.returncode == 0, build.stderr
     wheel = next((tmp_path / "whl").glob("roofline-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    assert {"conf/sweep.yaml", "conf/model/tiny.yaml", "conf/hydra/quiet.yaml", "conf/device/h200_sxm.yaml"} <= set(names)
-    assert "roofline = experiments.cli:main" in zipfile.ZipFile(wheel).read(
+    assert {"roofline/conf/sweep.yaml", "roofline/conf/model/tiny.yaml", "roofline/conf/hydra/quiet.yaml", "roofline/conf/device/h200_sxm.yaml"} <= set(names)
+    assert "roofline = roofline.cli.main:main" in zipfile.ZipFile(wheel).read(
         next(n for n in names if n.endswith("entry_points.txt"))).decode()
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)

@@ -49,7 +49,7 @@ def test_specdec_entry_point_measures_real_acceptance(checkpoint):
     import sys
 
     from roofline.model.presets import REPO_ROOT
-    r = subprocess.run([sys.executable, "-m", "experiments.specdec", f"checkpoint={checkpoint}",
+    r = subprocess.run([sys.executable, "-m", "roofline.cli.specdec", f"checkpoint={checkpoint}",
                         f"prompts={checkpoint / 'chats.jsonl'}", "ks=[2]", "Bs=[2]", "max_new=6", "dtype=float32"],
                        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr

@@ -39,7 +39,7 @@ def test_a_preset_without_mtp_is_refused():
 
 @pytest.mark.slow
 def test_entry_point_runs_on_tiny(tmp_path):
-    cmd = [sys.executable, "-m", "experiments.specdec", "model=tiny", "alphas=[0.8]", "ks=[2]", "Bs=[2]", "reps=1",
+    cmd = [sys.executable, "-m", "roofline.cli.specdec", "model=tiny", "alphas=[0.8]", "ks=[2]", "Bs=[2]", "reps=1",
            "max_new=10", "prompt_len=6", "real_drafters=[ngram]", "timer.min_reps=3", "timer.budget_s=0.05",
            f"out_dir={tmp_path}"]
     r = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)

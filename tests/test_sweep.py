@@ -179,7 +179,7 @@ def test_sliced_sweep_writes_extrapolated_full_depth_rows(tmp_path):
 
 
 def _sweep_cmd(out_dir):
-    return [sys.executable, "-m", "experiments.sweep", "model=tiny", "q=[1,2,3,4,5,6]", "B=[1,2]", "L=[0,16,32]",
+    return [sys.executable, "-m", "roofline.cli.sweep", "model=tiny", "q=[1,2,3,4,5,6]", "B=[1,2]", "L=[0,16,32]",
             "timer.min_reps=20", "timer.max_reps=20", "timer.budget_s=10", "progress=false", f"out_dir={out_dir}"]
 
 
@@ -212,7 +212,7 @@ def test_resume_after_a_kill_loses_and_repeats_nothing(tmp_path):
 def test_bad_input_exits_nonzero_naming_the_field(tmp_path):
     for arg, msg in (("q=[0]", "q=[0]"), ("model=nope", "model=nope: unknown; allowed ['cpu-demo'"),
                      ("timer.mode=turbo", "timer.mode"), ("L=[99999]", "max_context")):
-        r = subprocess.run([sys.executable, "-m", "experiments.sweep", "model=tiny", arg,
+        r = subprocess.run([sys.executable, "-m", "roofline.cli.sweep", "model=tiny", arg,
                             f"out_dir={tmp_path / 'x'}"], cwd=REPO_ROOT, capture_output=True, text=True)
         assert r.returncode != 0 and msg in r.stderr + r.stdout, (arg, r.stderr)
     assert not (tmp_path / "x").exists()
@@ -222,7 +222,7 @@ def test_bad_input_exits_nonzero_naming_the_field(tmp_path):
 @pytest.mark.slow
 def test_multirun_aggregates_every_job_even_a_failed_one(tmp_path, launcher):
     sweep_dir = tmp_path / "mr"
-    cmd = [sys.executable, "-m", "experiments.sweep", "-m", f"hydra/launcher={launcher}", "model=tiny",
+    cmd = [sys.executable, "-m", "roofline.cli.sweep", "-m", f"hydra/launcher={launcher}", "model=tiny",
            "dtypes=[bfloat16],[float32]", "q=[1],[0]", "B=[1]", "L=[0]", "timer.min_reps=3",
            "timer.budget_s=0.05", "progress=false", f"hydra.sweep.dir={sweep_dir}",
            f"out_dir={tmp_path}/runs/${{hydra:job.num}}"]

@@ -99,7 +99,7 @@ def test_megatron_round_trip_faithful_and_lossy(trained, tmp_path):
     assert not c.ok and c.mtp_config_dropped
     assert set(c.mtp_lost) == set(c.mtp_before) and any(".eh_proj." in n for n in c.mtp_lost)
     assert "MTP drafter is gone" in c.consequence
-    r = subprocess.run([sys.executable, "-m", "experiments.inventory", f"before={src}", f"after={lossy}"],
+    r = subprocess.run([sys.executable, "-m", "roofline.cli.inventory", f"before={src}", f"after={lossy}"],
                        capture_output=True, text=True)
     assert r.returncode == 1 and "eh_proj" in r.stdout and "DROPPED" in r.stdout
 

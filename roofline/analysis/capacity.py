@@ -146,7 +146,7 @@ def plan(fit: dict, cfg: ModelConfig, dtype: str, work: Workload, mem_bytes: flo
 
 @dataclass(frozen=True)
 class CapacityRequest:
-    """One capacity plan (conf/capacity.yaml): a fitted device, or a datasheet what-if."""
+    """One capacity plan (roofline/conf/capacity.yaml): a fitted device, or a datasheet what-if."""
 
     model: ModelConfig
     dtype: str = "bfloat16"
@@ -172,7 +172,7 @@ def whatif_of(c: dict, model: ModelConfig, label: str):
     from roofline.parallel.engines import engine_name
     from roofline.parallel.layout import Layout
     if not c.get("device"):
-        raise ConfigError("device is required for a what-if (a datasheet row of conf/device/)")
+        raise ConfigError("device is required for a what-if (a datasheet row of roofline/conf/device/)")
     w = whatif.WhatIf(model, get_spec(c["device"]), label,
                       Layout(tp=c.get("tp", 1), ep=c.get("ep", 1), dp_attention=c.get("dp_attention", False)),
                       whatif.Setting(engine=engine_name(c.get("engine"))))

@@ -595,7 +595,7 @@ def _collective_fit(df: pd.DataFrame, run_dir: Path, settings: FitSettings) -> t
     if path.exists():
         return load(path)["fit"], f"T_comm from {path.name} (measured collectives)"
     if settings.collectives:
-        raise ConfigError(f"collectives={settings.collectives!r}: no such file (python -m experiments.collectives)")
+        raise ConfigError(f"collectives={settings.collectives!r}: no such file (python -m roofline.cli.collectives)")
     has = "collectives" in df and df["collectives"].fillna("").astype(str).str.len().gt(0).any()
     return None, ("n/a: rows have collectives but no collectives.json prices them (T_comm = 0)" if has
                   else "no collectives (one device)")
@@ -616,7 +616,7 @@ def save_fit(fit: dict, path) -> Path:
 def load_fit(path) -> dict:
     path = Path(path)
     if not path.exists():
-        raise ConfigError(f"fit={str(path)!r}: no such file (run `python -m experiments.fit results_dir=...`)")
+        raise ConfigError(f"fit={str(path)!r}: no such file (run `python -m roofline.cli.fit results_dir=...`)")
     try:
         fit = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

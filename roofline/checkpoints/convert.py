@@ -15,7 +15,7 @@ weights split on rows, row-parallel ones on columns, the rest replicated. The co
 no arithmetic: `to_megatron` then `from_megatron` returns every tensor bit for bit, unless
 `drop_mtp` drops the MTP module and sets num_nextn_predict_layers = 0, the way a pipeline that
 only knows the main model silently does. A forward-parity check cannot see that (the forward
-never uses the MTP module); `experiments.inventory` can.
+never uses the MTP module); `roofline.cli.inventory` can.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
-"""The command layer: one module per command of `roofline` / `python -m experiments.<command>`.
+"""The command layer: one module per command of `roofline` / `python -m roofline.cli.<command>`.
 
-Each module's `run(c)` takes the command's composed config as a plain dict (conf/<command>.yaml,
+Each module's `run(c)` takes the command's composed config as a plain dict (roofline/conf/<command>.yaml,
 `overrides` the command line) and orchestrates it: the request built from the dict, the
 library run, the files written, the console text and the JSON summary (its last line of stdout)
 printed. It returns None, an exit status (`REGRESSION`, 1 for a lost tensor), or for the sweep
 the record of its job. The first line of each module's docstring is its line in `roofline --help`.
 
-Below this floor the library only computes; experiments/ above it only composes the config
+Below this floor the library only computes; roofline/cli/ above it only composes the config
 (Hydra) and turns errors into exit statuses (docs/design.md, "Floors").
 """
 

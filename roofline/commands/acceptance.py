@@ -1,6 +1,6 @@
 """real per-position acceptance on chat prompts
 
-`python -m experiments.acceptance checkpoint=DIR prompts=chats.jsonl drafter=mtp k=3`: one line per
+`python -m roofline.cli.acceptance checkpoint=DIR prompts=chats.jsonl drafter=mtp k=3`: one line per
 draft position, then the totals, then the JSON document (strict: a position never reached is null)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """published multi-GPU measurements beside our what-if predictions
 
-`python -m experiments.anchors [out_dir=DIR]`: the table (and trends) on the console, anchors.csv
+`python -m roofline.cli.anchors [out_dir=DIR]`: the table (and trends) on the console, anchors.csv
 and anchors.json in out_dir."""
 
 from pathlib import Path

@@ -1,6 +1,6 @@
 """batch and devices for a latency and throughput target
 
-`python -m experiments.capacity model=llama-3.1-8b device=h200_sxm` (datasheet what-if) or
+`python -m roofline.cli.capacity model=llama-3.1-8b device=h200_sxm` (datasheet what-if) or
 `fit=<run>/fit.json memory_gb=64` (measured device parameters): capacity.csv, capacity.json and
 the throughput-vs-latency picture; `layouts=true` plans devices and layouts (tp / ep /
 dp-attention / pp) from the datasheet row + roofline/data/priors.yaml. The plans themselves are
@@ -72,7 +72,7 @@ def plot(table: pd.DataFrame, summary: dict, path) -> None:
 
 
 def request_from_config(c: dict) -> CapacityRequest:
-    """The one-device plan of conf/capacity.yaml from its plain config dict (its `layouts` and
+    """The one-device plan of roofline/conf/capacity.yaml from its plain config dict (its `layouts` and
     `overrides` keys already taken off): the precision overrides applied to `dtype`
     (weights=native: the preset's released format), the workload and the speculation."""
 
@@ -93,7 +93,7 @@ LAYOUT_SPEC_DRAFTERS = ("mtp",)  # the layouts' what-if prices the preset's own 
 
 
 def plan_layouts(c: dict) -> tuple[pd.DataFrame, dict]:
-    """`layouts=true` of conf/capacity.yaml from its plain config dict: for every layout that fits
+    """`layouts=true` of roofline/conf/capacity.yaml from its plain config dict: for every layout that fits
     the device, the largest batch meeting the ITL target, tokens/s per replica and the devices
     for the target throughput, each with its interval (optimistic / typical / pessimistic
     priors), in the precision `dtype` + `weights` / `kv` / `lm_head` give (weights=native: the

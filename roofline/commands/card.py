@@ -1,6 +1,6 @@
 """the cost card of a preset or checkpoint
 
-`python -m experiments.card model=llama-3.1-8b dtype=bf16` (or `checkpoint=DIR`): what one forward
+`python -m roofline.cli.card model=llama-3.1-8b dtype=bf16` (or `checkpoint=DIR`): what one forward
 of a preset must move, and the floor that implies.
 
 Decode at small batch is bandwidth-bound: each step streams every active weight (and the

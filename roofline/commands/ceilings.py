@@ -1,6 +1,6 @@
 """measure this device's memory and matmul roofs
 
-`python -m experiments.ceilings device=cpu quick=true`: ceilings.json (rewritten after each
+`python -m roofline.cli.ceilings device=cpu quick=true`: ceilings.json (rewritten after each
 group), the summary on the console."""
 
 

@@ -1,6 +1,6 @@
 """time collectives (all-reduce, all-gather, ...) as nccl-tests reports them
 
-`python -m experiments.collectives world=2` (gloo on the CPU, NCCL with device=cuda). Under
+`python -m roofline.cli.collectives world=2` (gloo on the CPU, NCCL with device=cuda). Under
 torchrun or srun every rank runs this same command; rank 0 writes the results and prints."""
 
 from pathlib import Path
@@ -43,7 +43,7 @@ def link_reference(device_name: str) -> str:
     link = priors["device_links"].get(spec.key) if spec is not None else None
     if link is None:
         return (f"{device_name}: ranks exchange through shared memory (gloo); compare busbw with the DRAM "
-                "bandwidth of python -m experiments.ceilings (no link datasheet)")
+                "bandwidth of python -m roofline.cli.ceilings (no link datasheet)")
     p = priors["interconnects"][link]
     return (f"{device_name}: {link} prior busbw {p['busbw_GBps'][0]}/{p['busbw_GBps'][1]}/{p['busbw_GBps'][2]} GB/s, "
             f"latency {p['latency_us'][0]}/{p['latency_us'][1]}/{p['latency_us'][2]} us "

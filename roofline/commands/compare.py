@@ -1,6 +1,6 @@
 """two runs point by point: ratio and whether it exceeds the noise
 
-`python -m experiments.compare a=DIR b=DIR [out=FILE.csv]`; with `fail_above=1.05` it returns
+`python -m roofline.cli.compare a=DIR b=DIR [out=FILE.csv]`; with `fail_above=1.05` it returns
 REGRESSION when a point is more than 5% slower in b beyond the noise."""
 
 

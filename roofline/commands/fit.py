@@ -1,6 +1,6 @@
 """fit the step-time cost model to a run folder
 
-`python -m experiments.fit results_dir=results/runs/<run>`: fit.json and report_costmodel.md in
+`python -m roofline.cli.fit results_dir=results/runs/<run>`: fit.json and report_costmodel.md in
 the run folder, the parameters and errors on the console."""
 
 

@@ -1,6 +1,6 @@
 """did a checkpoint conversion lose tensors?
 
-`python -m experiments.inventory before=DIR after=DIR [rename_map=FILE]`: returns 1 on any loss
+`python -m roofline.cli.inventory before=DIR after=DIR [rename_map=FILE]`: returns 1 on any loss
 (missing, reshaped, re-typed or changed tensors, or a dropped num_nextn_predict_layers)."""
 
 

@@ -1,6 +1,6 @@
 """fit the cost model on some sweeps, predict layouts it never saw
 
-`python -m experiments.layout_validation 'train=[A,B]' 'test=[C,D]' collectives=.../collectives.json`:
+`python -m roofline.cli.layout_validation 'train=[A,B]' 'test=[C,D]' collectives=.../collectives.json`:
 Does the cost model predict a layout it never saw? Fit on some sweeps, predict others.
 
 Typical use: fit on single-rank sweeps (several depths, so the per-block fixed cost is
@@ -13,7 +13,7 @@ Two things decide whether that transfers (results/parallel/README.md has the num
 - the training sweeps must separate the per-block cost from the weight reads. Two depths of one
   model cannot (both grow with layers); dense and MoE sweeps together can (same blocks, other
   bytes);
-- the collectives must be priced at their in-step latency (`experiments.collectives
+- the collectives must be priced at their in-step latency (`roofline.cli.collectives
   flush_bytes=...`): inside a step each collective follows a layer's weight stream, and on a
   CPU a 2 KB gloo all-reduce then costs ~1.5 ms instead of the 0.26 ms of a back-to-back loop.
 """

@@ -1,6 +1,6 @@
 """figures of a run folder
 
-`python -m experiments.plots results_dir=results/<run>`: the written paths, then one JSON
+`python -m roofline.cli.plots results_dir=results/<run>`: the written paths, then one JSON
 document with the paths and the figures skipped (why)."""
 
 from roofline.io import files

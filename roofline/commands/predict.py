@@ -1,6 +1,6 @@
 """speculative-decoding speedups from a fit, or from a datasheet what-if without one
 
-`python -m experiments.predict fit=<run>/fit.json model=deepseek-v3`: predict.csv and the figures
+`python -m roofline.cli.predict fit=<run>/fit.json model=deepseek-v3`: predict.csv and the figures
 (S vs alpha, the k* map, the break-even batch) beside the fit, the k* rows on the console. Without
 a fit but with a device (`model=deepseek-v3 device=h200_sxm tp=8`): the what-if from the datasheet
 row and roofline/data/priors.yaml, each number an interval. The step costs and the table are
@@ -31,9 +31,9 @@ from roofline.spec.vllm_metrics import parse_spec_decode
 
 @dataclass(frozen=True)
 class PredictRequest:
-    """One prediction run: a fit, a target, a drafter and the grid (conf/predict.yaml)."""
+    """One prediction run: a fit, a target, a drafter and the grid (roofline/conf/predict.yaml)."""
 
-    fit: str  # a fit.json written by experiments.fit
+    fit: str  # a fit.json written by roofline.cli.fit
     model: ModelConfig | None = None  # the target; None: the fitted model. Another = device-fit transfer
     dtype: str = "bfloat16"
     mode: str | None = None  # None: the fitted mode
@@ -54,7 +54,7 @@ class PredictRequest:
 
     def __post_init__(self) -> None:
         if self.fit in (None, ""):
-            raise ConfigError("fit is required: a fit.json written by experiments.fit")
+            raise ConfigError("fit is required: a fit.json written by roofline.cli.fit")
         fitcheck.check_predict_grid(self.alphas, self.k, self.B, self.L, self.plot_B, self.plot_L, self.vllm_metrics)
 
 
@@ -90,7 +90,7 @@ def predict(req: PredictRequest) -> tuple[pd.DataFrame, dict]:
 
 
 def predict_command(c: Mapping) -> tuple[str, dict]:
-    """The predict command: conf/predict.yaml as a plain dict (`device`: a datasheet row or None)
+    """The predict command: roofline/conf/predict.yaml as a plain dict (`device`: a datasheet row or None)
     -> (console table, JSON summary). Without a fit but with a device: the what-if from the
     datasheet row and roofline/data/priors.yaml (MTP; each number an interval of three scenarios)."""
     c = {k: v for k, v in c.items() if k != "overrides"}

@@ -1,6 +1,6 @@
 """report.md + report.html of a run folder
 
-`python -m experiments.report results_dir=results/<run>`: figures/, report.md and report.html
+`python -m roofline.cli.report results_dir=results/<run>`: figures/, report.md and report.html
 (self-contained) in the run folder."""
 
 

@@ -1,6 +1,6 @@
 """check layer-sliced extrapolation against a full-depth run
 
-`python -m experiments.slicing full_dir=results/runs/A sliced_dir=results/runs/B`."""
+`python -m roofline.cli.slicing full_dir=results/runs/A sliced_dir=results/runs/B`."""
 
 
 from roofline.io import files

@@ -1,6 +1,6 @@
 """plain vs speculative decoding, measured against the cost model
 
-`python -m experiments.specdec model=cpu-demo` (conf/specdec.yaml; `device` is the torch device):
+`python -m roofline.cli.specdec model=cpu-demo` (roofline/conf/specdec.yaml; `device` is the torch device):
 the composed config as a plain dict in, the console table and the JSON summary out. With
 `checkpoint=DIR prompts=chats.jsonl` the checkpoint's real per-position acceptance instead (as
 the acceptance command). With `fail_on_mismatch=true` it returns REGRESSION when a predicted and

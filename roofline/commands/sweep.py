@@ -1,6 +1,6 @@
 """time forward passes over a grid (q, B, L, dtypes, modes)
 
-`python -m experiments.sweep model=cpu-demo` (or `checkpoint=DIR`; `tp=2 [ep=2]`: several ranks,
+`python -m roofline.cli.sweep model=cpu-demo` (or `checkpoint=DIR`; `tp=2 [ep=2]`: several ranks,
 spawned here or under torchrun / srun): points.jsonl and run.json in the run folder, the
 one-screen table (T(q)/T(1), ms, GB/s, TFLOP/s) and the JSON summary on the console."""
 

@@ -1,6 +1,6 @@
 """train the small MTP model, its tokenizer and draft model on the CPU
 
-`python -m experiments.train [target_steps=300 control=true out_dir=DIR]` (conf/train.yaml): the
+`python -m roofline.cli.train [target_steps=300 control=true out_dir=DIR]` (roofline/conf/train.yaml): the
 composed config as a plain dict in, the JSON summary out."""
 
 from __future__ import annotations

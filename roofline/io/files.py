@@ -11,7 +11,7 @@ import pandas as pd
 
 from roofline.io.fields import ConfigError
 
-# the folder holding roofline/ (a checkout, or site-packages): conf/ and results/ live beside it
+# the folder holding roofline/ (a checkout, or site-packages); results/ lives beside it in a checkout
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 

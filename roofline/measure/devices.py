@@ -194,7 +194,7 @@ def spec_for_running_device(device: str = "cuda") -> tuple[DeviceSpec, bool]:
 
 
 def datasheet_row(device: str, datasheet: str | None) -> str | None:
-    """The datasheet row of a device entry (conf/device/: a torch device and a row): the row
+    """The datasheet row of a device entry (roofline/conf/device/: a torch device and a row): the row
     named, checked against the table; else the running device's row (None: a GPU the table
     does not know). Where a datasheet is meant (card, predict, capacity) the row may be any
     device's: a what-if needs no such device here."""
@@ -205,7 +205,7 @@ def datasheet_row(device: str, datasheet: str | None) -> str | None:
 
 
 def run_device(device: str, datasheet: str | None) -> str:
-    """The torch device of a device entry (conf/device/), where a device is meant to run on
+    """The torch device of a device entry (roofline/conf/device/), where a device is meant to run on
     (sweep, ceilings, collectives, specdec, acceptance). A named datasheet row must be of the
     same kind (a GPU row runs on cuda) and, where the GPU is here, be the row of that GPU."""
     dev = parse_device(device, need_available=False)

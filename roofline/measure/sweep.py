@@ -521,7 +521,7 @@ def _ceilings_for(spec: SweepSpec, run_dir: Path) -> dict | None:
         return None
     if not path.exists() or (path.is_dir() and not (path / "ceilings.json").exists()):
         raise ConfigError(f"ceilings={spec.ceilings!r}: no such ceilings.json; allowed a file written by "
-                          "experiments.ceilings, or quick")
+                          "roofline.cli.ceilings, or quick")
     doc = load_ceilings(path)
     here = spec_device_name(spec.device)
     there = (doc.get("provenance") or {}).get("device_name")

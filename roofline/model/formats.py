@@ -240,4 +240,4 @@ def compute_dtype(p) -> str:
 
 
 QUALITY_NOTE = ("quantization changes the model's outputs: acceptance rates measured in one precision may not "
-                "hold in another (measure them with experiments.acceptance in the served precision)")
+                "hold in another (measure them with roofline.cli.acceptance in the served precision)")

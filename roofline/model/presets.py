@@ -1,8 +1,8 @@
-"""The preset registry: every YAML file in conf/model/ is a model preset.
+"""The preset registry: every YAML file in roofline/conf/model/ is a model preset.
 
 The same files are Hydra's `model` config group, so a user adds a preset by writing one
 YAML file there (or in a folder named by ROOFLINE_PRESETS, os.pathsep-separated), and both
-the library and the experiments see it. The library reads the YAML itself; it never
+the library and the command line see it. The library reads the YAML itself; it never
 imports Hydra.
 """
 
@@ -16,10 +16,10 @@ from pathlib import Path
 import yaml
 
 from roofline.io.fields import ConfigError
-from roofline.io.files import REPO_ROOT
+from roofline.io.files import REPO_ROOT  # noqa: F401 (the tests find the checkout through it)
 from roofline.model.config import ModelConfig
 
-PRESET_DIR = REPO_ROOT / "conf" / "model"
+PRESET_DIR = Path(__file__).resolve().parents[1] / "conf" / "model"
 
 
 def preset_dirs() -> list[Path]:

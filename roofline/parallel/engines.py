@@ -73,11 +73,11 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
 
 
 def engine_name(entry) -> str | None:
-    """The profile key of a config's `engine` entry (a conf/engine/ group dict, a name, or None)."""
+    """The profile key of a config's `engine` entry (a roofline/conf/engine/ group dict, a name, or None)."""
     if entry is None or entry == "":
         return None
     if isinstance(entry, dict):
         if "profile" not in entry:
-            raise ConfigError(f"engine={entry!r}: a conf/engine/ entry needs 'profile'")
+            raise ConfigError(f"engine={entry!r}: a roofline/conf/engine/ entry needs 'profile'")
         return str(entry["profile"])
     return str(entry)

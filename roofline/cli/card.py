@@ -1,0 +1,17 @@
+"""Print the cost card of a preset: `python -m roofline.cli.card model=llama-3.1-8b dtype=bf16`,
+or of a Hugging Face model folder: `python -m roofline.cli.card checkpoint=path/to/folder`.
+
+The Hydra entry of the `card` command; what it does is roofline/commands/card.py."""
+
+from roofline.cli.entry import command, fail_fast, plain
+from roofline.commands import card
+
+
+@command("card")
+def main(cfg) -> None:
+    with fail_fast():
+        card.run(plain(cfg, device_as="datasheet"))
+
+
+if __name__ == "__main__":
+    main()

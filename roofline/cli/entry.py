@@ -1,0 +1,280 @@
+"""The one adapter between Hydra and the library: plain dicts in, clean errors out."""
+
+from __future__ import annotations
+
+import errno
+import functools
+import hashlib
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException, MissingConfigException
+from hydra.types import RunMode
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from roofline.io.results import RUNS_ROOT, aggregate_jobs
+from roofline.measure import devices
+from roofline.measure.memory import TooBig
+from roofline.io.fields import ConfigError
+from roofline.io.runfolder import Signals
+
+JOB_FILE = "job.json"
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+def _conf_text(name: str) -> str:
+    """A config file's text, comments included, for --help ($ escaped for Hydra's template)."""
+    path = CONF_DIR / f"{name}.yaml"
+    return path.read_text().replace("$", "$$") if path.is_file() else f"(no {path})"
+
+
+# ${roofline_runs:} is the one results root in every config; ${roofline_conf:NAME} is --help's text
+OmegaConf.register_new_resolver("roofline_runs", lambda: str(RUNS_ROOT), replace=True)
+OmegaConf.register_new_resolver("roofline_conf", _conf_text, replace=True)
+
+
+# what `device` (a roofline/conf/device/ entry: torch device + datasheet row) means to a command
+_DEVICE_AS = {"torch": devices.run_device, "datasheet": devices.datasheet_row}
+
+
+def _check_flags(composed: dict, defaults, where: str = "") -> None:
+    """A key whose default in the command's own config file is true/false takes only true or
+    false (`force=maybe` is refused, not taken as true)."""
+    if not isinstance(defaults, dict) or not isinstance(composed, dict):
+        return
+    for key, default in defaults.items():
+        if key not in composed or key == "defaults":
+            continue
+        value = composed[key]
+        if isinstance(default, bool) and not isinstance(value, bool):
+            raise ConfigError(f"{where}{key}={value!r}: allowed true or false")
+        _check_flags(value, default, f"{where}{key}.")
+
+
+def plain(cfg: DictConfig, device_as: str | None = None) -> dict:
+    """The composed config as a dict, with the command-line overrides (provenance).
+
+    device_as: the string the library takes for the `device` entry: "torch" (the device to run
+    on) or "datasheet" (the datasheet row; `cuda` means the running GPU's). device=null: None."""
+    c = OmegaConf.to_container(cfg, resolve=True)
+    # a required key left unset (`???` in roofline/conf/) reaches the library as None: its check names the key
+    c = {k: None if v == MISSING else v for k, v in c.items()}
+    c["overrides"] = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    if HydraConfig.initialized() and (CONF_DIR / f"{HydraConfig.get().job.config_name}.yaml").is_file():
+        _check_flags(c, OmegaConf.to_container(OmegaConf.load(CONF_DIR / f"{HydraConfig.get().job.config_name}.yaml")))
+    if device_as is not None:
+        entry = c.get("device")
+        c["device"] = None if entry is None else _DEVICE_AS[device_as](entry["torch"], entry["datasheet"])
+    return c
+
+
+def _multirun() -> bool:
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def job_dir(record: dict | None) -> None:
+    """In a multirun, leave the job's summary where the aggregation callback looks for it (None:
+    a follower rank of a torchrun / srun launch, whose rank 0 reports)."""
+    if record is not None and _multirun():
+        out = Path(HydraConfig.get().runtime.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / JOB_FILE).write_text(json.dumps(record))
+
+
+BAD_INPUT = 2  # exit status of bad input (a field, a path, a file), everywhere
+INTERRUPTED = 130  # Ctrl-C (128 + SIGINT; SIGTERM: 143), after what was measured is saved
+# what bad input raises: a field (ConfigError), a point too big for the device, a file that is not
+# JSON or text; any other exception (a ValueError of the library included) is a bug: its traceback
+BAD_INPUT_ERRORS = (ConfigError, TooBig, json.JSONDecodeError, UnicodeDecodeError)
+# file-system errors that mean the path given was wrong (missing, not writable, not a folder)
+_BAD_PATH = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR, errno.ENOTDIR, errno.EEXIST}
+
+
+def _one_line(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.strerror}: {e.filename}" if e.filename else e.strerror
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def interrupted_multirun(saved: dict | None) -> None:
+    """A multirun stopped by Ctrl-C or SIGTERM (Hydra calls no end callback then): the job it
+    stopped records its run folder, and every finished point of every job is aggregated."""
+    hc = HydraConfig.get()
+    job = Path(hc.runtime.output_dir)
+    job.mkdir(parents=True, exist_ok=True)
+    (job / JOB_FILE).write_text(json.dumps(dict(status="interrupted", **(saved or {}))))
+    aggregate_finished()
+
+
+def aggregate_finished() -> None:
+    """Every finished point of every job so far, aggregated, and said on stderr."""
+    summary = aggregate_jobs(Path(HydraConfig.get().sweep.dir), JOB_FILE)
+    print(f"multirun interrupted: {summary['rows']} points saved across {summary['jobs']} job(s), "
+          f"aggregated in {summary['aggregate']}", file=sys.stderr)
+
+
+class _Saved:
+    """What a command has saved so far (its summary dict), for the message of a late interrupt."""
+    summary: dict | None = None
+
+
+_LAST = _Saved()  # the running command's (fail_fast's), for a signal that lands after it returned
+
+
+def _interrupted_line(saved: dict | None, signum: int) -> str:
+    name = signal.Signals(signum).name
+    if saved:
+        return (f"interrupted: {saved['ok'] + saved['failed']} points saved in {saved['run_dir']} ({name}); "
+                "the same command resumes")
+    return f"interrupted ({name})"
+
+
+def _late_signal(signum, frame) -> None:
+    """A signal outside fail_fast: while Hydra composes (nothing written yet) or after the command
+    returned (everything it wrote is whole: every write is atomic). Say so, exit 128 + signum at
+    once; the interpreter's teardown has nothing left to save."""
+    try:
+        print(_interrupted_line(_LAST.summary, signum), file=sys.stderr)
+        if _multirun():  # between two jobs: the finished jobs are aggregated, as after an interrupt in one
+            aggregate_finished()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(128 + signum)
+
+
+def hold_signals_to_the_end() -> None:
+    """SIGINT and SIGTERM exit 128 + signum with a message until the process ends, also in the
+    moments no fail_fast holds them (CI found a SIGTERM that landed after the sweep's summary, in
+    the interpreter's teardown: the process died of it, returncode -15, without a word)."""
+    if threading.current_thread() is threading.main_thread():
+        for s in Signals.HANDLED:
+            signal.signal(s, _late_signal)
+
+
+@contextmanager
+def fail_fast():
+    """Bad input (BAD_INPUT_ERRORS) exits 2 with the library's message (it names the field and the
+    allowed values); any other exception keeps its traceback;
+    a file-system error is one line too (2 when the path is wrong, 1 when the disk is full).
+    Ctrl-C says what was saved and exits 130.
+
+    In a multirun a failed job records its error in its job.json and returns, so the other
+    jobs run and the aggregation callback sees every job (and then exits non-zero).
+
+    SIGINT and SIGTERM are handled for the whole command, not only while points are measured: a
+    signal that lands after the last point (while the summary or the report is written) still
+    exits 128 + signum and says what was saved. A command that has its summary sets
+    `done.summary`, and an interrupt after that point reports it."""
+    global _LAST
+    done = _LAST = _Saved()
+    try:
+        with Signals():
+            yield done
+    except KeyboardInterrupt as e:
+        saved = getattr(e, "summary", None) or done.summary
+        signum = getattr(e, "signum", INTERRUPTED - 128)
+        print(_interrupted_line(saved, signum), file=sys.stderr)
+        if _multirun():
+            interrupted_multirun(saved)
+        sys.exit(128 + signum)
+    except Exception as e:
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        if _multirun():
+            job_dir(dict(status="failed", error=f"{type(e).__name__}: {e}"))
+            return
+        if isinstance(e, BAD_INPUT_ERRORS):
+            sys.exit(BAD_INPUT)
+        if isinstance(e, OSError):
+            sys.exit(BAD_INPUT if e.errno in _BAD_PATH else 1)
+        raise
+
+
+def hydra_error_line(e: BaseException) -> str:
+    """Hydra's multi-line report of a composition error as one line naming the key or group."""
+    if isinstance(e, MissingConfigException) and e.options is not None and "/" in (e.missing_cfg_file or ""):
+        group, _, option = e.missing_cfg_file.rpartition("/")
+        hint = "; a GPU by index: device=cuda device.torch=cuda:N" if group == "device" else ""
+        return f"{group}={option}: unknown; allowed {sorted(e.options)}{hint}"
+    text = str(e).split("\nConfig search path:")[0]
+    parts = [line.strip().rstrip(".") for line in text.splitlines() if line.strip()]
+    cause = e.__cause__
+    if isinstance(cause, OmegaConfBaseException) and str(cause).strip():
+        parts.insert(1, str(cause).strip().splitlines()[0].rstrip("."))
+    line = "; ".join(parts) or type(e).__name__
+    override = getattr(e, "override", None)  # OverrideParseException: the override Hydra could not read
+    return f"{override}: {line}" if override and override not in line else line
+
+
+def hydra_args(args: list[str]) -> list[str]:
+    """The command line as Hydra 1.3 takes it: `group=null` (no option, as a defaults list
+    writes it; e.g. the card's `device=null`) becomes `~group`, which Hydra wants instead."""
+    return [f"~{a[:-len('=null')]}" if a.endswith("=null") and (CONF_DIR / a[:-len("=null")]).is_dir() else a
+            for a in args]
+
+
+def staged_presets(folders: list[Path]) -> Path:
+    """One folder holding a `model/` group of links to the preset YAML files of `folders` (Hydra
+    wants a group folder in a search-path entry), one per set of folders, reused."""
+    key = hashlib.sha256(os.pathsep.join(map(str, folders)).encode()).hexdigest()[:12]
+    stage = Path(tempfile.gettempdir()) / f"roofline-presets-{os.getuid()}-{key}"
+    (stage / "model").mkdir(parents=True, exist_ok=True)
+    for folder in folders:
+        for f in sorted(folder.glob("*.yaml")):
+            link = stage / "model" / f.name
+            if link.is_symlink() and link.resolve() != f.resolve():
+                link.unlink()
+            if not link.exists():
+                link.symlink_to(f.resolve())
+    return stage
+
+
+def preset_search_path() -> list[str]:
+    """The override that lets the preset folders of $ROOFLINE_PRESETS (os.pathsep-separated, the
+    ones the library's registry roofline.model.presets reads) join the `model` group: Hydra
+    searches hydra.searchpath after conf/, so a built-in preset keeps its name."""
+    folders = [Path(p) for p in os.environ.get("ROOFLINE_PRESETS", "").split(os.pathsep) if p]
+    return [f"hydra.searchpath=[file://{staged_presets(folders)}]"] if folders else []
+
+
+def command(config_name: str):
+    """hydra.main over roofline/conf/<config_name>.yaml for an entry point in roofline/cli/. Hydra's own
+    errors (a key the config lacks, an override it cannot parse, a group option that does not
+    exist) become one line on stderr and exit 2: they happen while composing, before the
+    command runs or writes anything. HYDRA_FULL_ERROR=1 keeps Hydra's full report."""
+    def wrap(task):
+        app = hydra.main(config_path="../conf", config_name=config_name, version_base="1.3")(task)
+
+        @functools.wraps(task)
+        def main() -> None:
+            hold_signals_to_the_end()
+            sys.argv[1:] = hydra_args(sys.argv[1:]) + preset_search_path()
+            before = os.environ.get("HYDRA_FULL_ERROR")
+            if before == "1":
+                return app()
+            os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises its errors instead of printing them
+            try:
+                return app()
+            # a ValueError here is Hydra's (the command's own are fail_fast's, inside the task)
+            except (HydraException, OmegaConfBaseException, ValueError) as e:
+                print(f"error: {hydra_error_line(e)}", file=sys.stderr)
+                sys.exit(BAD_INPUT)
+            finally:
+                if before is None:
+                    os.environ.pop("HYDRA_FULL_ERROR", None)
+                else:
+                    os.environ["HYDRA_FULL_ERROR"] = before
+        return main
+    return wrap
