@@ -4,6 +4,7 @@ Each test names its finding; the reproduction is the audit's, cut to what the li
 (no real timing is asserted: the few sweeps here use the tiny preset and count rows)."""
 
 import dataclasses
+import os
 import json
 import math
 import re
@@ -245,7 +246,8 @@ def test_N12_a_dry_run_on_another_sweeps_folder_is_refused_as_the_sweep_is(tmp_p
 
 # ---- capacity / predict input --------------------------------------------------------------------
 
-CAP = dict(memory_gb=None, price_per_device_hour=None, alpha=0.8, k=2, drafter="ngram", draft_model=None)
+CAP = dict(memory_gb=None, price_per_device_hour=None, alpha=0.8, k=2, drafter="ngram", draft_model=None, context=1024,
+           output=256)
 
 
 @pytest.mark.parametrize("over, match", [
@@ -281,7 +283,7 @@ def test_L6_L14_plot_L_past_the_context_is_refused_naming_plot_L():
 # ---- LOW ---------------------------------------------------------------------------------------
 
 def test_L15_a_flag_takes_only_true_or_false():
-    from experiments.entry import _check_flags
+    from roofline.cli.entry import _check_flags
     defaults = dict(force=False, noise=dict(enabled=True, every=6), q=[1])
     _check_flags(dict(force=True, noise=dict(enabled=False, every=3), q=[2]), defaults)
     with pytest.raises(ConfigError, match="force='maybe'"):
@@ -554,3 +556,78 @@ def test_N16_an_invalid_mplbackend_does_not_stop_a_report():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
                        env=dict(os.environ, MPLBACKEND="nonsense"))
     assert r.returncode == 0 and r.stdout.strip() == "nonsense", r.stderr[-800:]
+
+
+TRAINED = REPO_ROOT / "results" / "trained-stdlib"
+
+
+@pytest.mark.parametrize("over, says", [
+    (dict(k=10**9), "k=1000000000: more draft tokens than the model's context window (max_context=131072)"),
+    (dict(context=10**12), "context=1000000000000 + output=256 = 1000000000256 tokens: more than"),
+    (dict(context=130000, speculative=True, k=5000), "context=130000 + output=256 + k=5000 = 135256 tokens"),
+])
+def test_L14_capacity_past_the_context_window_names_context_output_and_k(over, says):
+    c = dict(model=dataclasses.asdict(get_preset("llama-3.1-8b")), context=1024, output=256, k=2, alpha=0.8,
+             speculative=False, drafter="mtp", draft_model=None, memory_gb=None, price_per_device_hour=None)
+    c.update(over)
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        fitcheck.check_capacity_config(c)
+    fitcheck.check_capacity_config({**c, "context": 1024, "k": 2})  # the same plan in the window passes
+
+
+def test_L14_acceptance_without_a_tokenizer_names_the_checkpoint_and_the_files(tmp_path):
+    from roofline.checkpoints.prompts import load_tokenizer
+    for f in ("config.json", "model.safetensors", "chat_template.jinja"):
+        (tmp_path / f).write_bytes((TRAINED / "target" / f).read_bytes())
+    with pytest.raises(ConfigError, match=r"checkpoint='.*': no tokenizer \(none of tokenizer.json"):
+        load_tokenizer(tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{garbage")
+    with pytest.raises(ConfigError, match=r"checkpoint='.*': its tokenizer does not load \(JSONDecodeError"):
+        load_tokenizer(tmp_path)
+
+
+@pytest.mark.parametrize("over, says", [(dict(k=math.nan), "k=nan: allowed integers >= 1"),
+                                        (dict(max_new=0), "max_new=0: allowed integers >= 1"),
+                                        (dict(batch=1.5), "batch=1.5: allowed integers >= 1"),
+                                        (dict(top_p=0.0), "top_p=0.0: allowed numbers in (0.0, 1.0]")])
+def test_L14_acceptance_settings_are_checked_by_name(over, says):
+    from roofline.spec.real_acceptance import AcceptanceRequest
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        AcceptanceRequest(checkpoint="x", prompts="y", **over)
+
+
+def test_L14_acceptance_past_the_context_window_names_k_and_max_new():
+    from roofline.spec.real_acceptance import AcceptanceRequest, measure_acceptance
+    req = AcceptanceRequest(checkpoint=str(TRAINED / "target"), prompts=str(TRAINED / "prompts_a.jsonl"),
+                            k=100000, max_new=2, dtype="float32")
+    with pytest.raises(ConfigError, match=r"max_new=2 \+ the drafts of k=100000 need \d+ positions: more than the "
+                                          r"checkpoint's context window \(max_position_embeddings=\d+\)"):
+        measure_acceptance(req)
+
+
+def test_N16_an_index_naming_a_folder_says_so(tmp_path):
+    from roofline.checkpoints.loader import shard_files
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(dict(weight_map={"a.weight": "."})))
+    with pytest.raises(ConfigError, match=r"names \['\.'\] as shard\(s\): a folder, not a file"):
+        shard_files(tmp_path)
+
+
+def test_N16_an_edited_fingerprint_says_the_run_json_was_edited(tmp_path):
+    s = spec()
+    sw.files.write_json_atomic(tmp_path / "run.json", dict(
+        fingerprint="0123456789", schema_version=results.SCHEMA_VERSION, identity=s.identity()))
+    with pytest.raises(ConfigError, match=r"fingerprint 0123456789 != \w+; its run.json was edited\)"):
+        check_run_dir(s, tmp_path)
+
+
+def test_N15_a_reopened_run_folder_drops_the_temp_files_of_dead_writers_only(tmp_path):
+    import subprocess
+    import sys
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".fit.json.{int(dead.stdout)}.tmp"
+    live = tmp_path / f".report.md.{os.getppid()}.tmp"  # a live process (pytest's parent)
+    stale.write_text("{")
+    live.write_text("#")
+    with runfolder.locked(tmp_path):
+        pass
+    assert not stale.exists() and live.exists()

@@ -142,3 +142,22 @@ def test_figures_from_the_committed_reference_run(tmp_path):
     assert {"roofline_bf16", "step_time_vs_q_bf16", "bandwidth_vs_working_set", "utilisation_vs_batch_bf16"} <= stems
     assert not figs.skipped
     assert all(p.stat().st_size > 10_000 for paths in figs.paths.values() for p in paths)
+
+
+@pytest.mark.parametrize("lo, hi", [(0.006, 0.02), (0.3, 0.9), (2e-5, 9e-5), (0.5, 400.0)])
+def test_every_tick_label_of_a_log_axis_is_distinct(lo, hi):
+    """A log axis spanning less than a decade: matplotlib falls back to linear minor ticks
+    (0.012, 0.014, ...), which a one-significant-digit formatter printed as "1e-02" twice."""
+    from roofline.report import figures
+    fig, ax = figures.subplots(figsize=(6, 4))
+    ax.plot([1, 2], [lo, hi])
+    ax.set(yscale="log", ylim=(lo, hi))
+    figures.label_log_axes(fig)
+    fig.canvas.draw()
+    y0, y1 = ax.get_ylim()
+    labels = {}
+    for label in ax.get_yticklabels(which="both"):
+        text, at = label.get_text(), label.get_position()[1]
+        if text and y0 <= at <= y1:
+            assert labels.setdefault(text, at) == pytest.approx(at), f"{text!r} labels {labels[text]} and {at}"
+    assert len(labels) >= 2  # the axis can be read

@@ -61,7 +61,7 @@ def test_a_torn_last_line_and_a_duplicate_row_are_quarantined(tmp_path):
     lines = f.read_text().splitlines()
     f.write_text("\n".join(lines + [lines[0]]) + "\n" + lines[1][:20])
     r = runfolder.load_points(tmp_path)
-    assert [q["reason"] for q in r.quarantined] == ["duplicate point_id", "torn last line (the writer was killed mid-line)"]
+    assert [q["reason"] for q in r.quarantined] == ["duplicate point_id", "torn last line (the writer was killed mid-line, or the disk was full)"]
     assert len(r.rows) == len(lines) and f.read_text().splitlines() == lines
 
 
@@ -179,7 +179,7 @@ def test_device_cuda_without_a_gpu_is_one_line_and_writes_nothing(tmp_path):
     import torch
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    r = subprocess.run([sys.executable, "-m", "experiments.sweep", "model=tiny", "device=cuda", "L=[0]",
+    r = subprocess.run([sys.executable, "-m", "roofline.cli.sweep", "model=tiny", "device=cuda", "L=[0]",
                         f"out_dir={tmp_path / 'x'}"], cwd=REPO_ROOT, capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "error: device='cuda': CUDA is not available here; allowed ('cpu',)"]
@@ -193,7 +193,7 @@ def test_ctrl_c_ends_cleanly_with_what_was_saved(tmp_path):
     out = tmp_path / "run"
     # 96 points of 50 repetitions: long enough that a loaded machine cannot finish the sweep between
     # the third saved point and the signal (a finished sweep exits 0, which this test is not about)
-    cmd = [sys.executable, "-m", "experiments.sweep", "model=tiny", "q=[1,2,3,4,5,6,7,8]", "B=[1,2,4]",
+    cmd = [sys.executable, "-m", "roofline.cli.sweep", "model=tiny", "q=[1,2,3,4,5,6,7,8]", "B=[1,2,4]",
            "L=[0,16,32,48]", "timer.min_reps=50", "timer.max_reps=50", "timer.budget_s=10", "progress=false",
            f"out_dir={out}"]
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from numbers import Real
 
-from roofline.io.fields import ConfigError, check_grid
+from roofline.io.fields import ConfigError, check_grid, check_int
 
 GROUP_KEY_FIELDS = ("model", "dtype", "mode", "kind")
 MIN_COEFS, MAX_COEFS = 5, 7  # t0, weights, kv, matmul, attention [, per_layer, comm]
@@ -31,9 +31,9 @@ def check_fit(fit, where: str) -> dict:
         raise ConfigError(f"{where}: a fit.json holds a JSON object, this one a {type(fit).__name__}")
     groups = fit.get("groups")
     if not isinstance(groups, list) or not groups:
-        raise ConfigError(f"{where}: no fitted groups (field 'groups' is {groups!r:.60}); refit with experiments.fit")
+        raise ConfigError(f"{where}: no fitted groups (field 'groups' is {groups!r:.60}); refit with roofline.cli.fit")
     if not isinstance(fit.get("provenance"), dict) or "device_name" not in fit["provenance"]:
-        raise ConfigError(f"{where}: field 'provenance.device_name' is missing; refit with experiments.fit")
+        raise ConfigError(f"{where}: field 'provenance.device_name' is missing; refit with roofline.cli.fit")
     for i, g in enumerate(groups):
         at = f"{where}: groups[{i}]"
         if not isinstance(g, dict) or not isinstance(g.get("key"), dict):
@@ -48,7 +48,7 @@ def check_fit(fit, where: str) -> dict:
         if bad:
             j, c = bad[0]
             raise ConfigError(f"{at}.coefs[{j}]={c!r}: allowed a finite number >= 0 (a negative or missing term "
-                              "means a bandwidth or FLOP rate below zero: not a fit experiments.fit writes)")
+                              "means a bandwidth or FLOP rate below zero: not a fit roofline.cli.fit writes)")
         if sum(coefs[:5]) <= 0:
             raise ConfigError(f"{at}.coefs: all zero (a step would take no time)")
         knee = g.get("knee_tokens", 0.0)
@@ -129,6 +129,25 @@ def check_capacity_config(c: dict) -> None:
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ConfigError(f"k={k!r}: allowed integers >= 1")
     check_drafter(c.get("drafter"), c.get("draft_model"))
+    check_tokens_fit(c)
+
+
+def check_tokens_fit(c: dict) -> None:
+    """A sequence's tokens (context + output, plus the k drafts a speculative round verifies) fit
+    the model's context window; the message names the options, not the priced L + q."""
+    ctx, out, k = c.get("context"), c.get("output"), c.get("k")
+    window = (c.get("model") or {}).get("max_context") if isinstance(c.get("model"), dict) else None
+    for name, v, lo in (("context", ctx, 0), ("output", out, 1)):
+        check_int(name, v, lo)
+    if not isinstance(window, int):
+        return
+    drafts = k if c.get("speculative") and isinstance(k, int) else 0
+    if ctx + out + drafts > window:
+        spec = f" + k={k}" if drafts else ""
+        raise ConfigError(f"context={ctx} + output={out}{spec} = {ctx + out + drafts} tokens: more than the "
+                          f"model's context window (max_context={window})")
+    if isinstance(k, int) and k > window:
+        raise ConfigError(f"k={k}: more draft tokens than the model's context window (max_context={window})")
 
 
 def unusable_groups(fit: dict, kinds) -> list[dict]:

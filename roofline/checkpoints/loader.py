@@ -100,7 +100,7 @@ def _require(raw: Mapping[str, Any], arch: str, field: str, allowed: tuple, defa
 
 
 def config_from_hf(raw: Mapping[str, Any], name: str = "") -> ModelConfig:
-    """A transformers config.json (as a dict) -> ModelConfig, field by field as conf/model/*.yaml.
+    """A transformers config.json (as a dict) -> ModelConfig, field by field as roofline/conf/model/*.yaml.
     A missing required field is bad input naming that field."""
     try:
         return _config_from_hf(raw, name)
@@ -229,6 +229,10 @@ def shard_files(folder: str | Path) -> list[Path]:
     else:
         raise ConfigError(f"checkpoint={str(folder)!r}: no model.safetensors or model.safetensors.index.json "
                           "(only safetensors checkpoints load; pickle files never do)")
+    folders = [n for n, f in zip(names, files) if f.is_dir()] if index.is_file() else []
+    if folders:  # '.' or a sub-folder: f.name would print the folder's own name, as if a shard were missing
+        raise ConfigError(f"checkpoint={str(folder)!r}: model.safetensors.index.json names {folders} as shard(s): "
+                          "a folder, not a file; allowed .safetensors file names inside the folder")
     missing = [f.name for f in files if not f.is_file()]
     if missing:
         raise ConfigError(f"checkpoint={str(folder)!r}: shard(s) {missing} named by the index are missing")

@@ -23,6 +23,8 @@ from roofline.io.fields import ConfigError
 
 TEMPLATE_FILE = "chat_template.jinja"
 TOKENIZER_CONFIG = "tokenizer_config.json"
+# what transformers builds a tokenizer from: a `tokenizers` file, or a slow tokenizer's vocabulary
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
 
 
 def _inline_template(folder: Path) -> str | None:
@@ -49,17 +51,25 @@ def chat_template(folder) -> str | None:
     return text
 
 
-def load_tokenizer(folder):
-    """The checkpoint's tokenizer with the template `chat_template` chose."""
+def load_tokenizer(folder, field: str = "checkpoint"):
+    """The checkpoint's tokenizer with the template `chat_template` chose; a folder without a
+    usable tokenizer or template is bad input naming `field` (the option that gave the folder)."""
     from transformers import AutoTokenizer
 
     folder = Path(folder)
     if not folder.is_dir():
-        raise ConfigError(f"folder={str(folder)!r}: no such checkpoint folder")
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        raise ConfigError(f"{field}={str(folder)!r}: no such checkpoint folder")
+    if not any((folder / f).is_file() for f in TOKENIZER_FILES):
+        raise ConfigError(f"{field}={str(folder)!r}: no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
+                          "prompts cannot be encoded as the model saw them")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    except (OSError, ValueError, KeyError, TypeError) as e:  # transformers' ways of saying the files are unusable
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"{field}={str(folder)!r}: its tokenizer does not load ({type(e).__name__}: {first})") from None
     template = chat_template(folder)
     if template is None:
-        raise ConfigError(f"folder={str(folder)!r}: no chat template ({TEMPLATE_FILE} or chat_template in "
+        raise ConfigError(f"{field}={str(folder)!r}: no chat template ({TEMPLATE_FILE} or chat_template in "
                           f"{TOKENIZER_CONFIG}); prompts cannot be rendered as the model saw them")
     tokenizer.chat_template = template
     return tokenizer

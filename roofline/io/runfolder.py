@@ -163,11 +163,34 @@ def locked(run_dir: Path) -> Iterator[Path]:
     me = f"pid {os.getpid()} on {socket.gethostname()} since {dt.datetime.now(dt.timezone.utc):%Y-%m-%dT%H:%M:%SZ}"
     os.ftruncate(fd, 0)
     os.pwrite(fd, me.encode(), 0)
+    remove_stale_temps(run_dir)
     try:
         yield path
     finally:
         path.unlink(missing_ok=True)
         os.close(fd)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def remove_stale_temps(run_dir: Path) -> list[str]:
+    """Remove the temporary files (`.<name>.<pid>.tmp`, roofline.io.files.write_atomic) of writers
+    that are gone (killed before their rename, or on a full disk); a live writer's are left."""
+    removed = []
+    for p in sorted(Path(run_dir).glob(".*.*.tmp")):
+        pid = p.name.rsplit(".", 2)[-2]
+        if p.is_file() and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            p.unlink(missing_ok=True)
+            removed.append(p.name)
+    return removed
 
 
 # what every row of this code has (roofline.measure.sweep writes them all); a row lacking one
@@ -240,7 +263,7 @@ def check_lines(raw: bytes) -> tuple[list[tuple[bytes, dict]], list[tuple[int, b
         seen[row["point_id"]] = len(kept)
         kept.append((line, row))
     if torn:
-        bad.append((len(chunks) + 1, torn, "torn last line (the writer was killed mid-line)"))
+        bad.append((len(chunks) + 1, torn, "torn last line (the writer was killed mid-line, or the disk was full)"))
     return kept, bad
 
 

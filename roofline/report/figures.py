@@ -30,7 +30,7 @@ def subplots(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float], **
 
 def label_log_axes(fig: Figure) -> None:
     """A log axis whose view holds fewer than two labelled major ticks gets minor ticks at 2x and
-    5x each power (matplotlib's LogLocator) labelled as plain numbers (its LogFormatter), so
+    5x each power (matplotlib's LogLocator) labelled as plain numbers (`{:g}`), so
     that every log axis can be read and no two labels overlap (a label at each of the eight
     minor ticks of a decade did)."""
     from matplotlib import ticker
@@ -43,8 +43,10 @@ def label_log_axes(fig: Figure) -> None:
             base = getattr(axis.get_transform(), "base", 10.0)
             if len(majors) < 2 and base == 10.0:
                 axis.set_minor_locator(ticker.LogLocator(base=10.0, subs=(2.0, 5.0)))
-                axis.set_minor_formatter(ticker.LogFormatter(base=10.0, labelOnlyBase=False,
-                                                            minor_thresholds=(float("inf"), float("inf"))))
+                # plain numbers to their own precision: where the view holds a single 2x / 5x tick,
+                # matplotlib's LogLocator falls back to linear ticks (0.012, 0.014, ...), which
+                # LogFormatter's one significant digit printed as the same "1e-02"
+                axis.set_minor_formatter(ticker.FuncFormatter(lambda v, _pos=None: f"{v:g}"))
                 axis.set_tick_params(which="minor", labelsize=7)
 
 

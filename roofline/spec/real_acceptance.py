@@ -3,7 +3,7 @@
 The prompts reach the model as it was trained: rendered by the checkpoint's chat template
 with the generation prompt and tokenized once (roofline.checkpoints.prompts). The drafter proposes, the
 target verifies, and the counters come out under vLLM's names, so the per-position α can go
-straight into `experiments.predict` (as a profile) next to a vLLM metrics dump's.
+straight into `roofline.cli.predict` (as a profile) next to a vLLM metrics dump's.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from roofline.checkpoints.loader import load_checkpoint
 from roofline.measure import memory
-from roofline.io.fields import ConfigError
+from roofline.io.fields import ConfigError, check_int, check_number
 from roofline.model.formats import precision
 from roofline.model.quant import kernel_for, quantize_model
 from roofline.spec.counters import AcceptanceCounters
@@ -52,8 +52,11 @@ class AcceptanceRequest:
             raise ConfigError(f"drafter={self.drafter!r}: allowed {DRAFTERS}")
         if self.drafter == "draft_model" and not self.draft_checkpoint:
             raise ConfigError("drafter='draft_model' needs draft_checkpoint (a model folder)")
-        if self.k < 1 or self.batch < 1 or self.max_new < 1:
-            raise ConfigError(f"k={self.k}, batch={self.batch}, max_new={self.max_new}: all must be >= 1")
+        for name in ("k", "batch", "max_new", "max_prompt"):
+            check_int(name, getattr(self, name), 1)
+        check_int("seed", self.seed, 0)
+        check_number("temperature", self.temperature, 0.0)
+        check_number("top_p", self.top_p, 0.0, 1.0, lo_open=True)
 
 
 def make_drafter(name: str, target, draft_checkpoint: str = "", load_kw: dict | None = None):
@@ -75,6 +78,11 @@ def measure_acceptance(req: AcceptanceRequest) -> dict:
     ctx = max(len(p) for p in prompts) + req.max_new + 2 * req.k + 2
     kw = dict(dtype=req.dtype, device=req.device, max_batch=req.batch, max_context=ctx)
     from roofline.checkpoints.loader import checkpoint_config
+    window = checkpoint_config(req.checkpoint).max_context
+    if ctx > window:
+        raise ConfigError(f"the longest prompt ({max(len(p) for p in prompts)} tokens) + max_new={req.max_new} + "
+                          f"the drafts of k={req.k} need {ctx} positions: more than the checkpoint's context window "
+                          f"(max_position_embeddings={window}); lower k, max_new or max_prompt")
     need = memory.peak_bytes(checkpoint_config(req.checkpoint), req.dtype, req.batch, ctx, req.k + 1,
                              with_mtp=req.drafter == "mtp")
     if req.drafter == "draft_model":
