@@ -4,14 +4,18 @@
 the run folder, the parameters and errors on the console."""
 
 
-from roofline.io import files
+from roofline.analysis import costmodel, quality
 from roofline.analysis.costmodel import FitSettings
-from roofline.report.sections import fit_and_report
+from roofline.io import files
+from roofline.report.sections import fit_and_save
 
 
 def run(c: dict) -> None:
     settings = FitSettings(folds=c["folds"], seed=c["seed"], q_split=c["q_split"], band=tuple(c["band"]) if isinstance(c["band"], (list, tuple)) else c["band"],
                            collectives=c.get("collectives") or "")
-    _, text, summary = fit_and_report(c.get("results_dir"), settings, sliced_dir=c["sliced_dir"])
-    print(text)
-    print(files.json_text(summary))
+    fit, fit_path, report = fit_and_save(c.get("results_dir"), settings, sliced_dir=c["sliced_dir"])
+    errs = costmodel.error_table(fit)
+    print("\n".join([costmodel.params_table(fit).to_string(index=False),
+                     errs[errs["regime"] == "all"].round(2).to_string(index=False)]
+                    + [f"warning: {w}" for w in quality.fit_warnings(fit)]))
+    print(files.json_text(dict(fit=str(fit_path), report=str(report), groups=len(fit["groups"]))))

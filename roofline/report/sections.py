@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from roofline.analysis import costmodel, quality
+from roofline.analysis import costmodel
 from roofline.analysis.steptable import kernel_effects
 from roofline.io.fields import ConfigError
 from roofline.report import figures
@@ -97,21 +97,16 @@ def write_costmodel_section(fit: dict, points: pd.DataFrame, run_dir) -> Path:
     return out
 
 
-def fit_and_report(run_dir, settings: costmodel.FitSettings = costmodel.FitSettings(),
-                   sliced_dir=None) -> tuple[dict, str, dict]:
-    """The fit command: fit a run folder, save fit.json and report_costmodel.md in it; returns
-    (fit, console text: parameters and the all-points errors of each split, JSON summary)."""
+def fit_and_save(run_dir, settings: costmodel.FitSettings = costmodel.FitSettings(),
+                 sliced_dir=None) -> tuple[dict, Path, Path]:
+    """Fit a run folder and save fit.json and report_costmodel.md in it: (fit, fit.json path,
+    report path). What the fit command prints is its own (roofline.commands.fit)."""
     if run_dir in (None, ""):
         raise ConfigError("results_dir is required: a sweep run folder")
     run_dir = Path(run_dir)
     fit, points = costmodel.fit_run(run_dir, settings, sliced_dir=sliced_dir)
     path = costmodel.save_fit(fit, run_dir / "fit.json")
-    report = write_costmodel_section(fit, points, run_dir)
-    errs = costmodel.error_table(fit)
-    text = "\n".join([costmodel.params_table(fit).to_string(index=False),
-                      errs[errs["regime"] == "all"].round(2).to_string(index=False)]
-                     + [f"warning: {w}" for w in quality.fit_warnings(fit)])
-    return fit, text, dict(fit=str(path), report=str(report), groups=len(fit["groups"]))
+    return fit, path, write_costmodel_section(fit, points, run_dir)
 
 
 # ---- speculative decoding ------------------------------------------------------------------

@@ -102,7 +102,7 @@ def _sweep_fit(cfg, spec: RealValSpec, Ls: tuple[int, ...], run_dir: Path, mtp: 
     sweep = SweepSpec(model=cfg, q=q, B=spec.Bs, L=Ls, dtypes=(spec.dtype,), timer=spec.timer, device=spec.device,
                       mtp_q=tuple(sorted({1, *(k + 1 for k in spec.ks)})) if mtp else (1,), seed=spec.seed)
     run_sweep(sweep, run_dir, progress=False, **({} if spec.noise_check else dict(noise=None)))
-    return sections.fit_and_report(run_dir)[0]
+    return sections.fit_and_save(run_dir)[0]
 
 
 def run_real_validation(spec: RealValSpec, run_dir: Path, log=print) -> pd.DataFrame:

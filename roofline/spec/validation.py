@@ -100,7 +100,7 @@ def calibration_sweep(spec: SpecValSpec, run_dir: Path, progress: bool = False) 
                       dtypes=(spec.dtype,), timer=spec.timer, device=spec.device,
                       mtp_q=tuple(sorted({1, *(k + 1 for k in spec.ks)})), seed=spec.seed)
     run_sweep(sweep, run_dir, progress=progress)
-    return sections.fit_and_report(run_dir)[0]
+    return sections.fit_and_save(run_dir)[0]
 
 
 def _prompts(spec: SpecValSpec, B: int, seed: int) -> list[list[int]]:
