@@ -87,7 +87,7 @@ def demo() -> None:
 
 
 def test() -> None:
-    run(PY, "-m", "pytest", "-q")
+    run(PY, "-m", "pytest", "-q", "--durations=15")  # the slowest tests named in every log
 
 
 def bench() -> None:

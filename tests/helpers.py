@@ -117,6 +117,7 @@ def synthetic_ceilings(datasheet: bool = True) -> dict:
         "matmul": [dict(kind="square", name="4096^3", dtype="bf16", M=4096, N=4096, K=4096, t_median_s=0.33,
                         TFLOPs=MEASURED_BF16_TFLOPS, GBps=0.3, pct_datasheet_flops=35.0)],
         "telemetry": [],
+        "failures": [],
         "summary": {"mem_bw_GBps": MEASURED_BW_GBPS, "mem_bw_kernel": "triad",
                     "peak_tflops": {"bf16": MEASURED_BF16_TFLOPS},
                     "ridge_measured": {"bf16": MEASURED_BF16_TFLOPS * 1e12 / (MEASURED_BW_GBPS * 1e9)},

@@ -631,3 +631,20 @@ def test_N15_a_reopened_run_folder_drops_the_temp_files_of_dead_writers_only(tmp
     with runfolder.locked(tmp_path):
         pass
     assert not stale.exists() and live.exists()
+
+
+def test_I1_ceilings_given_from_elsewhere_travel_with_the_run_and_their_busy_marks_are_said(tmp_path, capsys):
+    """`sweep ceilings=<a ceilings.json elsewhere>` put the rows against that file, but the run
+    folder had none: the report said "no ceilings.json in this run folder" and never showed that
+    the roofs were measured on a busy machine. The file is now copied in, and the sweep says so."""
+    from roofline.measure.sweep import spec_device_name
+    from tests.helpers import synthetic_ceilings
+    doc = synthetic_ceilings()
+    doc["provenance"]["device_name"] = spec_device_name("cpu")
+    doc["summary"]["busy_machine"] = [dict(group="torch_read/float32", why="reference 1.6x its quietest time")]
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "ceilings.json").write_text(json.dumps(doc))
+    s = spec(ceilings=str(tmp_path / "elsewhere" / "ceilings.json"), q=(1,))
+    run_sweep(s, tmp_path / "run", progress=False)
+    assert json.loads((tmp_path / "run" / "ceilings.json").read_text()) == doc
+    assert "ceilings: 1 group(s) were measured on a busy machine (torch_read/float32)" in capsys.readouterr().err

@@ -511,6 +511,14 @@ def prepare_run_dir(spec: SweepSpec, run_dir: Path, force: bool = False, extend:
     return spec
 
 
+def _given_elsewhere(ceilings: str, run_dir: Path) -> bool:
+    """ceilings= names a file (or folder) other than the run folder's own ceilings.json."""
+    if ceilings in ("", "quick"):
+        return False
+    given = Path(ceilings) / "ceilings.json" if Path(ceilings).is_dir() else Path(ceilings)
+    return given.resolve() != (Path(run_dir) / "ceilings.json").resolve()
+
+
 def _ceilings_for(spec: SweepSpec, run_dir: Path) -> dict | None:
     """The measured ceilings the rows are put against, checked to be of this device."""
     from roofline.measure.ceilings import load_ceilings
@@ -614,6 +622,16 @@ def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t
     if spec.ceilings == "quick" and measured is None:  # measure a quick set into the run folder, once
         from roofline.measure.ceilings import CeilingsSpec, measure_ceilings, write_ceilings
         measured = fresh if fresh is not None else measure_ceilings(CeilingsSpec(device=spec.device, quick=True))
+        write_ceilings(measured, run_dir)
+    busy = [b["group"] for b in ((measured or {}).get("summary") or {}).get("busy_machine") or []]
+    if busy:
+        print(f"warning: ceilings: {len(busy)} group(s) were measured on a busy machine ({', '.join(busy[:4])}"
+              f"{', ...' if len(busy) > 4 else ''}): the % of measured roofs may be too high; re-measure the "
+              "ceilings on a quiet machine", file=sys.stderr)
+    if measured is not None and spec.ceilings != "quick" and _given_elsewhere(spec.ceilings, run_dir):
+        # the roofs the rows are put against travel with them: report, plots and fit read the run
+        # folder's ceilings.json (and its busy-machine marks), not a path that may change
+        from roofline.measure.ceilings import write_ceilings
         write_ceilings(measured, run_dir)
     bar = tqdm(total=len(points), initial=len(points) - len(todo), desc=f"sweep {spec.model.name}",
                unit="pt", disable=not progress, file=sys.stderr)
