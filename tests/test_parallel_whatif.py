@@ -112,11 +112,25 @@ def test_unknown_engine_names_the_field_and_no_engine_spans_the_profiles():
                                                                           kernels=S.kernels)).itl(1, 128)
     span = WhatIf(cfg, get_spec("h100_sxm"), "bfloat16", Layout(), Setting(engines=S.engines, kernels=S.kernels))
     one = {e: WhatIf(cfg, get_spec("h100_sxm"), "bfloat16", Layout(),
-                     Setting(engine=e, engines=S.engines, kernels=S.kernels)).itl(1, 128) for e in ("vllm", "hf-eager")}
+                     Setting(engine=e, engines=S.engines, kernels=S.kernels)).itl(1, 128) for e in engines.names(S.engines)}
     s = span.itl(1, 128)
     assert s["optimistic"] == min(v["optimistic"] for v in one.values())
     assert s["pessimistic"] == max(v["pessimistic"] for v in one.values())
     assert one["hf-eager"]["typical"] > one["vllm"]["typical"]  # eager launches + a slower host loop
+
+
+def test_an_eager_engine_pays_the_hosts_issue_time_for_each_light_kernel():
+    """host_issue: each launch beyond a layer's matmuls and attention costs the host's issue time
+    (Llama: 5 matrices + attention, so 50 launches leave 44 light ones at 10 us); forced CUDA graphs
+    replace it by the graph floor."""
+    cfg = get_preset("llama-3.1-8b")
+    dev = get_spec("h100_sxm")
+    w = WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine="eager-host", engines=S.engines, kernels=S.kernels))
+    terms = w.pass_detail(Pass(1, 1, 128), 1, "eager-host")["terms"]
+    assert terms["per_layer"] == pytest.approx(cfg.layers * 44 * 10e-6)
+    g = WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine="eager-host", engines=S.engines, kernels=S.kernels,
+                                                         graphs=True)).pass_detail(Pass(1, 1, 128), 1, "eager-host")
+    assert g["terms"]["per_layer"] < terms["per_layer"] / 10
 
 
 def test_tp_all_reduces_stay_on_nvlink_beyond_eight_devices():

@@ -124,6 +124,24 @@ def _fmt_kind(fmt) -> str:
     return "dense" if fmt.kind == "float" else fmt.kind
 
 
+def launch_seconds(eng, setting: Setting, scenario: int, priors: dict, n: int, n_moe: int, block_cfg) -> float:
+    """The launch cost of a stage's n blocks (n_moe of them MoE). CUDA graphs: the graph floor per
+    layer (priors.yaml, or the engine's per_layer_us). Without graphs, an engine whose host issues
+    every kernel (`host_issue`) pays its host time per launch for each light kernel of a layer: the
+    launches beyond the layer's matmuls and attention (one grouped GEMM more for MoE), whose GPU time
+    is priced as their bytes and FLOPs and exceeds their issue time at decode sizes."""
+    graphs = eng.graphs if setting.graphs is None else setting.graphs
+    if not graphs and eng.launches_per_layer is not None:
+        heavy = lambda moe: len(block_matrices(block_cfg, moe)) + 1 + int(moe)  # noqa: E731  matmuls + attention
+        light = lambda moe: max(0.0, eng.launches_per_layer - heavy(moe))  # noqa: E731
+        return ((n - n_moe) * light(False) + n_moe * light(True)) * eng.host_s_per_launch
+    per_layer = eng.per_layer_s
+    if per_layer is None or setting.graphs is not None:
+        per_layer = K.pick(priors["launch_floor_us_per_layer"]["graph" if graphs else "eager"], scenario,
+                           "priors.launch_floor_us_per_layer") * 1e-6
+    return n * per_layer
+
+
 def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: DeviceSpec, eng, scenario: int,
                  kern: dict, priors: dict, setting: Setting = Setting(), mtp: bool = False) -> dict:
     """Seconds of one rank's forward (one pipeline stage; an MTP module's pass with mtp=True), by term."""
@@ -180,11 +198,7 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Devic
                   0 if cfg.tie_embeddings else prec.lm_head.dequant_ops_per_weight())["seconds"]
     if mtp:  # eh_proj (2d -> d, activation dtype)
         t_head += gemm(Nr, cfg.d, 2 * cfg.d, 2 * cfg.d * cfg.d * a, "dense", 0)["seconds"]
-    per_layer = eng.per_layer_s
-    graphs = eng.graphs if setting.graphs is None else setting.graphs
-    if per_layer is None or setting.graphs is not None:
-        per_layer = K.pick(priors["launch_floor_us_per_layer"]["graph" if graphs else "eager"], scenario,
-                           "priors.launch_floor_us_per_layer") * 1e-6
+    t_launch = launch_seconds(eng, setting, scenario, priors, n, n_moe, block_cfg)
     rc = rank_forward_cost(cfg, layout, prec.label, max(Nr * split, 1), 1, 0)
     comm = 0.0
     for c in rc.collectives:
@@ -197,7 +211,7 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Devic
         busbw = K.pick(pl["busbw_GBps"], scenario, f"priors.interconnects.{link}.busbw_GBps") * 1e9
         count = c.count if not mtp else max(1, round(c.count * n / max(_stage_layers(cfg, layout)[0], 1)))
         comm += count * (lat + c.size_bytes * bus_factor(c.kind, max(layout.tp, 2)) / busbw)
-    terms = dict(dense=t_dense, experts=t_experts, attention=t_attn, lm_head=t_head, per_layer=n * per_layer,
+    terms = dict(dense=t_dense, experts=t_experts, attention=t_attn, lm_head=t_head, per_layer=t_launch,
                  step_overhead=0.0 if mtp else eng.step_overhead_s, comm=comm)
     return dict(seconds=sum(terms.values()), terms=terms,
                 experts_touched=(moe_blk or {}).get("touched", 0.0))
