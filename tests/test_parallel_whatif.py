@@ -82,6 +82,19 @@ def test_int4_experts_stream_at_their_own_grouped_kernel_curve():
 
 # ---- MoE: touched experts in every mode ------------------------------------------------------
 
+def test_an_architecture_with_its_own_kernels_replaces_the_nvidia_curves():
+    """arch_overrides: the shipped CDNA3 entry (ROCm Triton MoE, MI300X GEMM share) prices the same
+    experts and the same GEMM slower than the NVIDIA-measured curves at the same datasheet rates;
+    a device without an override keeps the NVIDIA curves."""
+    kern = kernels.load_kernels()
+    args = (600e6, 2 * 200 * 8 * 4.7e6, 12.5, 1536, 5.3e12, 1307e12)
+    amd = kernels.grouped_gemm_seconds(*args, "mi300x", 1, kern)["seconds"]
+    nv = kernels.grouped_gemm_seconds(*args, "h100_sxm", 1, kern)["seconds"]
+    assert amd > 1.5 * nv
+    assert kernels.peak_fraction("fp8", 1, kern, "mi300x") == pytest.approx(0.45)
+    assert kernels.peak_fraction("fp8", 1, kern, "h100_sxm") == kernels.peak_fraction("fp8", 1, kern)
+
+
 def test_qwen3_moe_what_if_prices_touched_experts_not_all_of_them():
     cfg = get_preset("qwen3-30b-a3b")
     w = WhatIf(cfg, get_spec("h100_sxm"), "bfloat16", Layout(), S)
