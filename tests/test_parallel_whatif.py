@@ -15,7 +15,8 @@ from roofline.measure.devices import get_spec
 from roofline.model.presets import get_preset
 from roofline.parallel import anchors, engines, kernels
 from roofline.parallel.layout import Layout
-from roofline.parallel.whatif import Pass, Setting, WhatIf, candidate_layouts, capacity, memory_check, serve
+from roofline.parallel.whatif import (Pass, Setting, SpecDecode, WhatIf, candidate_layouts, capacity, memory_check,
+                                      serve)
 
 FX = Path(__file__).parent / "fixtures" / "whatif"
 S = Setting(kernels=str(FX / "kernels.yaml"), engines=str(FX / "engines.yaml"), engine="vllm")
@@ -241,6 +242,38 @@ def test_finite_run_prices_ttft_itl_and_throughput_consistently():
     assert t["output_tok_s"] < 32 / t["itl_s"]  # prefill chunks and the ramp cost throughput
     with pytest.raises(ConfigError, match="concurrency=0"):
         serve(w, 1024, 256, 0)
+
+
+def test_a_finite_run_with_speculation_honours_k_the_drafter_and_the_acceptance_per_position():
+    cfg = get_preset("llama-3.1-8b")
+    w = WhatIf(cfg, get_spec("h100_sxm"), "bfloat16", Layout(), S)
+    plain = serve(w, 128, 1024, 8)
+    none = serve(w, 128, 1024, 8, spec=SpecDecode(3, (0.0,), "ngram"))  # nothing accepted: tau = 1
+    good = serve(w, 128, 1024, 8, spec=SpecDecode(3, (0.9, 0.8, 0.7), "ngram"))
+    iid = serve(w, 128, 1024, 8, spec=SpecDecode(3, (0.8,), "ngram"))
+    t = lambda r, k="output_tok_s": r[k]["typical"]  # noqa: E731
+    assert t(none) < t(plain) < t(iid) < t(good)  # tau 1 < 2.952 (0.8 iid) < 3.124 (0.9, 0.72, 0.504)
+    assert SpecDecode(3, (0.9, 0.8, 0.7), "ngram").tau() == pytest.approx(1 + 0.9 + 0.72 + 0.504)
+    assert t(good, "itl_mean_s") == pytest.approx(t(good, "itl_s") / 3.124, rel=0.02)  # tau tokens per round
+    assert t(good, "e2e_s") == pytest.approx(t(good, "ttft_s") + 1023 * t(good, "itl_mean_s"))
+    draft = WhatIf(get_preset("tiny"), get_spec("h100_sxm"), "bfloat16", Layout(), S)
+    drafted = serve(w, 128, 1024, 8, spec=SpecDecode(3, (0.8,), "draft_model", draft))
+    assert t(drafted, "itl_s") > t(iid, "itl_s")  # the draft model's three passes cost time; n-gram lookup none
+    for bad, field in (((0, (0.5,)), "spec.k=0"), ((2, (0.5, 0.5, 0.5)), "spec.acceptance"),
+                       ((2, (1.5,)), "spec.acceptance"), ((2, (0.5,), "eagle"), "spec.drafter"),
+                       ((2, (0.5,), "draft_model"), "spec.draft_model")):
+        with pytest.raises(ConfigError, match=field):
+            SpecDecode(*bad)
+
+
+def test_a_finite_speculative_anchor_is_priced_when_k_and_the_acceptance_are_stated():
+    models, _, rows = anchors.load()
+    a = next(r for r in rows if r["id"] == "gptfast-llama2-70b-int4-spec-7b-int4")
+    with pytest.raises(NotImplementedError, match="acceptance"):
+        anchors.what_if(a, models[a["model"]], None, models)  # the source states no acceptance
+    plain = anchors.what_if(dict(a, spec=None), models[a["model"]], None, models)
+    spec = anchors.what_if(dict(a, spec=dict(a["spec"], acceptance=0.8)), models[a["model"]], None, models)
+    assert spec["typical"] > 1.5 * plain["typical"]  # tau = 3.69 at k = 5, a 7B int4 draft's five passes
 
 
 def test_calibration_rescales_by_batch_and_keeps_the_points_leave_one_out_spread(tmp_path):
