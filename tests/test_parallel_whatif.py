@@ -421,6 +421,28 @@ def test_one_moe_mode_rule_covers_one_device_and_sharded_runs():
     assert SHARDED_MOE_NO_GRAPH in str(e.value)
 
 
+def test_a_new_single_device_sweep_of_an_moe_in_graph_or_compiled_mode_is_refused_with_why():
+    """No touched-expert path that captures or compiles as one graph is built: the rule refuses a new
+    run (one line naming the mode and why, exit 2 through ConfigError); rows measured in those modes before
+    ran every expert and are still priced so; modes=[auto] runs an MoE eager and says so."""
+    from roofline.measure.sweep import SweepSpec, _runnable_mode
+    from roofline.model.accounting import MOE_NO_STATIC_GRAPH, moe_impl_for_mode
+    from roofline.model.presets import scaled_down
+    cfg = scaled_down(get_preset("mixtral-8x7b"), layers=2)
+    for mode, device in (("graph", "cuda"), ("compiled", "cpu")):
+        with pytest.raises(ConfigError) as e:
+            SweepSpec(model=cfg, q=(1,), B=(2,), L=(8,), modes=(mode,), device=device)
+        assert f"modes=['{mode}']" in str(e.value) and MOE_NO_STATIC_GRAPH in str(e.value)
+        with pytest.raises(ValueError, match="use modes=\\[eager\\]"):
+            moe_impl_for_mode(mode, new_run=True)
+        assert moe_impl_for_mode(mode) == "dense"  # how such a row, measured before, is priced
+    SweepSpec(model=cfg, q=(1,), B=(2,), L=(8,), modes=("eager",), device="cpu")  # eager runs touched experts
+    SweepSpec(model=get_preset("tiny"), q=(1,), B=(2,), L=(8,), modes=("compiled",), device="cpu")  # dense models: as before
+    mode, why = _runnable_mode(cfg, "graph")  # what modes=[auto] (the device's fast mode) becomes for an MoE
+    assert mode == "eager" and "an MoE model runs eager" in why
+    assert _runnable_mode(get_preset("tiny"), "graph") == ("graph", "")
+
+
 @pytest.mark.parametrize("graphs", [True, False])
 def test_a_datasheet_what_if_of_qwen3_moe_in_graph_mode_prices_the_touched_experts(graphs):
     """The shipped engine data, CUDA graphs on (graph mode) or off: the experts are the ones B*q
