@@ -147,6 +147,24 @@ def test_an_eager_engine_pays_the_hosts_issue_time_for_each_light_kernel():
     assert g["terms"]["per_layer"] < terms["per_layer"] / 10
 
 
+def test_an_engine_accumulating_fp16_gemms_in_fp16_gets_the_geforce_double_rate():
+    """llama.cpp's cuBLAS path accumulates fp16 GEMMs in fp16: on an RTX 4090 (2x the fp32-accumulate
+    rate) a compute-bound prefill is faster than with fp32 accumulation; data-center parts have one rate."""
+    import dataclasses
+    from roofline.parallel import whatif
+    kern = kernels.load_kernels()
+    assert kernels.fp16_accumulate_speedup(kern, "rtx4090") == 2.0 and kernels.fp16_accumulate_speedup(kern, "h100_sxm") == 1.0
+    eng = engines.profile("llama.cpp", 1)
+    assert eng.fp16_accumulate and not engines.profile("vllm", 1).fp16_accumulate
+    cfg, dev, p = get_preset("llama-3.1-8b"), get_spec("rtx4090"), Pass(1, 1, 0, 2048, 1024)
+    fast = whatif.pass_seconds(cfg, Layout(), "float16", p, dev, eng, 1, kern, whatif.load_priors())["terms"]["dense"]
+    slow = whatif.pass_seconds(cfg, Layout(), "float16", p, dev, dataclasses.replace(eng, fp16_accumulate=False), 1,
+                               kern, whatif.load_priors())["terms"]["dense"]
+    assert fast < 0.75 * slow
+    bf = whatif.pass_seconds(cfg, Layout(), "bfloat16", p, dev, eng, 1, kern, whatif.load_priors())["terms"]["dense"]
+    assert bf == pytest.approx(slow)  # bf16 has no fp16 accumulation
+
+
 def test_tp_all_reduces_stay_on_nvlink_beyond_eight_devices():
     from roofline.parallel.whatif import collective_link, load_priors
     p = load_priors()

@@ -47,6 +47,7 @@ class Engine:
     bw_scale: float = 1.0  # reserved: an engine-level weights_bw_fraction (none is published: kernels.yaml decides)
     launches_per_layer: float | None = None  # host_issue: kernels the host launches per decoder layer (no graphs)
     host_s_per_launch: float = 0.0  # host_issue: host (Python + dispatcher + driver) seconds per launch
+    fp16_accumulate: bool = False  # its fp16 GEMMs accumulate in fp16 (the device's fp16-accumulate tensor rate)
 
 
 def names(path: str = str(ENGINES_PATH)) -> list[str]:
@@ -76,7 +77,8 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
         return Engine(name=name, graphs=graphs,
                       step_overhead_s=pick(e["step_overhead_us"], scenario, f"{f}.step_overhead_us") * 1e-6,
                       per_layer_s=None if per_layer is None else pick(per_layer, scenario, f"{f}.per_layer_us") * 1e-6,
-                      allreduce_latency_s=ar, launches_per_layer=launches, host_s_per_launch=per_launch)
+                      allreduce_latency_s=ar, launches_per_layer=launches, host_s_per_launch=per_launch,
+                      fp16_accumulate=(e.get("gemm_accumulate") or {}).get("value") == "fp16")
     except KeyError as err:
         raise ConfigError(f"{f}: missing key {err.args[0]!r}") from None
 

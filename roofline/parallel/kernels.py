@@ -66,6 +66,12 @@ def table_value(rows, x: float, scenario: int, field: str) -> float:
     return float(np.interp(math.log(max(x, 1e-9)), xs, ys))
 
 
+def fp16_accumulate_speedup(kern: dict, device_key: str) -> float:
+    """How much faster the device's tensor cores run fp16 GEMMs that accumulate in fp16 than the
+    datasheet's fp32-accumulate rate (`devices.<key>.fp16_accumulate_speedup`; 1 where the rates are equal)."""
+    return float(((kern.get("devices") or {}).get(device_key) or {}).get("fp16_accumulate_speedup", 1.0))
+
+
 def _arch(kern: dict, device_key: str) -> dict:
     dev = (kern.get("devices") or {}).get(device_key) or {}
     arch = dev.get("arch", "default")

@@ -175,6 +175,8 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Devic
     prec = parse_precision(dtype)
     bw, f, fa, f32 = _ceilings(device, prec)
     bw *= eng.bw_scale
+    if eng.fp16_accumulate and compute_dtype(prec.label) == "float16":  # the engine's fp16 GEMMs accumulate in fp16
+        f *= K.fp16_accumulate_speedup(kern, device.key)
     a, s = prec.act_bytes, local_shapes(cfg, layout)
     n, n_moe = (1, int(cfg.is_moe)) if mtp else _stage_layers(cfg, layout)
     split = layout.batch_split
