@@ -375,17 +375,19 @@ def test_deployments_have_both_splits_and_enough_sources():
 @pytest.mark.slow
 def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran: bounds at the level measured
-    when this test was last set (median |error| 19.0%, signed median +5.4% too fast, 57% inside the
-    interval, 35 anchors priced; quantized 21.6% / +8.0%) plus a small margin, so a regression fails.
-    The issue's targets (10%, +-5%, 80%) are NOT met. The calibration split is held too (10.3%, +6.3%)."""
+    when this test was last set (median |error| 19.0%, signed median +4.3% too fast, 60% inside the
+    interval, 35 anchors priced; quantized 21.0% / +5.5%; MoE 22.9% / +21.9%) plus a small margin, so a
+    regression fails. The issue's targets (10%, +-5%, 80%) are NOT met. The calibration split is held
+    too (9.8%, +5.0%)."""
     s = anchors.summary(anchors.table())
-    t, q, c = s["test"]["all"], s["test"]["quantized"], s["calibration"]["all"]
-    assert t["n"] >= 30
-    assert t["median_abs_error_pct"] <= 20.5
-    assert abs(t["signed_median_fast_pct"]) <= 7.5
-    assert t["inside_interval"] >= 0.54
-    assert q["median_abs_error_pct"] <= 23.5 and abs(q["signed_median_fast_pct"]) <= 10.0
-    assert c["median_abs_error_pct"] <= 11.5 and abs(c["signed_median_fast_pct"]) <= 7.5
+    t, q, m, c = s["test"]["all"], s["test"]["quantized"], s["test"]["moe"], s["calibration"]["all"]
+    assert t["n"] >= 35
+    assert t["median_abs_error_pct"] <= 20.0
+    assert abs(t["signed_median_fast_pct"]) <= 6.0
+    assert t["inside_interval"] >= 0.57
+    assert q["median_abs_error_pct"] <= 22.5 and abs(q["signed_median_fast_pct"]) <= 7.5
+    assert m["median_abs_error_pct"] <= 25.0 and abs(m["signed_median_fast_pct"]) <= 24.0
+    assert c["median_abs_error_pct"] <= 10.8 and abs(c["signed_median_fast_pct"]) <= 6.5
 
 
 def _graph_fit(tmp_path):
