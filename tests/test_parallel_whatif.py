@@ -165,6 +165,23 @@ def test_an_engine_accumulating_fp16_gemms_in_fp16_gets_the_geforce_double_rate(
     assert bf == pytest.approx(slow)  # bf16 has no fp16 accumulation
 
 
+def test_an_engines_own_quantized_expert_kernel_streams_at_its_ratio_of_the_grouped_curve():
+    """gpt-fast's int8 experts (Inductor's dequantising reduction) stream at its int8 / bf16 bandwidth
+    ratio (0.765 typical, from its README's calibration rows); its bf16 experts and other engines' keep the
+    grouped curve."""
+    import dataclasses
+    from roofline.parallel import whatif
+    kern, priors = kernels.load_kernels(), whatif.load_priors()
+    eng = engines.profile("gpt-fast", 1)
+    assert dict(eng.grouped_bw_ratio) == {"int8": pytest.approx(0.765)} and engines.profile("vllm", 1).grouped_bw_ratio == ()
+    cfg, dev, p = get_preset("mixtral-8x7b"), get_spec("a100_80gb_sxm"), Pass(1, 1, 128)
+    def experts(dtype, e):
+        return whatif.pass_seconds(cfg, Layout(), dtype, p, dev, e, 1, kern, priors)["terms"]["experts"]
+    plain = dataclasses.replace(eng, grouped_bw_ratio=())
+    assert experts("bfloat16+weights=int8", eng) == pytest.approx(experts("bfloat16+weights=int8", plain) / 0.765)
+    assert experts("bfloat16", eng) == pytest.approx(experts("bfloat16", plain))
+
+
 def test_tp_all_reduces_stay_on_nvlink_beyond_eight_devices():
     from roofline.parallel.whatif import collective_link, load_priors
     p = load_priors()
@@ -375,18 +392,18 @@ def test_deployments_have_both_splits_and_enough_sources():
 @pytest.mark.slow
 def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran: bounds at the level measured
-    when this test was last set (median |error| 19.0%, signed median +4.3% too fast, 60% inside the
-    interval, 35 anchors priced; quantized 21.0% / +5.5%; MoE 22.9% / +21.9%) plus a small margin, so a
+    when this test was last set (median |error| 13.7%, signed median +2.7% too fast, 60% inside the
+    interval, 35 anchors priced; quantized 18.9% / +2.7%; MoE 15.3% / +9.6%) plus a small margin, so a
     regression fails. The issue's targets (10%, +-5%, 80%) are NOT met. The calibration split is held
     too (9.8%, +5.0%)."""
     s = anchors.summary(anchors.table())
     t, q, m, c = s["test"]["all"], s["test"]["quantized"], s["test"]["moe"], s["calibration"]["all"]
     assert t["n"] >= 35
-    assert t["median_abs_error_pct"] <= 20.0
-    assert abs(t["signed_median_fast_pct"]) <= 6.0
+    assert t["median_abs_error_pct"] <= 15.0
+    assert abs(t["signed_median_fast_pct"]) <= 5.0
     assert t["inside_interval"] >= 0.57
-    assert q["median_abs_error_pct"] <= 22.5 and abs(q["signed_median_fast_pct"]) <= 7.5
-    assert m["median_abs_error_pct"] <= 25.0 and abs(m["signed_median_fast_pct"]) <= 24.0
+    assert q["median_abs_error_pct"] <= 20.5 and abs(q["signed_median_fast_pct"]) <= 5.0
+    assert m["median_abs_error_pct"] <= 17.0 and abs(m["signed_median_fast_pct"]) <= 12.0
     assert c["median_abs_error_pct"] <= 10.8 and abs(c["signed_median_fast_pct"]) <= 6.5
 
 

@@ -48,6 +48,7 @@ class Engine:
     launches_per_layer: float | None = None  # host_issue: kernels the host launches per decoder layer (no graphs)
     host_s_per_launch: float = 0.0  # host_issue: host (Python + dispatcher + driver) seconds per launch
     fp16_accumulate: bool = False  # its fp16 GEMMs accumulate in fp16 (the device's fp16-accumulate tensor rate)
+    grouped_bw_ratio: tuple = ()  # ((weight format, ratio), ...): its own quantized experts' kernel streams at ratio x the grouped curve
 
 
 def names(path: str = str(ENGINES_PATH)) -> list[str]:
@@ -78,7 +79,9 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
                       step_overhead_s=pick(e["step_overhead_us"], scenario, f"{f}.step_overhead_us") * 1e-6,
                       per_layer_s=None if per_layer is None else pick(per_layer, scenario, f"{f}.per_layer_us") * 1e-6,
                       allreduce_latency_s=ar, launches_per_layer=launches, host_s_per_launch=per_launch,
-                      fp16_accumulate=(e.get("gemm_accumulate") or {}).get("value") == "fp16")
+                      fp16_accumulate=(e.get("gemm_accumulate") or {}).get("value") == "fp16",
+                      grouped_bw_ratio=tuple((fmt, pick(v["bw_ratio"], scenario, f"{f}.grouped_weight_only.{fmt}.bw_ratio"))
+                                             for fmt, v in (e.get("grouped_weight_only") or {}).items()))
     except KeyError as err:
         raise ConfigError(f"{f}: missing key {err.args[0]!r}") from None
 

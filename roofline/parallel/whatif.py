@@ -200,8 +200,9 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Devic
             pairs = routed * cfg.experts_per_token / layout.ep
             m_e = pairs / touched if touched else 0.0
             w_e = 3 * cfg.d * s.moe_ffn
+            bw_e = bw * dict(eng.grouped_bw_ratio).get(wk, 1.0)  # an engine's own quantized-expert kernel
             out["experts"] = K.grouped_gemm_seconds(touched * expert_bytes(expert_cfg, prec), 2.0 * pairs * w_e, m_e,
-                                                    2 * s.moe_ffn, bw, f, device.key, scenario, kern, wk)["seconds"]
+                                                    2 * s.moe_ffn, bw_e, f, device.key, scenario, kern, wk)["seconds"]
             out["touched"] = touched
         return out
 
