@@ -15,7 +15,8 @@ from roofline.measure.devices import get_spec
 from roofline.model.presets import get_preset
 from roofline.parallel import anchors, engines, kernels
 from roofline.parallel.layout import Layout
-from roofline.parallel.whatif import Pass, Setting, WhatIf, candidate_layouts, capacity, memory_check, serve
+from roofline.parallel.whatif import (Pass, Setting, SpecDecode, WhatIf, candidate_layouts, capacity, memory_check,
+                                      serve)
 
 FX = Path(__file__).parent / "fixtures" / "whatif"
 S = Setting(kernels=str(FX / "kernels.yaml"), engines=str(FX / "engines.yaml"), engine="vllm")
@@ -82,6 +83,19 @@ def test_int4_experts_stream_at_their_own_grouped_kernel_curve():
 
 # ---- MoE: touched experts in every mode ------------------------------------------------------
 
+def test_an_architecture_with_its_own_kernels_replaces_the_nvidia_curves():
+    """arch_overrides: the shipped CDNA3 entry (ROCm Triton MoE, MI300X GEMM share) prices the same
+    experts and the same GEMM slower than the NVIDIA-measured curves at the same datasheet rates;
+    a device without an override keeps the NVIDIA curves."""
+    kern = kernels.load_kernels()
+    args = (600e6, 2 * 200 * 8 * 4.7e6, 12.5, 1536, 5.3e12, 1307e12)
+    amd = kernels.grouped_gemm_seconds(*args, "mi300x", 1, kern)["seconds"]
+    nv = kernels.grouped_gemm_seconds(*args, "h100_sxm", 1, kern)["seconds"]
+    assert amd > 1.5 * nv
+    assert kernels.peak_fraction("fp8", 1, kern, "mi300x") == pytest.approx(0.45)
+    assert kernels.peak_fraction("fp8", 1, kern, "h100_sxm") == kernels.peak_fraction("fp8", 1, kern)
+
+
 def test_qwen3_moe_what_if_prices_touched_experts_not_all_of_them():
     cfg = get_preset("qwen3-30b-a3b")
     w = WhatIf(cfg, get_spec("h100_sxm"), "bfloat16", Layout(), S)
@@ -112,11 +126,60 @@ def test_unknown_engine_names_the_field_and_no_engine_spans_the_profiles():
                                                                           kernels=S.kernels)).itl(1, 128)
     span = WhatIf(cfg, get_spec("h100_sxm"), "bfloat16", Layout(), Setting(engines=S.engines, kernels=S.kernels))
     one = {e: WhatIf(cfg, get_spec("h100_sxm"), "bfloat16", Layout(),
-                     Setting(engine=e, engines=S.engines, kernels=S.kernels)).itl(1, 128) for e in ("vllm", "hf-eager")}
+                     Setting(engine=e, engines=S.engines, kernels=S.kernels)).itl(1, 128) for e in engines.names(S.engines)}
     s = span.itl(1, 128)
     assert s["optimistic"] == min(v["optimistic"] for v in one.values())
     assert s["pessimistic"] == max(v["pessimistic"] for v in one.values())
     assert one["hf-eager"]["typical"] > one["vllm"]["typical"]  # eager launches + a slower host loop
+
+
+def test_an_eager_engine_pays_the_hosts_issue_time_for_each_light_kernel():
+    """host_issue: each launch beyond a layer's matmuls and attention costs the host's issue time
+    (Llama: 5 matrices + attention, so 50 launches leave 44 light ones at 10 us); forced CUDA graphs
+    replace it by the graph floor."""
+    cfg = get_preset("llama-3.1-8b")
+    dev = get_spec("h100_sxm")
+    w = WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine="eager-host", engines=S.engines, kernels=S.kernels))
+    terms = w.pass_detail(Pass(1, 1, 128), 1, "eager-host")["terms"]
+    assert terms["per_layer"] == pytest.approx(cfg.layers * 44 * 10e-6)
+    g = WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine="eager-host", engines=S.engines, kernels=S.kernels,
+                                                         graphs=True)).pass_detail(Pass(1, 1, 128), 1, "eager-host")
+    assert g["terms"]["per_layer"] < terms["per_layer"] / 10
+
+
+def test_an_engine_accumulating_fp16_gemms_in_fp16_gets_the_geforce_double_rate():
+    """llama.cpp's cuBLAS path accumulates fp16 GEMMs in fp16: on an RTX 4090 (2x the fp32-accumulate
+    rate) a compute-bound prefill is faster than with fp32 accumulation; data-center parts have one rate."""
+    import dataclasses
+    from roofline.parallel import whatif
+    kern = kernels.load_kernels()
+    assert kernels.fp16_accumulate_speedup(kern, "rtx4090") == 2.0 and kernels.fp16_accumulate_speedup(kern, "h100_sxm") == 1.0
+    eng = engines.profile("llama.cpp", 1)
+    assert eng.fp16_accumulate and not engines.profile("vllm", 1).fp16_accumulate
+    cfg, dev, p = get_preset("llama-3.1-8b"), get_spec("rtx4090"), Pass(1, 1, 0, 2048, 1024)
+    fast = whatif.pass_seconds(cfg, Layout(), "float16", p, dev, eng, 1, kern, whatif.load_priors())["terms"]["dense"]
+    slow = whatif.pass_seconds(cfg, Layout(), "float16", p, dev, dataclasses.replace(eng, fp16_accumulate=False), 1,
+                               kern, whatif.load_priors())["terms"]["dense"]
+    assert fast < 0.75 * slow
+    bf = whatif.pass_seconds(cfg, Layout(), "bfloat16", p, dev, eng, 1, kern, whatif.load_priors())["terms"]["dense"]
+    assert bf == pytest.approx(slow)  # bf16 has no fp16 accumulation
+
+
+def test_an_engines_own_quantized_expert_kernel_streams_at_its_ratio_of_the_grouped_curve():
+    """gpt-fast's int8 experts (Inductor's dequantising reduction) stream at its int8 / bf16 bandwidth
+    ratio (0.765 typical, from its README's calibration rows); its bf16 experts and other engines' keep the
+    grouped curve."""
+    import dataclasses
+    from roofline.parallel import whatif
+    kern, priors = kernels.load_kernels(), whatif.load_priors()
+    eng = engines.profile("gpt-fast", 1)
+    assert dict(eng.grouped_bw_ratio) == {"int8": pytest.approx(0.765)} and engines.profile("vllm", 1).grouped_bw_ratio == ()
+    cfg, dev, p = get_preset("mixtral-8x7b"), get_spec("a100_80gb_sxm"), Pass(1, 1, 128)
+    def experts(dtype, e):
+        return whatif.pass_seconds(cfg, Layout(), dtype, p, dev, e, 1, kern, priors)["terms"]["experts"]
+    plain = dataclasses.replace(eng, grouped_bw_ratio=())
+    assert experts("bfloat16+weights=int8", eng) == pytest.approx(experts("bfloat16+weights=int8", plain) / 0.765)
+    assert experts("bfloat16", eng) == pytest.approx(experts("bfloat16", plain))
 
 
 def test_tp_all_reduces_stay_on_nvlink_beyond_eight_devices():
@@ -216,6 +279,38 @@ def test_finite_run_prices_ttft_itl_and_throughput_consistently():
         serve(w, 1024, 256, 0)
 
 
+def test_a_finite_run_with_speculation_honours_k_the_drafter_and_the_acceptance_per_position():
+    cfg = get_preset("llama-3.1-8b")
+    w = WhatIf(cfg, get_spec("h100_sxm"), "bfloat16", Layout(), S)
+    plain = serve(w, 128, 1024, 8)
+    none = serve(w, 128, 1024, 8, spec=SpecDecode(3, (0.0,), "ngram"))  # nothing accepted: tau = 1
+    good = serve(w, 128, 1024, 8, spec=SpecDecode(3, (0.9, 0.8, 0.7), "ngram"))
+    iid = serve(w, 128, 1024, 8, spec=SpecDecode(3, (0.8,), "ngram"))
+    t = lambda r, k="output_tok_s": r[k]["typical"]  # noqa: E731
+    assert t(none) < t(plain) < t(iid) < t(good)  # tau 1 < 2.952 (0.8 iid) < 3.124 (0.9, 0.72, 0.504)
+    assert SpecDecode(3, (0.9, 0.8, 0.7), "ngram").tau() == pytest.approx(1 + 0.9 + 0.72 + 0.504)
+    assert t(good, "itl_mean_s") == pytest.approx(t(good, "itl_s") / 3.124, rel=0.02)  # tau tokens per round
+    assert t(good, "e2e_s") == pytest.approx(t(good, "ttft_s") + 1023 * t(good, "itl_mean_s"))
+    draft = WhatIf(get_preset("tiny"), get_spec("h100_sxm"), "bfloat16", Layout(), S)
+    drafted = serve(w, 128, 1024, 8, spec=SpecDecode(3, (0.8,), "draft_model", draft))
+    assert t(drafted, "itl_s") > t(iid, "itl_s")  # the draft model's three passes cost time; n-gram lookup none
+    for bad, field in (((0, (0.5,)), "spec.k=0"), ((2, (0.5, 0.5, 0.5)), "spec.acceptance"),
+                       ((2, (1.5,)), "spec.acceptance"), ((2, (0.5,), "eagle"), "spec.drafter"),
+                       ((2, (0.5,), "draft_model"), "spec.draft_model")):
+        with pytest.raises(ConfigError, match=field):
+            SpecDecode(*bad)
+
+
+def test_a_finite_speculative_anchor_is_priced_when_k_and_the_acceptance_are_stated():
+    models, _, rows = anchors.load()
+    a = next(r for r in rows if r["id"] == "gptfast-llama2-70b-int4-spec-7b-int4")
+    with pytest.raises(NotImplementedError, match="acceptance"):
+        anchors.what_if(a, models[a["model"]], None, models)  # the source states no acceptance
+    plain = anchors.what_if(dict(a, spec=None), models[a["model"]], None, models)
+    spec = anchors.what_if(dict(a, spec=dict(a["spec"], acceptance=0.8)), models[a["model"]], None, models)
+    assert spec["typical"] > 1.5 * plain["typical"]  # tau = 3.69 at k = 5, a 7B int4 draft's five passes
+
+
 def test_calibration_rescales_by_batch_and_keeps_the_points_leave_one_out_spread(tmp_path):
     from roofline.analysis.calibrate import calibrated
     w = WhatIf(get_preset("llama-3.1-8b"), get_spec("h100_sxm"), "bfloat16", Layout(), S)
@@ -297,17 +392,19 @@ def test_deployments_have_both_splits_and_enough_sources():
 @pytest.mark.slow
 def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran: bounds at the level measured
-    when this test was last set (median |error| 19.0%, signed median +5.4% too fast, 57% inside the
-    interval, 35 anchors priced; quantized 21.6% / +8.0%) plus a small margin, so a regression fails.
-    The issue's targets (10%, +-5%, 80%) are NOT met. The calibration split is held too (10.3%, +6.3%)."""
+    when this test was last set (median |error| 13.7%, signed median +2.7% too fast, 60% inside the
+    interval, 35 anchors priced; quantized 18.9% / +2.7%; MoE 15.3% / +9.6%) plus a small margin, so a
+    regression fails. The issue's targets (10%, +-5%, 80%) are NOT met. The calibration split is held
+    too (9.8%, +5.0%)."""
     s = anchors.summary(anchors.table())
-    t, q, c = s["test"]["all"], s["test"]["quantized"], s["calibration"]["all"]
-    assert t["n"] >= 30
-    assert t["median_abs_error_pct"] <= 20.5
-    assert abs(t["signed_median_fast_pct"]) <= 7.5
-    assert t["inside_interval"] >= 0.54
-    assert q["median_abs_error_pct"] <= 23.5 and abs(q["signed_median_fast_pct"]) <= 10.0
-    assert c["median_abs_error_pct"] <= 11.5 and abs(c["signed_median_fast_pct"]) <= 7.5
+    t, q, m, c = s["test"]["all"], s["test"]["quantized"], s["test"]["moe"], s["calibration"]["all"]
+    assert t["n"] >= 35
+    assert t["median_abs_error_pct"] <= 15.0
+    assert abs(t["signed_median_fast_pct"]) <= 5.0
+    assert t["inside_interval"] >= 0.57
+    assert q["median_abs_error_pct"] <= 20.5 and abs(q["signed_median_fast_pct"]) <= 5.0
+    assert m["median_abs_error_pct"] <= 17.0 and abs(m["signed_median_fast_pct"]) <= 12.0
+    assert c["median_abs_error_pct"] <= 10.8 and abs(c["signed_median_fast_pct"]) <= 6.5
 
 
 def _graph_fit(tmp_path):
@@ -359,6 +456,28 @@ def test_one_moe_mode_rule_covers_one_device_and_sharded_runs():
     with pytest.raises(ConfigError) as e:
         SweepSpec(model=cfg, q=(1,), B=(2,), L=(8,), parallel=Layout(tp=2, ep=2), modes=("graph",), device="cuda")
     assert SHARDED_MOE_NO_GRAPH in str(e.value)
+
+
+def test_a_new_single_device_sweep_of_an_moe_in_graph_or_compiled_mode_is_refused_with_why():
+    """No touched-expert path that captures or compiles as one graph is built: the rule refuses a new
+    run (one line naming the mode and why, exit 2 through ConfigError); rows measured in those modes before
+    ran every expert and are still priced so; modes=[auto] runs an MoE eager and says so."""
+    from roofline.measure.sweep import SweepSpec, _runnable_mode
+    from roofline.model.accounting import MOE_NO_STATIC_GRAPH, moe_impl_for_mode
+    from roofline.model.presets import scaled_down
+    cfg = scaled_down(get_preset("mixtral-8x7b"), layers=2)
+    for mode, device in (("graph", "cuda"), ("compiled", "cpu")):
+        with pytest.raises(ConfigError) as e:
+            SweepSpec(model=cfg, q=(1,), B=(2,), L=(8,), modes=(mode,), device=device)
+        assert f"modes=['{mode}']" in str(e.value) and MOE_NO_STATIC_GRAPH in str(e.value)
+        with pytest.raises(ValueError, match="use modes=\\[eager\\]"):
+            moe_impl_for_mode(mode, new_run=True)
+        assert moe_impl_for_mode(mode) == "dense"  # how such a row, measured before, is priced
+    SweepSpec(model=cfg, q=(1,), B=(2,), L=(8,), modes=("eager",), device="cpu")  # eager runs touched experts
+    SweepSpec(model=get_preset("tiny"), q=(1,), B=(2,), L=(8,), modes=("compiled",), device="cpu")  # dense models: as before
+    mode, why = _runnable_mode(cfg, "graph")  # what modes=[auto] (the device's fast mode) becomes for an MoE
+    assert mode == "eager" and "an MoE model runs eager" in why
+    assert _runnable_mode(get_preset("tiny"), "graph") == ("graph", "")
 
 
 @pytest.mark.parametrize("graphs", [True, False])

@@ -206,13 +206,7 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
                 tau = theory.tau_iid(spec.alpha, spec.k)
 
                 def per_tok(s, e, B=B):
-                    r = w.target(spec.k + 1, B, L, s, e)
-                    r += whatif.K.pick(whatif.load_priors()["spec_round_overhead_us"], s, "spec_round_overhead_us") * 1e-6
-                    if mtp:
-                        r += sum(w.mtp(spec.k + 1 if i == 1 else 1, B, L + i - 1, s, e) for i in range(1, spec.k + 1))
-                    elif dw is not None:
-                        r += sum(dw.target(2 if i == 1 else 1, B, L + i - 1, s, e) for i in range(1, spec.k + 1))
-                    return r / tau
+                    return w.round_seconds(spec.k, B, L, s, e, spec.drafter.kind, dw) / tau
                 t = w.over_engines(per_tok, (B, L))
             else:
                 t = w.itl(B, L)

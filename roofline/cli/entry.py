@@ -244,7 +244,7 @@ def staged_presets(folders: list[Path]) -> Path:
 def preset_search_path() -> list[str]:
     """The override that lets the preset folders of $ROOFLINE_PRESETS (os.pathsep-separated, the
     ones the library's registry roofline.model.presets reads) join the `model` group: Hydra
-    searches hydra.searchpath after conf/, so a built-in preset keeps its name."""
+    searches hydra.searchpath after roofline/conf/, so a built-in preset keeps its name."""
     folders = [Path(p) for p in os.environ.get("ROOFLINE_PRESETS", "").split(os.pathsep) if p]
     return [f"hydra.searchpath=[file://{staged_presets(folders)}]"] if folders else []
 

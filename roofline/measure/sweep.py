@@ -37,7 +37,8 @@ from tqdm import tqdm
 from roofline.io import files, results, runfolder
 from roofline.measure import memory, provenance
 from roofline.model import kvcache
-from roofline.model.accounting import SHARDED_MOE_NO_GRAPH, check_weight_format, forward_cost, mtp_cost
+from roofline.model.accounting import (SHARDED_MOE_NO_GRAPH, check_weight_format, forward_cost, moe_impl_for_mode,
+                                       mtp_cost)
 from roofline.model.dtypes import datasheet_column, torch_dtype
 from roofline.model.formats import activation_dtype, parse_precision, precision, precision_columns
 from roofline.io.fields import ConfigError
@@ -103,6 +104,12 @@ class SweepSpec:
             raise ConfigError(f"modes={bad}: allowed {MODES + (AUTO,)}")
         if AUTO in self.dtypes and self.parallel.devices > 1:
             raise ConfigError("dtypes=['auto'] with tp/ep > 1: name the dtype (e.g. dtypes=[bfloat16])")
+        if cfg.is_moe and self.parallel.devices == 1:  # the one MoE/mode rule (accounting.moe_impl_for_mode)
+            for m in (m for m in self.modes if m != AUTO):
+                try:
+                    moe_impl_for_mode(m, new_run=True)
+                except ValueError as e:
+                    raise ConfigError(f"modes={[m]}: {e}") from None
         dev = parse_device(self.device, need_available=False)
         if "graph" in self.modes and dev.type != "cuda":
             raise ConfigError(f"modes=['graph']: CUDA-graph replay needs device=cuda, got device={self.device!r}")
@@ -199,9 +206,19 @@ def spec_device_name(device: str) -> str:
     return running_device_name(device)
 
 
-def _moe_impl(mode: str) -> str:
-    from roofline.model.accounting import moe_impl_for_mode
-    return moe_impl_for_mode(mode)
+def _moe_impl(cfg, mode: str) -> str:
+    return moe_impl_for_mode(mode, new_run=cfg.is_moe)
+
+
+def _runnable_mode(cfg, mode: str) -> tuple[str, str]:
+    """The mode itself, or eager (with why) where the MoE/mode rule refuses it for this model."""
+    if not cfg.is_moe:
+        return mode, ""
+    try:
+        moe_impl_for_mode(mode, new_run=True)
+        return mode, ""
+    except ValueError as e:
+        return "eager", f"modes=[auto]: an MoE model runs eager, not {mode} ({e})"
 
 
 def memory_plan(spec: SweepSpec, dtype: str, depth: int, points: list["Point"]) -> tuple[list, dict]:
@@ -237,7 +254,7 @@ class BuiltModel:
         if mode == "compiled" and parse_device(spec.device).type == "cpu":  # one spare position: a call that ends
             max_ctx = min(max_ctx + 1, cfg.max_context)  # at the cache's last one guards (and recompiles) apart
         self.cfg, self.spec, self.dtype, self.mode = cfg, spec, dtype, mode
-        self.moe_impl = _moe_impl(mode)
+        self.moe_impl = _moe_impl(cfg, mode)
         self.max_batch = max_batch
         self.model = self.build(max_ctx)
         from roofline.model.quant import require_fast
@@ -593,12 +610,15 @@ def resolve_auto(spec: SweepSpec, run_dir: Path, log=None, measure: bool = True)
     else:
         dtype, mode, why = None, "eager", ""
     explicit = [m for m in spec.modes if m != AUTO]
+    fast, moe_why = _runnable_mode(spec.model, mode)
+    if AUTO in spec.modes:
+        why = "; ".join(filter(None, [why, moe_why]))
     pairs, dtypes = [], []
     for d in spec.dtypes:
         label = dtype if d == AUTO else d
         if label not in dtypes:
             dtypes.append(label)
-        for m in (explicit or []) + ([mode if d == AUTO else "eager"] if AUTO in spec.modes else []):
+        for m in (explicit or []) + ([fast if d == AUTO else "eager"] if AUTO in spec.modes else []):
             if (label, m) not in pairs:
                 pairs.append((label, m))
     if log and why:

@@ -123,14 +123,21 @@ SHARDED_MOE_NO_GRAPH = ("the sharded MoE selects each expert's tokens on the hos
                         "CUDA-graph capture cannot record")
 
 
-def moe_impl_for_mode(mode: str, sharded: bool = False) -> str:
-    """The one MoE/mode rule: what our decoder RUNS for MoE in a timing mode, on one device or
-    sharded over ranks (roofline.parallel.runner). Eager routes to the touched experts (the routing
-    syncs with the host). On one device, CUDA-graph capture (`graph`) and torch.compile (`compiled`)
-    need static shapes, so the decoder runs every expert ("dense") and the sweep prices those rows
-    dense. Sharded, the rank's MoE (roofline.parallel.sharded) selects each expert's tokens on the
-    host in every implementation, so it runs touched experts in eager and compiled mode (graph breaks
-    at the routing) and graph mode is refused (nothing data-dependent can be captured).
+MOE_NO_STATIC_GRAPH = ("the touched-expert MoE selects each expert's tokens on the host (data-dependent shapes), "
+                       "which CUDA-graph capture cannot record and which would break the one-graph-per-kind compiled "
+                       "forward at every MoE layer (a recompile per set of experts); running every expert instead reads "
+                       "all E experts at any batch, which no serving engine does")
+
+
+def moe_impl_for_mode(mode: str, sharded: bool = False, new_run: bool = False) -> str:
+    """The one MoE/mode rule: what our decoder runs for MoE in a timing mode, on one device or
+    sharded over ranks (roofline.parallel.runner), and so how its rows are priced. Eager routes to the
+    touched experts (the routing syncs with the host). On one device a new sweep (`new_run=True`) of an
+    MoE model in `graph` or `compiled` mode is refused (MOE_NO_STATIC_GRAPH: no touched-expert path
+    that captures or compiles as one graph is built; the dense stand-in that ran before was priced as
+    what no engine does); rows measured in those modes before the refusal ran every expert ("dense")
+    and are priced so. Sharded, the rank's MoE (roofline.parallel.sharded) runs touched experts in
+    eager and compiled mode (graph breaks at the routing) and graph mode is refused.
     Predictions never price dense experts: serving engines' fused MoE kernels read only the routed
     experts and capture in CUDA graphs, so the what-if (roofline.parallel.whatif) prices touched
     experts in every mode, and a fit whose MoE rows ran dense is applied to the touched accounting
@@ -139,6 +146,8 @@ def moe_impl_for_mode(mode: str, sharded: bool = False) -> str:
         if mode == "graph":
             raise ValueError(f"mode='graph' with tp/ep > 1: {SHARDED_MOE_NO_GRAPH}")
         return "touched"
+    if new_run and mode != "eager":
+        raise ValueError(f"mode={mode!r} with an MoE model on one device: {MOE_NO_STATIC_GRAPH}; use modes=[eager]")
     return "touched" if mode == "eager" else "dense"
 
 

@@ -22,7 +22,7 @@ from roofline.model.config import ModelConfig
 from roofline.model.formats import precision
 from roofline.model.presets import get_preset
 from roofline.parallel.layout import Layout
-from roofline.parallel.whatif import SCENARIOS, Setting, WhatIf, serve
+from roofline.parallel.whatif import SCENARIOS, Setting, SpecDecode, WhatIf, serve
 
 ANCHORS_PATH = Path(__file__).resolve().parents[1] / "data" / "deployments.yaml"
 METRICS = ("itl_ms", "tok_s_per_user", "output_tok_s", "output_tok_s_per_gpu", "ttft_ms", "e2e_latency_s",
@@ -82,8 +82,9 @@ def split_of(a: dict, sources: dict) -> str:
     return sources[a["source"]].get("split", "calibration")
 
 
-def what_if(a: dict, cfg: ModelConfig, setting: Setting | None = None) -> dict:
-    """{optimistic, typical, pessimistic} of the anchor's metric, in its unit."""
+def what_if(a: dict, cfg: ModelConfig, setting: Setting | None = None, models: dict | None = None) -> dict:
+    """{optimistic, typical, pessimistic} of the anchor's metric, in its unit (models: the anchors
+    file's own models, where a draft model may be named)."""
     lay = Layout(tp=a["tp"], ep=a.get("ep", 1), dp_attention=bool(a.get("dp_attention", False)))
     setting = setting or Setting(engine=a["engine"])
     w = WhatIf(cfg, get_spec(a["device"]), served_precision(a, cfg), lay, setting)
@@ -105,9 +106,8 @@ def what_if(a: dict, cfg: ModelConfig, setting: Setting | None = None) -> dict:
         if m == "tok_s_per_user":
             return r["tok_s_per_user"]
         raise ConfigError(f"anchor {a['id']}: metric={m!r} needs a workload {{concurrency, input_len, output_len}}")
-    if a.get("spec"):
-        raise NotImplementedError("speculative finite runs are not priced")
-    s = serve(w, wl["input_len"], wl["output_len"], wl["concurrency"], wl.get("num_prompts"))
+    s = serve(w, wl["input_len"], wl["output_len"], wl["concurrency"], wl.get("num_prompts"),
+              spec=finite_spec(a, w, models or {}) if a.get("spec") else None)
     O = wl["output_len"]
     conv = {"itl_ms": lambda d: {k: v * 1e3 for k, v in d["itl_s"].items()},
             "ttft_ms": lambda d: {k: v * 1e3 for k, v in d["ttft_s"].items()},
@@ -117,6 +117,27 @@ def what_if(a: dict, cfg: ModelConfig, setting: Setting | None = None) -> dict:
             "output_tok_s_per_gpu": lambda d: {k: v / a.get("n_devices", lay.devices)
                                                for k, v in d["output_tok_s"].items()}}
     return conv[m](s)
+
+
+def finite_spec(a: dict, w: WhatIf, models: dict) -> SpecDecode:
+    """The speculative decoding of a finite-run anchor: k, the acceptance (one rate, or one per
+    position), the drafter (a draft model: a preset, in `draft_weights` or the target's format);
+    NotImplementedError where the source does not state k or the acceptance."""
+    spec = a["spec"]
+    k, acc = spec.get("k"), spec.get("acceptance")
+    if isinstance(acc, (int, float)) and not isinstance(acc, bool):
+        acc = [acc]
+    if not isinstance(k, int) or not isinstance(acc, list):
+        raise NotImplementedError(f"k={k!r}, acceptance={spec.get('acceptance')!r}: a finite speculative run needs both")
+    draft = None
+    if spec.get("drafter") == "draft_model":
+        try:
+            dcfg = models.get(spec.get("draft_model")) or get_preset(spec.get("draft_model"))
+        except (ConfigError, KeyError, ValueError):
+            raise NotImplementedError(f"draft_model={spec.get('draft_model')!r}: not a preset nor in models:") from None
+        d = dict(a, weights=spec.get("draft_weights", a.get("weights")))
+        draft = WhatIf(dcfg, w.device, served_precision(d, dcfg), Layout(), w.setting)
+    return SpecDecode(k, tuple(float(x) for x in acc), spec.get("drafter", "mtp"), draft)
 
 
 def table(path=ANCHORS_PATH, engine_known: bool = True) -> pd.DataFrame:
@@ -131,7 +152,7 @@ def table(path=ANCHORS_PATH, engine_known: bool = True) -> pd.DataFrame:
                     category=",".join(a.get("category") or []), published=float(a["value"]),
                     predicted_dtype=served_precision(a, cfg))
         try:
-            p = what_if(a, cfg, None if engine_known else Setting())
+            p = what_if(a, cfg, None if engine_known else Setting(), models)
         except NotImplementedError as e:
             rows.append(dict(base, predicted=np.nan, low=np.nan, high=np.nan, error_pct=np.nan, inside=False,
                              note=f"not priced: {e}"))
@@ -206,5 +227,5 @@ def trend(anchor_id: str, Bs=(1, 2, 4, 8, 16, 32, 64), path=ANCHORS_PATH) -> pd.
     rows = []
     for B in Bs:
         b = dict(a, workload=dict(a["workload"], B=B))
-        rows.append(dict(B=B, **{s: what_if(b, models[a["model"]])[s] for s in SCENARIOS}))
+        rows.append(dict(B=B, **{s: what_if(b, models[a["model"]], None, models)[s] for s in SCENARIOS}))
     return pd.DataFrame(rows)

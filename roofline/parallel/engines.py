@@ -3,7 +3,11 @@
 A profile says what an engine adds to the kernels of a step and how it runs them: its per-step
 host and scheduler time not hidden behind the GPU, whether it replays CUDA graphs (the per-layer
 launch floor of roofline/data/priors.yaml, graph or eager), and its all-reduce latency per
-interconnect. Each value is a triple (optimistic, typical, pessimistic) with a source and the
+interconnect. An engine that launches every kernel from Python without graphs (`host_issue`:
+kernel launches per decoder layer and host microseconds per launch) is priced per kernel as the
+slower of the GPU and the host issuing it: the light kernels of a layer (norms, rotary, residual
+adds, cache writes: launches beyond the layer's matmuls and attention) cost the host's issue time
+each, the matmuls and attention their GPU time (roofline.parallel.whatif). Each value is a triple (optimistic, typical, pessimistic) with a source and the
 engine version it was read for. No engine named: the what-if runs every profile and its
 interval spans them (roofline.parallel.whatif).
 """
@@ -20,7 +24,7 @@ from roofline.io.fields import ConfigError
 from roofline.parallel.kernels import pick
 
 ENGINES_PATH = Path(__file__).resolve().parents[1] / "data" / "engines.yaml"
-ENGINE_NAMES = ("vllm", "sglang", "trtllm", "lmdeploy", "llama.cpp", "gpt-fast", "hf-eager")
+ENGINE_NAMES = ("vllm", "sglang", "trtllm", "lmdeploy", "llama.cpp", "gpt-fast", "hf-eager", "autoawq")
 
 
 @lru_cache(maxsize=4)
@@ -41,6 +45,10 @@ class Engine:
     per_layer_s: float | None  # per decoder block launch floor; None: priors.yaml's graph / eager floor
     allreduce_latency_s: dict  # interconnect key -> seconds of one small all-reduce
     bw_scale: float = 1.0  # reserved: an engine-level weights_bw_fraction (none is published: kernels.yaml decides)
+    launches_per_layer: float | None = None  # host_issue: kernels the host launches per decoder layer (no graphs)
+    host_s_per_launch: float = 0.0  # host_issue: host (Python + dispatcher + driver) seconds per launch
+    fp16_accumulate: bool = False  # its fp16 GEMMs accumulate in fp16 (the device's fp16-accumulate tensor rate)
+    grouped_bw_ratio: tuple = ()  # ((weight format, ratio), ...): its own quantized experts' kernel streams at ratio x the grouped curve
 
 
 def names(path: str = str(ENGINES_PATH)) -> list[str]:
@@ -64,10 +72,16 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
         per_layer = e.get("per_layer_us")
         if isinstance(per_layer, dict) and per_layer.get("values") is None:
             per_layer = None
+        host = e.get("host_issue")
+        launches = None if host is None else pick(host["launches_per_layer"], scenario, f"{f}.host_issue.launches_per_layer")
+        per_launch = 0.0 if host is None else pick(host["us_per_launch"], scenario, f"{f}.host_issue.us_per_launch") * 1e-6
         return Engine(name=name, graphs=graphs,
                       step_overhead_s=pick(e["step_overhead_us"], scenario, f"{f}.step_overhead_us") * 1e-6,
                       per_layer_s=None if per_layer is None else pick(per_layer, scenario, f"{f}.per_layer_us") * 1e-6,
-                      allreduce_latency_s=ar)
+                      allreduce_latency_s=ar, launches_per_layer=launches, host_s_per_launch=per_launch,
+                      fp16_accumulate=(e.get("gemm_accumulate") or {}).get("value") == "fp16",
+                      grouped_bw_ratio=tuple((fmt, pick(v["bw_ratio"], scenario, f"{f}.grouped_weight_only.{fmt}.bw_ratio"))
+                                             for fmt, v in (e.get("grouped_weight_only") or {}).items()))
     except KeyError as err:
         raise ConfigError(f"{f}: missing key {err.args[0]!r}") from None
 

@@ -16,6 +16,9 @@ own FLOPs, each at the efficiency its kernel reaches at that shape:
 - grouped-GEMM MoE: the touched experts' bytes at the grouped kernel's bandwidth fraction for
   its tokens per expert, their FLOPs at the tile quantization of those tokens.
 
+The curves are NVIDIA measurements; an architecture with its own published kernels
+(`arch_overrides.<arch>`: AMD CDNA3) replaces the GEMM peak share and the grouped-GEMM curve.
+
 Every efficiency is a triple (optimistic, typical, pessimistic) with its source in the data file;
 `scenario` picks one (0, 1, 2). Tables are (x, triple) rows interpolated linearly in log x and
 held at their ends.
@@ -63,6 +66,12 @@ def table_value(rows, x: float, scenario: int, field: str) -> float:
     return float(np.interp(math.log(max(x, 1e-9)), xs, ys))
 
 
+def fp16_accumulate_speedup(kern: dict, device_key: str) -> float:
+    """How much faster the device's tensor cores run fp16 GEMMs that accumulate in fp16 than the
+    datasheet's fp32-accumulate rate (`devices.<key>.fp16_accumulate_speedup`; 1 where the rates are equal)."""
+    return float(((kern.get("devices") or {}).get(device_key) or {}).get("fp16_accumulate_speedup", 1.0))
+
+
 def _arch(kern: dict, device_key: str) -> dict:
     dev = (kern.get("devices") or {}).get(device_key) or {}
     arch = dev.get("arch", "default")
@@ -82,9 +91,22 @@ def tile_wave_utilisation(M: float, N: int, device_key: str, kern: dict) -> floa
     return tile * wave
 
 
-def peak_fraction(fmt_kind: str, scenario: int, kern: dict) -> float:
-    """Share of the datasheet tensor rate a large GEMM reaches: `gemm.peak_fraction_by_format.<fmt>`
+def arch_override(kern: dict, device_key: str | None) -> dict:
+    """The device architecture's own entries (`arch_overrides.<arch>`, e.g. AMD CDNA3: its own GEMM
+    peak share and grouped-GEMM curve), {} where the NVIDIA-measured curves apply."""
+    if device_key is None:
+        return {}
+    arch = ((kern.get("devices") or {}).get(device_key) or {}).get("arch")
+    return (kern.get("arch_overrides") or {}).get(arch) or {}
+
+
+def peak_fraction(fmt_kind: str, scenario: int, kern: dict, device_key: str | None = None) -> float:
+    """Share of the datasheet tensor rate a large GEMM reaches: the architecture's own
+    (`arch_overrides.<arch>.gemm_peak_fraction`, every format), else `gemm.peak_fraction_by_format.<fmt>`
     (fp8 GEMMs on fp8 tensor cores) or `gemm.peak_fraction`."""
+    own_arch = arch_override(kern, device_key).get("gemm_peak_fraction")
+    if own_arch is not None:
+        return pick(own_arch, scenario, "kernels.arch_overrides.gemm_peak_fraction")
     g = kern["gemm"]
     own = (g.get("peak_fraction_by_format") or {}).get(fmt_kind)
     if own is not None:
@@ -110,7 +132,8 @@ def gemm_seconds(M: float, N: int, K: int, weight_bytes: float, fmt_kind: str, d
     if M <= 0:
         return dict(memory=0.0, compute=0.0, seconds=0.0)
     t_mem = weight_bytes / (bw_Bps * weight_bw_fraction(fmt_kind, M, scenario, kern))
-    t_mm = 2.0 * M * N * K / (flops * peak_fraction(fmt_kind, scenario, kern) * tile_wave_utilisation(M, N, device_key, kern))
+    t_mm = 2.0 * M * N * K / (flops * peak_fraction(fmt_kind, scenario, kern, device_key)
+                               * tile_wave_utilisation(M, N, device_key, kern))
     tm = _arch(kern, device_key)["tile_m"]
     t_dq = dequant_ops_per_weight * N * K * math.ceil(M / tm) / fp32_flops if dequant_ops_per_weight else 0.0
     return dict(memory=t_mem, compute=t_mm + t_dq, seconds=call_floor_s(fmt_kind, scenario, kern) + max(t_mem, t_mm + t_dq))
@@ -151,10 +174,15 @@ def grouped_gemm_seconds(expert_bytes: float, expert_flops: float, tokens_per_ex
         return dict(memory=0.0, compute=0.0, seconds=0.0)
     g = kern["grouped_gemm"]
     own = (g.get("weight_only") or {}).get(fmt_kind)
-    rows, field = ((own["table"], f"kernels.grouped_gemm.weight_only.{fmt_kind}") if own else
-                   (g["bw_fraction_vs_tokens_per_expert"], "kernels.grouped_gemm.bw_fraction_vs_tokens_per_expert"))
+    arch = arch_override(kern, device_key).get("grouped_gemm")
+    if arch is not None and not own:  # the architecture's own grouped kernel (its bf16 / fp8 experts)
+        rows, field = arch["table"], "kernels.arch_overrides.grouped_gemm"
+    else:
+        rows, field = ((own["table"], f"kernels.grouped_gemm.weight_only.{fmt_kind}") if own else
+                       (g["bw_fraction_vs_tokens_per_expert"], "kernels.grouped_gemm.bw_fraction_vs_tokens_per_expert"))
     frac = table_value(rows, max(tokens_per_expert, 1), scenario, field)
     t_mem = expert_bytes / (bw_Bps * frac)
-    peak = peak_fraction(fmt_kind, scenario, kern)
+    peak = (pick(arch["peak_fraction"], scenario, "kernels.arch_overrides.grouped_gemm.peak_fraction")
+            if arch is not None and not own and "peak_fraction" in arch else peak_fraction(fmt_kind, scenario, kern, device_key))
     t_f = expert_flops / (flops * peak * tile_wave_utilisation(tokens_per_expert, N, device_key, kern))
     return dict(memory=t_mem, compute=t_f, seconds=max(t_mem, t_f))

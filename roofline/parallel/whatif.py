@@ -112,6 +112,33 @@ class Pass:
     prefill_context: float = 0.0
 
 
+@dataclass(frozen=True)
+class SpecDecode:
+    """Speculative decoding in a finite run: k drafts per round, their conditional acceptance per position
+    (alpha_1..alpha_k; one value: the same at every position), the drafter (`mtp`, `draft_model` with its
+    WhatIf `draft`, or `ngram`). tau = 1 + sum_i prod_{j<=i} alpha_j tokens per round (roofline.spec.theory)."""
+    k: int
+    acceptance: tuple[float, ...]
+    drafter: str = "mtp"
+    draft: "WhatIf | None" = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
+            raise ConfigError(f"spec.k={self.k!r}: allowed integers >= 1")
+        acc = tuple(self.acceptance)
+        if len(acc) not in (1, self.k) or not all(isinstance(a, (int, float)) and 0 <= a <= 1 for a in acc):
+            raise ConfigError(f"spec.acceptance={list(acc)!r}: allowed one rate or k={self.k} rates, each in [0, 1]")
+        if self.drafter not in ("mtp", "draft_model", "ngram"):
+            raise ConfigError(f"spec.drafter={self.drafter!r}: allowed ('mtp', 'draft_model', 'ngram')")
+        if self.drafter == "draft_model" and self.draft is None:
+            raise ConfigError("spec.draft_model: a draft model is needed for drafter=draft_model")
+
+    def tau(self) -> float:
+        from roofline.spec.theory import tau
+        acc = tuple(self.acceptance)
+        return tau(acc * self.k if len(acc) == 1 else acc)
+
+
 def _ceilings(device: DeviceSpec, prec: Precision) -> tuple[float, float, float, float]:
     mm, attn = compute_dtype(prec.label), activation_dtype(prec.label)
     bw, f, fa, f32 = device.bandwidth_Bps(), device.peak_flops(mm), device.peak_flops(attn), device.peak_flops("float32")
@@ -124,12 +151,32 @@ def _fmt_kind(fmt) -> str:
     return "dense" if fmt.kind == "float" else fmt.kind
 
 
+def launch_seconds(eng, setting: Setting, scenario: int, priors: dict, n: int, n_moe: int, block_cfg) -> float:
+    """The launch cost of a stage's n blocks (n_moe of them MoE). CUDA graphs: the graph floor per
+    layer (priors.yaml, or the engine's per_layer_us). Without graphs, an engine whose host issues
+    every kernel (`host_issue`) pays its host time per launch for each light kernel of a layer: the
+    launches beyond the layer's matmuls and attention (one grouped GEMM more for MoE), whose GPU time
+    is priced as their bytes and FLOPs and exceeds their issue time at decode sizes."""
+    graphs = eng.graphs if setting.graphs is None else setting.graphs
+    if not graphs and eng.launches_per_layer is not None:
+        heavy = lambda moe: len(block_matrices(block_cfg, moe)) + 1 + int(moe)  # noqa: E731  matmuls + attention
+        light = lambda moe: max(0.0, eng.launches_per_layer - heavy(moe))  # noqa: E731
+        return ((n - n_moe) * light(False) + n_moe * light(True)) * eng.host_s_per_launch
+    per_layer = eng.per_layer_s
+    if per_layer is None or setting.graphs is not None:
+        per_layer = K.pick(priors["launch_floor_us_per_layer"]["graph" if graphs else "eager"], scenario,
+                           "priors.launch_floor_us_per_layer") * 1e-6
+    return n * per_layer
+
+
 def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: DeviceSpec, eng, scenario: int,
                  kern: dict, priors: dict, setting: Setting = Setting(), mtp: bool = False) -> dict:
     """Seconds of one rank's forward (one pipeline stage; an MTP module's pass with mtp=True), by term."""
     prec = parse_precision(dtype)
     bw, f, fa, f32 = _ceilings(device, prec)
     bw *= eng.bw_scale
+    if eng.fp16_accumulate and compute_dtype(prec.label) == "float16":  # the engine's fp16 GEMMs accumulate in fp16
+        f *= K.fp16_accumulate_speedup(kern, device.key)
     a, s = prec.act_bytes, local_shapes(cfg, layout)
     n, n_moe = (1, int(cfg.is_moe)) if mtp else _stage_layers(cfg, layout)
     split = layout.batch_split
@@ -153,8 +200,9 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Devic
             pairs = routed * cfg.experts_per_token / layout.ep
             m_e = pairs / touched if touched else 0.0
             w_e = 3 * cfg.d * s.moe_ffn
+            bw_e = bw * dict(eng.grouped_bw_ratio).get(wk, 1.0)  # an engine's own quantized-expert kernel
             out["experts"] = K.grouped_gemm_seconds(touched * expert_bytes(expert_cfg, prec), 2.0 * pairs * w_e, m_e,
-                                                    2 * s.moe_ffn, bw, f, device.key, scenario, kern, wk)["seconds"]
+                                                    2 * s.moe_ffn, bw_e, f, device.key, scenario, kern, wk)["seconds"]
             out["touched"] = touched
         return out
 
@@ -170,7 +218,7 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Devic
     t_attn = K.attention_seconds(kv_bytes, attn_flops, Br, p.L, bw, fa, scenario, kern, n)["seconds"]
     pre_r = math.ceil(p.prefill / split)
     if pre_r:
-        peak = K.pick(kern["gemm"]["peak_fraction"], scenario, "kernels.gemm.peak_fraction")
+        peak = K.peak_fraction("dense", scenario, kern, device.key)
         t_attn += 2 * (d_qk + d_v) * s.heads * n * pre_r * p.prefill_context / (fa * peak)
         t_attn += n * kv_tok * pre_r / (bw * K.weight_bw_fraction("dense", 1, scenario, kern))  # its cache writes
     # LM head (logits of the decode positions; a prefill chunk's last token is one more row each)
@@ -180,11 +228,7 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Devic
                   0 if cfg.tie_embeddings else prec.lm_head.dequant_ops_per_weight())["seconds"]
     if mtp:  # eh_proj (2d -> d, activation dtype)
         t_head += gemm(Nr, cfg.d, 2 * cfg.d, 2 * cfg.d * cfg.d * a, "dense", 0)["seconds"]
-    per_layer = eng.per_layer_s
-    graphs = eng.graphs if setting.graphs is None else setting.graphs
-    if per_layer is None or setting.graphs is not None:
-        per_layer = K.pick(priors["launch_floor_us_per_layer"]["graph" if graphs else "eager"], scenario,
-                           "priors.launch_floor_us_per_layer") * 1e-6
+    t_launch = launch_seconds(eng, setting, scenario, priors, n, n_moe, block_cfg)
     rc = rank_forward_cost(cfg, layout, prec.label, max(Nr * split, 1), 1, 0)
     comm = 0.0
     for c in rc.collectives:
@@ -197,7 +241,7 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Devic
         busbw = K.pick(pl["busbw_GBps"], scenario, f"priors.interconnects.{link}.busbw_GBps") * 1e9
         count = c.count if not mtp else max(1, round(c.count * n / max(_stage_layers(cfg, layout)[0], 1)))
         comm += count * (lat + c.size_bytes * bus_factor(c.kind, max(layout.tp, 2)) / busbw)
-    terms = dict(dense=t_dense, experts=t_experts, attention=t_attn, lm_head=t_head, per_layer=n * per_layer,
+    terms = dict(dense=t_dense, experts=t_experts, attention=t_attn, lm_head=t_head, per_layer=t_launch,
                  step_overhead=0.0 if mtp else eng.step_overhead_s, comm=comm)
     return dict(seconds=sum(terms.values()), terms=terms,
                 experts_touched=(moe_blk or {}).get("touched", 0.0))
@@ -303,12 +347,26 @@ class WhatIf:
         """Inter-token latency of plain decode (s), as an interval."""
         return self.over_engines(lambda s, e: self.target(1, B, L, s, e), (B, L))
 
-    def round_seconds(self, k: int, B: int, L: int, scenario: int, engine: str | None = None) -> float:
-        """One speculative round with the MTP module chained k times: verify k+1 positions, the
-        first draft re-reads the k+1 verified positions (as roofline.analysis.predict prices it)."""
-        r = self.target(k + 1, B, L, scenario, engine)
+    def round_seconds(self, k: int, B: int, L: int, scenario: int, engine: str | None = None, drafter: str = "mtp",
+                      draft: "WhatIf | None" = None, prefill: int = 0, prefill_context: float = 0.0) -> float:
+        """One speculative round: verify k+1 positions of B sequences (with `prefill` prompt tokens of new
+        requests chunked into the same pass), the round's overhead (priors.yaml spec_round_overhead_us) and
+        k chained drafts, the first re-reading the k+1 verified positions (as roofline.analysis.predict
+        prices it): the MTP module (`mtp`), a draft model replicated on every rank (`draft_model`, its
+        WhatIf), or n-gram lookup (`ngram`: host work beside the GPU, priced 0)."""
+        eng = engine or self.setting.engine_names()[0]
+        r = self.forward(Pass(B, k + 1, L, prefill, prefill_context), scenario, eng)
         r += K.pick(load_priors()["spec_round_overhead_us"], scenario, "priors.spec_round_overhead_us") * 1e-6
-        return r + sum(self.mtp(k + 1 if i == 1 else 1, B, L + i - 1, scenario, engine) for i in range(1, k + 1))
+        if drafter == "mtp":
+            return r + sum(self.mtp(k + 1 if i == 1 else 1, B, L + i - 1, scenario, eng) for i in range(1, k + 1))
+        if drafter == "draft_model":
+            if draft is None:
+                raise ConfigError("drafter=draft_model: no draft model given")
+            Bd = math.ceil(B / self.layout.batch_split)
+            return r + sum(draft.target(k + 1 if i == 1 else 1, Bd, L + i - 1, scenario, eng) for i in range(1, k + 1))
+        if drafter == "ngram":
+            return r
+        raise ConfigError(f"drafter={drafter!r}: allowed ('mtp', 'draft_model', 'ngram')")
 
     def mtp_speedup(self, alphas: tuple[float, float, float], k: int, B: int, L: int) -> dict:
         """tau · T(1) / R for an i.i.d. acceptance alpha per scenario (optimistic alpha first);
@@ -327,7 +385,7 @@ class WhatIf:
 
 
 def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prompts: int | None = None,
-          chunk_tokens: int | None = None, staggered: bool = False) -> dict:
+          chunk_tokens: int | None = None, staggered: bool = False, spec: SpecDecode | None = None) -> dict:
     """A finite benchmark run as `vllm bench serve --max-concurrency C --num-prompts N` measures it
     (every request ready at t = 0): TTFT, ITL median and p90, end-to-end latency, output tok/s and
     tok/s per GPU, each an interval. Prompts are prefilled in chunks of `chunk_tokens` (chunked
@@ -336,11 +394,17 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     Fixed lengths (staggered=False, what a random dataset of fixed input / output lengths and a static
     batch run): the C requests of a wave finish together, so every wave is a ramp of R = C·input/chunk
     prefill steps, which carry the decodes of the prompts already prefilled, then plain decode steps.
-    The median request waits ceil(R/2) ramp steps for its first token (TTFT), decodes ceil(R/2) tokens
-    inside the ramp and the rest in plain steps; a wave lasts R ramp steps + (output − 1) plain ones.
+    The median request waits ceil(R/2) ramp steps for its first token (TTFT), decodes in the R − ceil(R/2)
+    ramp steps left and the rest in plain steps; a wave lasts R ramp steps + (output − 1) plain ones.
     Staggered lengths (staggered=True): after the first wave, requests finish one by one and their
     replacements' prompts ride in the running decode steps, C·input/output·(N − C)/N prompt tokens per
-    step on average; the ITL median is the mixed step when at least half the steps carry a chunk."""
+    step on average; the ITL median is the mixed step when at least half the steps carry a chunk.
+
+    Speculative decoding (`spec`): every decode step is a round (WhatIf.round_seconds: verify k+1
+    positions, k drafts, the round overhead) that emits tau tokens per sequence on average, so a request
+    needs (output − 1)/tau rounds after its first token and a ramp step decodes tau tokens of each
+    running request. ITL median and p90 are then the gap between two rounds (tokens arrive tau at a
+    time), the mean ITL (TPOT) that gap over tau."""
     for name, v, lo in (("input_len", input_len, 1), ("output_len", output_len, 1), ("concurrency", concurrency, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ConfigError(f"{name}={v!r}: allowed integers >= {lo}")
@@ -353,23 +417,31 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     frac = min(1.0, C * I / O * max(N - C, 0) / N / chunk) if staggered else 0.0  # steps carrying a chunk
     pre_step = min(chunk, C * I)
 
+    tau = spec.tau() if spec is not None else 1.0
+
+    def step(B, Lc, pre, s, e):  # one decode step (a round with spec) of B sequences at context Lc + `pre` prompt tokens
+        if spec is None:
+            return w.forward(Pass(B, 1, Lc, pre, I / 2), s, e)
+        return w.round_seconds(spec.k, B, Lc, s, e, spec.drafter, spec.draft, pre, I / 2)
+
     def per(s, e):
-        plain = w.forward(Pass(C, 1, L), s, e)
-        mixed = w.forward(Pass(C, 1, L, pre_step, I / 2), s, e)
-        first = w.forward(Pass(1, 1, 0, pre_step, I / 2), s, e)  # a ramp step: a prompt chunk (+ a few decodes)
+        plain, mixed = step(C, L, 0, s, e), step(C, L, pre_step, s, e)
+        first = step(1, 0, pre_step, s, e)  # a ramp step: a prompt chunk (+ a few decodes)
         if staggered and waves > 1:
-            mean = (1 - frac) * plain + frac * mixed
-            ttft, e2e = math.ceil(I / chunk) * mixed, math.ceil(I / chunk) * mixed + (O - 1) * mean
+            mean = (1 - frac) * plain + frac * mixed  # per step (round)
+            ttft, e2e = math.ceil(I / chunk) * mixed, math.ceil(I / chunk) * mixed + (O - 1) / tau * mean
             itl50, itl90 = (mixed if frac >= 0.5 else plain), (mixed if frac > 0.1 else plain)
-            total = R * first + waves * O * mean
+            total, mean_itl = R * first + waves * O / tau * mean, mean / tau
         else:
-            in_ramp = min(half, O - 1)  # the median request's tokens decoded inside the ramp
-            mean = (in_ramp * first + (O - 1 - in_ramp) * plain) / max(O - 1, 1)
-            ttft, e2e = half * first, R * first + (O - 1 - in_ramp) * plain
-            itl50 = first if in_ramp >= (O - 1) / 2 else plain
-            itl90 = first if in_ramp > 0.1 * (O - 1) else plain
-            total = waves * (R * first + (O - 1) * plain)
-        return dict(ttft_s=ttft, itl_s=itl50, itl_p90_s=itl90, itl_mean_s=mean, e2e_s=e2e, output_tok_s=N * O / total)
+            in_ramp = min(R - half, math.ceil((O - 1) / tau))  # ramp steps left after the median request's first token
+            after = max(O - 1 - in_ramp * tau, 0.0) / tau  # its steps after the ramp
+            mean_itl = (in_ramp * first + after * plain) / max(O - 1, 1)
+            ttft, e2e = half * first, R * first + after * plain
+            itl50 = first if in_ramp >= (in_ramp + after) / 2 else plain
+            itl90 = first if in_ramp > 0.1 * (in_ramp + after) else plain
+            total = waves * (R * first + (O - 1) / tau * plain)
+        return dict(ttft_s=ttft, itl_s=itl50, itl_p90_s=itl90, itl_mean_s=mean_itl, e2e_s=e2e,
+                    output_tok_s=N * O / total)
 
     out = {}
     for e in w.setting.engine_names():
