@@ -26,7 +26,7 @@ NAMES = [n for n, k in kernels.KERNELS.items()
 DTYPE = torch.float32
 
 
-def _buffers(spec: kernels.KernelSpec, working_set: int) -> tuple[kernels.Buffers, int]:
+def _buffers(spec: kernels.CeilingKernel, working_set: int) -> tuple[kernels.Buffers, int]:
     elem = torch.empty((), dtype=DTYPE).element_size()
     arrays = max(1, round(spec.bytes_moved(MiB, elem) / (MiB * elem)))
     n = -(-working_set // (arrays * elem))

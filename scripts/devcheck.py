@@ -78,7 +78,7 @@ COMPOSABLE = ("sweep", "ceilings", "fit", "predict")
 
 def compose(config: str, overrides: list[str]) -> int:
     """Compose roofline/conf/<config>.yaml with `overrides` as the command would, and build the request it
-    describes (the sweep's SweepSpec, the ceilings' CeilingsSpec): the GPU branch's exact
+    describes (the sweep's SweepRequest, the ceilings' CeilingsRequest): the GPU branch's exact
     settings checked on a machine without one. One line; exit 2 on the first problem."""
     from hydra import compose as hydra_compose, initialize_config_dir
     from roofline.cli.entry import CONF_DIR, hydra_args, hydra_error_line, plain
@@ -96,12 +96,12 @@ def compose(config: str, overrides: list[str]) -> int:
             import functools
 
             from roofline.measure import ceilings, devices
-            from roofline.measure.ceilings import CeilingsSpec
+            from roofline.measure.ceilings import CeilingsRequest
             # every check but the one a machine without the device cannot pass: that it is here
             ceilings.parse_device = functools.partial(devices.parse_device, need_available=False)
             c = plain(cfg, device_as="torch")
             c.pop("out_dir"), c.pop("overrides", None)
-            spec = CeilingsSpec.from_dict(c)
+            spec = CeilingsRequest.from_dict(c)
             what = f"valid ceilings: {spec.device}, kernels {list(spec.kernels)}"
     except (ConfigError, ValueError, KeyError, TypeError) as e:
         print(f"error: {config} {' '.join(overrides)}: {e}", file=sys.stderr)

@@ -6,7 +6,7 @@ import pytest
 
 from roofline.measure import ceilings
 from roofline.measure.ceilings import SCHEMA_VERSION, choose_precision, knee_tokens
-from roofline.measure.sweep import SweepSpec, grid, resolve_auto, spec_device_name
+from roofline.measure.sweep import SweepRequest, grid, resolve_auto, spec_device_name
 from roofline.model.presets import get_preset
 
 
@@ -51,7 +51,7 @@ def _spec(tmp_path, d, **kw):
     path = tmp_path / "ceilings.json"
     path.write_text(json.dumps(d))
     base = dict(model=get_preset("tiny"), q=(1, 2), B=(1,), L=(8,), ceilings=str(path))
-    return SweepSpec(**{**base, **kw})
+    return SweepRequest(**{**base, **kw})
 
 
 def test_auto_beside_a_named_dtype_gives_both_regimes_in_one_grid(tmp_path):
@@ -76,8 +76,8 @@ def test_the_reason_is_not_part_of_the_fingerprint(tmp_path):
 
 
 def test_modes_auto_for_a_named_dtype_is_eager_and_keeps_the_fingerprint(tmp_path):
-    named = SweepSpec(model=get_preset("tiny"), q=(1,), B=(1,), L=(8,), dtypes=("bfloat16",), modes=("auto",))
+    named = SweepRequest(model=get_preset("tiny"), q=(1,), B=(1,), L=(8,), dtypes=("bfloat16",), modes=("auto",))
     out, fresh = resolve_auto(named, tmp_path)
     assert fresh is None and out.modes == ("eager",) and not out.pairs
-    plain = SweepSpec(model=get_preset("tiny"), q=(1,), B=(1,), L=(8,), dtypes=("bfloat16",), modes=("eager",))
+    plain = SweepRequest(model=get_preset("tiny"), q=(1,), B=(1,), L=(8,), dtypes=("bfloat16",), modes=("eager",))
     assert out.fingerprint() == plain.fingerprint()

@@ -5,7 +5,7 @@ import pytest
 from roofline.analysis import capacity
 from roofline.measure import memory
 from roofline.model.presets import get_preset
-from roofline.measure.devices import get_spec
+from roofline.measure.devices import get_datasheet
 
 
 def test_max_batch_by_memory_hand_checked(monkeypatch):

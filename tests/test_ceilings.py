@@ -16,7 +16,7 @@ from roofline.measure import ceilings
 
 from roofline.measure import kernels
 from roofline.measure.ceilings import (BANDWIDTH_COLUMNS, MATMUL_COLUMNS, SUMMARY_KEYS, TOP_KEYS,
-                               CeilingsSpec, check_gemm, decode_gemm_shapes, load_ceilings,
+                               CeilingsRequest, check_gemm, decode_gemm_shapes, load_ceilings,
                                measure_ceilings, summarize, write_ceilings)
 from roofline.io.fields import ConfigError
 from roofline.model.presets import get_preset
@@ -27,11 +27,11 @@ KiB, MiB = 2**10, 2**20
 FAST = TimerSettings(warmup=0, min_reps=2, max_reps=2, budget_s=5.0, l2_bytes=64 * KiB)
 
 
-def tiny_spec(**changes) -> CeilingsSpec:
+def tiny_spec(**changes) -> CeilingsRequest:
     base = dict(device="cpu", dtypes=("float32",), working_sets=(16 * KiB, 256 * KiB),
                 kernels=("torch_copy", "torch_read"), square_sizes=(48,),
                 decode_model=get_preset("tiny"), decode_ms=(1, 4), formats=(), timer=FAST, busy_check=False)
-    return CeilingsSpec(**{**base, **changes})
+    return CeilingsRequest(**{**base, **changes})
 
 
 @pytest.fixture(scope="module")
@@ -241,31 +241,31 @@ def test_bad_input_names_the_field(change, field):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="tests the no-CUDA message")
 def test_cuda_without_a_gpu_fails_fast():
     with pytest.raises(ConfigError, match="device='cuda'"):
-        CeilingsSpec(device="cuda")
+        CeilingsRequest(device="cuda")
 
 
 def test_cpu_defaults_are_torch_kernels_and_the_documented_ranges():
-    s = CeilingsSpec(device="cpu")
+    s = CeilingsRequest(device="cpu")
     assert s.kernels == tuple(n for n in kernels.KERNELS if n.startswith("torch_"))
     assert s.working_sets == (MiB, 16 * MiB, 256 * MiB)  # in cache, LLC-sized, DRAM: what a 2-core CPU waits for
     assert s.dtypes == ("bfloat16", "float32") and s.bandwidth_dtypes == ("float32",)
     assert s.decode_ms == (1, 4, 16, 64, 256)
-    full = CeilingsSpec(device="cpu", full=True)
+    full = CeilingsRequest(device="cpu", full=True)
     assert full.working_sets == tuple(2**p for p in range(18, 30))  # 256 KiB .. 512 MiB
     assert full.decode_ms == (1, 2, 4, 8, 16, 32, 64, 128, 256)
     with pytest.raises(ConfigError, match="full=true with quick=true"):
-        CeilingsSpec(device="cpu", full=True, quick=True)
+        CeilingsRequest(device="cpu", full=True, quick=True)
     assert s.decode_model.name == "cpu-demo"
 
 
 def test_from_dict_fills_nulls_with_defaults_and_reads_a_preset_name():
-    s = CeilingsSpec.from_dict({"device": "cpu", "quick": True, "dtypes": ["bf16"],
+    s = CeilingsRequest.from_dict({"device": "cpu", "quick": True, "dtypes": ["bf16"],
                                 "decode_model": "tiny", "kernels": None,
                                 "timer": {"warmup": None, "min_reps": 4, "budget_s": None}})
     assert s.dtypes == ("bfloat16",) and s.decode_model.name == "tiny"
     assert s.timer.min_reps == 4 and s.timer.budget_s == ceilings._TIMERS["cpu"][1].budget_s
     with pytest.raises(ConfigError, match="unknown field"):
-        CeilingsSpec.from_dict({"devcie": "cpu"})
+        CeilingsRequest.from_dict({"devcie": "cpu"})
 
 
 # ----------------------------------------------------------------------------- entry point
@@ -288,7 +288,7 @@ def test_entry_point_rejects_an_unknown_kernel_before_measuring(tmp_path):
 
 @pytest.mark.gpu
 def test_cuda_quick_ceilings_include_triton_and_reach_a_plausible_roof():
-    spec = CeilingsSpec(device="cuda", quick=True, working_sets=(16 * MiB, 1024 * MiB),
+    spec = CeilingsRequest(device="cuda", quick=True, working_sets=(16 * MiB, 1024 * MiB),
                         square_sizes=(2048,), decode_ms=(1,))
     if kernels.triton_available():
         assert any(kernels.KERNELS[k].uses_triton for k in spec.kernels)

@@ -285,12 +285,12 @@ def test_card_takes_a_model_folder(llama_dir):
 # ---- the sweep on a model folder -------------------------------------------------------------
 
 def test_sweep_times_the_checkpoint_weights_layer_sliced(llama_dir, tmp_path):
-    from roofline.measure.sweep import SweepSpec, BuiltModel, run_sweep
+    from roofline.measure.sweep import SweepRequest, BuiltModel, run_sweep
     from roofline.measure.timer import TimerSettings
     kw = dict(model=checkpoint_config(llama_dir), q=(1, 2), B=(1,), L=(0, 4), dtypes=("float32",), layers=1,
               timer=TimerSettings(warmup=1, min_reps=3, max_reps=3, budget_s=0.02))
-    spec = SweepSpec(checkpoint=str(llama_dir), **kw)
-    assert spec.fingerprint() != SweepSpec(**kw).fingerprint()
+    spec = SweepRequest(checkpoint=str(llama_dir), **kw)
+    assert spec.fingerprint() != SweepRequest(**kw).fingerprint()
     model = BuiltModel(spec, "float32", 1, "eager").model
     assert len(model.layers) == 1
     with safe_open(str(llama_dir / "model.safetensors"), framework="pt") as fh:
@@ -355,12 +355,12 @@ def test_fp8_block_scaled_checkpoint_loads_fp8_and_runs(block, tmp_path):
 
 def test_fp8_checkpoint_sweep_rows_say_unsupported_on_cpu(tmp_path):
     from roofline.io.results import read_rows
-    from roofline.measure.sweep import SweepSpec, run_sweep
+    from roofline.measure.sweep import SweepRequest, run_sweep
     from roofline.measure.timer import TimerSettings
     hf = hf_model("deepseek_v3", seed=10, num_nextn_predict_layers=0)
     hf.save_pretrained(tmp_path / "fp8")
     fp8_block_checkpoint(hf, tmp_path / "fp8", tmp_path / "deq", 16)
-    spec = SweepSpec(model=checkpoint_config(tmp_path / "fp8"), q=(1,), B=(1,), L=(4,), checkpoint=str(tmp_path / "fp8"),
+    spec = SweepRequest(model=checkpoint_config(tmp_path / "fp8"), q=(1,), B=(1,), L=(4,), checkpoint=str(tmp_path / "fp8"),
                      timer=TimerSettings(warmup=0, min_reps=2, max_reps=2))
     run_sweep(spec, tmp_path / "run", progress=False)
     rows = read_rows(tmp_path / "run" / "points.jsonl")

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from roofline.io.fields import ConfigError
-from roofline.parallel.collectives import CollectiveSpec, bus_factor, fit, seconds
+from roofline.parallel.collectives import CollectiveRequest, bus_factor, fit, seconds
 from roofline.parallel.cost import Collective
 
 
@@ -23,7 +23,7 @@ def test_bus_factor_rejects_unknown_collective():
 
 
 def test_sizes_divide_over_ranks_and_span_the_range():
-    s = CollectiveSpec(min_bytes=8, max_bytes=2**20, factor=4, world=4, dtype="float32").sizes()
+    s = CollectiveRequest(min_bytes=8, max_bytes=2**20, factor=4, world=4, dtype="float32").sizes()
     assert all(x % (4 * 4) == 0 for x in s)
     assert s[0] == 16 and 2**20 / 4 < s[-1] <= 2**20 and s == sorted(s)
 
@@ -51,7 +51,7 @@ def test_seconds_sums_each_call():
 @pytest.mark.slow
 def test_gloo_measurement_on_two_ranks(tmp_path):
     from roofline.parallel.collectives import run_collectives
-    doc = run_collectives(CollectiveSpec(kinds=("all_reduce", "all_to_all"), max_bytes=4096, reps=2), tmp_path)
+    doc = run_collectives(CollectiveRequest(kinds=("all_reduce", "all_to_all"), max_bytes=4096, reps=2), tmp_path)
     assert {r["kind"] for r in doc["rows"]} == {"all_reduce", "all_to_all"}
     for r in doc["rows"]:
         assert r["time_us"] > 0 and r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * bus_factor(r["kind"], 2))
@@ -63,14 +63,14 @@ def test_in_step_measurement_streams_a_buffer_before_each_timed_operation(tmp_pa
     """flush_bytes > 0: the rows and the document say so, and each operation is timed on its own
     (at most 10 per loop, each after the untimed flush)."""
     from roofline.parallel.collectives import run_collectives
-    doc = run_collectives(CollectiveSpec(kinds=("all_reduce",), max_bytes=64, reps=2, flush_bytes=2**20), tmp_path)
+    doc = run_collectives(CollectiveRequest(kinds=("all_reduce",), max_bytes=64, reps=2, flush_bytes=2**20), tmp_path)
     assert doc["spec"]["flush_bytes"] == 2**20
     assert all(r["flush_bytes"] == 2**20 and r["iters"] <= 10 and r["time_us"] > 0 for r in doc["rows"])
 
 
 def test_a_negative_flush_is_refused_naming_the_field():
     with pytest.raises(ConfigError, match="flush_bytes"):
-        CollectiveSpec(flush_bytes=-1)
+        CollectiveRequest(flush_bytes=-1)
 
 
 @pytest.mark.gpu
@@ -78,6 +78,6 @@ def test_nccl_measurement_on_one_gpu_reduces_its_times_on_the_rank_device(tmp_pa
     """One rank under NCCL: every tensor a collective sees must be on the rank's CUDA device (the
     per-loop time that is max-reduced across ranks was a CPU tensor, which NCCL refuses)."""
     from roofline.parallel.collectives import run_collectives
-    doc = run_collectives(CollectiveSpec(kinds=("all_reduce",), max_bytes=4096, reps=2, device="cuda", world=1),
+    doc = run_collectives(CollectiveRequest(kinds=("all_reduce",), max_bytes=4096, reps=2, device="cuda", world=1),
                           tmp_path)
     assert doc["rows"] and all(r["time_us"] > 0 for r in doc["rows"])

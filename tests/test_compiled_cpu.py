@@ -70,9 +70,9 @@ def test_a_compiled_graph_that_differs_from_eager_is_refused(model, monkeypatch)
 
 def test_a_compiled_sweep_row_records_its_compile_apart_from_its_timing(tmp_path):
     from roofline.io import results
-    from roofline.measure.sweep import SweepSpec, run_sweep
+    from roofline.measure.sweep import SweepRequest, run_sweep
     from roofline.measure.timer import TimerSettings
-    spec = SweepSpec(model=get_preset("tiny").scaled(layers=1), q=(1,), B=(1,), L=(4, 8), dtypes=("float32",), modes=("compiled",),
+    spec = SweepRequest(model=get_preset("tiny").scaled(layers=1), q=(1,), B=(1,), L=(4, 8), dtypes=("float32",), modes=("compiled",),
                      timer=TimerSettings(warmup=1, min_reps=3, max_reps=5, budget_s=0.05))
     run_sweep(spec, tmp_path, progress=False, noise=None)
     rows = [r for r in results.read_rows(tmp_path / "points.jsonl") if r["kind"] == "forward"]

@@ -12,22 +12,22 @@ from roofline.analysis.costmodel import FitSettings
 from roofline.checkpoints.inventory import InventoryRequest
 from roofline.commands.card import CardRequest
 from roofline.commands.predict import PredictRequest
-from roofline.measure.ceilings import CeilingsSpec
+from roofline.measure.ceilings import CeilingsRequest
 from roofline.measure.noise import NoiseSettings
 from roofline.measure.timer import TimerSettings
 from roofline.model.presets import REPO_ROOT
-from roofline.parallel.collectives import CollectiveSpec
+from roofline.parallel.collectives import CollectiveRequest
 from roofline.spec.real_acceptance import AcceptanceRequest
-from roofline.spec.validation import SpecValSpec
-from roofline.train.trainer import TrainSpec
+from roofline.spec.validation import SpecValidationRequest
+from roofline.train.trainer import TrainRequest
 
 # (config file, key inside it or None for the top level, the dataclass it is turned into)
 PAIRS = [("timer/default.yaml", None, TimerSettings), ("predict.yaml", None, PredictRequest),
          ("capacity.yaml", None, CapacityRequest), ("fit.yaml", None, FitSettings),
          ("inventory.yaml", None, InventoryRequest), ("card.yaml", None, CardRequest),
-         ("ceilings.yaml", None, CeilingsSpec), ("collectives.yaml", None, CollectiveSpec),
-         ("acceptance.yaml", None, AcceptanceRequest), ("specdec.yaml", None, SpecValSpec),
-         ("train.yaml", None, TrainSpec), ("sweep.yaml", "noise", NoiseSettings)]
+         ("ceilings.yaml", None, CeilingsRequest), ("collectives.yaml", None, CollectiveRequest),
+         ("acceptance.yaml", None, AcceptanceRequest), ("specdec.yaml", None, SpecValidationRequest),
+         ("train.yaml", None, TrainRequest), ("sweep.yaml", "noise", NoiseSettings)]
 
 
 def _default(f: dataclasses.Field):

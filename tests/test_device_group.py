@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from roofline.cli.entry import CONF_DIR, hydra_args, plain
 from roofline.io.fields import ConfigError
 from roofline.measure import devices
-from roofline.measure.devices import get_spec, list_specs
+from roofline.measure.devices import get_datasheet, list_specs
 
 
 def _device(config: str, *overrides: str, device_as: str):
@@ -60,7 +60,7 @@ def test_a_gpu_row_on_the_cpu_is_refused_naming_both_halves():
 
 def test_a_row_that_is_not_the_running_gpu_is_refused(monkeypatch):
     monkeypatch.setattr(devices.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(devices, "spec_for_running_device", lambda device="cuda": (get_spec("h100_sxm"), True))
+    monkeypatch.setattr(devices, "spec_for_running_device", lambda device="cuda": (get_datasheet("h100_sxm"), True))
     with pytest.raises(ConfigError, match=r"device=h200_sxm: cuda is a NVIDIA H100 SXM5 80GB \(h100_sxm\); "
                                           r"use device=cuda or device=h100_sxm"):
         devices.run_device("cuda", "h200_sxm")
@@ -68,7 +68,7 @@ def test_a_row_that_is_not_the_running_gpu_is_refused(monkeypatch):
 
 
 def test_cuda_in_a_datasheet_command_is_the_running_gpus_row(monkeypatch):
-    monkeypatch.setattr(devices, "spec_for_running_device", lambda device="cuda": (get_spec("l40s"), True))
+    monkeypatch.setattr(devices, "spec_for_running_device", lambda device="cuda": (get_datasheet("l40s"), True))
     assert devices.datasheet_row("cuda", None) == "l40s"
     with pytest.raises(ValueError, match=r"device='nope': unknown; allowed \["):
         devices.datasheet_row("cuda", "nope")

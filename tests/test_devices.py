@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from roofline.measure import devices
-from roofline.measure.devices import detect, get_spec, list_specs, parse_device, spec_for_running_device
+from roofline.measure.devices import detect, get_datasheet, list_specs, parse_device, spec_for_running_device
 from roofline.model.dtypes import DATASHEET_COLUMNS
 
 GPUS = [s for s in list_specs() if s.kind == "gpu"]
@@ -88,15 +88,15 @@ def test_every_gpu_row_is_detectable():
 
 
 def test_h200_bf16_ridge_is_206_flop_per_byte():
-    assert get_spec("h200_sxm").ridge("bfloat16") == pytest.approx(206, rel=0.02)
+    assert get_datasheet("h200_sxm").ridge("bfloat16") == pytest.approx(206, rel=0.02)
 
 
 def test_h100_sxm_bandwidth_matches_reference_figure():
-    assert get_spec("h100_sxm").bandwidth_Bps() == pytest.approx(3.35e12, rel=1e-3)
+    assert get_datasheet("h100_sxm").bandwidth_Bps() == pytest.approx(3.35e12, rel=1e-3)
 
 
 def test_peak_flops_accepts_torch_and_short_dtype_names():
-    h200 = get_spec("h200_sxm")
+    h200 = get_datasheet("h200_sxm")
     assert h200.peak_flops(str(torch.bfloat16)) == h200.peak_flops("bf16") == 989.5e12
     assert h200.peak_flops("float16") == h200.peak_flops("fp16")
     assert h200.peak_flops("float32") == pytest.approx(67e12)
@@ -105,32 +105,32 @@ def test_peak_flops_accepts_torch_and_short_dtype_names():
 
 def test_unknown_dtype_fails_naming_allowed_names():
     with pytest.raises(ValueError, match="allowed.*bf16"):
-        get_spec("h200_sxm").peak_flops("int4")
+        get_datasheet("h200_sxm").peak_flops("int4")
 
 
 def test_ridge_is_none_where_a_datasheet_number_is_missing():
-    assert get_spec("a100_80gb_sxm").ridge("fp8") is None
-    assert get_spec("cpu").ridge("bf16") is None
+    assert get_datasheet("a100_80gb_sxm").ridge("fp8") is None
+    assert get_datasheet("cpu").ridge("bf16") is None
 
 
 def test_get_spec_error_names_allowed_keys():
     with pytest.raises(ValueError) as err:
-        get_spec("h300")
+        get_datasheet("h300")
     assert "h300" in str(err.value) and "h200_sxm" in str(err.value) and "cpu" in str(err.value)
 
 
 def test_cpu_row_is_measured_only_with_no_numbers():
-    cpu = get_spec("cpu")
+    cpu = get_datasheet("cpu")
     assert cpu.kind == "cpu" and cpu.measured_only
     assert cpu.numbers() == []
     assert cpu.bandwidth_Bps() is None and cpu.peak_flops("bf16") is None
 
 
 def test_mi300x_cache_for_flushing_is_the_infinity_cache_not_the_l2():
-    mi300x = get_spec("mi300x")
+    mi300x = get_datasheet("mi300x")
     assert mi300x.l2_bytes == 32 * 2**20
     assert mi300x.cache_bytes() == 256 * 2**20
-    assert get_spec("h200_sxm").cache_bytes() == get_spec("h200_sxm").l2_bytes
+    assert get_datasheet("h200_sxm").cache_bytes() == get_datasheet("h200_sxm").l2_bytes
 
 
 def test_running_cpu_gets_the_measured_only_row():

@@ -17,7 +17,7 @@ from roofline.checkpoints.loader import config_from_hf, shard_files
 from roofline.io import results
 from roofline.io.fields import ConfigError
 from roofline.measure.slicing import slicing_error
-from roofline.measure.sweep import SweepSpec
+from roofline.measure.sweep import SweepRequest
 from roofline.measure.timer import TimerSettings
 from roofline.model.presets import REPO_ROOT, get_preset
 
@@ -84,7 +84,7 @@ def test_an_unknown_timer_key_is_named():
 
 def test_a_sliced_config_that_cannot_be_built_fails_fast():
     with pytest.raises(ConfigError, match="layers=1: 1 layers of 'deepseek-v3' cannot be built.*first_dense_layers"):
-        SweepSpec(model=get_preset("deepseek-v3"), q=(1,), B=(1,), L=(0,), layers=1)
+        SweepRequest(model=get_preset("deepseek-v3"), q=(1,), B=(1,), L=(0,), layers=1)
 
 
 def test_slicing_bad_arguments_name_the_field(tmp_path):

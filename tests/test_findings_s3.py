@@ -16,7 +16,7 @@ from roofline.analysis import costmodel, fitcheck, quality
 from roofline.io import results, runfolder
 from roofline.io.fields import ConfigError
 from roofline.measure import sweep as sw
-from roofline.measure.sweep import SweepSpec, check_run_dir, dry_run, extrapolate_layers, grid, run_sweep
+from roofline.measure.sweep import SweepRequest, check_run_dir, dry_run, extrapolate_layers, grid, run_sweep
 from roofline.measure.timer import TimerSettings
 from roofline.model.presets import REPO_ROOT, get_preset
 from tests.helpers import make_synthetic_run
@@ -28,7 +28,7 @@ DEMO_FIT = REPO_ROOT / "results" / "cpu-demo" / "fit.json"
 def spec(**kw):
     base = dict(model=get_preset("tiny"), q=(1, 2), B=(1,), L=(8,), mtp_q=(), timer=FAST)
     base.update(kw)
-    return SweepSpec(**base)
+    return SweepRequest(**base)
 
 
 # ---- HIGH --------------------------------------------------------------------------------------
@@ -411,8 +411,8 @@ def test_N16_compare_out_in_a_missing_folder_is_bad_input(tmp_path):
 
 def test_L11_specdec_default_folders_differ_per_request():
     from roofline.commands.specdec import _fingerprint
-    from roofline.spec.validation import SpecValSpec
-    a = SpecValSpec(model=get_preset("tiny"), ks=(1,))
+    from roofline.spec.validation import SpecValidationRequest
+    a = SpecValidationRequest(model=get_preset("tiny"), ks=(1,))
     b = dataclasses.replace(a, ks=(2,))
     assert _fingerprint(a) != _fingerprint(b) and _fingerprint(a) == _fingerprint(dataclasses.replace(a))
 

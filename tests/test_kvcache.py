@@ -122,11 +122,11 @@ def test_float_kv_other_than_the_activations_is_refused():
 
 def test_sweep_rows_on_a_quantized_cache_are_ok_and_charge_the_bytes_held(tmp_path):
     from roofline.io.results import read_rows
-    from roofline.measure.sweep import SweepSpec, run_sweep
+    from roofline.measure.sweep import SweepRequest, run_sweep
     from roofline.measure.timer import TimerSettings
     cfg, B, L = mini("tiny"), 2, 8
     labels = (label("fp8_e4m3"), label("int8"))
-    spec = SweepSpec(model=cfg, q=(1, 3), B=(B,), L=(L,), dtypes=labels, mtp_q=(1,),
+    spec = SweepRequest(model=cfg, q=(1, 3), B=(B,), L=(L,), dtypes=labels, mtp_q=(1,),
                      timer=TimerSettings(warmup=0, min_reps=2, max_reps=2))
     run_sweep(spec, tmp_path, progress=False, noise=None)
     rows = {(r["dtype"], r["kind"], r["q"]): r for r in read_rows(tmp_path / "points.jsonl")}

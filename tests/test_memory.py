@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from roofline.measure import memory
-from roofline.measure.sweep import SweepSpec, grid, run_sweep
+from roofline.measure.sweep import SweepRequest, grid, run_sweep
 from roofline.measure.timer import TimerSettings
 from roofline.model.presets import get_preset
 
@@ -89,7 +89,7 @@ def test_one_oversized_grid_value_is_too_big_alone(tmp_path, monkeypatch):
     big = memory.peak_bytes(cfg, "bfloat16", 64, 8 + 2, 2)
     free = (small.total + big.total) / 2 / memory.HEADROOM
     monkeypatch.setattr(memory, "available", lambda device: (free, f"{free / 1e9:.4f} GB available"))
-    s = SweepSpec(model=cfg, q=(1, 2), B=(1, 64), L=(8,), timer=FAST)
+    s = SweepRequest(model=cfg, q=(1, 2), B=(1, 64), L=(8,), timer=FAST)
     run_sweep(s, tmp_path, progress=False)
     df = pd.read_csv(tmp_path / "points.csv")
     assert len(df) == len(grid(s))
@@ -99,9 +99,9 @@ def test_one_oversized_grid_value_is_too_big_alone(tmp_path, monkeypatch):
 
 
 def test_specdec_checks_memory_before_anything(tmp_path, monkeypatch):
-    from roofline.spec.validation import SpecValSpec, run_validation
+    from roofline.spec.validation import SpecValidationRequest, run_validation
     monkeypatch.setattr(memory, "available", lambda device: (1e3, "1 kB available"))
-    spec = SpecValSpec(model=get_preset("tiny"), alphas=(0.5,), ks=(1,), Bs=(1,), prompt_len=8, max_new=4, reps=1,
+    spec = SpecValidationRequest(model=get_preset("tiny"), alphas=(0.5,), ks=(1,), Bs=(1,), prompt_len=8, max_new=4, reps=1,
                        real_drafters=(), dtype="float32", device="cpu", seed=0, timer=FAST)
     with pytest.raises(memory.TooBig, match="tiny needs"):
         run_validation(spec, tmp_path / "run")
@@ -115,7 +115,7 @@ def test_dry_run_prints_grid_memory_and_time_and_writes_nothing(tmp_path, monkey
     big = memory.peak_bytes(cfg, "bfloat16", 64, 8 + 2, 2)
     free = (small.total + big.total) / 2 / memory.HEADROOM
     monkeypatch.setattr(memory, "available", lambda device: (free, "test memory"))
-    text = dry_run(SweepSpec(model=cfg, q=(1, 2), B=(1, 64), L=(8,), timer=FAST), tmp_path / "run")
+    text = dry_run(SweepRequest(model=cfg, q=(1, 2), B=(1, 64), L=(8,), timer=FAST), tmp_path / "run")
     lines = text.splitlines()
     assert "nothing measured or written" in lines[0] and "q=[1, 2], B=[1, 64], L=[8]" in lines[1]
     assert "6 points" in lines[2] and "3 too big for test memory" in lines[2]  # forward q=1,2 and mtp q=1, at B=1, 64

@@ -123,12 +123,12 @@ def _busy_loop():
 def test_a_sweep_beside_busy_loops_is_flagged(tmp_path):
     """Busy loops on every core while a small sweep runs: the run must say so (noise.json, the
     console, the rows). No timing tolerance: only that the busy machine was noticed."""
-    from roofline.measure.sweep import SweepSpec, run_sweep
+    from roofline.measure.sweep import SweepRequest, run_sweep
     from roofline.measure.timer import TimerSettings
     loops = [_busy_loop() for _ in range(os.cpu_count() or 2)]
     try:
         time.sleep(0.5)
-        spec = SweepSpec(model=get_preset("tiny"), q=(1, 4), B=(1,), L=(16, 64), timer=TimerSettings(
+        spec = SweepRequest(model=get_preset("tiny"), q=(1, 4), B=(1,), L=(16, 64), timer=TimerSettings(
             warmup=1, min_reps=3, max_reps=5, budget_s=0.05))
         summary = run_sweep(spec, tmp_path, progress=False,
                             noise=NoiseSettings(every=2, retries=1, settle_s=0.1))

@@ -4,7 +4,7 @@ the anchors priced in the precision their deployments served."""
 import pytest
 
 from roofline.commands.capacity import plan_layouts, request_from_config
-from roofline.measure.devices import get_spec
+from roofline.measure.devices import get_datasheet
 from roofline.model.accounting import block_weight_bytes, forward_cost, mtp_cost
 from roofline.model.formats import parse_precision
 from roofline.model.presets import get_preset
@@ -51,7 +51,7 @@ def test_rank_kv_in_its_format_and_fp8_weights_halve_the_weight_term(whatif_fixt
     assert q.kv_write_bytes * 2 == bf.kv_write_bytes  # one fp8 byte per cached element instead of two
     assert q.kv_read_bytes - q.blocks * 2 * 4 == bf.kv_read_bytes / 2  # + one fp32 K and V scale per layer
     assert q.flops == bf.flops and q.collectives == bf.collectives  # activations stay bf16
-    dev = get_spec("h100_sxm")
+    dev = get_datasheet("h100_sxm")
     t_bf = WhatIf(cfg, dev, "bfloat16", lay).pass_detail(Pass(8, 1, 2048), 1, "vllm")["terms"]
     t_q = WhatIf(cfg, dev, "bfloat16+weights=fp8_e4m3_channel+kv=fp8_e4m3", lay).pass_detail(Pass(8, 1, 2048), 1,
                                                                                            "vllm")["terms"]
@@ -64,7 +64,7 @@ def test_rank_kv_in_its_format_and_fp8_weights_halve_the_weight_term(whatif_fixt
 def test_fp8_matmuls_run_at_the_fp8_rate(whatif_fixture_data):
     """Compute-bound, the GEMMs of fp8 weights are priced at the datasheet's fp8 FLOP/s."""
     cfg = get_preset("llama-3.1-8b")
-    dev = get_spec("h100_sxm")
+    dev = get_datasheet("h100_sxm")
     p = Pass(256, 16, 0)
     t_bf = WhatIf(cfg, dev, "bfloat16").pass_detail(p, 1, "vllm")["terms"]["dense"]
     t_q = WhatIf(cfg, dev, "bfloat16+weights=fp8_e4m3").pass_detail(p, 1, "vllm")["terms"]["dense"]

@@ -3,7 +3,7 @@
 import pytest
 
 from roofline.io.results import load_run
-from roofline.measure.sweep import SweepSpec, run_sweep
+from roofline.measure.sweep import SweepRequest, run_sweep
 from roofline.parallel.runner import run_parallel_sweep
 from roofline.measure.timer import TimerSettings
 from roofline.io.fields import ConfigError
@@ -17,7 +17,7 @@ FAST = TimerSettings(warmup=1, min_reps=3, max_reps=3, budget_s=0.1)
 @pytest.mark.slow
 def test_tp2_ep2_sweep_writes_per_rank_rows_and_resumes(tmp_path):
     cfg = scaled_down(get_preset("mixtral-8x7b"))
-    spec = SweepSpec(model=cfg, q=(1, 3), B=(2,), L=(8,), parallel=Layout(tp=2, ep=2), timer=FAST)
+    spec = SweepRequest(model=cfg, q=(1, 3), B=(2,), L=(8,), parallel=Layout(tp=2, ep=2), timer=FAST)
     first = run_parallel_sweep(spec, tmp_path, progress=False)
     assert (first["ok"], first["failed"]) == (2, 0)
     df = load_run(tmp_path).sort_values("q")
@@ -43,11 +43,11 @@ def test_distributed_sweep_rejects_what_it_cannot_run(kw, field):
     cfg = scaled_down(get_preset("mixtral-8x7b"), layers=2)
     base = dict(model=cfg, q=(1,), B=(2,), L=(8,), parallel=Layout(tp=2, ep=2))
     with pytest.raises(ConfigError, match=field):
-        SweepSpec(**{**base, **kw})
+        SweepRequest(**{**base, **kw})
 
 
 def test_layout_is_part_of_the_fingerprint():
     cfg = get_preset("tiny")
-    one = SweepSpec(model=cfg, q=(1,), B=(1,), L=(8,))
+    one = SweepRequest(model=cfg, q=(1,), B=(1,), L=(8,))
     assert one.identity()["parallel"] == dict(tp=1, ep=1, pp=1, dp_attention=False)
-    assert one.fingerprint() != SweepSpec(model=cfg, q=(1,), B=(1,), L=(8,), parallel=Layout(tp=2)).fingerprint()
+    assert one.fingerprint() != SweepRequest(model=cfg, q=(1,), B=(1,), L=(8,), parallel=Layout(tp=2)).fingerprint()

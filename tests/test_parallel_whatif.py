@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from roofline.io.fields import ConfigError
-from roofline.measure.devices import get_spec
+from roofline.measure.devices import get_datasheet
 from roofline.model.presets import get_preset
 from roofline.parallel import anchors, engines, kernels
 from roofline.parallel.layout import Layout
@@ -43,7 +43,7 @@ def test_tile_quantization_wastes_the_partial_tile_and_the_partial_wave():
 
 
 def test_weight_only_int4_streams_fewer_bytes_but_loses_its_edge_as_M_grows():
-    dev = get_spec("h100_sxm")
+    dev = get_datasheet("h100_sxm")
     bw, f, f32 = dev.bandwidth_Bps(), dev.peak_flops("bf16"), dev.peak_flops("fp32")
     N = K = 8192
 
@@ -98,7 +98,7 @@ def test_an_architecture_with_its_own_kernels_replaces_the_nvidia_curves():
 
 def test_qwen3_moe_what_if_prices_touched_experts_not_all_of_them():
     cfg = get_preset("qwen3-30b-a3b")
-    w = WhatIf(cfg, get_spec("h100_sxm"), "bfloat16", Layout(), S)
+    w = WhatIf(cfg, get_datasheet("h100_sxm"), "bfloat16", Layout(), S)
     t1, t2 = w.target(1, 1, 1024, 1), w.target(1, 2, 1024, 1)
     assert w.experts_touched(1) == pytest.approx(cfg.experts_per_token)
     assert t2 / t1 > 1.2  # a second token touches new experts (T(2)/T(1) was 1.00 when priced dense)
@@ -122,10 +122,10 @@ def test_graph_mode_fit_of_an_moe_is_a_transfer_priced_touched():
 def test_unknown_engine_names_the_field_and_no_engine_spans_the_profiles():
     cfg = get_preset("llama-3.1-8b")
     with pytest.raises(ConfigError, match="engine='nope'"):
-        WhatIf(cfg, get_spec("h100_sxm"), "bfloat16", Layout(), Setting(engine="nope", engines=S.engines,
+        WhatIf(cfg, get_datasheet("h100_sxm"), "bfloat16", Layout(), Setting(engine="nope", engines=S.engines,
                                                                           kernels=S.kernels)).itl(1, 128)
-    span = WhatIf(cfg, get_spec("h100_sxm"), "bfloat16", Layout(), Setting(engines=S.engines, kernels=S.kernels))
-    one = {e: WhatIf(cfg, get_spec("h100_sxm"), "bfloat16", Layout(),
+    span = WhatIf(cfg, get_datasheet("h100_sxm"), "bfloat16", Layout(), Setting(engines=S.engines, kernels=S.kernels))
+    one = {e: WhatIf(cfg, get_datasheet("h100_sxm"), "bfloat16", Layout(),
                      Setting(engine=e, engines=S.engines, kernels=S.kernels)).itl(1, 128) for e in engines.names(S.engines)}
     s = span.itl(1, 128)
     assert s["optimistic"] == min(v["optimistic"] for v in one.values())
@@ -138,7 +138,7 @@ def test_an_eager_engine_pays_the_hosts_issue_time_for_each_light_kernel():
     (Llama: 5 matrices + attention, so 50 launches leave 44 light ones at 10 us); forced CUDA graphs
     replace it by the graph floor."""
     cfg = get_preset("llama-3.1-8b")
-    dev = get_spec("h100_sxm")
+    dev = get_datasheet("h100_sxm")
     w = WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine="eager-host", engines=S.engines, kernels=S.kernels))
     terms = w.pass_detail(Pass(1, 1, 128), 1, "eager-host")["terms"]
     assert terms["per_layer"] == pytest.approx(cfg.layers * 44 * 10e-6)
@@ -156,7 +156,7 @@ def test_an_engine_accumulating_fp16_gemms_in_fp16_gets_the_geforce_double_rate(
     assert kernels.fp16_accumulate_speedup(kern, "rtx4090") == 2.0 and kernels.fp16_accumulate_speedup(kern, "h100_sxm") == 1.0
     eng = engines.profile("llama.cpp", 1)
     assert eng.fp16_accumulate and not engines.profile("vllm", 1).fp16_accumulate
-    cfg, dev, p = get_preset("llama-3.1-8b"), get_spec("rtx4090"), Pass(1, 1, 0, 2048, 1024)
+    cfg, dev, p = get_preset("llama-3.1-8b"), get_datasheet("rtx4090"), Pass(1, 1, 0, 2048, 1024)
     fast = whatif.pass_seconds(cfg, Layout(), "float16", p, dev, eng, 1, kern, whatif.load_priors())["terms"]["dense"]
     slow = whatif.pass_seconds(cfg, Layout(), "float16", p, dev, dataclasses.replace(eng, fp16_accumulate=False), 1,
                                kern, whatif.load_priors())["terms"]["dense"]
@@ -174,7 +174,7 @@ def test_an_engines_own_quantized_expert_kernel_streams_at_its_ratio_of_the_grou
     kern, priors = kernels.load_kernels(), whatif.load_priors()
     eng = engines.profile("gpt-fast", 1)
     assert dict(eng.grouped_bw_ratio) == {"int8": pytest.approx(0.765)} and engines.profile("vllm", 1).grouped_bw_ratio == ()
-    cfg, dev, p = get_preset("mixtral-8x7b"), get_spec("a100_80gb_sxm"), Pass(1, 1, 128)
+    cfg, dev, p = get_preset("mixtral-8x7b"), get_datasheet("a100_80gb_sxm"), Pass(1, 1, 128)
     def experts(dtype, e):
         return whatif.pass_seconds(cfg, Layout(), dtype, p, dev, e, 1, kern, priors)["terms"]["experts"]
     plain = dataclasses.replace(eng, grouped_bw_ratio=())
@@ -186,12 +186,12 @@ def test_tp_all_reduces_stay_on_nvlink_beyond_eight_devices():
     from roofline.parallel.whatif import collective_link, load_priors
     p = load_priors()
     lay = Layout(tp=8, pp=2)
-    assert collective_link("all_reduce", lay, get_spec("h100_sxm"), S, p) == "nvlink4"
-    assert collective_link("send_recv", lay, get_spec("h100_sxm"), S, p) == "infiniband_ndr"
+    assert collective_link("all_reduce", lay, get_datasheet("h100_sxm"), S, p) == "nvlink4"
+    assert collective_link("send_recv", lay, get_datasheet("h100_sxm"), S, p) == "infiniband_ndr"
 
 
 def test_memory_check_counts_the_draft_model_and_a_plan_that_does_not_fit_says_so():
-    cfg, dev = get_preset("llama-3.1-70b"), get_spec("h100_sxm")
+    cfg, dev = get_preset("llama-3.1-70b"), get_datasheet("h100_sxm")
     plain = memory_check(get_preset("llama-3.1-8b"), dev, "bfloat16", Layout(), 8, 2048)
     with_draft = memory_check(get_preset("llama-3.1-8b"), dev, "bfloat16", Layout(), 8, 2048,
                               draft=get_preset("llama-3.1-8b"))
@@ -220,7 +220,7 @@ def test_capacity_with_and_without_layouts_give_one_answer(fixture_data):
 
 
 def test_fixed_lengths_ramp_every_wave_and_staggered_ones_interleave_the_prompts():
-    w = WhatIf(get_preset("llama-3.1-8b"), get_spec("h100_sxm"), "bfloat16", Layout(), S)
+    w = WhatIf(get_preset("llama-3.1-8b"), get_datasheet("h100_sxm"), "bfloat16", Layout(), S)
     fixed, stag = serve(w, 2048, 512, 16, 160), serve(w, 2048, 512, 16, 160, staggered=True)
     one = serve(w, 2048, 512, 16, 16)
     # fixed lengths: the 10 waves each wait for their 16 prompts (8 of 16 chunks for the median request)
@@ -234,7 +234,7 @@ def test_capacity_and_layouts_honour_calibrate_with_one_answer(fixture_data, tmp
 
     from roofline.analysis.capacity import plan_whatif
     from roofline.commands.capacity import plan_layouts, request_from_config
-    w = WhatIf(get_preset("llama-3.1-8b"), get_spec("h100_sxm"), "bfloat16", Layout(), Setting(engine="vllm"))
+    w = WhatIf(get_preset("llama-3.1-8b"), get_datasheet("h100_sxm"), "bfloat16", Layout(), Setting(engine="vllm"))
     L = 1024 + 256 // 2
     (tmp_path / "cal.yaml").write_text(yaml.safe_dump(dict(points=[dict(B=16, L=L, itl_ms=1.5e3 * w.itl(16, L)["typical"])])))
     c = yaml.safe_load((ROOT / "roofline" / "conf" / "capacity.yaml").read_text())
@@ -261,15 +261,15 @@ def test_predict_what_if_honours_formats_and_prices_plain_decode_without_mtp(fix
     assert "no MTP module" in summary["note"] and summary["rows"] == 1
     _, s8 = predict_command(dict(base, weights="int8"))
     assert s8["dtype"] == "bfloat16+weights=int8"
-    t_bf = WhatIf(get_preset("llama-3.1-8b"), get_spec("h100_sxm"), "bfloat16", Layout(), S).itl(1, 1024)
-    t_i8 = WhatIf(get_preset("llama-3.1-8b"), get_spec("h100_sxm"), "bfloat16+weights=int8", Layout(), S).itl(1, 1024)
+    t_bf = WhatIf(get_preset("llama-3.1-8b"), get_datasheet("h100_sxm"), "bfloat16", Layout(), S).itl(1, 1024)
+    t_i8 = WhatIf(get_preset("llama-3.1-8b"), get_datasheet("h100_sxm"), "bfloat16+weights=int8", Layout(), S).itl(1, 1024)
     assert t_i8["typical"] < 0.8 * t_bf["typical"]
 
 
 # ---- workload pricing and calibration ---------------------------------------------------------
 
 def test_finite_run_prices_ttft_itl_and_throughput_consistently():
-    w = WhatIf(get_preset("llama-3.1-8b"), get_spec("h100_sxm"), "bfloat16", Layout(), S)
+    w = WhatIf(get_preset("llama-3.1-8b"), get_datasheet("h100_sxm"), "bfloat16", Layout(), S)
     r = serve(w, 1024, 256, 32, 256)
     t = {k: v["typical"] for k, v in r.items()}
     assert t["itl_p90_s"] >= t["itl_s"] and t["ttft_s"] > 0
@@ -281,7 +281,7 @@ def test_finite_run_prices_ttft_itl_and_throughput_consistently():
 
 def test_a_finite_run_with_speculation_honours_k_the_drafter_and_the_acceptance_per_position():
     cfg = get_preset("llama-3.1-8b")
-    w = WhatIf(cfg, get_spec("h100_sxm"), "bfloat16", Layout(), S)
+    w = WhatIf(cfg, get_datasheet("h100_sxm"), "bfloat16", Layout(), S)
     plain = serve(w, 128, 1024, 8)
     none = serve(w, 128, 1024, 8, spec=SpecDecode(3, (0.0,), "ngram"))  # nothing accepted: tau = 1
     good = serve(w, 128, 1024, 8, spec=SpecDecode(3, (0.9, 0.8, 0.7), "ngram"))
@@ -291,7 +291,7 @@ def test_a_finite_run_with_speculation_honours_k_the_drafter_and_the_acceptance_
     assert SpecDecode(3, (0.9, 0.8, 0.7), "ngram").tau() == pytest.approx(1 + 0.9 + 0.72 + 0.504)
     assert t(good, "itl_mean_s") == pytest.approx(t(good, "itl_s") / 3.124, rel=0.02)  # tau tokens per round
     assert t(good, "e2e_s") == pytest.approx(t(good, "ttft_s") + 1023 * t(good, "itl_mean_s"))
-    draft = WhatIf(get_preset("tiny"), get_spec("h100_sxm"), "bfloat16", Layout(), S)
+    draft = WhatIf(get_preset("tiny"), get_datasheet("h100_sxm"), "bfloat16", Layout(), S)
     drafted = serve(w, 128, 1024, 8, spec=SpecDecode(3, (0.8,), "draft_model", draft))
     assert t(drafted, "itl_s") > t(iid, "itl_s")  # the draft model's three passes cost time; n-gram lookup none
     for bad, field in (((0, (0.5,)), "spec.k=0"), ((2, (0.5, 0.5, 0.5)), "spec.acceptance"),
@@ -313,7 +313,7 @@ def test_a_finite_speculative_anchor_is_priced_when_k_and_the_acceptance_are_sta
 
 def test_calibration_rescales_by_batch_and_keeps_the_points_leave_one_out_spread(tmp_path):
     from roofline.analysis.calibrate import calibrated
-    w = WhatIf(get_preset("llama-3.1-8b"), get_spec("h100_sxm"), "bfloat16", Layout(), S)
+    w = WhatIf(get_preset("llama-3.1-8b"), get_datasheet("h100_sxm"), "bfloat16", Layout(), S)
     t1, t8, t8s = w.itl(1, 1024)["typical"], w.itl(8, 1024)["typical"], w.itl(8, 512)["typical"]
     pts = [dict(B=1, L=1024, itl_ms=1.2e3 * t1), dict(B=8, L=1024, itl_ms=1.3e3 * t8),
            dict(B=8, L=512, tok_s_per_user=1 / (1.25 * t8s))]
@@ -333,7 +333,7 @@ def test_calibration_rescales_by_batch_and_keeps_the_points_leave_one_out_spread
 
 def test_a_calibrated_interval_widens_back_to_the_priors_away_from_the_points(tmp_path):
     from roofline.analysis.calibrate import calibrated
-    w = WhatIf(get_preset("llama-3.1-8b"), get_spec("h100_sxm"), "bfloat16", Layout(), S)
+    w = WhatIf(get_preset("llama-3.1-8b"), get_datasheet("h100_sxm"), "bfloat16", Layout(), S)
     (tmp_path / "one.yaml").write_text(yaml.safe_dump(dict(points=[dict(B=4, L=1024, itl_ms=1.1e3 * w.itl(4, 1024)["typical"])])))
     c = calibrated(w, tmp_path / "one.yaml")
     rel = lambda d: (d["optimistic"] / d["typical"], d["pessimistic"] / d["typical"])  # noqa: E731
@@ -349,13 +349,13 @@ def test_calibrate_reads_a_sweeps_fit_json_of_the_same_model_only(tmp_path):
     fit = ROOT / "results" / "cpu-demo" / "fit.json"
     pts = load_points(fit, "cpu-demo", "bfloat16")
     assert pts and all(p["kernels_only"] and p["itl_ms"] > 0 for p in pts)
-    w = WhatIf(get_preset("cpu-demo"), get_spec("h100_sxm"), "bfloat16", Layout(), S)
+    w = WhatIf(get_preset("cpu-demo"), get_datasheet("h100_sxm"), "bfloat16", Layout(), S)
     c = calibrated(w, fit)
     B, L = pts[0]["B"], pts[0]["L"]
     assert c.calibration.B_range == (min(p["B"] for p in pts), max(p["B"] for p in pts))
     assert c.itl(B, L)["typical"] > 10 * w.itl(B, L)["typical"]  # a CPU sweep: far slower than an H100 datasheet
     with pytest.raises(ConfigError, match="the fit measured model 'cpu-demo'"):
-        calibrated(WhatIf(get_preset("llama-3.1-8b"), get_spec("h100_sxm"), "bfloat16", Layout(), S), fit)
+        calibrated(WhatIf(get_preset("llama-3.1-8b"), get_datasheet("h100_sxm"), "bfloat16", Layout(), S), fit)
     with pytest.raises(ConfigError, match="no forward group in dtype 'float32'"):
         load_points(fit, "cpu-demo", "float32")
 
@@ -450,11 +450,11 @@ def test_one_moe_mode_rule_covers_one_device_and_sharded_runs():
     for mod in (sweep, runner):  # no second home: neither names an implementation itself
         src = inspect.getsource(mod)
         assert 'moe_impl="touched"' not in src and 'moe_impl="dense"' not in src, mod.__name__
-    from roofline.measure.sweep import SweepSpec
+    from roofline.measure.sweep import SweepRequest
     from roofline.model.presets import scaled_down
     cfg = scaled_down(get_preset("mixtral-8x7b"), layers=2)
     with pytest.raises(ConfigError) as e:
-        SweepSpec(model=cfg, q=(1,), B=(2,), L=(8,), parallel=Layout(tp=2, ep=2), modes=("graph",), device="cuda")
+        SweepRequest(model=cfg, q=(1,), B=(2,), L=(8,), parallel=Layout(tp=2, ep=2), modes=("graph",), device="cuda")
     assert SHARDED_MOE_NO_GRAPH in str(e.value)
 
 
@@ -462,19 +462,19 @@ def test_a_new_single_device_sweep_of_an_moe_in_graph_or_compiled_mode_is_refuse
     """No touched-expert path that captures or compiles as one graph is built: the rule refuses a new
     run (one line naming the mode and why, exit 2 through ConfigError); rows measured in those modes before
     ran every expert and are still priced so; modes=[auto] runs an MoE eager and says so."""
-    from roofline.measure.sweep import SweepSpec, _runnable_mode
+    from roofline.measure.sweep import SweepRequest, _runnable_mode
     from roofline.model.accounting import MOE_NO_STATIC_GRAPH, moe_impl_for_mode
     from roofline.model.presets import scaled_down
     cfg = scaled_down(get_preset("mixtral-8x7b"), layers=2)
     for mode, device in (("graph", "cuda"), ("compiled", "cpu")):
         with pytest.raises(ConfigError) as e:
-            SweepSpec(model=cfg, q=(1,), B=(2,), L=(8,), modes=(mode,), device=device)
+            SweepRequest(model=cfg, q=(1,), B=(2,), L=(8,), modes=(mode,), device=device)
         assert f"modes=['{mode}']" in str(e.value) and MOE_NO_STATIC_GRAPH in str(e.value)
         with pytest.raises(ValueError, match="use modes=\\[eager\\]"):
             moe_impl_for_mode(mode, new_run=True)
         assert moe_impl_for_mode(mode) == "dense"  # how such a row, measured before, is priced
-    SweepSpec(model=cfg, q=(1,), B=(2,), L=(8,), modes=("eager",), device="cpu")  # eager runs touched experts
-    SweepSpec(model=get_preset("tiny"), q=(1,), B=(2,), L=(8,), modes=("compiled",), device="cpu")  # dense models: as before
+    SweepRequest(model=cfg, q=(1,), B=(2,), L=(8,), modes=("eager",), device="cpu")  # eager runs touched experts
+    SweepRequest(model=get_preset("tiny"), q=(1,), B=(2,), L=(8,), modes=("compiled",), device="cpu")  # dense models: as before
     mode, why = _runnable_mode(cfg, "graph")  # what modes=[auto] (the device's fast mode) becomes for an MoE
     assert mode == "eager" and "an MoE model runs eager" in why
     assert _runnable_mode(get_preset("tiny"), "graph") == ("graph", "")
@@ -486,7 +486,7 @@ def test_a_datasheet_what_if_of_qwen3_moe_in_graph_mode_prices_the_touched_exper
     tokens touch (8 of 128 at one token, ~15.5 at two), never all of them; graphs change the launch
     floor only."""
     from roofline.model.accounting import experts_touched
-    cfg, dev = get_preset("qwen3-30b-a3b"), get_spec("h100_sxm")
+    cfg, dev = get_preset("qwen3-30b-a3b"), get_datasheet("h100_sxm")
     w = WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine="vllm", graphs=graphs))
     assert w.experts_touched(1) == pytest.approx(8.0) and w.experts_touched(2) == pytest.approx(
         experts_touched(cfg, 2))

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from roofline.report import plots
-from roofline.measure.devices import get_spec
+from roofline.measure.devices import get_datasheet
 from tests.helpers import MEASURED_BF16_TFLOPS, MEASURED_BW_GBPS, make_synthetic_run
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def test_step_time_prediction_is_max_of_memory_and_compute_time(frame, ceilings)
 
 
 def test_prediction_falls_back_to_the_datasheet_without_measured_ceilings():
-    roofs = plots.roofs_for("bfloat16", None, get_spec("h200_sxm"))
+    roofs = plots.roofs_for("bfloat16", None, get_datasheet("h200_sxm"))
     assert roofs.for_prediction() == (4800e9, 989.5e12, "datasheet")
     assert roofs.ridge_datasheet == pytest.approx(206.1, abs=0.1)
     one = pd.DataFrame({"bytes_total": [4.8e9], "flops": [989.5e12 * 2]})

@@ -18,7 +18,7 @@ from roofline.model.accounting import forward_cost
 from roofline.io.fields import ConfigError
 from roofline.model.presets import REPO_ROOT, get_preset
 from roofline.commands.sweep import summary_text
-from roofline.measure.sweep import SweepSpec, run_sweep
+from roofline.measure.sweep import SweepRequest, run_sweep
 from roofline.measure.timer import TimerSettings
 
 
@@ -92,7 +92,7 @@ def test_fit_of_an_all_failed_run_is_one_line(tmp_path):
 
 def test_unconverged_points_are_recorded_and_listed(tmp_path):
     timer = TimerSettings(warmup=0, min_reps=3, max_reps=3, rel_ci=1e-9, budget_s=0.01)
-    s = SweepSpec(model=get_preset("tiny"), q=(1,), B=(1,), L=(0,), timer=timer)
+    s = SweepRequest(model=get_preset("tiny"), q=(1,), B=(1,), L=(0,), timer=timer)
     out = run_sweep(s, tmp_path, progress=False)
     assert out["not_converged"] == out["ok"] == 2 and len(out["not_converged_points"]) == 2
     assert not pd.read_csv(tmp_path / "points.csv")["converged"].any()

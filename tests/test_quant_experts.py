@@ -110,10 +110,10 @@ def test_dense_and_touched_quantized_moe_agree():
 
 def test_sweep_runs_int8_experts_and_charges_the_touched_ones(tmp_path):
     from roofline.io.results import read_rows
-    from roofline.measure.sweep import SweepSpec, run_sweep
+    from roofline.measure.sweep import SweepRequest, run_sweep
     from roofline.measure.timer import TimerSettings
     cfg, lab = mini("mixtral-8x7b"), "bfloat16+weights=int8"
-    spec = SweepSpec(model=cfg, q=(2,), B=(1,), L=(4,), dtypes=(lab,),
+    spec = SweepRequest(model=cfg, q=(2,), B=(1,), L=(4,), dtypes=(lab,),
                      timer=TimerSettings(warmup=0, min_reps=2, max_reps=2))
     run_sweep(spec, tmp_path, progress=False, noise=None)
     (r,) = read_rows(tmp_path / "points.jsonl")

@@ -13,7 +13,7 @@ from roofline.io import results, runfolder
 from roofline.measure.memory import TooBig
 from roofline.io.fields import ConfigError
 from roofline.model.presets import REPO_ROOT, get_preset
-from roofline.measure.sweep import SweepSpec, grid, run_sweep
+from roofline.measure.sweep import SweepRequest, grid, run_sweep
 from roofline.measure.timer import TimerSettings
 
 FAST = TimerSettings(warmup=1, min_reps=3, max_reps=4, budget_s=0.02)
@@ -22,7 +22,7 @@ FAST = TimerSettings(warmup=1, min_reps=3, max_reps=4, budget_s=0.02)
 def spec(**kw):
     base = dict(model=get_preset("tiny"), q=(1, 2), B=(1,), L=(0, 8), timer=FAST)
     base.update(kw)
-    return SweepSpec(**base)
+    return SweepRequest(**base)
 
 
 def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 
 from roofline.io.fields import ConfigError
 from roofline.model.presets import REPO_ROOT, get_preset
-from roofline.spec.validation import SpecValSpec, predicted_speedup
+from roofline.spec.validation import SpecValidationRequest, predicted_speedup
 
 
 def test_prediction_is_tau_times_plain_step_over_round_time(monkeypatch):
@@ -24,7 +24,7 @@ def test_prediction_is_tau_times_plain_step_over_round_time(monkeypatch):
         return types.SimpleNamespace(steps=StepCosts(target=lambda q, B, L: T[q], draft=draft, overhead=no_cost))
 
     monkeypatch.setattr(pr, "step_costs", fake_costs)
-    spec = SpecValSpec(model=get_preset("tiny"))
+    spec = SpecValidationRequest(model=get_preset("tiny"))
     p = predicted_speedup({}, spec, k=2, B=1, tau=2.5, o_plain=1.0, o_spec=3.0)
     # R = (T(3) + o_plain) + T_mtp(3) + (k-1) T_mtp(1) + (o_spec - o_plain) = 13 + 2 + 1 + 2
     assert p["R_pred_s"] == 18.0
@@ -34,7 +34,7 @@ def test_prediction_is_tau_times_plain_step_over_round_time(monkeypatch):
 
 def test_a_preset_without_mtp_is_refused():
     with pytest.raises(ConfigError, match="mtp_layers"):
-        SpecValSpec(model=get_preset("llama-3.1-8b"))
+        SpecValidationRequest(model=get_preset("llama-3.1-8b"))
 
 
 @pytest.mark.slow
@@ -83,4 +83,4 @@ def test_each_rep_of_the_oracle_draws_its_own_coin_flips():
 ])
 def test_L4_a_bad_specdec_grid_is_one_line_naming_the_field(kw, says):
     with pytest.raises(ConfigError, match=says):
-        SpecValSpec(model=get_preset("tiny"), **kw)
+        SpecValidationRequest(model=get_preset("tiny"), **kw)

@@ -14,7 +14,7 @@ import torch
 from roofline.io import results
 from roofline.io.fields import ConfigError
 from roofline.model.presets import REPO_ROOT, get_preset
-from roofline.measure.sweep import SweepSpec, extrapolate_layers, grid, run_sweep
+from roofline.measure.sweep import SweepRequest, extrapolate_layers, grid, run_sweep
 from roofline.measure.timer import TimerSettings
 
 FAST = TimerSettings(warmup=1, min_reps=3, max_reps=5, budget_s=0.05)
@@ -23,7 +23,7 @@ FAST = TimerSettings(warmup=1, min_reps=3, max_reps=5, budget_s=0.05)
 def spec(**kw):
     base = dict(model=get_preset("tiny"), q=(1, 2), B=(1, 2), L=(0, 8), timer=FAST)
     base.update(kw)
-    return SweepSpec(**base)
+    return SweepRequest(**base)
 
 
 @pytest.mark.slow
@@ -236,11 +236,11 @@ def test_multirun_aggregates_every_job_even_a_failed_one(tmp_path, launcher):
 
 
 def test_ceiling_columns_give_measured_and_datasheet_percentages_side_by_side():
-    from roofline.measure.devices import get_spec
+    from roofline.measure.devices import get_datasheet
     from roofline.measure.sweep import ceiling_columns
     measured = {"summary": {"mem_bw_GBps": 4000.0, "peak_tflops": {"bfloat16": 800.0}}}
     row = dict(achieved_GBps=3000.0, achieved_TFLOPs=10.0, intensity=3.0)
-    c = ceiling_columns(row, "bfloat16", measured, get_spec("h200_sxm"))
+    c = ceiling_columns(row, "bfloat16", measured, get_datasheet("h200_sxm"))
     assert c["pct_measured_bw"] == pytest.approx(75.0)
     assert c["pct_datasheet_bw"] == pytest.approx(62.5)  # of 4800 GB/s
     assert c["pct_measured_flops"] == pytest.approx(1.25)

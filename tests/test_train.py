@@ -15,7 +15,7 @@ from roofline.checkpoints.inventory import InventoryRequest, run_inventory  # no
 from roofline.checkpoints.loader import load_checkpoint  # noqa: E402
 from roofline.io.fields import ConfigError  # noqa: E402
 from roofline.train import corpus  # noqa: E402
-from roofline.train.trainer import ModelShape, TrainSpec, run_training  # noqa: E402
+from roofline.train.trainer import ModelShape, TrainRequest, run_training  # noqa: E402
 
 TINY = dict(target=ModelShape(d=32, layers=1, heads=2, kv_heads=2, ffn=64, mtp_layers=1),
             draft=ModelShape(d=16, layers=1, heads=1, kv_heads=1, ffn=32, mtp_layers=0),
@@ -26,7 +26,7 @@ TINY = dict(target=ModelShape(d=32, layers=1, heads=2, kv_heads=2, ffn=64, mtp_l
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("trained")
-    summary = run_training(TrainSpec(out_dir=str(out), **TINY), log=lambda *a: None)
+    summary = run_training(TrainRequest(out_dir=str(out), **TINY), log=lambda *a: None)
     return out, summary
 
 
@@ -140,9 +140,9 @@ def test_broken_chat_template_is_one_line(trained, tmp_path):
 
 def test_real_validation_runs_disjoint_and_exact(trained, tmp_path):
     from roofline.measure.timer import TimerSettings
-    from roofline.spec.real_validation import RealValSpec, run_real_validation, summarize
+    from roofline.spec.real_validation import RealValidationRequest, run_real_validation, summarize
     out, _ = trained
-    spec = RealValSpec(checkpoint=str(out / "target"), draft_checkpoint=str(out / "draft"),
+    spec = RealValidationRequest(checkpoint=str(out / "target"), draft_checkpoint=str(out / "draft"),
                        prompts_a=str(out / "prompts_a.jsonl"), prompts_b=str(out / "prompts_b.jsonl"),
                        drafters=("mtp", "ngram"), ks=(2,), Bs=(1,), max_new=6, n_prompts=1, reps=1, dtype="float32",
                        timer=TimerSettings(warmup=1, min_reps=2, max_reps=3, rel_ci=0.5, budget_s=0.05), noise_check=False)

@@ -29,7 +29,7 @@ from roofline.io.fields import ConfigError
 from roofline.model.config import ModelConfig
 from roofline.analysis.predict import DraftCost, step_costs
 from roofline.measure import memory
-from roofline.measure.devices import DeviceSpec, get_spec
+from roofline.measure.devices import Datasheet, get_datasheet
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ def whatif_of(c: dict, model: ModelConfig, label: str):
     from roofline.parallel.layout import Layout
     if not c.get("device"):
         raise ConfigError("device is required for a what-if (a datasheet row of roofline/conf/device/)")
-    w = whatif.WhatIf(model, get_spec(c["device"]), label,
+    w = whatif.WhatIf(model, get_datasheet(c["device"]), label,
                       Layout(tp=c.get("tp", 1), ep=c.get("ep", 1), dp_attention=c.get("dp_attention", False)),
                       whatif.Setting(engine=engine_name(c.get("engine"))))
     w.setting.engine_names()  # an unknown engine fails here, naming engine=

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from roofline.measure.devices import DeviceSpec
+from roofline.measure.devices import Datasheet
 from roofline.model.dtypes import datasheet_column
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ def dtype_table(table: dict | None) -> dict[str, float]:
     return out
 
 
-def roofs_for(dtype: str, ceilings: dict | None, spec: DeviceSpec | None) -> Roofs:
+def roofs_for(dtype: str, ceilings: dict | None, spec: Datasheet | None) -> Roofs:
     """Measured ceilings from ceilings.json's summary, datasheet ceilings from `spec` (or the
     datasheet block ceilings.json recorded when no spec is given)."""
     d = datasheet_column(dtype)

@@ -19,7 +19,7 @@ from roofline.analysis.predict import DraftCost
 from roofline.io import files
 from roofline.io.fields import ConfigError, from_dict
 from roofline.io.results import RUNS_ROOT
-from roofline.measure.devices import detect, get_spec
+from roofline.measure.devices import detect, get_datasheet
 from roofline.model.config import ModelConfig
 from roofline.model.formats import precision_columns, with_overrides
 from roofline.model.presets import get_preset
@@ -108,7 +108,7 @@ def plan_layouts(c: dict) -> tuple[pd.DataFrame, dict]:
     mtp = spec and c.get("drafter") in LAYOUT_SPEC_DRAFTERS and model.mtp_layers > 0
     if mtp:
         check_inputs(1.0, [1], spec=Speculation(c["alpha"], c["k"]))
-    device = get_spec(c["device"])
+    device = get_datasheet(c["device"])
     w = whatif_of(c, model, label)
     rows = pd.DataFrame(whatif.capacity(model, device, label, work.context, work.output, work.itl_target_ms,
                                         work.target_tok_s, c.get("price_per_device_hour"),

@@ -20,7 +20,7 @@ from roofline.io.fields import ConfigError
 from roofline.model.config import ModelConfig
 from roofline.checkpoints.loader import checkpoint_config
 from roofline.commands import not_both
-from roofline.measure.devices import DeviceSpec, get_spec
+from roofline.measure.devices import Datasheet, get_datasheet
 from roofline.model.formats import with_overrides
 from roofline.parallel.engines import engine_name
 
@@ -29,7 +29,7 @@ from roofline.parallel.engines import engine_name
 class CardRequest:
     model: ModelConfig
     dtype: str = "bfloat16"  # a dtype or a precision label (roofline.model.formats)
-    device: DeviceSpec | None = None
+    device: Datasheet | None = None
     batch: int = 1
     context: int = 0
     engine: str | None = None  # the what-if ITL line: an engine profile; None: the span of the profiles
@@ -96,7 +96,7 @@ def _what_if_itl(req: CardRequest, dtype: str) -> dict:
                 whatif_experts_touched=w.experts_touched(req.batch))
 
 
-def _fit_on(cfg: ModelConfig, dtype: str, dev: DeviceSpec, batch: int, tokens: int) -> dict:
+def _fit_on(cfg: ModelConfig, dtype: str, dev: Datasheet, batch: int, tokens: int) -> dict:
     """Per-GPU memory of the smallest layout whose shard fits 90% of the device (roofline.parallel)."""
     from roofline.parallel.cost import memory_per_rank
     from roofline.parallel.whatif import smallest_layout
@@ -171,6 +171,6 @@ def run(c: dict) -> None:
     model = checkpoint_config(c["checkpoint"]) if c["checkpoint"] else ModelConfig.from_dict(c["model"])
     dtype = with_overrides([c["dtype"]], c["weights"], c["kv"], c["lm_head"], model.native_weights)[0]
     print_card(CardRequest(model=model, dtype=dtype,
-                           device=get_spec(c["device"]) if c["device"] else None,
+                           device=get_datasheet(c["device"]) if c["device"] else None,
                            batch=c["batch"], context=c["context"], engine=engine_name(c.get("engine")),
                            tp=c["tp"], ep=c["ep"], dp_attention=c["dp_attention"]))

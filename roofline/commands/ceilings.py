@@ -5,14 +5,14 @@ group), the summary on the console."""
 
 
 from roofline.io import files
-from roofline.measure.ceilings import (CeilingsSpec, format_summary, measure_ceilings, stderr_log,
+from roofline.measure.ceilings import (CeilingsRequest, format_summary, measure_ceilings, stderr_log,
                                        write_ceilings)
 
 
 def run(c: dict) -> None:
     c = dict(c)
     out_dir, overrides = c.pop("out_dir"), c.pop("overrides", [])
-    result = measure_ceilings(CeilingsSpec.from_dict(c), log=stderr_log, context={"overrides": overrides},
+    result = measure_ceilings(CeilingsRequest.from_dict(c), log=stderr_log, context={"overrides": overrides},
                               out_dir=out_dir, progress=True)  # ceilings.json rewritten after each group
     run_dir = write_ceilings(result, out_dir)
     print(format_summary(result))

@@ -8,12 +8,12 @@ from pathlib import Path
 from roofline.io import files
 from roofline.io.results import RUNS_ROOT
 from roofline.measure.devices import detect
-from roofline.parallel.collectives import CollectiveSpec, run_collectives, table
+from roofline.parallel.collectives import CollectiveRequest, run_collectives, table
 from roofline.parallel.whatif import load_priors
 
 
 def run(c: dict) -> None:
-    spec = CollectiveSpec(kinds=tuple(c["kinds"]), min_bytes=c["min_bytes"], max_bytes=c["max_bytes"],
+    spec = CollectiveRequest(kinds=tuple(c["kinds"]), min_bytes=c["min_bytes"], max_bytes=c["max_bytes"],
                           factor=c["factor"], dtype=c["dtype"], reps=c["reps"], device=c["device"], world=c["world"],
                           flush_bytes=c["flush_bytes"])
     out = Path(c["out_dir"]) if c["out_dir"] else spec.default_out_dir(RUNS_ROOT)

@@ -21,8 +21,8 @@ from roofline.measure.timer import TimerSettings
 from roofline.model.config import ModelConfig
 from roofline.report.document import write_report
 from roofline.report.sections import write_specdec_section
-from roofline.spec.real_validation import RealValSpec, run_real_validation, summarize
-from roofline.spec.validation import SpecValSpec, run_validation
+from roofline.spec.real_validation import RealValidationRequest, run_real_validation, summarize
+from roofline.spec.validation import SpecValidationRequest, run_validation
 
 _CONSOLE_COLUMNS = ["drafter", "k", "B", "tau_meas", "alpha_meas", "S_meas", "S_pred", "err"]
 
@@ -46,7 +46,7 @@ def specdec(c: Mapping) -> tuple[str, dict]:
     """Plain vs speculative decoding measured against the cost model, with the run's report; or,
     with `checkpoint`, the checkpoint's real acceptance at k = max(ks) and batch = max(Bs)."""
     if c["checkpoint"] and c.get("prompts_eval"):
-        spec = RealValSpec(checkpoint=c["checkpoint"], draft_checkpoint=c["draft_checkpoint"], prompts_a=c["prompts"],
+        spec = RealValidationRequest(checkpoint=c["checkpoint"], draft_checkpoint=c["draft_checkpoint"], prompts_a=c["prompts"],
                            prompts_b=c["prompts_eval"], drafters=tuple(c["drafters"]), ks=tuple(c["ks"]),
                            Bs=tuple(c["Bs"]), max_new=c["max_new"], n_prompts=c["n_prompts"], reps=c["reps"],
                            dtype=c["dtype"], temperature=c["temperature"], device=c["device"], seed=c["seed"],
@@ -61,7 +61,7 @@ def specdec(c: Mapping) -> tuple[str, dict]:
                                draft_checkpoint=c["draft_checkpoint"], k=max(c["ks"]), max_new=c["max_new"],
                                batch=max(c["Bs"]), dtype=c["dtype"], device=c["device"], seed=c["seed"],
                                temperature=c["temperature"]))
-    spec = SpecValSpec(model=ModelConfig.from_dict(c["model"]), alphas=tuple(c["alphas"]), ks=tuple(c["ks"]),
+    spec = SpecValidationRequest(model=ModelConfig.from_dict(c["model"]), alphas=tuple(c["alphas"]), ks=tuple(c["ks"]),
                        Bs=tuple(c["Bs"]), prompt_len=c["prompt_len"], max_new=c["max_new"], reps=c["reps"],
                        real_drafters=tuple(c["real_drafters"]), dtype=c["dtype"], device=c["device"],
                        seed=c["seed"], timer=from_dict(TimerSettings, c["timer"], "timer"))

@@ -16,7 +16,7 @@ from roofline.io import results
 from roofline.io.fields import from_dict
 from roofline.io.results import RUNS_ROOT
 from roofline.measure.noise import NoiseSettings
-from roofline.measure.sweep import SweepSpec, dry_run, run_sweep, summary_table
+from roofline.measure.sweep import SweepRequest, dry_run, run_sweep, summary_table
 from roofline.measure.timer import TimerSettings
 from roofline.model.config import ModelConfig
 from roofline.model.formats import with_overrides
@@ -24,12 +24,12 @@ from roofline.parallel.layout import Layout
 from roofline.parallel.runner import run_parallel_sweep
 
 
-def build_spec(c: dict) -> SweepSpec:
+def build_spec(c: dict) -> SweepRequest:
     """The sweep a composed config asks for, validated (also what the device check's dry run
     calls on the GPU branch's overrides: nothing here needs the device itself)."""
     not_both(c, "checkpoint", "model")
     model = checkpoint_config(c["checkpoint"]) if c["checkpoint"] else ModelConfig.from_dict(c["model"])
-    return SweepSpec(model=model, q=axis(c["q"], "q"), B=axis(c["B"], "B"),
+    return SweepRequest(model=model, q=axis(c["q"], "q"), B=axis(c["B"], "B"),
                      L=axis(c["L"], "L"), modes=axis(c["modes"], "modes"),
                      dtypes=tuple(d if d == "auto" else with_overrides((d,), c["weights"], c["kv"], c["lm_head"], model.native_weights)[0]
                                   for d in axis(c["dtypes"], "dtypes")),

@@ -9,13 +9,13 @@ from collections.abc import Mapping
 
 from roofline.io import files
 from roofline.io.fields import from_dict
-from roofline.train.trainer import ModelShape, TrainSpec, run_training
+from roofline.train.trainer import ModelShape, TrainRequest, run_training
 
 
 def train(c: Mapping) -> dict:
     raw = {k: v for k, v in c.items() if k != "overrides"}
     shapes = {k: from_dict(ModelShape, raw.pop(k), k) for k in ("target", "draft")}
-    summary = run_training(from_dict(TrainSpec, raw, "train", **shapes))
+    summary = run_training(from_dict(TrainRequest, raw, "train", **shapes))
     return dict(out_dir=str(c["out_dir"]), overrides=c.get("overrides", []), **summary)
 
 

@@ -129,7 +129,7 @@ def _ints(field: str, values, lo: int) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class CeilingsSpec:
+class CeilingsRequest:
     """What to measure. None fields take the device's default (see the tables above) when the
     spec is built, so a built spec is concrete, validated and recorded as it ran."""
 
@@ -181,7 +181,7 @@ class CeilingsSpec:
         fill("timer", settings)
 
     @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> "CeilingsSpec":
+    def from_dict(cls, raw: Mapping[str, Any]) -> "CeilingsRequest":
         """From a plain dict (a composed config): None means default, lists become tuples,
         `decode_model` is a preset name, `timer` a dict of TimerSettings fields (None: default)."""
         check_fields(cls, raw, "ceilings")
@@ -245,7 +245,7 @@ def _datasheet(device: str) -> tuple[dict | None, Any]:
             "peak_tflops": peak, "cache_bytes": spec.cache_bytes()}, spec
 
 
-def _cache_bytes(spec: CeilingsSpec, datasheet: dict | None) -> int:
+def _cache_bytes(spec: CeilingsRequest, datasheet: dict | None) -> int:
     """The cache a large working set must exceed and the cold flush must evict: the timer's
     l2_bytes if set, else the larger of the datasheet's last-level cache and the queried or
     default cache (timer.resolve_l2_bytes)."""
@@ -255,7 +255,7 @@ def _cache_bytes(spec: CeilingsSpec, datasheet: dict | None) -> int:
     return max(int(sheet), timer.resolve_l2_bytes(spec.device, spec.timer))
 
 
-def _arrays(k: kernels.KernelSpec, elem: int) -> int:
+def _arrays(k: kernels.CeilingKernel, elem: int) -> int:
     """How many arrays of n elements a kernel streams (read 1, write 1, copy 2, triad 3)."""
     n = MiB
     return max(1, round(k.bytes_moved(n, elem) / (n * elem)))
@@ -279,7 +279,7 @@ class _Run:
     measured once more, and its rows marked `busy` with the reason if the machine stays busy), and
     an atomic rewrite of ceilings.json after each group, so that a cut run keeps what it measured."""
 
-    def __init__(self, spec: "CeilingsSpec", total: int, progress: bool, checkpoint: Callable[[], None] | None,
+    def __init__(self, spec: "CeilingsRequest", total: int, progress: bool, checkpoint: Callable[[], None] | None,
                  monitor=None):
         from tqdm import tqdm
         self.bar = tqdm(total=total, desc=f"ceilings {spec.device}", unit="set", disable=not progress,
@@ -323,7 +323,7 @@ class _Run:
         self.bar.close()
 
 
-def _measure_bandwidth(spec: CeilingsSpec, cache: int, sheet: dict | None, tel: Telemetry,
+def _measure_bandwidth(spec: CeilingsRequest, cache: int, sheet: dict | None, tel: Telemetry,
                        failures: list, log: Callable[[str], None], run: _Run, rows: list[dict]) -> list[dict]:
     dev = torch.device(spec.device)
     bw_sheet = (sheet or {}).get("mem_bw_GBps")
@@ -407,7 +407,7 @@ def _time_gemm(fn: Callable[[], torch.Tensor], a: torch.Tensor, b_kn: torch.Tens
     return timer.time_fn(fn, settings, dev).median_s
 
 
-def _measure_matmul(spec: CeilingsSpec, cache: int, sheet: dict | None, tel: Telemetry,
+def _measure_matmul(spec: CeilingsRequest, cache: int, sheet: dict | None, tel: Telemetry,
                     failures: list, log: Callable[[str], None], run: _Run, rows: list[dict]) -> list[dict]:
     dev = torch.device(spec.device)
     warm = dataclasses.replace(spec.timer, l2="warm", l2_bytes=cache)
@@ -480,7 +480,7 @@ def check_format_gemm(out: torch.Tensor, x: torch.Tensor, w_deq: torch.Tensor) -
                              f"exceeds bf16 rounding of the dequantised reference")
 
 
-def _measure_format_gemms(spec: CeilingsSpec, fmt, shapes, settings, failures: list) -> list[dict]:
+def _measure_format_gemms(spec: CeilingsRequest, fmt, shapes, settings, failures: list) -> list[dict]:
     from roofline.model import quant
     dev, act = torch.device(spec.device), torch.bfloat16
     label = precision("bfloat16", fmt.name).label
@@ -550,13 +550,13 @@ def summarize(bandwidth: list[dict], matmul: list[dict], cache_bytes: int) -> di
     }
 
 
-def _groups(spec: CeilingsSpec) -> int:
+def _groups(spec: CeilingsRequest) -> int:
     shapes = len(decode_gemm_shapes(spec.decode_model)) if spec.decode_ms else 0
     return (len(spec.kernels) * len(spec.bandwidth_dtypes) * len(spec.working_sets)
             + len(spec.dtypes) * (len(spec.square_sizes) + shapes) + len(spec.formats) * shapes)
 
 
-def measure_ceilings(spec: CeilingsSpec, log: Callable[[str], None] | None = None,
+def measure_ceilings(spec: CeilingsRequest, log: Callable[[str], None] | None = None,
                      context: Mapping[str, Any] | None = None, out_dir: str | Path | None = None,
                      progress: bool = False) -> dict:
     """Measure everything `spec` asks for; returns the ceilings document (see SCHEMA_VERSION).

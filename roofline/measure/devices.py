@@ -32,7 +32,7 @@ _NUMBER_FIELDS = ("mem_bw_GBps", "l2_bytes", "llc_bytes", "mem_bytes")
 
 
 @dataclasses.dataclass(frozen=True)
-class DeviceSpec:
+class Datasheet:
     key: str
     name: str
     vendor: str
@@ -102,7 +102,7 @@ def is_cuda(device: str | torch.device) -> bool:
     return parse_device(device, need_available=False).type == "cuda"
 
 
-def _row(raw: dict) -> DeviceSpec:
+def _row(raw: dict) -> Datasheet:
     raw = dict(raw)
     key = raw.get("key", "?")
     for field in ("dense_tflops", "sparse_tflops"):
@@ -122,14 +122,14 @@ def _row(raw: dict) -> DeviceSpec:
                              "(YAML 1.1 reads 80.0e9 as text; write 80.0e+9)")
     raw["sources"] = MappingProxyType(dict(raw.get("sources") or {}))
     raw["match"] = tuple(raw.get("match") or ())
-    check_fields(DeviceSpec, raw, f"devices.yaml {key}", error=ValueError)
+    check_fields(Datasheet, raw, f"devices.yaml {key}", error=ValueError)
     if raw.get("kind") not in ("gpu", "cpu"):
         raise ValueError(f"devices.yaml {key}.kind={raw.get('kind')!r}; allowed ['cpu', 'gpu']")
-    return DeviceSpec(**raw)
+    return Datasheet(**raw)
 
 
 @lru_cache(maxsize=1)
-def _table() -> dict[str, DeviceSpec]:
+def _table() -> dict[str, Datasheet]:
     text = resources.files("roofline").joinpath("data/devices.yaml").read_text()
     rows = [_row(r) for r in yaml.safe_load(text)["devices"]]
     table = {r.key: r for r in rows}
@@ -138,18 +138,18 @@ def _table() -> dict[str, DeviceSpec]:
     return table
 
 
-def list_specs() -> list[DeviceSpec]:
+def list_specs() -> list[Datasheet]:
     return list(_table().values())
 
 
-def get_spec(key: str) -> DeviceSpec:
+def get_datasheet(key: str) -> Datasheet:
     table = _table()
     if key not in table:
         raise ConfigError(f"device={key!r}: unknown; allowed {sorted(table)}")
     return table[key]
 
 
-def detect(device_name: str) -> DeviceSpec | None:
+def detect(device_name: str) -> Datasheet | None:
     """The row whose pattern matches the longest part of device_name; None if none matches."""
     best, best_len = None, 0
     for spec in _table().values():
@@ -177,16 +177,16 @@ def running_device_name(device: str = "cuda") -> str:
     return _cpu_model() if dev.type == "cpu" else torch.cuda.get_device_name(dev)
 
 
-def spec_for_running_device(device: str = "cuda") -> tuple[DeviceSpec, bool]:
+def spec_for_running_device(device: str = "cuda") -> tuple[Datasheet, bool]:
     """(spec, matched). CPUs get the measured-only "cpu" row. A GPU the table does not know
     gets a measured-only stand-in named after the device, and matched=False."""
     name = running_device_name(device)
     if parse_device(device, need_available=False).type == "cpu":
-        return get_spec("cpu"), True
+        return get_datasheet("cpu"), True
     spec = detect(name)
     if spec is not None:
         return spec, True
-    unknown = DeviceSpec(key="unknown", name=name, vendor="unknown", kind="gpu", mem_bw_GBps=None,
+    unknown = Datasheet(key="unknown", name=name, vendor="unknown", kind="gpu", mem_bw_GBps=None,
                          dense_tflops=MappingProxyType({}), sparse_tflops=MappingProxyType({}),
                          l2_bytes=None, mem_bytes=None, sources=MappingProxyType({}),
                          measured_only=True)
@@ -199,7 +199,7 @@ def datasheet_row(device: str, datasheet: str | None) -> str | None:
     does not know). Where a datasheet is meant (card, predict, capacity) the row may be any
     device's: a what-if needs no such device here."""
     if datasheet is not None:
-        return get_spec(datasheet).key
+        return get_datasheet(datasheet).key
     spec, matched = spec_for_running_device(device)
     return spec.key if matched else None
 
@@ -211,7 +211,7 @@ def run_device(device: str, datasheet: str | None) -> str:
     dev = parse_device(device, need_available=False)
     if datasheet is None:
         return device
-    spec = get_spec(datasheet)
+    spec = get_datasheet(datasheet)
     if (spec.kind == "cpu") != (dev.type == "cpu"):
         raise ConfigError(f"device.datasheet={datasheet!r} is a {spec.kind} row but device.torch={device!r}")
     if dev.type == "cuda" and torch.cuda.is_available():

@@ -348,7 +348,7 @@ _TORCH_RUN: dict[str, Callable[[Buffers], None]] = {
 
 
 @dataclass(frozen=True)
-class KernelSpec:
+class CeilingKernel:
     """One bandwidth line: how to allocate, run, check and count it."""
 
     name: str
@@ -364,7 +364,7 @@ class KernelSpec:
         return self.variant != "torch"
 
 
-def _spec(op: str, variant: str) -> KernelSpec:
+def _spec(op: str, variant: str) -> CeilingKernel:
     name = f"torch_{op}" if variant == "torch" else f"triton_{op}_{variant}"
     if op == "read":
         bytes_moved, make = _read_bytes(variant), _read_buffers(variant)
@@ -372,10 +372,10 @@ def _spec(op: str, variant: str) -> KernelSpec:
         per_elem = _STREAM_BYTES[op]
         bytes_moved, make = (lambda n, b: per_elem * n * b), _BUFFERS[op]
     run = _TORCH_RUN[op] if variant == "torch" else _triton_run(op, variant)
-    return KernelSpec(name, op, variant, run, _REFERENCE[op], bytes_moved, make)
+    return CeilingKernel(name, op, variant, run, _REFERENCE[op], bytes_moved, make)
 
 
-KERNELS: dict[str, KernelSpec] = {
+KERNELS: dict[str, CeilingKernel] = {
     s.name: s for s in (_spec(op, variant) for variant in VARIANTS for op in OPS)
 }
 
@@ -385,7 +385,7 @@ KERNELS: dict[str, KernelSpec] = {
 FP32_EPS = torch.finfo(torch.float32).eps
 
 
-def _read_tolerance(spec: KernelSpec, x: torch.Tensor, out: torch.Tensor,
+def _read_tolerance(spec: CeilingKernel, x: torch.Tensor, out: torch.Tensor,
                     ref: torch.Tensor) -> float:
     """Worst-case rounding of an fp32 sum: eps32 per addition on the longest chain.
 
@@ -403,7 +403,7 @@ def _read_tolerance(spec: KernelSpec, x: torch.Tensor, out: torch.Tensor,
     return accumulation + torch.finfo(out.dtype).eps * abs(ref.item())
 
 
-def check(spec: KernelSpec, n: int, dtype: torch.dtype, device) -> None:
+def check(spec: CeilingKernel, n: int, dtype: torch.dtype, device) -> None:
     """Run `spec` and its torch reference on fresh random inputs; raise if they disagree.
 
     copy and write must be bit-exact. read is compared with a float64 sum within the fp32

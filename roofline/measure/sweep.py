@@ -58,7 +58,7 @@ KINDS = ("forward", "mtp")
 
 
 @dataclass(frozen=True)
-class SweepSpec:
+class SweepRequest:
     model: ModelConfig
     q: tuple[int, ...]
     B: tuple[int, ...]
@@ -149,7 +149,7 @@ class SweepSpec:
         return root / f"sweep-{self.model.name}-{self.fingerprint()}"
 
 
-def check_spec(spec: SweepSpec) -> None:
+def check_spec(spec: SweepRequest) -> None:
     """What a distributed sweep cannot do, named before anything runs."""
     lay = spec.parallel
     lay.check(spec.model, world=lay.devices)
@@ -183,11 +183,11 @@ class Point:
         return f"{self.kind}|{self.dtype}|{self.mode}|q{self.q}|B{self.B}|L{self.L}|l{self.layers_run}"
 
 
-def layer_depths(spec: SweepSpec) -> tuple[int, ...]:
+def layer_depths(spec: SweepRequest) -> tuple[int, ...]:
     return (spec.layers, 2 * spec.layers) if spec.layers else (spec.model.layers,)
 
 
-def grid(spec: SweepSpec) -> list[Point]:
+def grid(spec: SweepRequest) -> list[Point]:
     """Points in measurement order: one model per (dtype, depth), its points together; each
     point once (two spellings of one dtype, bf16 and bfloat16, are one point)."""
     pts = []
@@ -221,7 +221,7 @@ def _runnable_mode(cfg, mode: str) -> tuple[str, str]:
         return "eager", f"modes=[auto]: an MoE model runs eager, not {mode} ({e})"
 
 
-def memory_plan(spec: SweepSpec, dtype: str, depth: int, points: list["Point"]) -> tuple[list, dict]:
+def memory_plan(spec: SweepRequest, dtype: str, depth: int, points: list["Point"]) -> tuple[list, dict]:
     """Per point: does its peak (weights in dtype, its cache, its activations) fit what the
     device can give (cgroup limit included)? ([(cache batch, cache context, [ids])], {id: too_big reason})."""
     cfg = spec.model.scaled(layers=depth)
@@ -245,7 +245,7 @@ def _failure_status(e: BaseException) -> str:
 class BuiltModel:
     """One built model (dtype, depth, mode) and the static inputs of each point."""
 
-    def __init__(self, spec: SweepSpec, dtype: str, depth: int, mode: str, max_batch: int | None = None,
+    def __init__(self, spec: SweepRequest, dtype: str, depth: int, mode: str, max_batch: int | None = None,
                  max_ctx: int | None = None):
         """max_batch x max_ctx: the static cache (default: the whole grid's largest)."""
         max_batch = max_batch or max(spec.B)
@@ -434,7 +434,7 @@ def extrapolate_layers(rows: list[dict], layers_full: int) -> list[dict]:
     return out
 
 
-def finalize(spec: SweepSpec, run_dir: Path, rows: list[dict], measured: dict | None = None) -> "pd.DataFrame":
+def finalize(spec: SweepRequest, run_dir: Path, rows: list[dict], measured: dict | None = None) -> "pd.DataFrame":
     """points.csv: measured rows, plus extrapolated full-depth rows when slicing."""
     table = list(rows)
     if spec.layers:
@@ -465,8 +465,8 @@ def _union(old: list, new: tuple) -> tuple:
     return tuple(sorted(merged)) if all(isinstance(v, int) for v in merged) else tuple(merged)
 
 
-def check_run_dir(spec: SweepSpec, run_dir: Path, force: bool = False,
-                  extend: bool = False) -> tuple[SweepSpec, dict | None, list]:
+def check_run_dir(spec: SweepRequest, run_dir: Path, force: bool = False,
+                  extend: bool = False) -> tuple[SweepRequest, dict | None, list]:
     """What a sweep would do with run_dir, writing nothing (the dry run asks this too): (the
     spec to measure, the run.json kept or None for a fresh folder, the extension log). A folder
     holding another measurement, or one of another results schema, is refused naming what
@@ -511,7 +511,7 @@ def check_run_dir(spec: SweepSpec, run_dir: Path, force: bool = False,
                       f"choose another out_dir, force=true to re-measure{', or ' + hint if hint else ''}")
 
 
-def prepare_run_dir(spec: SweepSpec, run_dir: Path, force: bool = False, extend: bool = False) -> SweepSpec:
+def prepare_run_dir(spec: SweepRequest, run_dir: Path, force: bool = False, extend: bool = False) -> SweepRequest:
     """Create or reopen a run folder (its lock held); return the spec to measure (see
     check_run_dir; with `force` the old files are set aside first)."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -536,7 +536,7 @@ def _given_elsewhere(ceilings: str, run_dir: Path) -> bool:
     return given.resolve() != (Path(run_dir) / "ceilings.json").resolve()
 
 
-def _ceilings_for(spec: SweepSpec, run_dir: Path) -> dict | None:
+def _ceilings_for(spec: SweepRequest, run_dir: Path) -> dict | None:
     """The measured ceilings the rows are put against, checked to be of this device."""
     from roofline.measure.ceilings import load_ceilings
     if not spec.ceilings:
@@ -565,7 +565,7 @@ class SweepInterrupted(KeyboardInterrupt):
         self.summary, self.signum = summary, int(signum)
 
 
-def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
+def run_sweep(spec: SweepRequest, run_dir: Path, progress: bool = True,
               measure: Callable[[BuiltModel, Point, TimerSettings], dict] = _measure,
               force: bool = False, extend: bool = False, retry_failed: bool = True, workload=None,
               noise: NoiseSettings | None = NoiseSettings()) -> dict:
@@ -592,12 +592,12 @@ def run_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True,
                            noise)
 
 
-def resolve_auto(spec: SweepSpec, run_dir: Path, log=None, measure: bool = True) -> tuple[SweepSpec, dict | None]:
+def resolve_auto(spec: SweepRequest, run_dir: Path, log=None, measure: bool = True) -> tuple[SweepRequest, dict | None]:
     """dtypes=[auto] (and modes=[auto]) made concrete from this device's measured ceilings
     (roofline.measure.ceilings.choose_precision; a quick set is measured first when the sweep has
     none): the auto dtype in its fast mode, a named dtype eager (modes=[auto]) or in the modes
     given. Returns the resolved spec and the quick ceilings measured for it (None if none were)."""
-    from roofline.measure.ceilings import CeilingsSpec, choose_precision, measure_ceilings
+    from roofline.measure.ceilings import CeilingsRequest, choose_precision, measure_ceilings
     if AUTO not in spec.dtypes:  # modes=[auto] for named dtypes: eager (as before auto existed)
         modes = tuple(dict.fromkeys("eager" if m == AUTO else m for m in spec.modes))
         return (dataclasses.replace(spec, modes=modes) if modes != spec.modes else spec), None
@@ -605,7 +605,7 @@ def resolve_auto(spec: SweepSpec, run_dir: Path, log=None, measure: bool = True)
     if AUTO in spec.dtypes:
         doc = _ceilings_for(spec, run_dir) if spec.ceilings else None
         if doc is None and measure:
-            fresh = doc = measure_ceilings(CeilingsSpec(device=spec.device, quick=True))
+            fresh = doc = measure_ceilings(CeilingsRequest(device=spec.device, quick=True))
         dtype, mode, why = choose_precision(spec.device, doc)
     else:
         dtype, mode, why = None, "eager", ""
@@ -640,8 +640,8 @@ def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t
     dev_spec, _ = spec_for_running_device(spec.device)
     measured = _ceilings_for(spec, run_dir)
     if spec.ceilings == "quick" and measured is None:  # measure a quick set into the run folder, once
-        from roofline.measure.ceilings import CeilingsSpec, measure_ceilings, write_ceilings
-        measured = fresh if fresh is not None else measure_ceilings(CeilingsSpec(device=spec.device, quick=True))
+        from roofline.measure.ceilings import CeilingsRequest, measure_ceilings, write_ceilings
+        measured = fresh if fresh is not None else measure_ceilings(CeilingsRequest(device=spec.device, quick=True))
         write_ceilings(measured, run_dir)
     busy = [b["group"] for b in ((measured or {}).get("summary") or {}).get("busy_machine") or []]
     if busy:
@@ -763,7 +763,7 @@ def _summarize(spec, run_dir, measured, points, todo, new, resumed, t0, quiet=No
 ASSUMED_GBps, ASSUMED_TFLOPs = 5.0, 0.01
 
 
-def _rates(spec: SweepSpec, run_dir: Path, dtype: str) -> tuple[float, float, str]:
+def _rates(spec: SweepRequest, run_dir: Path, dtype: str) -> tuple[float, float, str]:
     """(bytes/s, FLOP/s, where they come from) to estimate a step time before measuring it."""
     from roofline.measure.ceilings import load_ceilings
     path = run_dir / "ceilings.json" if spec.ceilings == "quick" else Path(spec.ceilings) if spec.ceilings else None
@@ -787,7 +787,7 @@ def point_seconds(step_s: float, t: TimerSettings) -> float:
     return (t.warmup + reps) * step_s + (2 * step_s if t.l2 == "cold" else 0.0)
 
 
-def dry_run(spec: SweepSpec, run_dir: Path, force: bool = False, extend: bool = False) -> str:
+def dry_run(spec: SweepRequest, run_dir: Path, force: bool = False, extend: bool = False) -> str:
     """What a sweep would do, measuring and writing nothing: the expanded grid, each point's
     memory fit against what the device can give now, and an upper bound on the time."""
     spec, _ = resolve_auto(spec, run_dir, measure=False)  # without ceilings: the device's flags decide

@@ -17,7 +17,7 @@ import pandas as pd
 import yaml
 
 from roofline.io.fields import ConfigError
-from roofline.measure.devices import get_spec
+from roofline.measure.devices import get_datasheet
 from roofline.model.config import ModelConfig
 from roofline.model.formats import precision
 from roofline.model.presets import get_preset
@@ -87,7 +87,7 @@ def what_if(a: dict, cfg: ModelConfig, setting: Setting | None = None, models: d
     file's own models, where a draft model may be named)."""
     lay = Layout(tp=a["tp"], ep=a.get("ep", 1), dp_attention=bool(a.get("dp_attention", False)))
     setting = setting or Setting(engine=a["engine"])
-    w = WhatIf(cfg, get_spec(a["device"]), served_precision(a, cfg), lay, setting)
+    w = WhatIf(cfg, get_datasheet(a["device"]), served_precision(a, cfg), lay, setting)
     wl, m = a["workload"], a["metric"]
     if m == "spec_speedup":
         spec = a.get("spec") or {}

@@ -57,7 +57,7 @@ def bus_factor(kind: str, n: int) -> float:
 
 
 @dataclass(frozen=True)
-class CollectiveSpec:
+class CollectiveRequest:
     kinds: tuple[str, ...] = KINDS
     min_bytes: int = 8
     max_bytes: int = 64 * 2**20
@@ -119,7 +119,7 @@ def _iters(S: int) -> int:
     return int(min(50, max(2, 2**22 // max(S, 1))))
 
 
-def measure(rank: int, world: int, device: str, spec: CollectiveSpec) -> list[dict] | None:
+def measure(rank: int, world: int, device: str, spec: CollectiveRequest) -> list[dict] | None:
     """Run on every rank (roofline.parallel.launch.run); rank 0 returns one row per (kind, size)."""
     dtype = torch_dtype(spec.dtype)
     sync = (lambda: torch.cuda.synchronize()) if is_cuda(device) else (lambda: None)
@@ -198,7 +198,7 @@ def seconds(collectives, fitted: dict) -> float:
     return total
 
 
-def document(spec: CollectiveSpec, rows: list[dict], device_name: str) -> dict:
+def document(spec: CollectiveRequest, rows: list[dict], device_name: str) -> dict:
     return dict(schema=SCHEMA, spec=asdict(spec), device_name=device_name, rows=rows, fit=fit(rows),
                 definitions="algbw = S/t; busbw = algbw x factor (nccl-tests doc/PERFORMANCE.md): all_reduce "
                             "2(n-1)/n, all_gather/reduce_scatter/all_to_all (n-1)/n, broadcast 1")
@@ -221,7 +221,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run_collectives(spec: CollectiveSpec, out_dir) -> dict:
+def run_collectives(spec: CollectiveRequest, out_dir) -> dict:
     """Spawn (or join, under torchrun/srun) spec.world ranks, measure, write collectives.json and
     collectives.csv into out_dir; returns the document."""
     import pandas as pd

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from roofline.model.dtypes import torch_dtype
 from roofline.model.accounting import moe_impl_for_mode
 from roofline.model.decoder import build_model
-from roofline.measure.sweep import BuiltModel, Point, SweepSpec, check_spec, run_sweep
+from roofline.measure.sweep import BuiltModel, Point, SweepRequest, check_spec, run_sweep
 from roofline.measure.timer import TimerSettings, time_fn
 from roofline.parallel.cost import Collective, rank_forward_cost, rank_mtp_cost
 from roofline.parallel.launch import run
@@ -53,7 +53,7 @@ def _flag(device: str, value: int = 0) -> int:
     return int(t.item())
 
 
-def _sharded(spec: SweepSpec, dtype: str, depth: int, max_ctx: int, rank: int, device: str):
+def _sharded(spec: SweepRequest, dtype: str, depth: int, max_ctx: int, rank: int, device: str):
     per = max(spec.B) // spec.parallel.batch_split
     model = build_model(spec.model.scaled(layers=depth), max_batch=per, max_context=max_ctx, dtype=torch_dtype(dtype),
                         device=device, seed=spec.seed, moe_impl=moe_impl_for_mode("eager", sharded=True))
@@ -131,7 +131,7 @@ def leader_measure(w: LeaderWorkload, p: Point, timer: TimerSettings) -> dict:
     return row
 
 
-def follow(rank: int, spec: SweepSpec, device: str) -> None:
+def follow(rank: int, spec: SweepRequest, device: str) -> None:
     """A follower rank: build, replay and step as rank 0 says, until it says done."""
     model, last = None, None
     while True:
@@ -155,7 +155,7 @@ def follow(rank: int, spec: SweepSpec, device: str) -> None:
             return
 
 
-def _rank_main(rank: int, world: int, device: str, spec: SweepSpec, run_dir: str, progress: bool, options: dict):
+def _rank_main(rank: int, world: int, device: str, spec: SweepRequest, run_dir: str, progress: bool, options: dict):
     spec = dataclasses.replace(spec, device=device)
     if rank != 0:
         return follow(rank, spec, device)
@@ -167,7 +167,7 @@ def _rank_main(rank: int, world: int, device: str, spec: SweepSpec, run_dir: str
         _send(("done",))
 
 
-def run_parallel_sweep(spec: SweepSpec, run_dir: Path, progress: bool = True, timeout_s: float = 1800.0,
+def run_parallel_sweep(spec: SweepRequest, run_dir: Path, progress: bool = True, timeout_s: float = 1800.0,
                        **options) -> dict:
     """The sweep of `spec` over spec.parallel.devices ranks (spawned here, or under torchrun/srun);
     options (force, extend, retry_failed) go to roofline.measure.sweep.run_sweep on rank 0."""

@@ -40,7 +40,7 @@ import numpy as np
 import yaml
 
 from roofline.io.fields import ConfigError
-from roofline.measure.devices import DeviceSpec
+from roofline.measure.devices import Datasheet
 from roofline.model.accounting import block_matrices, block_weight_bytes, expert_bytes
 from roofline.model.config import ModelConfig
 from roofline.model.formats import Precision, activation_dtype, compute_dtype, parse_precision
@@ -83,14 +83,14 @@ class Setting:
         return engines_mod.names(self.engines_path())
 
 
-def intra_node_link(device: DeviceSpec, setting: Setting, priors: dict) -> str:
+def intra_node_link(device: Datasheet, setting: Setting, priors: dict) -> str:
     link = setting.link or priors["device_links"].get(device.key)
     if link not in priors["interconnects"]:
         raise ConfigError(f"link={link!r} for device {device.key!r}: allowed {sorted(priors['interconnects'])}")
     return link
 
 
-def collective_link(kind: str, layout: Layout, device: DeviceSpec, setting: Setting, priors: dict) -> str:
+def collective_link(kind: str, layout: Layout, device: Datasheet, setting: Setting, priors: dict) -> str:
     """A tensor-parallel group (tp <= devices per node) stays inside a node; only a layout wider
     than a node sends stage to stage (pp) or all-to-alls over more than a node on the inter-node link."""
     node = priors["devices_per_node"]
@@ -139,7 +139,7 @@ class SpecDecode:
         return tau(acc * self.k if len(acc) == 1 else acc)
 
 
-def _ceilings(device: DeviceSpec, prec: Precision) -> tuple[float, float, float, float]:
+def _ceilings(device: Datasheet, prec: Precision) -> tuple[float, float, float, float]:
     mm, attn = compute_dtype(prec.label), activation_dtype(prec.label)
     bw, f, fa, f32 = device.bandwidth_Bps(), device.peak_flops(mm), device.peak_flops(attn), device.peak_flops("float32")
     if bw is None or f is None or fa is None:
@@ -169,7 +169,7 @@ def launch_seconds(eng, setting: Setting, scenario: int, priors: dict, n: int, n
     return n * per_layer
 
 
-def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: DeviceSpec, eng, scenario: int,
+def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datasheet, eng, scenario: int,
                  kern: dict, priors: dict, setting: Setting = Setting(), mtp: bool = False) -> dict:
     """Seconds of one rank's forward (one pipeline stage; an MTP module's pass with mtp=True), by term."""
     prec = parse_precision(dtype)
@@ -296,7 +296,7 @@ class Calibration:
 @dataclass(frozen=True)
 class WhatIf:
     cfg: ModelConfig
-    device: DeviceSpec
+    device: Datasheet
     dtype: str
     layout: Layout = Layout()
     setting: Setting = Setting()
@@ -457,7 +457,7 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     return res
 
 
-def memory_check(cfg: ModelConfig, device: DeviceSpec, dtype: str, layout: Layout, batch: int, tokens_per_seq: int,
+def memory_check(cfg: ModelConfig, device: Datasheet, dtype: str, layout: Layout, batch: int, tokens_per_seq: int,
                  with_mtp: bool = False, draft: ModelConfig | None = None, headroom: float = 0.9,
                  mem_bytes: float | None = None) -> dict:
     """Per-device bytes of the plan (weights + KV; the MTP module's and a draft model's weights and
@@ -473,7 +473,7 @@ def memory_check(cfg: ModelConfig, device: DeviceSpec, dtype: str, layout: Layou
                 device_mem_GB=mem_bytes / 1e9, fits=w + kv <= headroom * mem_bytes)
 
 
-def smallest_layout(cfg: ModelConfig, device: DeviceSpec, dtype: str, batch: int, tokens_per_seq: int,
+def smallest_layout(cfg: ModelConfig, device: Datasheet, dtype: str, batch: int, tokens_per_seq: int,
                     with_mtp: bool = False, max_devices: int = 64, headroom: float = 0.9) -> Layout | None:
     """The layout with the fewest devices whose per-rank weights + KV fit in headroom × device memory
     (tp up to a node's 8, then pipeline stages); None when nothing up to max_devices fits."""
@@ -504,7 +504,7 @@ def candidate_layouts(cfg: ModelConfig, max_devices: int = 64) -> list[Layout]:
     return sorted(out, key=lambda lay: lay.devices)
 
 
-def capacity(cfg: ModelConfig, device: DeviceSpec, dtype: str, context: int, output: int, itl_target_ms: float,
+def capacity(cfg: ModelConfig, device: Datasheet, dtype: str, context: int, output: int, itl_target_ms: float,
              target_tok_s: float, price_per_device_hour: float | None = None, alpha: float | None = None,
              k: int = 1, setting: Setting = Setting(), batches=(1, 2, 4, 8, 16, 32, 64, 128, 256),
              max_devices: int = 64, layouts: list[Layout] | None = None, scale: float = 1.0,
@@ -558,7 +558,7 @@ def capacity(cfg: ModelConfig, device: DeviceSpec, dtype: str, context: int, out
     return rows
 
 
-def speedup_table(cfg: ModelConfig, device: DeviceSpec, dtype: str, layout: Layout, alphas, ks, Bs, Ls,
+def speedup_table(cfg: ModelConfig, device: Datasheet, dtype: str, layout: Layout, alphas, ks, Bs, Ls,
                   setting: Setting = Setting(), scale: float = 1.0, calibration: Calibration | None = None) -> list[dict]:
     """MTP speculative speedup and plain ITL per (alpha, k, B, L), each an interval; k = 0 is
     plain decode and needs no MTP module (a model without one is priced at k = 0 only)."""

@@ -23,7 +23,7 @@ from roofline.analysis.roofs import dtype_table, roofs_for
 from roofline.report import plots, regime
 from roofline.io.fields import ConfigError
 from roofline.io.results import load_run
-from roofline.measure.devices import DeviceSpec, detect
+from roofline.measure.devices import Datasheet, detect
 from roofline.model.dtypes import datasheet_column
 from roofline.model.formats import QUALITY_NOTE
 
@@ -60,7 +60,7 @@ def _read_json(path: Path) -> dict | None:
         raise ConfigError(f"results_dir: {path.name} is not valid JSON ({e})") from e
 
 
-def open_run(run_dir) -> tuple[Path, pd.DataFrame, dict | None, dict | None, DeviceSpec | None]:
+def open_run(run_dir) -> tuple[Path, pd.DataFrame, dict | None, dict | None, Datasheet | None]:
     """(run_dir, points, ceilings, run, datasheet spec). Fails fast naming results_dir."""
     if run_dir is None or str(run_dir).strip() in ("", "None"):
         raise ConfigError("results_dir is required: a run folder holding points.csv or points.jsonl")
@@ -99,7 +99,7 @@ def _frame(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows).map(_fmt) if rows else pd.DataFrame()
 
 
-def tq_table(df: pd.DataFrame, ceilings: dict | None, spec: DeviceSpec | None) -> pd.DataFrame:
+def tq_table(df: pd.DataFrame, ceilings: dict | None, spec: Datasheet | None) -> pd.DataFrame:
     """T(q)/T(1) per (dtype, B, L) (and model/kind/mode/L2 when they vary), with T(1) and the
     achieved GB/s at q=1 (bytes_total / t_median) and its % of the memory ceilings."""
     ok = plots.ok_rows(df)
@@ -127,7 +127,7 @@ def tq_table(df: pd.DataFrame, ceilings: dict | None, spec: DeviceSpec | None) -
     return _frame(rows)
 
 
-def ceilings_table(df: pd.DataFrame, ceilings: dict | None, spec: DeviceSpec | None) -> pd.DataFrame:
+def ceilings_table(df: pd.DataFrame, ceilings: dict | None, spec: Datasheet | None) -> pd.DataFrame:
     """Measured vs datasheet ceilings, side by side, with measured as % of datasheet."""
     summary = (ceilings or {}).get("summary") or {}
     sheet = (ceilings or {}).get("datasheet") or {}

@@ -26,7 +26,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from roofline.analysis.roofs import predict_step_time, ridge_point, roofs_for
-from roofline.measure.devices import DeviceSpec
+from roofline.measure.devices import Datasheet
 from roofline.model.dtypes import datasheet_column
 from roofline.report import figures, regime
 
@@ -121,7 +121,7 @@ def _draw_roof(ax, x: np.ndarray, bw: float | None, flops: float | None, style: 
                     fontsize=7, color=color)
 
 
-def build_roofline(df: pd.DataFrame, ceilings: dict | None, spec: DeviceSpec | None) -> dict[str, Figure]:
+def build_roofline(df: pd.DataFrame, ceilings: dict | None, spec: Datasheet | None) -> dict[str, Figure]:
     ok = ok_rows(df)
     ok = ok[np.isfinite(ok["intensity"].astype(float)) & (ok["achieved_TFLOPs"].astype(float) > 0)] \
         if not ok.empty else ok
@@ -167,7 +167,7 @@ def _ok_forward(df: pd.DataFrame) -> pd.DataFrame:
     return ok
 
 
-def build_step_time_vs_q(df: pd.DataFrame, ceilings: dict | None, spec: DeviceSpec | None) -> dict[str, Figure]:
+def build_step_time_vs_q(df: pd.DataFrame, ceilings: dict | None, spec: Datasheet | None) -> dict[str, Figure]:
     ok = _ok_forward(df)
     built = {}
     for dtype, short, rows in _by_dtype(ok):
@@ -224,7 +224,7 @@ def build_step_time_vs_q(df: pd.DataFrame, ceilings: dict | None, spec: DeviceSp
 # ---- bandwidth vs working set (ceilings.json) ------------------------------------------
 
 def build_bandwidth_vs_working_set(df: pd.DataFrame, ceilings: dict | None,
-                                   spec: DeviceSpec | None) -> dict[str, Figure]:
+                                   spec: Datasheet | None) -> dict[str, Figure]:
     bw_rows = pd.DataFrame((ceilings or {}).get("bandwidth") or [])
     if bw_rows.empty or not {"working_set_bytes", "GBps"} <= set(bw_rows.columns):
         raise Skip("no bandwidth rows (ceilings.json absent or without 'bandwidth')")
@@ -274,7 +274,7 @@ def pick_q(qs, n: int = 4) -> list:
 
 
 def build_utilisation_vs_batch(df: pd.DataFrame, ceilings: dict | None,
-                               spec: DeviceSpec | None) -> dict[str, Figure]:
+                               spec: Datasheet | None) -> dict[str, Figure]:
     ok = _ok_forward(df)
     built = {}
     for dtype, short, rows in _by_dtype(ok):
@@ -377,7 +377,7 @@ def plot_utilisation_vs_batch(df, ceilings, spec, out_dir) -> list[Path]:
     return _save_all("utilisation_vs_batch", df, ceilings, spec, out_dir)
 
 
-def plot_all(df: pd.DataFrame, ceilings: dict | None, spec: DeviceSpec | None, out_dir: Path) -> FigureSet:
+def plot_all(df: pd.DataFrame, ceilings: dict | None, spec: Datasheet | None, out_dir: Path) -> FigureSet:
     out = FigureSet()
     for name in BUILDERS:
         paths = _save_all(name, df, ceilings, spec, out_dir, out.skipped)

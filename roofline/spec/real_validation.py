@@ -34,7 +34,7 @@ from roofline.analysis.predict import DraftCost, step_costs
 from roofline.checkpoints.loader import checkpoint_config, load_checkpoint
 from roofline.checkpoints.prompts import encode_conversations
 from roofline.io.fields import ConfigError
-from roofline.measure.sweep import SweepSpec, run_sweep
+from roofline.measure.sweep import SweepRequest, run_sweep
 from roofline.measure.timer import TimerSettings
 from roofline.report import sections
 from roofline.spec.counters import AcceptanceCounters
@@ -45,7 +45,7 @@ from roofline.spec.theory import StepCosts, round_time, tau, tau_iid
 
 
 @dataclass(frozen=True)
-class RealValSpec:
+class RealValidationRequest:
     checkpoint: str
     draft_checkpoint: str
     prompts_a: str  # acceptance for the prediction, and the overhead calibration
@@ -76,7 +76,7 @@ class RealValSpec:
             raise ConfigError(f"n_prompts={self.n_prompts}: must be a multiple of max(Bs)={max(self.Bs)}")
 
 
-def _settings(spec: RealValSpec, k: int = 0) -> DecodeSettings:
+def _settings(spec: RealValidationRequest, k: int = 0) -> DecodeSettings:
     return DecodeSettings(max_new=spec.max_new, k=k, temperature=spec.temperature, seed=spec.seed)
 
 
@@ -97,15 +97,15 @@ def _run_set(target, drafter_of, prompts, B: int, s: DecodeSettings):
                 draft_s=draft)
 
 
-def _sweep_fit(cfg, spec: RealValSpec, Ls: tuple[int, ...], run_dir: Path, mtp: bool) -> dict:
+def _sweep_fit(cfg, spec: RealValidationRequest, Ls: tuple[int, ...], run_dir: Path, mtp: bool) -> dict:
     q = tuple(range(1, max(spec.ks) + 2))
-    sweep = SweepSpec(model=cfg, q=q, B=spec.Bs, L=Ls, dtypes=(spec.dtype,), timer=spec.timer, device=spec.device,
+    sweep = SweepRequest(model=cfg, q=q, B=spec.Bs, L=Ls, dtypes=(spec.dtype,), timer=spec.timer, device=spec.device,
                       mtp_q=tuple(sorted({1, *(k + 1 for k in spec.ks)})) if mtp else (1,), seed=spec.seed)
     run_sweep(sweep, run_dir, progress=False, **({} if spec.noise_check else dict(noise=None)))
     return sections.fit_and_save(run_dir)[0]
 
 
-def run_real_validation(spec: RealValSpec, run_dir: Path, log=print) -> pd.DataFrame:
+def run_real_validation(spec: RealValidationRequest, run_dir: Path, log=print) -> pd.DataFrame:
     run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(spec.seed)
     tcfg, dcfg = checkpoint_config(spec.checkpoint), checkpoint_config(spec.draft_checkpoint)
@@ -181,7 +181,7 @@ def run_real_validation(spec: RealValSpec, run_dir: Path, log=print) -> pd.DataF
     return table
 
 
-def _costs(fit, draft_fit, spec: RealValSpec, tcfg, dcfg, drafter: str):
+def _costs(fit, draft_fit, spec: RealValidationRequest, tcfg, dcfg, drafter: str):
     dc = DraftCost(drafter, model=dcfg if drafter == "draft_model" else None, fit=draft_fit)
     return step_costs(fit, spec.dtype, dc, tcfg).steps
 

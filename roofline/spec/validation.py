@@ -46,12 +46,12 @@ from roofline.report import sections
 from roofline.spec.theory import StepCosts, round_time, tau, tau_iid
 from roofline.spec.engine import DecodeSettings, SpecEngine
 from roofline.measure import memory
-from roofline.measure.sweep import SweepSpec, run_sweep
+from roofline.measure.sweep import SweepRequest, run_sweep
 from roofline.measure.timer import TimerSettings
 
 
 @dataclass(frozen=True)
-class SpecValSpec:
+class SpecValidationRequest:
     model: ModelConfig
     alphas: tuple[float, ...] = (0.5, 0.7, 0.9)
     ks: tuple[int, ...] = (1, 2, 4)
@@ -93,9 +93,9 @@ class SpecValSpec:
         return self.prompt_len + self.max_new + 3 * max(self.ks) + 1
 
 
-def calibration_sweep(spec: SpecValSpec, run_dir: Path, progress: bool = False) -> dict:
+def calibration_sweep(spec: SpecValidationRequest, run_dir: Path, progress: bool = False) -> dict:
     k_max = max(spec.ks)
-    sweep = SweepSpec(model=spec.model, q=tuple(range(1, k_max + 2)), B=spec.Bs,
+    sweep = SweepRequest(model=spec.model, q=tuple(range(1, k_max + 2)), B=spec.Bs,
                       L=(spec.prompt_len, spec.context_mid, spec.prompt_len + spec.max_new),
                       dtypes=(spec.dtype,), timer=spec.timer, device=spec.device,
                       mtp_q=tuple(sorted({1, *(k + 1 for k in spec.ks)})), seed=spec.seed)
@@ -103,7 +103,7 @@ def calibration_sweep(spec: SpecValSpec, run_dir: Path, progress: bool = False) 
     return sections.fit_and_save(run_dir)[0]
 
 
-def _prompts(spec: SpecValSpec, B: int, seed: int) -> list[list[int]]:
+def _prompts(spec: SpecValidationRequest, B: int, seed: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, spec.model.vocab, (spec.prompt_len,), generator=g).tolist() for _ in range(B)]
 
@@ -144,7 +144,7 @@ def acceptance_check(runs, alpha: float | None) -> dict:
     return dict(alpha_profile=prof, reached=reached, max_z=z)
 
 
-def predicted_speedup(fit: dict, spec: SpecValSpec, k: int, B: int, tau: float, o_plain: float, o_spec: float,
+def predicted_speedup(fit: dict, spec: SpecValidationRequest, k: int, B: int, tau: float, o_plain: float, o_spec: float,
                       drafter: str = "mtp") -> dict:
     """S from roofline.spec.theory with the fitted steps. Every forward pays the engine's
     per-step host overhead o_plain; a round pays o_spec in all, i.e. o_spec − o_plain beyond
@@ -162,7 +162,7 @@ def predicted_speedup(fit: dict, spec: SpecValSpec, k: int, B: int, tau: float, 
                     c.target_model.source(q, B, L) for q in (1, k + 1)) if getattr(c, "target_model", None) else "n/a")
 
 
-def run_validation(spec: SpecValSpec, run_dir: Path, log=print) -> pd.DataFrame:
+def run_validation(spec: SpecValidationRequest, run_dir: Path, log=print) -> pd.DataFrame:
     memory.require_fit(spec.model, spec.dtype, max(spec.Bs), spec.max_context, spec.device,
                        q=max(spec.ks) + 1)  # before any folder or model
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -58,7 +58,7 @@ class ModelShape:
 
 
 @dataclass(frozen=True)
-class TrainSpec:
+class TrainRequest:
     out_dir: str
     target: ModelShape = field(default_factory=ModelShape)
     draft: ModelShape = field(default_factory=lambda: ModelShape(d=64, layers=2, heads=2, kv_heads=2, ffn=192,
@@ -127,7 +127,7 @@ def _lr(step: int, steps: int, peak: float) -> float:
     return peak * (0.1 + 0.45 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm))))  # cosine to peak/10
 
 
-def train_model(cfg: ModelConfig, ids: torch.Tensor, spec: TrainSpec, steps: int, mtp_weight: float, seed: int,
+def train_model(cfg: ModelConfig, ids: torch.Tensor, spec: TrainRequest, steps: int, mtp_weight: float, seed: int,
                 label: str, log=print):
     """A trained model (float32) and its loss log [(step, main, mtp)]."""
     from tqdm import tqdm
@@ -184,7 +184,7 @@ def n_params(model) -> dict:
     return dict(main=main, mtp=sum(p.numel() for n, p in model.named_parameters() if n.startswith("mtp.")))
 
 
-def run_training(spec: TrainSpec, log=print) -> dict:
+def run_training(spec: TrainRequest, log=print) -> dict:
     """Corpus -> tokenizer -> target (with MTP) [+ its no-MTP-loss twin] -> draft; HF folders and a summary."""
     from roofline.checkpoints.convert import save_hf
 
