@@ -21,7 +21,7 @@ def test_usage_lists_every_subcommand(capsys):
 def test_every_entry_point_and_config_is_a_subcommand():
     """Found independently of cli.COMMANDS: every roofline/cli/<name>.py with a Hydra entry and
     every roofline/conf/<name>.yaml is a subcommand, and every subcommand has both."""
-    entries = {p.stem for p in (REPO_ROOT / "roofline" / "cli").glob("*.py") if "@command(" in p.read_text()}
+    entries = {p.stem for p in (REPO_ROOT / "roofline" / "cli").glob("*.py") if "main_of(" in p.read_text() and p.stem != "entry"}
     configs = {p.stem for p in (REPO_ROOT / "roofline" / "conf").glob("*.yaml")}
     assert len(entries) >= 17 and entries == configs == set(cli.COMMANDS)
     assert all(cli.COMMANDS.values()), [c for c, line in cli.COMMANDS.items() if not line]
@@ -114,3 +114,14 @@ ask "roofline sweep model="'''
     assert lines[1].split() == ["sweep"]
     assert "model=" in lines[2].split() and any(w.startswith("modes") for w in lines[2].split())  # a key and a group
     assert {"model=cpu-demo", "model=tiny"} <= set(lines[3].split())
+
+
+def test_presets_of_roofline_presets_compose_beside_hydras_own_flags(tmp_path):
+    """The presets folder reaches Hydra as a flag put first: an override appended after the
+    user's `--cfg job` made Hydra's argument parser refuse the line."""
+    text = (REPO_ROOT / "roofline" / "conf" / "model" / "tiny.yaml").read_text().replace("name: tiny", "name: my-tiny")
+    (tmp_path / "my-tiny.yaml").write_text(text)
+    r = subprocess.run([sys.executable, "-m", "roofline.cli.card", "model=my-tiny", "device=null", "--cfg", "job"],
+                       cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "ROOFLINE_PRESETS": str(tmp_path)})
+    assert r.returncode == 0 and "name: my-tiny" in r.stdout, r.stderr

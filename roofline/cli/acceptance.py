@@ -3,15 +3,9 @@
 
 The Hydra entry of the `acceptance` command; what it does is roofline/commands/acceptance.py."""
 
-from roofline.cli.entry import command, fail_fast, plain
-from roofline.commands import acceptance
+from roofline.cli.entry import main_of
 
-
-@command("acceptance")
-def main(cfg) -> None:
-    with fail_fast():
-        acceptance.run(plain(cfg, device_as="torch"))
-
+main = main_of("acceptance")
 
 if __name__ == "__main__":
     main()

@@ -2,15 +2,9 @@
 
 The Hydra entry of the `anchors` command; what it does is roofline/commands/anchors.py."""
 
-from roofline.cli.entry import command, fail_fast, plain
-from roofline.commands import anchors
+from roofline.cli.entry import main_of
 
-
-@command("anchors")
-def main(cfg) -> None:
-    with fail_fast():
-        anchors.run(plain(cfg))
-
+main = main_of("anchors")
 
 if __name__ == "__main__":
     main()

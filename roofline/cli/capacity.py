@@ -4,15 +4,9 @@ layouts (tp / ep / dp-attention / pp) from the datasheet row + roofline/data/pri
 
 The Hydra entry of the `capacity` command; what it does is roofline/commands/capacity.py."""
 
-from roofline.cli.entry import command, fail_fast, plain
-from roofline.commands import capacity
+from roofline.cli.entry import main_of
 
-
-@command("capacity")
-def main(cfg) -> None:
-    with fail_fast():
-        capacity.run(plain(cfg, device_as="datasheet"))
-
+main = main_of("capacity")
 
 if __name__ == "__main__":
     main()

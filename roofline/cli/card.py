@@ -3,15 +3,9 @@ or of a Hugging Face model folder: `python -m roofline.cli.card checkpoint=path/
 
 The Hydra entry of the `card` command; what it does is roofline/commands/card.py."""
 
-from roofline.cli.entry import command, fail_fast, plain
-from roofline.commands import card
+from roofline.cli.entry import main_of
 
-
-@command("card")
-def main(cfg) -> None:
-    with fail_fast():
-        card.run(plain(cfg, device_as="datasheet"))
-
+main = main_of("card")
 
 if __name__ == "__main__":
     main()

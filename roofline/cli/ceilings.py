@@ -2,15 +2,9 @@
 
 The Hydra entry of the `ceilings` command; what it does is roofline/commands/ceilings.py."""
 
-from roofline.cli.entry import command, fail_fast, plain
-from roofline.commands import ceilings
+from roofline.cli.entry import main_of
 
-
-@command("ceilings")
-def main(cfg) -> None:
-    with fail_fast():
-        ceilings.run(plain(cfg, device_as="torch"))
-
+main = main_of("ceilings")
 
 if __name__ == "__main__":
     main()

@@ -4,15 +4,9 @@ Under torchrun or srun every rank runs this same command; rank 0 writes the resu
 
 The Hydra entry of the `collectives` command; what it does is roofline/commands/collectives.py."""
 
-from roofline.cli.entry import command, fail_fast, plain
-from roofline.commands import collectives
+from roofline.cli.entry import main_of
 
-
-@command("collectives")
-def main(cfg) -> None:
-    with fail_fast():
-        collectives.run(plain(cfg, device_as="torch"))
-
+main = main_of("collectives")
 
 if __name__ == "__main__":
     main()

@@ -5,18 +5,9 @@ REGRESSION (3) when a point is more than 5% slower in b beyond the noise.
 
 The Hydra entry of the `compare` command; what it does is roofline/commands/compare.py."""
 
-import sys
+from roofline.cli.entry import main_of
 
-from roofline.cli.entry import command, fail_fast, plain
-from roofline.commands import compare
-
-
-@command("compare")
-def main(cfg) -> None:
-    with fail_fast():
-        if status := compare.run(plain(cfg)):
-            sys.exit(status)
-
+main = main_of("compare")
 
 if __name__ == "__main__":
     main()

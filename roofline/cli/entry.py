@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import functools
 import hashlib
+import importlib
+import inspect
 import json
 import os
 import signal
@@ -241,12 +243,16 @@ def staged_presets(folders: list[Path]) -> Path:
     return stage
 
 
-def preset_search_path() -> list[str]:
-    """The override that lets the preset folders of $ROOFLINE_PRESETS (os.pathsep-separated, the
+def preset_search_path(argv: list[str]) -> list[str]:
+    """The Hydra flag that lets the preset folders of $ROOFLINE_PRESETS (os.pathsep-separated, the
     ones the library's registry roofline.model.presets reads) join the `model` group: Hydra
-    searches hydra.searchpath after roofline/conf/, so a built-in preset keeps its name."""
+    searches a --config-dir after roofline/conf/, so a built-in preset keeps its name. A flag,
+    put first, and not an override: an override after the user's `--cfg job` would be refused
+    by Hydra's argument parser. None where the user gives a --config-dir of their own."""
     folders = [Path(p) for p in os.environ.get("ROOFLINE_PRESETS", "").split(os.pathsep) if p]
-    return [f"hydra.searchpath=[file://{staged_presets(folders)}]"] if folders else []
+    if not folders or any(a in ("--config-dir", "-cd") or a.startswith("--config-dir=") for a in argv):
+        return []
+    return ["--config-dir", str(staged_presets(folders))]
 
 
 def command(config_name: str):
@@ -255,12 +261,13 @@ def command(config_name: str):
     exist) become one line on stderr and exit 2: they happen while composing, before the
     command runs or writes anything. HYDRA_FULL_ERROR=1 keeps Hydra's full report."""
     def wrap(task):
-        app = hydra.main(config_path="../conf", config_name=config_name, version_base="1.3")(task)
+        # absolute: Hydra reads it as a folder, whichever module defines the task
+        app = hydra.main(config_path=str(CONF_DIR), config_name=config_name, version_base="1.3")(task)
 
         @functools.wraps(task)
         def main() -> None:
             hold_signals_to_the_end()
-            sys.argv[1:] = hydra_args(sys.argv[1:]) + preset_search_path()
+            sys.argv[1:] = preset_search_path(sys.argv[1:]) + hydra_args(sys.argv[1:])
             before = os.environ.get("HYDRA_FULL_ERROR")
             if before == "1":
                 return app()
@@ -278,3 +285,25 @@ def command(config_name: str):
                     os.environ["HYDRA_FULL_ERROR"] = before
         return main
     return wrap
+
+
+def main_of(name: str):
+    """The Hydra entry of the command `name` (roofline/cli/<name>.py is this and nothing else):
+    compose roofline/conf/<name>.yaml, give the plain dict to roofline.commands.<name>.run (with
+    `device` as its module's DEVICE_AS says: "torch", "datasheet" or absent; with `done` where
+    run takes it), and turn what run returns into the exit: an int is the exit status (a CI
+    verdict), a dict the job record a multirun aggregates."""
+    module = importlib.import_module(f"roofline.commands.{name}")
+    takes_done = "done" in inspect.signature(module.run).parameters
+
+    def main(cfg) -> None:
+        with fail_fast() as done:
+            c = plain(cfg, device_as=getattr(module, "DEVICE_AS", None))
+            result = module.run(c, done) if takes_done else module.run(c)
+            if isinstance(result, dict):
+                job_dir(result)
+            elif isinstance(result, int) and not isinstance(result, bool) and result:
+                sys.exit(result)
+    # the task belongs to roofline.cli.<name>: Hydra names the job after the task's module
+    main.__module__, main.__doc__ = f"roofline.cli.{name}", module.__doc__
+    return command(name)(main)

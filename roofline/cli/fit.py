@@ -2,15 +2,9 @@
 
 The Hydra entry of the `fit` command; what it does is roofline/commands/fit.py."""
 
-from roofline.cli.entry import command, fail_fast, plain
-from roofline.commands import fit
+from roofline.cli.entry import main_of
 
-
-@command("fit")
-def main(cfg) -> None:
-    with fail_fast():
-        fit.run(plain(cfg))
-
+main = main_of("fit")
 
 if __name__ == "__main__":
     main()

@@ -5,18 +5,9 @@ num_nextn_predict_layers), 2 on bad input; the last line of stdout is one JSON d
 
 The Hydra entry of the `inventory` command; what it does is roofline/commands/inventory.py."""
 
-import sys
+from roofline.cli.entry import main_of
 
-from roofline.cli.entry import command, fail_fast, plain
-from roofline.commands import inventory
-
-
-@command("inventory")
-def main(cfg) -> None:
-    with fail_fast():
-        if status := inventory.run(plain(cfg)):
-            sys.exit(status)
-
+main = main_of("inventory")
 
 if __name__ == "__main__":
     main()

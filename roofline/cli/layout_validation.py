@@ -3,15 +3,9 @@
 
 The Hydra entry of the `layout_validation` command; what it does is roofline/commands/layout_validation.py."""
 
-from roofline.cli.entry import command, fail_fast, plain
-from roofline.commands import layout_validation
+from roofline.cli.entry import main_of
 
-
-@command("layout_validation")
-def main(cfg) -> None:
-    with fail_fast():
-        layout_validation.run(plain(cfg))
-
+main = main_of("layout_validation")
 
 if __name__ == "__main__":
     main()

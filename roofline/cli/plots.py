@@ -4,15 +4,9 @@ The last line of stdout is one JSON document: the written paths and the figures 
 
 The Hydra entry of the `plots` command; what it does is roofline/commands/plots.py."""
 
-from roofline.cli.entry import command, fail_fast, plain
-from roofline.commands import plots
+from roofline.cli.entry import main_of
 
-
-@command("plots")
-def main(cfg) -> None:
-    with fail_fast():
-        plots.run(plain(cfg))
-
+main = main_of("plots")
 
 if __name__ == "__main__":
     main()

@@ -4,15 +4,9 @@ or without a fit for a device never measured: `python -m roofline.cli.predict mo
 
 The Hydra entry of the `predict` command; what it does is roofline/commands/predict.py."""
 
-from roofline.cli.entry import command, fail_fast, plain
-from roofline.commands import predict
+from roofline.cli.entry import main_of
 
-
-@command("predict")
-def main(cfg) -> None:
-    with fail_fast():
-        predict.run(plain(cfg, device_as="datasheet"))
-
+main = main_of("predict")
 
 if __name__ == "__main__":
     main()

@@ -5,15 +5,9 @@ line of stdout is one JSON document with the paths.
 
 The Hydra entry of the `report` command; what it does is roofline/commands/report.py."""
 
-from roofline.cli.entry import command, fail_fast, plain
-from roofline.commands import report
+from roofline.cli.entry import main_of
 
-
-@command("report")
-def main(cfg) -> None:
-    with fail_fast():
-        report.run(plain(cfg))
-
+main = main_of("report")
 
 if __name__ == "__main__":
     main()

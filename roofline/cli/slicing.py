@@ -3,15 +3,9 @@
 
 The Hydra entry of the `slicing` command; what it does is roofline/commands/slicing.py."""
 
-from roofline.cli.entry import command, fail_fast, plain
-from roofline.commands import slicing
+from roofline.cli.entry import main_of
 
-
-@command("slicing")
-def main(cfg) -> None:
-    with fail_fast():
-        slicing.run(plain(cfg))
-
+main = main_of("slicing")
 
 if __name__ == "__main__":
     main()

@@ -7,18 +7,9 @@ MISMATCH (more than 2x apart).
 
 The Hydra entry of the `specdec` command; what it does is roofline/commands/specdec.py."""
 
-import sys
+from roofline.cli.entry import main_of
 
-from roofline.cli.entry import command, fail_fast, plain
-from roofline.commands import specdec
-
-
-@command("specdec")
-def main(cfg) -> None:
-    with fail_fast():
-        if status := specdec.run(plain(cfg, device_as="torch")):
-            sys.exit(status)
-
+main = main_of("specdec")
 
 if __name__ == "__main__":
     main()

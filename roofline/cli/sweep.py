@@ -7,15 +7,9 @@ Several ranks: `python -m roofline.cli.sweep tp=2 [ep=2]` (spawned here; or unde
 
 The Hydra entry of the `sweep` command; what it does is roofline/commands/sweep.py."""
 
-from roofline.cli.entry import command, fail_fast, job_dir, plain
-from roofline.commands import sweep
+from roofline.cli.entry import main_of
 
-
-@command("sweep")
-def main(cfg) -> None:
-    with fail_fast() as done:
-        job_dir(sweep.run(plain(cfg, device_as="torch"), done))
-
+main = main_of("sweep")
 
 if __name__ == "__main__":
     main()

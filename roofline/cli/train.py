@@ -3,15 +3,9 @@
 
 The Hydra entry of the `train` command; what it does is roofline/commands/train.py."""
 
-from roofline.cli.entry import command, fail_fast, plain
-from roofline.commands import train
+from roofline.cli.entry import main_of
 
-
-@command("train")
-def main(cfg) -> None:
-    with fail_fast():
-        train.run(plain(cfg))
-
+main = main_of("train")
 
 if __name__ == "__main__":
     main()

@@ -12,6 +12,10 @@ from roofline.io.files import json_text
 from roofline.spec.real_acceptance import AcceptanceRequest, measure_acceptance
 
 
+# what the `device` entry (roofline/conf/device/) means to this command: the torch device to run on
+DEVICE_AS = "torch"
+
+
 def acceptance(c: Mapping) -> tuple[str, dict]:
     """Real per-position acceptance: one line per draft position, then the totals."""
     out = measure_acceptance(from_dict(AcceptanceRequest, {k: v for k, v in c.items() if k != "overrides"},

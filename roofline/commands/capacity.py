@@ -28,6 +28,10 @@ from roofline.parallel.engines import engine_name
 from roofline.report import figures
 
 
+# what the `device` entry (roofline/conf/device/) means to this command: the datasheet row priced
+DEVICE_AS = "datasheet"
+
+
 def plan_request(req: CapacityRequest) -> tuple[pd.DataFrame, dict, Path]:
     """capacity.csv, capacity.json and the throughput-vs-latency picture in one folder."""
     if req.fit:

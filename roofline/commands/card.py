@@ -25,6 +25,10 @@ from roofline.model.formats import with_overrides
 from roofline.parallel.engines import engine_name
 
 
+# what the `device` entry (roofline/conf/device/) means to this command: the datasheet row priced
+DEVICE_AS = "datasheet"
+
+
 @dataclass(frozen=True)
 class CardRequest:
     model: ModelConfig

@@ -9,6 +9,10 @@ from roofline.measure.ceilings import (CeilingsRequest, format_summary, measure_
                                        write_ceilings)
 
 
+# what the `device` entry (roofline/conf/device/) means to this command: the torch device to run on
+DEVICE_AS = "torch"
+
+
 def run(c: dict) -> None:
     c = dict(c)
     out_dir, overrides = c.pop("out_dir"), c.pop("overrides", [])

@@ -12,6 +12,10 @@ from roofline.parallel.collectives import CollectiveRequest, run_collectives, ta
 from roofline.parallel.whatif import load_priors
 
 
+# what the `device` entry (roofline/conf/device/) means to this command: the torch device to run on
+DEVICE_AS = "torch"
+
+
 def run(c: dict) -> None:
     spec = CollectiveRequest(kinds=tuple(c["kinds"]), min_bytes=c["min_bytes"], max_bytes=c["max_bytes"],
                           factor=c["factor"], dtype=c["dtype"], reps=c["reps"], device=c["device"], world=c["world"],

@@ -29,6 +29,10 @@ from roofline.spec import theory
 from roofline.spec.vllm_metrics import parse_spec_decode
 
 
+# what the `device` entry (roofline/conf/device/) means to this command: the datasheet row priced
+DEVICE_AS = "datasheet"
+
+
 @dataclass(frozen=True)
 class PredictRequest:
     """One prediction run: a fit, a target, a drafter and the grid (roofline/conf/predict.yaml)."""

@@ -27,6 +27,10 @@ from roofline.spec.validation import SpecValidationRequest, run_validation
 _CONSOLE_COLUMNS = ["drafter", "k", "B", "tau_meas", "alpha_meas", "S_meas", "S_pred", "err"]
 
 
+# what the `device` entry (roofline/conf/device/) means to this command: the torch device to run on
+DEVICE_AS = "torch"
+
+
 def _fingerprint(spec) -> str:
     import dataclasses
     import hashlib

@@ -24,6 +24,10 @@ from roofline.parallel.layout import Layout
 from roofline.parallel.runner import run_parallel_sweep
 
 
+# what the `device` entry (roofline/conf/device/) means to this command: the torch device to run on
+DEVICE_AS = "torch"
+
+
 def build_spec(c: dict) -> SweepRequest:
     """The sweep a composed config asks for, validated (also what the device check's dry run
     calls on the GPU branch's overrides: nothing here needs the device itself)."""
