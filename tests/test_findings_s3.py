@@ -631,3 +631,31 @@ def test_N15_a_reopened_run_folder_drops_the_temp_files_of_dead_writers_only(tmp
     with runfolder.locked(tmp_path):
         pass
     assert not stale.exists() and live.exists()
+
+
+@pytest.mark.parametrize("template, says", [
+    ("{{ raise_exception('no') }}", "TemplateError: no"), ("{{ x.y.z }}", "UndefinedError"),
+    ("{{ ''.__class__.__mro__ }}", "SecurityError"), ("{{ cycler.__init__.__globals__ }}", "SecurityError"),
+    ("{% for i in range(10**9) %}{% endfor %}", "OverflowError: Range too big"),
+    ("{% include '/etc/passwd' %}", "TypeError: no loader"), ("{% import 'x' as y %}", "TypeError: no loader"),
+    ("{{ m['content'] }", "TemplateSyntaxError")])
+def test_N4_a_chat_template_that_fails_is_one_line_naming_the_checkpoint_and_line(tmp_path, template, says):
+    """N4: a template that raises, reaches for attributes, asks for a huge range or includes a file
+    ended in a jinja2 traceback (the sandbox held); each is one line naming checkpoint and line."""
+    from roofline.checkpoints.prompts import load_tokenizer, render
+    for f in ("config.json", "tokenizer.json", "special_tokens_map.json"):
+        (tmp_path / f).write_bytes((TRAINED / "target" / f).read_bytes())
+    text = "{{ bos_token }}\n" + template
+    (tmp_path / "chat_template.jinja").write_text(text)
+    cfg = json.loads((TRAINED / "target" / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(dict(cfg, chat_template=text)))
+    with pytest.raises(ConfigError, match=r"^checkpoint='.*': chat_template line 2: " + re.escape(says)):
+        render(load_tokenizer(tmp_path), [{"role": "user", "content": "x"}])
+
+
+@pytest.mark.parametrize("text", ["", '{"fingerprint": ', "[1, 2]", "\xff\xfe"])
+def test_M9_an_empty_torn_or_list_run_json_is_refused_naming_force(tmp_path, text):
+    """M9: run.json empty, torn or a list: refused in one line that says force=true sets it aside."""
+    (tmp_path / "run.json").write_bytes(text.encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"run.json is unreadable .*force=true sets the folder aside"):
+        check_run_dir(spec(), tmp_path)
