@@ -659,3 +659,45 @@ def test_M9_an_empty_torn_or_list_run_json_is_refused_naming_force(tmp_path, tex
     (tmp_path / "run.json").write_bytes(text.encode("latin-1"))
     with pytest.raises(ConfigError, match=r"run.json is unreadable .*force=true sets the folder aside"):
         check_run_dir(spec(), tmp_path)
+
+
+def _predict_config(tmp_path, **over):
+    import yaml
+    c = yaml.safe_load((REPO_ROOT / "roofline" / "conf" / "predict.yaml").read_text())
+    c.pop("defaults")
+    c.update(model=None, device=None, engine=None, fit=str(DEMO_FIT), out_dir=str(tmp_path / "p"), overrides=[])
+    c.update(over)
+    return c
+
+
+def test_L10_L3_predict_refuses_an_ignored_draft_model_and_names_the_vllm_file(tmp_path):
+    """L10: `predict drafter=ngram draft_model=llama-3.1-70b` ignored the draft model silently.
+    L3: a vLLM dump that does not parse said "line 1: value 'are' is not a number", no file."""
+    from roofline.commands.predict import predict_command
+    with pytest.raises(ConfigError, match="draft_model='llama-3.1-70b' is given with drafter='ngram'"):
+        predict_command(_predict_config(tmp_path, drafter="ngram", draft_model="llama-3.1-70b"))
+    dump = tmp_path / "metrics.txt"
+    dump.write_text("vllm:spec_decode_num_drafts_total are you\n")
+    with pytest.raises(ConfigError, match=r"^vllm_metrics='.*metrics\.txt': .*line 1"):
+        predict_command(_predict_config(tmp_path, vllm_metrics=str(dump)))
+    assert not (tmp_path / "p").exists()  # refused before out_dir is written
+
+
+def test_I7_median_ci_ranks_are_scipys_binomial_quantiles_and_the_report_uses_libraries():
+    """I7: the median CI came from a hand-written binomial sum (a normal approximation past
+    n = 1000, one rank off at n = 1001); Markdown -> HTML and log ticks by hand."""
+    import ast
+    from scipy.stats import binom
+    from roofline.measure.timer import _median_ci_ranks
+    for n in (6, 30, 100, 1001, 5000):
+        l, u = _median_ci_ranks(n, 0.95)
+        assert binom.cdf(l - 1, n, 0.5) <= 0.025 < binom.cdf(l, n, 0.5) and u == n + 1 - l
+    assert _median_ci_ranks(1001, 0.95) == (470, 532)
+
+    def names(rel):
+        tree = ast.parse((REPO_ROOT / rel).read_text())
+        return {a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                for a in n.names} | {getattr(n.value, "id", "") + "." + n.attr for n in ast.walk(tree)
+                                     if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
+    assert "MarkdownIt" in names("roofline/report/document.py")
+    assert "ticker.LogLocator" in names("roofline/report/figures.py")
