@@ -701,3 +701,25 @@ def test_I7_median_ci_ranks_are_scipys_binomial_quantiles_and_the_report_uses_li
                                      if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
     assert "MarkdownIt" in names("roofline/report/document.py")
     assert "ticker.LogLocator" in names("roofline/report/figures.py")
+
+
+def test_I3_a_fitted_capacity_plan_counts_the_draft_models_weights_and_kv():
+    """I3: `capacity fit=... drafter=draft_model draft_model=...` priced the same memory for plain
+    and speculative rows (the draft model's weights and KV were not counted), and an ngram row
+    was charged the MTP module it does not run."""
+    from roofline.analysis.capacity import Speculation, Workload, plan
+    from roofline.analysis.predict import DraftCost
+    fit, cfg, work = costmodel.load_fit(DEMO_FIT), get_preset("cpu-demo"), Workload(context=128, output=32)
+    mem = {}
+    for kind in ("draft_model", "ngram", "mtp"):
+        sp = Speculation(0.8, 2, DraftCost(kind, cfg if kind == "draft_model" else None))
+        t, summary = plan(fit, cfg, "bfloat16", work, 16e9, [1, 4], sp)
+        mem[kind] = (t[~t["spec"]]["mem_GB"].to_numpy(), t[t["spec"]]["mem_GB"].to_numpy(), summary)
+    plain, with_draft, s = mem["draft_model"]
+    assert with_draft == pytest.approx(2 * plain)  # the draft is the target's twin: twice the weights and KV
+    assert s["spec"]["max_batch_by_memory"] < s["plain"]["max_batch_by_memory"]
+    assert mem["ngram"][1] == pytest.approx(mem["ngram"][0])  # the ngram drafter holds nothing
+    assert (mem["mtp"][1] > mem["mtp"][0]).all() == bool(cfg.mtp_layers)
+    sp = Speculation(0.8, 2, DraftCost("draft_model", cfg))
+    t, _ = plan(fit, cfg, "bfloat16", work, 1.5 * plain[0] * 1e9, [1], sp)
+    assert list(t["fits_memory"]) == [True, False]  # the plan says the speculative row does not fit
