@@ -723,3 +723,47 @@ def test_I3_a_fitted_capacity_plan_counts_the_draft_models_weights_and_kv():
     sp = Speculation(0.8, 2, DraftCost("draft_model", cfg))
     t, _ = plan(fit, cfg, "bfloat16", work, 1.5 * plain[0] * 1e9, [1], sp)
     assert list(t["fits_memory"]) == [True, False]  # the plan says the speculative row does not fit
+
+
+def test_I5_a_cpu_set_up_takes_torch_from_the_cpu_index_the_demo_only_the_core_one_package(tmp_path, monkeypatch):
+    """I5: `pip install .` on a CPU machine resolved the CUDA torch; the demo installed the test
+    extras; the wheel put top-level `conf` and `experiments` packages into site-packages."""
+    import importlib.util
+    import tomllib
+    text = (REPO_ROOT / "requirements" / "cpu.txt").read_text()
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in text and re.search(r"^torch==[\d.]+\+cpu$", text, re.M)
+    mod = importlib.util.spec_from_file_location("dev_script", REPO_ROOT / "dev.py")
+    dev = importlib.util.module_from_spec(mod)
+    mod.loader.exec_module(dev)
+    calls = []
+    monkeypatch.setattr(dev, "VENV", tmp_path / "venv")
+    monkeypatch.setattr(dev, "PY", tmp_path / "venv" / "bin" / "python")
+    monkeypatch.setattr(dev.venv, "create", lambda *a, **k: None)
+    monkeypatch.setattr(dev.shutil, "which", lambda name: None)  # no nvidia-smi: a CPU machine
+    monkeypatch.setattr(dev, "run", lambda *cmd: calls.append([str(c) for c in cmd]))
+    (tmp_path / "venv").mkdir()
+    dev.setup("")  # what `dev.py demo` sets up
+    installs = [c[c.index("install") + 1:] for c in calls if "install" in c and "--upgrade" not in c]
+    assert ["-r", "requirements/cpu.txt"] == installs[0][-2:] and "--no-deps" in installs[0]
+    assert installs[1][-2:] == ["-e", "."]  # the core alone: no [test] extra for the demo
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    assert project["tool"]["setuptools"]["packages"]["find"]["include"] == ["roofline*"]
+    assert project["project"]["scripts"] == {"roofline": "roofline.cli.main:main"}
+    tops = {p.name for p in REPO_ROOT.iterdir() if (p / "__init__.py").exists()} - {"tests"}
+    assert tops == {"roofline"}  # conf/ and the entry points live inside it
+
+
+def test_I4_a_speculative_mismatch_and_a_compare_regression_exit_regression_when_asked(monkeypatch, capsys):
+    """I4: a speculative MISMATCH exited 0, and compare had no CI threshold: with
+    fail_on_mismatch=true / fail_above= each exits REGRESSION (3), and 0 when not asked."""
+    from roofline.commands import REGRESSION, compare, specdec
+    monkeypatch.setattr(specdec, "specdec", lambda c: ("table", dict(mismatches=1)))
+    assert specdec.run(dict(fail_on_mismatch=True)) == REGRESSION == 3
+    assert specdec.run(dict(fail_on_mismatch=False)) == 0
+    monkeypatch.setattr(specdec, "specdec", lambda c: ("table", dict(mismatches=0)))
+    assert specdec.run(dict(fail_on_mismatch=True)) == 0
+    c = dict(a="a", b="b", allow_other_model=False, out=None)
+    monkeypatch.setattr(compare, "format_comparison", lambda *a: "")
+    for regressions, code in ((2, REGRESSION), (0, 0), (None, 0)):
+        monkeypatch.setattr(compare, "compare_runs", lambda *a, r=regressions: (pd.DataFrame(), dict(regressions=r)))
+        assert compare.run(dict(c, fail_above=1.05 if regressions is not None else None)) == code
