@@ -767,3 +767,26 @@ def test_I4_a_speculative_mismatch_and_a_compare_regression_exit_regression_when
     for regressions, code in ((2, REGRESSION), (0, 0), (None, 0)):
         monkeypatch.setattr(compare, "compare_runs", lambda *a, r=regressions: (pd.DataFrame(), dict(regressions=r)))
         assert compare.run(dict(c, fail_above=1.05 if regressions is not None else None)) == code
+
+
+def test_N3_N6_predict_repeats_the_fits_warnings_and_a_plain_plan_ignores_a_thin_mtp_group(tmp_path):
+    """N3 through the command: predict's warnings carry the fit's "did not converge". N6 through
+    the plan: a thin MTP group stops an MTP plan only, not a plain or an ngram one."""
+    from roofline.analysis.capacity import Speculation, Workload, plan
+    from roofline.analysis.predict import DraftCost
+    from roofline.commands.predict import predict_command
+    fit = json.loads(DEMO_FIT.read_text())
+    fit["groups"][0]["problems"] = ["16 of 16 points did not converge (median CI above the target)"]
+    path = tmp_path / "fit.json"
+    path.write_text(json.dumps(fit))
+    _, summary = predict_command(_predict_config(tmp_path, fit=str(path), drafter="ngram", k=[0, 1, 2], B=[1],
+                                                 L=[128], plot_L=128, alphas=[0.6]))
+    assert any("16 of 16 points did not converge" in w for w in summary["warnings"])
+    fit = json.loads(DEMO_FIT.read_text())
+    mtp = next(g for g in fit["groups"] if g["key"]["kind"] == "mtp")
+    mtp["problems"] = ["too few points to fit (4, at least 6)"]
+    cfg, work = get_preset("cpu-demo"), Workload(context=128, output=32)
+    plan(fit, cfg, "bfloat16", work, 16e9, [1], None)
+    plan(fit, cfg, "bfloat16", work, 16e9, [1], Speculation(0.8, 2, DraftCost("ngram")))
+    with pytest.raises(ConfigError, match="mtp.*too few points"):
+        plan(fit, cfg, "bfloat16", work, 16e9, [1], Speculation(0.8, 2, DraftCost("mtp")))
