@@ -680,6 +680,8 @@ def test_L10_L3_predict_refuses_an_ignored_draft_model_and_names_the_vllm_file(t
     dump.write_text("vllm:spec_decode_num_drafts_total are you\n")
     with pytest.raises(ConfigError, match=r"^vllm_metrics='.*metrics\.txt': .*line 1"):
         predict_command(_predict_config(tmp_path, vllm_metrics=str(dump)))
+    with pytest.raises(ConfigError, match="^plot_L=99999: plot_L"):  # L6: once refused after predict.csv was written
+        predict_command(_predict_config(tmp_path, plot_L=99999))
     assert not (tmp_path / "p").exists()  # refused before out_dir is written
 
 
