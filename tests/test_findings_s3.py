@@ -648,3 +648,164 @@ def test_I1_ceilings_given_from_elsewhere_travel_with_the_run_and_their_busy_mar
     run_sweep(s, tmp_path / "run", progress=False)
     assert json.loads((tmp_path / "run" / "ceilings.json").read_text()) == doc
     assert "ceilings: 1 group(s) were measured on a busy machine (torch_read/float32)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("template, says", [
+    ("{{ raise_exception('no') }}", "TemplateError: no"), ("{{ x.y.z }}", "UndefinedError"),
+    ("{{ ''.__class__.__mro__ }}", "SecurityError"), ("{{ cycler.__init__.__globals__ }}", "SecurityError"),
+    ("{% for i in range(10**9) %}{% endfor %}", "OverflowError: Range too big"),
+    ("{% include '/etc/passwd' %}", "TypeError: no loader"), ("{% import 'x' as y %}", "TypeError: no loader"),
+    ("{{ m['content'] }", "TemplateSyntaxError")])
+def test_N4_a_chat_template_that_fails_is_one_line_naming_the_checkpoint_and_line(tmp_path, template, says):
+    """N4: a template that raises, reaches for attributes, asks for a huge range or includes a file
+    ended in a jinja2 traceback (the sandbox held); each is one line naming checkpoint and line."""
+    from roofline.checkpoints.prompts import load_tokenizer, render
+    for f in ("config.json", "tokenizer.json", "special_tokens_map.json"):
+        (tmp_path / f).write_bytes((TRAINED / "target" / f).read_bytes())
+    text = "{{ bos_token }}\n" + template
+    (tmp_path / "chat_template.jinja").write_text(text)
+    cfg = json.loads((TRAINED / "target" / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(dict(cfg, chat_template=text)))
+    with pytest.raises(ConfigError, match=r"^checkpoint='.*': chat_template line 2: " + re.escape(says)):
+        render(load_tokenizer(tmp_path), [{"role": "user", "content": "x"}])
+
+
+@pytest.mark.parametrize("text", ["", '{"fingerprint": ', "[1, 2]", "\xff\xfe"])
+def test_M9_an_empty_torn_or_list_run_json_is_refused_naming_force(tmp_path, text):
+    """M9: run.json empty, torn or a list: refused in one line that says force=true sets it aside."""
+    (tmp_path / "run.json").write_bytes(text.encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"run.json is unreadable .*force=true sets the folder aside"):
+        check_run_dir(spec(), tmp_path)
+
+
+def _predict_config(tmp_path, **over):
+    import yaml
+    c = yaml.safe_load((REPO_ROOT / "roofline" / "conf" / "predict.yaml").read_text())
+    c.pop("defaults")
+    c.update(model=None, device=None, engine=None, fit=str(DEMO_FIT), out_dir=str(tmp_path / "p"), overrides=[])
+    c.update(over)
+    return c
+
+
+def test_L10_L3_predict_refuses_an_ignored_draft_model_and_names_the_vllm_file(tmp_path):
+    """L10: `predict drafter=ngram draft_model=llama-3.1-70b` ignored the draft model silently.
+    L3: a vLLM dump that does not parse said "line 1: value 'are' is not a number", no file."""
+    from roofline.commands.predict import predict_command
+    with pytest.raises(ConfigError, match="draft_model='llama-3.1-70b' is given with drafter='ngram'"):
+        predict_command(_predict_config(tmp_path, drafter="ngram", draft_model="llama-3.1-70b"))
+    dump = tmp_path / "metrics.txt"
+    dump.write_text("vllm:spec_decode_num_drafts_total are you\n")
+    with pytest.raises(ConfigError, match=r"^vllm_metrics='.*metrics\.txt': .*line 1"):
+        predict_command(_predict_config(tmp_path, vllm_metrics=str(dump)))
+    with pytest.raises(ConfigError, match="^plot_L=99999: plot_L"):  # L6: once refused after predict.csv was written
+        predict_command(_predict_config(tmp_path, plot_L=99999))
+    assert not (tmp_path / "p").exists()  # refused before out_dir is written
+
+
+def test_I7_median_ci_ranks_are_scipys_binomial_quantiles_and_the_report_uses_libraries():
+    """I7: the median CI came from a hand-written binomial sum (a normal approximation past
+    n = 1000, one rank off at n = 1001); Markdown -> HTML and log ticks by hand."""
+    import ast
+    from scipy.stats import binom
+    from roofline.measure.timer import _median_ci_ranks
+    for n in (6, 30, 100, 1001, 5000):
+        l, u = _median_ci_ranks(n, 0.95)
+        assert binom.cdf(l - 1, n, 0.5) <= 0.025 < binom.cdf(l, n, 0.5) and u == n + 1 - l
+    assert _median_ci_ranks(1001, 0.95) == (470, 532)
+
+    def names(rel):
+        tree = ast.parse((REPO_ROOT / rel).read_text())
+        return {a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                for a in n.names} | {getattr(n.value, "id", "") + "." + n.attr for n in ast.walk(tree)
+                                     if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
+    assert "MarkdownIt" in names("roofline/report/document.py")
+    assert "ticker.LogLocator" in names("roofline/report/figures.py")
+
+
+def test_I3_a_fitted_capacity_plan_counts_the_draft_models_weights_and_kv():
+    """I3: `capacity fit=... drafter=draft_model draft_model=...` priced the same memory for plain
+    and speculative rows (the draft model's weights and KV were not counted), and an ngram row
+    was charged the MTP module it does not run."""
+    from roofline.analysis.capacity import Speculation, Workload, plan
+    from roofline.analysis.predict import DraftCost
+    fit, cfg, work = costmodel.load_fit(DEMO_FIT), get_preset("cpu-demo"), Workload(context=128, output=32)
+    mem = {}
+    for kind in ("draft_model", "ngram", "mtp"):
+        sp = Speculation(0.8, 2, DraftCost(kind, cfg if kind == "draft_model" else None))
+        t, summary = plan(fit, cfg, "bfloat16", work, 16e9, [1, 4], sp)
+        mem[kind] = (t[~t["spec"]]["mem_GB"].to_numpy(), t[t["spec"]]["mem_GB"].to_numpy(), summary)
+    plain, with_draft, s = mem["draft_model"]
+    assert with_draft == pytest.approx(2 * plain)  # the draft is the target's twin: twice the weights and KV
+    assert s["spec"]["max_batch_by_memory"] < s["plain"]["max_batch_by_memory"]
+    assert mem["ngram"][1] == pytest.approx(mem["ngram"][0])  # the ngram drafter holds nothing
+    assert (mem["mtp"][1] > mem["mtp"][0]).all() == bool(cfg.mtp_layers)
+    sp = Speculation(0.8, 2, DraftCost("draft_model", cfg))
+    t, _ = plan(fit, cfg, "bfloat16", work, 1.5 * plain[0] * 1e9, [1], sp)
+    assert list(t["fits_memory"]) == [True, False]  # the plan says the speculative row does not fit
+
+
+def test_I5_a_cpu_set_up_takes_torch_from_the_cpu_index_the_demo_only_the_core_one_package(tmp_path, monkeypatch):
+    """I5: `pip install .` on a CPU machine resolved the CUDA torch; the demo installed the test
+    extras; the wheel put top-level `conf` and `experiments` packages into site-packages."""
+    import importlib.util
+    import tomllib
+    text = (REPO_ROOT / "requirements" / "cpu.txt").read_text()
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in text and re.search(r"^torch==[\d.]+\+cpu$", text, re.M)
+    mod = importlib.util.spec_from_file_location("dev_script", REPO_ROOT / "dev.py")
+    dev = importlib.util.module_from_spec(mod)
+    mod.loader.exec_module(dev)
+    calls = []
+    monkeypatch.setattr(dev, "VENV", tmp_path / "venv")
+    monkeypatch.setattr(dev, "PY", tmp_path / "venv" / "bin" / "python")
+    monkeypatch.setattr(dev.venv, "create", lambda *a, **k: None)
+    monkeypatch.setattr(dev.shutil, "which", lambda name: None)  # no nvidia-smi: a CPU machine
+    monkeypatch.setattr(dev, "run", lambda *cmd: calls.append([str(c) for c in cmd]))
+    (tmp_path / "venv").mkdir()
+    dev.setup("")  # what `dev.py demo` sets up
+    installs = [c[c.index("install") + 1:] for c in calls if "install" in c and "--upgrade" not in c]
+    assert ["-r", "requirements/cpu.txt"] == installs[0][-2:] and "--no-deps" in installs[0]
+    assert installs[1][-2:] == ["-e", "."]  # the core alone: no [test] extra for the demo
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    assert project["tool"]["setuptools"]["packages"]["find"]["include"] == ["roofline*"]
+    assert project["project"]["scripts"] == {"roofline": "roofline.cli.main:main"}
+    tops = {p.name for p in REPO_ROOT.iterdir() if (p / "__init__.py").exists()} - {"tests"}
+    assert tops == {"roofline"}  # roofline/conf/ and the entry points live inside it
+
+
+def test_I4_a_speculative_mismatch_and_a_compare_regression_exit_regression_when_asked(monkeypatch, capsys):
+    """I4: a speculative MISMATCH exited 0, and compare had no CI threshold: with
+    fail_on_mismatch=true / fail_above= each exits REGRESSION (3), and 0 when not asked."""
+    from roofline.commands import REGRESSION, compare, specdec
+    monkeypatch.setattr(specdec, "specdec", lambda c: ("table", dict(mismatches=1)))
+    assert specdec.run(dict(fail_on_mismatch=True)) == REGRESSION == 3
+    assert specdec.run(dict(fail_on_mismatch=False)) == 0
+    monkeypatch.setattr(specdec, "specdec", lambda c: ("table", dict(mismatches=0)))
+    assert specdec.run(dict(fail_on_mismatch=True)) == 0
+    c = dict(a="a", b="b", allow_other_model=False, out=None)
+    monkeypatch.setattr(compare, "format_comparison", lambda *a: "")
+    for regressions, code in ((2, REGRESSION), (0, 0), (None, 0)):
+        monkeypatch.setattr(compare, "compare_runs", lambda *a, r=regressions: (pd.DataFrame(), dict(regressions=r)))
+        assert compare.run(dict(c, fail_above=1.05 if regressions is not None else None)) == code
+
+
+def test_N3_N6_predict_repeats_the_fits_warnings_and_a_plain_plan_ignores_a_thin_mtp_group(tmp_path):
+    """N3 through the command: predict's warnings carry the fit's "did not converge". N6 through
+    the plan: a thin MTP group stops an MTP plan only, not a plain or an ngram one."""
+    from roofline.analysis.capacity import Speculation, Workload, plan
+    from roofline.analysis.predict import DraftCost
+    from roofline.commands.predict import predict_command
+    fit = json.loads(DEMO_FIT.read_text())
+    fit["groups"][0]["problems"] = ["16 of 16 points did not converge (median CI above the target)"]
+    path = tmp_path / "fit.json"
+    path.write_text(json.dumps(fit))
+    _, summary = predict_command(_predict_config(tmp_path, fit=str(path), drafter="ngram", k=[0, 1, 2], B=[1],
+                                                 L=[128], plot_L=128, alphas=[0.6]))
+    assert any("16 of 16 points did not converge" in w for w in summary["warnings"])
+    fit = json.loads(DEMO_FIT.read_text())
+    mtp = next(g for g in fit["groups"] if g["key"]["kind"] == "mtp")
+    mtp["problems"] = ["too few points to fit (4, at least 6)"]
+    cfg, work = get_preset("cpu-demo"), Workload(context=128, output=32)
+    plan(fit, cfg, "bfloat16", work, 16e9, [1], None)
+    plan(fit, cfg, "bfloat16", work, 16e9, [1], Speculation(0.8, 2, DraftCost("ngram")))
+    with pytest.raises(ConfigError, match="mtp.*too few points"):
+        plan(fit, cfg, "bfloat16", work, 16e9, [1], Speculation(0.8, 2, DraftCost("mtp")))

@@ -112,7 +112,13 @@ def plan(fit: dict, cfg: ModelConfig, dtype: str, work: Workload, mem_bytes: flo
     with_mtp = spec is not None and spec.drafter.kind == "mtp"
     weights = memory.resident_bytes(cfg, dtype, 1, tokens_per_seq, with_mtp).weights
     t = batch_table(fit, cfg, dtype, work, Bs, spec, mode)
-    t["mem_GB"] = [memory.resident_bytes(cfg, dtype, b, tokens_per_seq, s).total / 1e9 for b, s in zip(t["B"], t["spec"])]
+    draft = spec.drafter.model if spec is not None and spec.drafter.kind == "draft_model" else None
+
+    def resident(b, s):  # a speculative row holds the MTP module, or the draft model's weights and KV, too
+        r = memory.resident_bytes(cfg, dtype, b, tokens_per_seq, s and with_mtp)
+        d = memory.resident_bytes(draft, dtype, b, tokens_per_seq, False) if s and draft else memory.Resident(0.0, 0.0)
+        return memory.Resident(r.weights + d.weights, r.kv + d.kv)
+    t["mem_GB"] = [resident(b, s).total / 1e9 for b, s in zip(t["B"], t["spec"])]
     t["fits_memory"] = t["mem_GB"] * 1e9 <= mem_bytes
     t["meets_itl"] = t["itl_ms"] <= work.itl_target_ms
     t["extrapolated"] = extrapolated
@@ -131,7 +137,8 @@ def plan(fit: dict, cfg: ModelConfig, dtype: str, work: Workload, mem_bytes: flo
     for label, sub in (("plain", t[~t["spec"]]), ("spec", t[t["spec"]])):
         if sub.empty:
             continue
-        b_mem = memory.max_batch(cfg, dtype, mem_bytes, tokens_per_seq, label == "spec" and with_mtp)
+        one = resident(1, label == "spec")
+        b_mem = max(0, int((mem_bytes - one.weights) // one.kv)) if one.kv > 0 else 0
         ok = sub[sub["fits_memory"] & sub["meets_itl"]]
         best = ok.loc[ok["tok_s"].idxmax()] if not ok.empty else None
         summary[label] = dict(

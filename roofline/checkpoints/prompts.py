@@ -102,14 +102,17 @@ def template_line(exc: BaseException) -> int | None:
 
 def render(tokenizer, messages, add_generation_prompt: bool = True) -> str:
     """The conversation as the text the model reads, through the checkpoint's template.
-    A template that fails (syntax, raise_exception, a sandbox violation) is bad input: one
+    A template that fails (syntax, raise_exception, a sandbox violation, a range past the
+    sandbox's limit, an {% include %} with no loader) is bad input: one
     line naming the checkpoint and the template line, never a jinja2 traceback."""
     import jinja2
+    messages = _check_messages(messages)
     try:
-        return tokenizer.apply_chat_template(_check_messages(messages), tokenize=False,
-                                             add_generation_prompt=add_generation_prompt)
-    except jinja2.TemplateError as e:  # SecurityError and UndefinedError are TemplateErrors
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    except (jinja2.TemplateError, OverflowError, TypeError) as e:  # SecurityError and UndefinedError are TemplateErrors
         line = template_line(e)
+        if not isinstance(e, jinja2.TemplateError) and line is None:
+            raise  # raised outside the template (the sandbox's range limit and {% include %} raise inside it)
         where = f" line {line}" if line is not None else ""
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ConfigError(f"checkpoint={getattr(tokenizer, 'name_or_path', '?')!r}: chat_template{where}: "

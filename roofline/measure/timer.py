@@ -122,25 +122,15 @@ def _median_ci_ranks(n: int, confidence: float) -> tuple[int, int]:
 
     The count B of samples below the true median is Binomial(n, 1/2) for any continuous
     distribution, so P(x_(l) <= median < x_(u)) = 1 - 2 P(B <= l-1) with u = n + 1 - l.
-    We take the largest l with P(B <= l-1) <= (1 - confidence)/2 (exact sum for n <= 1000,
-    normal approximation above, where the two agree to a rank). For n < 6 no pair reaches
-    95%; we then return the full range (l=1), the widest interval the data allow
-    (coverage 1 - 2^(1-n)).
+    We take the largest l with P(B <= l-1) <= (1 - confidence)/2, from scipy's binomial
+    quantile (exact for every n). For n < 6 no pair reaches 95%; we then return the full
+    range (l=1), the widest interval the data allow (coverage 1 - 2^(1-n)).
     """
+    from scipy.stats import binom
     tail = (1.0 - confidence) / 2.0
-    if n > 1000:
-        z = statistics.NormalDist().inv_cdf(1.0 - tail)
-        l = max(1, math.floor((n - z * math.sqrt(n)) / 2.0))
-        return l, n + 1 - l
-    limit = tail * 2.0**n  # compare integer binomial counts exactly against tail * 2^n
-    c, cum, l = 1, 0, 0  # c = C(n, k); cum = sum_{j<=k} C(n, j)
-    for k in range((n + 1) // 2):  # l <= (n+1)/2 keeps u >= l
-        cum += c
-        if cum > limit:
-            break
-        l = k + 1
-        c = c * (n - k) // (k + 1)
-    l = max(1, l)
+    k = int(binom.ppf(tail, n, 0.5))  # the smallest k with P(B <= k) >= tail
+    l = k + 1 if binom.cdf(k, n, 0.5) <= tail else k  # the largest l with P(B <= l - 1) <= tail
+    l = min(max(1, l), (n + 1) // 2)  # l <= (n+1)/2 keeps u >= l
     return l, n + 1 - l
 
 
