@@ -182,6 +182,22 @@ def test_an_engines_own_quantized_expert_kernel_streams_at_its_ratio_of_the_grou
     assert experts("bfloat16", eng) == pytest.approx(experts("bfloat16", plain))
 
 
+def test_an_engines_scheduler_time_per_running_sequence_grows_the_step_with_the_batch():
+    """vLLM V1's scheduler loops over the running requests every step (PR #46112: ~1.1 us per request at
+    128-256): the host term grows linearly with B on top of the fixed per-step time; an engine with no
+    such figure (sglang's overlap scheduler) keeps a flat host term."""
+    v, s = engines.profile("vllm", 1), engines.profile("sglang", 1)
+    assert v.step_overhead_per_seq_s == pytest.approx(1.1e-6) and s.step_overhead_per_seq_s == 0.0
+    assert [engines.profile("vllm", i).step_overhead_per_seq_s for i in range(3)] == sorted(
+        engines.profile("vllm", i).step_overhead_per_seq_s for i in range(3))
+    cfg, dev = get_preset("llama-3.1-8b"), get_spec("h100_sxm")
+    def host(B, eng):
+        return WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine=eng)).pass_detail(
+            Pass(B, 1, 512), 1, eng)["terms"]["step_overhead"]
+    assert host(256, "vllm") - host(1, "vllm") == pytest.approx(255 * 1.1e-6)
+    assert host(256, "sglang") == host(1, "sglang")
+
+
 def test_tp_all_reduces_stay_on_nvlink_beyond_eight_devices():
     from roofline.parallel.whatif import collective_link, load_priors
     p = load_priors()

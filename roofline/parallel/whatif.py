@@ -11,14 +11,15 @@ roofline max of its own bytes and FLOPs at the efficiency its kernel reaches at 
       + Σ_moe max(W_touched / BW_grouped(m_e), F_experts / F(m_e))           experts, per MoE block
       + Σ_blocks max(KV / BW_attn(B, L), F_attn / F_attn)                    decode attention
       + prefill attention FLOPs / F_attn + LM head (a GEMM at M decode tokens)
-      + n_blocks · t_layer + t_step + T_comm                                 engine (engines.yaml)
+      + n_blocks · t_layer + t_step + B · t_seq + T_comm                     engine (engines.yaml)
 
 M = tokens through the rank's dense layers in this pass; m_e = routed token-slots per touched
 expert on the busiest rank (roofline.parallel.layout.experts_touched_busiest_rank). The experts
 are always the TOUCHED ones: serving engines' fused MoE kernels read only the routed experts and
 capture in CUDA graphs, so graph mode prices touched experts too (roofline.model.accounting.
 moe_impl_for_mode is what our own sweep ran). t_layer: the engine's per-layer launch floor
-(or priors.yaml's graph / eager floor), t_step its host and scheduler time per step, T_comm =
+(or priors.yaml's graph / eager floor), t_step its host and scheduler time per step, t_seq its host time
+per running sequence per step (the scheduler's loops over the batch, where measured), T_comm =
 Σ calls · (latency + S · factor / busbw) with the engine's all-reduce latency on the link and
 priors.yaml's bus bandwidth; a tensor-parallel group stays inside one node (NVLink), only the
 stage-to-stage sends of a layout wider than a node cross the inter-node link.
@@ -242,7 +243,8 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Devic
         count = c.count if not mtp else max(1, round(c.count * n / max(_stage_layers(cfg, layout)[0], 1)))
         comm += count * (lat + c.size_bytes * bus_factor(c.kind, max(layout.tp, 2)) / busbw)
     terms = dict(dense=t_dense, experts=t_experts, attention=t_attn, lm_head=t_head, per_layer=t_launch,
-                 step_overhead=0.0 if mtp else eng.step_overhead_s, comm=comm)
+                 step_overhead=0.0 if mtp else eng.step_overhead_s + eng.step_overhead_per_seq_s * (p.B + (p.prefill > 0)),
+                 comm=comm)
     return dict(seconds=sum(terms.values()), terms=terms,
                 experts_touched=(moe_blk or {}).get("touched", 0.0))
 
