@@ -317,6 +317,22 @@ def test_a_finite_run_with_speculation_honours_k_the_drafter_and_the_acceptance_
             SpecDecode(*bad)
 
 
+def test_a_speedups_interval_takes_the_shared_priors_end_that_moves_the_ratio_not_the_diagonal():
+    """tau·T(1)/R shares its kernel priors between numerator and denominator: the interval takes the round's
+    own priors (acceptance, round overhead) at their end and the shared ones at the scenario of three that
+    moves the ratio furthest, so it holds the all-optimistic / all-pessimistic diagonal and is not narrower."""
+    from roofline.spec.theory import tau_iid
+    cfg, dev = get_preset("deepseek-v3"), get_spec("h200_sxm")
+    w = WhatIf(cfg, dev, "bfloat16+weights=fp8_b128", Layout(tp=8), Setting(engine="sglang"))
+    alphas = (0.9, 0.875, 0.85)
+    s = w.mtp_speedup(alphas, 1, 32, 1024)
+    diag = [tau_iid(alphas[i], 1) * w.target(1, 32, 1024, i) / w.round_seconds(1, 32, 1024, i) for i in range(3)]
+    assert s["typical"] == pytest.approx(diag[1])
+    assert s["optimistic"] >= max(diag[0], diag[1]) and s["pessimistic"] <= min(diag[2], diag[1])
+    assert s["pessimistic"] < s["typical"] < s["optimistic"]
+    assert w.mtp_speedup(alphas, 0, 32, 1024) == dict.fromkeys(("optimistic", "typical", "pessimistic"), 1.0)
+
+
 def test_a_finite_speculative_anchor_is_priced_when_k_and_the_acceptance_are_stated():
     models, _, rows = anchors.load()
     a = next(r for r in rows if r["id"] == "gptfast-llama2-70b-int4-spec-7b-int4")

@@ -350,7 +350,8 @@ class WhatIf:
         return self.over_engines(lambda s, e: self.target(1, B, L, s, e), (B, L))
 
     def round_seconds(self, k: int, B: int, L: int, scenario: int, engine: str | None = None, drafter: str = "mtp",
-                      draft: "WhatIf | None" = None, prefill: int = 0, prefill_context: float = 0.0) -> float:
+                      draft: "WhatIf | None" = None, prefill: int = 0, prefill_context: float = 0.0,
+                      overhead_scenario: int | None = None) -> float:
         """One speculative round: verify k+1 positions of B sequences (with `prefill` prompt tokens of new
         requests chunked into the same pass), the round's overhead (priors.yaml spec_round_overhead_us) and
         k chained drafts, the first re-reading the k+1 verified positions (as roofline.analysis.predict
@@ -358,7 +359,8 @@ class WhatIf:
         WhatIf), or n-gram lookup (`ngram`: host work beside the GPU, priced 0)."""
         eng = engine or self.setting.engine_names()[0]
         r = self.forward(Pass(B, k + 1, L, prefill, prefill_context), scenario, eng)
-        r += K.pick(load_priors()["spec_round_overhead_us"], scenario, "priors.spec_round_overhead_us") * 1e-6
+        r += K.pick(load_priors()["spec_round_overhead_us"], scenario if overhead_scenario is None else overhead_scenario,
+                    "priors.spec_round_overhead_us") * 1e-6
         if drafter == "mtp":
             return r + sum(self.mtp(k + 1 if i == 1 else 1, B, L + i - 1, scenario, eng) for i in range(1, k + 1))
         if drafter == "draft_model":
@@ -372,11 +374,22 @@ class WhatIf:
 
     def mtp_speedup(self, alphas: tuple[float, float, float], k: int, B: int, L: int) -> dict:
         """tau · T(1) / R for an i.i.d. acceptance alpha per scenario (optimistic alpha first);
-        k = 0 is plain decode (1.0 for any model)."""
+        k = 0 is plain decode (1.0 for any model).
+
+        A ratio is not monotone in the priors its numerator and denominator share (kernel efficiencies,
+        launch floors, the engine's step time: all-optimistic shrinks T(1) and R together), so its interval
+        is not the diagonal of the scenarios: the priors only a round carries (the acceptance, the round
+        overhead) take their own end, and the shared priors the scenario (of three) that moves the ratio
+        furthest that way; typical is every prior typical."""
         from roofline.spec.theory import tau_iid
         if k == 0:
             return dict.fromkeys(SCENARIOS, 1.0)
-        s = {e: interval(lambda i: tau_iid(alphas[i], k) * self.target(1, B, L, i, e) / self.round_seconds(k, B, L, i, e))
+
+        def ratio(i, j, e):  # i: the round's own priors' scenario, j: the shared priors'
+            return tau_iid(alphas[i], k) * self.target(1, B, L, j, e) / self.round_seconds(k, B, L, j, e,
+                                                                                           overhead_scenario=i)
+        s = {e: dict(optimistic=max(ratio(0, j, e) for j in range(3)), typical=ratio(1, 1, e),
+                     pessimistic=min(ratio(2, j, e) for j in range(3)))
              for e in self.setting.engine_names()}
         return dict(optimistic=max(v["optimistic"] for v in s.values()),
                     typical=statistics.median(v["typical"] for v in s.values()),
