@@ -198,6 +198,25 @@ def test_an_engines_scheduler_time_per_running_sequence_grows_the_step_with_the_
     assert host(256, "sglang") == host(1, "sglang")
 
 
+def test_vllms_v0_engine_is_its_own_profile_and_the_anchors_that_ran_it_use_it():
+    """vLLM's V0 engine spends host time per running sequence between steps (the RFC for multi-step
+    scheduling; a slope derived from the V0-era calibration rows, 170-350 us per sequence): its host term grows
+    with B far faster than V1's; every anchor whose source states the V0 engine (or predates V1) is priced
+    with it, and no other."""
+    v0, v1 = engines.profile("vllm-v0", 1), engines.profile("vllm", 1)
+    assert v0.step_overhead_per_seq_s == pytest.approx(220e-6) and v0.step_overhead_per_seq_s > 100 * v1.step_overhead_per_seq_s
+    assert [engines.profile("vllm-v0", i).step_overhead_per_seq_s for i in range(3)] == pytest.approx([170e-6, 220e-6, 350e-6])
+    cfg, dev = get_preset("llama-3.1-8b"), get_spec("h100_sxm")
+    def step(B, eng):
+        return WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine=eng)).target(1, B, 512, 1)
+    assert step(64, "vllm-v0") - step(1, "vllm-v0") > step(64, "vllm") - step(1, "vllm") + 60 * 200e-6
+    _, sources, rows = anchors.load()
+    for a in rows:
+        if a["engine"] in ("vllm", "vllm-v0"):
+            stated = str(sources[a["source"]].get("engine_version", "")) + str(sources[a["source"]].get("date_or_version", ""))
+            assert (a["engine"] == "vllm-v0") == ("V0" in stated or "2023" in stated or "2024" in stated), a["id"]
+
+
 def test_tp_all_reduces_stay_on_nvlink_beyond_eight_devices():
     from roofline.parallel.whatif import collective_link, load_priors
     p = load_priors()

@@ -25,7 +25,7 @@ from roofline.io.fields import ConfigError
 from roofline.parallel.kernels import pick
 
 ENGINES_PATH = Path(__file__).resolve().parents[1] / "data" / "engines.yaml"
-ENGINE_NAMES = ("vllm", "sglang", "trtllm", "lmdeploy", "llama.cpp", "gpt-fast", "hf-eager", "autoawq")
+ENGINE_NAMES = ("vllm", "vllm-v0", "sglang", "trtllm", "lmdeploy", "llama.cpp", "gpt-fast", "hf-eager", "autoawq")
 
 
 @lru_cache(maxsize=4)
