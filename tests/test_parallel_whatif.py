@@ -443,19 +443,22 @@ def test_deployments_have_both_splits_and_enough_sources():
 @pytest.mark.slow
 def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran: bounds at the level measured
-    when this test was last set (median |error| 13.7%, signed median +2.7% too fast, 60% inside the
-    interval, 35 anchors priced; quantized 18.9% / +2.7%; MoE 15.3% / +9.6%) plus a small margin, so a
-    regression fails. The issue's targets (10%, +-5%, 80%) are NOT met. The calibration split is held
-    too (9.8%, +5.0%)."""
+    when this test was last set (median |error| 13.9%, signed median +2.7% too fast, 66% inside the
+    interval, 35 anchors priced; quantized 18.9% / +2.7%; TP 9.9% / +5.8%; MoE 15.2% / +8.4%) plus a small
+    margin, so a regression fails. The issue's targets (10%, +-5%, 80%) are NOT met. The calibration split is
+    held too (8.1%, +4.0%, 81% inside)."""
     s = anchors.summary(anchors.table())
     t, q, m, c = s["test"]["all"], s["test"]["quantized"], s["test"]["moe"], s["calibration"]["all"]
+    tp = s["test"]["tp"]
     assert t["n"] >= 35
     assert t["median_abs_error_pct"] <= 15.0
     assert abs(t["signed_median_fast_pct"]) <= 5.0
-    assert t["inside_interval"] >= 0.57
+    assert t["inside_interval"] >= 0.62
     assert q["median_abs_error_pct"] <= 20.5 and abs(q["signed_median_fast_pct"]) <= 5.0
-    assert m["median_abs_error_pct"] <= 17.0 and abs(m["signed_median_fast_pct"]) <= 12.0
-    assert c["median_abs_error_pct"] <= 10.8 and abs(c["signed_median_fast_pct"]) <= 6.5
+    assert tp["median_abs_error_pct"] <= 11.0 and abs(tp["signed_median_fast_pct"]) <= 7.5
+    assert m["median_abs_error_pct"] <= 16.5 and abs(m["signed_median_fast_pct"]) <= 10.0
+    assert c["median_abs_error_pct"] <= 9.0 and abs(c["signed_median_fast_pct"]) <= 5.0
+    assert c["inside_interval"] >= 0.77
 
 
 def _graph_fit(tmp_path):
