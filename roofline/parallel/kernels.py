@@ -13,8 +13,11 @@ own FLOPs, each at the efficiency its kernel reaches at that shape:
   a fixed floor per call, `weight_only.call_floor_us`);
 - decode attention (paged / flash decoding): max(KV bytes / (BW · fraction(B, context)),
   attention FLOPs / (F · peak_fraction)): the KV traffic and the arithmetic overlap in one kernel;
-- grouped-GEMM MoE: the touched experts' bytes at the grouped kernel's bandwidth fraction for
-  its tokens per expert, their FLOPs at the tile quantization of those tokens.
+- grouped-GEMM MoE: in an engine running vLLM's fused_moe (the measured kernel), a fixed cost per layer
+  (`grouped_gemm.floor_us`) + the touched experts' bytes at the kernel's floor-free streaming fraction for
+  its tokens per expert; in another engine the measured kernel's whole-kernel fraction, no floor; against
+  their FLOPs at the tile quantization of those tokens (an own int4 or architecture curve carries its floor
+  inside its fraction).
 
 The curves are NVIDIA measurements; an architecture with its own published kernels
 (`arch_overrides.<arch>`: AMD CDNA3) replaces the GEMM peak share and the grouped-GEMM curve.
@@ -165,11 +168,17 @@ def attention_seconds(kv_bytes: float, attn_flops: float, B: float, context: flo
 
 def grouped_gemm_seconds(expert_bytes: float, expert_flops: float, tokens_per_expert: float, N: int,
                          bw_Bps: float, flops: float, device_key: str, scenario: int, kern: dict,
-                         fmt_kind: str = "dense") -> dict:
+                         fmt_kind: str = "dense", fused_moe: bool = True) -> dict:
     """The touched experts of one MoE layer as one grouped GEMM: bytes at the grouped kernel's
     bandwidth fraction for its tokens per expert (a weight-only format with its own grouped kernel,
     `grouped_gemm.weight_only.<fmt>`, at that kernel's fraction), FLOPs at the tile quantization of
-    those tokens."""
+    those tokens.
+
+    fused_moe (the engine runs vLLM's Triton fused_moe, the kernel `grouped_gemm` was measured on):
+    the layer's fixed cost (`floor_us`, or the architecture's own) is paid beside the bytes, which
+    stream at the floor-free fraction `bw_fraction_vs_tokens_per_expert`. An engine with another MoE
+    kernel, which no benchmark read measures, streams at the measured kernel's whole-kernel fraction
+    (`whole_kernel_fraction_vs_tokens_per_expert`, the floor folded in) with no floor of its own."""
     if expert_bytes <= 0:
         return dict(memory=0.0, compute=0.0, seconds=0.0)
     g = kern["grouped_gemm"]
@@ -180,8 +189,20 @@ def grouped_gemm_seconds(expert_bytes: float, expert_flops: float, tokens_per_ex
     else:
         rows, field = ((own["table"], f"kernels.grouped_gemm.weight_only.{fmt_kind}") if own else
                        (g["bw_fraction_vs_tokens_per_expert"], "kernels.grouped_gemm.bw_fraction_vs_tokens_per_expert"))
+    floor = 0.0
+    if field.endswith(".bw_fraction_vs_tokens_per_expert"):  # the NVIDIA fused_moe curve (bf16 / fp8 experts)
+        if fused_moe:  # its floor-free fraction + the layer's floor (the architecture's own where measured)
+            own_floor = arch_override(kern, device_key).get("grouped_gemm_floor_us")
+            if own_floor is not None:
+                floor = pick(own_floor, scenario, "kernels.arch_overrides.grouped_gemm_floor_us") * 1e-6
+            elif "floor_us" in g:
+                floor = pick(g["floor_us"], scenario, "kernels.grouped_gemm.floor_us") * 1e-6
+        elif "whole_kernel_fraction_vs_tokens_per_expert" in g:  # another engine's MoE kernel: the measured
+            rows, field = (g["whole_kernel_fraction_vs_tokens_per_expert"]["table"],  # kernel's whole-kernel fraction
+                           "kernels.grouped_gemm.whole_kernel_fraction_vs_tokens_per_expert")
+    # the int4 Marlin and ROCm curves were read as whole-kernel fractions: their floor is inside them
     frac = table_value(rows, max(tokens_per_expert, 1), scenario, field)
-    t_mem = expert_bytes / (bw_Bps * frac)
+    t_mem = floor + expert_bytes / (bw_Bps * frac)
     peak = (pick(arch["peak_fraction"], scenario, "kernels.arch_overrides.grouped_gemm.peak_fraction")
             if arch is not None and not own and "peak_fraction" in arch else peak_fraction(fmt_kind, scenario, kern, device_key))
     t_f = expert_flops / (flops * peak * tile_wave_utilisation(tokens_per_expert, N, device_key, kern))

@@ -203,7 +203,8 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Devic
             w_e = 3 * cfg.d * s.moe_ffn
             bw_e = bw * dict(eng.grouped_bw_ratio).get(wk, 1.0)  # an engine's own quantized-expert kernel
             out["experts"] = K.grouped_gemm_seconds(touched * expert_bytes(expert_cfg, prec), 2.0 * pairs * w_e, m_e,
-                                                    2 * s.moe_ffn, bw_e, f, device.key, scenario, kern, wk)["seconds"]
+                                                    2 * s.moe_ffn, bw_e, f, device.key, scenario, kern, wk,
+                                                    eng.fused_moe)["seconds"]
             out["touched"] = touched
         return out
 
