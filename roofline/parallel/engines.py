@@ -50,6 +50,7 @@ class Engine:
     host_s_per_launch: float = 0.0  # host_issue: host (Python + dispatcher + driver) seconds per launch
     fp16_accumulate: bool = False  # its fp16 GEMMs accumulate in fp16 (the device's fp16-accumulate tensor rate)
     step_overhead_per_seq_s: float = 0.0  # host time per running sequence per step (the scheduler's loops over the batch)
+    attention_bw_fraction: float | None = None  # its own decode-attention kernel's streaming fraction (None: kernels.yaml's)
     fused_moe: bool = False  # its MoE experts run vLLM's Triton fused_moe (kernels.yaml grouped_gemm's measured kernel)
     grouped_bw_ratio: tuple = ()  # ((weight format, ratio), ...): its own quantized experts' kernel streams at ratio x the grouped curve
 
@@ -87,6 +88,8 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
                       allreduce_latency_s=ar, launches_per_layer=launches, host_s_per_launch=per_launch,
                       fp16_accumulate=(e.get("gemm_accumulate") or {}).get("value") == "fp16",
                       fused_moe=(e.get("moe_kernel") or {}).get("value") == "fused_moe",
+                      attention_bw_fraction=(pick(e["attention_bw_fraction"], scenario, f"{f}.attention_bw_fraction")
+                                             if (e.get("attention_bw_fraction") or {}).get("values") is not None else None),
                       grouped_bw_ratio=tuple((fmt, pick(v["bw_ratio"], scenario, f"{f}.grouped_weight_only.{fmt}.bw_ratio"))
                                              for fmt, v in (e.get("grouped_weight_only") or {}).items()))
     except KeyError as err:

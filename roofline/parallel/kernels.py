@@ -151,13 +151,16 @@ def call_floor_s(fmt_kind: str, scenario: int, kern: dict) -> float:
 
 
 def attention_seconds(kv_bytes: float, attn_flops: float, B: float, context: float, bw_Bps: float, flops: float,
-                      scenario: int, kern: dict, calls: int = 1) -> dict:
+                      scenario: int, kern: dict, calls: int = 1, bw_fraction: float | None = None) -> dict:
     """Decode attention of B sequences at `context` over `calls` layers: KV traffic and arithmetic
-    overlapped (max); each call costs at least the kernel's floor (`floor_us`, when given)."""
+    overlapped (max); each call costs at least the kernel's floor (`floor_us`, when given). bw_fraction:
+    an engine's own attention kernel's streaming fraction (engines.yaml attention_bw_fraction), in place of
+    the FlashAttention-measured one."""
     if kv_bytes <= 0 and attn_flops <= 0:
         return dict(memory=0.0, compute=0.0, seconds=0.0)
     da = kern["decode_attention"]
-    frac = table_value(da["bw_fraction_vs_batch"], max(B, 1), scenario, "kernels.decode_attention.bw_fraction_vs_batch")
+    frac = (bw_fraction if bw_fraction is not None else
+            table_value(da["bw_fraction_vs_batch"], max(B, 1), scenario, "kernels.decode_attention.bw_fraction_vs_batch"))
     if "context_factor" in da:
         frac *= table_value(da["context_factor"], max(context, 1), scenario, "kernels.decode_attention.context_factor")
     floor = pick(da["floor_us"], scenario, "kernels.decode_attention.floor_us") * 1e-6 if "floor_us" in da else 0.0

@@ -217,7 +217,7 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Devic
     d_qk, d_v = (cfg.kv_lora_rank + cfg.qk_rope_dim, cfg.kv_lora_rank) if cfg.is_mla else (cfg.head_dim, cfg.head_dim)
     attended = p.q * p.L + p.q * (p.q + 1) // 2
     attn_flops = 2 * (d_qk + d_v) * s.heads * n * Br * attended
-    t_attn = K.attention_seconds(kv_bytes, attn_flops, Br, p.L, bw, fa, scenario, kern, n)["seconds"]
+    t_attn = K.attention_seconds(kv_bytes, attn_flops, Br, p.L, bw, fa, scenario, kern, n, eng.attention_bw_fraction)["seconds"]
     pre_r = math.ceil(p.prefill / split)
     if pre_r:
         peak = K.peak_fraction("dense", scenario, kern, device.key)
