@@ -193,6 +193,11 @@ def grouped_gemm_seconds(expert_bytes: float, expert_flops: float, tokens_per_ex
         rows, field = ((own["table"], f"kernels.grouped_gemm.weight_only.{fmt_kind}") if own else
                        (g["bw_fraction_vs_tokens_per_expert"], "kernels.grouped_gemm.bw_fraction_vs_tokens_per_expert"))
     floor = 0.0
+    if own and "floor_us" in own:  # a weight-only grouped kernel read as a floor + floor-free streaming
+        if fused_moe:
+            floor = pick(own["floor_us"], scenario, f"kernels.grouped_gemm.weight_only.{fmt_kind}.floor_us") * 1e-6
+        elif "whole_kernel_table" in own:
+            rows, field = own["whole_kernel_table"], f"kernels.grouped_gemm.weight_only.{fmt_kind}.whole_kernel_table"
     if field.endswith(".bw_fraction_vs_tokens_per_expert"):  # the NVIDIA fused_moe curve (bf16 / fp8 experts)
         if fused_moe:  # its floor-free fraction + the layer's floor (the architecture's own where measured)
             own_floor = arch_override(kern, device_key).get("grouped_gemm_floor_us")
@@ -203,7 +208,7 @@ def grouped_gemm_seconds(expert_bytes: float, expert_flops: float, tokens_per_ex
         elif "whole_kernel_fraction_vs_tokens_per_expert" in g:  # another engine's MoE kernel: the measured
             rows, field = (g["whole_kernel_fraction_vs_tokens_per_expert"]["table"],  # kernel's whole-kernel fraction
                            "kernels.grouped_gemm.whole_kernel_fraction_vs_tokens_per_expert")
-    # the int4 Marlin and ROCm curves were read as whole-kernel fractions: their floor is inside them
+    # the ROCm curve was read as whole-kernel fractions: its floor is inside them
     frac = table_value(rows, max(tokens_per_expert, 1), scenario, field)
     t_mem = floor + expert_bytes / (bw_Bps * frac)
     peak = (pick(arch["peak_fraction"], scenario, "kernels.arch_overrides.grouped_gemm.peak_fraction")
