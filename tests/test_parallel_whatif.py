@@ -81,6 +81,35 @@ def test_int4_experts_stream_at_their_own_grouped_kernel_curve():
     assert kernels.grouped_gemm_seconds(*args, "int8")["memory"] == pytest.approx(dense)  # no int8 curve: the dense one
 
 
+def test_the_fused_moe_kernel_pays_its_layer_floor_beside_streaming_its_touched_bytes():
+    """vLLM's fused_moe (benchmark_moe.py: a line through its kernel times, ~31 us per layer on H100, ~58 on
+    A100) pays its floor once per MoE layer beside the touched bytes at the floor-free streaming fraction: time
+    grows linearly with the bytes from an intercept. An engine running another MoE kernel streams at the
+    measured kernel's whole-kernel fraction with no floor; int4 experts (vLLM's Marlin MoE) the same with their own."""
+    kern = kernels.load_kernels()
+    def t(nbytes, dev="h100_sxm", fmt="dense", fused=True, scenario=1):
+        return kernels.grouped_gemm_seconds(nbytes, 2.0 * 8 * 4.7e6, 1.0, 1536, 3.35e12, 989e12, dev, scenario, kern,
+                                            fmt, fused)["memory"]
+    g = kern["grouped_gemm"]
+    floor = kernels.pick(g["floor_us"], 1) * 1e-6
+    assert 25e-6 < floor < 40e-6 and t(0.0) == 0.0
+    assert t(1e8) == pytest.approx(floor + 1e8 / (3.35e12 * kernels.table_value(g["bw_fraction_vs_tokens_per_expert"], 1.0, 1, "")))
+    assert t(2e8) - t(1e8) == pytest.approx(t(1e8) - floor)  # linear in the bytes above the intercept
+    ampere = kernels.pick(kern["arch_overrides"]["ampere"]["grouped_gemm_floor_us"], 1) * 1e-6
+    assert ampere > 1.5 * floor and t(1e8, "a100_80gb_sxm") - t(1e8) == pytest.approx(ampere - floor)
+    whole = kernels.table_value(g["whole_kernel_fraction_vs_tokens_per_expert"]["table"], 1.0, 1, "")
+    assert t(1e8, fused=False) == pytest.approx(1e8 / (3.35e12 * whole))
+    # vLLM's Marlin MoE (int4 experts): the same split, its own floor (FlagGems PR #3609's lines, ~40 us)
+    w4 = g["weight_only"]["int4"]
+    f4 = kernels.pick(w4["floor_us"], 1) * 1e-6
+    assert t(1e8, fmt="int4") == pytest.approx(f4 + 1e8 / (3.35e12 * kernels.table_value(w4["table"], 1.0, 1, "")))
+    assert t(1e8, fmt="int4", fused=False) == pytest.approx(1e8 / (3.35e12 * kernels.table_value(w4["whole_kernel_table"], 1.0, 1, "")))
+    assert t(1e8, scenario=0) < t(1e8) < t(1e8, scenario=2)
+    # which engines run it is profile data
+    assert [engines.profile(e, 1).fused_moe for e in ("vllm", "vllm-v0", "sglang", "gpt-fast", "trtllm")] == [
+        True, True, True, False, False]
+
+
 # ---- MoE: touched experts in every mode ------------------------------------------------------
 
 def test_an_architecture_with_its_own_kernels_replaces_the_nvidia_curves():
@@ -180,6 +209,61 @@ def test_an_engines_own_quantized_expert_kernel_streams_at_its_ratio_of_the_grou
     plain = dataclasses.replace(eng, grouped_bw_ratio=())
     assert experts("bfloat16+weights=int8", eng) == pytest.approx(experts("bfloat16+weights=int8", plain) / 0.765)
     assert experts("bfloat16", eng) == pytest.approx(experts("bfloat16", plain))
+
+
+def test_an_engines_scheduler_time_per_running_sequence_grows_the_step_with_the_batch():
+    """vLLM V1's scheduler loops over the running requests every step (PR #46112: ~1.1 us per request at
+    128-256): the host term grows linearly with B on top of the fixed per-step time; an engine with no
+    such figure (sglang's overlap scheduler) keeps a flat host term."""
+    v, s = engines.profile("vllm", 1), engines.profile("sglang", 1)
+    assert v.step_overhead_per_seq_s == pytest.approx(1.1e-6) and s.step_overhead_per_seq_s == 0.0
+    assert [engines.profile("vllm", i).step_overhead_per_seq_s for i in range(3)] == sorted(
+        engines.profile("vllm", i).step_overhead_per_seq_s for i in range(3))
+    cfg, dev = get_preset("llama-3.1-8b"), get_spec("h100_sxm")
+    def host(B, eng):
+        return WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine=eng)).pass_detail(
+            Pass(B, 1, 512), 1, eng)["terms"]["step_overhead"]
+    assert host(256, "vllm") - host(1, "vllm") == pytest.approx(255 * 1.1e-6)
+    assert host(256, "sglang") == host(1, "sglang")
+
+
+def test_vllms_v0_engine_is_its_own_profile_and_the_anchors_that_ran_it_use_it():
+    """vLLM's V0 engine spends host time per running sequence between steps (the RFC for multi-step
+    scheduling; a slope derived from the V0-era calibration rows, 170-350 us per sequence): its host term grows
+    with B far faster than V1's; every anchor whose source states the V0 engine (or predates V1) is priced
+    with it, and no other."""
+    v0, v1 = engines.profile("vllm-v0", 1), engines.profile("vllm", 1)
+    assert v0.step_overhead_per_seq_s == pytest.approx(220e-6) and v0.step_overhead_per_seq_s > 100 * v1.step_overhead_per_seq_s
+    assert [engines.profile("vllm-v0", i).step_overhead_per_seq_s for i in range(3)] == pytest.approx([170e-6, 220e-6, 350e-6])
+    cfg, dev = get_preset("llama-3.1-8b"), get_spec("h100_sxm")
+    def step(B, eng):
+        return WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine=eng)).target(1, B, 512, 1)
+    assert step(64, "vllm-v0") - step(1, "vllm-v0") > step(64, "vllm") - step(1, "vllm") + 60 * 200e-6
+    _, sources, rows = anchors.load()
+    for a in rows:
+        if a["engine"] in ("vllm", "vllm-v0"):
+            stated = str(sources[a["source"]].get("engine_version", "")) + str(sources[a["source"]].get("date_or_version", ""))
+            assert (a["engine"] == "vllm-v0") == ("V0" in stated or "2023" in stated or "2024" in stated), a["id"]
+
+
+def test_an_engines_own_attention_kernel_streams_the_kv_at_its_own_fraction():
+    """TensorRT-LLM's decode attention (gpt_attention_plugin) streams KV at its own fraction (0.82 typical,
+    derived from its calibration throughput rows; 0.78 = FlashAttention-2's kernel figure at the pessimistic
+    end), in place of kernels.yaml's 0.65; the floor per call stays; engines without one keep kernels.yaml's."""
+    kern = kernels.load_kernels()
+    t, v = engines.profile("trtllm", 1), engines.profile("vllm", 1)
+    assert t.attention_bw_fraction == pytest.approx(0.82) and v.attention_bw_fraction is None
+    assert [engines.profile("trtllm", i).attention_bw_fraction for i in range(3)] == pytest.approx([0.88, 0.82, 0.78])
+    args = (1e9, 0.0, 64, 1024, 3.35e12, 989e12, 1, kern, 32)
+    floor = 32 * kernels.pick(kern["decode_attention"]["floor_us"], 1) * 1e-6
+    own = kernels.attention_seconds(*args, bw_fraction=0.82)["seconds"]
+    assert own == pytest.approx(floor + 1e9 / (3.35e12 * 0.82))
+    assert kernels.attention_seconds(*args)["seconds"] > own
+    cfg, dev = get_preset("llama-3.1-8b"), get_spec("h100_sxm")
+    def attn(eng):
+        return WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine=eng)).pass_detail(
+            Pass(64, 1, 2048), 1, eng)["terms"]["attention"]
+    assert attn("trtllm") < attn("vllm")
 
 
 def test_tp_all_reduces_stay_on_nvlink_beyond_eight_devices():
@@ -301,6 +385,22 @@ def test_a_finite_run_with_speculation_honours_k_the_drafter_and_the_acceptance_
             SpecDecode(*bad)
 
 
+def test_a_speedups_interval_takes_the_shared_priors_end_that_moves_the_ratio_not_the_diagonal():
+    """tau·T(1)/R shares its kernel priors between numerator and denominator: the interval takes the round's
+    own priors (acceptance, round overhead) at their end and the shared ones at the scenario of three that
+    moves the ratio furthest, so it holds the all-optimistic / all-pessimistic diagonal and is not narrower."""
+    from roofline.spec.theory import tau_iid
+    cfg, dev = get_preset("deepseek-v3"), get_spec("h200_sxm")
+    w = WhatIf(cfg, dev, "bfloat16+weights=fp8_b128", Layout(tp=8), Setting(engine="sglang"))
+    alphas = (0.9, 0.875, 0.85)
+    s = w.mtp_speedup(alphas, 1, 32, 1024)
+    diag = [tau_iid(alphas[i], 1) * w.target(1, 32, 1024, i) / w.round_seconds(1, 32, 1024, i) for i in range(3)]
+    assert s["typical"] == pytest.approx(diag[1])
+    assert s["optimistic"] >= max(diag[0], diag[1]) and s["pessimistic"] <= min(diag[2], diag[1])
+    assert s["pessimistic"] < s["typical"] < s["optimistic"]
+    assert w.mtp_speedup(alphas, 0, 32, 1024) == dict.fromkeys(("optimistic", "typical", "pessimistic"), 1.0)
+
+
 def test_a_finite_speculative_anchor_is_priced_when_k_and_the_acceptance_are_stated():
     models, _, rows = anchors.load()
     a = next(r for r in rows if r["id"] == "gptfast-llama2-70b-int4-spec-7b-int4")
@@ -392,19 +492,23 @@ def test_deployments_have_both_splits_and_enough_sources():
 @pytest.mark.slow
 def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran: bounds at the level measured
-    when this test was last set (median |error| 13.7%, signed median +2.7% too fast, 60% inside the
-    interval, 35 anchors priced; quantized 18.9% / +2.7%; MoE 15.3% / +9.6%) plus a small margin, so a
-    regression fails. The issue's targets (10%, +-5%, 80%) are NOT met. The calibration split is held
-    too (9.8%, +5.0%)."""
+    when this test was last set (median |error| 9.6%, signed median +5.5% too fast, 69% inside the
+    interval, 35 anchors priced; quantized 10.3% / +5.5%; TP 10.0% / +9.2%; MoE 14.4% / +9.9%) plus a small
+    margin, so a regression fails. The issue's targets (10%, +-5%, 80%) are NOT all met (the signed median
+    is 0.5 point over, the share inside 11 points under). The calibration split is held too (6.4%, +4.2%,
+    85% inside)."""
     s = anchors.summary(anchors.table())
     t, q, m, c = s["test"]["all"], s["test"]["quantized"], s["test"]["moe"], s["calibration"]["all"]
+    tp = s["test"]["tp"]
     assert t["n"] >= 35
-    assert t["median_abs_error_pct"] <= 15.0
-    assert abs(t["signed_median_fast_pct"]) <= 5.0
-    assert t["inside_interval"] >= 0.57
-    assert q["median_abs_error_pct"] <= 20.5 and abs(q["signed_median_fast_pct"]) <= 5.0
-    assert m["median_abs_error_pct"] <= 17.0 and abs(m["signed_median_fast_pct"]) <= 12.0
-    assert c["median_abs_error_pct"] <= 10.8 and abs(c["signed_median_fast_pct"]) <= 6.5
+    assert t["median_abs_error_pct"] <= 11.0
+    assert abs(t["signed_median_fast_pct"]) <= 6.0
+    assert t["inside_interval"] >= 0.65
+    assert q["median_abs_error_pct"] <= 12.0 and abs(q["signed_median_fast_pct"]) <= 6.5
+    assert tp["median_abs_error_pct"] <= 11.0 and abs(tp["signed_median_fast_pct"]) <= 10.0
+    assert m["median_abs_error_pct"] <= 15.5 and abs(m["signed_median_fast_pct"]) <= 11.0
+    assert c["median_abs_error_pct"] <= 7.5 and abs(c["signed_median_fast_pct"]) <= 5.0
+    assert c["inside_interval"] >= 0.8
 
 
 def _graph_fit(tmp_path):
@@ -491,7 +595,8 @@ def test_a_datasheet_what_if_of_qwen3_moe_in_graph_mode_prices_the_touched_exper
     assert w.experts_touched(1) == pytest.approx(8.0) and w.experts_touched(2) == pytest.approx(
         experts_touched(cfg, 2))
     t1, t2 = w.target(1, 1, 1024, 1), w.target(1, 2, 1024, 1)
-    assert t2 / t1 > 1.2  # priced dense (all 128 experts read at any batch) the ratio was 1.00
+    e1, e2 = (w.pass_detail(Pass(B, 1, 1024), 1, "vllm")["terms"]["experts"] for B in (1, 2))
+    assert t2 > t1 and e2 / e1 > 1.3  # priced dense (all 128 experts read at any batch) both ratios were 1.00
     dense_GB = 2 * 30.5e9 / 1e9
     assert t1 < 0.5 * dense_GB / 3350
 

@@ -1,7 +1,8 @@
 """Serving-engine profiles as data (roofline/data/engines.yaml, chosen by `engine=`).
 
 A profile says what an engine adds to the kernels of a step and how it runs them: its per-step
-host and scheduler time not hidden behind the GPU, whether it replays CUDA graphs (the per-layer
+host and scheduler time not hidden behind the GPU (a fixed part and, where measured, a part per running
+sequence: the scheduler's loops over the batch), whether it replays CUDA graphs (the per-layer
 launch floor of roofline/data/priors.yaml, graph or eager), and its all-reduce latency per
 interconnect. An engine that launches every kernel from Python without graphs (`host_issue`:
 kernel launches per decoder layer and host microseconds per launch) is priced per kernel as the
@@ -24,7 +25,7 @@ from roofline.io.fields import ConfigError
 from roofline.parallel.kernels import pick
 
 ENGINES_PATH = Path(__file__).resolve().parents[1] / "data" / "engines.yaml"
-ENGINE_NAMES = ("vllm", "sglang", "trtllm", "lmdeploy", "llama.cpp", "gpt-fast", "hf-eager", "autoawq")
+ENGINE_NAMES = ("vllm", "vllm-v0", "sglang", "trtllm", "lmdeploy", "llama.cpp", "gpt-fast", "hf-eager", "autoawq")
 
 
 @lru_cache(maxsize=4)
@@ -48,6 +49,9 @@ class Engine:
     launches_per_layer: float | None = None  # host_issue: kernels the host launches per decoder layer (no graphs)
     host_s_per_launch: float = 0.0  # host_issue: host (Python + dispatcher + driver) seconds per launch
     fp16_accumulate: bool = False  # its fp16 GEMMs accumulate in fp16 (the device's fp16-accumulate tensor rate)
+    step_overhead_per_seq_s: float = 0.0  # host time per running sequence per step (the scheduler's loops over the batch)
+    attention_bw_fraction: float | None = None  # its own decode-attention kernel's streaming fraction (None: kernels.yaml's)
+    fused_moe: bool = False  # its MoE experts run vLLM's Triton fused_moe (kernels.yaml grouped_gemm's measured kernel)
     grouped_bw_ratio: tuple = ()  # ((weight format, ratio), ...): its own quantized experts' kernel streams at ratio x the grouped curve
 
 
@@ -77,9 +81,15 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
         per_launch = 0.0 if host is None else pick(host["us_per_launch"], scenario, f"{f}.host_issue.us_per_launch") * 1e-6
         return Engine(name=name, graphs=graphs,
                       step_overhead_s=pick(e["step_overhead_us"], scenario, f"{f}.step_overhead_us") * 1e-6,
+                      step_overhead_per_seq_s=(pick(e["step_overhead_per_seq_us"], scenario,
+                                                    f"{f}.step_overhead_per_seq_us") * 1e-6
+                                               if e.get("step_overhead_per_seq_us") is not None else 0.0),
                       per_layer_s=None if per_layer is None else pick(per_layer, scenario, f"{f}.per_layer_us") * 1e-6,
                       allreduce_latency_s=ar, launches_per_layer=launches, host_s_per_launch=per_launch,
                       fp16_accumulate=(e.get("gemm_accumulate") or {}).get("value") == "fp16",
+                      fused_moe=(e.get("moe_kernel") or {}).get("value") == "fused_moe",
+                      attention_bw_fraction=(pick(e["attention_bw_fraction"], scenario, f"{f}.attention_bw_fraction")
+                                             if (e.get("attention_bw_fraction") or {}).get("values") is not None else None),
                       grouped_bw_ratio=tuple((fmt, pick(v["bw_ratio"], scenario, f"{f}.grouped_weight_only.{fmt}.bw_ratio"))
                                              for fmt, v in (e.get("grouped_weight_only") or {}).items()))
     except KeyError as err:

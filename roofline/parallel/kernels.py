@@ -13,8 +13,11 @@ own FLOPs, each at the efficiency its kernel reaches at that shape:
   a fixed floor per call, `weight_only.call_floor_us`);
 - decode attention (paged / flash decoding): max(KV bytes / (BW · fraction(B, context)),
   attention FLOPs / (F · peak_fraction)): the KV traffic and the arithmetic overlap in one kernel;
-- grouped-GEMM MoE: the touched experts' bytes at the grouped kernel's bandwidth fraction for
-  its tokens per expert, their FLOPs at the tile quantization of those tokens.
+- grouped-GEMM MoE: in an engine running vLLM's fused_moe (the measured kernel), a fixed cost per layer
+  (`grouped_gemm.floor_us`) + the touched experts' bytes at the kernel's floor-free streaming fraction for
+  its tokens per expert; in another engine the measured kernel's whole-kernel fraction, no floor; against
+  their FLOPs at the tile quantization of those tokens (an own int4 or architecture curve carries its floor
+  inside its fraction).
 
 The curves are NVIDIA measurements; an architecture with its own published kernels
 (`arch_overrides.<arch>`: AMD CDNA3) replaces the GEMM peak share and the grouped-GEMM curve.
@@ -148,13 +151,16 @@ def call_floor_s(fmt_kind: str, scenario: int, kern: dict) -> float:
 
 
 def attention_seconds(kv_bytes: float, attn_flops: float, B: float, context: float, bw_Bps: float, flops: float,
-                      scenario: int, kern: dict, calls: int = 1) -> dict:
+                      scenario: int, kern: dict, calls: int = 1, bw_fraction: float | None = None) -> dict:
     """Decode attention of B sequences at `context` over `calls` layers: KV traffic and arithmetic
-    overlapped (max); each call costs at least the kernel's floor (`floor_us`, when given)."""
+    overlapped (max); each call costs at least the kernel's floor (`floor_us`, when given). bw_fraction:
+    an engine's own attention kernel's streaming fraction (engines.yaml attention_bw_fraction), in place of
+    the FlashAttention-measured one."""
     if kv_bytes <= 0 and attn_flops <= 0:
         return dict(memory=0.0, compute=0.0, seconds=0.0)
     da = kern["decode_attention"]
-    frac = table_value(da["bw_fraction_vs_batch"], max(B, 1), scenario, "kernels.decode_attention.bw_fraction_vs_batch")
+    frac = (bw_fraction if bw_fraction is not None else
+            table_value(da["bw_fraction_vs_batch"], max(B, 1), scenario, "kernels.decode_attention.bw_fraction_vs_batch"))
     if "context_factor" in da:
         frac *= table_value(da["context_factor"], max(context, 1), scenario, "kernels.decode_attention.context_factor")
     floor = pick(da["floor_us"], scenario, "kernels.decode_attention.floor_us") * 1e-6 if "floor_us" in da else 0.0
@@ -165,11 +171,17 @@ def attention_seconds(kv_bytes: float, attn_flops: float, B: float, context: flo
 
 def grouped_gemm_seconds(expert_bytes: float, expert_flops: float, tokens_per_expert: float, N: int,
                          bw_Bps: float, flops: float, device_key: str, scenario: int, kern: dict,
-                         fmt_kind: str = "dense") -> dict:
+                         fmt_kind: str = "dense", fused_moe: bool = True) -> dict:
     """The touched experts of one MoE layer as one grouped GEMM: bytes at the grouped kernel's
     bandwidth fraction for its tokens per expert (a weight-only format with its own grouped kernel,
     `grouped_gemm.weight_only.<fmt>`, at that kernel's fraction), FLOPs at the tile quantization of
-    those tokens."""
+    those tokens.
+
+    fused_moe (the engine runs vLLM's Triton fused_moe, the kernel `grouped_gemm` was measured on):
+    the layer's fixed cost (`floor_us`, or the architecture's own) is paid beside the bytes, which
+    stream at the floor-free fraction `bw_fraction_vs_tokens_per_expert`. An engine with another MoE
+    kernel, which no benchmark read measures, streams at the measured kernel's whole-kernel fraction
+    (`whole_kernel_fraction_vs_tokens_per_expert`, the floor folded in) with no floor of its own."""
     if expert_bytes <= 0:
         return dict(memory=0.0, compute=0.0, seconds=0.0)
     g = kern["grouped_gemm"]
@@ -180,8 +192,25 @@ def grouped_gemm_seconds(expert_bytes: float, expert_flops: float, tokens_per_ex
     else:
         rows, field = ((own["table"], f"kernels.grouped_gemm.weight_only.{fmt_kind}") if own else
                        (g["bw_fraction_vs_tokens_per_expert"], "kernels.grouped_gemm.bw_fraction_vs_tokens_per_expert"))
+    floor = 0.0
+    if own and "floor_us" in own:  # a weight-only grouped kernel read as a floor + floor-free streaming
+        if fused_moe:
+            floor = pick(own["floor_us"], scenario, f"kernels.grouped_gemm.weight_only.{fmt_kind}.floor_us") * 1e-6
+        elif "whole_kernel_table" in own:
+            rows, field = own["whole_kernel_table"], f"kernels.grouped_gemm.weight_only.{fmt_kind}.whole_kernel_table"
+    if field.endswith(".bw_fraction_vs_tokens_per_expert"):  # the NVIDIA fused_moe curve (bf16 / fp8 experts)
+        if fused_moe:  # its floor-free fraction + the layer's floor (the architecture's own where measured)
+            own_floor = arch_override(kern, device_key).get("grouped_gemm_floor_us")
+            if own_floor is not None:
+                floor = pick(own_floor, scenario, "kernels.arch_overrides.grouped_gemm_floor_us") * 1e-6
+            elif "floor_us" in g:
+                floor = pick(g["floor_us"], scenario, "kernels.grouped_gemm.floor_us") * 1e-6
+        elif "whole_kernel_fraction_vs_tokens_per_expert" in g:  # another engine's MoE kernel: the measured
+            rows, field = (g["whole_kernel_fraction_vs_tokens_per_expert"]["table"],  # kernel's whole-kernel fraction
+                           "kernels.grouped_gemm.whole_kernel_fraction_vs_tokens_per_expert")
+    # the ROCm curve was read as whole-kernel fractions: its floor is inside them
     frac = table_value(rows, max(tokens_per_expert, 1), scenario, field)
-    t_mem = expert_bytes / (bw_Bps * frac)
+    t_mem = floor + expert_bytes / (bw_Bps * frac)
     peak = (pick(arch["peak_fraction"], scenario, "kernels.arch_overrides.grouped_gemm.peak_fraction")
             if arch is not None and not own and "peak_fraction" in arch else peak_fraction(fmt_kind, scenario, kern, device_key))
     t_f = expert_flops / (flops * peak * tile_wave_utilisation(tokens_per_expert, N, device_key, kern))

@@ -11,14 +11,15 @@ roofline max of its own bytes and FLOPs at the efficiency its kernel reaches at 
       + Σ_moe max(W_touched / BW_grouped(m_e), F_experts / F(m_e))           experts, per MoE block
       + Σ_blocks max(KV / BW_attn(B, L), F_attn / F_attn)                    decode attention
       + prefill attention FLOPs / F_attn + LM head (a GEMM at M decode tokens)
-      + n_blocks · t_layer + t_step + T_comm                                 engine (engines.yaml)
+      + n_blocks · t_layer + t_step + B · t_seq + T_comm                     engine (engines.yaml)
 
 M = tokens through the rank's dense layers in this pass; m_e = routed token-slots per touched
 expert on the busiest rank (roofline.parallel.layout.experts_touched_busiest_rank). The experts
 are always the TOUCHED ones: serving engines' fused MoE kernels read only the routed experts and
 capture in CUDA graphs, so graph mode prices touched experts too (roofline.model.accounting.
 moe_impl_for_mode is what our own sweep ran). t_layer: the engine's per-layer launch floor
-(or priors.yaml's graph / eager floor), t_step its host and scheduler time per step, T_comm =
+(or priors.yaml's graph / eager floor), t_step its host and scheduler time per step, t_seq its host time
+per running sequence per step (the scheduler's loops over the batch, where measured), T_comm =
 Σ calls · (latency + S · factor / busbw) with the engine's all-reduce latency on the link and
 priors.yaml's bus bandwidth; a tensor-parallel group stays inside one node (NVLink), only the
 stage-to-stage sends of a layout wider than a node cross the inter-node link.
@@ -202,7 +203,8 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
             w_e = 3 * cfg.d * s.moe_ffn
             bw_e = bw * dict(eng.grouped_bw_ratio).get(wk, 1.0)  # an engine's own quantized-expert kernel
             out["experts"] = K.grouped_gemm_seconds(touched * expert_bytes(expert_cfg, prec), 2.0 * pairs * w_e, m_e,
-                                                    2 * s.moe_ffn, bw_e, f, device.key, scenario, kern, wk)["seconds"]
+                                                    2 * s.moe_ffn, bw_e, f, device.key, scenario, kern, wk,
+                                                    eng.fused_moe)["seconds"]
             out["touched"] = touched
         return out
 
@@ -215,7 +217,7 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     d_qk, d_v = (cfg.kv_lora_rank + cfg.qk_rope_dim, cfg.kv_lora_rank) if cfg.is_mla else (cfg.head_dim, cfg.head_dim)
     attended = p.q * p.L + p.q * (p.q + 1) // 2
     attn_flops = 2 * (d_qk + d_v) * s.heads * n * Br * attended
-    t_attn = K.attention_seconds(kv_bytes, attn_flops, Br, p.L, bw, fa, scenario, kern, n)["seconds"]
+    t_attn = K.attention_seconds(kv_bytes, attn_flops, Br, p.L, bw, fa, scenario, kern, n, eng.attention_bw_fraction)["seconds"]
     pre_r = math.ceil(p.prefill / split)
     if pre_r:
         peak = K.peak_fraction("dense", scenario, kern, device.key)
@@ -242,7 +244,8 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
         count = c.count if not mtp else max(1, round(c.count * n / max(_stage_layers(cfg, layout)[0], 1)))
         comm += count * (lat + c.size_bytes * bus_factor(c.kind, max(layout.tp, 2)) / busbw)
     terms = dict(dense=t_dense, experts=t_experts, attention=t_attn, lm_head=t_head, per_layer=t_launch,
-                 step_overhead=0.0 if mtp else eng.step_overhead_s, comm=comm)
+                 step_overhead=0.0 if mtp else eng.step_overhead_s + eng.step_overhead_per_seq_s * (p.B + (p.prefill > 0)),
+                 comm=comm)
     return dict(seconds=sum(terms.values()), terms=terms,
                 experts_touched=(moe_blk or {}).get("touched", 0.0))
 
@@ -348,7 +351,8 @@ class WhatIf:
         return self.over_engines(lambda s, e: self.target(1, B, L, s, e), (B, L))
 
     def round_seconds(self, k: int, B: int, L: int, scenario: int, engine: str | None = None, drafter: str = "mtp",
-                      draft: "WhatIf | None" = None, prefill: int = 0, prefill_context: float = 0.0) -> float:
+                      draft: "WhatIf | None" = None, prefill: int = 0, prefill_context: float = 0.0,
+                      overhead_scenario: int | None = None) -> float:
         """One speculative round: verify k+1 positions of B sequences (with `prefill` prompt tokens of new
         requests chunked into the same pass), the round's overhead (priors.yaml spec_round_overhead_us) and
         k chained drafts, the first re-reading the k+1 verified positions (as roofline.analysis.predict
@@ -356,7 +360,8 @@ class WhatIf:
         WhatIf), or n-gram lookup (`ngram`: host work beside the GPU, priced 0)."""
         eng = engine or self.setting.engine_names()[0]
         r = self.forward(Pass(B, k + 1, L, prefill, prefill_context), scenario, eng)
-        r += K.pick(load_priors()["spec_round_overhead_us"], scenario, "priors.spec_round_overhead_us") * 1e-6
+        r += K.pick(load_priors()["spec_round_overhead_us"], scenario if overhead_scenario is None else overhead_scenario,
+                    "priors.spec_round_overhead_us") * 1e-6
         if drafter == "mtp":
             return r + sum(self.mtp(k + 1 if i == 1 else 1, B, L + i - 1, scenario, eng) for i in range(1, k + 1))
         if drafter == "draft_model":
@@ -370,11 +375,22 @@ class WhatIf:
 
     def mtp_speedup(self, alphas: tuple[float, float, float], k: int, B: int, L: int) -> dict:
         """tau · T(1) / R for an i.i.d. acceptance alpha per scenario (optimistic alpha first);
-        k = 0 is plain decode (1.0 for any model)."""
+        k = 0 is plain decode (1.0 for any model).
+
+        A ratio is not monotone in the priors its numerator and denominator share (kernel efficiencies,
+        launch floors, the engine's step time: all-optimistic shrinks T(1) and R together), so its interval
+        is not the diagonal of the scenarios: the priors only a round carries (the acceptance, the round
+        overhead) take their own end, and the shared priors the scenario (of three) that moves the ratio
+        furthest that way; typical is every prior typical."""
         from roofline.spec.theory import tau_iid
         if k == 0:
             return dict.fromkeys(SCENARIOS, 1.0)
-        s = {e: interval(lambda i: tau_iid(alphas[i], k) * self.target(1, B, L, i, e) / self.round_seconds(k, B, L, i, e))
+
+        def ratio(i, j, e):  # i: the round's own priors' scenario, j: the shared priors'
+            return tau_iid(alphas[i], k) * self.target(1, B, L, j, e) / self.round_seconds(k, B, L, j, e,
+                                                                                           overhead_scenario=i)
+        s = {e: dict(optimistic=max(ratio(0, j, e) for j in range(3)), typical=ratio(1, 1, e),
+                     pessimistic=min(ratio(2, j, e) for j in range(3)))
              for e in self.setting.engine_names()}
         return dict(optimistic=max(v["optimistic"] for v in s.values()),
                     typical=statistics.median(v["typical"] for v in s.values()),
