@@ -219,7 +219,7 @@ def test_an_engines_scheduler_time_per_running_sequence_grows_the_step_with_the_
     assert v.step_overhead_per_seq_s == pytest.approx(1.1e-6) and s.step_overhead_per_seq_s == 0.0
     assert [engines.profile("vllm", i).step_overhead_per_seq_s for i in range(3)] == sorted(
         engines.profile("vllm", i).step_overhead_per_seq_s for i in range(3))
-    cfg, dev = get_preset("llama-3.1-8b"), get_spec("h100_sxm")
+    cfg, dev = get_preset("llama-3.1-8b"), get_datasheet("h100_sxm")
     def host(B, eng):
         return WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine=eng)).pass_detail(
             Pass(B, 1, 512), 1, eng)["terms"]["step_overhead"]
@@ -235,7 +235,7 @@ def test_vllms_v0_engine_is_its_own_profile_and_the_anchors_that_ran_it_use_it()
     v0, v1 = engines.profile("vllm-v0", 1), engines.profile("vllm", 1)
     assert v0.step_overhead_per_seq_s == pytest.approx(220e-6) and v0.step_overhead_per_seq_s > 100 * v1.step_overhead_per_seq_s
     assert [engines.profile("vllm-v0", i).step_overhead_per_seq_s for i in range(3)] == pytest.approx([170e-6, 220e-6, 350e-6])
-    cfg, dev = get_preset("llama-3.1-8b"), get_spec("h100_sxm")
+    cfg, dev = get_preset("llama-3.1-8b"), get_datasheet("h100_sxm")
     def step(B, eng):
         return WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine=eng)).target(1, B, 512, 1)
     assert step(64, "vllm-v0") - step(1, "vllm-v0") > step(64, "vllm") - step(1, "vllm") + 60 * 200e-6
@@ -259,7 +259,7 @@ def test_an_engines_own_attention_kernel_streams_the_kv_at_its_own_fraction():
     own = kernels.attention_seconds(*args, bw_fraction=0.82)["seconds"]
     assert own == pytest.approx(floor + 1e9 / (3.35e12 * 0.82))
     assert kernels.attention_seconds(*args)["seconds"] > own
-    cfg, dev = get_preset("llama-3.1-8b"), get_spec("h100_sxm")
+    cfg, dev = get_preset("llama-3.1-8b"), get_datasheet("h100_sxm")
     def attn(eng):
         return WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine=eng)).pass_detail(
             Pass(64, 1, 2048), 1, eng)["terms"]["attention"]
@@ -390,7 +390,7 @@ def test_a_speedups_interval_takes_the_shared_priors_end_that_moves_the_ratio_no
     own priors (acceptance, round overhead) at their end and the shared ones at the scenario of three that
     moves the ratio furthest, so it holds the all-optimistic / all-pessimistic diagonal and is not narrower."""
     from roofline.spec.theory import tau_iid
-    cfg, dev = get_preset("deepseek-v3"), get_spec("h200_sxm")
+    cfg, dev = get_preset("deepseek-v3"), get_datasheet("h200_sxm")
     w = WhatIf(cfg, dev, "bfloat16+weights=fp8_b128", Layout(tp=8), Setting(engine="sglang"))
     alphas = (0.9, 0.875, 0.85)
     s = w.mtp_speedup(alphas, 1, 32, 1024)
