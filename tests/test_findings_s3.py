@@ -809,3 +809,20 @@ def test_N3_N6_predict_repeats_the_fits_warnings_and_a_plain_plan_ignores_a_thin
     plan(fit, cfg, "bfloat16", work, 16e9, [1], Speculation(0.8, 2, DraftCost("ngram")))
     with pytest.raises(ConfigError, match="mtp.*too few points"):
         plan(fit, cfg, "bfloat16", work, 16e9, [1], Speculation(0.8, 2, DraftCost("mtp")))
+
+
+def test_M2_a_checkpoint_whose_weights_hold_nan_is_refused_naming_tensor_and_file(tmp_path):
+    """The last case of M2: NaN weights loaded, and every point became an error row "logits not
+    finite", exit 0, naming no file. The loader (which reads every tensor anyway) refuses them,
+    and a sweep stops on that bad input instead of writing it as data."""
+    import torch
+    from tests.helpers import hf_model
+    hf = hf_model("llama", seed=3)
+    with torch.no_grad():
+        hf.model.layers[1].mlp.up_proj.weight[0, 0] = float("nan")
+    hf.save_pretrained(tmp_path / "ck")
+    with pytest.raises(ConfigError, match=r"checkpoint='.*ck': tensor 'model.layers.1.mlp.up_proj.weight' in "
+                                          r"model.safetensors holds NaN or infinite values"):
+        from roofline.checkpoints.loader import checkpoint_config
+        run_sweep(spec(model=checkpoint_config(tmp_path / "ck"), checkpoint=str(tmp_path / "ck"), q=(1,), L=(4,)),
+                  tmp_path / "run", progress=False)

@@ -517,6 +517,9 @@ def load_checkpoint(folder: str | Path, *, dtype: str | torch.dtype = "bfloat16"
             with safe_open(str(path), framework="pt", device="cpu") as f:
                 for k in sorted(names):
                     t = f.get_tensor(k)
+                    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                        raise ConfigError(f"checkpoint={str(folder)!r}: tensor {k!r} in {path.name} holds NaN or "
+                                          "infinite values; a model with them computes nothing to time")
                     if k in dequant:  # MLA's kv_b: the absorbed attention needs it in float
                         t = _dequantize(t, _read(headers[dequant[k]], dequant[k]), fmt)
                     if k in want_digest:

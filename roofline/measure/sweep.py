@@ -699,6 +699,8 @@ def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t
                         try:
                             w = workload(spec, dtype, depth, mode, *cache)
                             w.check()
+                        except ConfigError:  # bad input found only at the build (NaN weights): one line, exit 2
+                            raise
                         except Exception as e:  # the whole build fails as data
                             setup_error, w = e, None
                     for p in pts:
