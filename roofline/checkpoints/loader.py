@@ -451,6 +451,11 @@ def check_against(cfg: ModelConfig, headers: dict[str, TensorInfo], layers_store
     return plan, dups, dequant
 
 
+# the float dtypes a weight is checked finite in (torch has no isfinite for the fp8 ones; their
+# scales, in one of these, are checked)
+_CHECKED_FINITE = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
 def _read(info: TensorInfo, name: str) -> torch.Tensor:
     from safetensors import safe_open
     with safe_open(str(info.file), framework="pt", device="cpu") as f:
@@ -517,7 +522,7 @@ def load_checkpoint(folder: str | Path, *, dtype: str | torch.dtype = "bfloat16"
             with safe_open(str(path), framework="pt", device="cpu") as f:
                 for k in sorted(names):
                     t = f.get_tensor(k)
-                    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    if t.dtype in _CHECKED_FINITE and not bool(torch.isfinite(t).all()):
                         raise ConfigError(f"checkpoint={str(folder)!r}: tensor {k!r} in {path.name} holds NaN or "
                                           "infinite values; a model with them computes nothing to time")
                     if k in dequant:  # MLA's kv_b: the absorbed attention needs it in float
