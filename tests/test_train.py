@@ -166,3 +166,29 @@ def test_train_command(tmp_path):
     assert r.returncode == 0, r.stderr
     summary = last_json(out)
     assert set(summary["models"]) == {"target"} and (tmp_path / "target" / "config.json").is_file()
+
+
+def test_repetition_measures():
+    from roofline.train import quality
+    run = [9] * 40 + [1, 2, 3, 4, 5, 6, 7, 8]
+    code = list(range(48))
+    line = [1, 2, 3, 4, 5, 6] * 8
+    assert quality.longest_run(run) == 40 and quality.longest_run(code) == 1 and quality.longest_run([]) == 0
+    assert quality.loops(line) and quality.loops([9] * 48) and not quality.loops(code)
+    r = quality.repetition([run, code])
+    assert r["single_token_run"] == 0.5 and r["loop"] == 0.0 and r["continuations"] == 2
+    assert r["distinct"] == pytest.approx((9 / 48 + 1) / 2)
+    ref = quality.repetition([code])
+    assert quality.verdict(quality.repetition([run]), ref) and quality.verdict(quality.repetition([line]), ref)
+    assert not quality.verdict(ref, ref)
+
+
+def test_the_summary_checks_greedy_text(trained):
+    _, summary = trained
+    ref = summary["greedy_check_reference"]
+    assert ref["continuations"] == 3 and ref["single_token_run"] == 0 and ref["distinct"] > 0.3
+    for name in ("target", "draft"):
+        c = summary["models"][name]["greedy_check"]
+        assert c["continuations"] == 3 and c["tokens"] == 3 * TrainSpec.check_new
+        assert isinstance(c["degenerate"], bool) and len(c["examples"]) == 2
+
