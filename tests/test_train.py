@@ -179,8 +179,9 @@ def test_repetition_measures():
     assert r["single_token_run"] == 0.5 and r["loop"] == 0.0 and r["continuations"] == 2
     assert r["distinct"] == pytest.approx((9 / 48 + 1) / 2)
     ref = quality.repetition([code])
-    assert quality.verdict(quality.repetition([run]), ref) and quality.verdict(quality.repetition([line]), ref)
-    assert not quality.verdict(ref, ref)
+    assert quality.degenerate(quality.repetition([run])) and not quality.degenerate(quality.repetition([line]))
+    assert quality.repetitive(quality.repetition([line]), ref) and not quality.repetitive(ref, ref)
+    assert not quality.degenerate(ref)
 
 
 def test_the_summary_checks_greedy_text(trained):
@@ -190,5 +191,5 @@ def test_the_summary_checks_greedy_text(trained):
     for name in ("target", "draft"):
         c = summary["models"][name]["greedy_check"]
         assert c["continuations"] == 3 and c["tokens"] == 3 * TrainSpec.check_new
-        assert isinstance(c["degenerate"], bool) and len(c["examples"]) == 2
+        assert isinstance(c["degenerate"], bool) and isinstance(c["repetitive"], bool) and len(c["examples"]) == 2
 

@@ -12,9 +12,12 @@ worthless. The measures, per continuation of n tokens, averaged over continuatio
   (a repeated line or phrase, the next failure after single-token runs).
 
 The same measures on the reference continuations (the held-out files' own next tokens, cut to
-the same length) say what real text scores; `degenerate` is the verdict the train summary
-records: single-token runs in more than a quarter of the continuations, or a mean distinct
-ratio below half the references'.
+the same length) say what real text scores. Two verdicts go into the train summary:
+
+- `degenerate`: single-token runs in more than a quarter of the continuations (the failure
+  that makes every drafter's greedy acceptance ~1);
+- `repetitive`: a mean distinct ratio below half the references', or more than half of the
+  continuations ending in a loop (greedy acceptance is inflated on those continuations).
 """
 
 from __future__ import annotations
@@ -61,9 +64,14 @@ def repetition(seqs: Sequence[Sequence[int]]) -> dict:
                 loop=sum(loops(s) for s in seqs) / n)
 
 
-def verdict(generated: dict, reference: dict) -> bool:
-    """True when the greedy text is degenerate (see the module docstring)."""
-    return generated["single_token_run"] > 0.25 or generated["distinct"] < 0.5 * reference["distinct"]
+def degenerate(generated: dict) -> bool:
+    """Single-token runs in over a quarter of the continuations (see the module docstring)."""
+    return generated["single_token_run"] > 0.25
+
+
+def repetitive(generated: dict, reference: dict) -> bool:
+    """Distinct ratio under half the references', or loops in over half the continuations."""
+    return generated["distinct"] < 0.5 * reference["distinct"] or generated["loop"] > 0.5
 
 
 @torch.no_grad()

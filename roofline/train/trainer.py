@@ -20,8 +20,8 @@ the held-out files (set "a"), the same windows for every model of a run.
 Each saved model is then checked for degenerate greedy text (roofline.train.quality): its
 greedy continuations of the held-out prompts of set "b" (check_new tokens each) are measured
 for single-token runs, distinct-token ratio and short loops, beside the same measures of the
-references; the summary records the verdict and the log flags a degenerate model, whose
-greedy acceptance would be the acceptance of a repetition.
+references; the summary records the verdicts (degenerate, repetitive) and the log flags
+them: a degenerate model's greedy acceptance is the acceptance of a repetition.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ from roofline.train import tokenizer as tok_mod
 class ModelShape:
     d: int = 96
     layers: int = 3
-    heads: int = 3
-    kv_heads: int = 1
+    heads: int = 4
+    kv_heads: int = 2
     ffn: int = 256
     mtp_layers: int = 1
 
@@ -212,7 +212,7 @@ def greedy_check(folder: Path, tok, pairs, n_new: int, reference: dict) -> dict:
     model = load_checkpoint(folder, dtype="float32", max_batch=8, max_context=max(map(len, prompts)) + n_new + 4)
     gen = quality.greedy_continuations(model, prompts, n_new)
     stats = quality.repetition(gen)
-    return dict(stats, degenerate=quality.verdict(stats, reference),
+    return dict(stats, degenerate=quality.degenerate(stats), repetitive=quality.repetitive(stats, reference),
                 examples=[tok.decode(g, skip_special_tokens=False) for g in gen[:2]])
 
 
@@ -246,8 +246,9 @@ def _train_one(job, shared: dict, log) -> tuple[str, dict]:
         log(f"{name}: greedy on {check['continuations']} held-out prompts (set b, {spec.check_new} tokens): "
             f"single-token runs {check['single_token_run']:.0%}, distinct {check['distinct']:.2f} "
             f"(references {reference['distinct']:.2f}), loops {check['loop']:.0%}"
-            + (" << DEGENERATE: greedy text is a repetition, acceptance on it measures nothing"
-               if check["degenerate"] else ""))
+            + (" << DEGENERATE: greedy text is a run of one token, acceptance on it measures nothing"
+               if check["degenerate"] else " << REPETITIVE: greedy text often loops, greedy acceptance is "
+               "inflated there" if check["repetitive"] else ""))
     return name, result
 
 
