@@ -31,6 +31,23 @@ def trained(tmp_path_factory):
     return out, summary
 
 
+COMMITTED = REPO_ROOT / "results" / "trained-stdlib"
+
+
+@pytest.fixture(params=["tiny", "committed"])
+def run_dir(request):
+    """A trained run's folder: the tiny one trained here in seconds, or the committed one."""
+    if request.param == "committed":
+        if not (COMMITTED / "target").is_dir():
+            pytest.skip("no committed trained model")
+        return COMMITTED
+    return request.getfixturevalue("trained")[0]
+
+
+def _vocab(folder) -> int:
+    return json.loads((folder / "config.json").read_text())["vocab_size"]
+
+
 def test_split_is_by_path_and_deterministic():
     c1, c2 = corpus.list_corpus(), corpus.list_corpus()
     assert c1.files == c2.files
@@ -51,8 +68,8 @@ def test_training_lowers_the_loss(trained):
     assert summary["models"]["target"]["params"]["mtp"] > 0 and summary["models"]["draft"]["params"]["mtp"] == 0
 
 
-def test_chat_template_prefix_property(trained):
-    out, _ = trained
+def test_chat_template_prefix_property(run_dir):
+    out = run_dir
     tok = prompts.load_tokenizer(out / "target")
     conv = json.loads((out / "prompts_a.jsonl").read_text().splitlines()[0])["messages"]
     full = prompts.render(tok, conv, add_generation_prompt=False)
@@ -66,13 +83,12 @@ def test_chat_template_prefix_property(trained):
     assert (out / "target" / "chat_template.jinja").read_text() == inline
 
 
-def test_transformers_logits_equal_ours(trained):
+def test_transformers_logits_equal_ours(run_dir):
     from transformers import AutoModelForCausalLM
-    out, _ = trained
-    folder = out / "target"
+    folder = run_dir / "target"
     ours = load_checkpoint(folder, dtype="float32", max_batch=2, max_context=64)
     hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
-    x = torch.randint(0, 400, (2, 20), generator=torch.Generator().manual_seed(0))
+    x = torch.randint(0, _vocab(folder), (2, 20), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ref = hf(x).logits
     got = ours(x, 0)
@@ -84,10 +100,9 @@ def _forward(folder, x):
     return load_checkpoint(folder, dtype="float32", max_batch=2, max_context=64)(x, 0)
 
 
-def test_megatron_round_trip_faithful_and_lossy(trained, tmp_path):
-    out, _ = trained
-    src = out / "target"
-    x = torch.randint(0, 400, (2, 12), generator=torch.Generator().manual_seed(1))
+def test_megatron_round_trip_faithful_and_lossy(run_dir, tmp_path):
+    src = run_dir / "target"
+    x = torch.randint(0, _vocab(src), (2, 12), generator=torch.Generator().manual_seed(1))
     ref = _forward(src, x)
     back = convert.round_trip(src, tmp_path / "faithful", tp=2)
     assert len(list((tmp_path / "faithful" / "megatron").glob("mp_rank_*/model.safetensors"))) == 2
@@ -194,8 +209,6 @@ def test_the_summary_checks_greedy_text(trained):
         assert c["continuations"] == 3 and c["tokens"] == 3 * TrainSpec.check_new
         assert isinstance(c["degenerate"], bool) and isinstance(c["repetitive"], bool) and len(c["examples"]) == 2
 
-
-COMMITTED = REPO_ROOT / "results" / "trained-stdlib"
 
 
 @pytest.mark.skipif(not (COMMITTED / "target").is_dir(), reason="no committed trained model")
