@@ -25,6 +25,7 @@ from roofline.io.fields import ConfigError
 
 SKIP_PARTS = {"site-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__"}
 HEAD_LINES = 12  # lines of the file in the user turn
+FILE_BYTES = 32_000  # a training file's share: its first lines up to this many characters
 
 
 def stdlib_root() -> Path:
@@ -82,15 +83,24 @@ def as_chat(rel: str, text: str, head_lines: int = HEAD_LINES, answer_chars: int
             {"role": "assistant", "content": rest}]
 
 
-def training_chats(corpus: Corpus, max_bytes: int) -> list[list[dict]]:
-    """Train-split files as chats, in path order, until max_bytes of source are taken."""
+def _hash_order(rel: str) -> bytes:
+    return hashlib.blake2b(b"order:" + rel.encode(), digest_size=8).digest()
+
+
+def training_chats(corpus: Corpus, max_bytes: int, file_bytes: int = FILE_BYTES) -> list[list[dict]]:
+    """Train-split files as chats until max_bytes of source are taken: in an order drawn from a
+    hash of the path (deterministic, and every package is represented, where path order took
+    the first packages of the alphabet: half of the files were encodings/ tables), each file
+    cut after the line that reaches file_bytes (so one large file does not fill the corpus)."""
     out, used = [], 0
-    for rel in corpus.files["train"]:
+    for rel in sorted(corpus.files["train"], key=_hash_order):
         if used >= max_bytes:
             break
         text = read(corpus, rel)
         if len(text.splitlines()) <= HEAD_LINES:
             continue
+        if len(text) > file_bytes:
+            text = text[:text.find("\n", file_bytes) + 1 or len(text)]
         out.append(as_chat(rel, text))
         used += len(text)
     return out

@@ -16,6 +16,12 @@ the auxiliary loss. The draft model is a smaller decoder (no MTP) trained on the
 
 Held-out loss is the main model's mean cross-entropy, in nats per token, over fixed windows of
 the held-out files (set "a"), the same windows for every model of a run.
+
+Each saved model is then checked for degenerate greedy text (roofline.train.quality): its
+greedy continuations of the held-out prompts of set "b" (check_new tokens each) are measured
+for single-token runs, distinct-token ratio and short loops, beside the same measures of the
+references; the summary records the verdicts (degenerate, repetitive) and the log flags
+them: a degenerate model's greedy acceptance is the acceptance of a repetition.
 """
 
 from __future__ import annotations
@@ -35,16 +41,17 @@ from roofline.model.config import ModelConfig
 from roofline.model.decoder import build_model
 from roofline.model.kvcache import caching_modules
 from roofline.train import corpus as corpus_mod
+from roofline.train import quality
 from roofline.train import tokenizer as tok_mod
 
 
 @dataclass(frozen=True)
 class ModelShape:
-    d: int = 128
+    d: int = 96
     layers: int = 3
     heads: int = 4
     kv_heads: int = 2
-    ffn: int = 352
+    ffn: int = 256
     mtp_layers: int = 1
 
     def config(self, name: str, vocab: int, max_context: int) -> ModelConfig:
@@ -61,34 +68,36 @@ class ModelShape:
 class TrainRequest:
     out_dir: str
     target: ModelShape = field(default_factory=ModelShape)
-    draft: ModelShape = field(default_factory=lambda: ModelShape(d=64, layers=2, heads=2, kv_heads=2, ffn=192,
+    draft: ModelShape = field(default_factory=lambda: ModelShape(d=48, layers=2, heads=2, kv_heads=1, ffn=128,
                                                                   mtp_layers=0))
     vocab: int = 2048
     seq_len: int = 96
-    batch: int = 16
-    target_steps: int = 150
-    draft_steps: int = 100
-    lr: float = 3e-3
+    batch: int = 8
+    target_steps: int = 2000
+    draft_steps: int = 2000
+    lr: float = 6e-3
     mtp_weight: float = 0.3
     control: bool = False  # also train the target with mtp_weight = 0 (the without-MTP-loss twin)
     corpus_root: str | None = None
     corpus_bytes: int = 4_000_000  # source bytes of the train split read (tokenizer and training)
     heldout_percent: int = 10
     eval_windows: int = 64
+    check_new: int = 48  # tokens of each greedy continuation in the degeneracy check (0: no check)
     prompts_per_set: int = 24
     save_dtype: str = "bfloat16"
     threads: int = 1  # one thread: on a shared 2-core machine two OpenMP threads wait on each other
+    workers: int = 2  # models trained side by side, one process (of `threads` threads) each
     seed: int = 0
     progress: bool = True
 
     def __post_init__(self) -> None:
         if self.vocab < 300:
             raise ConfigError(f"vocab={self.vocab}: a byte-level BPE needs >= 300 (256 bytes + specials + merges)")
-        for name in ("seq_len", "batch", "target_steps", "eval_windows", "prompts_per_set", "threads"):
+        for name in ("seq_len", "batch", "target_steps", "eval_windows", "prompts_per_set", "threads", "workers"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)}: must be >= 1")
-        if self.draft_steps < 0 or self.mtp_weight < 0:
-            raise ConfigError("draft_steps and mtp_weight must be >= 0")
+        if self.draft_steps < 0 or self.mtp_weight < 0 or self.check_new < 0:
+            raise ConfigError("draft_steps, mtp_weight and check_new must be >= 0")
         if self.target.mtp_layers != 1 or self.draft.mtp_layers != 0:
             raise ConfigError("target.mtp_layers must be 1 (DeepSeek-V3's num_nextn_predict_layers) and "
                               "draft.mtp_layers 0")
@@ -128,7 +137,7 @@ def _lr(step: int, steps: int, peak: float) -> float:
 
 
 def train_model(cfg: ModelConfig, ids: torch.Tensor, spec: TrainRequest, steps: int, mtp_weight: float, seed: int,
-                label: str, log=print):
+                label: str, log=print, position: int = 0):
     """A trained model (float32) and its loss log [(step, main, mtp)]."""
     from tqdm import tqdm
 
@@ -138,10 +147,13 @@ def train_model(cfg: ModelConfig, ids: torch.Tensor, spec: TrainRequest, steps: 
         model.embed.weight.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(seed))
     model.requires_grad_(True).train()
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=spec.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    # weight decay on the matrices only: decaying the RMSNorm gains pulls them towards 0
+    groups = [dict(params=[p for p in params if p.dim() >= 2], weight_decay=0.1),
+              dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0)]
+    opt = torch.optim.AdamW(groups, lr=spec.lr, betas=(0.9, 0.95))
     history = []
     bar = tqdm(_batches(ids, spec.seq_len, spec.batch, steps, seed), total=steps, desc=label, disable=not spec.progress,
-               mininterval=2.0)
+               mininterval=2.0, position=position)
     for step, w in enumerate(bar):
         for group in opt.param_groups:
             group["lr"] = _lr(step, steps, spec.lr)
@@ -179,15 +191,78 @@ def _encode(tok, texts: list[str]) -> torch.Tensor:
     return torch.tensor([i for e in tok.encode_batch(texts, add_special_tokens=False) for i in e.ids], dtype=torch.long)
 
 
+def check_prompts(tok, prompts_file: Path, n_new: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, the reference's first n_new ids) per conversation of a prompts file: the
+    prompt rendered with the generation prompt, the reference the rest of the full rendering."""
+    out = []
+    for line in prompts_file.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            msgs = json.loads(line)["messages"]
+            p = tok.encode(tok_mod.render_text(msgs[:-1], add_generation_prompt=True), add_special_tokens=False).ids
+            full = tok.encode(tok_mod.render_text(msgs), add_special_tokens=False).ids
+            out.append((p, full[len(p):len(p) + n_new]))
+    return out
+
+
+def greedy_check(folder: Path, tok, pairs, n_new: int, reference: dict) -> dict:
+    """The saved model's greedy continuations of the held-out prompts, measured for repetition."""
+    from roofline.checkpoints.loader import load_checkpoint
+
+    prompts = [p for p, _ in pairs]
+    model = load_checkpoint(folder, dtype="float32", max_batch=8, max_context=max(map(len, prompts)) + n_new + 4)
+    gen = quality.greedy_continuations(model, prompts, n_new)
+    stats = quality.repetition(gen)
+    return dict(stats, degenerate=quality.degenerate(stats), repetitive=quality.repetitive(stats, reference),
+                examples=[tok.decode(g, skip_special_tokens=False) for g in gen[:2]])
+
+
 def n_params(model) -> dict:
     main = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("mtp."))
     return dict(main=main, mtp=sum(p.numel() for n, p in model.named_parameters() if n.startswith("mtp.")))
 
 
-def run_training(spec: TrainRequest, log=print) -> dict:
-    """Corpus -> tokenizer -> target (with MTP) [+ its no-MTP-loss twin] -> draft; HF folders and a summary."""
+def _train_one(job, shared: dict, log) -> tuple[str, dict]:
+    """Train, evaluate, save and check one model of the run."""
     from roofline.checkpoints.convert import save_hf
 
+    index, name, shape, weight, steps = job
+    spec, out, pairs, reference = shared["spec"], shared["out"], shared["pairs"], shared["reference"]
+    cfg = shape.config(name, shared["vocab"], shared["max_ctx"])
+    t0 = time.perf_counter()
+    model, history = train_model(cfg, shared["ids"], spec, steps, weight, spec.seed, name, log, position=index)
+    train_s = time.perf_counter() - t0
+    ev = heldout_loss(model, shared["windows"], spec.batch)
+    save_hf(model, out / name, dtype=spec.save_dtype, tokenizer_dir=shared["tok_dir"], bos_id=shared["bos"],
+            eos_id=shared["eos"])
+    (out / name / "train_log.json").write_text(json.dumps(dict(history=history), indent=None) + "\n")
+    check = greedy_check(out / name, shared["tok"], pairs, spec.check_new, reference) if pairs else None
+    result = dict(params=n_params(model), train_s=train_s, steps=steps, mtp_weight=weight,
+                  heldout_loss=ev["main"], heldout_mtp_loss=ev["mtp"],
+                  final_train_loss=history[-1][1], first_train_loss=history[0][1], config=asdict(shape),
+                  greedy_check=check)
+    log(f"{name}: {sum(result['params'].values()):,} parameters, {train_s:.0f} s, held-out main loss "
+        f"{ev['main']:.4f} nats/token" + ("" if ev["mtp"] is None else f", MTP {ev['mtp']:.4f}"))
+    if check:
+        log(f"{name}: greedy on {check['continuations']} held-out prompts (set b, {spec.check_new} tokens): "
+            f"single-token runs {check['single_token_run']:.0%}, distinct {check['distinct']:.2f} "
+            f"(references {reference['distinct']:.2f}), loops {check['loop']:.0%}"
+            + (" << DEGENERATE: greedy text is a run of one token, acceptance on it measures nothing"
+               if check["degenerate"] else " << REPETITIVE: greedy text often loops, greedy acceptance is "
+               "inflated there" if check["repetitive"] else ""))
+    return name, result
+
+
+def _train_in_worker(job, shared: dict) -> tuple[str, dict, list[str]]:
+    """_train_one in a worker process: one torch thread, its log lines returned to the parent."""
+    torch.set_num_threads(shared["spec"].threads)
+    lines: list[str] = []
+    name, result = _train_one(job, shared, lines.append)
+    return name, result, lines
+
+
+def run_training(spec: TrainRequest, log=print) -> dict:
+    """Corpus -> tokenizer -> target (with MTP) [+ its no-MTP-loss twin] -> draft; HF folders and a summary.
+    The models train one after another (workers=1) or side by side, one process each (workers=N)."""
     torch.set_num_threads(spec.threads)
     t_start = time.perf_counter()
     out = Path(spec.out_dir)
@@ -211,30 +286,33 @@ def run_training(spec: TrainRequest, log=print) -> dict:
     prompts = {s: corpus_mod.write_prompts(corpus, s, out / f"prompts_{s}.jsonl", spec.prompts_per_set)
                for s in ("a", "b")}
     bos, eos = tok.token_to_id(tok_mod.BOS), tok.token_to_id(tok_mod.EOS)
+    pairs = check_prompts(tok, out / "prompts_b.jsonl", spec.check_new) if spec.check_new else []
+    reference = quality.repetition([r for _, r in pairs]) if pairs else None
     max_ctx = max(1024, spec.seq_len * 8)  # RoPE: prompts may run past the training window
     runs = [("target", spec.target, spec.mtp_weight, spec.target_steps)]
     if spec.control:
         runs.append(("target_no_mtp_loss", spec.target, 0.0, spec.target_steps))
     if spec.draft_steps:
         runs.append(("draft", spec.draft, 0.0, spec.draft_steps))
+    shared = dict(ids=ids, windows=windows, spec=spec, out=out, tok_dir=tok_dir, bos=bos, eos=eos, tok=tok,
+                  pairs=pairs, reference=reference, vocab=tok.get_vocab_size(), max_ctx=max_ctx)
+    jobs = [(i, name, shape, weight, steps) for i, (name, shape, weight, steps) in enumerate(runs)]
     models = {}
-    for name, shape, weight, steps in runs:
-        cfg = shape.config(name, tok.get_vocab_size(), max_ctx)
-        t0 = time.perf_counter()
-        model, history = train_model(cfg, ids, spec, steps, weight, spec.seed, name, log)
-        train_s = time.perf_counter() - t0
-        ev = heldout_loss(model, windows, spec.batch)
-        save_hf(model, out / name, dtype=spec.save_dtype, tokenizer_dir=tok_dir, bos_id=bos, eos_id=eos)
-        (out / name / "train_log.json").write_text(json.dumps(dict(history=history), indent=None) + "\n")
-        models[name] = dict(params=n_params(model), train_s=train_s, steps=steps, mtp_weight=weight,
-                            heldout_loss=ev["main"], heldout_mtp_loss=ev["mtp"],
-                            final_train_loss=history[-1][1], first_train_loss=history[0][1], config=asdict(shape))
-        log(f"{name}: {sum(models[name]['params'].values()):,} parameters, {train_s:.0f} s, held-out main loss "
-            f"{ev['main']:.4f} nats/token" + ("" if ev["mtp"] is None else f", MTP {ev['mtp']:.4f}"))
+    if spec.workers == 1 or len(jobs) == 1:
+        for job in jobs:
+            name, models[name] = _train_one(job, shared, log)
+    else:  # one single-threaded process per model, spec.workers at a time (no OpenMP threads to stall)
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(min(spec.workers, len(jobs)), mp_context=multiprocessing.get_context("spawn")) as ex:
+            for name, result, lines in ex.map(_train_in_worker, jobs, [shared] * len(jobs)):
+                for line in lines:
+                    log(line)
+                models[name] = result
     summary = dict(spec={k: v for k, v in asdict(spec).items() if k != "out_dir"}, corpus=dict(
         fingerprint=corpus.fingerprint(), train_files=len(corpus.files["train"]), heldout_files_a=len(corpus.files["a"]),
         heldout_files_b=len(corpus.files["b"]), files_used=len(chats), train_tokens=len(ids),
-        heldout_tokens=len(held_ids)), prompts=prompts, models=models, total_s=time.perf_counter() - t_start,
-        torch=torch.__version__, python=platform.python_version(), threads=spec.threads)
+        heldout_tokens=len(held_ids)), prompts=prompts, greedy_check_reference=reference, models=models,
+        total_s=time.perf_counter() - t_start, torch=torch.__version__, python=platform.python_version(), threads=spec.threads)
     (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
