@@ -2,6 +2,7 @@
 comment, presets from $ROOFLINE_PRESETS in the model group, and a wheel that ships roofline/conf/."""
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -68,8 +69,14 @@ def test_presets_of_roofline_presets_are_in_the_model_group(tmp_path):
 
 @pytest.mark.slow
 def test_a_wheel_ships_conf_and_runs_outside_the_checkout(tmp_path):
+    """Built from a copy of the sources without the editable install's egg-info: setuptools takes
+    data files listed in an existing SOURCES.txt, so a checkout with one shipped conf/ even when
+    package-data named it wrongly (a fresh clone's wheel then had no configs)."""
+    src = tmp_path / "src"
+    shutil.copytree(REPO_ROOT, src, ignore=shutil.ignore_patterns(
+        "*.egg-info", "build", ".venv", ".git", "results", "wheelhouse", "__pycache__", ".pytest_cache"))
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                            str(tmp_path / "whl"), str(REPO_ROOT)], capture_output=True, text=True, timeout=300)
+                            str(tmp_path / "whl"), str(src)], capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr
     wheel = next((tmp_path / "whl").glob("roofline-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
