@@ -26,9 +26,8 @@ from roofline.analysis import costmodel, fitcheck, quality
 from roofline.spec import theory
 from roofline.io.fields import ConfigError
 from roofline.model.config import ModelConfig
-from roofline.spec.theory import StepCosts, no_cost
+from roofline.spec.theory import DRAFTERS, StepCosts, no_cost
 
-DRAFTERS = ("mtp", "draft_model", "ngram")
 
 
 @dataclass(frozen=True)

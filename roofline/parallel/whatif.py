@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -41,6 +41,7 @@ import numpy as np
 import yaml
 
 from roofline.io.fields import ConfigError
+from roofline.spec.theory import DRAFTERS
 from roofline.measure.devices import Datasheet
 from roofline.model.accounting import block_matrices, block_weight_bytes, expert_bytes
 from roofline.model.config import ModelConfig
@@ -129,8 +130,8 @@ class SpecDecode:
         acc = tuple(self.acceptance)
         if len(acc) not in (1, self.k) or not all(isinstance(a, (int, float)) and 0 <= a <= 1 for a in acc):
             raise ConfigError(f"spec.acceptance={list(acc)!r}: allowed one rate or k={self.k} rates, each in [0, 1]")
-        if self.drafter not in ("mtp", "draft_model", "ngram"):
-            raise ConfigError(f"spec.drafter={self.drafter!r}: allowed ('mtp', 'draft_model', 'ngram')")
+        if self.drafter not in DRAFTERS:
+            raise ConfigError(f"spec.drafter={self.drafter!r}: allowed {DRAFTERS}")
         if self.drafter == "draft_model" and self.draft is None:
             raise ConfigError("spec.draft_model: a draft model is needed for drafter=draft_model")
 
@@ -371,7 +372,7 @@ class WhatIf:
             return r + sum(draft.target(k + 1 if i == 1 else 1, Bd, L + i - 1, scenario, eng) for i in range(1, k + 1))
         if drafter == "ngram":
             return r
-        raise ConfigError(f"drafter={drafter!r}: allowed ('mtp', 'draft_model', 'ngram')")
+        raise ConfigError(f"drafter={drafter!r}: allowed {DRAFTERS}")
 
     def mtp_speedup(self, alphas: tuple[float, float, float], k: int, B: int, L: int) -> dict:
         """tau · T(1) / R for an i.i.d. acceptance alpha per scenario (optimistic alpha first);

@@ -15,6 +15,7 @@ import torch
 from roofline.checkpoints.loader import load_checkpoint
 from roofline.measure import memory
 from roofline.io.fields import ConfigError, check_int, check_number
+from roofline.spec.theory import DRAFTERS
 from roofline.model.formats import precision
 from roofline.model.quant import kernel_for, quantize_model
 from roofline.spec.counters import AcceptanceCounters
@@ -22,7 +23,6 @@ from roofline.spec.drafters import DraftModelDrafter, MTPDrafter, NgramDrafter
 from roofline.checkpoints.prompts import encode_conversations
 from roofline.spec.engine import DecodeSettings, SpecEngine
 
-DRAFTERS = ("mtp", "draft_model", "ngram")
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,9 @@ from roofline.io.fields import ConfigError
 
 AlphaOrProfile = Union[float, Sequence[float]]
 
+# the drafters a speculative round can use: one list for the cost model, the planner and the engine
+DRAFTERS = ("mtp", "draft_model", "ngram")
+
 TABLE_COLUMNS = ("alpha", "k", "B", "L", "tau", "R_s", "T1_s", "S", "throughput_tok_s",
                  "k_star", "extrapolated")
 
