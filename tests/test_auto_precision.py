@@ -21,13 +21,21 @@ def doc(bf16_tflops: float, fp32_tflops: float, bw: float = 15.0) -> dict:
 @pytest.fixture(autouse=True)
 def compiler_present(monkeypatch):
     monkeypatch.setattr(ceilings.timer, "_cxx_compiler", lambda: "c++")
+    monkeypatch.setattr(ceilings.cpu_gemm, "available", lambda: (True, ""))
 
 
-def test_emulated_bf16_picks_float32_compiled():
+def test_emulated_bf16_picks_float32_eager_on_the_skinny_gemm():
     # 0.06 TFLOP/s bf16 (emulated), 0.3 fp32: fp32's knee 0.3e12/15e9*4/2 = 40 tokens, bf16's 4
     dtype, mode, why = choose_precision("cpu", doc(0.06, 0.3))
-    assert (dtype, mode) == ("float32", "compiled")
+    assert (dtype, mode) == ("float32", "eager")
     assert "float32" in why and "knee ~40 tokens" in why and "knee ~4 tokens" in why
+    assert "skinny float32 GEMM" in why
+
+
+def test_float32_is_compiled_where_the_skinny_gemm_cannot_be_built(monkeypatch):
+    monkeypatch.setattr(ceilings.cpu_gemm, "available", lambda: (False, "no compiler"))
+    dtype, mode, why = choose_precision("cpu", doc(0.06, 0.3))
+    assert (dtype, mode) == ("float32", "compiled") and "skinny" not in why
 
 
 def test_native_bf16_picks_bfloat16():
@@ -44,7 +52,10 @@ def test_a_tie_in_tokens_goes_to_the_smaller_dtype():
 
 def test_without_a_compiler_the_cpu_mode_is_eager(monkeypatch):
     monkeypatch.setattr(ceilings.timer, "_cxx_compiler", lambda: None)
+    monkeypatch.setattr(ceilings.cpu_gemm, "available", lambda: (False, "no compiler"))
     assert choose_precision("cpu", doc(0.06, 0.3))[1] == "eager"
+    assert choose_precision("cpu", doc(5.0, 0.3))[1] == "eager"
+    assert "skinny" not in choose_precision("cpu", doc(0.06, 0.3))[2]
 
 
 def _spec(tmp_path, d, **kw):
@@ -58,8 +69,8 @@ def test_auto_beside_a_named_dtype_gives_both_regimes_in_one_grid(tmp_path):
     spec = _spec(tmp_path, doc(0.06, 0.3), dtypes=("auto", "bfloat16"), modes=("auto",))
     out, fresh = resolve_auto(spec, tmp_path)
     assert fresh is None  # the given ceilings were used, nothing measured
-    assert out.pairs == (("float32", "compiled"), ("bfloat16", "eager"))
-    assert {(p.dtype, p.mode) for p in grid(out)} == {("float32", "compiled"), ("bfloat16", "eager")}
+    assert out.pairs == (("float32", "eager"), ("bfloat16", "eager"))
+    assert {(p.dtype, p.mode) for p in grid(out)} == {("float32", "eager"), ("bfloat16", "eager")}
     assert "chose float32" in out.auto_choice
 
 

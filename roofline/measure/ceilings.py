@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping
 import pandas as pd
 import torch
 
-from roofline.measure import kernels
+from roofline.measure import cpu_gemm, kernels
 
 from roofline.io import files
 from roofline.measure import provenance
@@ -435,6 +435,7 @@ def _measure_matmul(spec: CeilingsRequest, cache: int, sheet: dict | None, tel: 
             return out
 
         def decodes(dt=dt, tdtype=tdtype, peak=peak) -> list[dict]:
+            skinny = dt == "float32" and dev.type == "cpu" and cpu_gemm.available()[0]
             out = []
             for name, N, K in shapes:
                 w = x = None
@@ -445,7 +446,11 @@ def _measure_matmul(spec: CeilingsRequest, cache: int, sheet: dict | None, tel: 
                         x = torch.randn(M, K, device=dev, dtype=tdtype)
                         fn = lambda: torch.nn.functional.linear(x, w)  # noqa: E731
                         t = _time_gemm(fn, x, w.t(), cold, dev)
-                        out.append(_gemm_row("decode", name, dt, M, N, K, t, peak))
+                        out.append({**_gemm_row("decode", name, dt, M, N, K, t, peak), "kernel": "F.linear"})
+                        if skinny:  # the kernel a float32 CPU sweep runs (roofline.measure.cpu_gemm)
+                            fn = lambda: cpu_gemm.skinny_linear(x, w)  # noqa: E731
+                            t = _time_gemm(fn, x, w.t(), cold, dev)
+                            out.append({**_gemm_row("decode", name, dt, M, N, K, t, peak), "kernel": cpu_gemm.NAME})
                     except Exception as e:
                         failures.append(_failure("matmul", e, kind="decode", name=name,
                                                  dtype=dt, M=M, N=N, K=K))
@@ -680,12 +685,16 @@ def native_bf16_cpu() -> bool:
     return bool(cpu and (cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported()))
 
 
-def fast_mode(device: str) -> str:
-    """The forward mode that reaches the device's roof: CUDA-graph replay on CUDA; on the CPU the
-    compiled mode (frozen, prepacked GEMM weights: roofline.measure.forward.CompiledForward)
-    where Inductor has a C++ compiler, else eager."""
+def fast_mode(device: str, dtype: str | None = None) -> str:
+    """The forward mode that reaches the device's roof: CUDA-graph replay on CUDA. On the CPU,
+    float32 runs eager where the skinny GEMM builds (roofline.measure.cpu_gemm: its linears at the
+    memory roof and flat in the token count up to ~6 tokens, no compile of the model); another
+    dtype (or float32 without that kernel) the compiled mode (frozen, prepacked GEMM weights:
+    roofline.measure.forward.CompiledForward) where Inductor has a C++ compiler, else eager."""
     if _device_kind(device) == "cuda":
         return "graph"
+    if dtype == "float32" and cpu_gemm.available()[0]:
+        return "eager"
     return "compiled" if timer._cxx_compiler() else "eager"
 
 
@@ -705,10 +714,10 @@ def choose_precision(device: str, doc: Mapping[str, Any] | None) -> tuple[str, s
     units of one token's intensity; a tie goes to the smaller dtype, fewer bytes per step), run
     in `fast_mode`. Without ceilings: bf16 where the device multiplies it natively (CUDA; a CPU
     with AVX512-BF16/AMX), else float32, and the reason says it was not measured."""
-    mode = fast_mode(device)
     knees = knee_tokens(doc) if doc else {}
     if knees:
         best = max(knees, key=lambda d: (round(knees[d], 6), -dtype_bytes(d)))
+        mode = fast_mode(device, best)
         s = doc["summary"]
         detail = "; ".join(f"{d}: roof {1e3 * s['peak_tflops'][d]:.4g} GFLOP/s, ridge "
                            f"{s['peak_tflops'][d] * 1e3 / s['mem_bw_GBps']:.3g} FLOP/B, knee ~{k:.3g} tokens"
@@ -718,9 +727,13 @@ def choose_precision(device: str, doc: Mapping[str, Any] | None) -> tuple[str, s
     else:
         native = _device_kind(device) == "cuda" or native_bf16_cpu()
         best = "bfloat16" if native else "float32"
+        mode = fast_mode(device, best)
         why = (f"dtypes=[auto] chose {best} in mode {mode} without measured ceilings: this device "
                + ("multiplies bf16 natively" if native else "has no native bf16 (no AVX512-BF16/AMX), so bf16 is "
                                                             "emulated and compute-bound at a few tokens"))
+    if mode == "eager" and best == "float32" and _device_kind(device) == "cpu" and cpu_gemm.available()[0]:
+        why += ("; eager with the skinny float32 GEMM (roofline.measure.cpu_gemm: each weight read once per "
+                "tile of up to six tokens, no compile)")
     if mode == "compiled":
         why += ("; compiled: Inductor with frozen weights (GEMMs prepacked once), the token counts dynamic "
                 "(at most four graphs: B = 1 or > 1 by q = 1 or > 1)")

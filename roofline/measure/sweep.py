@@ -52,6 +52,8 @@ from roofline.measure.noise import NoiseMonitor, NoiseSettings
 from roofline.measure.telemetry import energy_per_token, nvml_index
 from roofline.measure.timer import MODES, TimerSettings, time_fn
 from roofline.measure.ceilings import AUTO
+from roofline.measure import cpu_gemm
+from roofline.measure.cpu_gemm import CHOICES as CPU_GEMMS
 from roofline.parallel.layout import Layout
 
 KINDS = ("forward", "mtp")
@@ -77,6 +79,7 @@ class SweepRequest:
     parallel: Layout = field(default_factory=Layout)  # tp/ep > 1: ranks of torch.distributed (roofline.parallel.runner)
     pairs: tuple[tuple[str, str], ...] = ()  # (dtype, mode) measured, replacing dtypes x modes (dtypes=[auto] resolved)
     auto_choice: str = ""  # why dtypes=[auto] became what it did (console, run.json, report)
+    cpu_gemm: str = "auto"  # the CPU's float32 linears in eager mode: auto | skinny | aten (roofline.measure.cpu_gemm)
 
     def __post_init__(self) -> None:
         for name in GRID_AXES:  # a value given twice is one grid value (one point, one row)
@@ -99,6 +102,8 @@ class SweepRequest:
         for d in self.dtypes:
             if d != AUTO:  # a format the model's shapes cannot take is bad input, not an unsupported row
                 check_weight_format(cfg, parse_precision(d))
+        if self.cpu_gemm not in CPU_GEMMS:
+            raise ConfigError(f"cpu_gemm={self.cpu_gemm!r}: allowed {CPU_GEMMS}")
         bad = [m for m in self.modes if m not in MODES + (AUTO,)]
         if bad:
             raise ConfigError(f"modes={bad}: allowed {MODES + (AUTO,)}")
@@ -262,6 +267,25 @@ class BuiltModel:
         self.gen = torch.Generator(device=spec.device).manual_seed(spec.seed)
         self.compiled = compiled_calls(self.model, cfg.layers, dtype) if mode == "compiled" and \
             parse_device(spec.device).type == "cpu" else None
+        self.gemm_kernel = self._gemm_kernel()
+
+    def _gemm_kernel(self) -> str:
+        """The kernel of this model's dense linears, as a row records it: on the CPU in eager mode,
+        float32, `cpu_gemm` auto or skinny: the skinny kernel (roofline.measure.cpu_gemm; auto falls
+        back to aten, saying why, where it cannot be built; skinny raises Unsupported); else the
+        backend's own (aten, or inductor in compiled mode)."""
+        dev = parse_device(self.spec.device).type
+        if self.mode == "compiled":
+            return "inductor"
+        if dev != "cpu" or self.mode != "eager" or self.spec.cpu_gemm == "aten" or self.dtype != "float32":
+            return "aten"
+        try:
+            n = cpu_gemm.use_skinny_linears(self.model)
+        except cpu_gemm.KernelUnavailable as e:
+            if self.spec.cpu_gemm == "skinny":
+                raise
+            return f"aten ({e})"
+        return f"{cpu_gemm.NAME} ({n} linears, M <= {cpu_gemm.MAX_M})"
 
     def build(self, max_ctx: int):
         spec, cfg = self.spec, self.cfg
@@ -345,7 +369,7 @@ def _measure(w: BuiltModel, p: Point, timer: TimerSettings) -> dict:
     seen = t.probe.pop("kernel_attn_backend")
     row.update(t.probe, attn_backend=seen or backend)
     row.update(cuda_graphs=_used_cuda_graphs(p.mode, w.spec.device, skips))
-    row.update(moe_impl=w.moe_impl, kv_impl=kvcache.impl(w.model), achieved_GBps=c.bytes_total / t.median_s / 1e9,
+    row.update(gemm_kernel=w.gemm_kernel, moe_impl=w.moe_impl, kv_impl=kvcache.impl(w.model), achieved_GBps=c.bytes_total / t.median_s / 1e9,
                achieved_TFLOPs=c.flops / t.median_s / 1e12, tokens_per_s=p.B * p.q / t.median_s,
                t_p99_s=float(np.quantile(t.samples_s, 0.99)),
                samples_s=list(t.samples_s))  # to the samples sidecar, not the row
