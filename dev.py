@@ -69,13 +69,10 @@ def demo() -> None:
     """Cost card, measured ceilings, the cpu-demo sweep against them, the cost-model fit, the report.
 
     The sweep runs dtypes=[auto, bfloat16]: the precision this machine's measured ceilings keep
-    memory-bound longest, in its fast mode (on a CPU without native bf16: float32 compiled), beside
-    bf16 eager, so that the report shows both regimes, T(q)/T(1) at B = 1 and B = 4. The compiled
-    mode's token axes are dynamic, so its grid q = 1, 2, 4, 8 by B = 1, 4 compiles four Inductor
-    graphs of the whole model (B = 1 or 4 by q = 1 or > 1), not eight; each still lowers every
-    layer: about a minute each on a quiet 2-vCPU EPYC (60-61 s measured per graph when it was one
-    graph per token count; 235-384 s each on the same machine loaded by other jobs, load 5-7).
-    Two cache lengths, no MTP points. The compile dominates the wall time (docs/cpu.md)."""
+    memory-bound longest, in its fast mode (on a CPU without native bf16: float32 eager on the
+    skinny GEMM of roofline.measure.cpu_gemm, no model compile; where bf16 is native: bf16
+    compiled, about a minute per Inductor graph, docs/cpu.md), beside bf16 eager, so that the
+    report shows both regimes, T(q)/T(1) at B = 1 and B = 4. Two cache lengths, no MTP points."""
     t0 = time.time()
     run(PY, "-m", "roofline.cli.card", "model=cpu-demo", "device=null")
     run(PY, "-m", "roofline.cli.ceilings", "device=cpu", "quick=true", f"out_dir={DEMO}")
