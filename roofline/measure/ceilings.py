@@ -59,7 +59,7 @@ CHECK_SLICE = 32  # rows and columns of a GEMM result checked against float64
 BANDWIDTH_COLUMNS = ["kernel", "variant", "dtype", "l2", "working_set_bytes", "bytes_moved",
                      "t_median_s", "t_p10_s", "t_p90_s", "GBps", "pct_datasheet"]
 MATMUL_COLUMNS = ["kind", "name", "dtype", "M", "N", "K", "t_median_s", "TFLOPs", "GBps",
-                  "pct_datasheet_flops"]
+                  "pct_datasheet_flops", "kernel"]
 TOP_KEYS = ["schema_version", "provenance", "datasheet", "bandwidth", "matmul", "telemetry",
             "failures", "summary"]
 SUMMARY_KEYS = ["mem_bw_GBps", "mem_bw_kernel", "peak_tflops", "ridge_measured", "cache_bytes"]
@@ -394,11 +394,11 @@ def check_gemm(out: torch.Tensor, a: torch.Tensor, b_kn: torch.Tensor) -> None:
 
 
 def _gemm_row(kind: str, name: str, dt: str, M: int, N: int, K: int, t: float,
-              peak: float | None) -> dict:
+              peak: float | None, kernel: str) -> dict:
     flops, nbytes = 2 * M * N * K, (M * K + N * K + M * N) * dtype_bytes(dt)
     return {"kind": kind, "name": name, "dtype": dt, "M": M, "N": N, "K": K, "t_median_s": t,
             "TFLOPs": flops / t / 1e12, "GBps": nbytes / t / 1e9,
-            "pct_datasheet_flops": _pct(flops / t / 1e12, peak)}
+            "pct_datasheet_flops": _pct(flops / t / 1e12, peak), "kernel": kernel}
 
 
 def _time_gemm(fn: Callable[[], torch.Tensor], a: torch.Tensor, b_kn: torch.Tensor,
@@ -426,7 +426,7 @@ def _measure_matmul(spec: CeilingsRequest, cache: int, sheet: dict | None, tel: 
                     a, b = (torch.randn(s, s, device=dev, dtype=tdtype) for _ in range(2))
                     c = torch.empty(s, s, device=dev, dtype=tdtype)
                     t = _time_gemm(lambda: torch.matmul(a, b, out=c), a, b, warm, dev)
-                    out.append(_gemm_row("square", f"square_{s}", dt, s, s, s, t, peak))
+                    out.append(_gemm_row("square", f"square_{s}", dt, s, s, s, t, peak, "torch.matmul"))
                 except Exception as e:
                     failures.append(_failure("matmul", e, kind="square", dtype=dt, M=s, N=s, K=s))
                 finally:
@@ -446,11 +446,11 @@ def _measure_matmul(spec: CeilingsRequest, cache: int, sheet: dict | None, tel: 
                         x = torch.randn(M, K, device=dev, dtype=tdtype)
                         fn = lambda: torch.nn.functional.linear(x, w)  # noqa: E731
                         t = _time_gemm(fn, x, w.t(), cold, dev)
-                        out.append({**_gemm_row("decode", name, dt, M, N, K, t, peak), "kernel": "F.linear"})
+                        out.append(_gemm_row("decode", name, dt, M, N, K, t, peak, "F.linear"))
                         if skinny:  # the kernel a float32 CPU sweep runs (roofline.measure.cpu_gemm)
                             fn = lambda: cpu_gemm.skinny_linear(x, w)  # noqa: E731
                             t = _time_gemm(fn, x, w.t(), cold, dev)
-                            out.append({**_gemm_row("decode", name, dt, M, N, K, t, peak), "kernel": cpu_gemm.NAME})
+                            out.append(_gemm_row("decode", name, dt, M, N, K, t, peak, cpu_gemm.NAME))
                     except Exception as e:
                         failures.append(_failure("matmul", e, kind="decode", name=name,
                                                  dtype=dt, M=M, N=N, K=K))
@@ -509,7 +509,7 @@ def _measure_format_gemms(spec: CeilingsRequest, fmt, shapes, settings, failures
                 flops, nbytes = 2 * M * N * K, fmt.matrix_bytes(N, K, 2) + (M * K + M * N) * 2
                 rows.append({"kind": "decode", "name": name, "dtype": label, "M": M, "N": N, "K": K,
                              "t_median_s": t, "TFLOPs": flops / t / 1e12, "GBps": nbytes / t / 1e9,
-                             "pct_datasheet_flops": None})
+                             "pct_datasheet_flops": None, "kernel": type(lin).__name__})
             except Exception as e:
                 failures.append(_failure("matmul", e, kind="decode", name=name, dtype=label, M=M, N=N, K=K))
         lin = w_deq = None
