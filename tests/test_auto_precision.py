@@ -38,10 +38,12 @@ def test_float32_is_compiled_where_the_skinny_gemm_cannot_be_built(monkeypatch):
     assert (dtype, mode) == ("float32", "compiled") and "skinny" not in why
 
 
-def test_native_bf16_picks_bfloat16():
+def test_native_bf16_picks_bfloat16_eager_on_the_skinny_gemm(monkeypatch):
     # AMX-class bf16 (5 TFLOP/s) against 0.3 fp32: bf16's knee 333 tokens beats fp32's 40
-    dtype, mode, _ = choose_precision("cpu", doc(5.0, 0.3))
-    assert (dtype, mode) == ("bfloat16", "compiled")
+    dtype, mode, why = choose_precision("cpu", doc(5.0, 0.3))
+    assert (dtype, mode) == ("bfloat16", "eager") and "skinny bfloat16 GEMM" in why
+    monkeypatch.setattr(ceilings.cpu_gemm, "available", lambda: (False, "no compiler"))
+    assert choose_precision("cpu", doc(5.0, 0.3))[:2] == ("bfloat16", "compiled")
 
 
 def test_a_tie_in_tokens_goes_to_the_smaller_dtype():

@@ -1,5 +1,6 @@
-"""The CPU's skinny float32 GEMM (roofline.measure.cpu_gemm): exact against float64, used only
-where it applies, swapped into a model without changing its logits, and named in every row."""
+"""The CPU's skinny GEMM (roofline.measure.cpu_gemm), float32 and bfloat16: exact against float64,
+used only where it applies (and up to the crossover the ceilings measured), swapped into a model
+without changing its logits, and named in every row."""
 
 import shutil
 
@@ -40,9 +41,37 @@ def test_leading_dims_and_non_contiguous_inputs():
     torch.testing.assert_close(cpu_gemm.skinny_linear(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
 
 
+BF16_ENTRIES = ["skinny_bf16w", "skinny_bf16"]
+
+
+def _has_entry(entry):
+    return cpu_gemm._compiler() is not None and (entry != cpu_gemm.DPBF16 or bool(cpu_gemm.library().skinny_has_dpbf16()))
+
+
+@needs_compiler
+@pytest.mark.parametrize("entry", BF16_ENTRIES)
+@pytest.mark.parametrize("N,K", [(1, 1), (13, 31), (12, 32), (37, 70), (25, 1024)])
+@pytest.mark.parametrize("M", [1, 2, 5, 6, 7, 13, 33])
+def test_bfloat16_weights_equal_float64_rounded_once(monkeypatch, entry, M, N, K):
+    if not _has_entry(entry):
+        pytest.skip(f"{entry}: this CPU has no AVX512-BF16")
+    monkeypatch.setattr(cpu_gemm, "_entry", lambda dtype: entry if dtype == torch.bfloat16 else cpu_gemm.SYMBOLS[dtype])
+    g = torch.Generator().manual_seed(M * 1000 + N + K)
+    x, w, b = (torch.randn(*s, generator=g).bfloat16() for s in ((M, K), (N, K), (N,)))
+    y = cpu_gemm.skinny_linear(x, w, b)
+    assert y.shape == (M, N) and y.dtype == torch.bfloat16
+    # products of bfloat16 are exact in float32; float32 sums over K terms, then one bfloat16 rounding
+    exact = _ref(x, w, b)
+    tol = ((K + 2) * torch.finfo(torch.float32).eps * (x.double().abs() @ w.double().abs().T + b.double().abs())
+           + exact.abs() * 2.0 ** -8)
+    assert bool(((y.double() - exact).abs() <= tol + 1e-30).all())
+
+
 def test_other_dtypes_are_refused():
-    with pytest.raises(ValueError, match="float32"):
-        cpu_gemm.skinny_linear(torch.randn(1, 8, dtype=torch.bfloat16), torch.randn(4, 8, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        cpu_gemm.skinny_linear(torch.randn(1, 8, dtype=torch.float16), torch.randn(4, 8, dtype=torch.float16))
+    with pytest.raises(ValueError, match="one dtype"):
+        cpu_gemm.skinny_linear(torch.randn(1, 8), torch.randn(4, 8, dtype=torch.bfloat16))
 
 
 @needs_compiler
@@ -57,6 +86,7 @@ def test_skinny_linear_module_uses_the_kernel_only_where_it_applies(monkeypatch)
         mod(torch.randn(2, 3, 16))  # M = 6: the kernel
         mod(torch.randn(cpu_gemm.MAX_M + 1, 16))  # past MAX_M: F.linear
         mod(torch.randn(1, 16, dtype=torch.float64).float().bfloat16().float())
+        cpu_gemm.SkinnyLinear(lin, max_m=4)(torch.randn(5, 16))  # past the crossover given: F.linear
     assert calls == [(2, 3, 16), (1, 16)]
     x = torch.randn(4, 16, requires_grad=True)
     mod(x).sum().backward()  # autograd: F.linear, gradients flow
@@ -64,7 +94,7 @@ def test_skinny_linear_module_uses_the_kernel_only_where_it_applies(monkeypatch)
 
 
 @needs_compiler
-def test_swapping_keeps_the_logits_and_takes_only_float32_linears():
+def test_swapping_keeps_the_logits_and_takes_only_float32_and_bfloat16_linears():
     cfg = get_preset("tiny")
     a = build_model(cfg, max_batch=2, max_context=16, dtype=torch.float32, device="cpu", seed=0)
     b = build_model(cfg, max_batch=2, max_context=16, dtype=torch.float32, device="cpu", seed=0)
@@ -74,14 +104,23 @@ def test_swapping_keeps_the_logits_and_takes_only_float32_linears():
     tok = torch.randint(0, cfg.vocab, (2, 5), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         torch.testing.assert_close(b(tok, 0), a(tok, 0), rtol=1e-4, atol=1e-4)
-    half = build_model(cfg, max_batch=1, max_context=16, dtype=torch.bfloat16, device="cpu", seed=0)
+    half = build_model(cfg, max_batch=1, max_context=16, dtype=torch.float16, device="cpu", seed=0)
     assert cpu_gemm.use_skinny_linears(half) == 0
+    a, b = (build_model(cfg, max_batch=2, max_context=16, dtype=torch.bfloat16, device="cpu", seed=0) for _ in range(2))
+    assert cpu_gemm.use_skinny_linears(b) == linears
+    with torch.no_grad():  # float32 sums rounded once vs oneDNN's: a bfloat16 ulp or so per layer
+        torch.testing.assert_close(b(tok, 0).float(), a(tok, 0).float(), rtol=0.05, atol=0.05)
 
 
 def _no_compiler(monkeypatch):
     monkeypatch.setattr(cpu_gemm, "_compiler", lambda: None)
     cpu_gemm.library.cache_clear()
-    monkeypatch.setattr(cpu_gemm, "library", cpu_gemm.library.__wrapped__)
+    monkeypatch.setattr(cpu_gemm, "library", _uncached)
+
+
+def _uncached():
+    """library() without its memo, so a monkeypatched compiler is asked again."""
+    return cpu_gemm._build_and_load()
 
 
 def test_without_a_compiler_the_kernel_is_unavailable_and_says_why(monkeypatch):
@@ -103,7 +142,9 @@ def test_a_sweep_row_names_its_gemm_kernel(tmp_path, choice, kernel):
     w = BuiltModel(_spec(tmp_path, cpu_gemm=choice), "float32", get_preset("tiny").layers, "eager")
     assert w.gemm_kernel.startswith(kernel)
     assert any(isinstance(m, cpu_gemm.SkinnyLinear) for m in w.model.modules()) == (kernel != "aten")
-    assert BuiltModel(_spec(tmp_path, dtypes=("bfloat16",)), "bfloat16", 2, "eager").gemm_kernel == "aten"
+    bf16 = BuiltModel(_spec(tmp_path, cpu_gemm=choice, dtypes=("bfloat16",)), "bfloat16", 2, "eager").gemm_kernel
+    assert bf16.startswith("skinny_bf16" if kernel != "aten" else "aten")
+    assert BuiltModel(_spec(tmp_path, dtypes=("float16",)), "float16", 2, "eager").gemm_kernel == "aten"
 
 
 def test_auto_falls_back_to_aten_saying_why_and_skinny_is_unsupported(tmp_path, monkeypatch):
@@ -112,6 +153,53 @@ def test_auto_falls_back_to_aten_saying_why_and_skinny_is_unsupported(tmp_path, 
     assert w.gemm_kernel.startswith("aten (") and "C++ compiler" in w.gemm_kernel
     with pytest.raises(NotImplementedError):  # an `unsupported` row in a sweep, not a bug
         BuiltModel(_spec(tmp_path, cpu_gemm="skinny"), "float32", 2, "eager")
+
+
+def _rows(dtype, ratios: dict[int, list[float]]):
+    """Decode rows of a ceilings file: per M, t(skinny) / t(F.linear) for each shape."""
+    out = []
+    for M, rs in ratios.items():
+        for i, r in enumerate(rs):
+            base = dict(kind="decode", dtype=dtype, name=f"shape{i}", M=M)
+            out += [dict(base, kernel="F.linear", t_median_s=1.0), dict(base, kernel="skinny_bf16", t_median_s=r)]
+    return out
+
+
+def test_the_crossover_is_the_last_measured_win_from_one_token():
+    doc = {"matmul": _rows("bfloat16", {1: [0.5, 0.6, 0.4], 4: [0.8, 0.9, 1.2], 16: [2.0, 2.5, 1.9], 128: [0.9, 0.8, 0.7]})
+           + _rows("float32", {1: [1.1, 1.2, 0.9], 4: [0.5, 0.5, 0.5]})
+           + [dict(kind="decode", dtype="float16", name="x", M=1, kernel="F.linear", t_median_s=1.0)]}
+    # bf16 wins at 1 and 4 (median 0.9), loses at 16: a win at 128 after the loss does not count
+    # fp32 loses at M = 1 (median 1.1): 0, F.linear everywhere; float16 timed no skinny rows: absent
+    assert cpu_gemm.crossovers(doc) == {"bfloat16": 4, "float32": 0}
+    assert cpu_gemm.crossovers(None) == {} == cpu_gemm.crossovers({"matmul": []})
+
+
+@needs_compiler
+def test_a_sweep_takes_the_crossover_and_records_it(tmp_path):
+    spec = _spec(tmp_path, skinny_max_m=(("float32", 4),))
+    w = BuiltModel(spec, "float32", 2, "eager")
+    assert "M <= 4; F.linear above" in w.gemm_kernel
+    assert {m.max_m for m in w.model.modules() if isinstance(m, cpu_gemm.SkinnyLinear)} == {4}
+    w = BuiltModel(_spec(tmp_path, skinny_max_m=(("float32", 0),)), "float32", 2, "eager")
+    assert w.gemm_kernel.startswith("aten (F.linear measured faster")
+    assert not any(isinstance(m, cpu_gemm.SkinnyLinear) for m in w.model.modules())
+    w = BuiltModel(_spec(tmp_path, cpu_gemm="skinny", skinny_max_m=(("float32", 0),)), "float32", 2, "eager")
+    assert w.gemm_kernel.startswith("skinny_f32")  # asked for by name: the measurement does not overrule it
+    assert _spec(tmp_path).fingerprint() == spec.fingerprint()  # derived from the ceilings: not the grid
+
+
+def test_a_failed_build_is_tried_once_per_process(monkeypatch):
+    calls = []
+    monkeypatch.setattr(cpu_gemm, "_compiler", lambda: calls.append(1))  # None: no compiler
+    cpu_gemm.library.cache_clear()
+    try:
+        assert [cpu_gemm.available()[0] for _ in range(3)] == [False] * 3
+        with pytest.raises(cpu_gemm.KernelUnavailable, match="C\\+\\+ compiler"):
+            cpu_gemm.library()
+        assert len(calls) == 1
+    finally:
+        cpu_gemm.library.cache_clear()
 
 
 def test_an_unknown_choice_is_a_config_error():

@@ -83,7 +83,7 @@ _DEFAULT_DTYPES = {"cpu": ("bfloat16", "float32"), "cuda": ("bfloat16", "float16
 _SQUARE = {"cpu": ((1024, 2048), (1024,)), "cuda": ((4096, 8192), (4096,))}
 _DECODE_MODEL = {"cpu": "cpu-demo", "cuda": "llama-3.1-8b"}
 _FORMATS = {"cpu": ("int8", "int4_g128"), "cuda": ("int4_g128", "fp8", "fp8_e4m3_b128")}
-_QUICK_MS = (1, 16, 128)
+_QUICK_MS = (1, 4, 16, 128)  # 4: where the skinny CPU GEMM's crossover falls on some machines (cpu_gemm.crossovers)
 
 
 def decode_gemm_shapes(cfg: ModelConfig) -> list[tuple[str, int, int]]:
@@ -435,7 +435,7 @@ def _measure_matmul(spec: CeilingsRequest, cache: int, sheet: dict | None, tel: 
             return out
 
         def decodes(dt=dt, tdtype=tdtype, peak=peak) -> list[dict]:
-            skinny = dt == "float32" and dev.type == "cpu" and cpu_gemm.available()[0]
+            skinny = tdtype in cpu_gemm.DTYPES and dev.type == "cpu" and cpu_gemm.available()[0]
             out = []
             for name, N, K in shapes:
                 w = x = None
@@ -447,10 +447,10 @@ def _measure_matmul(spec: CeilingsRequest, cache: int, sheet: dict | None, tel: 
                         fn = lambda: torch.nn.functional.linear(x, w)  # noqa: E731
                         t = _time_gemm(fn, x, w.t(), cold, dev)
                         out.append(_gemm_row("decode", name, dt, M, N, K, t, peak, "F.linear"))
-                        if skinny:  # the kernel a float32 CPU sweep runs (roofline.measure.cpu_gemm)
+                        if skinny:  # the kernel an eager CPU sweep runs (roofline.measure.cpu_gemm)
                             fn = lambda: cpu_gemm.skinny_linear(x, w)  # noqa: E731
                             t = _time_gemm(fn, x, w.t(), cold, dev)
-                            out.append(_gemm_row("decode", name, dt, M, N, K, t, peak, cpu_gemm.NAME))
+                            out.append(_gemm_row("decode", name, dt, M, N, K, t, peak, cpu_gemm.kernel_name(tdtype)))
                     except Exception as e:
                         failures.append(_failure("matmul", e, kind="decode", name=name,
                                                  dtype=dt, M=M, N=N, K=K))
@@ -687,13 +687,15 @@ def native_bf16_cpu() -> bool:
 
 def fast_mode(device: str, dtype: str | None = None) -> str:
     """The forward mode that reaches the device's roof: CUDA-graph replay on CUDA. On the CPU,
-    float32 runs eager where the skinny GEMM builds (roofline.measure.cpu_gemm: its linears at the
-    memory roof and flat in the token count up to ~6 tokens, no compile of the model); another
-    dtype (or float32 without that kernel) the compiled mode (frozen, prepacked GEMM weights:
-    roofline.measure.forward.CompiledForward) where Inductor has a C++ compiler, else eager."""
+    float32 and bfloat16 run eager where the skinny GEMM builds (roofline.measure.cpu_gemm: its
+    linears at the memory roof and flat in the token count up to ~6 tokens, no compile of the
+    model: a compiled bf16 graph of cpu-demo took 3.6 min on the 2-vCPU AMX Xeon, four of them
+    15 min, docs/cpu.md); another dtype (or without that kernel) the compiled mode (frozen,
+    prepacked GEMM weights: roofline.measure.forward.CompiledForward) where Inductor has a C++
+    compiler, else eager."""
     if _device_kind(device) == "cuda":
         return "graph"
-    if dtype == "float32" and cpu_gemm.available()[0]:
+    if dtype in ("float32", "bfloat16") and cpu_gemm.available()[0]:
         return "eager"
     return "compiled" if timer._cxx_compiler() else "eager"
 
@@ -731,8 +733,8 @@ def choose_precision(device: str, doc: Mapping[str, Any] | None) -> tuple[str, s
         why = (f"dtypes=[auto] chose {best} in mode {mode} without measured ceilings: this device "
                + ("multiplies bf16 natively" if native else "has no native bf16 (no AVX512-BF16/AMX), so bf16 is "
                                                             "emulated and compute-bound at a few tokens"))
-    if mode == "eager" and best == "float32" and _device_kind(device) == "cpu" and cpu_gemm.available()[0]:
-        why += ("; eager with the skinny float32 GEMM (roofline.measure.cpu_gemm: each weight read once per "
+    if mode == "eager" and best in ("float32", "bfloat16") and _device_kind(device) == "cpu" and cpu_gemm.available()[0]:
+        why += (f"; eager with the skinny {best} GEMM (roofline.measure.cpu_gemm: each weight read once per "
                 "tile of up to six tokens, no compile)")
     if mode == "compiled":
         why += ("; compiled: Inductor with frozen weights (GEMMs prepacked once), the token counts dynamic "

@@ -3,7 +3,7 @@
 At small M (tokens per pass) a decoder's GEMMs are bound by reading the weights. torch's fp32
 `F.linear` on the CPU (MKL sgemm) packs the weight on every call: on the CI-class 2-core EPYC it
 streams 11-13 GB/s at M = 1 where a plain read reaches 16.5, and its time at M = 8 is 3-4x that
-of M = 1 (docs/cpu.md). `kernels_cpu/skinny_f32.c` reads each weight once per tile of up to six
+of M = 1 (docs/cpu.md). `kernels_cpu/skinny_gemm.c` reads each weight once per tile of up to six
 tokens (register tiles of R rows x MT tokens, R·MT <= 12), so a pass over M <= 6 tokens costs
 what one token costs and decode streams at the roof, with no compile of the model.
 
@@ -11,8 +11,17 @@ The C source is built once per machine with the C++ compiler Inductor would use 
 g++, clang++), `-O3 -march=native -ffast-math -fopenmp`, into a cache folder keyed by the source,
 the compiler, the flags and the CPU's flags ($ROOFLINE_CACHE, else $XDG_CACHE_HOME/roofline,
 else ~/.cache/roofline). It is called through ctypes with the tensors' pointers (a few
-microseconds per call). `SkinnyLinear` replaces an `nn.Linear` of a float32 model on the CPU and
-falls back to `F.linear` where the kernel does not apply (autograd, another dtype, M > MAX_M).
+microseconds per call). `SkinnyLinear` replaces an `nn.Linear` of a float32 or bfloat16 model on
+the CPU and falls back to `F.linear` where the kernel does not apply (autograd, another dtype,
+M > MAX_M).
+
+bfloat16 weights: the same tiles, sums in float32, the output rounded to bfloat16 once (bias
+added first, as oneDNN's bf16 GEMM rounds its float32 sums). Where the CPU has AVX512-BF16
+(`skinny_bf16`) the tokens stay bfloat16 and VDPBF16PS multiplies pairs of them; elsewhere
+(`skinny_bf16w`) each weight vector is widened to float32 in registers and the tokens are
+converted once per call. It reads 2 bytes per weight on any x86 with AVX2, where torch's bf16
+F.linear is emulated (no AVX512-BF16) or, with AMX, streams a DRAM-resident weight at M = 1
+below the roof (docs/cpu.md).
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import statistics
 import subprocess
 import tempfile
 from pathlib import Path
@@ -31,13 +41,16 @@ from torch import nn
 
 from roofline.measure import timer
 
-SOURCE = Path(__file__).with_name("kernels_cpu") / "skinny_f32.c"
+SOURCE = Path(__file__).with_name("kernels_cpu") / "skinny_gemm.c"
 FLAGS = ("-x", "c++", "-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC")
 # Above this many tokens per pass the weight is re-read by every tile of six tokens and a BLAS's
 # cache blocking wins eventually; measured on the 2-core EPYC (8192 x 1024 fp32): the kernel still
 # 1.6x faster than F.linear at M = 128 (125 vs 199 ms for 6 GEMMs), not measured beyond.
 MAX_M = 128
-NAME = "skinny_f32"  # what a row's gemm_kernel says
+NAME = "skinny_f32"  # what a row's gemm_kernel says (float32 weights)
+SYMBOLS = {torch.float32: "skinny_f32", torch.bfloat16: "skinny_bf16w"}  # weight dtype -> entry point
+DTYPES = tuple(SYMBOLS)
+DPBF16 = "skinny_bf16"  # bfloat16 weights and tokens, VDPBF16PS (built where the CPU has AVX512-BF16)
 CHOICES = ("auto", "skinny", "aten")  # a sweep's cpu_gemm
 
 
@@ -65,9 +78,27 @@ def cache_dir() -> Path:
     return Path(root) / "cpu_gemm"
 
 
-@functools.lru_cache(maxsize=None)
 def library() -> ctypes.CDLL:
-    """The built kernel (built on first use, then loaded from the cache). Raises KernelUnavailable."""
+    """The built kernel (built on first use, then loaded from the cache). Raises KernelUnavailable,
+    the same answer on every call of the process: a failed build is not retried per model or row."""
+    got = _built()
+    if isinstance(got, KernelUnavailable):
+        raise KernelUnavailable(str(got))
+    return got
+
+
+@functools.lru_cache(maxsize=None)
+def _built() -> ctypes.CDLL | KernelUnavailable:
+    try:
+        return _build_and_load()
+    except KernelUnavailable as e:
+        return e
+
+
+library.cache_clear = _built.cache_clear  # forget the answer (tests; a compiler installed meanwhile)
+
+
+def _build_and_load() -> ctypes.CDLL:
     cxx = _compiler()
     if cxx is None:
         raise KernelUnavailable("the CPU skinny GEMM needs a C++ compiler ($CXX, c++, g++ or clang++ on PATH)")
@@ -84,9 +115,24 @@ def library() -> ctypes.CDLL:
                                         f"{(r.stderr or r.stdout).strip().splitlines()[-1:]}")
             os.replace(built, out)  # atomic: a concurrent build never loads a half-written file
     lib = ctypes.CDLL(str(out))
-    lib.skinny_f32.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3 + [ctypes.c_int]
-    lib.skinny_f32.restype = None
+    for symbol in (*SYMBOLS.values(), DPBF16):
+        if hasattr(lib, symbol):
+            getattr(lib, symbol).argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3 + [ctypes.c_int]
+            getattr(lib, symbol).restype = None
     return lib
+
+
+def _entry(dtype: torch.dtype) -> str:
+    """The kernel's entry point for weights of `dtype`: bfloat16 on VDPBF16PS where the build has it."""
+    if dtype == torch.bfloat16 and library().skinny_has_dpbf16():
+        return DPBF16
+    return SYMBOLS[dtype]
+
+
+def kernel_name(dtype: torch.dtype) -> str:
+    """What a row's gemm_kernel (and a ceilings row's kernel) says for weights of `dtype`:
+    skinny_f32, skinny_bf16 (VDPBF16PS) or skinny_bf16w (weights widened to float32)."""
+    return _entry(dtype)
 
 
 def available() -> tuple[bool, str]:
@@ -99,48 +145,80 @@ def available() -> tuple[bool, str]:
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x[..., K] · weight[N, K]^T (+ bias) through the kernel: float32 CPU tensors, M = x.numel() / K
-    tokens (any M; `SkinnyLinear` decides when to use it)."""
-    if x.dtype != torch.float32 or weight.dtype != torch.float32 or x.device.type != "cpu":
-        raise ValueError(f"skinny_linear: float32 CPU tensors only, got {x.dtype} {weight.dtype} on {x.device}")
+    """x[..., K] · weight[N, K]^T (+ bias) through the kernel: CPU tensors, the weight float32 or
+    bfloat16 and x of the same dtype, M = x.numel() / K tokens (any M; `SkinnyLinear` decides when
+    to use it). Sums in float32; the result in x's dtype (bfloat16: rounded once, bias added first)."""
+    if weight.dtype not in SYMBOLS or x.dtype != weight.dtype or x.device.type != "cpu" or weight.device.type != "cpu":
+        raise ValueError(f"skinny_linear: float32 or bfloat16 CPU tensors of one dtype only, "
+                         f"got x {x.dtype} on {x.device}, weight {weight.dtype} on {weight.device}")
     N, K = weight.shape
     if x.shape[-1] != K:
         raise ValueError(f"skinny_linear: x has {x.shape[-1]} features, weight {K}")
-    x2 = x.reshape(-1, K).contiguous()
+    entry = _entry(weight.dtype)
+    x2 = x.reshape(-1, K)
+    x2 = (x2 if entry == DPBF16 else x2.to(torch.float32)).contiguous()  # widened: a copy (M x K, small)
     w = weight.contiguous()
     y = torch.empty(x2.shape[0], N, dtype=torch.float32)
-    library().skinny_f32(w.data_ptr(), x2.data_ptr(), y.data_ptr(), x2.shape[0], N, K, torch.get_num_threads())
+    getattr(library(), entry)(w.data_ptr(), x2.data_ptr(), y.data_ptr(), x2.shape[0], N, K, torch.get_num_threads())
     if bias is not None:
         y += bias
-    return y.view(*x.shape[:-1], N)
+    return y.to(x.dtype).view(*x.shape[:-1], N)
+
+
+def crossovers(doc: dict | None) -> dict[str, int]:
+    """Per weight dtype, the most tokens per pass for which this machine's ceilings measured the
+    skinny kernel faster than F.linear: the largest decode M of an unbroken run of wins from M = 1
+    (median over the decode shapes of t_skinny / t_F.linear < 1 at each measured M), 0 where it
+    already loses at M = 1. A dtype whose ceilings timed no skinny rows is absent (the kernel then
+    takes every M <= MAX_M). On the 2-vCPU AMX Xeon torch's bf16 F.linear (oneDNN on AMX) is flat
+    in M but streams half the roof at M = 1: the kernel wins at M <= 4 and loses at 16."""
+    rows = [r for r in (doc or {}).get("matmul") or [] if r.get("kind") == "decode" and r.get("t_median_s")]
+    out = {}
+    for dtype in sorted({r["dtype"] for r in rows}):
+        mine = [r for r in rows if r["dtype"] == dtype]
+        skinny = {(r["name"], r["M"]): r["t_median_s"] for r in mine if str(r.get("kernel", "")).startswith("skinny")}
+        aten = {(r["name"], r["M"]): r["t_median_s"] for r in mine if r.get("kernel") == "F.linear"}
+        both = sorted(set(skinny) & set(aten), key=lambda k: k[1])
+        if not both:
+            continue
+        best = 0
+        for M in sorted({m for _, m in both}):
+            if statistics.median(skinny[k] / aten[k] for k in both if k[1] == M) >= 1:
+                break
+            best = M
+        out[dtype] = best
+    return out
 
 
 class SkinnyLinear(nn.Module):
     """An nn.Linear (the same weight and bias tensors, no copy) whose forward runs the skinny
-    kernel for float32 inputs of at most MAX_M tokens outside autograd, else F.linear."""
+    kernel for inputs of the weight's dtype (float32 or bfloat16) of at most MAX_M tokens outside
+    autograd, else F.linear."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, max_m: int = MAX_M):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
+        self.max_m = min(max_m, MAX_M)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (x.dtype == torch.float32 and x.numel() <= MAX_M * self.in_features
+        if (x.dtype == self.weight.dtype and x.dtype in SYMBOLS and x.numel() <= self.max_m * self.in_features
                 and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
             return skinny_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, kernel={NAME} (M <= {MAX_M})"
+        kernel = SYMBOLS.get(self.weight.dtype, "F.linear")
+        return f"in_features={self.in_features}, out_features={self.out_features}, kernel={kernel} (M <= {self.max_m})"
 
 
-def use_skinny_linears(model: nn.Module) -> int:
-    """Every nn.Linear of `model` whose weight is float32 on the CPU replaced by a SkinnyLinear
-    (in place); the number replaced. Raises KernelUnavailable (nothing replaced) where the kernel
-    cannot be built."""
+def use_skinny_linears(model: nn.Module, max_m: int = MAX_M) -> int:
+    """Every nn.Linear of `model` whose weight is float32 or bfloat16 on the CPU replaced by a
+    SkinnyLinear taking up to `max_m` tokens (in place); the number replaced. Raises
+    KernelUnavailable (nothing replaced) where the kernel cannot be built."""
     library()
     swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-             if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu"]
+             if type(child) is nn.Linear and child.weight.dtype in SYMBOLS and child.weight.device.type == "cpu"]
     for parent, name, child in swaps:
-        setattr(parent, name, SkinnyLinear(child))
+        setattr(parent, name, SkinnyLinear(child, max_m))
     return len(swaps)

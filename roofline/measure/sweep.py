@@ -79,7 +79,10 @@ class SweepRequest:
     parallel: Layout = field(default_factory=Layout)  # tp/ep > 1: ranks of torch.distributed (roofline.parallel.runner)
     pairs: tuple[tuple[str, str], ...] = ()  # (dtype, mode) measured, replacing dtypes x modes (dtypes=[auto] resolved)
     auto_choice: str = ""  # why dtypes=[auto] became what it did (console, run.json, report)
-    cpu_gemm: str = "auto"  # the CPU's float32 linears in eager mode: auto | skinny | aten (roofline.measure.cpu_gemm)
+    # per dtype, the most tokens the skinny CPU GEMM takes (cpu_gemm=auto): measured by the
+    # ceilings (roofline.measure.cpu_gemm.crossovers), set once they are known; rows record it
+    skinny_max_m: tuple[tuple[str, int], ...] = ()
+    cpu_gemm: str = "auto"  # the CPU's float32 / bfloat16 linears in eager mode: auto | skinny | aten (roofline.measure.cpu_gemm)
 
     def __post_init__(self) -> None:
         for name in GRID_AXES:  # a value given twice is one grid value (one point, one row)
@@ -139,7 +142,7 @@ class SweepRequest:
         """What changes the numbers (not where they are written): the request, the code
         version, torch and the device."""
         d = dataclasses.asdict(self)
-        d.pop("out_dir"), d.pop("overrides"), d.pop("ceilings"), d.pop("auto_choice")
+        d.pop("out_dir"), d.pop("overrides"), d.pop("ceilings"), d.pop("auto_choice"), d.pop("skinny_max_m")
         if not d["pairs"]:
             d.pop("pairs")
         d = json.loads(json.dumps(d, default=str))
@@ -271,21 +274,28 @@ class BuiltModel:
 
     def _gemm_kernel(self) -> str:
         """The kernel of this model's dense linears, as a row records it: on the CPU in eager mode,
-        float32, `cpu_gemm` auto or skinny: the skinny kernel (roofline.measure.cpu_gemm; auto falls
-        back to aten, saying why, where it cannot be built; skinny raises Unsupported); else the
-        backend's own (aten, or inductor in compiled mode)."""
+        float32 or bfloat16 (plain, no quantized format), `cpu_gemm` auto or skinny: the skinny
+        kernel (roofline.measure.cpu_gemm; auto falls back to aten, saying why, where it cannot be
+        built; skinny raises Unsupported); else the backend's own (aten, or inductor in compiled mode)."""
         dev = parse_device(self.spec.device).type
         if self.mode == "compiled":
             return "inductor"
-        if dev != "cpu" or self.mode != "eager" or self.spec.cpu_gemm == "aten" or self.dtype != "float32":
+        plain = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(self.dtype)
+        if dev != "cpu" or self.mode != "eager" or self.spec.cpu_gemm == "aten" or plain is None:
             return "aten"
+        max_m, why = cpu_gemm.MAX_M, ""
+        if self.spec.cpu_gemm == "auto" and self.dtype in dict(self.spec.skinny_max_m):
+            max_m = dict(self.spec.skinny_max_m)[self.dtype]
+            why = "; F.linear above, the crossover the ceilings measured" if max_m else ""
+            if not max_m:
+                return "aten (F.linear measured faster than the skinny GEMM at M = 1 by the ceilings)"
         try:
-            n = cpu_gemm.use_skinny_linears(self.model)
+            n = cpu_gemm.use_skinny_linears(self.model, max_m)
         except cpu_gemm.KernelUnavailable as e:
             if self.spec.cpu_gemm == "skinny":
                 raise
             return f"aten ({e})"
-        return f"{cpu_gemm.NAME} ({n} linears, M <= {cpu_gemm.MAX_M})"
+        return f"{cpu_gemm.kernel_name(plain)} ({n} linears, M <= {min(max_m, cpu_gemm.MAX_M)}{why})"
 
     def build(self, max_ctx: int):
         spec, cfg = self.spec, self.cfg
@@ -667,6 +677,8 @@ def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t
         from roofline.measure.ceilings import CeilingsRequest, measure_ceilings, write_ceilings
         measured = fresh if fresh is not None else measure_ceilings(CeilingsRequest(device=spec.device, quick=True))
         write_ceilings(measured, run_dir)
+    if measured is not None and parse_device(spec.device).type == "cpu":
+        spec = dataclasses.replace(spec, skinny_max_m=tuple(cpu_gemm.crossovers(measured).items()))
     busy = [b["group"] for b in ((measured or {}).get("summary") or {}).get("busy_machine") or []]
     if busy:
         print(f"warning: ceilings: {len(busy)} group(s) were measured on a busy machine ({', '.join(busy[:4])}"

@@ -1,0 +1,152 @@
+/* Skinny fp32 GEMM for the CPU: Y[M,N] = X[M,K] . W[N,K]^T, every matrix row-major and
+   contiguous, for the token counts of decode and verification (M = 1 .. ~128).
+
+   Why: at small M a decoder's GEMMs are bound by reading W, and torch's fp32 F.linear (MKL
+   sgemm) packs W on every call, so it streams W below the memory roof at M = 1 and its time
+   grows with M long before the FLOP ridge (docs/cpu.md). This kernel reads each element of W
+   once per tile of up to six tokens: blocks of 12 rows of W (one per thread at a time, re-read
+   from L2 by every tile of tokens), and inside a block register tiles of R rows by MT tokens
+   (R*MT <= 12 accumulators of 8 floats), one FMA per loaded W vector and token.
+   Vectors are GCC/Clang vector extensions: built with -march=native they become AVX2, AVX-512
+   or SSE instructions of the machine at hand. Threads: OpenMP over blocks of rows; with torch
+   imported, libgomp.so.1 is torch's own, so this kernel shares torch's thread pool.
+
+   skinny_bf16w is the same kernel over bfloat16 weights (X and Y float32): each W vector is
+   widened to float32 in registers (a bfloat16 is the top half of a float32: zero-extend, shift
+   left 16), so it reads 2 bytes per weight and needs no native bf16 arithmetic (AVX2 suffices);
+   accumulation is float32, as in oneDNN's bf16 GEMMs. */
+#include <string.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* VW floats per vector: a register of the machine the kernel is built on (-march=native):
+   16 with AVX-512 (32 registers), else 8 (AVX2's 16 registers hold the largest tile's 12
+   accumulators, its weights and one token at 8 wide, not at 16). */
+#ifdef __AVX512F__
+#define VW 16
+#else
+#define VW 8
+#endif
+typedef float v8 __attribute__((vector_size(VW * 4)));
+typedef unsigned short u16x8 __attribute__((vector_size(VW * 2)));
+typedef unsigned int u32x8 __attribute__((vector_size(VW * 4)));
+static inline v8 ld(const float* p) { v8 v; memcpy(&v, p, sizeof v); return v; }
+static inline v8 ldb(const unsigned short* p) { /* VW bfloat16 -> VW float32 */
+  u16x8 h; memcpy(&h, p, sizeof h);
+  u32x8 w = __builtin_convertvector(h, u32x8) << 16;
+  v8 v; memcpy(&v, &w, sizeof v); return v;
+}
+static inline float f(float x) { return x; }
+static inline float fb(unsigned short h) { unsigned int w = (unsigned int)h << 16; float x; memcpy(&x, &w, 4); return x; }
+static inline float hsum(v8 v) { float s = 0; for (int i = 0; i < VW; i++) s += v[i]; return s; }
+
+/* a register tile of R rows of W by MT tokens; WT the weight type, LD its vector load, CV its scalar */
+#define TILE(P, WT, LD, CV, R, MT)                                                               \
+  static void P##_##R##_##MT(const WT* W, const float* X, float* Y, long K, long N, long n0,      \
+                             long m0) {                                                          \
+    v8 acc[R][MT];                                                                               \
+    for (int r = 0; r < R; r++)                                                                  \
+      for (int m = 0; m < MT; m++) acc[r][m] = (v8){};                                           \
+    long k = 0;                                                                                  \
+    for (; k + VW <= K; k += VW) {                                                               \
+      v8 w[R];                                                                                   \
+      for (int r = 0; r < R; r++) w[r] = LD(W + (n0 + r) * K + k);                               \
+      for (int m = 0; m < MT; m++) {                                                             \
+        v8 xv = ld(X + (m0 + m) * K + k);                                                        \
+        for (int r = 0; r < R; r++) acc[r][m] += w[r] * xv;                                      \
+      }                                                                                          \
+    }                                                                                            \
+    for (int r = 0; r < R; r++)                                                                  \
+      for (int m = 0; m < MT; m++) {                                                             \
+        float s = hsum(acc[r][m]);                                                               \
+        for (long kk = k; kk < K; kk++) s += CV(W[(n0 + r) * K + kk]) * X[(m0 + m) * K + kk];    \
+        Y[(m0 + m) * N + n0 + r] = s;                                                            \
+      }                                                                                          \
+  }
+
+#ifdef __AVX512BF16__
+/* With AVX512-BF16 the tokens stay bfloat16 too: VDPBF16PS multiplies 32 pairs of bfloat16 and
+   adds each pair's two products into 16 float32 lanes, one instruction per 32 weights and token
+   (twice the multiplies of a float32 FMA, and no widening of the weights). */
+#include <immintrin.h>
+typedef unsigned short bf16_t;
+#define TILE_DP(R, MT)                                                                           \
+  static void skinny_bf16_##R##_##MT(const bf16_t* W, const bf16_t* X, float* Y, long K, long N, \
+                                     long n0, long m0) {                                         \
+    __m512 acc[R][MT];                                                                           \
+    for (int r = 0; r < R; r++)                                                                  \
+      for (int m = 0; m < MT; m++) acc[r][m] = _mm512_setzero_ps();                              \
+    long k = 0;                                                                                  \
+    for (; k + 32 <= K; k += 32) {                                                               \
+      __m512bh w[R];                                                                             \
+      for (int r = 0; r < R; r++) w[r] = (__m512bh)_mm512_loadu_si512(W + (n0 + r) * K + k);    \
+      for (int m = 0; m < MT; m++) {                                                             \
+        __m512bh xv = (__m512bh)_mm512_loadu_si512(X + (m0 + m) * K + k);                        \
+        for (int r = 0; r < R; r++) acc[r][m] = _mm512_dpbf16_ps(acc[r][m], w[r], xv);           \
+      }                                                                                          \
+    }                                                                                            \
+    for (int r = 0; r < R; r++)                                                                  \
+      for (int m = 0; m < MT; m++) {                                                             \
+        float s = _mm512_reduce_add_ps(acc[r][m]);                                               \
+        for (long kk = k; kk < K; kk++) s += fb(W[(n0 + r) * K + kk]) * fb(X[(m0 + m) * K + kk]); \
+        Y[(m0 + m) * N + n0 + r] = s;                                                            \
+      }                                                                                          \
+  }
+#endif
+
+/* the tiles of one weight type, and its entry point */
+#define TILES(P, WT, LD, CV)                                                                     \
+  TILE(P, WT, LD, CV, 4, 1) TILE(P, WT, LD, CV, 4, 2) TILE(P, WT, LD, CV, 4, 3)                  \
+  TILE(P, WT, LD, CV, 3, 4) TILE(P, WT, LD, CV, 2, 5) TILE(P, WT, LD, CV, 2, 6)                  \
+  TILE(P, WT, LD, CV, 1, 1) TILE(P, WT, LD, CV, 1, 2) TILE(P, WT, LD, CV, 1, 3)                  \
+  TILE(P, WT, LD, CV, 1, 4) TILE(P, WT, LD, CV, 1, 5) TILE(P, WT, LD, CV, 1, 6)
+#define GEMM(P, WT, XT)                                                                          \
+  typedef void (*P##_fn)(const WT*, const XT*, float*, long, long, long, long);                  \
+  /* by tile width MT = 1..6: the widest register tile, and the one-row tile (tail rows) */      \
+  static const P##_fn P##_BEST[7] = {0, P##_4_1, P##_4_2, P##_4_3, P##_3_4, P##_2_5, P##_2_6};   \
+  static const P##_fn P##_ONE[7] = {0, P##_1_1, P##_1_2, P##_1_3, P##_1_4, P##_1_5, P##_1_6};    \
+  void P(const WT* W, const XT* X, float* Y, long M, long N, long K, int threads) {              \
+    if (M <= 0 || N <= 0) return;                                                                \
+    long tiles = (M + 5) / 6, base = M / tiles, extra = M % tiles; /* near-equal tiles */       \
+    long blocks = N / BLOCK;                                                                     \
+    _Pragma("omp parallel for num_threads(threads) schedule(static)")                            \
+    for (long b = 0; b < blocks; b++) {                                                          \
+      long m0 = 0;                                                                               \
+      for (long t = 0; t < tiles; t++) {                                                         \
+        int mt = (int)(base + (t < extra));                                                      \
+        for (long n0 = b * BLOCK; n0 < (b + 1) * BLOCK; n0 += ROWS[mt])                          \
+          P##_BEST[mt](W, X, Y, K, N, n0, m0);                                                   \
+        m0 += mt;                                                                                \
+      }                                                                                          \
+    }                                                                                            \
+    for (long n0 = blocks * BLOCK; n0 < N; n0++) {                                               \
+      long m0 = 0;                                                                               \
+      for (long t = 0; t < tiles; t++) {                                                         \
+        int mt = (int)(base + (t < extra));                                                      \
+        P##_ONE[mt](W, X, Y, K, N, n0, m0);                                                      \
+        m0 += mt;                                                                                \
+      }                                                                                          \
+    }                                                                                            \
+  }
+
+static const int ROWS[7] = {0, 4, 4, 4, 3, 2, 2}; /* rows of the widest tile, by MT */
+#define BLOCK 12 /* rows of W per block: a multiple of every ROWS entry */
+
+int skinny_version(void) { return 3; }
+int skinny_vector_floats(void) { return VW; }
+
+TILES(skinny_f32, float, ld, f)
+GEMM(skinny_f32, float, float)
+TILES(skinny_bf16w, unsigned short, ldb, fb)
+GEMM(skinny_bf16w, unsigned short, float)
+#ifdef __AVX512BF16__
+TILE_DP(4, 1) TILE_DP(4, 2) TILE_DP(4, 3) TILE_DP(3, 4) TILE_DP(2, 5) TILE_DP(2, 6)
+TILE_DP(1, 1) TILE_DP(1, 2) TILE_DP(1, 3) TILE_DP(1, 4) TILE_DP(1, 5) TILE_DP(1, 6)
+GEMM(skinny_bf16, bf16_t, bf16_t)
+int skinny_has_dpbf16(void) { return 1; }
+#else
+int skinny_has_dpbf16(void) { return 0; }
+#endif
+#ifdef __cplusplus
+}
+#endif
