@@ -689,8 +689,8 @@ def fast_mode(device: str, dtype: str | None = None) -> str:
     """The forward mode that reaches the device's roof: CUDA-graph replay on CUDA. On the CPU,
     float32 and bfloat16 run eager where the skinny GEMM builds (roofline.measure.cpu_gemm: its
     linears at the memory roof and flat in the token count up to ~6 tokens, no compile of the
-    model: a compiled bf16 graph of cpu-demo took 3.6 min on the 2-vCPU AMX Xeon, four of them
-    15 min, docs/cpu.md); another dtype (or without that kernel) the compiled mode (frozen,
+    model: a compiled bf16 graph of cpu-demo took 3.6 min on the 2-vCPU AMX Xeon, the demo with
+    four 719 s, docs/cpu.md); another dtype (or without that kernel) the compiled mode (frozen,
     prepacked GEMM weights: roofline.measure.forward.CompiledForward) where Inductor has a C++
     compiler, else eager."""
     if _device_kind(device) == "cuda":
