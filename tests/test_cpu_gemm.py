@@ -41,20 +41,25 @@ def test_leading_dims_and_non_contiguous_inputs():
     torch.testing.assert_close(cpu_gemm.skinny_linear(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
 
 
-BF16_ENTRIES = ["skinny_bf16w", "skinny_bf16"]
+BF16_ENTRIES = ["skinny_bf16w", "skinny_bf16", "skinny_amx"]
 
 
 def _has_entry(entry):
-    return cpu_gemm._compiler() is not None and (entry != cpu_gemm.DPBF16 or bool(cpu_gemm.library().skinny_has_dpbf16()))
+    if cpu_gemm._compiler() is None:
+        return False
+    lib = cpu_gemm.library()
+    return {cpu_gemm.DPBF16: lambda: bool(lib.skinny_has_dpbf16()), cpu_gemm.AMX: lambda: cpu_gemm._amx(lib)}.get(entry, lambda: True)()
 
 
 @needs_compiler
 @pytest.mark.parametrize("entry", BF16_ENTRIES)
-@pytest.mark.parametrize("N,K", [(1, 1), (13, 31), (12, 32), (37, 70), (25, 1024)])
-@pytest.mark.parametrize("M", [1, 2, 5, 6, 7, 13, 33])
+@pytest.mark.parametrize("N,K", [(1, 1), (13, 31), (12, 32), (37, 70), (25, 1024), (16, 32), (80, 96), (64, 1024)])
+@pytest.mark.parametrize("M", [1, 2, 5, 6, 7, 13, 16, 17, 33])
 def test_bfloat16_weights_equal_float64_rounded_once(monkeypatch, entry, M, N, K):
+    """Every entry, on shapes its tiles cover and on shapes they do not (skinny_amx hands those
+    to skinny_bf16), against the float64 product."""
     if not _has_entry(entry):
-        pytest.skip(f"{entry}: this CPU has no AVX512-BF16")
+        pytest.skip(f"{entry}: this CPU has no {'AMX-BF16' if entry == cpu_gemm.AMX else 'AVX512-BF16'}")
     monkeypatch.setattr(cpu_gemm, "_entry", lambda dtype: entry if dtype == torch.bfloat16 else cpu_gemm.SYMBOLS[dtype])
     g = torch.Generator().manual_seed(M * 1000 + N + K)
     x, w, b = (torch.randn(*s, generator=g).bfloat16() for s in ((M, K), (N, K), (N,)))
@@ -143,7 +148,7 @@ def test_a_sweep_row_names_its_gemm_kernel(tmp_path, choice, kernel):
     assert w.gemm_kernel.startswith(kernel)
     assert any(isinstance(m, cpu_gemm.SkinnyLinear) for m in w.model.modules()) == (kernel != "aten")
     bf16 = BuiltModel(_spec(tmp_path, cpu_gemm=choice, dtypes=("bfloat16",)), "bfloat16", 2, "eager").gemm_kernel
-    assert bf16.startswith("skinny_bf16" if kernel != "aten" else "aten")
+    assert bf16.startswith(cpu_gemm.kernel_name(torch.bfloat16) if kernel != "aten" else "aten")
     assert BuiltModel(_spec(tmp_path, dtypes=("float16",)), "float16", 2, "eager").gemm_kernel == "aten"
 
 
@@ -221,3 +226,19 @@ def test_the_build_is_cached_per_source_and_machine(tmp_path, monkeypatch):
         assert list((tmp_path / "cpu_gemm").glob("*")) == built
     finally:
         cpu_gemm.library.cache_clear()
+
+
+@needs_compiler
+def test_amx_runs_the_shapes_it_tiles_and_declines_the_rest():
+    """skinny_amx returns 0 where it ran (N a multiple of 16, K of 32) and -1 where skinny_bf16
+    must (so a declined shape is never a silent zero output)."""
+    if not _has_entry(cpu_gemm.AMX):
+        pytest.skip("this CPU has no AMX-BF16")
+    lib = cpu_gemm.library()
+    for (M, N, K), ran in {(3, 32, 64): True, (20, 48, 32): True, (3, 40, 64): False, (3, 32, 48): False}.items():
+        x, w = torch.randn(M, K).bfloat16(), torch.randn(N, K).bfloat16()
+        y = torch.full((M, N), float("nan"))
+        rc = lib.skinny_amx(w.data_ptr(), x.data_ptr(), y.data_ptr(), M, N, K, 2)
+        assert (rc == 0) == ran
+        if ran:
+            torch.testing.assert_close(y.double(), x.double() @ w.double().T, rtol=1e-5, atol=1e-4)
