@@ -734,8 +734,10 @@ def choose_precision(device: str, doc: Mapping[str, Any] | None) -> tuple[str, s
                + ("multiplies bf16 natively" if native else "has no native bf16 (no AVX512-BF16/AMX), so bf16 is "
                                                             "emulated and compute-bound at a few tokens"))
     if mode == "eager" and best in ("float32", "bfloat16") and _device_kind(device) == "cpu" and cpu_gemm.available()[0]:
-        why += (f"; eager with the skinny {best} GEMM (roofline.measure.cpu_gemm: each weight read once per "
-                "tile of up to six tokens, no compile)")
+        kernel = cpu_gemm.kernel_name(getattr(torch, best))
+        tile = "16 tokens (AMX tiles)" if kernel == cpu_gemm.AMX else "six tokens"
+        why += (f"; eager with the skinny {best} GEMM ({kernel}, roofline.measure.cpu_gemm: each weight read once "
+                f"per tile of up to {tile}, no compile)")
     if mode == "compiled":
         why += ("; compiled: Inductor with frozen weights (GEMMs prepacked once), the token counts dynamic "
                 "(at most four graphs: B = 1 or > 1 by q = 1 or > 1)")
