@@ -47,8 +47,11 @@ BF16_ENTRIES = ["skinny_bf16w", "skinny_bf16", "skinny_amx"]
 def _has_entry(entry):
     if cpu_gemm._compiler() is None:
         return False
-    lib = cpu_gemm.library()
-    return {cpu_gemm.DPBF16: lambda: bool(lib.skinny_has_dpbf16()), cpu_gemm.AMX: lambda: cpu_gemm._amx(lib)}.get(entry, lambda: True)()
+    if entry == cpu_gemm.DPBF16:
+        return bool(cpu_gemm.library().skinny_has_dpbf16())
+    if entry == cpu_gemm.AMX:
+        return cpu_gemm._amx(cpu_gemm.library())
+    return True
 
 
 @needs_compiler

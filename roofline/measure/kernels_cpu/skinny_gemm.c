@@ -161,39 +161,31 @@ int skinny_amx_init(void) { /* 1 where the kernel may use the tiles */
   if (amx_state < 0) amx_state = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
   return amx_state;
 }
-static void amx_config(void) { /* every tile 16 rows of 64 bytes */
+static void amx_config(void) { /* every tile 16 rows of 64 bytes (0: sums, 4: weights, 7: tokens) */
   struct tilecfg c;
   memset(&c, 0, sizeof c);
   c.palette = 1;
   for (int i = 0; i < 8; i++) { c.colsb[i] = 64; c.rows[i] = 16; }
   _tile_loadconfig(&c);
 }
-#ifndef AMX_G
-/* row groups of 16 per block (1..4; more share each loaded token tile). Measured on the 2-vCPU AMX
-   Xeon over the cpu-demo model's 85 linears (432 MB, M = 1 / 8): 1 group 18.1 / 16.9 GB/s, 2 groups
-   15-16, 4 groups 9.0 / 8.7: more rows in flight (16 strided streams per group) stream worse, and
-   software prefetch 512-4096 B ahead did not help. */
-#define AMX_G 1
-#endif
-static void amx_block(const bf16_t* W, const bf16_t* Xp, float* Y, long M, long N, long K, long n0, long groups) {
+/* One row group of 16 rows per call of amx_rows: measured on the 2-vCPU AMX Xeon over the cpu-demo
+   model's 85 linears (432 MB, M = 1 / 8), 16 rows at a time streamed 18.1 / 16.9 GB/s, 32 rows
+   (two accumulators sharing each token tile) 15-16, 64 rows 9.0 / 8.7: more strided streams in
+   flight stream worse; software prefetch 512-4096 B ahead did not help. */
+static void amx_rows(const bf16_t* W, const bf16_t* Xp, float* Y, long M, long N, long K, long n0) {
   float c[16 * 16];
   long MB = (M + 15) / 16, kp = K / 2;
   for (long mb = 0; mb < MB; mb++) {
     const bf16_t* xb = Xp + mb * kp * 32;
-    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    _tile_zero(0);
     for (long k = 0; k < K; k += 32) {
       _tile_loadd(7, xb + k * 16, 64);
-      _tile_loadd(4, W + n0 * K + k, K * 2); _tile_dpbf16ps(0, 4, 7);
-      if (groups > 1) { _tile_loadd(5, W + (n0 + 16) * K + k, K * 2); _tile_dpbf16ps(1, 5, 7); }
-      if (groups > 2) { _tile_loadd(6, W + (n0 + 32) * K + k, K * 2); _tile_dpbf16ps(2, 6, 7); }
-      if (groups > 3) { _tile_loadd(4, W + (n0 + 48) * K + k, K * 2); _tile_dpbf16ps(3, 4, 7); }
+      _tile_loadd(4, W + n0 * K + k, K * 2);
+      _tile_dpbf16ps(0, 4, 7);
     }
-    for (long g = 0; g < groups; g++) {
-      switch (g) { case 0: _tile_stored(0, c, 64); break; case 1: _tile_stored(1, c, 64); break;
-                   case 2: _tile_stored(2, c, 64); break; default: _tile_stored(3, c, 64); }
-      for (long m = mb * 16; m < M && m < mb * 16 + 16; m++)
-        for (int r = 0; r < 16; r++) Y[m * N + n0 + g * 16 + r] = c[r * 16 + (m - mb * 16)];
-    }
+    _tile_stored(0, c, 64);
+    for (long m = mb * 16; m < M && m < mb * 16 + 16; m++)
+      for (int r = 0; r < 16; r++) Y[m * N + n0 + r] = c[r * 16 + (m - mb * 16)];
   }
 }
 static bf16_t* amx_scratch(long elems) { /* the packed tokens: one buffer, grown, never freed */
@@ -215,15 +207,11 @@ int skinny_amx(const bf16_t* W, const bf16_t* X, float* Y, long M, long N, long 
   unsigned int* p32 = (unsigned int*)Xp;
   for (long m = 0; m < M; m++)
     for (long p = 0; p < kp; p++) p32[((m / 16) * kp + p) * 16 + m % 16] = x32[m * kp + p];
-  long rows = 16 * AMX_G, blocks = (N + rows - 1) / rows;
   _Pragma("omp parallel num_threads(threads)")
   {
     amx_config();
     _Pragma("omp for schedule(static)")
-    for (long b = 0; b < blocks; b++) {
-      long n0 = b * rows, groups = (N - n0) / 16 < AMX_G ? (N - n0) / 16 : AMX_G;
-      amx_block(W, Xp, Y, M, N, K, n0, groups);
-    }
+    for (long n0 = 0; n0 < N; n0 += 16) amx_rows(W, Xp, Y, M, N, K, n0);
     _tile_release();
   }
   return 0;
