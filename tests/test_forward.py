@@ -55,6 +55,46 @@ def test_recorder_sees_every_layer_and_restores_attend(name, q, want):
     assert forward.one_backend(["flash", "math", "flash"]) == "flash+math" and forward.one_backend([]) is None
 
 
+@pytest.mark.parametrize("name", ["tiny", "deepseek-v3"])  # GQA, and MLA's absorbed latent attention
+def test_both_cpu_decode_paths_give_the_same_logits_and_the_recorder_names_each(name):
+    from roofline.model import decoder
+    cfg = scaled_down(get_preset(name))
+    m = build_model(cfg, max_batch=2, max_context=16, dtype=torch.float32)
+    toks = torch.randint(0, cfg.vocab, (2, 5), generator=torch.Generator().manual_seed(0))
+    out = {}
+    for impl in decoder.CPU_DECODE_ATTENTION:
+        assert decoder.set_cpu_decode_attention(m, impl) == cfg.layers + cfg.mtp_layers
+        m.reset_cache()
+        m(toks[:, :4], 0)
+        with forward.attention_backends() as seen:
+            out[impl] = m(toks[:, 4:], 4)  # the decode step over 4 cached keys
+        assert ("cpu_grouped_matmul" in seen) == (impl == "grouped") and len(seen) == cfg.layers
+    torch.testing.assert_close(out["grouped"], out["sdpa"], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="allowed"):
+        decoder.set_cpu_decode_attention(m, "flash")
+
+
+class _Clock:
+    """A clock that charges each decode path a fixed time: the choice follows the times given."""
+
+    def __init__(self, us: dict):
+        self.us = us
+
+    def measure(self, fn):
+        fn()
+        return self.us[fn.__defaults__[0]] * 1e-6  # the path the call runs (its default argument)
+
+
+@pytest.mark.parametrize("us, want", [({"grouped": 180.0, "sdpa": 60.0}, "sdpa"),
+                                      ({"grouped": 60.0, "sdpa": 230.0}, "grouped")])
+def test_the_faster_cpu_decode_path_is_chosen_both_ways(us, want):
+    m = build_model(scaled_down(get_preset("tiny")), max_batch=2, max_context=16, dtype=torch.bfloat16)
+    impl, times = forward.choose_cpu_decode_attention(m, [(1, 9), (2, 16)], torch.bfloat16, reps=3, clock=_Clock(us))
+    assert impl == want
+    assert times == {"grouped_us": {"B1_L9": us["grouped"], "B2_L16": us["grouped"]},
+                     "sdpa_us": {"B1_L9": us["sdpa"], "B2_L16": us["sdpa"]}}
+
+
 def test_cpu_kernel_count_is_the_top_level_ops():
     a, b = torch.randn(100), torch.randn(100)
     got = forward.count_kernels(lambda: ((a + b) * b).softmax(0), "cpu")  # add, mul, softmax

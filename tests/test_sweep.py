@@ -42,7 +42,10 @@ def test_rows_carry_timing_physics_and_provenance(tmp_path):
     assert set(df["kind"]) == {"forward", "mtp"}  # tiny has an MTP module
     # what each forward ran: its attention kernel and its dispatched ops, profiled once per point
     fwd = df[df["kind"] == "forward"]
-    assert set(fwd.loc[fwd["q"] == 1, "attn_backend"]) == {"cpu_grouped_matmul"}
+    chosen = {d.split()[0] for d in df["decode_attention"]}  # cpu_attention=auto: one path, timed at build
+    assert len(chosen) == 1 and chosen <= {"grouped", "sdpa"}
+    want = {"grouped": "cpu_grouped_matmul", "sdpa": "flash"}[chosen.pop()]
+    assert set(fwd.loc[fwd["q"] == 1, "attn_backend"]) == {want}
     assert set(fwd.loc[fwd["q"] == 2, "attn_backend"]) == {"flash"}
     assert (df["kernels_per_forward"] > 0).all() and set(df["kernels_counted"]) == {"cpu_top_level_ops"}
     assert set(df["energy_J_per_token"]) == {"n/a (no NVML on cpu)"}  # a string, never 0 or a made-up number
@@ -50,6 +53,20 @@ def test_rows_carry_timing_physics_and_provenance(tmp_path):
     assert (fwd.loc[fwd["q"] == 1, "mask_bytes"] == 0).all()
     q2 = fwd[fwd["q"] == 2]
     assert (q2["mask_bytes"] == 2 * (q2["L"] + 2) * 3).all()
+
+
+@pytest.mark.parametrize("impl, backend", [("grouped", "cpu_grouped_matmul"), ("sdpa", "flash")])
+def test_a_named_cpu_decode_attention_is_what_the_decode_rows_ran(tmp_path, impl, backend):
+    out = run_sweep(spec(q=(1,), B=(1,), L=(8,), cpu_attention=impl), tmp_path, progress=False)
+    df = pd.read_csv(tmp_path / "points.csv")
+    assert out["ok"] == len(df) > 0
+    assert set(df["decode_attention"]) == {f"{impl} (asked for)"}
+    assert set(df.loc[df["kind"] == "forward", "attn_backend"]) == {backend}
+
+
+def test_a_cpu_attention_that_does_not_exist_is_refused_naming_the_field():
+    with pytest.raises(ConfigError, match=r"cpu_attention='flash'.*allowed \('auto', 'grouped', 'sdpa'\)"):
+        spec(cpu_attention="flash")
 
 
 def test_a_math_attention_row_on_cuda_is_not_called_a_memory_measurement(tmp_path, monkeypatch):

@@ -41,7 +41,7 @@ def build_spec(c: dict) -> SweepRequest:
                      mtp_q=axis(c["mtp_q"], "mtp_q"), seed=c["seed"], ceilings=c["ceilings"] or "",
                      overrides=tuple(c["overrides"]), checkpoint=c["checkpoint"] or "",
                      parallel=Layout(tp=c["tp"], ep=c["ep"], dp_attention=c["dp_attention"]),
-                     cpu_gemm=c.get("cpu_gemm") or "auto")
+                     cpu_gemm=c.get("cpu_gemm") or "auto", cpu_attention=c.get("cpu_attention") or "auto")
 
 
 def run(c: dict, done=None) -> dict | None:

@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import contextlib
 import math
+import statistics
 import time
 from typing import Any, Callable, Iterator
 
 import torch
 
 from roofline.measure.devices import is_cuda
+from roofline.measure.timer import CpuClock
 from roofline.model import decoder
 from roofline.model.dtypes import torch_dtype
 from roofline.model.formats import compute_dtype
@@ -70,9 +72,10 @@ def min_cosine(layers: int, dtype: torch.dtype | str) -> float:
 # --------------------------------------------------------------------------- attention backend
 
 
-def sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, scale: float | None = None) -> str:
+def sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, scale: float | None = None,
+                 cpu_decode: str = "grouped") -> str:
     """The kernel `roofline.model.decoder.attend` runs for these tensors and this mask."""
-    if q.device.type == "cpu" and q.shape[2] == 1:
+    if q.device.type == "cpu" and q.shape[2] == 1 and cpu_decode == "grouped":
         return "cpu_grouped_matmul"  # attend's own CPU decode path (not SDPA)
     gqa = k.shape[1] != q.shape[1]
     if mask is not None and not type(mask) is torch.Tensor:  # a CausalBias (lower-right causal)
@@ -93,9 +96,9 @@ def attention_backends() -> Iterator[list[str]]:
     seen: list[str] = []
     original = decoder.attend
 
-    def recording(q, k, v, mask, scale=None):
-        seen.append(sdpa_backend(q, k, v, mask, scale))
-        return original(q, k, v, mask, scale)
+    def recording(q, k, v, mask, scale=None, cpu_decode="grouped"):
+        seen.append(sdpa_backend(q, k, v, mask, scale, cpu_decode))
+        return original(q, k, v, mask, scale, cpu_decode)
 
     decoder.attend = recording
     try:
@@ -107,6 +110,57 @@ def attention_backends() -> Iterator[list[str]]:
 def one_backend(seen: list[str]) -> str | None:
     """The backend of a forward: the one name, or 'a+b' when layers differ (None: no attention)."""
     return "+".join(sorted(set(seen))) or None
+
+
+def _decode_inputs(mod: torch.nn.Module, B: int, L: int, dtype: torch.dtype, gen: torch.Generator):
+    """Random q, k, v, scale of one decode step of attention module `mod` over L cached keys, laid
+    out as its forward hands them to `attend`: the first L positions of a cache as long as the
+    module's own (GQA: q [B, h, 1, d] over k, v [B, h_kv, L, d]; MLA: the absorbed query over the
+    one latent head). The module's own cache is not touched."""
+    cfg = mod.cfg
+    rand = lambda *shape: torch.randn(*shape, generator=gen).to(dtype)  # noqa: E731
+    if isinstance(mod, decoder.MLAttention):
+        r, width = cfg.kv_lora_rank, cfg.kv_lora_rank + cfg.qk_rope_dim
+        cache = rand(B, max(L, mod.kv_cache.shape[1]), width)[:, :L][:, None]
+        return rand(B, cfg.heads, 1, width), cache, cache[..., :r], mod.scale
+    longest = max(L, mod.k_cache.shape[2])
+    k, v = (rand(B, cfg.kv_heads, longest, cfg.head_dim)[:, :, :L] for _ in range(2))
+    return rand(B, cfg.heads, 1, cfg.head_dim), k, v, None
+
+
+DECODE_ATTENTION_REPS = 15  # interleaved rounds per (B, L) of choose_cpu_decode_attention
+
+
+def choose_cpu_decode_attention(model: torch.nn.Module, shapes: list[tuple[int, int]], dtype: torch.dtype,
+                                reps: int = DECODE_ATTENTION_REPS, clock=None) -> tuple[str, dict]:
+    """The faster of attend's two CPU decode paths (decoder.CPU_DECODE_ATTENTION) on this machine,
+    for the model's attention shape, at each (B, L) of `shapes` (L: the keys read), and the
+    timings: {"grouped_us": {...}, "sdpa_us": {...}} per "B{B}_L{L}" (median of `reps`
+    interleaved rounds, one call each, on the project's CPU clock or `clock`). Chosen: SDPA where the median over the shapes of
+    t_sdpa / t_grouped is < 1, else the grouped matmul (the default). None of the model's
+    weights or caches is touched; a model without attention keeps the default."""
+    mods = decoder.attention_modules(model)
+    if not mods or not shapes:
+        return "grouped", {}
+    mod, gen, clock = mods[0], torch.Generator().manual_seed(0), clock or CpuClock()
+    times = {impl: {} for impl in decoder.CPU_DECODE_ATTENTION}
+    ratios = []
+    with torch.inference_mode():
+        for B, L in shapes:
+            q, k, v, scale = _decode_inputs(mod, B, L, dtype, gen)
+            calls = {impl: (lambda impl=impl: decoder.attend(q, k, v, None, scale, impl)) for impl in times}
+            for call in calls.values():
+                call()  # warm-up
+            samples = {impl: [] for impl in times}
+            for _ in range(reps):
+                for impl, call in calls.items():
+                    samples[impl].append(clock.measure(call))
+            key = f"B{B}_L{L}"
+            for impl in times:
+                times[impl][key] = statistics.median(samples[impl]) * 1e6
+            ratios.append(times["sdpa"][key] / times["grouped"][key])
+    impl = "sdpa" if statistics.median(ratios) < 1 else "grouped"
+    return impl, {f"{name}_us": {k: round(t, 1) for k, t in d.items()} for name, d in times.items()}
 
 
 # --------------------------------------------------------------------------- kernels per forward

@@ -23,6 +23,7 @@ import itertools
 import json
 import signal
 import math
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ from tqdm import tqdm
 
 from roofline.io import files, results, runfolder
 from roofline.measure import memory, provenance
-from roofline.model import kvcache
+from roofline.model import decoder, kvcache
 from roofline.model.accounting import (SHARDED_MOE_NO_GRAPH, check_weight_format, forward_cost, moe_impl_for_mode,
                                        mtp_cost)
 from roofline.model.dtypes import datasheet_column, torch_dtype
@@ -46,7 +47,8 @@ from roofline.model.config import ModelConfig
 from roofline.model.decoder import build_model
 from roofline.measure import slicing
 from roofline.measure.devices import parse_device, running_device_name, spec_for_running_device
-from roofline.measure.forward import (MATH_FALLBACK, CompiledCall, compiled_calls, count_kernels, depth_cosine_gate,
+from roofline.measure.forward import (MATH_FALLBACK, CompiledCall, choose_cpu_decode_attention, compiled_calls,
+                                      count_kernels, depth_cosine_gate,
                                       eager_attention_backend, is_math_fallback)
 from roofline.measure.noise import NoiseMonitor, NoiseSettings
 from roofline.measure.telemetry import energy_per_token, nvml_index
@@ -57,6 +59,7 @@ from roofline.measure.cpu_gemm import CHOICES as CPU_GEMMS
 from roofline.parallel.layout import Layout
 
 KINDS = ("forward", "mtp")
+CPU_ATTENTIONS = ("auto",) + decoder.CPU_DECODE_ATTENTION  # a sweep's cpu_attention
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class SweepRequest:
     # ceilings (roofline.measure.cpu_gemm.crossovers), set once they are known; rows record it
     skinny_max_m: tuple[tuple[str, int], ...] = ()
     cpu_gemm: str = "auto"  # the CPU's float32 / bfloat16 linears in eager mode: auto | skinny | aten (roofline.measure.cpu_gemm)
+    cpu_attention: str = "auto"  # the CPU's decode (q = 1) attention in eager mode: auto (the faster, timed at build) | grouped | sdpa
 
     def __post_init__(self) -> None:
         for name in GRID_AXES:  # a value given twice is one grid value (one point, one row)
@@ -107,6 +111,8 @@ class SweepRequest:
                 check_weight_format(cfg, parse_precision(d))
         if self.cpu_gemm not in CPU_GEMMS:
             raise ConfigError(f"cpu_gemm={self.cpu_gemm!r}: allowed {CPU_GEMMS}")
+        if self.cpu_attention not in CPU_ATTENTIONS:
+            raise ConfigError(f"cpu_attention={self.cpu_attention!r}: allowed {CPU_ATTENTIONS}")
         bad = [m for m in self.modes if m not in MODES + (AUTO,)]
         if bad:
             raise ConfigError(f"modes={bad}: allowed {MODES + (AUTO,)}")
@@ -271,6 +277,7 @@ class BuiltModel:
         self.compiled = compiled_calls(self.model, cfg.layers, dtype) if mode == "compiled" and \
             parse_device(spec.device).type == "cpu" else None
         self.gemm_kernel = self._gemm_kernel()
+        self.decode_attention = self._decode_attention()
 
     def _gemm_kernel(self) -> str:
         """The kernel of this model's dense linears, as a row records it: on the CPU in eager mode,
@@ -296,6 +303,29 @@ class BuiltModel:
                 raise
             return f"aten ({e})"
         return f"{cpu_gemm.kernel_name(plain)} ({n} linears, M <= {min(max_m, cpu_gemm.MAX_M)}{why})"
+
+    def _decode_attention(self) -> str:
+        """attend's CPU decode path for this model, as a row records it (decode_attention): in
+        eager mode on the CPU, `cpu_attention` auto times both paths on the model's attention
+        shape at the grid's (B, L) corners and takes the faster (roofline.measure.forward.
+        choose_cpu_decode_attention), or the path named; elsewhere (a GPU, compiled mode) "sdpa"
+        (torch's SDPA, which a GPU always runs) or "grouped" (what inductor compiles)."""
+        if parse_device(self.spec.device).type != "cpu":
+            return "sdpa"
+        if self.mode != "eager":
+            return "grouped"
+        impl, why = self.spec.cpu_attention, "asked for"
+        if impl == "auto":
+            Ls = sorted({min(L + 1, self.model.max_context) for L in (min(self.spec.L), max(self.spec.L))})
+            shapes = sorted({(B, L) for B in (min(self.spec.B), max(self.spec.B)) for L in Ls})
+            impl, times = choose_cpu_decode_attention(self.model, shapes, torch_dtype(parse_precision(self.dtype).activations))
+            if times:
+                ratio = statistics.median(times["sdpa_us"][k] / times["grouped_us"][k] for k in times["sdpa_us"])
+                why = f"timed: t_sdpa / t_grouped = {ratio:.2f}, median of {len(shapes)} (B, L)"
+            else:
+                why = "no attention to time"
+        decoder.set_cpu_decode_attention(self.model, impl)
+        return f"{impl} ({why})"
 
     def build(self, max_ctx: int):
         spec, cfg = self.spec, self.cfg
@@ -379,7 +409,7 @@ def _measure(w: BuiltModel, p: Point, timer: TimerSettings) -> dict:
     seen = t.probe.pop("kernel_attn_backend")
     row.update(t.probe, attn_backend=seen or backend)
     row.update(cuda_graphs=_used_cuda_graphs(p.mode, w.spec.device, skips))
-    row.update(gemm_kernel=w.gemm_kernel, moe_impl=w.moe_impl, kv_impl=kvcache.impl(w.model), achieved_GBps=c.bytes_total / t.median_s / 1e9,
+    row.update(gemm_kernel=w.gemm_kernel, decode_attention=w.decode_attention, moe_impl=w.moe_impl, kv_impl=kvcache.impl(w.model), achieved_GBps=c.bytes_total / t.median_s / 1e9,
                achieved_TFLOPs=c.flops / t.median_s / 1e12, tokens_per_s=p.B * p.q / t.median_s,
                t_p99_s=float(np.quantile(t.samples_s, 0.99)),
                samples_s=list(t.samples_s))  # to the samples sidecar, not the row

@@ -108,15 +108,24 @@ def expand_shared_kv(k: torch.Tensor, v: torch.Tensor, heads: int) -> tuple[torc
     return k.expand(B, heads, L, k.shape[-1]), v.expand(B, heads, L, v.shape[-1])
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale: float | None = None):
+CPU_DECODE_ATTENTION = ("grouped", "sdpa")  # the two CPU decode (q = 1) paths of `attend`
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale: float | None = None,
+           cpu_decode: str = "grouped"):
     """Attention of q [B, h, q, d_k] over k [B, h_kv, L, d_k], v [B, h_kv, L, d_v] (head i reads
     KV head i // (h / h_kv)) under `mask`: None (every key visible), a causal_lower_right bias,
     or a boolean tensor [B or 1, 1, q, L] (see `attention_mask`).
 
-    torch's CPU scaled_dot_product_attention runs the single-query case 3-4x slower than two
-    queries (measured here: 2.8 vs 0.8 ms per layer at B=4, L=1024, 16/4 heads, bf16), a kernel
-    switch that would masquerade as "verification is cheaper than decode". A CPU decode step
-    therefore uses one grouped matmul per KV head instead; same bytes, same FLOPs.
+    A CPU decode step (q = 1) has two paths, `cpu_decode`: "grouped", one grouped matmul per KV
+    head (the g query heads of a KV head as g rows; same bytes, same FLOPs), or "sdpa", torch's
+    scaled_dot_product_attention. Which is faster depends on the CPU and the torch build: on one
+    machine (torch 2.x, 2-vCPU EPYC) SDPA ran the single query 3-4x slower than two queries (2.8
+    vs 0.8 ms per layer at B=4, L=1024, 16/4 heads, bf16), a kernel switch that would masquerade
+    as "verification is cheaper than decode"; on a 2-vCPU AMX Xeon (torch 2.13) SDPA's single
+    query is 2-3x faster than the grouped matmul (58 vs 186 us at B=1, L=129). So the sweep
+    times both on the model's shapes and sets the faster (roofline.measure.forward.
+    choose_cpu_decode_attention); the default is the grouped path.
     """
     B, h, nq, dk = q.shape
     hkv = k.shape[1]
@@ -128,7 +137,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale: float
         # picks math, the sweep's row says math_fallback and is no memory measurement.
         k, v = expand_shared_kv(k, v, h)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    if q.device.type != "cpu" or nq != 1:
+    if cpu_decode not in CPU_DECODE_ATTENTION:
+        raise ValueError(f"cpu_decode={cpu_decode!r}: allowed {CPU_DECODE_ATTENTION}")
+    if q.device.type != "cpu" or nq != 1 or cpu_decode == "sdpa":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=hkv != h)
     g = h // hkv
     scores = (q.reshape(B, hkv, g, dk) @ k.transpose(-1, -2)).float() * (scale or dk ** -0.5)
@@ -143,6 +154,7 @@ _MASK_FROM_POSITIONS = object()  # callers that pass no mask get the one start_p
 class GQAttention(nn.Module):
     CACHE_NAMES, POS_DIM = ("k_cache", "v_cache"), 2  # [batch, kv head, position, head_dim]
     kv_format = None  # a quantized cache's format (roofline.model.kvcache)
+    cpu_decode = "grouped"  # attend's CPU decode path (set_cpu_decode_attention)
 
     def __init__(self, cfg: ModelConfig, max_batch: int, max_context: int):
         super().__init__()
@@ -172,13 +184,14 @@ class GQAttention(nn.Module):
         v = kvcache.update(self, "v_cache", pos, xv, B, kv_len)
         if mask is _MASK_FROM_POSITIONS:
             mask = attention_mask(start_pos, q, kv_len, x.device)
-        o = attend(xq.transpose(1, 2), k, v, mask)
+        o = attend(xq.transpose(1, 2), k, v, mask, cpu_decode=self.cpu_decode)
         return self.wo(o.transpose(1, 2).reshape(B, q, h * dh))
 
 
 class MLAttention(nn.Module):
     CACHE_NAMES, POS_DIM = ("kv_cache",), 1  # [batch, position, kv_lora_rank + qk_rope_dim]
     kv_format = None
+    cpu_decode = "grouped"  # attend's CPU decode path (set_cpu_decode_attention)
 
     def __init__(self, cfg: ModelConfig, max_batch: int, max_context: int):
         super().__init__()
@@ -216,9 +229,25 @@ class MLAttention(nn.Module):
         cache = latents[:, None]  # one latent "head" shared by all heads
         if mask is _MASK_FROM_POSITIONS:
             mask = attention_mask(start_pos, q, kv_len, x.device)
-        o_lat = attend(query, cache, cache[..., :r], mask, self.scale)
+        o_lat = attend(query, cache, cache[..., :r], mask, self.scale, cpu_decode=self.cpu_decode)
         o = torch.einsum("bhqr,hvr->bqhv", o_lat, w_uv)
         return self.wo(o.reshape(B, q, h * vd))
+
+
+def attention_modules(model: nn.Module) -> list[nn.Module]:
+    """Every attention module of `model` (main stack and MTP modules)."""
+    return [m for m in model.modules() if isinstance(m, (GQAttention, MLAttention))]
+
+
+def set_cpu_decode_attention(model: nn.Module, impl: str) -> int:
+    """Every attention module of `model` takes `impl` (CPU_DECODE_ATTENTION) for a CPU decode
+    step; the number of modules set."""
+    if impl not in CPU_DECODE_ATTENTION:
+        raise ValueError(f"cpu decode attention {impl!r}: allowed {CPU_DECODE_ATTENTION}")
+    mods = attention_modules(model)
+    for m in mods:
+        m.cpu_decode = impl
+    return len(mods)
 
 
 class MoE(nn.Module):

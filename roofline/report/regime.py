@@ -162,7 +162,8 @@ DECODE_TARGET = 0.80  # of the measured read bandwidth
 def decode_notes(df: pd.DataFrame, ceilings: dict | None) -> list[str]:
     """Per (dtype, mode): decode (q=1) GB/s as a share of the measured read bandwidth, and, below
     DECODE_TARGET, what the ceilings measured for that dtype's bare M=1 GEMMs (torch's eager
-    F.linear at the model's shapes): the kernel's own rate, i.e. what holds decode back."""
+    F.linear at the model's shapes): the kernel's own rate, i.e. what holds decode back; and the
+    decode attention path the rows ran (decode_attention: timed at build on the CPU)."""
     ok = _ok_forward(df)
     s = (ceilings or {}).get("summary") or {}
     read = (s.get("mem_bw_by_kernel") or {}).get("torch_read") or s.get("mem_bw_GBps")
@@ -191,6 +192,9 @@ def decode_notes(df: pd.DataFrame, ceilings: dict | None) -> list[str]:
                          f"{faster['ratio']:.2f}x the q=1 step while reading the same weights, streaming "
                          f"{faster['GBps']:.3g} GB/s ({100 * faster['GBps'] / read:.0f}%): the q=1 step's own kernels, "
                          "not the memory, hold decode back")
+        paths = sorted(set(g["decode_attention"].dropna().astype(str))) if "decode_attention" in g else []
+        if paths:
+            line += f"; its attention: {' / '.join(paths)}"
         out.append(line)
     return out
 
