@@ -38,9 +38,22 @@ def test_a_compute_bound_run_says_so_in_headline_and_title():
 
 
 def test_both_regimes_side_by_side():
-    df = pd.concat([rows(lambda q: max(1.0, q / 12.0)), rows(lambda q: q ** 0.9, dtype="bfloat16", mode="eager")])
+    df = pd.concat([rows(lambda q: max(1.0, q / 12.0)), rows(lambda q: q ** 0.9, ridge=2.0, dtype="bfloat16", mode="eager")])
     lines = regime.headline(df)
     assert len(lines) == 2 and any("nearly free" in x for x in lines) and any("compute-bound" in x for x in lines)
+
+
+def test_a_curve_that_rises_below_the_ridge_is_not_called_compute_bound():
+    """T(8)/T(1) = 1.33 with the predicted knee at 44 tokens (the AMX Xeon's bf16 demo): the FLOP
+    roof is far away, so the line says overhead-bound, and compute-bound only once q reaches the knee."""
+    rising = lambda q: 1.0 + 0.33 * (q - 1) / 7  # noqa: E731
+    df = rows(rising, ridge=44.0, dtype="bfloat16", mode="eager", qs=(1, 2, 4, 8))
+    (line,) = regime.headline(df)
+    assert "T(8)/T(1) = 1.33" in line and "overhead-bound" in line and "compute-bound:" not in line.split(";")[0]
+    assert regime.knee_table(df).iloc[0]["regime"] == regime.OVERHEAD_REGIME
+    assert "overhead-bound below the ridge" in regime.short_title(df, "bf16")
+    (line,) = regime.headline(rows(rising, ridge=4.0, dtype="bfloat16", mode="eager", qs=(1, 2, 4, 8)))  # knee 4 <= 8
+    assert "compute-bound, every extra token" in line
 
 
 def test_a_point_above_the_measured_roof_is_named():

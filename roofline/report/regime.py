@@ -7,6 +7,12 @@ ridge = measured compute roof / measured memory roof (FLOP/B, the rows' `ridge_m
 I(1) the intensity of the q=1 row of the same (dtype, mode, B, L) (FLOP per byte moved).
 Below q*, T(q) ≈ T(1) (memory-bound: extra tokens are free); above it T grows like q.
 
+Regime at the probe q (PROBE_Q): "memory-bound (flat)" where T(q)/T(1) <= FLAT; above it
+"compute-bound" where the probe q has reached the predicted knee (q >= q*: the FLOP roof binds),
+else "overhead-bound (below the ridge)": the pass costs more with q although its intensity is
+below the ridge, so what grows is not the FLOP roof but the pass's own kernels (attention under a
+mask, per-token element-wise work, dispatch), which the roofline does not price.
+
 Measured knee. The hinge T(q)/T(1) = max(1, q/k) fitted to the measured ratios in log space
 (least squares over a fine grid of k): k is the token count where the measured curve bends.
 A curve that never leaves 1 within the grid has its knee beyond the largest q ("> q_max").
@@ -76,8 +82,19 @@ def knee_table(df: pd.DataFrame) -> pd.DataFrame:
         at = float(ratio[qs == probe][0])
         out.append(dict(zip(GROUP, key), ridge_FLOP_per_B=ridge, I1_FLOP_per_B=i1, knee_predicted=pred,
                         knee_measured=meas, q_max=int(qs.max()), probe_q=int(probe), ratio_at_probe=at,
-                        regime="memory-bound (flat)" if at <= FLAT else "compute-bound"))
+                        regime=_regime(at, probe, pred)))
     return pd.DataFrame(out)
+
+
+FLAT_REGIME, COMPUTE_REGIME, OVERHEAD_REGIME = "memory-bound (flat)", "compute-bound", "overhead-bound (below the ridge)"
+
+
+def _regime(ratio: float, probe_q: float, knee_predicted: float) -> str:
+    """The regime T(probe_q)/T(1) shows (module docstring): flat, compute-bound where the probe
+    reached the predicted knee (or none is known), else overhead-bound below the ridge."""
+    if ratio <= FLAT:
+        return FLAT_REGIME
+    return OVERHEAD_REGIME if knee_predicted == knee_predicted and probe_q < knee_predicted else COMPUTE_REGIME
 
 
 def _knee(v: float, q_max: int) -> str:
@@ -94,11 +111,16 @@ def sentence(row) -> str:
     meas = _knee(r["knee_measured"], r["q_max"])
     knees = f"knee measured {meas} tokens, predicted {pred} (ridge {r['ridge_FLOP_per_B']:.3g} FLOP/B / " \
             f"I(1) {r['I1_FLOP_per_B']:.3g} FLOP/B)"
-    if r["ratio_at_probe"] <= FLAT:
-        return (f"{name}: T({r['probe_q']})/T(1) = {r['ratio_at_probe']:.2f}: verifying {r['probe_q']} tokens costs "
-                f"about one decode step (memory-bound: extra tokens are nearly free); {knees}")
-    return (f"{name}: T({r['probe_q']})/T(1) = {r['ratio_at_probe']:.2f}: compute-bound, every extra token costs "
-            f"time (guessing is not free here); {knees}")
+    at = f"{name}: T({r['probe_q']})/T(1) = {r['ratio_at_probe']:.2f}"
+    what = _regime(r["ratio_at_probe"], r["probe_q"], r["knee_predicted"])
+    if what == FLAT_REGIME:
+        return (f"{at}: verifying {r['probe_q']} tokens costs about one decode step (memory-bound: extra tokens are "
+                f"nearly free); {knees}")
+    if what == OVERHEAD_REGIME:
+        return (f"{at}: extra tokens cost time although {r['probe_q']} tokens are below the ridge (overhead-bound, "
+                "not the FLOP roof: the pass's own kernels, attention, element-wise work and dispatch, grow with q, "
+                f"and the roofline does not price them); {knees}")
+    return (f"{at}: compute-bound, every extra token costs time (guessing is not free here); {knees}")
 
 
 def headline(df: pd.DataFrame) -> list[str]:
@@ -117,7 +139,9 @@ def short_title(rows: pd.DataFrame, label: str) -> str:
         return f"{label} forward step time vs tokens per pass"
     parts = []
     for r in t.sort_values(["B", "L"]).groupby("mode", sort=False).head(1).to_dict("records"):
-        what = ("flat: extra tokens nearly free" if r["ratio_at_probe"] <= FLAT else "compute-bound: extra tokens cost time")
+        what = {FLAT_REGIME: "flat: extra tokens nearly free", COMPUTE_REGIME: "compute-bound: extra tokens cost time",
+                OVERHEAD_REGIME: "overhead-bound below the ridge: extra tokens cost time"}[
+            _regime(r["ratio_at_probe"], r["probe_q"], r["knee_predicted"])]
         parts.append(f"{r['mode']} {what} (T({r['probe_q']})/T(1) = {r['ratio_at_probe']:.2f} at B={r['B']}, "
                      f"knee {_knee(r['knee_measured'], r['q_max'])} measured / {_knee(r['knee_predicted'], r['q_max'])} "
                      "predicted)")
