@@ -144,7 +144,6 @@ def choose_cpu_decode_attention(model: torch.nn.Module, shapes: list[tuple[int, 
         return "grouped", {}
     mod, gen, clock = mods[0], torch.Generator().manual_seed(0), clock or CpuClock()
     times = {impl: {} for impl in decoder.CPU_DECODE_ATTENTION}
-    ratios = []
     with torch.inference_mode():
         for B, L in shapes:
             q, k, v, scale = _decode_inputs(mod, B, L, dtype, gen)
@@ -155,12 +154,15 @@ def choose_cpu_decode_attention(model: torch.nn.Module, shapes: list[tuple[int, 
             for _ in range(reps):
                 for impl, call in calls.items():
                     samples[impl].append(clock.measure(call))
-            key = f"B{B}_L{L}"
             for impl in times:
-                times[impl][key] = statistics.median(samples[impl]) * 1e6
-            ratios.append(times["sdpa"][key] / times["grouped"][key])
-    impl = "sdpa" if statistics.median(ratios) < 1 else "grouped"
-    return impl, {f"{name}_us": {k: round(t, 1) for k, t in d.items()} for name, d in times.items()}
+                times[impl][f"B{B}_L{L}"] = statistics.median(samples[impl]) * 1e6
+    timed = {f"{name}_us": {k: round(t, 1) for k, t in d.items()} for name, d in times.items()}
+    return ("sdpa" if sdpa_over_grouped(timed) < 1 else "grouped"), timed
+
+
+def sdpa_over_grouped(timed: dict) -> float:
+    """The median over the shapes of t_sdpa / t_grouped in choose_cpu_decode_attention's timings."""
+    return statistics.median(timed["sdpa_us"][k] / timed["grouped_us"][k] for k in timed["sdpa_us"])
 
 
 # --------------------------------------------------------------------------- kernels per forward

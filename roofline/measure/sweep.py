@@ -23,7 +23,6 @@ import itertools
 import json
 import signal
 import math
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -49,7 +48,7 @@ from roofline.measure import slicing
 from roofline.measure.devices import parse_device, running_device_name, spec_for_running_device
 from roofline.measure.forward import (MATH_FALLBACK, CompiledCall, choose_cpu_decode_attention, compiled_calls,
                                       count_kernels, depth_cosine_gate,
-                                      eager_attention_backend, is_math_fallback)
+                                      eager_attention_backend, is_math_fallback, sdpa_over_grouped)
 from roofline.measure.noise import NoiseMonitor, NoiseSettings
 from roofline.measure.telemetry import energy_per_token, nvml_index
 from roofline.measure.timer import MODES, TimerSettings, time_fn
@@ -320,8 +319,7 @@ class BuiltModel:
             shapes = sorted({(B, L) for B in (min(self.spec.B), max(self.spec.B)) for L in Ls})
             impl, times = choose_cpu_decode_attention(self.model, shapes, torch_dtype(parse_precision(self.dtype).activations))
             if times:
-                ratio = statistics.median(times["sdpa_us"][k] / times["grouped_us"][k] for k in times["sdpa_us"])
-                why = f"timed: t_sdpa / t_grouped = {ratio:.2f}, median of {len(shapes)} (B, L)"
+                why = f"timed: t_sdpa / t_grouped = {sdpa_over_grouped(times):.2f}, median of {len(shapes)} (B, L)"
             else:
                 why = "no attention to time"
         decoder.set_cpu_decode_attention(self.model, impl)

@@ -112,7 +112,7 @@ def sentence(row) -> str:
     knees = f"knee measured {meas} tokens, predicted {pred} (ridge {r['ridge_FLOP_per_B']:.3g} FLOP/B / " \
             f"I(1) {r['I1_FLOP_per_B']:.3g} FLOP/B)"
     at = f"{name}: T({r['probe_q']})/T(1) = {r['ratio_at_probe']:.2f}"
-    what = _regime(r["ratio_at_probe"], r["probe_q"], r["knee_predicted"])
+    what = r["regime"]
     if what == FLAT_REGIME:
         return (f"{at}: verifying {r['probe_q']} tokens costs about one decode step (memory-bound: extra tokens are "
                 f"nearly free); {knees}")
@@ -140,8 +140,7 @@ def short_title(rows: pd.DataFrame, label: str) -> str:
     parts = []
     for r in t.sort_values(["B", "L"]).groupby("mode", sort=False).head(1).to_dict("records"):
         what = {FLAT_REGIME: "flat: extra tokens nearly free", COMPUTE_REGIME: "compute-bound: extra tokens cost time",
-                OVERHEAD_REGIME: "overhead-bound below the ridge: extra tokens cost time"}[
-            _regime(r["ratio_at_probe"], r["probe_q"], r["knee_predicted"])]
+                OVERHEAD_REGIME: "overhead-bound below the ridge: extra tokens cost time"}[r["regime"]]
         parts.append(f"{r['mode']} {what} (T({r['probe_q']})/T(1) = {r['ratio_at_probe']:.2f} at B={r['B']}, "
                      f"knee {_knee(r['knee_measured'], r['q_max'])} measured / {_knee(r['knee_predicted'], r['q_max'])} "
                      "predicted)")
