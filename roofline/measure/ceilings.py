@@ -735,7 +735,7 @@ def choose_precision(device: str, doc: Mapping[str, Any] | None) -> tuple[str, s
                                                             "emulated and compute-bound at a few tokens"))
     if mode == "eager" and best in ("float32", "bfloat16") and _device_kind(device) == "cpu" and cpu_gemm.available()[0]:
         kernel = cpu_gemm.kernel_name(getattr(torch, best))
-        tile = "16 tokens (AMX tiles)" if kernel == cpu_gemm.AMX else "six tokens"
+        tile = "16 tokens (AMX tiles)" if kernel == cpu_gemm.AMX else f"{cpu_gemm.max_tile()} tokens"
         why += (f"; eager with the skinny {best} GEMM ({kernel}, roofline.measure.cpu_gemm: each weight read once "
                 f"per tile of up to {tile}, no compile)")
     if mode == "compiled":

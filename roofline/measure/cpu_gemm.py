@@ -3,9 +3,10 @@
 At small M (tokens per pass) a decoder's GEMMs are bound by reading the weights. torch's fp32
 `F.linear` on the CPU (MKL sgemm) packs the weight on every call: on the CI-class 2-core EPYC it
 streams 11-13 GB/s at M = 1 where a plain read reaches 16.5, and its time at M = 8 is 3-4x that
-of M = 1 (docs/cpu.md). `kernels_cpu/skinny_gemm.c` reads each weight once per tile of up to six
-tokens (register tiles of R rows x MT tokens, R·MT <= 12), so a pass over M <= 6 tokens costs
-what one token costs and decode streams at the roof, with no compile of the model.
+of M = 1 (docs/cpu.md). `kernels_cpu/skinny_gemm.c` reads each weight once per tile of up to four
+tokens with AVX2's 16 vector registers, six with AVX-512's 32 (register tiles of R rows x MT
+tokens, R·MT <= 12; `max_tile()`), so a pass over that many tokens costs about what one token
+costs and decode streams at the roof, with no compile of the model.
 
 The C source is built once per machine with the C++ compiler Inductor would use (`$CXX`, c++,
 g++, clang++), `-O3 -march=native -ffast-math -fopenmp`, into a cache folder keyed by the source,
@@ -47,7 +48,7 @@ from roofline.measure import timer
 
 SOURCE = Path(__file__).with_name("kernels_cpu") / "skinny_gemm.c"
 FLAGS = ("-x", "c++", "-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC")
-# Above this many tokens per pass the weight is re-read by every tile of six tokens and a BLAS's
+# Above this many tokens per pass the weight is re-read by every tile of tokens and a BLAS's
 # cache blocking wins eventually; measured on the 2-core EPYC (8192 x 1024 fp32): the kernel still
 # 1.6x faster than F.linear at M = 128 (125 vs 199 ms for 6 GEMMs), not measured beyond.
 MAX_M = 128
@@ -145,6 +146,13 @@ def _entry(dtype: torch.dtype) -> str:
     return SYMBOLS[dtype]
 
 
+def max_tile() -> int:
+    """Tokens per register tile of the float32 / widened-bfloat16 kernel as built here: 4 with 16
+    vector registers (AVX2), 6 with 32 (AVX-512); a pass over M tokens reads each weight
+    ceil(M / max_tile()) times from the caches and once from memory."""
+    return int(library().skinny_max_tile())
+
+
 def kernel_name(dtype: torch.dtype) -> str:
     """What a row's gemm_kernel (and a ceilings row's kernel) says for weights of `dtype`:
     skinny_f32, skinny_amx (AMX tiles), skinny_bf16 (VDPBF16PS) or skinny_bf16w (weights widened
@@ -165,24 +173,35 @@ def available() -> tuple[bool, str]:
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x[..., K] · weight[N, K]^T (+ bias) through the kernel: CPU tensors, the weight float32 or
     bfloat16 and x of the same dtype, M = x.numel() / K tokens (any M; `SkinnyLinear` decides when
-    to use it). Sums in float32; the result in x's dtype (bfloat16: rounded once, bias added first)."""
-    if weight.dtype not in SYMBOLS or x.dtype != weight.dtype or x.device.type != "cpu" or weight.device.type != "cpu":
+    to use it). Sums in float32; the result in x's dtype (bfloat16: rounded once, bias added first).
+
+    Lean on purpose: a decode step calls it once per linear (85 times in the cpu-demo model) and on
+    the 2-vCPU EPYC every torch call costs 2-10 us, so it issues no torch op it does not need (a
+    float32 call: one empty, the kernel, one view; 46 -> ~15 us a call, measured)."""
+    if weight.dtype not in SYMBOLS or x.dtype != weight.dtype or not (x.is_cpu and weight.is_cpu):
         raise ValueError(f"skinny_linear: float32 or bfloat16 CPU tensors of one dtype only, "
                          f"got x {x.dtype} on {x.device}, weight {weight.dtype} on {weight.device}")
     N, K = weight.shape
     if x.shape[-1] != K:
         raise ValueError(f"skinny_linear: x has {x.shape[-1]} features, weight {K}")
     entry = _entry(weight.dtype)
-    x2 = x.reshape(-1, K)
-    x2 = (x2 if entry in (DPBF16, AMX) else x2.to(torch.float32)).contiguous()  # widened: a copy (M x K, small)
-    w = weight.contiguous()
-    y = torch.empty(x2.shape[0], N, dtype=torch.float32)
-    args = (w.data_ptr(), x2.data_ptr(), y.data_ptr(), x2.shape[0], N, K, torch.get_num_threads())
-    if entry != AMX or library().skinny_amx(*args) != 0:  # AMX declines a shape it does not tile
-        getattr(library(), DPBF16 if entry == AMX else entry)(*args)
+    lib = library()
+    x2 = x if x.dim() == 2 else x.reshape(-1, K)
+    if entry not in (DPBF16, AMX) and x2.dtype != torch.float32:
+        x2 = x2.float()  # widened: a copy (M x K, small)
+    if not x2.is_contiguous():
+        x2 = x2.contiguous()
+    w = weight if weight.is_contiguous() else weight.contiguous()
+    M = x2.shape[0]
+    y = torch.empty(M, N, dtype=torch.float32)
+    args = (w.data_ptr(), x2.data_ptr(), y.data_ptr(), M, N, K, torch.get_num_threads())
+    if entry != AMX or lib.skinny_amx(*args) != 0:  # AMX declines a shape it does not tile
+        getattr(lib, DPBF16 if entry == AMX else entry)(*args)
     if bias is not None:
         y += bias
-    return y.to(x.dtype).view(*x.shape[:-1], N)
+    if x.dtype != torch.float32:
+        y = y.to(x.dtype)
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], N)
 
 
 def crossovers(doc: dict | None) -> dict[str, int]:

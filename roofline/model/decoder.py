@@ -45,9 +45,13 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * self.weight.float()).to(x.dtype)
+        # x * rsqrt(mean(x^2) + eps) * weight in float32, rounded to x's dtype once: torch's fused
+        # rms_norm computes exactly that (bit-equal to the three-op form, checked in
+        # tests/test_decoder_ops.py) in one op where the composite form dispatches seven
+        # (a decode step on the 2-vCPU EPYC spends ~14 ms in such dispatches: docs/cpu.md)
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
 
 
 class SwiGLU(nn.Module):
@@ -142,10 +146,12 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale: float
     if q.device.type != "cpu" or nq != 1 or cpu_decode == "sdpa":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=hkv != h)
     g = h // hkv
-    scores = (q.reshape(B, hkv, g, dk) @ k.transpose(-1, -2)).float() * (scale or dk ** -0.5)
+    scores = q.reshape(B, hkv, g, dk) @ k.transpose(-1, -2)
+    scores = (scores if scores.dtype == torch.float32 else scores.float()) * (scale or dk ** -0.5)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))  # mask [B, 1, 1, L] broadcasts over (h_kv, g)
-    return (scores.softmax(-1).to(v.dtype) @ v).reshape(B, h, 1, v.shape[-1])
+    p = scores.softmax(-1)
+    return ((p if p.dtype == v.dtype else p.to(v.dtype)) @ v).reshape(B, h, 1, v.shape[-1])
 
 
 _MASK_FROM_POSITIONS = object()  # callers that pass no mask get the one start_pos implies

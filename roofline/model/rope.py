@@ -69,7 +69,10 @@ def rope_table(cfg: ModelConfig, max_positions: int, device=None) -> tuple[torch
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool) -> torch.Tensor:
     """Rotate the first 2*cos.shape[-1] features of x [B, q, heads, dim]; cos/sin are [B, q, rot/2]."""
     rot = 2 * cos.shape[-1]
-    xr, xp = x[..., :rot].float(), x[..., rot:]
+    whole = rot == x.shape[-1]  # the usual case: every feature rotates (no pass-through part)
+    xr = x if whole else x[..., :rot]
+    if xr.dtype != torch.float32:  # the no-op casts are skipped: each is a dispatch (docs/cpu.md)
+        xr = xr.float()
     c, s = cos[:, :, None, :], sin[:, :, None, :]
     if interleave:
         a, b = xr[..., 0::2], xr[..., 1::2]
@@ -77,4 +80,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave
     else:
         a, b = xr[..., : rot // 2], xr[..., rot // 2 :]
         out = torch.cat((a * c - b * s, b * c + a * s), dim=-1)
-    return torch.cat((out.to(x.dtype), xp), dim=-1)
+    if out.dtype != x.dtype:
+        out = out.to(x.dtype)
+    return out if whole else torch.cat((out, x[..., rot:]), dim=-1)

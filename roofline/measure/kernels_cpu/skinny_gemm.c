@@ -4,9 +4,13 @@
    Why: at small M a decoder's GEMMs are bound by reading W, and torch's fp32 F.linear (MKL
    sgemm) packs W on every call, so it streams W below the memory roof at M = 1 and its time
    grows with M long before the FLOP ridge (docs/cpu.md). This kernel reads each element of W
-   once per tile of up to six tokens: blocks of 12 rows of W (one per thread at a time, re-read
+   once per tile of up to MTMAX tokens: blocks of 12 rows of W (one per thread at a time, re-read
    from L2 by every tile of tokens), and inside a block register tiles of R rows by MT tokens
-   (R*MT <= 12 accumulators of 8 floats), one FMA per loaded W vector and token.
+   (R*MT <= 12 accumulators), one FMA per loaded W vector and token. MTMAX is 6 with AVX-512
+   (32 registers) and 4 with 16 (AVX2): on the 2-vCPU Zen 1 EPYC (AVX2) the 2x6 tile, 8 vector
+   loads per 12 FMAs, ran at 49 GFLOP/s with W warm in L2 where the 3x4 tile (7 loads) ran at 58,
+   and over the cpu-demo model's 85 linears (W from DRAM) tiles of at most 4 tokens cost
+   T(12)/T(1) = 2.13 and T(16)/T(1) = 2.66 against 2.46 and 3.12 with tiles of 6 (docs/cpu.md).
    Vectors are GCC/Clang vector extensions: built with -march=native they become AVX2, AVX-512
    or SSE instructions of the machine at hand. Threads: OpenMP over blocks of rows; with torch
    imported, libgomp.so.1 is torch's own, so this kernel shares torch's thread pool.
@@ -107,7 +111,7 @@ typedef unsigned short bf16_t;
   static const P##_fn P##_ONE[7] = {0, P##_1_1, P##_1_2, P##_1_3, P##_1_4, P##_1_5, P##_1_6};    \
   void P(const WT* W, const XT* X, float* Y, long M, long N, long K, int threads) {              \
     if (M <= 0 || N <= 0) return;                                                                \
-    long tiles = (M + 5) / 6, base = M / tiles, extra = M % tiles; /* near-equal tiles */       \
+    long tiles = (M + MTMAX - 1) / MTMAX, base = M / tiles, extra = M % tiles; /* near-equal tiles */       \
     long blocks = N / BLOCK;                                                                     \
     _Pragma("omp parallel for num_threads(threads) schedule(static)")                            \
     for (long b = 0; b < blocks; b++) {                                                          \
@@ -130,9 +134,15 @@ typedef unsigned short bf16_t;
   }
 
 static const int ROWS[7] = {0, 4, 4, 4, 3, 2, 2}; /* rows of the widest tile, by MT */
+#ifdef __AVX512F__
+#define MTMAX 6 /* tokens per tile, at most (see the head of this file) */
+#else
+#define MTMAX 4
+#endif
 #define BLOCK 12 /* rows of W per block: a multiple of every ROWS entry */
 
-int skinny_version(void) { return 4; }
+int skinny_version(void) { return 5; }
+int skinny_max_tile(void) { return MTMAX; } /* tokens per register tile, at most */
 int skinny_vector_floats(void) { return VW; }
 
 TILES(skinny_f32, float, ld, f)
