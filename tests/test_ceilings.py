@@ -232,10 +232,58 @@ def test_check_gemm_passes_a_correct_product_and_catches_a_wrong_one(dtype):
     (dict(working_sets=(0,)), "working_sets"),
     (dict(l2_modes=("lukewarm",)), "l2_modes"),
     (dict(timer=TimerSettings(mode="graph")), "timer.mode"),
+    (dict(gemm_budget_s=-1), "gemm_budget_s"),
 ])
 def test_bad_input_names_the_field(change, field):
     with pytest.raises(ConfigError, match=field):
         tiny_spec(**change)
+
+
+def test_a_square_over_the_time_budget_is_skipped_unrun_with_the_larger_ones(monkeypatch):
+    """The time of a square GEMM grows with the cube of its size: from 48^3 at 20 ms a call, 96^3
+    predicts 8 x 20 ms for each of its 2 timed calls, over a 0.1 s budget: skipped without a call,
+    and 192^3 not tried; ceilings.json names both in its failures."""
+    real, sizes = torch.matmul, []
+
+    def slow(a, b, out=None):
+        sizes.append(a.shape[0])
+        import time
+        time.sleep(0.02 * (a.shape[0] / 48) ** 3)
+        return real(a, b, out=out)
+
+    monkeypatch.setattr(torch, "matmul", slow)
+    out = measure_ceilings(tiny_spec(square_sizes=(192, 48, 96), decode_ms=(), gemm_budget_s=0.1))
+    assert [r["M"] for r in out["matmul"] if r["kind"] == "square"] == [48]
+    assert set(sizes) == {48}
+    (skip,) = out["failures"]
+    assert skip["stage"] == "skipped" and skip["M"] == 96
+    assert "cube of the size" in skip["error"] and "larger squares not tried" in skip["error"]
+    assert "1 of them GEMMs skipped over the time budget" in ceilings.format_summary(out)
+
+
+def test_a_decode_gemm_whose_first_call_is_over_the_budget_ends_its_shape(monkeypatch):
+    real = torch.nn.functional.linear
+
+    def slow(x, w, b=None):
+        if x.shape[0] >= 4:
+            import time
+            time.sleep(0.08)  # one call, times the 2 timed calls: 0.16 s, over the 0.1 s budget
+        return real(x, w, b)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", slow)
+    out = measure_ceilings(tiny_spec(square_sizes=(8,), decode_ms=(1, 4, 16), gemm_budget_s=0.1))
+    decode = [r for r in out["matmul"] if r["kind"] == "decode"]
+    shapes = {r["name"] for r in decode}
+    assert decode and {r["M"] for r in decode} == {1}
+    skips = [f for f in out["failures"] if f["stage"] == "skipped"]
+    assert {f["name"] for f in skips} == shapes and {f["M"] for f in skips} == {4}
+    assert all("larger M not tried" in f["error"] for f in skips)
+
+
+def test_the_gemm_budget_defaults_and_zero_means_no_limit():
+    assert CeilingsRequest(device="cpu").gemm_budget_s == 5.0
+    assert CeilingsRequest(device="cpu", quick=True).gemm_budget_s == 2.0
+    assert CeilingsRequest(device="cpu", gemm_budget_s=0).gemm_budget_s == 0
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="tests the no-CUDA message")

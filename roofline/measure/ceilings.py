@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -147,6 +148,13 @@ class CeilingsRequest:
     decode_ms: tuple[int, ...] | None = None  # () measures no decode GEMMs
     formats: tuple[str, ...] | None = None  # quantized weight formats of the decode GEMMs; () none
     timer: timer.TimerSettings | None = None
+    # seconds one GEMM's timed calls may take, judged from its first (checked) call; a GEMM over
+    # it is skipped (ceilings.json `failures`, stage "skipped") with the larger ones of its kind:
+    # on a Zen 1 EPYC torch's bfloat16 matmul is a scalar fallback at ~1 GFLOP/s, so one 2048^3
+    # call takes ~20 s and the default run, without this, took over 11 minutes. 0: no limit;
+    # None: 5 s, 2 s with quick (a GEMM of 1024^3 over 5 s in 7 calls runs below 3 GFLOP/s: a
+    # fallback path, not a ceiling).
+    gemm_budget_s: float | None = None
 
     def __post_init__(self) -> None:
         kind = _device_kind(self.device)
@@ -179,6 +187,10 @@ class CeilingsRequest:
             raise ConfigError("ceilings.timer.mode='graph': CUDA-graph replay needs CUDA; "
                               "on device='cpu' allowed ('eager',)")
         fill("timer", settings)
+        if self.gemm_budget_s is None:
+            fill("gemm_budget_s", 2.0 if self.quick else 5.0)
+        if not isinstance(self.gemm_budget_s, (int, float)) or isinstance(self.gemm_budget_s, bool) or self.gemm_budget_s < 0:
+            raise ConfigError(f"ceilings.gemm_budget_s={self.gemm_budget_s!r}: allowed a number of seconds >= 0 (0: no limit)")
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> "CeilingsRequest":
@@ -401,10 +413,31 @@ def _gemm_row(kind: str, name: str, dt: str, M: int, N: int, K: int, t: float,
             "pct_datasheet_flops": _pct(flops / t / 1e12, peak), "kernel": kernel}
 
 
+class OverBudget(RuntimeError):
+    """A GEMM whose first call says that its timed calls would take longer than gemm_budget_s."""
+
+
 def _time_gemm(fn: Callable[[], torch.Tensor], a: torch.Tensor, b_kn: torch.Tensor,
-               settings: timer.TimerSettings, dev: torch.device) -> float:
-    check_gemm(fn(), a, b_kn)
+               settings: timer.TimerSettings, dev: torch.device, budget_s: float = 0.0) -> float:
+    """Median seconds of fn, after one checked call; raises OverBudget where that call, times the
+    timer's warm-up and minimum repetitions, exceeds budget_s (> 0)."""
+    start = time.perf_counter()
+    out = fn()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    first = time.perf_counter() - start
+    check_gemm(out, a, b_kn)
+    calls = settings.warmup + settings.min_reps
+    if budget_s and first * calls > budget_s:
+        raise OverBudget(f"one call took {first:.3g} s, so its {calls} timed calls would take ~{first * calls:.3g} s, "
+                         f"over ceilings.gemm_budget_s={budget_s:g}")
     return timer.time_fn(fn, settings, dev).median_s
+
+
+def _skip(failures: list, log: Callable[[str], None], e: OverBudget, larger: str, **where) -> None:
+    """Record a GEMM over the time budget (and that the larger ones of its kind were not tried)."""
+    failures.append({**where, "stage": "skipped", "error": f"{e}; {larger} not tried"})
+    log(f"  skipped {' '.join(f'{k}={v}' for k, v in where.items())}: {e}; {larger} not tried")
 
 
 def _measure_matmul(spec: CeilingsRequest, cache: int, sheet: dict | None, tel: Telemetry,
@@ -419,14 +452,26 @@ def _measure_matmul(spec: CeilingsRequest, cache: int, sheet: dict | None, tel: 
         peak = ((sheet or {}).get("peak_tflops") or {}).get(dt)
 
         def squares(dt=dt, tdtype=tdtype, peak=peak) -> list[dict]:
-            out = []
-            for s in spec.square_sizes:
+            out, over, last = [], False, None
+            calls = warm.warmup + warm.min_reps
+            for s in sorted(spec.square_sizes):
                 a = b = c = None
                 try:
+                    if over:
+                        continue
+                    if spec.gemm_budget_s and last and last[1] * (s / last[0]) ** 3 * calls > spec.gemm_budget_s:
+                        # not even one call: the time of a square GEMM grows with the cube of its size
+                        raise OverBudget(f"its {calls} timed calls would take ~{last[1] * (s / last[0]) ** 3 * calls:.3g} s "
+                                         f"({last[1]:.3g} s a call at {last[0]}^3, times the cube of the size ratio), "
+                                         f"over ceilings.gemm_budget_s={spec.gemm_budget_s:g}")
                     a, b = (torch.randn(s, s, device=dev, dtype=tdtype) for _ in range(2))
                     c = torch.empty(s, s, device=dev, dtype=tdtype)
-                    t = _time_gemm(lambda: torch.matmul(a, b, out=c), a, b, warm, dev)
+                    t = _time_gemm(lambda: torch.matmul(a, b, out=c), a, b, warm, dev, spec.gemm_budget_s)
+                    last = (s, t)
                     out.append(_gemm_row("square", f"square_{s}", dt, s, s, s, t, peak, "torch.matmul"))
+                except OverBudget as e:
+                    over = True
+                    _skip(failures, log, e, "larger squares", kind="square", dtype=dt, M=s, N=s, K=s)
                 except Exception as e:
                     failures.append(_failure("matmul", e, kind="square", dtype=dt, M=s, N=s, K=s))
                 finally:
@@ -439,18 +484,21 @@ def _measure_matmul(spec: CeilingsRequest, cache: int, sheet: dict | None, tel: 
             out = []
             for name, N, K in shapes:
                 w = x = None
-                for M in spec.decode_ms:
+                for M in sorted(spec.decode_ms):
                     try:
                         if w is None:
                             w = torch.randn(N, K, device=dev, dtype=tdtype)
                         x = torch.randn(M, K, device=dev, dtype=tdtype)
                         fn = lambda: torch.nn.functional.linear(x, w)  # noqa: E731
-                        t = _time_gemm(fn, x, w.t(), cold, dev)
+                        t = _time_gemm(fn, x, w.t(), cold, dev, spec.gemm_budget_s)
                         out.append(_gemm_row("decode", name, dt, M, N, K, t, peak, "F.linear"))
                         if skinny:  # the kernel an eager CPU sweep runs (roofline.measure.cpu_gemm)
                             fn = lambda: cpu_gemm.skinny_linear(x, w)  # noqa: E731
-                            t = _time_gemm(fn, x, w.t(), cold, dev)
+                            t = _time_gemm(fn, x, w.t(), cold, dev, spec.gemm_budget_s)
                             out.append(_gemm_row("decode", name, dt, M, N, K, t, peak, cpu_gemm.kernel_name(tdtype)))
+                    except OverBudget as e:
+                        _skip(failures, log, e, "larger M", kind="decode", name=name, dtype=dt, M=M, N=N, K=K)
+                        break
                     except Exception as e:
                         failures.append(_failure("matmul", e, kind="decode", name=name,
                                                  dtype=dt, M=M, N=N, K=K))
@@ -652,7 +700,7 @@ def format_summary(result: dict) -> str:
               and r["M"] == 1]
         peak = (sheet.get("peak_tflops") or {}).get(dt)
         ridge = s["ridge_measured"].get(dt)
-        lines.append(f"  {dt:<9s} square {1e3 * tf:9.1f} GFLOP/s{pct(tf, peak)}"
+        lines.append(f"  {dt:<9s} peak {1e3 * tf:9.1f} GFLOP/s{pct(tf, peak)} ({s.get('peak_from', {}).get(dt, 'best GEMM')})"
                      + (f", ridge {ridge:.1f} FLOP/B" if ridge else "")
                      + (f", decode M=1 best {max(m1):.1f} GB/s" if m1 else ""))
     for label, gbps in s.get("decode_m1_GBps", {}).items():
@@ -660,7 +708,10 @@ def format_summary(result: dict) -> str:
             of = f"; {100 * gbps / s['mem_bw_GBps']:.0f}% of the memory ceiling" if s["mem_bw_GBps"] else ""
             lines.append(f"  {label:<26s} decode M=1 best {gbps:.1f} GB/s (format bytes incl. scales{of})")
     if result["failures"]:
-        lines.append(f"failures: {len(result['failures'])} (see ceilings.json 'failures')")
+        skipped = sum(f.get("stage") == "skipped" for f in result["failures"])
+        lines.append(f"failures: {len(result['failures'])}" + (f", {skipped} of them GEMMs skipped over the time budget "
+                                                               f"(gemm_budget_s)" if skipped else "")
+                     + " (see ceilings.json 'failures')")
     for b in s.get("busy_machine") or []:
         lines.append(f"WARNING: {b['group']} was measured on a busy machine ({b['why']}), twice; its roof is "
                      "marked busy in ceilings.json: re-measure on a quiet machine before trusting it")

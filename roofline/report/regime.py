@@ -195,7 +195,7 @@ def decode_notes(df: pd.DataFrame, ceilings: dict | None) -> list[str]:
     out = []
     for (dtype, mode), g in ok[ok["q"] == 1].groupby(["dtype", "mode"]):
         gb = float(g["achieved_GBps"].median())
-        line = (f"{dtype} {mode} decode (q=1) streams {gb:.3g} GB/s = {100 * gb / read:.0f}% of the measured read "
+        line = (f"{dtype} {mode} decode (q=1) streams {gb:.3g} GB/s = {100 * gb / read:.3g}% of the measured read "
                 f"bandwidth ({read:.3g} GB/s, torch_read), median of {len(g)} points")
         if gb < DECODE_TARGET * read:
             m1 = (s.get("decode_m1_GBps") or {}).get(dtype)
