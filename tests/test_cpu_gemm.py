@@ -245,3 +245,36 @@ def test_amx_runs_the_shapes_it_tiles_and_declines_the_rest():
         assert (rc == 0) == ran
         if ran:
             torch.testing.assert_close(y.double(), x.double() @ w.double().T, rtol=1e-5, atol=1e-4)
+
+
+@needs_compiler
+def test_kernel_seconds_counts_the_time_inside_the_kernel_only():
+    w, x = torch.randn(64, 256), torch.randn(2, 256)
+    import time
+
+    def step():
+        cpu_gemm.skinny_linear(x, w)
+        time.sleep(0.03)  # the rest of a pass: not the kernel's
+
+    inside = cpu_gemm.kernel_seconds(step)
+    assert 0 < inside < 0.03
+    assert not cpu_gemm._Clock.on
+    with pytest.raises(ZeroDivisionError):
+        cpu_gemm.kernel_seconds(lambda: 1 / 0)
+    assert not cpu_gemm._Clock.on  # a failing step leaves the clock off
+
+
+@needs_compiler
+@pytest.mark.parametrize("choice", ["skinny", "aten"])
+def test_a_skinny_sweep_row_splits_its_step_into_gemms_and_the_rest(tmp_path, choice):
+    import pandas as pd
+    from roofline.measure.sweep import run_sweep
+    from roofline.measure.timer import TimerSettings
+    spec = _spec(tmp_path, q=(1,), cpu_gemm=choice, mtp_q=(),
+                 timer=TimerSettings(warmup=1, min_reps=3, max_reps=3, budget_s=0.05))
+    run_sweep(spec, tmp_path, progress=False)
+    df = pd.read_csv(tmp_path / "points.csv")
+    if choice == "aten":
+        assert "t_gemm_s" not in df or df["t_gemm_s"].isna().all()
+    else:
+        assert (df["t_gemm_s"] > 0).all()

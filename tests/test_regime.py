@@ -94,3 +94,16 @@ def test_the_compile_note_counts_graphs_and_their_time_apart_from_the_rows():
     fell = df.assign(compile_fallback=[None, None, "recompile limit (1 graphs) hit"])
     assert "1 row(s) ran eagerly after the recompile limit" in regime.compile_notes(fell)[0]
     assert regime.compile_notes(rows(lambda q: 1.0)) == []  # eager rows: no compile
+
+
+def test_decode_note_gives_the_measured_split_of_the_step():
+    """Rows with t_gemm_s (the skinny GEMMs timed inside the pass): 40 of 50 ms in the GEMMs,
+    0.8 GB of weights over 40 ms = 20 GB/s = 100% of a 20 GB/s read roof, 10 ms the rest."""
+    df = rows(lambda q: 5.0).assign(achieved_GBps=16.0, t_gemm_s=0.04, weight_bytes=0.8e9)
+    ceil = {"summary": {"mem_bw_GBps": 20.0, "mem_bw_by_kernel": {"torch_read": 20.0}}}
+    (line,) = regime.decode_notes(df, ceil)
+    assert "its GEMMs take 40 ms (80% of the step)" in line
+    assert "streaming the weights at 20 GB/s (100% of the read bandwidth)" in line
+    assert "dispatch) 10 ms" in line
+    (plain,) = regime.decode_notes(df.drop(columns="t_gemm_s"), ceil)
+    assert "measured inside the pass" not in plain

@@ -38,6 +38,7 @@ import os
 import statistics
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -170,6 +171,30 @@ def available() -> tuple[bool, str]:
         return False, str(e)
 
 
+class _Clock:
+    """Wall seconds spent inside the kernel's C calls while `on` (kernel_seconds): off, a call
+    pays one attribute test."""
+    on = False
+    total = 0.0
+
+
+def kernel_seconds(fn, reps: int = 3) -> float:
+    """Median over `reps` calls of fn of the wall seconds spent inside this kernel's C calls
+    (every skinny GEMM fn runs), each call timed by the wall clock around it. For the split of
+    an eager step into its GEMMs and the rest (attention, norms, RoPE, dispatch), measured
+    outside any timed region (the clock reads cost ~0.1 us a GEMM)."""
+    per = []
+    try:
+        _Clock.on = True
+        for _ in range(reps):
+            _Clock.total = 0.0
+            fn()
+            per.append(_Clock.total)
+    finally:
+        _Clock.on = False
+    return statistics.median(per)
+
+
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x[..., K] · weight[N, K]^T (+ bias) through the kernel: CPU tensors, the weight float32 or
     bfloat16 and x of the same dtype, M = x.numel() / K tokens (any M; `SkinnyLinear` decides when
@@ -195,8 +220,11 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     M = x2.shape[0]
     y = torch.empty(M, N, dtype=torch.float32)
     args = (w.data_ptr(), x2.data_ptr(), y.data_ptr(), M, N, K, torch.get_num_threads())
+    start = time.perf_counter() if _Clock.on else 0.0
     if entry != AMX or lib.skinny_amx(*args) != 0:  # AMX declines a shape it does not tile
         getattr(lib, DPBF16 if entry == AMX else entry)(*args)
+    if _Clock.on:
+        _Clock.total += time.perf_counter() - start
     if bias is not None:
         y += bias
     if x.dtype != torch.float32:

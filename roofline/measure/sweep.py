@@ -407,6 +407,10 @@ def _measure(w: BuiltModel, p: Point, timer: TimerSettings) -> dict:
     seen = t.probe.pop("kernel_attn_backend")
     row.update(t.probe, attn_backend=seen or backend)
     row.update(cuda_graphs=_used_cuda_graphs(p.mode, w.spec.device, skips))
+    if not compiled and w.gemm_kernel.startswith("skinny"):
+        # the step's time inside the skinny GEMMs, 3 calls after the timed ones: what of the step
+        # is the weights' stream and what the rest of the eager pass (report: regime.decode_notes)
+        row["t_gemm_s"] = cpu_gemm.kernel_seconds(fn)
     row.update(gemm_kernel=w.gemm_kernel, decode_attention=w.decode_attention, moe_impl=w.moe_impl, kv_impl=kvcache.impl(w.model), achieved_GBps=c.bytes_total / t.median_s / 1e9,
                achieved_TFLOPs=c.flops / t.median_s / 1e12, tokens_per_s=p.B * p.q / t.median_s,
                t_p99_s=float(np.quantile(t.samples_s, 0.99)),

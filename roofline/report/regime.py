@@ -215,11 +215,30 @@ def decode_notes(df: pd.DataFrame, ceilings: dict | None) -> list[str]:
                          f"{faster['ratio']:.2f}x the q=1 step while reading the same weights, streaming "
                          f"{faster['GBps']:.3g} GB/s ({100 * faster['GBps'] / read:.0f}%): the q=1 step's own kernels, "
                          "not the memory, hold decode back")
+        line += gemm_split(g, read)
         paths = sorted(set(g["decode_attention"].dropna().astype(str))) if "decode_attention" in g else []
         if paths:
             line += f"; its attention: {' / '.join(paths)}"
         out.append(line)
     return out
+
+
+def gemm_split(g: pd.DataFrame, read: float) -> str:
+    """The measured split of the q=1 step (rows with t_gemm_s: the CPU's skinny GEMMs timed inside
+    the pass, roofline.measure.cpu_gemm.kernel_seconds): the GEMMs' time and the rate at which they
+    stream the step's weights, and the rest of the eager pass; medians over the points. '' without."""
+    if "t_gemm_s" not in g or "weight_bytes" not in g:
+        return ""
+    g = g[(g["t_gemm_s"] > 0) & g["t_median_s"].notna()]
+    if g.empty:
+        return ""
+    gemm = float(g["t_gemm_s"].median())
+    share = float((g["t_gemm_s"] / g["t_median_s"]).median())
+    rate = float((g["weight_bytes"] / g["t_gemm_s"]).median()) / 1e9
+    rest = float((g["t_median_s"] - g["t_gemm_s"]).median())
+    return (f"; measured inside the pass: its GEMMs take {1e3 * gemm:.3g} ms ({100 * share:.0f}% of the step), "
+            f"streaming the weights at {rate:.3g} GB/s ({100 * rate / read:.0f}% of the read bandwidth), and the rest "
+            f"of the eager pass (attention, norms, RoPE, residuals, dispatch) {1e3 * rest:.3g} ms")
 
 
 FASTER_MARGIN = 0.9  # T(q)/T(1) below this: the q-token pass is faster than decode beyond noise
