@@ -148,7 +148,8 @@ class CeilingsRequest:
     decode_ms: tuple[int, ...] | None = None  # () measures no decode GEMMs
     formats: tuple[str, ...] | None = None  # quantized weight formats of the decode GEMMs; () none
     timer: timer.TimerSettings | None = None
-    # seconds one GEMM's timed calls may take, judged from its first (checked) call; a GEMM over
+    # seconds one GEMM's timed calls may take, judged from its first (checked) call (and a second
+    # where the first may hold one-time costs) or a smaller square's; a GEMM over
     # it is skipped (ceilings.json `failures`, stage "skipped") with the larger ones of its kind:
     # on a Zen 1 EPYC torch's bfloat16 matmul is a scalar fallback at ~1 GFLOP/s, so one 2048^3
     # call takes ~20 s and the default run, without this, took over 11 minutes. 0: no limit;
