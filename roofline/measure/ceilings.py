@@ -414,6 +414,11 @@ def _gemm_row(kind: str, name: str, dt: str, M: int, N: int, K: int, t: float,
             "pct_datasheet_flops": _pct(flops / t / 1e12, peak), "kernel": kernel}
 
 
+def _timed_calls(settings: timer.TimerSettings) -> int:
+    """The fewest calls timer.time_fn makes: what a GEMM's time budget is judged against."""
+    return settings.warmup + settings.min_reps
+
+
 class OverBudget(RuntimeError):
     """A GEMM whose first call says that its timed calls would take longer than gemm_budget_s."""
 
@@ -431,7 +436,7 @@ def _time_gemm(fn: Callable[[], torch.Tensor], a: torch.Tensor, b_kn: torch.Tens
 
     out, first = one_call()
     check_gemm(out, a, b_kn)
-    calls = settings.warmup + settings.min_reps
+    calls = _timed_calls(settings)
     if budget_s and first * calls > budget_s and first <= budget_s:
         # a first call pays one-time costs (cuBLAS heuristics, lazy module loads, oneDNN primitive
         # creation): a second call decides, unless the first alone took the whole budget
@@ -461,15 +466,15 @@ def _measure_matmul(spec: CeilingsRequest, cache: int, sheet: dict | None, tel: 
 
         def squares(dt=dt, tdtype=tdtype, peak=peak) -> list[dict]:
             out, over, last = [], False, None
-            calls = warm.warmup + warm.min_reps
+            calls = _timed_calls(warm)
             for s in sorted(spec.square_sizes):
                 a = b = c = None
                 try:
                     if over:
                         continue
-                    if spec.gemm_budget_s and last and last[1] * (s / last[0]) ** 3 * calls > spec.gemm_budget_s:
-                        # not even one call: the time of a square GEMM grows with the cube of its size
-                        raise OverBudget(f"its {calls} timed calls would take ~{last[1] * (s / last[0]) ** 3 * calls:.3g} s "
+                    predicted = last[1] * (s / last[0]) ** 3 * calls if last else 0.0  # cubic in the size
+                    if spec.gemm_budget_s and predicted > spec.gemm_budget_s:  # not even one call
+                        raise OverBudget(f"its {calls} timed calls would take ~{predicted:.3g} s "
                                          f"({last[1]:.3g} s a call at {last[0]}^3, times the cube of the size ratio), "
                                          f"over ceilings.gemm_budget_s={spec.gemm_budget_s:g}")
                     a, b = (torch.randn(s, s, device=dev, dtype=tdtype) for _ in range(2))
