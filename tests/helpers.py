@@ -235,3 +235,10 @@ def save_tokenizer(folder, template=TEMPLATE):
     fast.chat_template = template
     fast.save_pretrained(str(folder))
     return folder
+
+
+def composed(name: str, *overrides: str, device_as: str | None = None) -> dict:
+    """The plain dict the entry point of command `name` hands to roofline.commands.<name>.run for
+    `overrides` (its schema, its YAML file, the overrides), without running it."""
+    from roofline.cli.entry import compose_config, plain
+    return plain(compose_config(name, list(overrides)), device_as=device_as)

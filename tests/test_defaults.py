@@ -1,77 +1,129 @@
-"""One home per default: a key that a roofline/conf/*.yaml file and the library dataclass it feeds both
-default must default to the same value (a drift would make `python -m roofline.cli.X` and a
-library call of the same request measure different things)."""
+"""One home per default: every key of a command is a dataclass field declared with its default and
+its help (roofline.io.fields.option), the command's structured config is built from those fields,
+and its YAML file holds only the config groups and the values that differ. A default changed in
+the library is then what the command composes, and a YAML value cannot drift from it unseen.
+
+The commands are found twice, independently: from the YAML files of roofline/conf/ and from the
+modules of roofline/commands/; both lists must agree."""
+
+from __future__ import annotations
 
 import dataclasses
+import importlib
+import pkgutil
 
 import pytest
 import yaml
+from omegaconf import OmegaConf
 
-from roofline.analysis.capacity import CapacityRequest
-from roofline.analysis.costmodel import FitSettings
-from roofline.checkpoints.inventory import InventoryRequest
-from roofline.commands.card import CardRequest
-from roofline.commands.predict import PredictRequest
-from roofline.measure.ceilings import CeilingsRequest
-from roofline.measure.noise import NoiseSettings
-from roofline.measure.timer import TimerSettings
-from roofline.model.presets import REPO_ROOT
-from roofline.parallel.collectives import CollectiveRequest
-from roofline.spec.real_acceptance import AcceptanceRequest
-from roofline.spec.validation import SpecValidationRequest
-from roofline.train.trainer import TrainRequest
+import roofline.commands
+from roofline.cli import schema
+from roofline.cli.entry import CONF_DIR, compose_config, yaml_values
+from roofline.io.fields import HELP, INTERNAL, option
 
-# (config file, key inside it or None for the top level, the dataclass it is turned into)
-PAIRS = [("timer/default.yaml", None, TimerSettings), ("predict.yaml", None, PredictRequest),
-         ("capacity.yaml", None, CapacityRequest), ("fit.yaml", None, FitSettings),
-         ("inventory.yaml", None, InventoryRequest), ("card.yaml", None, CardRequest),
-         ("ceilings.yaml", None, CeilingsRequest), ("collectives.yaml", None, CollectiveRequest),
-         ("acceptance.yaml", None, AcceptanceRequest), ("specdec.yaml", None, SpecValidationRequest),
-         ("train.yaml", None, TrainRequest), ("sweep.yaml", "noise", NoiseSettings)]
+COMMANDS = sorted(p.stem for p in CONF_DIR.glob("*.yaml"))
+GROUPS = {p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra"}
 
 
-def _default(f: dataclasses.Field):
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return dataclasses.MISSING
+def test_the_commands_of_conf_are_the_modules_of_commands():
+    modules = {m.name for m in pkgutil.iter_modules(roofline.commands.__path__)}
+    assert COMMANDS and set(COMMANDS) == modules
 
 
-def _same(a, b) -> bool:
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, bool) or isinstance(b, bool):
-        return a is b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return float(a) == float(b)
-    return a == b or (a in (None, "") and b in (None, ""))  # "" and null both mean: not given
+def _raw(name: str) -> dict:
+    return yaml.safe_load((CONF_DIR / f"{name}.yaml").read_text()) or {}
 
 
-def shared_defaults(conf: str, key, cls) -> list[tuple[str, object, object]]:
-    """(field, the config file's value, the dataclass's default) for every plain value both give."""
-    values = yaml.safe_load((REPO_ROOT / "roofline" / "conf" / conf).read_text())
-    values = values[key] if key else values
+# TRANSITION: the commands converted so far (their YAML names the schema first)
+CONVERTED = [c for c in COMMANDS if (_raw(c).get("defaults") or [None])[0] == schema.schema_name(c)]
+
+
+@pytest.mark.parametrize("name", CONVERTED)
+def test_the_schema_comes_first_in_the_defaults_list(name):
+    assert _raw(name)["defaults"][0] == schema.schema_name(name)
+
+
+@pytest.mark.parametrize("name", CONVERTED)
+def test_every_field_of_the_config_classes_is_a_key_with_help_or_internal(name):
+    module = importlib.import_module(f"roofline.commands.{name}")
+    for cls in module.CONFIG:
+        for f in dataclasses.fields(cls):
+            assert (f.metadata.get(HELP) or f.metadata.get(INTERNAL)), f"{cls.__name__}.{f.name}"
+    assert schema.keys(name)  # builds: no key without help, no key declared twice with two defaults
+
+
+def _differences(yaml_part: dict, keys: dict[str, schema.Key], where: str = "") -> list[str]:
+    """YAML values that repeat the schema's default (a second home), or name no key."""
     out = []
-    for f in dataclasses.fields(cls):
-        if f.name not in values or values[f.name] == "???":
-            continue
-        mine, lib = values[f.name], _default(f)
-        if lib is dataclasses.MISSING or isinstance(mine, dict) or dataclasses.is_dataclass(lib) \
-                or (isinstance(mine, str) and "${" in mine):
-            continue
-        out.append((f.name, mine, lib))
+    for k, v in yaml_part.items():
+        if k not in keys:
+            out.append(f"{where}{k}: not a key of the schema")
+        elif isinstance(keys[k].default, dict):
+            out += _differences(v or {}, keys[k].default, f"{where}{k}.")
+        elif v == keys[k].default and not isinstance(v, bool) or v is keys[k].default:
+            out.append(f"{where}{k}: {v!r} repeats the default of {keys[k].home}")
     return out
 
 
-@pytest.mark.parametrize("conf, key, cls", PAIRS, ids=[p[0] + (f":{p[1]}" if p[1] else "") for p in PAIRS])
-def test_a_config_file_and_its_dataclass_default_alike(conf, key, cls):
-    pairs = shared_defaults(conf, key, cls)
-    assert pairs, f"roofline/conf/{conf} and {cls.__name__} share no default: the pair is wrong"
-    drift = [(name, mine, lib) for name, mine, lib in pairs if not _same(mine, lib)]
-    assert not drift, f"roofline/conf/{conf} vs {cls.__name__} (field, yaml, dataclass): {drift}"
+@pytest.mark.parametrize("name", CONVERTED)
+def test_no_yaml_file_repeats_a_default(name):
+    values = {k: v for k, v in _raw(name).items() if k != "defaults"}
+    assert not _differences(values, schema.keys(name))
 
 
-def test_the_check_sees_a_drift():
-    assert not _same([128, 1024, 3072], (128, 1024, 4096)) and not _same(0.6, 2.0) and not _same(True, 1)
-    assert _same([1, 2], (1, 2)) and _same(None, "") and _same(2, 2.0)
+def _overlay(defaults: dict, values: dict) -> dict:
+    out = dict(defaults)
+    for k, v in values.items():
+        out[k] = _overlay(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+@pytest.mark.parametrize("name", CONVERTED)
+def test_the_composed_config_is_the_schema_with_the_yaml_values(name):
+    composed = OmegaConf.to_container(compose_config(name), resolve=True)
+    values = {k: v for k, v in yaml_values(name).items() if k not in GROUPS}
+    expected = OmegaConf.to_container(OmegaConf.create(_overlay(schema.defaults(name), values)), resolve=True)
+    groups = {k for k in composed if k in GROUPS}
+    assert {k: v for k, v in composed.items() if k not in groups} == \
+           {k: v for k, v in expected.items() if k not in groups}
+    assert set(composed) == set(schema.keys(name))
+
+
+def test_a_default_changed_in_the_library_is_what_the_command_composes():
+    @dataclasses.dataclass(frozen=True)
+    class Mine:
+        required: str = option(help="no default")
+        alpha: float = option(0.25, "a rate")
+        grid: tuple[int, ...] = option((1, 2), "a grid")
+    node = schema._dataclass("mine_schema", schema._keys_of([Mine]))
+    cfg = OmegaConf.structured(node)
+    assert cfg.alpha == 0.25 and list(cfg.grid) == [1, 2] and OmegaConf.is_missing(cfg, "required")
+    with pytest.raises(Exception, match="typo"):
+        OmegaConf.merge(cfg, {"typo": 1})
+
+
+def test_a_key_without_help_or_with_two_defaults_is_refused():
+    @dataclasses.dataclass(frozen=True)
+    class NoHelp:
+        x: int = 1
+
+    @dataclasses.dataclass(frozen=True)
+    class A:
+        tp: int = option(1, "ranks")
+
+    @dataclasses.dataclass(frozen=True)
+    class B:
+        tp: int = option(2, "ranks")
+    with pytest.raises(TypeError, match="NoHelp.x: a config key without help"):
+        schema._keys_of([NoHelp])
+    with pytest.raises(TypeError, match="declared again with another default"):
+        schema._keys_of([A, B])
+    with pytest.raises(TypeError, match="help"):
+        option(1)
+
+
+def test_the_check_sees_a_repeated_default():
+    keys = schema._keys_of([dataclasses.make_dataclass("K", [("a", int, option(1, "a")),
+                                                             ("b", bool, option(False, "b"))])])
+    assert _differences({"a": 1, "b": False}, keys) and _differences({"c": 0}, keys)
+    assert not _differences({"a": 2, "b": True}, keys)

@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from hydra import compose, initialize_config_dir
 
-from roofline.cli.entry import CONF_DIR, hydra_args, plain
+from roofline.cli.entry import CONF_DIR, compose_config, hydra_args, plain
 from roofline.io.fields import ConfigError
 from roofline.measure import devices
 from roofline.measure.devices import get_datasheet, list_specs
 
 
 def _device(config: str, *overrides: str, device_as: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config, overrides=list(overrides))
-    return plain(cfg, device_as=device_as)["device"]
+    return plain(compose_config(config, list(overrides)), device_as=device_as)["device"]
 
 
 def test_the_group_has_cpu_cuda_and_one_entry_per_datasheet_gpu_row():
@@ -48,8 +45,7 @@ def test_device_null_leaves_the_card_and_predict_without_a_row():
 
 
 def test_ceilings_write_under_the_torch_device_name():
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("ceilings", overrides=["device=h200_sxm"])
+    cfg = compose_config("ceilings", ["device=h200_sxm"])
     assert plain(cfg)["out_dir"].endswith("ceilings-cuda")
 
 

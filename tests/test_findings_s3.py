@@ -679,10 +679,9 @@ def test_M9_an_empty_torn_or_list_run_json_is_refused_naming_force(tmp_path, tex
 
 
 def _predict_config(tmp_path, **over):
-    import yaml
-    c = yaml.safe_load((REPO_ROOT / "roofline" / "conf" / "predict.yaml").read_text())
-    c.pop("defaults")
-    c.update(model=None, device=None, engine=None, fit=str(DEMO_FIT), out_dir=str(tmp_path / "p"), overrides=[])
+    from tests.helpers import composed
+    c = composed("predict", device_as="datasheet")
+    c.update(fit=str(DEMO_FIT), out_dir=str(tmp_path / "p"))
     c.update(over)
     return c
 

@@ -28,20 +28,35 @@ from roofline.measure import devices
 from roofline.measure.memory import TooBig
 from roofline.io.fields import ConfigError
 from roofline.io.runfolder import Signals
+from roofline.cli import schema
 
 JOB_FILE = "job.json"
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
-def _conf_text(name: str) -> str:
-    """A config file's text, comments included, for --help ($ escaped for Hydra's template)."""
+def yaml_values(name: str) -> dict:
+    """What roofline/conf/<name>.yaml composes over its schema: its values, and for each config
+    group of its defaults list the option it picks."""
     path = CONF_DIR / f"{name}.yaml"
-    return path.read_text().replace("$", "$$") if path.is_file() else f"(no {path})"
+    raw = OmegaConf.to_container(OmegaConf.load(path)) if path.is_file() else {}
+    values = {k: v for k, v in raw.items() if k != "defaults"}
+    for entry in raw.get("defaults", []):
+        if isinstance(entry, dict):
+            (group, option), = entry.items()
+            if group not in ("hydra", "override hydra"):
+                values.setdefault(group, option)
+    return values
 
 
-# ${roofline_runs:} is the one results root in every config; ${roofline_conf:NAME} is --help's text
+def _help_text(name: str) -> str:
+    """--help's list of keys: `key: value  # help`, the value the command composes by default
+    ($ escaped for Hydra's template)."""
+    return "\n".join(schema.help_lines(name, yaml_values(name))).replace("$", "$$")
+
+
+# ${roofline_runs:} is the one results root in every config; ${roofline_help:NAME} is --help's text
 OmegaConf.register_new_resolver("roofline_runs", lambda: str(RUNS_ROOT), replace=True)
-OmegaConf.register_new_resolver("roofline_conf", _conf_text, replace=True)
+OmegaConf.register_new_resolver("roofline_help", _help_text, replace=True)
 
 
 # what `device` (a roofline/conf/device/ entry: torch device + datasheet row) means to a command
@@ -49,8 +64,8 @@ _DEVICE_AS = {"torch": devices.run_device, "datasheet": devices.datasheet_row}
 
 
 def _check_flags(composed: dict, defaults, where: str = "") -> None:
-    """A key whose default in the command's own config file is true/false takes only true or
-    false (`force=maybe` is refused, not taken as true)."""
+    """A key whose default (the command's schema) is true/false takes only true or false
+    (`force=maybe` is refused, not taken as true)."""
     if not isinstance(defaults, dict) or not isinstance(composed, dict):
         return
     for key, default in defaults.items():
@@ -68,11 +83,11 @@ def plain(cfg: DictConfig, device_as: str | None = None) -> dict:
     device_as: the string the library takes for the `device` entry: "torch" (the device to run
     on) or "datasheet" (the datasheet row; `cuda` means the running GPU's). device=null: None."""
     c = OmegaConf.to_container(cfg, resolve=True)
-    # a required key left unset (`???` in roofline/conf/) reaches the library as None: its check names the key
+    # a required key left unset (MISSING in the schema) reaches the library as None: its check names the key
     c = {k: None if v == MISSING else v for k, v in c.items()}
     c["overrides"] = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-    if HydraConfig.initialized() and (CONF_DIR / f"{HydraConfig.get().job.config_name}.yaml").is_file():
-        _check_flags(c, OmegaConf.to_container(OmegaConf.load(CONF_DIR / f"{HydraConfig.get().job.config_name}.yaml")))
+    if HydraConfig.initialized():
+        _check_flags(c, schema.defaults(HydraConfig.get().job.config_name))
     if device_as is not None:
         entry = c.get("device")
         c["device"] = None if entry is None else _DEVICE_AS[device_as](entry["torch"], entry["datasheet"])
@@ -260,6 +275,8 @@ def command(config_name: str):
     errors (a key the config lacks, an override it cannot parse, a group option that does not
     exist) become one line on stderr and exit 2: they happen while composing, before the
     command runs or writes anything. HYDRA_FULL_ERROR=1 keeps Hydra's full report."""
+    schema.register(config_name)
+
     def wrap(task):
         # absolute: Hydra reads it as a folder, whichever module defines the task
         app = hydra.main(config_path=str(CONF_DIR), config_name=config_name, version_base="1.3")(task)
@@ -307,3 +324,11 @@ def main_of(name: str):
     # the task belongs to roofline.cli.<name>: Hydra names the job after the task's module
     main.__module__, main.__doc__ = f"roofline.cli.{name}", module.__doc__
     return command(name)(main)
+
+
+def compose_config(name: str, overrides: list[str] = ()) -> DictConfig:
+    """The config the entry point of `name` composes for `overrides` (Hydra's compose API; tests)."""
+    from hydra import compose, initialize_config_dir
+    schema.register(name)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(name, overrides=hydra_args(list(overrides)))

@@ -10,7 +10,29 @@ Below this floor the library only computes; roofline/cli/ above it only composes
 (Hydra) and turns errors into exit statuses (docs/design.md, "Floors").
 """
 
-from roofline.io.fields import ConfigError
+from dataclasses import dataclass
+
+from roofline.io.fields import ConfigError, option
+
+@dataclass(frozen=True)
+class FormatKeys:
+    """The precision overrides every pricing or measuring command takes (roofline.model.formats)."""
+
+    weights: str | None = option(None, "weight format for every dtype: int8 | int4_g128 | fp8 | fp8_e4m3_b128 | "
+                                       "native (the preset's release format)")
+    kv: str | None = option(None, "KV cache format: fp8 | fp8_e5m2 | int8")
+    lm_head: str | None = option(None, "LM head format (default: the activation dtype)")
+
+
+@dataclass(frozen=True)
+class LayoutKeys:
+    """The parallel layout (roofline.parallel.layout.Layout): measured by a sweep, priced elsewhere."""
+
+    tp: int = option(1, "tensor-parallel ranks")
+    ep: int = option(1, "expert-parallel ranks among the tp ranks (MoE presets)")
+    dp_attention: bool = option(False, "attention replicated, batch split over the ranks, tokens to experts "
+                                       "by all-to-all (ep = tp)")
+
 
 REGRESSION = 3  # asked to fail (compare fail_above=, specdec fail_on_mismatch=true) and it did: a CI verdict
 

@@ -19,7 +19,8 @@ from roofline.analysis import costmodel, fitcheck, quality
 from roofline.analysis.capacity import whatif_of
 from roofline.analysis.predict import Costs, DraftCost, breakeven_batch, step_costs, table
 from roofline.io import files
-from roofline.io.fields import ConfigError, from_dict
+from roofline.commands import FormatKeys, LayoutKeys
+from roofline.io.fields import ConfigError, from_dict, option
 from roofline.model.config import ModelConfig
 from roofline.model.formats import with_overrides
 from roofline.model.presets import get_preset
@@ -34,27 +35,42 @@ DEVICE_AS = "datasheet"
 
 
 @dataclass(frozen=True)
-class PredictRequest:
-    """One prediction run: a fit, a target, a drafter and the grid (roofline/conf/predict.yaml)."""
+class WhatIfKeys:
+    """Without a fit: the device, engine and calibration of the what-if (roofline.parallel.whatif)."""
 
-    fit: str  # a fit.json written by roofline.cli.fit
-    model: ModelConfig | None = None  # the target; None: the fitted model. Another = device-fit transfer
-    dtype: str = "bfloat16"
-    mode: str | None = None  # None: the fitted mode
-    drafter: str = "mtp"  # mtp | draft_model | ngram
-    draft_model: ModelConfig | None = None  # the draft model (drafter=draft_model)
-    draft_fit: str | None = None  # its own fit.json (default: the target's device fit, transferred)
-    alphas: tuple[float, ...] = (0.6, 0.7, 0.8, 0.9)
-    vllm_metrics: str | None = None  # a vLLM /metrics dump: adds its per-position profile
-    k: tuple[int, ...] = tuple(range(9))
-    B: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
-    L: tuple[int, ...] = (128, 1024, 3072)
-    plot_B: int = 1
-    plot_L: int = 1024
-    overhead_share: float = 1.0
-    overhead: str | None = None  # overhead.json of a specdec run: measured O(k, B)
-    out_dir: str | None = None  # default: <fit's folder>/predict-<model>-<drafter>
-    allow_other_model: bool = False  # apply a fit of one model to another (a device-fit transfer, marked)
+    device: str | None = option(None, "without fit: a datasheet row (roofline/conf/device/) -> the what-if model")
+    engine: str | None = option(None, "what-if: an engine profile (roofline/conf/engine/); null: the interval "
+                                      "spans them")
+    calibrate: str | None = option(None, "what-if: your deployment's measured points (YAML/JSON {points: [{B, L, "
+                                         "itl_ms | tok_s_per_user}]}) or a GPU sweep's fit.json of this model "
+                                         "(roofline.analysis.calibrate)")
+
+
+@dataclass(frozen=True)
+class PredictRequest:
+    """One prediction run: a fit, a target, a drafter and the grid."""
+
+    fit: str = option(help="path to a fit.json (python -m roofline.cli.fit results_dir=...)")
+    model: ModelConfig | None = option(None, "target preset (roofline/conf/model/); null: the fitted one. "
+                                             "Another = device-fit transfer")
+    dtype: str = option("bfloat16", "float32 | bfloat16 | float16: activations (and every class not overridden)")
+    mode: str | None = option(None, "eager | graph | compiled; null: the fitted mode")
+    drafter: str = option("mtp", "mtp | draft_model | ngram")
+    draft_model: ModelConfig | None = option(None, "preset name of the draft model (drafter=draft_model)")
+    draft_fit: str | None = option(None, "its own fit.json (default: the target's device fit, transferred)")
+    alphas: tuple[float, ...] = option((0.6, 0.7, 0.8, 0.9), "i.i.d. acceptance rates")
+    vllm_metrics: str | None = option(None, "a vLLM /metrics dump: adds its per-position acceptance profile")
+    k: tuple[int, ...] = option(tuple(range(9)), "draft lengths")
+    B: tuple[int, ...] = option((1, 2, 4, 8, 16, 32, 64), "batch sizes")
+    L: tuple[int, ...] = option((128, 1024, 3072), "contexts (L + k + 1 must fit the model's max_context)")
+    plot_B: int = option(1, "batch of the S-vs-alpha picture")
+    plot_L: int = option(1024, "context of the S-vs-alpha picture")
+    overhead_share: float = option(1.0, "O(k, B) = share x fitted t0, unless `overhead` is given")
+    overhead: str | None = option(None, "overhead.json of a specdec run (python -m roofline.cli.specdec): "
+                                        "measured O(k, B)")
+    out_dir: str | None = option(None, "default: <fit's folder>/predict-<model>-<drafter>")
+    allow_other_model: bool = option(False, "true: apply a fit of one model to another (a device-fit transfer, "
+                                            "marked extrapolated)")
 
     def __post_init__(self) -> None:
         if self.fit in (None, ""):
@@ -171,6 +187,10 @@ def plot_all(costs: Costs, Bs, Ls, B: int, L: int, out_dir: Path, title: str, k_
 def _save(fig, out_dir: Path, stem: str) -> list[Path]:
     fig.tight_layout()
     return figures.save(fig, out_dir, stem, dpi=110)
+
+
+# the command's keys (their defaults and help): its structured config, roofline/cli/schema.py
+CONFIG = (PredictRequest, FormatKeys, LayoutKeys, WhatIfKeys)
 
 
 def run(c: dict) -> None:

@@ -18,6 +18,49 @@ class ConfigError(ValueError):
     """Bad input: names the field and the allowed values."""
 
 
+# ---- config keys: a dataclass field is the one home of a key's default and its help ----------
+
+HELP, INTERNAL = "help", "internal"
+
+
+def option(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None) -> Any:
+    """A command's config key declared as a dataclass field: its default (`factory` for a list or
+    a nested settings dataclass) and its line of `--help`. The field is the key's one home: the
+    command's structured config (roofline/cli/schema.py) is built from it, and its YAML file
+    holds only values that differ. No default: a required key (`???` until it is given)."""
+    if not help:
+        raise TypeError("option(): every config key has a help text")
+    meta = {HELP: help}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def internal(default: Any = dataclasses.MISSING, why: str = "", *, factory: Any = None) -> Any:
+    """A field that is not a config key: the command fills it (from other keys, a file, the
+    device); `why` says from what."""
+    if not why:
+        raise TypeError("internal(): say what fills the field")
+    meta = {INTERNAL: why}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def config_fields(cls: type) -> list[dataclasses.Field]:
+    """The fields of `cls` that are config keys (declared with option(), not internal())."""
+    return [f for f in dataclasses.fields(cls) if INTERNAL not in f.metadata]
+
+
+def default_of(f: dataclasses.Field) -> Any:
+    """A field's default (its factory called), or dataclasses.MISSING for a required one."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
 def field_names(cls: type) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
 
