@@ -111,16 +111,16 @@ def help_lines(name: str, values: dict | None = None) -> list[str]:
     def show(v):
         if isinstance(v, list):
             return "[" + ", ".join(show(x) for x in v) + "]"
-        return "null" if v is None else "true" if v is True else "false" if v is False else str(v)
+        return "null" if v is None else "true" if v is True else "false" if v is False else "''" if v == "" else str(v)
 
     lines = []
 
     def walk(ks, vals, indent):
         for k in ks.values():
-            val = vals.get(k.name, k.default) if isinstance(vals, dict) else k.default
+            val = vals.get(k.name, k.default)
             if isinstance(k.default, dict):
                 lines.append(f"{indent}{k.name}:  # {k.help}")
-                walk(k.default, val if isinstance(val, dict) else {}, indent + "  ")
+                walk(k.default, val if isinstance(val, dict) and val is not k.default else {}, indent + "  ")
             else:
                 text = "???" if val is dataclasses.MISSING or val == MISSING else show(val)
                 lines.append(f"{indent}{k.name}: {text}  # {k.help}")

@@ -4,6 +4,7 @@
 spawned here or under torchrun / srun): points.jsonl and run.json in the run folder, the
 one-screen table (T(q)/T(1), ms, GB/s, TFLOP/s) and the JSON summary on the console."""
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -11,9 +12,9 @@ import pandas as pd
 from roofline.io import files
 from roofline.analysis import quality
 from roofline.checkpoints.loader import checkpoint_config
-from roofline.commands import axis, not_both
+from roofline.commands import FormatKeys, LayoutKeys, axis, not_both
 from roofline.io import results
-from roofline.io.fields import from_dict
+from roofline.io.fields import from_dict, option
 from roofline.io.results import RUNS_ROOT
 from roofline.measure.noise import NoiseSettings
 from roofline.measure.sweep import SweepRequest, dry_run, run_sweep, summary_table
@@ -26,6 +27,34 @@ from roofline.parallel.runner import run_parallel_sweep
 
 # what the `device` entry (roofline/conf/device/) means to this command: the torch device to run on
 DEVICE_AS = "torch"
+
+
+@dataclass(frozen=True)
+class NoiseKeys(NoiseSettings):
+    """The busy-machine check's settings and its switch."""
+
+    enabled: bool = option(True, "false: no interleaved reference measurements, no noisy marks")
+
+
+@dataclass(frozen=True)
+class SweepKeys:
+    """The sweep's keys that are not fields of the request: what to run it on, and how to run it."""
+
+    model: dict | None = option(None, "model preset (roofline/conf/model/)")
+    device: dict | None = option(None, "roofline/conf/device/: cpu | cuda | a datasheet GPU row (h200_sxm, ...); "
+                                       "device.torch=cuda:N picks a GPU")
+    progress: bool = option(True, "a progress bar on stderr")
+    dry_run: bool = option(False, "true: print the expanded grid, each point's memory fit and a time bound; "
+                                  "measure nothing")
+    force: bool = option(False, "true: set the out_dir's previous run aside (previous-<time>/) and measure again")
+    extend: bool = option(False, "true: add new grid values to the run in out_dir (the union grid; measured "
+                                 "points kept)")
+    retry_failed: bool = option(True, "on resume, measure again the points that failed with oom, too_big or error")
+    noise: NoiseKeys = option(help="busy-machine check (roofline.measure.noise)", factory=NoiseKeys)
+
+
+# the command's keys (their defaults and help): its structured config, roofline/cli/schema.py
+CONFIG = (SweepRequest, FormatKeys, LayoutKeys, SweepKeys)
 
 
 def build_spec(c: dict) -> SweepRequest:

@@ -46,21 +46,22 @@ from typing import Callable
 
 import torch
 
-from roofline.io.fields import check_int, check_number
+from roofline.io.fields import check_int, check_number, option
 from roofline.measure.devices import is_cuda
 
 
 @dataclass(frozen=True)
 class NoiseSettings:
-    every: int = 6  # points between reference measurements
-    max_cv: float = 0.25  # a point's repetitions spread more than this: noisy
-    max_drift: float = 0.30  # reference slower than its quietest time by more than this: busy
-    min_cpu_share: float = 0.80  # reference got less than this share of its threads' CPU time: busy
-    retries: int = 2  # re-measurements of a busy window before its points are marked
-    give_up: int = 2  # after this many busy windows in a row, mark without retrying until a quiet check
-    settle_s: float = 1.0  # wait before a retry (at most as long as the window took), to let a burst pass
-    ref_bytes: int = 48 * 2**20  # the reference buffer (larger than a CPU's L3; on CUDA at least 4x the L2)
-    ref_reps: int = 3
+    every: int = option(6, "points between interleaved reference measurements")
+    max_cv: float = option(0.25, "a point's repetitions spread more than this: re-measure, else mark noisy")
+    max_drift: float = option(0.30, "reference slower than its quietest time in the run by more than this: busy")
+    min_cpu_share: float = option(0.80, "reference got less of its threads' CPU time than this: busy")
+    retries: int = option(2, "re-measurements of a busy window before its points are marked noisy")
+    give_up: int = option(2, "after this many busy windows in a row, mark without retrying until a quiet check")
+    settle_s: float = option(1.0, "wait before a retry (at most as long as the window took), to let a burst pass")
+    ref_bytes: int = option(48 * 2**20, "the reference buffer, bytes (larger than a CPU's L3; on CUDA at least "
+                                        "4x the L2)")
+    ref_reps: int = option(3, "timed reads of the reference buffer per check")
 
     def __post_init__(self) -> None:
         for name in ("every", "ref_reps"):

@@ -41,7 +41,7 @@ from roofline.model.accounting import (SHARDED_MOE_NO_GRAPH, check_weight_format
                                        mtp_cost)
 from roofline.model.dtypes import datasheet_column, torch_dtype
 from roofline.model.formats import activation_dtype, parse_precision, precision, precision_columns
-from roofline.io.fields import ConfigError
+from roofline.io.fields import ConfigError, internal, option
 from roofline.model.config import ModelConfig
 from roofline.model.decoder import build_model
 from roofline.measure import slicing
@@ -63,29 +63,43 @@ CPU_ATTENTIONS = ("auto",) + decoder.CPU_DECODE_ATTENTION  # a sweep's cpu_atten
 
 @dataclass(frozen=True)
 class SweepRequest:
-    model: ModelConfig
-    q: tuple[int, ...]
-    B: tuple[int, ...]
-    L: tuple[int, ...]
-    dtypes: tuple[str, ...] = ("bfloat16",)
-    modes: tuple[str, ...] = ("eager",)
-    timer: TimerSettings = field(default_factory=TimerSettings)
-    device: str = "cpu"
-    layers: int = 0  # 0: full depth; n: measure n and 2n layers, extrapolate
-    mtp_q: tuple[int, ...] = (1,)  # q of the MTP drafter step (presets with MTP only)
-    seed: int = 0
-    checkpoint: str = ""  # a Hugging Face model folder: its weights instead of random ones (model = its config)
-    ceilings: str = ""  # a ceilings.json, or "quick" to measure one first; rows then give % of measured ceilings
-    out_dir: str = ""
-    overrides: tuple[str, ...] = ()
-    parallel: Layout = field(default_factory=Layout)  # tp/ep > 1: ranks of torch.distributed (roofline.parallel.runner)
-    pairs: tuple[tuple[str, str], ...] = ()  # (dtype, mode) measured, replacing dtypes x modes (dtypes=[auto] resolved)
-    auto_choice: str = ""  # why dtypes=[auto] became what it did (console, run.json, report)
+    model: ModelConfig = internal(why="the `model` group's preset, or the config of `checkpoint`")
+    q: tuple[int, ...] = option((1, 2, 4, 8, 16, 32, 64), "new tokens per sequence per forward")
+    B: tuple[int, ...] = option((1, 4), "sequences per forward")
+    L: tuple[int, ...] = option((128, 512, 1536), "tokens already in each sequence's KV cache (three, over a "
+                                                  "decade: the fit's L hold-out)")
+    dtypes: tuple[str, ...] = option(("bfloat16",), "float32 | bfloat16 | float16 | auto (the dtype this device's "
+                                                    "measured ceilings keep memory-bound longest, in its fast mode; "
+                                                    "the demo runs [auto, bfloat16])")
+    modes: tuple[str, ...] = option(("eager",), "auto (the auto dtype's fast mode, named dtypes eager) | eager | "
+                                                "graph (CUDA-graph replay, cuda only) | compiled (torch.compile: on "
+                                                "cpu frozen prepacked weights, a graph per token count; + CUDA "
+                                                "graphs on cuda)")
+    timer: TimerSettings = option(help="how each point is timed (roofline/conf/timer/: default | quick)",
+                                  factory=TimerSettings)
+    device: str = internal("cpu", "the torch device of the `device` group's entry")
+    layers: int = option(0, "0: full depth; n: time n and 2n layers, extrapolate T = a + layers*b")
+    mtp_q: tuple[int, ...] = option((1,), "q of the MTP drafter step timed for presets with MTP modules")
+    seed: int = option(0, "seed of the random weights and inputs")
+    checkpoint: str = option("", "a Hugging Face model folder: its config and weights replace the model preset")
+    ceilings: str = option("", "a ceilings.json (python -m roofline.cli.ceilings) or quick (measure one first); "
+                               "rows then give % of measured ceilings")
+    out_dir: str = option("", "default: results/runs/sweep-<model>-<fingerprint of the grid>")
+    overrides: tuple[str, ...] = internal((), "the command line (provenance)")
+    parallel: Layout = internal(why="tp/ep/dp_attention: ranks of torch.distributed (roofline.parallel.runner)",
+                                factory=Layout)
+    pairs: tuple[tuple[str, str], ...] = internal((), "(dtype, mode) measured, replacing dtypes x modes "
+                                                      "(dtypes=[auto] resolved)")
+    auto_choice: str = internal("", "why dtypes=[auto] became what it did (console, run.json, report)")
     # per dtype, the most tokens the skinny CPU GEMM takes (cpu_gemm=auto): measured by the
     # ceilings (roofline.measure.cpu_gemm.crossovers), set once they are known; rows record it
-    skinny_max_m: tuple[tuple[str, int], ...] = ()
-    cpu_gemm: str = "auto"  # the CPU's float32 / bfloat16 linears in eager mode: auto | skinny | aten (roofline.measure.cpu_gemm)
-    cpu_attention: str = "auto"  # the CPU's decode (q = 1) attention in eager mode: auto (the faster, timed at build) | grouped | sdpa
+    skinny_max_m: tuple[tuple[str, int], ...] = internal((), "measured by the ceilings (cpu_gemm=auto)")
+    cpu_gemm: str = option("auto", "the CPU's float32 linears in eager mode: auto (skinny where it builds, else "
+                                   "aten) | skinny (roofline.measure.cpu_gemm: at the memory roof for M <= 128 "
+                                   "tokens) | aten (torch's F.linear)")
+    cpu_attention: str = option("auto", "the CPU's decode (q = 1) attention in eager mode: auto (both timed on the "
+                                        "model's shape at build, the faster kept) | grouped (one grouped matmul "
+                                        "per KV head) | sdpa (torch's scaled_dot_product_attention)")
 
     def __post_init__(self) -> None:
         for name in GRID_AXES:  # a value given twice is one grid value (one point, one row)

@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Protocol, Sequence
 import torch
 
 from roofline.measure.devices import parse_device
-from roofline.io.fields import ConfigError, check_int
+from roofline.io.fields import ConfigError, check_int, option
 
 MODES = ("eager", "graph", "compiled")
 L2_MODES = ("warm", "cold")
@@ -75,15 +75,15 @@ class TimerSettings:
     is; the count actually used is recorded either way.
     """
 
-    warmup: int = 2
-    min_reps: int = 5
-    max_reps: int = 40
-    rel_ci: float = 0.03
-    budget_s: float = 0.6
-    mode: str = "eager"
-    l2: str = "warm"
-    l2_bytes: int = 0
-    threads: int = 0
+    warmup: int = option(2, "untimed calls before the first timed one")
+    min_reps: int = option(5, "timed calls at least (2 or more: a single run is never reported)")
+    max_reps: int = option(40, "timed calls at most")
+    rel_ci: float = option(0.03, "stop when the median's 95% CI half-width is below this share of it")
+    budget_s: float = option(0.6, "timed seconds per point before stopping anyway (never below min_reps)")
+    mode: str = option("eager", "eager | graph | compiled (a sweep replaces it per point by its modes axis)")
+    l2: str = option("warm", "warm | cold (flush >= 2x the cache size before each rep)")
+    l2_bytes: int = option(0, "cache to defeat; 0: queried L2 (cuda) or 64 MiB (cpu)")
+    threads: int = option(0, "0: torch's default; the count used is recorded in every row")
 
     def __post_init__(self) -> None:
         self.validate()
