@@ -1,6 +1,7 @@
 """Helpers shared by several test modules (no test module imports another).
 
-- a synthetic run folder with CPU-like physics (plots, report);
+- synthetic run folders, written by one writer (write_run): CPU-like physics (plots, report), a
+  preset at an exact T = t0 + bytes / BW (quality gates), medians with repetitions (compare);
 - seeded random transformers models of every supported family, and an MTP layer appended to a
   saved checkpoint (checkpoint loading, real acceptance);
 - a word-level chat tokenizer saved like a checkpoint's (prompts, real acceptance).
@@ -16,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from roofline.io.results import append_row, write_csv
+from roofline.io.results import append_row, append_samples, write_csv
 
 # ---- a synthetic run folder ---------------------------------------------------------------------
 
@@ -83,14 +84,68 @@ def make_synthetic_run(run_dir: Path, ceilings: bool = True, datasheet: bool = T
         derived = dict(achieved_GBps=p["bytes_total"] / t / 1e9, achieved_TFLOPs=p["flops"] / t / 1e12,
                        tokens_per_s=B * q / t, ridge_datasheet=None, bound_datasheet=None)
         rows.append(key | timing | p | derived | PROVENANCE | dict(status="ok", error=None, extrapolated=False))
-    for row in rows:
+    return write_run(run_dir, rows, {"model": "cpu-demo", "dtype": "bfloat16", "device": "cpu", "mode": "eager",
+                                     "l2": "warm"}, synthetic_ceilings(datasheet) if ceilings else None)
+
+
+def write_run(run_dir: Path, rows: list[dict], run_json: dict | None = None, ceilings: dict | None = None,
+              samples: dict[str, list[float]] | None = None, jsonl: bool = True) -> Path:
+    """The one writer of a synthetic run folder, as a sweep leaves it: points.csv of `rows` (and
+    points.jsonl, unless `jsonl` is false: rows without the full schema are read from the CSV),
+    run.json, ceilings.json, and the repetitions of each point (`samples`: {point_id: seconds})."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for pid, s in (samples or {}).items():
+        append_samples(run_dir, pid, list(s))
+    for row in rows if jsonl else ():
         append_row(run_dir / "points.jsonl", row)
     write_csv(rows, run_dir / "points.csv")
-    (run_dir / "run.json").write_text(json.dumps({"model": "cpu-demo", "dtype": "bfloat16", "device": "cpu",
-                                                  "mode": "eager", "l2": "warm"}))
-    if ceilings:
-        (run_dir / "ceilings.json").write_text(json.dumps(synthetic_ceilings(datasheet)))
+    if run_json is not None:
+        (run_dir / "run.json").write_text(json.dumps(run_json))
+    if ceilings is not None:
+        (run_dir / "ceilings.json").write_text(json.dumps(ceilings))
     return run_dir
+
+
+def roof_run(run_dir: Path, bw_GBps=10.0, t0_s=2e-4, qs=(1, 2, 4, 8, 16), Bs=(1, 2), Ls=(0, 64), model="tiny",
+             ceiling_GBps=None, converged=True) -> Path:
+    """A run folder of a preset whose times follow T = t0 + bytes / BW exactly (the library's
+    byte count, 1% seeded noise); `ceiling_GBps`: a ceilings.json with that measured roof."""
+    import dataclasses
+
+    from roofline.model.accounting import forward_cost
+    from roofline.model.presets import get_preset
+    cfg = get_preset(model)
+    rng = np.random.default_rng(0)
+    rows = []
+    for q in qs:
+        for B in Bs:
+            for L in Ls:
+                c = forward_cost(cfg, "bfloat16", B, q, L).as_row()
+                t = (t0_s + c["bytes_total"] / (bw_GBps * 1e9)) * (1 + 0.01 * rng.standard_normal())
+                rows.append({**c, **dict(point_id=f"forward|bfloat16|eager|q{q}|B{B}|L{L}|l{cfg.layers}",
+                                         kind="forward", model=cfg.name, dtype="bfloat16", mode="eager", q=q, B=B,
+                                         L=L, layers_run=cfg.layers, layers_full=cfg.layers, status="ok",
+                                         t_median_s=t, t_ci_rel=0.01, converged=converged,
+                                         achieved_GBps=c["bytes_total"] / t / 1e9,
+                                         achieved_TFLOPs=c["flops"] / t / 1e12, device_name="test CPU",
+                                         extrapolated=False)})
+    ceilings = None if not ceiling_GBps else dict(summary=dict(mem_bw_GBps=ceiling_GBps,
+                                                               peak_tflops={"bfloat16": 1.0}))
+    return write_run(run_dir, rows, dict(fingerprint="x", spec=dict(model=dataclasses.asdict(cfg))), ceilings,
+                     jsonl=False)
+
+
+def repeated_run(run_dir: Path, medians, seed, spread=0.01, n=30) -> Path:
+    """A run folder with one ok point per median (seconds) and its `n` repetitions (compare)."""
+    rng = np.random.default_rng(seed)
+    rows, samples = [], {}
+    for i, med in enumerate(medians):
+        pid = f"forward|bfloat16|eager|q{i + 1}|B1|L0|l2"
+        s = med * (1 + spread * rng.standard_normal(n))
+        samples[pid] = list(s)
+        rows.append(dict(point_id=pid, kind="forward", dtype="bfloat16", mode="eager", q=i + 1, B=1, L=0,
+                         status="ok", t_median_s=float(np.median(s)), t_n=n, t_ci_rel=0.01, device_name="cpu X"))
+    return write_run(run_dir, rows, samples=samples, jsonl=False)
 
 
 def synthetic_ceilings(datasheet: bool = True) -> dict:

@@ -1,57 +1,28 @@
 """Quality gates: unconverged points, impossible fits, too few points, extrapolation marks,
 the report's warnings block and the speculative-decoding mismatch flag."""
 
-import dataclasses
-import json
 import re
 import subprocess
 import sys
 
-import numpy as np
 import pandas as pd
 import pytest
 
 from roofline.analysis import capacity, costmodel, quality
 from roofline.analysis.predict import DraftCost as Drafter, table
 from roofline.io import results
-from roofline.model.accounting import forward_cost
 from roofline.io.fields import ConfigError
 from roofline.model.presets import REPO_ROOT, get_preset
 from roofline.commands.sweep import summary_text
 from roofline.measure.sweep import SweepRequest, run_sweep
 from roofline.measure.timer import TimerSettings
-
-
-def synthetic_run(tmp_path, bw_GBps=10.0, t0_s=2e-4, qs=(1, 2, 4, 8, 16), Bs=(1, 2), Ls=(0, 64), model="tiny",
-                  ceiling_GBps=None, converged=True):
-    """A run folder whose times follow T = t0 + bytes / BW exactly (with 1% seeded noise)."""
-    cfg = get_preset(model)
-    rng = np.random.default_rng(0)
-    rows = []
-    for q in qs:
-        for B in Bs:
-            for L in Ls:
-                c = forward_cost(cfg, "bfloat16", B, q, L).as_row()
-                t = (t0_s + c["bytes_total"] / (bw_GBps * 1e9)) * (1 + 0.01 * rng.standard_normal())
-                rows.append({**c, **dict(point_id=f"forward|bfloat16|eager|q{q}|B{B}|L{L}|l{cfg.layers}",
-                                         kind="forward", model=cfg.name, dtype="bfloat16", mode="eager", q=q, B=B,
-                                         L=L, layers_run=cfg.layers, layers_full=cfg.layers, status="ok",
-                                         t_median_s=t, t_ci_rel=0.01, converged=converged,
-                                         achieved_GBps=c["bytes_total"] / t / 1e9,
-                                         achieved_TFLOPs=c["flops"] / t / 1e12, device_name="test CPU",
-                                         extrapolated=False)})
-    results.write_csv(rows, tmp_path / "points.csv")
-    (tmp_path / "run.json").write_text(json.dumps(dict(fingerprint="x", spec=dict(model=dataclasses.asdict(cfg)))))
-    if ceiling_GBps:
-        (tmp_path / "ceilings.json").write_text(json.dumps(dict(summary=dict(mem_bw_GBps=ceiling_GBps,
-                                                                             peak_tflops={"bfloat16": 1.0}))))
-    return tmp_path
+from tests.helpers import roof_run
 
 
 def test_a_fit_that_would_beat_the_measured_roof_sits_at_its_bound_and_is_flagged(tmp_path):
     """Times made at 10 GB/s on a device whose measured ceiling is 3 GB/s: the fit may not claim more
     than 1.15x the ceiling (it did: 10 GB/s, flagged only above 2x); the term at its bound is a problem."""
-    fit, _ = costmodel.fit_run(synthetic_run(tmp_path, bw_GBps=10.0, ceiling_GBps=3.0))
+    fit, _ = costmodel.fit_run(roof_run(tmp_path, bw_GBps=10.0, ceiling_GBps=3.0))
     g = fit["groups"][0]
     assert g["params"]["BW_eff_GBps"] <= costmodel.ROOF_SLACK * 3.0 * (1 + 1e-6)
     assert any(p.startswith("term weights + kv at bound") and "measured ceiling of 3 GB/s" in p
@@ -68,7 +39,7 @@ def test_an_old_fit_above_twice_the_roof_is_still_flagged():
 
 
 def test_a_fit_within_the_roof_has_no_problems(tmp_path):
-    fit, _ = costmodel.fit_run(synthetic_run(tmp_path, bw_GBps=10.0, ceiling_GBps=12.0))
+    fit, _ = costmodel.fit_run(roof_run(tmp_path, bw_GBps=10.0, ceiling_GBps=12.0))
     # the synthetic times carry no FLOP terms: their rates sit at the ceiling's bound, and the gate says so
     assert [p for p in fit["groups"][0]["problems"]
             if not re.match(r"term (matmul|attention) at bound|term t0 weakly", p)] == []
@@ -77,7 +48,7 @@ def test_a_fit_within_the_roof_has_no_problems(tmp_path):
 
 def test_too_few_points_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="too few points to fit.*has 1"):
-        costmodel.fit_run(synthetic_run(tmp_path, qs=(1,), Bs=(1,), Ls=(0,)))
+        costmodel.fit_run(roof_run(tmp_path, qs=(1,), Bs=(1,), Ls=(0,)))
 
 
 def test_fit_of_an_all_failed_run_is_one_line(tmp_path):
@@ -103,7 +74,7 @@ def test_unconverged_points_are_recorded_and_listed(tmp_path):
 
 def test_the_report_opens_with_the_key_figure_and_a_warnings_block(tmp_path):
     from roofline.report.document import write_report
-    run = synthetic_run(tmp_path, ceiling_GBps=20.0, converged=False)
+    run = roof_run(tmp_path, ceiling_GBps=20.0, converged=False)
     md, html = write_report(run)
     lines = [l for l in md.read_text().splitlines() if l.strip()]
     assert lines[1].startswith("**Key figure:** decode (q=1) reaches") and "% of the measured memory roof" in lines[1]
@@ -122,7 +93,7 @@ def test_key_figure_is_the_median_percent_of_the_measured_roof():
 
 
 def test_a_fit_of_one_model_applied_to_another_is_refused_unless_asked(tmp_path):
-    fit, _ = costmodel.fit_run(synthetic_run(tmp_path))
+    fit, _ = costmodel.fit_run(roof_run(tmp_path))
     with pytest.raises(ConfigError, match="allow_other_model=true"):
         quality.check_model(fit, "llama-3.1-8b", allow_other_model=False)
     quality.check_model(fit, "llama-3.1-8b", allow_other_model=True)
@@ -133,13 +104,13 @@ def test_a_fit_of_one_model_applied_to_another_is_refused_unless_asked(tmp_path)
 
 
 def test_predictions_inside_the_measured_range_are_not_marked(tmp_path):
-    fit, _ = costmodel.fit_run(synthetic_run(tmp_path))
+    fit, _ = costmodel.fit_run(roof_run(tmp_path))
     t = table(fit, {0.8: 0.8}, [1], [1, 2], [0, 32], "bfloat16", Drafter("ngram"), get_preset("tiny"))
     assert (t["extrapolation"] == "").all()
 
 
 def test_capacity_marks_extrapolation_by_range_and_dtype(tmp_path):
-    fit, _ = costmodel.fit_run(synthetic_run(tmp_path))
+    fit, _ = costmodel.fit_run(roof_run(tmp_path))
     _, summary = capacity.plan(fit, get_preset("tiny"), "bfloat16", capacity.Workload(context=16, output=16),
                                8e9, [1, 32], None)
     assert summary["extrapolated"] is True and summary["extrapolation"] == ["range: B=[32] outside the measured [1, 2]"]
@@ -179,7 +150,7 @@ def test_a_gross_speculative_mismatch_is_flagged():
 
 
 def test_points_marked_noisy_are_named_in_the_warnings_block(tmp_path):
-    run = synthetic_run(tmp_path)
+    run = roof_run(tmp_path)
     df = pd.read_csv(run / "points.csv")
     df["noisy"] = False
     df["noise_reason"] = None
