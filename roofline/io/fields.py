@@ -30,10 +30,7 @@ def option(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any =
     holds only values that differ. No default: a required key (`???` until it is given)."""
     if not help:
         raise TypeError("option(): every config key has a help text")
-    meta = {HELP: help}
-    if factory is not None:
-        return dataclasses.field(default_factory=factory, metadata=meta)
-    return dataclasses.field(default=default, metadata=meta)
+    return _field(default, factory, {HELP: help})
 
 
 def internal(default: Any = dataclasses.MISSING, why: str = "", *, factory: Any = None) -> Any:
@@ -41,7 +38,10 @@ def internal(default: Any = dataclasses.MISSING, why: str = "", *, factory: Any 
     device); `why` says from what."""
     if not why:
         raise TypeError("internal(): say what fills the field")
-    meta = {INTERNAL: why}
+    return _field(default, factory, {INTERNAL: why})
+
+
+def _field(default: Any, factory: Any, meta: dict) -> Any:
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
