@@ -80,12 +80,10 @@ def compose(config: str, overrides: list[str]) -> int:
     """Compose roofline/conf/<config>.yaml with `overrides` as the command would, and build the request it
     describes (the sweep's SweepRequest, the ceilings' CeilingsRequest): the GPU branch's exact
     settings checked on a machine without one. One line; exit 2 on the first problem."""
-    from hydra import compose as hydra_compose, initialize_config_dir
-    from roofline.cli.entry import CONF_DIR, hydra_args, hydra_error_line, plain
+    from roofline.cli.entry import compose_config, hydra_error_line, plain
     from roofline.io.fields import ConfigError
     try:
-        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-            cfg = hydra_compose(config, overrides=hydra_args(list(overrides)))
+        cfg = compose_config(config, overrides)  # registers the command's schema first, as its entry point does
         what = "composed"
         if config == "sweep":
             from roofline.commands.sweep import build_spec

@@ -187,3 +187,30 @@ def test_the_summary_names_each_failed_step_with_its_last_log_lines_and_gives_t_
     assert "line 12" not in text  # the last 8 lines, not the whole log
     tq = devcheck.tq_table(rows)
     assert list(tq["t_over_t1"]) == [1.0, 1.25]
+
+
+def _devcheck_script():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("devcheck_script", REPO / "scripts" / "devcheck.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("config,overrides", [
+    ("sweep", ["model=llama-3.1-8b", "device=cuda", "dtypes=[bfloat16]", "modes=[graph]", "q=[1,2]", "B=[1]",
+               "L=[512]", "timer.warmup=2", "progress=false", "out_dir=/tmp/x"]),
+    ("predict", ["fit=/tmp/f.json", "drafter=ngram", "alphas=[0.6]", "out_dir=/tmp/p"]),
+    ("fit", []),
+    ("ceilings", ["device=cuda"]),
+])
+def test_the_dry_runs_compose_step_composes_each_command_as_its_entry_point_does(config, overrides, capsys):
+    # a config whose defaults list names its registered schema composes only once the schema is registered:
+    # the compose step must go through the entry point's own composition, not Hydra's bare compose
+    assert _devcheck_script().compose(config, overrides) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.startswith(f"{config}: ")
+
+
+def test_the_dry_runs_compose_step_fails_on_an_unknown_key(capsys):
+    assert _devcheck_script().compose("sweep", ["model=tiny", "no_such_key=1"]) == 2
+    assert "no_such_key" in capsys.readouterr().err
