@@ -48,7 +48,7 @@ from roofline.analysis import quality
 from roofline.io import files
 from roofline.measure import provenance
 from roofline.model.accounting import forward_cost, moe_impl_for_mode, mtp_cost
-from roofline.io.fields import ConfigError
+from roofline.io.fields import ConfigError, option
 from roofline.model.config import ModelConfig
 from roofline.io.results import load_run
 from roofline.measure.devices import detect
@@ -72,11 +72,12 @@ FORM = ("T = t0 + W / BW_eff + KV / BW_kv + F_mm * max(0, 1 - m0 / N) / F_eff + 
 
 @dataclass(frozen=True)
 class FitSettings:
-    folds: int = 5
-    seed: int = 0
-    q_split: int = 16  # extrapolation test: train q <= q_split, predict q > q_split
-    band: tuple[float, float] = (0.1, 0.9)  # quantiles of held-out pred/meas for the interval
-    collectives: str = ""  # a collectives.json pricing the rows' collectives (default: the run folder's)
+    folds: int = option(5, "K of the K-fold held-out error")
+    seed: int = option(0, "fold assignment")
+    q_split: int = option(16, "extrapolation test: train on q <= q_split, predict q > q_split")
+    band: tuple[float, float] = option((0.1, 0.9), "quantiles of held-out pred/meas giving the prediction interval")
+    collectives: str = option("", "a collectives.json (python -m roofline.cli.collectives) pricing the rows' "
+                                  "collectives; empty or null: the run folder's")
 
     def __post_init__(self) -> None:
         from roofline.analysis.fitcheck import check_fit_settings

@@ -3,11 +3,26 @@
 `python -m roofline.cli.fit results_dir=results/runs/<run>`: fit.json and report_costmodel.md in
 the run folder, the parameters and errors on the console."""
 
+from dataclasses import dataclass
 
 from roofline.analysis import costmodel, quality
 from roofline.analysis.costmodel import FitSettings
 from roofline.io import files
+from roofline.io.fields import option
 from roofline.report.sections import fit_and_save
+
+
+@dataclass(frozen=True)
+class FitKeys:
+    """The run folders the fit reads (the fit's own settings: roofline.analysis.costmodel.FitSettings)."""
+
+    results_dir: str = option(help="a sweep run folder (points.csv / points.jsonl, run.json)")
+    sliced_dir: str | None = option(None, "a layer-sliced run of the same model and grid (layers=n): adds the "
+                                          "\"fewer layers -> full depth\" split")
+
+
+# the command's keys (their defaults and help): its structured config, roofline/cli/schema.py
+CONFIG = (FitKeys, FitSettings)
 
 
 def run(c: dict) -> None:
