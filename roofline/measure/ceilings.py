@@ -40,7 +40,7 @@ from roofline.measure import cpu_gemm, kernels
 
 from roofline.io import files
 from roofline.measure import provenance
-from roofline.io.fields import ConfigError, check_fields
+from roofline.io.fields import ConfigError, check_fields, internal, option
 
 from roofline.measure import timer
 from roofline.model.dtypes import MODEL_DTYPES, dtype_bytes, dtype_name, torch_dtype
@@ -134,20 +134,34 @@ class CeilingsRequest:
     """What to measure. None fields take the device's default (see the tables above) when the
     spec is built, so a built spec is concrete, validated and recorded as it ran."""
 
-    device: str = "cpu"
-    quick: bool = False
-    full: bool = False  # every working set (powers of two) and every decode M: the whole cache-to-DRAM curve
-    busy_check: bool = True  # the busy-machine reference around each group (roofline.measure.noise)
-    dtypes: tuple[str, ...] | None = None  # matmul dtypes
-    bandwidth_dtypes: tuple[str, ...] | None = None  # cpu: float32 (bytes are bytes); cuda: dtypes
-    working_sets: tuple[int, ...] | None = None  # bytes of all buffers of a kernel
-    l2_modes: tuple[str, ...] = ("cold", "warm")
-    kernels: tuple[str, ...] | None = None
-    square_sizes: tuple[int, ...] | None = None
-    decode_model: ModelConfig | None = None
-    decode_ms: tuple[int, ...] | None = None  # () measures no decode GEMMs
-    formats: tuple[str, ...] | None = None  # quantized weight formats of the decode GEMMs; () none
-    timer: timer.TimerSettings | None = None
+    device: str = internal("cpu", "the torch device of the `device` group's entry (roofline/conf/device/)")
+    quick: bool = option(False, "a reduced set: one large working set, 3 decode M (<= 30 s on a 2-core CPU)")
+    full: bool = option(False, "every working set 256 KiB..512 MiB and every decode M: the whole "
+                               "cache-to-DRAM curve (the default: 1, 16, 256 MiB; <= 90 s on 2 cores)")
+    busy_check: bool = option(True, "busy-machine reference after each group (roofline.measure.noise): a busy "
+                                    "group is re-measured, then marked busy")
+    dtypes: tuple[str, ...] | None = option(None, "matmul dtypes; null: [bfloat16, float32] on cpu; "
+                                                  "[bfloat16, float16, float32] on cuda")
+    bandwidth_dtypes: tuple[str, ...] | None = option(None, "bandwidth kernel dtypes; null: [float32] on cpu "
+                                                            "(bytes are bytes); the matmul dtypes on cuda")
+    working_sets: tuple[int, ...] | None = option(None, "bytes of all buffers of a kernel; null: cpu 1, 16, "
+                                                        "256 MiB (full: powers of two 256 KiB..512 MiB); "
+                                                        "cuda 256 KiB..1 GiB")
+    l2_modes: tuple[str, ...] = option(("cold", "warm"), "cache states the kernels are timed in: a non-empty "
+                                                         "subset of cold | warm")
+    kernels: tuple[str, ...] | None = option(None, "names from roofline.measure.kernels.KERNELS; null: torch_* "
+                                                   "(+ triton_* on cuda)")
+    square_sizes: tuple[int, ...] | None = option(None, "square matmul sizes; null: 1024, 2048 (cpu), "
+                                                        "4096, 8192 (cuda)")
+    decode_model: ModelConfig | None = option(None, "preset whose (N, K) the decode GEMMs use; null: cpu-demo "
+                                                    "(cpu), llama-3.1-8b (cuda)")
+    decode_ms: tuple[int, ...] | None = option(None, "tokens M of the decode GEMMs; null: 1, 4, 16, 64, 256 "
+                                                     "(cpu; full and cuda: 1, 2, 4, ..., 256); [] for none")
+    formats: tuple[str, ...] | None = option(None, "quantized weight formats of the decode GEMMs (M = B·(k+1)); "
+                                                   "null: [int8, int4_g128] on cpu, [int4_g128, fp8, "
+                                                   "fp8_e4m3_b128] on cuda; [] for none")
+    timer: timer.TimerSettings | None = option(None, "timer settings (roofline/conf/timer/); a null field: the "
+                                                     "device's own default (cpu / cuda tables, quick or not)")
     # seconds one GEMM's timed calls may take, judged from its first (checked) call (and a second
     # where the first may hold one-time costs) or a smaller square's; a GEMM over
     # it is skipped (ceilings.json `failures`, stage "skipped") with the larger ones of its kind:
@@ -155,7 +169,9 @@ class CeilingsRequest:
     # call takes ~20 s and the default run, without this, took over 11 minutes. 0: no limit;
     # None: 5 s, 2 s with quick (a GEMM of 1024^3 over 5 s in 7 calls runs below 3 GFLOP/s: a
     # fallback path, not a ceiling).
-    gemm_budget_s: float | None = None
+    gemm_budget_s: float | None = option(None, "seconds one GEMM's timed calls may take, judged from its first "
+                                               "call: over it the GEMM (and the larger ones of its kind) is "
+                                               "skipped and listed in failures; null: 5 (quick: 2); 0: no limit")
 
     def __post_init__(self) -> None:
         kind = _device_kind(self.device)
