@@ -3,9 +3,11 @@
 `python -m roofline.cli.collectives world=2` (gloo on the CPU, NCCL with device=cuda). Under
 torchrun or srun every rank runs this same command; rank 0 writes the results and prints."""
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from roofline.io import files
+from roofline.io.fields import option
 from roofline.io.results import RUNS_ROOT
 from roofline.measure.devices import detect
 from roofline.parallel.collectives import CollectiveRequest, run_collectives, table
@@ -14,6 +16,19 @@ from roofline.parallel.whatif import load_priors
 
 # what the `device` entry (roofline/conf/device/) means to this command: the torch device to run on
 DEVICE_AS = "torch"
+
+
+@dataclass(frozen=True)
+class CollectivesKeys:
+    """The keys that are not fields of the request: the device the ranks run on, where the results go."""
+
+    device: dict | None = option(None, "roofline/conf/device/: cpu (gloo, 1 thread per rank) | cuda or a GPU row "
+                                       "(NCCL, one GPU per rank)")
+    out_dir: str | None = option(None, "default: results/runs/collectives-<device>-<world>")
+
+
+# the command's keys (their defaults and help): its structured config, roofline/cli/schema.py
+CONFIG = (CollectiveRequest, CollectivesKeys)
 
 
 def run(c: dict) -> None:

@@ -39,7 +39,7 @@ from scipy.optimize import nnls
 
 from roofline.measure.devices import is_cuda
 from roofline.model.dtypes import dtype_bytes, dtype_name, torch_dtype
-from roofline.io.fields import ConfigError
+from roofline.io.fields import ConfigError, internal, option
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 SCHEMA = "roofline.collectives/1"
@@ -58,15 +58,17 @@ def bus_factor(kind: str, n: int) -> float:
 
 @dataclass(frozen=True)
 class CollectiveRequest:
-    kinds: tuple[str, ...] = KINDS
-    min_bytes: int = 8
-    max_bytes: int = 64 * 2**20
-    factor: int = 4  # sizes min_bytes, ×factor, ... (nccl-tests -f)
-    dtype: str = "float32"
-    reps: int = 7
-    device: str = "cpu"
-    world: int = 2
-    flush_bytes: int = 0  # > 0: stream this many bytes (untimed) before every timed operation
+    kinds: tuple[str, ...] = option(KINDS, "collectives to time: a non-empty subset of " + " | ".join(KINDS))
+    min_bytes: int = option(8, "smallest message size in bytes")
+    max_bytes: int = option(64 * 2**20, "largest message size in bytes (64 MiB); on GPUs use 536870912 "
+                                        "(hundreds of MB)")
+    factor: int = option(4, "next size = factor x previous (nccl-tests -f)")
+    dtype: str = option("float32", "element dtype of the messages")
+    reps: int = option(7, "timed loops per size (median reported)")
+    device: str = internal("cpu", "the torch device of the `device` group's entry (roofline/conf/device/)")
+    world: int = option(2, "ranks (spawned here, or the count torchrun / srun started)")
+    flush_bytes: int = option(0, "0: back to back (nccl-tests); > 0: stream this many bytes (untimed) before "
+                                 "each timed op (in-step latency)")
 
     def __post_init__(self) -> None:
         bad = [k for k in self.kinds if k not in KINDS]
