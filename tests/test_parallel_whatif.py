@@ -17,6 +17,7 @@ from roofline.parallel import anchors, engines, kernels
 from roofline.parallel.layout import Layout
 from roofline.parallel.whatif import (Pass, Setting, SpecDecode, WhatIf, candidate_layouts, capacity, memory_check,
                                       serve)
+from tests.helpers import composed
 
 FX = Path(__file__).parent / "fixtures" / "whatif"
 S = Setting(kernels=str(FX / "kernels.yaml"), engines=str(FX / "engines.yaml"), engine="vllm")
@@ -288,13 +289,10 @@ def test_memory_check_counts_the_draft_model_and_a_plan_that_does_not_fit_says_s
 
 def test_capacity_with_and_without_layouts_give_one_answer(fixture_data):
     from roofline.analysis.capacity import plan_whatif
-    from roofline.commands.capacity import plan_layouts, request_from_config
-    c = yaml.safe_load((ROOT / "roofline" / "conf" / "capacity.yaml").read_text())
-    c = {k: v for k, v in c.items() if k not in ("defaults", "layouts", "out_dir")}
-    c.update(model=get_preset("llama-3.1-8b").__dict__ | {}, device="h100_sxm", engine={"profile": "vllm"},
-             B=[16], itl_target_ms=1e4, out_dir="")
-    from dataclasses import asdict
-    c["model"] = asdict(get_preset("llama-3.1-8b"))
+    from roofline.commands.capacity import DEVICE_AS, plan_layouts, request_from_config
+    c = composed("capacity", "model=llama-3.1-8b", "device=h100_sxm", "engine=vllm", "B=[16]", "itl_target_ms=1e4",
+                 "out_dir=''", device_as=DEVICE_AS)
+    c.pop("overrides"), c.pop("layouts")  # what the command's run() takes off before it plans
     one, _ = plan_whatif(request_from_config(dict(c)))
     rows, summary = plan_layouts(dict(c))
     tp1 = rows[rows["layout"] == "tp1"].iloc[0]
@@ -314,17 +312,14 @@ def test_fixed_lengths_ramp_every_wave_and_staggered_ones_interleave_the_prompts
 
 
 def test_capacity_and_layouts_honour_calibrate_with_one_answer(fixture_data, tmp_path):
-    from dataclasses import asdict
-
     from roofline.analysis.capacity import plan_whatif
-    from roofline.commands.capacity import plan_layouts, request_from_config
+    from roofline.commands.capacity import DEVICE_AS, plan_layouts, request_from_config
     w = WhatIf(get_preset("llama-3.1-8b"), get_datasheet("h100_sxm"), "bfloat16", Layout(), Setting(engine="vllm"))
     L = 1024 + 256 // 2
     (tmp_path / "cal.yaml").write_text(yaml.safe_dump(dict(points=[dict(B=16, L=L, itl_ms=1.5e3 * w.itl(16, L)["typical"])])))
-    c = yaml.safe_load((ROOT / "roofline" / "conf" / "capacity.yaml").read_text())
-    c = {k: v for k, v in c.items() if k not in ("defaults", "layouts", "out_dir")}
-    c.update(model=asdict(get_preset("llama-3.1-8b")), device="h100_sxm", engine={"profile": "vllm"}, B=[16],
-             itl_target_ms=1e4, out_dir="", calibrate=str(tmp_path / "cal.yaml"))
+    c = composed("capacity", "model=llama-3.1-8b", "device=h100_sxm", "engine=vllm", "B=[16]", "itl_target_ms=1e4",
+                 "out_dir=''", f"calibrate={tmp_path / 'cal.yaml'}", device_as=DEVICE_AS)
+    c.pop("overrides"), c.pop("layouts")
     one, summary = plan_whatif(request_from_config(dict(c)))
     rows, _ = plan_layouts(dict(c))
     tp1 = rows[rows["layout"] == "tp1"].iloc[0]

@@ -25,7 +25,7 @@ from roofline.analysis import fitcheck, quality
 from roofline.spec import theory
 from roofline.model.accounting import forward_cost
 from roofline.model.formats import compute_dtype, parse_precision, precision_columns
-from roofline.io.fields import ConfigError
+from roofline.io.fields import ConfigError, internal, option
 from roofline.model.config import ModelConfig
 from roofline.analysis.predict import DraftCost, step_costs
 from roofline.measure import memory
@@ -34,10 +34,10 @@ from roofline.measure.devices import Datasheet, get_datasheet
 
 @dataclass(frozen=True)
 class Workload:
-    context: int = 1024  # prompt tokens already cached
-    output: int = 256  # generated tokens per sequence
-    itl_target_ms: float = 50.0
-    target_tok_s: float = 10000.0  # aggregate generation tokens/s wanted
+    context: int = option(1024, "prompt tokens per sequence (already cached when it decodes)")
+    output: int = option(256, "generated tokens per sequence")
+    itl_target_ms: float = option(50.0, "inter-token latency target (ms)")
+    target_tok_s: float = option(10000.0, "aggregate generated tokens/s wanted")
 
     def __post_init__(self) -> None:
         for name, lo in (("context", 0), ("output", 1)):
@@ -73,9 +73,10 @@ def check_inputs(mem_bytes: float, Bs, bw_eff: float = 0.8, f_eff: float = 0.7, 
 
 @dataclass(frozen=True)
 class Speculation:
-    alpha: float = 0.8
-    k: int = 2
-    drafter: DraftCost = DraftCost("mtp")
+    alpha: float = option(0.8, "speculation: i.i.d. acceptance rate (yours to give)")
+    k: int = option(2, "speculation: draft length")
+    drafter: DraftCost = internal(DraftCost("mtp"), "the command's drafter and draft_model keys "
+                                                    "(roofline.commands.capacity.CapacityKeys)")
 
 
 def batch_table(fit: dict, cfg: ModelConfig, dtype: str, work: Workload, Bs, spec: Speculation | None,
@@ -155,21 +156,29 @@ def plan(fit: dict, cfg: ModelConfig, dtype: str, work: Workload, mem_bytes: flo
 class CapacityRequest:
     """One capacity plan (roofline/conf/capacity.yaml): a fitted device, or a datasheet what-if."""
 
-    model: ModelConfig
-    dtype: str = "bfloat16"
-    fit: str | None = None  # a fit.json: its fitted device parameters (measured)
-    device: str = "h200_sxm"  # else: a datasheet row, a what-if flagged extrapolated
-    calibrate: str | None = None  # what-if: measured points of the user's deployment (roofline.analysis.calibrate)
-    engine: str | None = None  # what-if: an engine profile (roofline/data/engines.yaml); None: span them all
-    tp: int = 1  # what-if layout
-    ep: int = 1
-    dp_attention: bool = False
-    memory_gb: float | None = None  # device memory (GB, 1e9 B); None: the datasheet row's
-    work: Workload = Workload()
-    B: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-    speculation: Speculation | None = None
-    out_dir: str = ""  # default: <results root>/capacity
-    allow_other_model: bool = False  # apply a fit of one model to another (a device-fit transfer, marked)
+    model: ModelConfig = option(help="model preset (roofline/conf/model/)")
+    dtype: str = option("bfloat16", "float32 | bfloat16 | float16: activations (and every class not overridden)")
+    fit: str | None = option(None, "a fit.json: use its fitted device parameters (measured)")
+    device: str = internal("h200_sxm", "the command's `device` key (a roofline/conf/device/ entry): its "
+                                       "datasheet row; without fit a what-if flagged extrapolated")
+    calibrate: str | None = option(None, "what-if: your deployment's measured points (YAML/JSON {points: [{B, L, "
+                                         "itl_ms | tok_s_per_user}]}) or a GPU sweep's fit.json of this model "
+                                         "(roofline.analysis.calibrate)")
+    engine: str | None = option(None, "what-if: an engine profile (roofline/conf/engine/: vllm, sglang, trtllm, "
+                                      "...); null: the interval spans them")
+    tp: int = internal(1, "the what-if layout: the tp key (roofline.commands.LayoutKeys)")
+    ep: int = internal(1, "the what-if layout: the ep key (roofline.commands.LayoutKeys)")
+    dp_attention: bool = internal(False, "the what-if layout: the dp_attention key (roofline.commands.LayoutKeys)")
+    memory_gb: float | None = option(None, "device memory (GB, 1e9 B); null: the datasheet row's mem_bytes "
+                                           "(required for CPU fits)")
+    work: Workload = internal(Workload(), "the context, output, itl_target_ms and target_tok_s keys (Workload)")
+    B: tuple[int, ...] = option((1, 2, 4, 8, 16, 32, 64, 128, 256), "batch sizes planned")
+    speculation: Speculation | None = internal(None, "the speculative, alpha, k, drafter and draft_model keys "
+                                                     "(Speculation, roofline.commands.capacity.CapacityKeys)")
+    out_dir: str = option("", "the plans' root folder (a <model>-<device>-<dtype> folder in it); "
+                              "empty: <results root>/capacity")
+    allow_other_model: bool = option(False, "true: apply a fit of one model to another (a device-fit transfer, "
+                                            "marked extrapolated)")
 
 
 def whatif_of(c: dict, model: ModelConfig, label: str):

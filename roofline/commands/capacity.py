@@ -8,6 +8,7 @@ roofline.analysis.capacity's."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -17,7 +18,8 @@ from roofline.analysis.capacity import (CapacityRequest, Speculation, Workload, 
                                         whatif_of)
 from roofline.analysis.predict import DraftCost
 from roofline.io import files
-from roofline.io.fields import ConfigError, from_dict
+from roofline.commands import FormatKeys, LayoutKeys
+from roofline.io.fields import ConfigError, from_dict, option
 from roofline.io.results import RUNS_ROOT
 from roofline.measure.devices import detect, get_datasheet
 from roofline.model.config import ModelConfig
@@ -30,6 +32,27 @@ from roofline.report import figures
 
 # what the `device` entry (roofline/conf/device/) means to this command: the datasheet row priced
 DEVICE_AS = "datasheet"
+
+
+@dataclass(frozen=True)
+class CapacityKeys:
+    """The keys no library class holds as they are given: the device entry, the speculation's switch
+    and drafter (they build CapacityRequest.speculation), the layouts plan and its price."""
+
+    device: dict | None = option(None, "without fit: a datasheet row (roofline/conf/device/), a WHAT-IF flagged "
+                                       "extrapolated")
+    speculative: bool = option(False, "also plan with speculative decoding (off unless asked: alpha is yours "
+                                      "to give)")
+    drafter: str = option("ngram", "mtp (presets with MTP) | ngram | draft_model")
+    draft_model: str | None = option(None, "preset name of the draft model (drafter=draft_model)")
+    layouts: bool = option(False, "true: which layout and how many devices (tp/ep/dp-attention/pp) from datasheet "
+                                  "+ priors.yaml, in dtype + weights/kv/lm_head; speculation: drafter=mtp only")
+    price_per_device_hour: float | None = option(None, "with layouts: USD per device-hour, for the cost per "
+                                                       "million tokens")
+
+
+# the command's keys (their defaults and help): its structured config, roofline/cli/schema.py
+CONFIG = (CapacityRequest, FormatKeys, LayoutKeys, Workload, Speculation, CapacityKeys)
 
 
 def plan_request(req: CapacityRequest) -> tuple[pd.DataFrame, dict, Path]:
