@@ -26,7 +26,7 @@ from typing import Iterator
 import yaml
 
 from roofline.io import files
-from roofline.io.fields import ConfigError
+from roofline.io.fields import ConfigError, option
 from roofline.spec.theory import tau
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -65,10 +65,11 @@ class Checkpoint:
 
 @dataclass(frozen=True)
 class InventoryRequest:
-    before: str
-    after: str
-    rename_map: str | None = None  # YAML/JSON file {old name or regex: new name}, applied to `before`
-    strict: bool = False  # extra tensors fail too
+    before: str = option(help="source checkpoint folder (config.json + *.safetensors, sharded or not)")
+    after: str = option(help="converted checkpoint folder")
+    rename_map: str | None = option(None, "YAML/JSON file {old name or regex: new name}, applied to the names of "
+                                          "`before`")
+    strict: bool = option(False, "true: extra tensors in `after` fail too")
 
     def __post_init__(self) -> None:
         for key in ("before", "after"):

@@ -3,13 +3,31 @@
 `python -m roofline.cli.anchors [out_dir=DIR]`: the table (and trends) on the console, anchors.csv
 and anchors.json in out_dir."""
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from roofline.io import files
+from roofline.io.fields import option
 from roofline.io.files import write_csv_atomic, write_json_atomic
 from roofline.parallel import anchors
+
+
+@dataclass(frozen=True)
+class AnchorsKeys:
+    """The anchors file, how the predictions are made, the trends printed, where the files go."""
+
+    anchors: str | None = option(None, "another anchors file (default: roofline/data/deployments.yaml)")
+    engine_known: bool = option(True, "false: predict as a user who names no engine (the interval spans the "
+                                       "profiles)")
+    trend: tuple[str, ...] = option((), "anchors whose metric is also printed against batch size")
+    trend_B: tuple[int, ...] = option((1, 2, 4, 8, 16, 32, 64), "the batch sizes of the trends")
+    out_dir: str | None = option(None, "write anchors.csv, trend-<id>.csv, anchors.json here")
+
+
+# the command's keys (their defaults and help): its structured config, roofline/cli/schema.py
+CONFIG = (AnchorsKeys,)
 
 
 def run(c: dict) -> None:

@@ -21,6 +21,7 @@ Two things decide whether that transfers (results/parallel/README.md has the num
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,8 +31,23 @@ from roofline.io import files
 from roofline.analysis.costmodel import comm_seconds, features, fit_coefs, fit_rows, full_coefs, physical, terms
 from roofline.io.files import write_csv_atomic, write_json_atomic
 from roofline.io.results import load_run
-from roofline.io.fields import ConfigError
+from roofline.io.fields import ConfigError, option
 from roofline.parallel import collectives
+
+
+@dataclass(frozen=True)
+class LayoutValidationKeys:
+    """The sweeps fitted, the sweeps predicted, the collectives' price, where the files go."""
+
+    train: tuple[str, ...] = option((), "run folders the fit sees")
+    test: tuple[str, ...] = option((), "run folders it predicts (their fingerprints must not be in train)")
+    collectives: str | None = option(None, "collectives.json (python -m roofline.cli.collectives) that prices "
+                                               "T_comm")
+    out_dir: str | None = option(None, "write layout_validation.csv / .json here")
+
+
+# the command's keys (their defaults and help): its structured config, roofline/cli/schema.py
+CONFIG = (LayoutValidationKeys,)
 
 
 def _rows(dirs, comm_fit: dict) -> pd.DataFrame:

@@ -3,8 +3,23 @@
 `python -m roofline.cli.plots results_dir=results/<run>`: the written paths, then one JSON
 document with the paths and the figures skipped (why)."""
 
+from dataclasses import dataclass
+
 from roofline.io import files
+from roofline.io.fields import option
 from roofline.report.document import write_figures
+
+
+@dataclass(frozen=True)
+class PlotsKeys:
+    """The run folder read and where its figures go."""
+
+    results_dir: str | None = option(None, "a run folder (points.csv or points.jsonl; ceilings.json when present)")
+    out_dir: str | None = option(None, "where the figures go; null: <results_dir>/figures")
+
+
+# the command's keys (their defaults and help): its structured config, roofline/cli/schema.py
+CONFIG = (PlotsKeys,)
 
 
 def run(c: dict) -> None:
