@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from roofline.io import files
 from roofline.model.accounting import forward_cost, kv_bytes_per_token, param_count, resident_weight_bytes
 from roofline.model.formats import QUALITY_NOTE, compute_dtype, parse_precision, precision_columns
-from roofline.io.fields import ConfigError
+from roofline.io.fields import ConfigError, internal, option
 from roofline.model.config import ModelConfig
 from roofline.checkpoints.loader import checkpoint_config
-from roofline.commands import not_both
+from roofline.commands import FormatKeys, LayoutKeys, not_both
 from roofline.measure.devices import Datasheet, get_datasheet
 from roofline.model.formats import with_overrides
 from roofline.parallel.engines import engine_name
@@ -31,15 +31,22 @@ DEVICE_AS = "datasheet"
 
 @dataclass(frozen=True)
 class CardRequest:
-    model: ModelConfig
-    dtype: str = "bfloat16"  # a dtype or a precision label (roofline.model.formats)
-    device: Datasheet | None = None
-    batch: int = 1
-    context: int = 0
-    engine: str | None = None  # the what-if ITL line: an engine profile; None: the span of the profiles
-    tp: int = 1
-    ep: int = 1
-    dp_attention: bool = False
+    """One cost card: a model at a precision, priced at one (batch, context) on a datasheet row."""
+
+    model: ModelConfig = option(help="model preset (roofline/conf/model/)")
+    dtype: str = option("bfloat16", "float32 | bfloat16 | float16 (or fp32 | bf16 | fp16): activations (and every "
+                                    "class not overridden); the request takes a precision label "
+                                    "(roofline.model.formats)")
+    device: Datasheet | None = internal(None, "the command's `device` key (a roofline/conf/device/ entry): its "
+                                              "datasheet row")
+    batch: int = option(1, "sequences per decode step")
+    context: int = option(0, "tokens already in each sequence's KV cache")
+    engine: str | None = option(None, "with a device: the what-if ITL of this step with an engine profile "
+                                      "(roofline/conf/engine/); null: the span of the profiles")
+    tp: int = internal(1, "the what-if layout of the ITL line: the tp key (roofline.commands.LayoutKeys)")
+    ep: int = internal(1, "the what-if layout of the ITL line: the ep key (roofline.commands.LayoutKeys)")
+    dp_attention: bool = internal(False, "the what-if layout of the ITL line: the dp_attention key "
+                                         "(roofline.commands.LayoutKeys)")
 
     def __post_init__(self) -> None:
         parse_precision(self.dtype)
@@ -47,6 +54,19 @@ class CardRequest:
             raise ConfigError(f"batch={self.batch!r}: must be an integer >= 1")
         if not isinstance(self.context, int) or not 0 <= self.context < self.model.max_context:
             raise ConfigError(f"context={self.context!r}: must be in 0..{self.model.max_context - 1} (model.max_context)")
+
+
+@dataclass(frozen=True)
+class CardKeys:
+    """The keys that are not fields of the request: the device entry, a checkpoint instead of the preset."""
+
+    device: dict | None = option(None, "the datasheet row of the decode floor (roofline/conf/device/; cuda: the "
+                                       "running GPU's); device=null for none")
+    checkpoint: str | None = option(None, "a Hugging Face model folder: its config.json replaces the model preset")
+
+
+# the command's keys (their defaults and help): its structured config, roofline/cli/schema.py
+CONFIG = (CardRequest, FormatKeys, CardKeys, LayoutKeys)
 
 
 def rel_diff(ours: float, published: float) -> float | None:

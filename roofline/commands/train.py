@@ -11,6 +11,9 @@ from roofline.io import files
 from roofline.io.fields import from_dict
 from roofline.train.trainer import ModelShape, TrainRequest, run_training
 
+# the command's keys (their defaults and help): its structured config, roofline/cli/schema.py
+CONFIG = (TrainRequest,)
+
 
 def train(c: Mapping) -> dict:
     raw = {k: v for k, v in c.items() if k != "overrides"}

@@ -30,13 +30,13 @@ import json
 import math
 import platform
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from roofline.io.fields import ConfigError
+from roofline.io.fields import ConfigError, option
 from roofline.model.config import ModelConfig
 from roofline.model.decoder import build_model
 from roofline.model.kvcache import caching_modules
@@ -47,12 +47,13 @@ from roofline.train import tokenizer as tok_mod
 
 @dataclass(frozen=True)
 class ModelShape:
-    d: int = 96
-    layers: int = 3
-    heads: int = 4
-    kv_heads: int = 2
-    ffn: int = 256
-    mtp_layers: int = 1
+    d: int = option(96, "hidden size (heads must divide it)")
+    layers: int = option(3, "decoder layers")
+    heads: int = option(4, "attention heads")
+    kv_heads: int = option(2, "KV heads (must divide heads); the target's 2: the converter's tensor-parallel "
+                              "round trip splits KV heads over 2 ranks")
+    ffn: int = option(256, "FFN hidden size")
+    mtp_layers: int = option(1, "MTP modules = num_nextn_predict_layers: 1 for the target, 0 for the draft")
 
     def config(self, name: str, vocab: int, max_context: int) -> ModelConfig:
         if self.d % self.heads or self.heads % self.kv_heads:
@@ -66,29 +67,34 @@ class ModelShape:
 
 @dataclass(frozen=True)
 class TrainRequest:
-    out_dir: str
-    target: ModelShape = field(default_factory=ModelShape)
-    draft: ModelShape = field(default_factory=lambda: ModelShape(d=48, layers=2, heads=2, kv_heads=1, ffn=128,
-                                                                  mtp_layers=0))
-    vocab: int = 2048
-    seq_len: int = 96
-    batch: int = 8
-    target_steps: int = 2000
-    draft_steps: int = 2000
-    lr: float = 6e-3
-    mtp_weight: float = 0.3
-    control: bool = False  # also train the target with mtp_weight = 0 (the without-MTP-loss twin)
-    corpus_root: str | None = None
-    corpus_bytes: int = 4_000_000  # source bytes of the train split read (tokenizer and training)
-    heldout_percent: int = 10
-    eval_windows: int = 64
-    check_new: int = 48  # tokens of each greedy continuation in the degeneracy check (0: no check)
-    prompts_per_set: int = 24
-    save_dtype: str = "bfloat16"
-    threads: int = 1  # one thread: on a shared 2-core machine two OpenMP threads wait on each other
-    workers: int = 2  # models trained side by side, one process (of `threads` threads) each
-    seed: int = 0
-    progress: bool = True
+    out_dir: str = option(help="the folder written: target/, draft/, [target_no_mtp_loss/], tokenizer/, "
+                               "prompts_{a,b}.jsonl")
+    target: ModelShape = option(help="the main model (0.50M + 0.12M MTP parameters); mtp_layers = "
+                                     "num_nextn_predict_layers (must be 1)", factory=ModelShape)
+    draft: ModelShape = option(help="the draft model (0.15M parameters; same tokenizer, no MTP)",
+                               factory=lambda: ModelShape(d=48, layers=2, heads=2, kv_heads=1, ffn=128, mtp_layers=0))
+    vocab: int = option(2048, "BPE vocabulary (byte-level, special role tokens included)")
+    seq_len: int = option(96, "tokens per training window")
+    batch: int = option(8, "windows per step")
+    target_steps: int = option(2000, "training steps of the target")
+    draft_steps: int = option(2000, "training steps of the draft model (0: no draft model)")
+    lr: float = option(6e-3, "AdamW peak; linear warm-up over 5% of steps, cosine to peak/10")
+    mtp_weight: float = option(0.3, "weight of the MTP loss (DeepSeek-V3: 0.3); 0 trains without it")
+    control: bool = option(False, "also train the target with mtp_weight=0 (held-out loss with vs without MTP loss)")
+    corpus_root: str | None = option(None, "default: sysconfig.get_paths()[\"stdlib\"]")
+    corpus_bytes: int = option(4_000_000, "source bytes of train-split files read (tokenizer and training tokens)")
+    heldout_percent: int = option(10, "share of files held out (by a hash of the path), split again into prompt "
+                                      "sets a and b")
+    eval_windows: int = option(64, "held-out windows of seq_len for the held-out loss")
+    check_new: int = option(48, "greedy tokens per held-out prompt (set b) in the degeneracy check of the summary "
+                                "(0: none)")
+    prompts_per_set: int = option(24, "conversations written to prompts_a.jsonl and prompts_b.jsonl")
+    save_dtype: str = option("bfloat16", "dtype of the saved safetensors")
+    threads: int = option(1, "torch CPU threads (1: on a shared 2-core machine two OpenMP threads stall each other)")
+    workers: int = option(2, "models trained side by side, one process (of `threads` threads) each (1: one after "
+                             "another)")
+    seed: int = option(0, "seed of the weights' initialisation, the batches and the held-out windows")
+    progress: bool = option(True, "tqdm progress bar")
 
     def __post_init__(self) -> None:
         if self.vocab < 300:
