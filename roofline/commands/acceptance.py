@@ -6,14 +6,28 @@ draft position, then the totals, then the JSON document (strict: a position neve
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
-from roofline.io.fields import from_dict
+from roofline.commands import FormatKeys
+from roofline.io.fields import from_dict, option
 from roofline.io.files import json_text
 from roofline.spec.real_acceptance import AcceptanceRequest, measure_acceptance
 
 
 # what the `device` entry (roofline/conf/device/) means to this command: the torch device to run on
 DEVICE_AS = "torch"
+
+
+@dataclass(frozen=True)
+class AcceptanceKeys:
+    """The key that is not a field of the request: what to run it on."""
+
+    device: dict | None = option(None, "roofline/conf/device/: cpu | cuda | a datasheet GPU row (h200_sxm, ...); "
+                                       "device.torch=cuda:N picks a GPU")
+
+
+# the command's keys (their defaults and help): its structured config, roofline/cli/schema.py
+CONFIG = (AcceptanceRequest, FormatKeys, AcceptanceKeys)
 
 
 def acceptance(c: Mapping) -> tuple[str, dict]:

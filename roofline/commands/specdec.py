@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from roofline.io import files
 from roofline.commands import REGRESSION, refuse_unused
 from roofline.commands.acceptance import acceptance
-from roofline.io.fields import from_dict
+from roofline.spec.real_acceptance import AcceptanceRequest
+from roofline.io.fields import from_dict, option
 from roofline.io.results import RUNS_ROOT
 from roofline.measure.timer import TimerSettings
 from roofline.model.config import ModelConfig
@@ -29,6 +31,32 @@ _CONSOLE_COLUMNS = ["drafter", "k", "B", "tau_meas", "alpha_meas", "S_meas", "S_
 
 # what the `device` entry (roofline/conf/device/) means to this command: the torch device to run on
 DEVICE_AS = "torch"
+
+
+@dataclass(frozen=True)
+class SpecdecKeys:
+    """The keys that are not fields of the oracle validation's request: what it runs on, where it
+    writes, and the checkpoint modes (real acceptance; real drafters against the prediction)."""
+
+    model: dict | None = option(None, "model preset (roofline/conf/model/)")
+    device: dict | None = option(None, "roofline/conf/device/: cpu | cuda | a datasheet GPU row (h200_sxm, ...); "
+                                       "device.torch=cuda:N picks a GPU")
+    out_dir: str | None = option(None, "default: results/runs/specdec-<model>-<fingerprint of this request>")
+    fail_on_mismatch: bool = option(False, "CI: exit 3 (REGRESSION) when a predicted and a measured speedup are a "
+                                           "MISMATCH (> 2x apart)")
+    checkpoint: str | None = option(None, "a Hugging Face model folder: real acceptance instead of the oracle "
+                                          "validation (k = max(ks), batch = max(Bs); as the acceptance command)")
+    prompts: str | None = option(None, "with checkpoint: chat prompts (JSONL); with prompts_eval, set A "
+                                       "(acceptance per position and the overhead calibration)")
+    drafter: str = option(AcceptanceRequest.drafter, "checkpoint without prompts_eval: mtp | draft_model | ngram")
+    draft_checkpoint: str = option(AcceptanceRequest.draft_checkpoint, "the draft model's folder (drafter "
+                                                                       "draft_model; same vocabulary)")
+    prompts_eval: str | None = option(None, "with checkpoint and prompts: set B, other conversations (the "
+                                            "engine's measured points): every drafter at every (k, B) of ks x Bs")
+
+
+# the command's keys (their defaults and help): its structured config, roofline/cli/schema.py
+CONFIG = (SpecValidationRequest, SpecdecKeys, RealValidationRequest)
 
 
 def _fingerprint(spec) -> str:

@@ -14,7 +14,7 @@ import torch
 
 from roofline.checkpoints.loader import load_checkpoint
 from roofline.measure import memory
-from roofline.io.fields import ConfigError, check_int, check_number
+from roofline.io.fields import ConfigError, check_int, check_number, internal, option
 from roofline.spec.theory import DRAFTERS
 from roofline.model.formats import precision
 from roofline.model.quant import kernel_for, quantize_model
@@ -27,22 +27,26 @@ from roofline.spec.engine import DecodeSettings, SpecEngine
 
 @dataclass(frozen=True)
 class AcceptanceRequest:
-    checkpoint: str
-    prompts: str  # JSONL of {"messages": [...]}
-    drafter: str = "mtp"
-    draft_checkpoint: str = ""
-    k: int = 3
-    max_new: int = 64
-    batch: int = 4
-    temperature: float = 0.0
-    top_p: float = 1.0
-    dtype: str = "bfloat16"
-    weights: str | None = None  # measure in another precision (roofline.model.formats): quantization
-    kv: str | None = None  # changes outputs, so acceptance measured in one precision may not transfer
-    lm_head: str | None = None
-    device: str = "cpu"
-    max_prompt: int = 2048
-    seed: int = 0
+    """One real-acceptance measurement: a checkpoint, its drafter, chat prompts (roofline/conf/acceptance.yaml)."""
+
+    checkpoint: str = option(help="a Hugging Face model folder (config.json, safetensors, tokenizer, chat template)")
+    prompts: str = option(help="JSONL, one {\"messages\": [{\"role\": ..., \"content\": ...}, ...]} per line")
+    drafter: str = option("mtp", "mtp (the checkpoint's MTP layers) | draft_model | ngram")
+    draft_checkpoint: str = option("", "the draft model's folder (drafter=draft_model; same vocabulary)")
+    k: int = option(3, "draft length: tokens drafted per round")
+    max_new: int = option(64, "tokens generated per conversation")
+    batch: int = option(4, "conversations decoded together")
+    temperature: float = option(0.0, "0: greedy; > 0: sampled")
+    top_p: float = option(1.0, "nucleus sampling: the probability mass kept (with temperature > 0)")
+    dtype: str = option("bfloat16", "float32 | bfloat16 | float16: activations (and every class not overridden)")
+    # measure in another precision (roofline.model.formats): quantization changes outputs, so
+    # acceptance measured in one precision may not transfer
+    weights: str | None = internal(None, "the weights key (roofline.commands.FormatKeys)")
+    kv: str | None = internal(None, "the kv key (roofline.commands.FormatKeys)")
+    lm_head: str | None = internal(None, "the lm_head key (roofline.commands.FormatKeys)")
+    device: str = internal("cpu", "the torch device of the `device` group's entry")
+    max_prompt: int = option(2048, "prompts longer than this many tokens are skipped (never truncated)")
+    seed: int = option(0, "seed of the sampling (temperature > 0)")
 
     def __post_init__(self) -> None:
         for name in ("checkpoint", "prompts"):

@@ -24,7 +24,7 @@ batch of the set, interleaved `reps` times (the ratio of the medians over reps).
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -33,7 +33,7 @@ import torch
 from roofline.analysis.predict import DraftCost, step_costs
 from roofline.checkpoints.loader import checkpoint_config, load_checkpoint
 from roofline.checkpoints.prompts import encode_conversations
-from roofline.io.fields import ConfigError
+from roofline.io.fields import ConfigError, internal, option
 from roofline.measure.sweep import SweepRequest, run_sweep
 from roofline.measure.timer import TimerSettings
 from roofline.report import sections
@@ -46,25 +46,31 @@ from roofline.spec.theory import StepCosts, round_time, tau, tau_iid
 
 @dataclass(frozen=True)
 class RealValidationRequest:
-    checkpoint: str
-    draft_checkpoint: str
-    prompts_a: str  # acceptance for the prediction, and the overhead calibration
-    prompts_b: str  # the engine's measured points
-    drafters: tuple[str, ...] = DRAFTERS
-    ks: tuple[int, ...] = (1, 2, 3, 4)
-    Bs: tuple[int, ...] = (1, 4)
-    max_new: int = 48
-    n_prompts: int = 8  # prompts of each set used (a multiple of max(Bs))
-    reps: int = 3
-    dtype: str = "float32"
-    temperature: float = 0.0  # 0: greedy (float32 outputs checked against plain decoding); > 0: sampled
-    device: str = "cpu"
-    seed: int = 0
-    timer: TimerSettings = field(default_factory=lambda: TimerSettings(warmup=2, min_reps=5, max_reps=30,
-                                                                       rel_ci=0.03, budget_s=0.5))
+    """Real drafters against the prediction: acceptance per position measured on one prompt set,
+    the engine's points on another (roofline/conf/specdec.yaml with checkpoint= and prompts_eval=)."""
+
+    checkpoint: str = internal(why="the command's checkpoint key")
+    draft_checkpoint: str = internal(why="the command's draft_checkpoint key")
+    prompts_a: str = internal(why="the command's prompts key: acceptance for the prediction, and the overhead "
+                                  "calibration")
+    prompts_b: str = internal(why="the command's prompts_eval key: the engine's measured points")
+    drafters: tuple[str, ...] = option(DRAFTERS, "with prompts_eval: the drafters validated, each at every (k, B) "
+                                                 "of ks x Bs")
+    ks: tuple[int, ...] = internal((1, 2, 3, 4), "the command's ks key")
+    Bs: tuple[int, ...] = internal((1, 4), "the command's Bs key")
+    max_new: int = internal(48, "the command's max_new key")
+    n_prompts: int = option(8, "with prompts_eval: conversations of each set used (a multiple of max(Bs))")
+    reps: int = internal(3, "the command's reps key")
+    dtype: str = internal("float32", "the command's dtype key")
+    temperature: float = option(0.0, "real drafters: 0 greedy (float32 outputs must equal plain decoding), "
+                                     "> 0 sampled")
+    device: str = internal("cpu", "the torch device of the `device` group's entry")
+    seed: int = internal(0, "the command's seed key")
+    timer: TimerSettings = internal(why="the command's timer key (the step-time sweeps)",
+                                    factory=lambda: TimerSettings(max_reps=30, budget_s=0.5))
     # the step-time sweeps' busy-machine check (roofline.measure.noise): on by default; a points-light
     # sweep on a loaded machine can lose too many points to it for a fit, so a logic test turns it off
-    noise_check: bool = True
+    noise_check: bool = internal(True, "a logic test turns it off")
 
     def __post_init__(self) -> None:
         bad = set(self.drafters) - set(DRAFTERS)

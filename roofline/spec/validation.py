@@ -29,7 +29,7 @@ measured τ (diagnostics: their errors are the cost model's alone).
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -38,7 +38,7 @@ import torch
 from roofline.analysis import quality
 from roofline.io import files
 from roofline.model.dtypes import torch_dtype
-from roofline.io.fields import ConfigError, check_grid, check_int
+from roofline.io.fields import ConfigError, check_grid, check_int, internal, option
 from roofline.model.config import ModelConfig
 from roofline.spec.drafters import MTPDrafter, NgramDrafter, OracleDrafter
 from roofline.model.decoder import build_model
@@ -52,19 +52,24 @@ from roofline.measure.timer import TimerSettings
 
 @dataclass(frozen=True)
 class SpecValidationRequest:
-    model: ModelConfig
-    alphas: tuple[float, ...] = (0.5, 0.7, 0.9)
-    ks: tuple[int, ...] = (1, 2, 4)
-    Bs: tuple[int, ...] = (1, 4)
-    prompt_len: int = 64
-    max_new: int = 48
-    reps: int = 3
-    real_drafters: tuple[str, ...] = ("mtp", "ngram")
-    dtype: str = "bfloat16"
-    device: str = "cpu"
-    seed: int = 0
-    timer: TimerSettings = field(default_factory=lambda: TimerSettings(warmup=2, min_reps=5, max_reps=30,
-                                                                       rel_ci=0.03, budget_s=0.5))
+    """The oracle validation: plain vs speculative decoding of a preset, against the cost model
+    fitted by a calibration sweep in the same run (roofline/conf/specdec.yaml)."""
+
+    model: ModelConfig = internal(why="the `model` group's preset")
+    alphas: tuple[float, ...] = option((0.5, 0.7, 0.9), "oracle drafter acceptance (independent per position)")
+    ks: tuple[int, ...] = option((1, 2, 4), "drafts per round")
+    Bs: tuple[int, ...] = option((1, 4), "batch sizes")
+    prompt_len: int = option(64, "tokens of each (random) prompt")
+    max_new: int = option(48, "tokens generated per sequence")
+    reps: int = option(3, "plain/speculative pairs per point, interleaved")
+    real_drafters: tuple[str, ...] = option(("mtp", "ngram"), "mtp | ngram: real drafters run beside the oracle "
+                                                              "on the preset's random weights (a check of the "
+                                                              "engine, not of acceptance)")
+    dtype: str = option("bfloat16", "float32 | bfloat16 | float16")
+    device: str = internal("cpu", "the torch device of the `device` group's entry")
+    seed: int = option(0, "seed of the weights, prompts, oracle and sampling")
+    timer: TimerSettings = option(help="the calibration sweep's timer (roofline/conf/timer/): fewer reps than a "
+                                       "sweep's default", factory=lambda: TimerSettings(max_reps=30, budget_s=0.5))
 
     def __post_init__(self) -> None:
         if self.model.mtp_layers < 1:
