@@ -67,7 +67,7 @@ def _keys_of(classes, instance=None) -> dict[str, Key]:
 def keys(name: str) -> dict[str, Key]:
     """{key: Key} of the command `name`, from roofline.commands.<name>.CONFIG."""
     module = importlib.import_module(f"roofline.commands.{name}")
-    return _keys_of(getattr(module, "CONFIG", ()))  # TRANSITION: () until converted
+    return _keys_of(module.CONFIG)
 
 
 def _dataclass(title: str, ks: dict[str, Key]) -> type:
@@ -91,8 +91,6 @@ def schema_name(name: str) -> str:
 @cache
 def register(name: str) -> str:
     """Store the structured config of the command `name` in Hydra's ConfigStore; its name."""
-    if not keys(name):  # TRANSITION: not converted yet
-        return ""
     ConfigStore.instance().store(name=schema_name(name), node=_dataclass(schema_name(name), keys(name)))
     return schema_name(name)
 
