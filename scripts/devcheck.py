@@ -86,10 +86,10 @@ def compose(config: str, overrides: list[str]) -> int:
         cfg = compose_config(config, overrides)  # registers the command's schema first, as its entry point does
         what = "composed"
         if config == "sweep":
-            from roofline.commands.sweep import build_spec
-            spec = build_spec(plain(cfg, device_as="torch"))
-            what = (f"valid sweep: {spec.model.name} on {spec.device}, modes {list(spec.modes)}, "
-                    f"{len(spec.q) * len(spec.B) * len(spec.L) * len(spec.dtypes) * len(spec.modes)} forward points")
+            from roofline.commands.sweep import build_request
+            req = build_request(plain(cfg, device_as="torch"))
+            what = (f"valid sweep: {req.model.name} on {req.device}, modes {list(req.modes)}, "
+                    f"{len(req.q) * len(req.B) * len(req.L) * len(req.dtypes) * len(req.modes)} forward points")
         elif config == "ceilings":
             import functools
 
@@ -99,8 +99,8 @@ def compose(config: str, overrides: list[str]) -> int:
             ceilings.parse_device = functools.partial(devices.parse_device, need_available=False)
             c = plain(cfg, device_as="torch")
             c.pop("out_dir"), c.pop("overrides", None)
-            spec = CeilingsRequest.from_dict(c)
-            what = f"valid ceilings: {spec.device}, kernels {list(spec.kernels)}"
+            req = CeilingsRequest.from_dict(c)
+            what = f"valid ceilings: {req.device}, kernels {list(req.kernels)}"
     except (ConfigError, ValueError, KeyError, TypeError) as e:
         print(f"error: {config} {' '.join(overrides)}: {e}", file=sys.stderr)
         return 2

@@ -60,7 +60,7 @@ def test_without_a_compiler_the_cpu_mode_is_eager(monkeypatch):
     assert "skinny" not in choose_precision("cpu", doc(0.06, 0.3))[2]
 
 
-def _spec(tmp_path, d, **kw):
+def _request(tmp_path, d, **kw):
     path = tmp_path / "ceilings.json"
     path.write_text(json.dumps(d))
     base = dict(model=get_preset("tiny"), q=(1, 2), B=(1,), L=(8,), ceilings=str(path))
@@ -68,8 +68,8 @@ def _spec(tmp_path, d, **kw):
 
 
 def test_auto_beside_a_named_dtype_gives_both_regimes_in_one_grid(tmp_path):
-    spec = _spec(tmp_path, doc(0.06, 0.3), dtypes=("auto", "bfloat16"), modes=("auto",))
-    out, fresh = resolve_auto(spec, tmp_path)
+    req = _request(tmp_path, doc(0.06, 0.3), dtypes=("auto", "bfloat16"), modes=("auto",))
+    out, fresh = resolve_auto(req, tmp_path)
     assert fresh is None  # the given ceilings were used, nothing measured
     assert out.pairs == (("float32", "eager"), ("bfloat16", "eager"))
     assert {(p.dtype, p.mode) for p in grid(out)} == {("float32", "eager"), ("bfloat16", "eager")}
@@ -77,14 +77,14 @@ def test_auto_beside_a_named_dtype_gives_both_regimes_in_one_grid(tmp_path):
 
 
 def test_modes_given_override_the_auto_mode(tmp_path):
-    spec = _spec(tmp_path, doc(5.0, 0.3), dtypes=("auto",), modes=("eager",))
-    out, _ = resolve_auto(spec, tmp_path)
+    req = _request(tmp_path, doc(5.0, 0.3), dtypes=("auto",), modes=("eager",))
+    out, _ = resolve_auto(req, tmp_path)
     assert out.pairs == (("bfloat16", "eager"),)
 
 
 def test_the_reason_is_not_part_of_the_fingerprint(tmp_path):
-    a, _ = resolve_auto(_spec(tmp_path, doc(0.06, 0.3), dtypes=("auto",), modes=("auto",)), tmp_path)
-    b, _ = resolve_auto(_spec(tmp_path, doc(0.05, 0.31), dtypes=("auto",), modes=("auto",)), tmp_path)
+    a, _ = resolve_auto(_request(tmp_path, doc(0.06, 0.3), dtypes=("auto",), modes=("auto",)), tmp_path)
+    b, _ = resolve_auto(_request(tmp_path, doc(0.05, 0.31), dtypes=("auto",), modes=("auto",)), tmp_path)
     assert a.auto_choice != b.auto_choice and a.fingerprint() == b.fingerprint()
 
 

@@ -196,10 +196,10 @@ def test_a_kernel_that_fails_its_check_is_never_timed(monkeypatch):
                         dataclasses.replace(copy, run=lambda bufs: ran.append(1)))
     real_check = kernels.check
 
-    def check(spec, n, dtype, device):
-        if spec.op == "copy":
+    def check(kernel, n, dtype, device):
+        if kernel.op == "copy":
             raise AssertionError("torch_copy: not bit-exact")
-        real_check(spec, n, dtype, device)
+        real_check(kernel, n, dtype, device)
 
     monkeypatch.setattr(kernels, "check", check)
     out = measure_ceilings(tiny_spec(square_sizes=(8,), decode_ms=()))
@@ -221,7 +221,7 @@ def test_check_gemm_passes_a_correct_product_and_catches_a_wrong_one(dtype):
         check_gemm(wrong, a, w.t())
 
 
-# ----------------------------------------------------------------------------- spec
+# ----------------------------------------------------------------------------- the request
 
 
 @pytest.mark.parametrize("change, field", [
@@ -357,11 +357,11 @@ def test_entry_point_rejects_an_unknown_kernel_before_measuring(tmp_path):
 
 @pytest.mark.gpu
 def test_cuda_quick_ceilings_include_triton_and_reach_a_plausible_roof():
-    spec = CeilingsRequest(device="cuda", quick=True, working_sets=(16 * MiB, 1024 * MiB),
+    req = CeilingsRequest(device="cuda", quick=True, working_sets=(16 * MiB, 1024 * MiB),
                         square_sizes=(2048,), decode_ms=(1,))
     if kernels.triton_available():
-        assert any(kernels.KERNELS[k].uses_triton for k in spec.kernels)
-    out = measure_ceilings(spec)
+        assert any(kernels.KERNELS[k].uses_triton for k in req.kernels)
+    out = measure_ceilings(req)
     assert not out["failures"], out["failures"]
     s = out["summary"]
     if out["datasheet"]:

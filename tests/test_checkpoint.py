@@ -289,14 +289,14 @@ def test_sweep_times_the_checkpoint_weights_layer_sliced(llama_dir, tmp_path):
     from roofline.measure.timer import TimerSettings
     kw = dict(model=checkpoint_config(llama_dir), q=(1, 2), B=(1,), L=(0, 4), dtypes=("float32",), layers=1,
               timer=TimerSettings(warmup=1, min_reps=3, max_reps=3, budget_s=0.02))
-    spec = SweepRequest(checkpoint=str(llama_dir), **kw)
-    assert spec.fingerprint() != SweepRequest(**kw).fingerprint()
-    model = BuiltModel(spec, "float32", 1, "eager").model
+    req = SweepRequest(checkpoint=str(llama_dir), **kw)
+    assert req.fingerprint() != SweepRequest(**kw).fingerprint()
+    model = BuiltModel(req, "float32", 1, "eager").model
     assert len(model.layers) == 1
     with safe_open(str(llama_dir / "model.safetensors"), framework="pt") as fh:
         qkv = torch.cat([fh.get_tensor(f"model.layers.0.self_attn.{p}_proj.weight") for p in "qkv"])
         assert torch.equal(model.layers[0].attn.wqkv.weight, qkv)
-    out = run_sweep(spec, tmp_path / "run", progress=False)
+    out = run_sweep(req, tmp_path / "run", progress=False)
     assert out["ok"] == out["points"] == 8  # forward q in {1, 2} x L in {0, 4} x depths {1, 2}
 
 
@@ -360,9 +360,9 @@ def test_fp8_checkpoint_sweep_rows_say_unsupported_on_cpu(tmp_path):
     hf = hf_model("deepseek_v3", seed=10, num_nextn_predict_layers=0)
     hf.save_pretrained(tmp_path / "fp8")
     fp8_block_checkpoint(hf, tmp_path / "fp8", tmp_path / "deq", 16)
-    spec = SweepRequest(model=checkpoint_config(tmp_path / "fp8"), q=(1,), B=(1,), L=(4,), checkpoint=str(tmp_path / "fp8"),
+    req = SweepRequest(model=checkpoint_config(tmp_path / "fp8"), q=(1,), B=(1,), L=(4,), checkpoint=str(tmp_path / "fp8"),
                      timer=TimerSettings(warmup=0, min_reps=2, max_reps=2))
-    run_sweep(spec, tmp_path / "run", progress=False)
+    run_sweep(req, tmp_path / "run", progress=False)
     rows = read_rows(tmp_path / "run" / "points.jsonl")
     assert [r["status"] for r in rows] == ["unsupported"]
     assert "weights=fp8_e4m3_b16 on device=cpu" in rows[0]["error"]

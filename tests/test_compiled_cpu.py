@@ -72,9 +72,9 @@ def test_a_compiled_sweep_row_records_its_compile_apart_from_its_timing(tmp_path
     from roofline.io import results
     from roofline.measure.sweep import SweepRequest, run_sweep
     from roofline.measure.timer import TimerSettings
-    spec = SweepRequest(model=get_preset("tiny").scaled(layers=1), q=(1,), B=(1,), L=(4, 8), dtypes=("float32",), modes=("compiled",),
+    req = SweepRequest(model=get_preset("tiny").scaled(layers=1), q=(1,), B=(1,), L=(4, 8), dtypes=("float32",), modes=("compiled",),
                      timer=TimerSettings(warmup=1, min_reps=3, max_reps=5, budget_s=0.05))
-    run_sweep(spec, tmp_path, progress=False, noise=None)
+    run_sweep(req, tmp_path, progress=False, noise=None)
     rows = [r for r in results.read_rows(tmp_path / "points.jsonl") if r["kind"] == "forward"]
     assert [r["status"] for r in rows] == ["ok", "ok"], rows[0].get("error")
     first, second = sorted(rows, key=lambda r: r["L"])

@@ -139,7 +139,7 @@ def test_without_a_compiler_the_kernel_is_unavailable_and_says_why(monkeypatch):
         cpu_gemm.use_skinny_linears(torch.nn.Sequential(torch.nn.Linear(4, 4)))
 
 
-def _spec(tmp_path, **kw):
+def _request(tmp_path, **kw):
     return SweepRequest(**{**dict(model=get_preset("tiny"), q=(1, 2), B=(1,), L=(8,), dtypes=("float32",),
                                   modes=("eager",), out_dir=str(tmp_path)), **kw})
 
@@ -147,20 +147,20 @@ def _spec(tmp_path, **kw):
 @needs_compiler
 @pytest.mark.parametrize("choice,kernel", [("auto", "skinny_f32"), ("skinny", "skinny_f32"), ("aten", "aten")])
 def test_a_sweep_row_names_its_gemm_kernel(tmp_path, choice, kernel):
-    w = BuiltModel(_spec(tmp_path, cpu_gemm=choice), "float32", get_preset("tiny").layers, "eager")
+    w = BuiltModel(_request(tmp_path, cpu_gemm=choice), "float32", get_preset("tiny").layers, "eager")
     assert w.gemm_kernel.startswith(kernel)
     assert any(isinstance(m, cpu_gemm.SkinnyLinear) for m in w.model.modules()) == (kernel != "aten")
-    bf16 = BuiltModel(_spec(tmp_path, cpu_gemm=choice, dtypes=("bfloat16",)), "bfloat16", 2, "eager").gemm_kernel
+    bf16 = BuiltModel(_request(tmp_path, cpu_gemm=choice, dtypes=("bfloat16",)), "bfloat16", 2, "eager").gemm_kernel
     assert bf16.startswith(cpu_gemm.kernel_name(torch.bfloat16) if kernel != "aten" else "aten")
-    assert BuiltModel(_spec(tmp_path, dtypes=("float16",)), "float16", 2, "eager").gemm_kernel == "aten"
+    assert BuiltModel(_request(tmp_path, dtypes=("float16",)), "float16", 2, "eager").gemm_kernel == "aten"
 
 
 def test_auto_falls_back_to_aten_saying_why_and_skinny_is_unsupported(tmp_path, monkeypatch):
     _no_compiler(monkeypatch)
-    w = BuiltModel(_spec(tmp_path), "float32", 2, "eager")
+    w = BuiltModel(_request(tmp_path), "float32", 2, "eager")
     assert w.gemm_kernel.startswith("aten (") and "C++ compiler" in w.gemm_kernel
     with pytest.raises(NotImplementedError):  # an `unsupported` row in a sweep, not a bug
-        BuiltModel(_spec(tmp_path, cpu_gemm="skinny"), "float32", 2, "eager")
+        BuiltModel(_request(tmp_path, cpu_gemm="skinny"), "float32", 2, "eager")
 
 
 def _rows(dtype, ratios: dict[int, list[float]]):
@@ -185,16 +185,16 @@ def test_the_crossover_is_the_last_measured_win_from_one_token():
 
 @needs_compiler
 def test_a_sweep_takes_the_crossover_and_records_it(tmp_path):
-    spec = _spec(tmp_path, skinny_max_m=(("float32", 4),))
-    w = BuiltModel(spec, "float32", 2, "eager")
+    req = _request(tmp_path, skinny_max_m=(("float32", 4),))
+    w = BuiltModel(req, "float32", 2, "eager")
     assert "M <= 4; F.linear above" in w.gemm_kernel
     assert {m.max_m for m in w.model.modules() if isinstance(m, cpu_gemm.SkinnyLinear)} == {4}
-    w = BuiltModel(_spec(tmp_path, skinny_max_m=(("float32", 0),)), "float32", 2, "eager")
+    w = BuiltModel(_request(tmp_path, skinny_max_m=(("float32", 0),)), "float32", 2, "eager")
     assert w.gemm_kernel.startswith("aten (F.linear measured faster")
     assert not any(isinstance(m, cpu_gemm.SkinnyLinear) for m in w.model.modules())
-    w = BuiltModel(_spec(tmp_path, cpu_gemm="skinny", skinny_max_m=(("float32", 0),)), "float32", 2, "eager")
+    w = BuiltModel(_request(tmp_path, cpu_gemm="skinny", skinny_max_m=(("float32", 0),)), "float32", 2, "eager")
     assert w.gemm_kernel.startswith("skinny_f32")  # asked for by name: the measurement does not overrule it
-    assert _spec(tmp_path).fingerprint() == spec.fingerprint()  # derived from the ceilings: not the grid
+    assert _request(tmp_path).fingerprint() == req.fingerprint()  # derived from the ceilings: not the grid
 
 
 def test_a_failed_build_is_tried_once_per_process(monkeypatch):
@@ -270,9 +270,9 @@ def test_a_skinny_sweep_row_splits_its_step_into_gemms_and_the_rest(tmp_path, ch
     import pandas as pd
     from roofline.measure.sweep import run_sweep
     from roofline.measure.timer import TimerSettings
-    spec = _spec(tmp_path, q=(1,), cpu_gemm=choice, mtp_q=(),
+    req = _request(tmp_path, q=(1,), cpu_gemm=choice, mtp_q=(),
                  timer=TimerSettings(warmup=1, min_reps=3, max_reps=3, budget_s=0.05))
-    run_sweep(spec, tmp_path, progress=False)
+    run_sweep(req, tmp_path, progress=False)
     df = pd.read_csv(tmp_path / "points.csv")
     if choice == "aten":
         assert "t_gemm_s" not in df or df["t_gemm_s"].isna().all()

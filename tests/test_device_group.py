@@ -9,7 +9,7 @@ import yaml
 from roofline.cli.entry import CONF_DIR, compose_config, hydra_args, plain
 from roofline.io.fields import ConfigError
 from roofline.measure import devices
-from roofline.measure.devices import get_datasheet, list_specs
+from roofline.measure.devices import get_datasheet, list_datasheets
 
 
 def _device(config: str, *overrides: str, device_as: str):
@@ -18,7 +18,7 @@ def _device(config: str, *overrides: str, device_as: str):
 
 def test_the_group_has_cpu_cuda_and_one_entry_per_datasheet_gpu_row():
     entries = {p.stem: yaml.safe_load(p.read_text()) for p in (CONF_DIR / "device").glob("*.yaml")}
-    gpus = {s.key for s in list_specs() if s.kind == "gpu"}
+    gpus = {s.key for s in list_datasheets() if s.kind == "gpu"}
     assert set(entries) == gpus | {"cpu", "cuda"}
     assert entries["cpu"] == dict(torch="cpu", datasheet="cpu")
     assert entries["cuda"] == dict(torch="cuda", datasheet=None)
@@ -56,7 +56,7 @@ def test_a_gpu_row_on_the_cpu_is_refused_naming_both_halves():
 
 def test_a_row_that_is_not_the_running_gpu_is_refused(monkeypatch):
     monkeypatch.setattr(devices.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(devices, "spec_for_running_device", lambda device="cuda": (get_datasheet("h100_sxm"), True))
+    monkeypatch.setattr(devices, "datasheet_for_running_device", lambda device="cuda": (get_datasheet("h100_sxm"), True))
     with pytest.raises(ConfigError, match=r"device=h200_sxm: cuda is a NVIDIA H100 SXM5 80GB \(h100_sxm\); "
                                           r"use device=cuda or device=h100_sxm"):
         devices.run_device("cuda", "h200_sxm")
@@ -64,7 +64,7 @@ def test_a_row_that_is_not_the_running_gpu_is_refused(monkeypatch):
 
 
 def test_cuda_in_a_datasheet_command_is_the_running_gpus_row(monkeypatch):
-    monkeypatch.setattr(devices, "spec_for_running_device", lambda device="cuda": (get_datasheet("l40s"), True))
+    monkeypatch.setattr(devices, "datasheet_for_running_device", lambda device="cuda": (get_datasheet("l40s"), True))
     assert devices.datasheet_row("cuda", None) == "l40s"
     with pytest.raises(ValueError, match=r"device='nope': unknown; allowed \["):
         devices.datasheet_row("cuda", "nope")

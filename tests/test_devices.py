@@ -6,50 +6,50 @@ import pytest
 import torch
 
 from roofline.measure import devices
-from roofline.measure.devices import detect, get_datasheet, list_specs, parse_device, spec_for_running_device
+from roofline.measure.devices import detect, get_datasheet, list_datasheets, parse_device, datasheet_for_running_device
 from roofline.model.dtypes import DATASHEET_COLUMNS
 
-GPUS = [s for s in list_specs() if s.kind == "gpu"]
+GPUS = [s for s in list_datasheets() if s.kind == "gpu"]
 
 
 def _ids(rows):
     return [r.key for r in rows]
 
 
-@pytest.mark.parametrize("spec", list_specs(), ids=_ids(list_specs()))
-def test_every_number_has_a_source_url(spec):
-    for field, dtype, _ in spec.numbers():
-        source = spec.source_for(field, dtype)
-        where = f"{spec.key}.{field}" + (f".{dtype}" if dtype else "")
+@pytest.mark.parametrize("sheet", list_datasheets(), ids=_ids(list_datasheets()))
+def test_every_number_has_a_source_url(sheet):
+    for field, dtype, _ in sheet.numbers():
+        source = sheet.source_for(field, dtype)
+        where = f"{sheet.key}.{field}" + (f".{dtype}" if dtype else "")
         assert source and "http" in source, f"{where} has no source URL"
 
 
-@pytest.mark.parametrize("spec", GPUS, ids=_ids(GPUS))
-def test_gpu_units_are_sane(spec):
-    assert 100 <= spec.mem_bw_GBps <= 20_000, "bandwidth must be GB/s (1 GB = 1e9 B)"
-    assert spec.bandwidth_Bps() == pytest.approx(spec.mem_bw_GBps * 1e9)
-    for field, _, value in spec.numbers():
-        assert value > 0, f"{spec.key}.{field} must be positive"
-    for d, tflops in spec.dense_tflops.items():
+@pytest.mark.parametrize("sheet", GPUS, ids=_ids(GPUS))
+def test_gpu_units_are_sane(sheet):
+    assert 100 <= sheet.mem_bw_GBps <= 20_000, "bandwidth must be GB/s (1 GB = 1e9 B)"
+    assert sheet.bandwidth_Bps() == pytest.approx(sheet.mem_bw_GBps * 1e9)
+    for field, _, value in sheet.numbers():
+        assert value > 0, f"{sheet.key}.{field} must be positive"
+    for d, tflops in sheet.dense_tflops.items():
         if tflops is not None:
-            assert 1 <= tflops <= 50_000, f"{spec.key}.dense_tflops.{d} must be TFLOP/s"
-    assert spec.mem_bytes is None or 1e9 <= spec.mem_bytes <= 1e12
-    assert spec.l2_bytes is None or 1 << 20 <= spec.l2_bytes <= 1 << 30
+            assert 1 <= tflops <= 50_000, f"{sheet.key}.dense_tflops.{d} must be TFLOP/s"
+    assert sheet.mem_bytes is None or 1e9 <= sheet.mem_bytes <= 1e12
+    assert sheet.l2_bytes is None or 1 << 20 <= sheet.l2_bytes <= 1 << 30
 
 
-@pytest.mark.parametrize("spec", GPUS, ids=_ids(GPUS))
-def test_dense_never_exceeds_sparse(spec):
+@pytest.mark.parametrize("sheet", GPUS, ids=_ids(GPUS))
+def test_dense_never_exceeds_sparse(sheet):
     both = [d for d in DATASHEET_COLUMNS
-            if spec.dense_tflops.get(d) is not None and spec.sparse_tflops.get(d) is not None]
+            if sheet.dense_tflops.get(d) is not None and sheet.sparse_tflops.get(d) is not None]
     for d in both:
-        assert spec.dense_tflops[d] <= spec.sparse_tflops[d], f"{spec.key}.{d}"
+        assert sheet.dense_tflops[d] <= sheet.sparse_tflops[d], f"{sheet.key}.{d}"
 
 
-@pytest.mark.parametrize("spec", GPUS, ids=_ids(GPUS))
-def test_narrower_dtypes_are_not_slower(spec):
-    chain = [spec.dense_tflops.get(d) for d in ("fp32", "bf16", "fp8")]
+@pytest.mark.parametrize("sheet", GPUS, ids=_ids(GPUS))
+def test_narrower_dtypes_are_not_slower(sheet):
+    chain = [sheet.dense_tflops.get(d) for d in ("fp32", "bf16", "fp8")]
     present = [v for v in chain if v is not None]
-    assert present == sorted(present), f"{spec.key}: expected fp8 >= bf16 >= fp32, got {chain}"
+    assert present == sorted(present), f"{sheet.key}: expected fp8 >= bf16 >= fp32, got {chain}"
 
 
 DEVICE_NAMES = [
@@ -72,8 +72,8 @@ DEVICE_NAMES = [
 
 @pytest.mark.parametrize(("device_name", "key"), DEVICE_NAMES)
 def test_detect_maps_real_device_names_to_their_row(device_name, key):
-    spec = detect(device_name)
-    assert spec is not None and spec.key == key
+    sheet = detect(device_name)
+    assert sheet is not None and sheet.key == key
 
 
 @pytest.mark.parametrize("device_name",
@@ -134,16 +134,16 @@ def test_mi300x_cache_for_flushing_is_the_infinity_cache_not_the_l2():
 
 
 def test_running_cpu_gets_the_measured_only_row():
-    spec, matched = spec_for_running_device("cpu")
-    assert spec.key == "cpu" and matched
+    sheet, matched = datasheet_for_running_device("cpu")
+    assert sheet.key == "cpu" and matched
     assert devices.running_device_name("cpu")
 
 
 def test_unmatched_gpu_gets_a_measured_only_stand_in(monkeypatch):
     monkeypatch.setattr(devices, "running_device_name", lambda device="cuda": "NVIDIA Quantum X9")
-    spec, matched = spec_for_running_device("cuda")
+    sheet, matched = datasheet_for_running_device("cuda")
     assert not matched
-    assert spec.measured_only and spec.name == "NVIDIA Quantum X9" and spec.ridge("bf16") is None
+    assert sheet.measured_only and sheet.name == "NVIDIA Quantum X9" and sheet.ridge("bf16") is None
 
 
 def test_running_device_rejects_unknown_device_names():
@@ -155,11 +155,11 @@ def test_running_device_rejects_unknown_device_names():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_running_gpu_name_and_l2_agree_with_the_table():
     name = devices.running_device_name("cuda")
-    spec, matched = spec_for_running_device("cuda")
+    sheet, matched = datasheet_for_running_device("cuda")
     assert name == torch.cuda.get_device_name()
     assert matched == (detect(name) is not None)
-    if matched and spec.l2_bytes is not None:
-        assert spec.l2_bytes == torch.cuda.get_device_properties(0).L2_cache_size
+    if matched and sheet.l2_bytes is not None:
+        assert sheet.l2_bytes == torch.cuda.get_device_properties(0).L2_cache_size
 
 
 def test_table_loader_rejects_a_number_written_as_text():

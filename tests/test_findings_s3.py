@@ -25,7 +25,7 @@ FAST = TimerSettings(warmup=1, min_reps=3, max_reps=4, budget_s=0.02)
 DEMO_FIT = REPO_ROOT / "results" / "cpu-demo" / "fit.json"
 
 
-def spec(**kw):
+def sweep_request(**kw):
     base = dict(model=get_preset("tiny"), q=(1, 2), B=(1,), L=(8,), mtp_q=(), timer=FAST)
     base.update(kw)
     return SweepRequest(**base)
@@ -97,15 +97,15 @@ def test_N3_predict_says_the_fit_did_not_converge():
 
 
 def test_L7_repeated_grid_values_are_one_point_each():
-    s = spec(q=(1, 1, 2), dtypes=("bf16", "bfloat16"))
+    s = sweep_request(q=(1, 1, 2), dtypes=("bf16", "bfloat16"))
     ids = [p.point_id for p in grid(s)]
     assert len(ids) == len(set(ids)) == 2 and s.q == (1, 2)
-    assert spec(q=(1, 1)).fingerprint() == spec(q=(1,)).fingerprint()
+    assert sweep_request(q=(1, 1)).fingerprint() == sweep_request(q=(1,)).fingerprint()
 
 
 def test_L7_extend_with_a_repeated_value_adds_it_once(tmp_path):
-    run_sweep(spec(), tmp_path, progress=False, noise=None)
-    out = run_sweep(spec(q=(4, 4)), tmp_path, progress=False, extend=True, noise=None)
+    run_sweep(sweep_request(), tmp_path, progress=False, noise=None)
+    out = run_sweep(sweep_request(q=(4, 4)), tmp_path, progress=False, extend=True, noise=None)
     rows = results.read_rows(tmp_path / "points.jsonl")
     assert out["points"] == 3 and len(rows) == len({r["point_id"] for r in rows}) == 3
 
@@ -128,13 +128,13 @@ def test_M2_a_broken_checkpoint_is_refused_naming_the_file(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":")  # truncated header
     with pytest.raises(ConfigError, match="model.safetensors is not a readable safetensors file"):
-        spec(checkpoint=str(tmp_path))
+        sweep_request(checkpoint=str(tmp_path))
 
 
 @pytest.mark.parametrize("seed", ["abc", 1.5, True, -1])
 def test_M3_a_seed_that_is_no_integer_is_refused(seed):
     with pytest.raises(ConfigError, match="seed="):
-        spec(seed=seed)
+        sweep_request(seed=seed)
 
 
 @pytest.mark.parametrize("config, index", [("[1, 2, 3]", None), ("{}", '{"weight_map": [1, 2]}'),
@@ -153,7 +153,7 @@ def test_M5_inventory_on_list_shaped_or_broken_json_is_one_line(tmp_path, config
 
 def test_M11_other_ceilings_on_a_reopened_run_are_refused(tmp_path):
     tmp_path.joinpath("c1.json").write_text("{}")
-    s = spec(ceilings=str(tmp_path / "c1.json"))
+    s = sweep_request(ceilings=str(tmp_path / "c1.json"))
     (tmp_path / "run").mkdir()
     sw.files.write_json_atomic(tmp_path / "run" / "run.json", dict(
         fingerprint=s.fingerprint(), schema_version=results.SCHEMA_VERSION, identity=s.identity(),
@@ -228,14 +228,14 @@ def test_N19_fit_says_how_many_ok_rows_it_left_out(tmp_path):
 def test_N10_rows_and_run_json_of_another_schema_are_refused(tmp_path):
     row = dict(point_id="a", status="ok", t_median_s=1.0, schema_version=99, **{k: 1 for k in runfolder.REQUIRED})
     assert "schema_version=99" in runfolder._problem(row)
-    s = spec()
+    s = sweep_request()
     (tmp_path / "run.json").write_text(json.dumps(dict(fingerprint=s.fingerprint(), schema_version=0)))
     with pytest.raises(ConfigError, match="schema_version=0"):
         check_run_dir(s, tmp_path)
 
 
 def test_N12_a_dry_run_on_another_sweeps_folder_is_refused_as_the_sweep_is(tmp_path):
-    s = spec()
+    s = sweep_request()
     sw.files.write_json_atomic(tmp_path / "run.json", dict(
         fingerprint=s.fingerprint(), schema_version=results.SCHEMA_VERSION, identity=s.identity()))
     other = dataclasses.replace(s, timer=TimerSettings(warmup=1, min_reps=3, max_reps=4, budget_s=0.3))
@@ -371,7 +371,7 @@ def test_dry_run_time_counts_min_reps_of_a_slow_step():
     t = TimerSettings(warmup=1, min_reps=5, max_reps=40, budget_s=0.02)
     assert point_seconds(1.0, t) == pytest.approx(6.0)  # 1 warm-up + 5 reps of 1 s, whatever the 0.02 s budget
     assert point_seconds(1e-3, t) == pytest.approx(1e-3 * (1 + 21))  # a fast step: the budget, then one more
-    assert "about" in dry_run(spec(), REPO_ROOT / "nonexistent-run-dir")
+    assert "about" in dry_run(sweep_request(), REPO_ROOT / "nonexistent-run-dir")
 
 
 # ---- loose ends: contradictions, fit settings, paths ----------------------------------------------
@@ -389,11 +389,11 @@ def test_L4_L5_fit_settings_are_checked(kw, match):
 
 def test_N17_force_and_extend_together_and_boolean_grid_values_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="force=true and extend=true"):
-        check_run_dir(spec(), tmp_path, force=True, extend=True)
+        check_run_dir(sweep_request(), tmp_path, force=True, extend=True)
     with pytest.raises(ConfigError, match=r"q=\[True\]"):
-        spec(q=(True,))
+        sweep_request(q=(True,))
     with pytest.raises(ConfigError, match="layers=True"):
-        spec(layers=True)
+        sweep_request(layers=True)
 
 
 def test_L10_checkpoint_and_model_together_are_refused():
@@ -476,8 +476,8 @@ def test_L10_specdec_real_acceptance_refuses_the_options_it_would_ignore():
 def test_M3_a_weights_group_the_model_cannot_take_is_bad_input_before_anything_runs():
     """M3: weights=int4_g1024 on tiny (K=64) passed the dry run and became an `unsupported` row, exit 0."""
     with pytest.raises(ConfigError, match=r"weights=int4_g1024: the group size 1024 does not divide K=64"):
-        spec(dtypes=("bfloat16+weights=int4_g1024",))
-    spec(dtypes=("bfloat16+weights=int4_g32",))  # 32 divides every K of tiny
+        sweep_request(dtypes=("bfloat16+weights=int4_g1024",))
+    sweep_request(dtypes=("bfloat16+weights=int4_g32",))  # 32 divides every K of tiny
 
 
 @pytest.mark.parametrize("text, says", [("{\"a\":\n", "ceilings.json is not JSON"), ("[1, 2]", "ceilings.json is not a JSON object (a JSON list"),
@@ -613,7 +613,7 @@ def test_N16_an_index_naming_a_folder_says_so(tmp_path):
 
 
 def test_N16_an_edited_fingerprint_says_the_run_json_was_edited(tmp_path):
-    s = spec()
+    s = sweep_request()
     sw.files.write_json_atomic(tmp_path / "run.json", dict(
         fingerprint="0123456789", schema_version=results.SCHEMA_VERSION, identity=s.identity()))
     with pytest.raises(ConfigError, match=r"fingerprint 0123456789 != \w+; its run.json was edited\)"):
@@ -644,7 +644,7 @@ def test_I1_ceilings_given_from_elsewhere_travel_with_the_run_and_their_busy_mar
     doc["summary"]["busy_machine"] = [dict(group="torch_read/float32", why="reference 1.6x its quietest time")]
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "elsewhere" / "ceilings.json").write_text(json.dumps(doc))
-    s = spec(ceilings=str(tmp_path / "elsewhere" / "ceilings.json"), q=(1,))
+    s = sweep_request(ceilings=str(tmp_path / "elsewhere" / "ceilings.json"), q=(1,))
     run_sweep(s, tmp_path / "run", progress=False)
     assert json.loads((tmp_path / "run" / "ceilings.json").read_text()) == doc
     assert "ceilings: 1 group(s) were measured on a busy machine (torch_read/float32)" in capsys.readouterr().err
@@ -675,7 +675,7 @@ def test_M9_an_empty_torn_or_list_run_json_is_refused_naming_force(tmp_path, tex
     """M9: run.json empty, torn or a list: refused in one line that says force=true sets it aside."""
     (tmp_path / "run.json").write_bytes(text.encode("latin-1"))
     with pytest.raises(ConfigError, match=r"run.json is unreadable .*force=true sets the folder aside"):
-        check_run_dir(spec(), tmp_path)
+        check_run_dir(sweep_request(), tmp_path)
 
 
 def _predict_config(tmp_path, **over):
@@ -823,5 +823,5 @@ def test_M2_a_checkpoint_whose_weights_hold_nan_is_refused_naming_tensor_and_fil
     with pytest.raises(ConfigError, match=r"checkpoint='.*ck': tensor 'model.layers.1.mlp.up_proj.weight' in "
                                           r"model.safetensors holds NaN or infinite values"):
         from roofline.checkpoints.loader import checkpoint_config
-        run_sweep(spec(model=checkpoint_config(tmp_path / "ck"), checkpoint=str(tmp_path / "ck"), q=(1,), L=(4,)),
+        run_sweep(sweep_request(model=checkpoint_config(tmp_path / "ck"), checkpoint=str(tmp_path / "ck"), q=(1,), L=(4,)),
                   tmp_path / "run", progress=False)

@@ -25,8 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 interpreter_only = pytest.mark.skipif(DEVICE != "cpu", reason="a property of the CPU interpreter's fixed grid")
 SIZES = [1, 1000, 4097, 65537]  # none a multiple of BLOCK (4096 fp32, 8192 bf16/fp16)
-TRITON_SPECS = [name for name, spec in KERNELS.items() if spec.uses_triton]
-TORCH_SPECS = [name for name, spec in KERNELS.items() if not spec.uses_triton]
+TRITON_SPECS = [name for name, kernel in KERNELS.items() if kernel.uses_triton]
+TORCH_SPECS = [name for name, kernel in KERNELS.items() if not kernel.uses_triton]
 
 
 @pytest.fixture(autouse=True)
@@ -97,10 +97,10 @@ def test_bytes_moved_hand_checked(name, n, elem_bytes, expected):
 
 
 def test_read_partials_buffer_matches_bytes_counted():
-    spec = KERNELS["triton_read_persistent"]
-    bufs = spec.make_buffers(100_000, torch.bfloat16, DEVICE)
+    kernel = KERNELS["triton_read_persistent"]
+    bufs = kernel.make_buffers(100_000, torch.bfloat16, DEVICE)
     partials = bufs["partials"].numel()
-    assert spec.bytes_moved(100_000, 2) == 100_000 * 2 + 2 * partials * 4 + 4
+    assert kernel.bytes_moved(100_000, 2) == 100_000 * 2 + 2 * partials * 4 + 4
 
 
 def _off_by_one(ref: torch.Tensor) -> torch.Tensor:
@@ -120,8 +120,8 @@ def _off_by_one(ref: torch.Tensor) -> torch.Tensor:
     ],
 )
 def test_check_raises_on_a_wrong_reference(name):
-    spec = KERNELS[name]
-    wrong = dataclasses.replace(spec, reference=lambda bufs: _off_by_one(spec.reference(bufs)))
+    kernel = KERNELS[name]
+    wrong = dataclasses.replace(kernel, reference=lambda bufs: _off_by_one(kernel.reference(bufs)))
     with pytest.raises(AssertionError, match=name):
         check(wrong, 4097, torch.bfloat16, DEVICE)
 
@@ -129,26 +129,26 @@ def test_check_raises_on_a_wrong_reference(name):
 @pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
 @pytest.mark.parametrize("name", ["triton_read_grid", "triton_read_persistent"])
 def test_check_catches_a_read_that_drops_the_last_element(name, dtype):
-    spec = KERNELS[name]
+    kernel = KERNELS[name]
 
     def drops_last(bufs):
         bufs["x"][-1] = 0  # after the reference was taken: the kernel never sees it
-        spec.run(bufs)
+        kernel.run(bufs)
 
     with pytest.raises(AssertionError, match="sum"):
-        check(dataclasses.replace(spec, run=drops_last), 65537, dtype, DEVICE)
+        check(dataclasses.replace(kernel, run=drops_last), 65537, dtype, DEVICE)
 
 
 def test_check_catches_a_copy_that_skips_the_tail():
-    spec = KERNELS["triton_copy_grid"]
+    kernel = KERNELS["triton_copy_grid"]
 
     def skips_tail(bufs):
         last = bufs["out"][-1].clone()
-        spec.run(bufs)
+        kernel.run(bufs)
         bufs["out"][-1] = last
 
     with pytest.raises(AssertionError, match="bit-exact"):
-        check(dataclasses.replace(spec, run=skips_tail), 4097, torch.float32, DEVICE)
+        check(dataclasses.replace(kernel, run=skips_tail), 4097, torch.float32, DEVICE)
 
 
 @pytest.mark.parametrize("n, dtype, field", [(0, torch.float32, "n"), (10, torch.int32, "dtype")])
@@ -182,9 +182,9 @@ def test_imports_and_runs_torch_lines_without_triton():
         "from roofline.measure import kernels\n"
         "assert not kernels.triton_available()\n"
         "kernels.check(kernels.KERNELS['torch_triad'], 1000, torch.float32, 'cpu')\n"
-        "spec = kernels.KERNELS['triton_copy_grid']\n"
+        "kernel = kernels.KERNELS['triton_copy_grid']\n"
         "try:\n"
-        "    spec.run(spec.make_buffers(8, torch.float32, 'cpu'))\n"
+        "    kernel.run(kernel.make_buffers(8, torch.float32, 'cpu'))\n"
         "except RuntimeError as e:\n"
         "    assert 'TRITON_INTERPRET' in str(e)\n"
         "else:\n"

@@ -126,9 +126,9 @@ def test_sweep_rows_on_a_quantized_cache_are_ok_and_charge_the_bytes_held(tmp_pa
     from roofline.measure.timer import TimerSettings
     cfg, B, L = mini("tiny"), 2, 8
     labels = (label("fp8_e4m3"), label("int8"))
-    spec = SweepRequest(model=cfg, q=(1, 3), B=(B,), L=(L,), dtypes=labels, mtp_q=(1,),
+    req = SweepRequest(model=cfg, q=(1, 3), B=(B,), L=(L,), dtypes=labels, mtp_q=(1,),
                      timer=TimerSettings(warmup=0, min_reps=2, max_reps=2))
-    run_sweep(spec, tmp_path, progress=False, noise=None)
+    run_sweep(req, tmp_path, progress=False, noise=None)
     rows = {(r["dtype"], r["kind"], r["q"]): r for r in read_rows(tmp_path / "points.jsonl")}
     for lab in labels:
         for q in (1, 3):  # decode and verification

@@ -101,10 +101,10 @@ def test_one_oversized_grid_value_is_too_big_alone(tmp_path, monkeypatch):
 def test_specdec_checks_memory_before_anything(tmp_path, monkeypatch):
     from roofline.spec.validation import SpecValidationRequest, run_validation
     monkeypatch.setattr(memory, "available", lambda device: (1e3, "1 kB available"))
-    spec = SpecValidationRequest(model=get_preset("tiny"), alphas=(0.5,), ks=(1,), Bs=(1,), prompt_len=8, max_new=4, reps=1,
+    req = SpecValidationRequest(model=get_preset("tiny"), alphas=(0.5,), ks=(1,), Bs=(1,), prompt_len=8, max_new=4, reps=1,
                        real_drafters=(), dtype="float32", device="cpu", seed=0, timer=FAST)
     with pytest.raises(memory.TooBig, match="tiny needs"):
-        run_validation(spec, tmp_path / "run")
+        run_validation(req, tmp_path / "run")
     assert not (tmp_path / "run").exists()
 
 

@@ -128,9 +128,9 @@ def test_a_sweep_beside_busy_loops_is_flagged(tmp_path):
     loops = [_busy_loop() for _ in range(os.cpu_count() or 2)]
     try:
         time.sleep(0.5)
-        spec = SweepRequest(model=get_preset("tiny"), q=(1, 4), B=(1,), L=(16, 64), timer=TimerSettings(
+        req = SweepRequest(model=get_preset("tiny"), q=(1, 4), B=(1,), L=(16, 64), timer=TimerSettings(
             warmup=1, min_reps=3, max_reps=5, budget_s=0.05))
-        summary = run_sweep(spec, tmp_path, progress=False,
+        summary = run_sweep(req, tmp_path, progress=False,
                             noise=NoiseSettings(every=2, retries=1, settle_s=0.1))
     finally:
         for p in loops:

@@ -17,8 +17,8 @@ FAST = TimerSettings(warmup=1, min_reps=3, max_reps=3, budget_s=0.1)
 @pytest.mark.slow
 def test_tp2_ep2_sweep_writes_per_rank_rows_and_resumes(tmp_path):
     cfg = scaled_down(get_preset("mixtral-8x7b"))
-    spec = SweepRequest(model=cfg, q=(1, 3), B=(2,), L=(8,), parallel=Layout(tp=2, ep=2), timer=FAST)
-    first = run_parallel_sweep(spec, tmp_path, progress=False)
+    req = SweepRequest(model=cfg, q=(1, 3), B=(2,), L=(8,), parallel=Layout(tp=2, ep=2), timer=FAST)
+    first = run_parallel_sweep(req, tmp_path, progress=False)
     assert (first["ok"], first["failed"]) == (2, 0)
     df = load_run(tmp_path).sort_values("q")
     assert set(df["tp"]) == {2} and set(df["ep"]) == {2}
@@ -33,7 +33,7 @@ def test_tp2_ep2_sweep_writes_per_rank_rows_and_resumes(tmp_path):
         ranks = [float(x) for x in row["experts_touched_ranks"].split(";")]
         assert len(ranks) == 2 and all(0 <= x <= cfg.experts // 2 for x in ranks)
         assert max(ranks) - 0.01 <= row["experts_touched"] <= cfg.experts // 2
-    again = run_parallel_sweep(spec, tmp_path, progress=False)
+    again = run_parallel_sweep(req, tmp_path, progress=False)
     assert (again["measured_now"], again["resumed"]) == (0, 2)
 
 

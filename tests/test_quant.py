@@ -189,9 +189,9 @@ def test_sweep_times_int8_rows_and_records_unsupported_ones(tmp_path):
     from roofline.measure.sweep import SweepRequest, run_sweep
     from roofline.measure.timer import TimerSettings
     labels = ("bfloat16+weights=int8", "bfloat16+weights=fp8_e4m3_b128")
-    spec = SweepRequest(model=tiny(), q=(1, 2), B=(1,), L=(8,), dtypes=labels, mtp_q=(1,),
+    req = SweepRequest(model=tiny(), q=(1, 2), B=(1,), L=(8,), dtypes=labels, mtp_q=(1,),
                      timer=TimerSettings(warmup=0, min_reps=2, max_reps=2))
-    run_sweep(spec, tmp_path, progress=False)
+    run_sweep(req, tmp_path, progress=False)
     rows = {(r["dtype"], r["kind"], r["q"]): r for r in read_rows(tmp_path / "points.jsonl")}
     ok = rows[(labels[0], "forward", 2)]
     assert ok["status"] == "ok" and ok["weights_format"] == "int8" and ok["act_dtype"] == "bfloat16"

@@ -113,9 +113,9 @@ def test_sweep_runs_int8_experts_and_charges_the_touched_ones(tmp_path):
     from roofline.measure.sweep import SweepRequest, run_sweep
     from roofline.measure.timer import TimerSettings
     cfg, lab = mini("mixtral-8x7b"), "bfloat16+weights=int8"
-    spec = SweepRequest(model=cfg, q=(2,), B=(1,), L=(4,), dtypes=(lab,),
+    req = SweepRequest(model=cfg, q=(2,), B=(1,), L=(4,), dtypes=(lab,),
                      timer=TimerSettings(warmup=0, min_reps=2, max_reps=2))
-    run_sweep(spec, tmp_path, progress=False, noise=None)
+    run_sweep(req, tmp_path, progress=False, noise=None)
     (r,) = read_rows(tmp_path / "points.jsonl")
     assert r["status"] == "ok" and r["weights_format"] == "int8" and 1 <= r["experts_touched"] <= cfg.experts
     c = forward_cost(cfg, lab, 1, 2, 4, touched=r["experts_touched"])

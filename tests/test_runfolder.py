@@ -19,7 +19,7 @@ from roofline.measure.timer import TimerSettings
 FAST = TimerSettings(warmup=1, min_reps=3, max_reps=4, budget_s=0.02)
 
 
-def spec(**kw):
+def sweep_request(**kw):
     base = dict(model=get_preset("tiny"), q=(1, 2), B=(1,), L=(0, 8), timer=FAST)
     base.update(kw)
     return SweepRequest(**base)
@@ -28,25 +28,25 @@ def spec(**kw):
 def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path):
     with runfolder.locked(tmp_path):
         with pytest.raises(runfolder.RunLocked, match=f"pid {os.getpid()}"):
-            run_sweep(spec(), tmp_path, progress=False)
+            run_sweep(sweep_request(), tmp_path, progress=False)
     assert not (tmp_path / "points.jsonl").exists()
-    run_sweep(spec(), tmp_path, progress=False)  # free again once the holder is done
+    run_sweep(sweep_request(), tmp_path, progress=False)  # free again once the holder is done
     assert not (tmp_path / runfolder.LOCK).exists()
 
 
 def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     (tmp_path / runfolder.LOCK).write_text(f"pid {dead.stdout.strip()} on this host")
-    out = run_sweep(spec(), tmp_path, progress=False)
-    assert out["ok"] == len(grid(spec()))
+    out = run_sweep(sweep_request(), tmp_path, progress=False)
+    assert out["ok"] == len(grid(sweep_request()))
 
 
 def test_a_mid_file_bad_line_is_quarantined_and_the_good_rows_after_it_kept(tmp_path):
-    run_sweep(spec(), tmp_path, progress=False)
+    run_sweep(sweep_request(), tmp_path, progress=False)
     f = tmp_path / "points.jsonl"
     lines = f.read_text().splitlines()
     f.write_text("\n".join(lines[:1] + ["garbage{", "{}", "null", lines[1]] + lines[2:]) + "\n")
-    out = run_sweep(spec(), tmp_path, progress=False)
+    out = run_sweep(sweep_request(), tmp_path, progress=False)
     assert out["measured_now"] == 0 and out["resumed"] == len(lines)  # nothing after the garbage was lost
     assert [q["line"] for q in out["quarantined"]] == [2, 3, 4]
     assert "not JSON" in out["quarantined"][0]["reason"] and "not a JSON object" in out["quarantined"][2]["reason"]
@@ -56,7 +56,7 @@ def test_a_mid_file_bad_line_is_quarantined_and_the_good_rows_after_it_kept(tmp_
 
 
 def test_a_torn_last_line_and_a_duplicate_row_are_quarantined(tmp_path):
-    run_sweep(spec(), tmp_path, progress=False)
+    run_sweep(sweep_request(), tmp_path, progress=False)
     f = tmp_path / "points.jsonl"
     lines = f.read_text().splitlines()
     f.write_text("\n".join(lines + [lines[0]]) + "\n" + lines[1][:20])
@@ -70,24 +70,24 @@ def test_transient_failures_are_retried_on_resume(tmp_path):
         if p.q == 2:
             raise TooBig("needs 9 GB, 1 GB free")
         return sw._measure(w, p, timer)
-    first = run_sweep(spec(), tmp_path, progress=False, measure=failing)
+    first = run_sweep(sweep_request(), tmp_path, progress=False, measure=failing)
     assert first["failed"] == 2
-    again = run_sweep(spec(), tmp_path, progress=False)
+    again = run_sweep(sweep_request(), tmp_path, progress=False)
     assert again["retried"] and again["measured_now"] == 2 and again["failed"] == 0
     df = pd.read_csv(tmp_path / "points.csv")
-    assert len(df) == len(grid(spec())) and (df["status"] == "ok").all()
+    assert len(df) == len(grid(sweep_request())) and (df["status"] == "ok").all()
     assert len((tmp_path / runfolder.RETRIED).read_text().splitlines()) == 2  # the failed rows are kept aside
 
 
 def test_retry_failed_false_keeps_the_failed_rows(tmp_path):
     boom = lambda w, p, timer: (_ for _ in ()).throw(RuntimeError("flaky"))
-    run_sweep(spec(), tmp_path, progress=False, measure=boom)
-    again = run_sweep(spec(), tmp_path, progress=False, retry_failed=False)
-    assert again["measured_now"] == 0 and again["failed"] == len(grid(spec()))
+    run_sweep(sweep_request(), tmp_path, progress=False, measure=boom)
+    again = run_sweep(sweep_request(), tmp_path, progress=False, retry_failed=False)
+    assert again["measured_now"] == 0 and again["failed"] == len(grid(sweep_request()))
 
 
 def test_the_fingerprint_holds_code_torch_and_device(monkeypatch):
-    s = spec()
+    s = sweep_request()
     ident = s.identity()
     assert {"code_version", "torch_version", "device_name"} <= set(ident)
     before = s.fingerprint()
@@ -96,34 +96,34 @@ def test_the_fingerprint_holds_code_torch_and_device(monkeypatch):
 
 
 def test_a_run_of_other_code_is_refused_naming_what_changed_and_force_remeasures(tmp_path, monkeypatch):
-    run_sweep(spec(), tmp_path, progress=False)
+    run_sweep(sweep_request(), tmp_path, progress=False)
     monkeypatch.setattr(sw.provenance, "code_version", lambda: "0123abcd")
     with pytest.raises(ConfigError, match="code_version.*0123abcd.*force=true"):
-        run_sweep(spec(), tmp_path, progress=False)
-    out = run_sweep(spec(), tmp_path, progress=False, force=True)
-    assert out["measured_now"] == len(grid(spec()))
+        run_sweep(sweep_request(), tmp_path, progress=False)
+    out = run_sweep(sweep_request(), tmp_path, progress=False, force=True)
+    assert out["measured_now"] == len(grid(sweep_request()))
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("previous-")]
     assert len(aside) == 1 and (aside[0] / "points.jsonl").exists()
 
 
 def test_extend_adds_new_grid_values_and_keeps_the_measured_points(tmp_path):
-    run_sweep(spec(), tmp_path, progress=False)
+    run_sweep(sweep_request(), tmp_path, progress=False)
     old = {r["point_id"]: r["t_median_s"] for r in results.read_rows(tmp_path / "points.jsonl")}
     with pytest.raises(ConfigError, match="extend=true"):
-        run_sweep(spec(q=(4,)), tmp_path, progress=False)
-    out = run_sweep(spec(q=(4,)), tmp_path, progress=False, extend=True)
-    assert out["resumed"] == len(old) and out["points"] == len(grid(spec(q=(1, 2, 4))))
+        run_sweep(sweep_request(q=(4,)), tmp_path, progress=False)
+    out = run_sweep(sweep_request(q=(4,)), tmp_path, progress=False, extend=True)
+    assert out["resumed"] == len(old) and out["points"] == len(grid(sweep_request(q=(1, 2, 4))))
     rows = {r["point_id"]: r["t_median_s"] for r in results.read_rows(tmp_path / "points.jsonl")}
     assert all(rows[k] == v for k, v in old.items())
     meta = json.loads((tmp_path / "run.json").read_text())
     assert meta["identity"]["q"] == [1, 2, 4] and len(meta["extended"]) == 1
-    assert run_sweep(spec(q=(1, 2, 4)), tmp_path, progress=False)["measured_now"] == 0  # the union grid resumes
+    assert run_sweep(sweep_request(q=(1, 2, 4)), tmp_path, progress=False)["measured_now"] == 0  # the union grid resumes
 
 
 def test_a_folder_with_points_but_no_run_json_is_refused(tmp_path):
     (tmp_path / "points.jsonl").write_text(json.dumps({"point_id": "x", "status": "ok", "t_median_s": 1}) + "\n")
     with pytest.raises(ConfigError, match="no run.json"):
-        run_sweep(spec(), tmp_path, progress=False)
+        run_sweep(sweep_request(), tmp_path, progress=False)
     assert not (tmp_path / "run.json").exists()
 
 
@@ -133,7 +133,7 @@ def test_run_json_is_written_atomically(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(files, "write_json_atomic", torn)
     with pytest.raises(OSError):
-        run_sweep(spec(), tmp_path, progress=False)
+        run_sweep(sweep_request(), tmp_path, progress=False)
     assert not (tmp_path / "run.json").exists()
     assert not [p for p in tmp_path.iterdir() if p.suffix == ".tmp"]
 
@@ -148,9 +148,9 @@ def test_quick_ceilings_are_not_measured_again_on_restart(tmp_path, monkeypatch)
     for k in ce.SUMMARY_KEYS:
         fake["summary"].setdefault(k, None)
     calls = []
-    monkeypatch.setattr(ce, "measure_ceilings", lambda spec: calls.append(1) or fake)
-    run_sweep(spec(ceilings="quick", q=(1,), L=(0,)), tmp_path, progress=False)
-    run_sweep(spec(ceilings="quick", q=(1,), L=(0,)), tmp_path, progress=False)
+    monkeypatch.setattr(ce, "measure_ceilings", lambda sweep_request: calls.append(1) or fake)
+    run_sweep(sweep_request(ceilings="quick", q=(1,), L=(0,)), tmp_path, progress=False)
+    run_sweep(sweep_request(ceilings="quick", q=(1,), L=(0,)), tmp_path, progress=False)
     assert calls == [1]
 
 
@@ -161,12 +161,12 @@ def test_a_ceilings_file_of_another_device_is_refused(tmp_path):
                summary={k: None for k in ce.SUMMARY_KEYS})
     (tmp_path / "c.json").write_text(json.dumps(doc))
     with pytest.raises(ConfigError, match="measured on 'NVIDIA H200'"):
-        run_sweep(spec(ceilings=str(tmp_path / "c.json")), tmp_path / "run", progress=False)
+        run_sweep(sweep_request(ceilings=str(tmp_path / "c.json")), tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
 
 
 def test_samples_sidecar_and_p99_per_point(tmp_path):
-    run_sweep(spec(), tmp_path, progress=False)
+    run_sweep(sweep_request(), tmp_path, progress=False)
     samples = results.read_samples(tmp_path)
     df = pd.read_csv(tmp_path / "points.csv")
     for _, r in df.iterrows():

@@ -24,12 +24,12 @@ def test_prediction_is_tau_times_plain_step_over_round_time(monkeypatch):
         return types.SimpleNamespace(steps=StepCosts(target=lambda q, B, L: T[q], draft=draft, overhead=no_cost))
 
     monkeypatch.setattr(pr, "step_costs", fake_costs)
-    spec = SpecValidationRequest(model=get_preset("tiny"))
-    p = predicted_speedup({}, spec, k=2, B=1, tau=2.5, o_plain=1.0, o_spec=3.0)
+    req = SpecValidationRequest(model=get_preset("tiny"))
+    p = predicted_speedup({}, req, k=2, B=1, tau=2.5, o_plain=1.0, o_spec=3.0)
     # R = (T(3) + o_plain) + T_mtp(3) + (k-1) T_mtp(1) + (o_spec - o_plain) = 13 + 2 + 1 + 2
     assert p["R_pred_s"] == 18.0
     assert p["S_pred"] == pytest.approx(2.5 * (10 + 1) / 18)
-    assert predicted_speedup({}, spec, 2, 1, 2.5, 1.0, 3.0, drafter="ngram")["R_pred_s"] == 15.0
+    assert predicted_speedup({}, req, 2, 1, 2.5, 1.0, 3.0, drafter="ngram")["R_pred_s"] == 15.0
 
 
 def test_a_preset_without_mtp_is_refused():

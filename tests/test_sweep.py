@@ -20,7 +20,7 @@ from roofline.measure.timer import TimerSettings
 FAST = TimerSettings(warmup=1, min_reps=3, max_reps=5, budget_s=0.05)
 
 
-def spec(**kw):
+def sweep_request(**kw):
     base = dict(model=get_preset("tiny"), q=(1, 2), B=(1, 2), L=(0, 8), timer=FAST)
     base.update(kw)
     return SweepRequest(**base)
@@ -28,7 +28,7 @@ def spec(**kw):
 
 @pytest.mark.slow
 def test_rows_carry_timing_physics_and_provenance(tmp_path):
-    s = spec()
+    s = sweep_request()
     out = run_sweep(s, tmp_path, progress=False)
     df = pd.read_csv(tmp_path / "points.csv")
     assert out["points"] == len(grid(s)) == len(df) == out["ok"]
@@ -57,7 +57,7 @@ def test_rows_carry_timing_physics_and_provenance(tmp_path):
 
 @pytest.mark.parametrize("impl, backend", [("grouped", "cpu_grouped_matmul"), ("sdpa", "flash")])
 def test_a_named_cpu_decode_attention_is_what_the_decode_rows_ran(tmp_path, impl, backend):
-    out = run_sweep(spec(q=(1,), B=(1,), L=(8,), cpu_attention=impl), tmp_path, progress=False)
+    out = run_sweep(sweep_request(q=(1,), B=(1,), L=(8,), cpu_attention=impl), tmp_path, progress=False)
     df = pd.read_csv(tmp_path / "points.csv")
     assert out["ok"] == len(df) > 0
     assert set(df["decode_attention"]) == {f"{impl} (asked for)"}
@@ -66,7 +66,7 @@ def test_a_named_cpu_decode_attention_is_what_the_decode_rows_ran(tmp_path, impl
 
 def test_a_cpu_attention_that_does_not_exist_is_refused_naming_the_field():
     with pytest.raises(ConfigError, match=r"cpu_attention='flash'.*allowed \('auto', 'grouped', 'sdpa'\)"):
-        spec(cpu_attention="flash")
+        sweep_request(cpu_attention="flash")
 
 
 def test_a_math_attention_row_on_cuda_is_not_called_a_memory_measurement(tmp_path, monkeypatch):
@@ -77,7 +77,7 @@ def test_a_math_attention_row_on_cuda_is_not_called_a_memory_measurement(tmp_pat
         return {**row, "attn_backend": "math"}
 
     monkeypatch.setattr(sweep_mod, "is_math_fallback", lambda row, device: row["attn_backend"] == "math")
-    run_sweep(spec(q=(1,), B=(1,), L=(0,)), tmp_path, progress=False, measure=as_if_cuda_math)
+    run_sweep(sweep_request(q=(1,), B=(1,), L=(0,)), tmp_path, progress=False, measure=as_if_cuda_math)
     df = pd.read_csv(tmp_path / "points.csv")
     assert set(df["status"]) == {"math_fallback"} and df["error"].str.contains("not a memory measurement").all()
     assert (df["t_median_s"] > 0).all()  # the time is kept, the label is refused
@@ -91,7 +91,7 @@ def test_an_oom_point_becomes_a_row_and_the_sweep_goes_on(tmp_path):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
         return _measure(w, p, timer)
 
-    out = run_sweep(spec(), tmp_path, progress=False, measure=flaky)
+    out = run_sweep(sweep_request(), tmp_path, progress=False, measure=flaky)
     df = pd.read_csv(tmp_path / "points.csv")
     bad = df[df["status"] != "ok"]
     assert set(bad["status"]) == {"oom"} and len(bad) == 2  # q=2, B=2 at both L
@@ -110,7 +110,7 @@ def test_only_an_unsupported_combination_is_an_unsupported_row_and_a_bug_is_an_e
             raise TypeError("unsupported operand type(s) for +: 'int' and 'NoneType'")  # a bug, not a combination
         return _measure(w, p, timer)
 
-    run_sweep(spec(L=(0,)), tmp_path, progress=False, measure=step)
+    run_sweep(sweep_request(L=(0,)), tmp_path, progress=False, measure=step)
     df = pd.read_csv(tmp_path / "points.csv")
     by = {(r.q, r.B): r for r in df.itertuples()}
     assert by[(2, 1)].status == by[(2, 2)].status == "unsupported" and "no fast kernel" in by[(2, 1)].error
@@ -121,7 +121,7 @@ def test_only_an_unsupported_combination_is_an_unsupported_row_and_a_bug_is_an_e
 def test_a_model_that_cannot_fit_becomes_too_big_rows(tmp_path, monkeypatch):
     from roofline.measure import memory
     monkeypatch.setattr(memory, "available", lambda device: (1e3, "1 kB available"))
-    run_sweep(spec(), tmp_path, progress=False)
+    run_sweep(sweep_request(), tmp_path, progress=False)
     df = pd.read_csv(tmp_path / "points.csv")
     assert (df["status"] == "too_big").all(), df["error"].iloc[0]
     assert df["error"].str.startswith("TooBig: needs").all()
@@ -139,7 +139,7 @@ def test_a_model_that_cannot_fit_becomes_too_big_rows(tmp_path, monkeypatch):
 ])
 def test_bad_input_fails_before_anything_is_written(tmp_path, field, kw, msg):
     with pytest.raises(ValueError, match=msg):
-        run_sweep(spec(**kw), tmp_path / "run", progress=False)
+        run_sweep(sweep_request(**kw), tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
 
 
@@ -150,9 +150,9 @@ def test_unknown_timer_mode_names_the_field():
 
 @pytest.mark.slow
 def test_a_run_folder_of_another_sweep_is_refused(tmp_path):
-    run_sweep(spec(), tmp_path, progress=False)
+    run_sweep(sweep_request(), tmp_path, progress=False)
     with pytest.raises(ConfigError, match="different sweep"):
-        run_sweep(spec(q=(1, 4)), tmp_path, progress=False)
+        run_sweep(sweep_request(q=(1, 4)), tmp_path, progress=False)
 
 
 def test_torn_last_line_is_dropped_and_cut(tmp_path):
@@ -188,7 +188,7 @@ def test_layer_extrapolation_is_refused_when_it_cannot_hold_10_percent(ci, noisy
 
 def test_sliced_sweep_writes_extrapolated_full_depth_rows(tmp_path):
     cfg = get_preset("tiny").scaled(layers=4)
-    run_sweep(spec(model=cfg, layers=1, q=(1,), B=(1,), L=(0,)), tmp_path, progress=False)
+    run_sweep(sweep_request(model=cfg, layers=1, q=(1,), B=(1,), L=(0,)), tmp_path, progress=False)
     df = pd.read_csv(tmp_path / "points.csv")
     full = df[df["extrapolated"] == True]  # noqa: E712
     assert set(df["layers_run"]) == {1, 2, 4}
@@ -212,7 +212,7 @@ def test_resume_after_a_kill_loses_and_repeats_nothing(tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     before = results.read_rows(jsonl)
-    total = len(grid(spec(q=(1, 2, 3, 4, 5, 6), B=(1, 2), L=(0, 16, 32))))
+    total = len(grid(sweep_request(q=(1, 2, 3, 4, 5, 6), B=(1, 2), L=(0, 16, 32))))
     assert 5 <= len(before) < total, "the kill must land mid-run"
     done = subprocess.run(_sweep_cmd(out), cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -267,10 +267,10 @@ def test_ceiling_columns_give_measured_and_datasheet_percentages_side_by_side():
 def test_a_quick_ceilings_run_at_start_fills_the_ceiling_columns(tmp_path, monkeypatch):
     import roofline.measure.ceilings as ce
     fake = {"schema_version": 1, "summary": {"mem_bw_GBps": 10.0, "peak_tflops": {"bfloat16": 1.0}}}
-    monkeypatch.setattr(ce, "measure_ceilings", lambda spec: fake)
+    monkeypatch.setattr(ce, "measure_ceilings", lambda sweep_request: fake)
     written = []
     monkeypatch.setattr(ce, "write_ceilings", lambda result, run_dir: written.append(run_dir))
-    run_sweep(spec(ceilings="quick", q=(1,), B=(1,), L=(0,)), tmp_path, progress=False)
+    run_sweep(sweep_request(ceilings="quick", q=(1,), B=(1,), L=(0,)), tmp_path, progress=False)
     df = pd.read_csv(tmp_path / "points.csv")
     assert written == [tmp_path]
     pd.testing.assert_series_equal(df["pct_measured_bw"], df["achieved_GBps"] * 10, check_names=False)

@@ -158,11 +158,11 @@ def test_real_validation_runs_disjoint_and_exact(trained, tmp_path):
     from roofline.measure.timer import TimerSettings
     from roofline.spec.real_validation import RealValidationRequest, run_real_validation, summarize
     out, _ = trained
-    spec = RealValidationRequest(checkpoint=str(out / "target"), draft_checkpoint=str(out / "draft"),
+    req = RealValidationRequest(checkpoint=str(out / "target"), draft_checkpoint=str(out / "draft"),
                        prompts_a=str(out / "prompts_a.jsonl"), prompts_b=str(out / "prompts_b.jsonl"),
                        drafters=("mtp", "ngram"), ks=(2,), Bs=(1,), max_new=6, n_prompts=1, reps=1, dtype="float32",
                        timer=TimerSettings(warmup=1, min_reps=2, max_reps=3, rel_ci=0.5, budget_s=0.05), noise_check=False)
-    table = run_real_validation(spec, tmp_path / "rv", log=lambda *a: None)
+    table = run_real_validation(req, tmp_path / "rv", log=lambda *a: None)
     assert set(table["drafter"]) == {"mtp", "ngram"} and (table["S_meas"] > 0).all()
     fit = json.loads((tmp_path / "rv" / "sweep_target" / "fit.json").read_text())
     lo, hi = next(g["domain"]["L"] for g in fit["groups"] if g["key"]["kind"] == "forward")

@@ -51,9 +51,9 @@ def _doc(path):
 
 def fit_points(fit: dict, model: str, dtype: str, path="") -> list[dict]:
     """The measured decode rows (q = 1) of a fit.json's forward group for `model` in `dtype`, as points."""
-    spec = fit.get("model_spec") or {}
-    if spec.get("name") != model:
-        raise ConfigError(f"calibrate={str(path)!r}: the fit measured model {spec.get('name')!r}, the what-if prices "
+    fitted = fit.get("model_spec") or {}
+    if fitted.get("name") != model:
+        raise ConfigError(f"calibrate={str(path)!r}: the fit measured model {fitted.get('name')!r}, the what-if prices "
                           f"{model!r} (calibrate with a sweep of the same model)")
     groups = [g for g in fit.get("groups", []) if g["key"]["kind"] == "forward" and g["key"]["dtype"] == dtype]
     if not groups:

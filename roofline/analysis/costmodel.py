@@ -366,9 +366,9 @@ def verify_is_free(df: pd.DataFrame) -> np.ndarray:
 def roofline_baseline(df: pd.DataFrame, dtype: str, ceilings: dict | None) -> tuple[np.ndarray, str]:
     """max(bytes/BW, FLOPs/F) from the run's measured ceilings, else the datasheet row."""
     name = str(df["device_name"].iloc[0]) if "device_name" in df else ""
-    spec = detect(name)
-    spec = None if spec is None or spec.measured_only else spec
-    roofs = roofs_for(dtype, ceilings, spec)
+    sheet = detect(name)
+    sheet = None if sheet is None or sheet.measured_only else sheet
+    roofs = roofs_for(dtype, ceilings, sheet)
     bw, flops, source = roofs.for_prediction()
     if bw is None:
         return np.full(len(df), np.nan), (f"n/a: no ceilings.json summary in the run folder and no datasheet "

@@ -68,17 +68,17 @@ def dtype_table(table: dict | None) -> dict[str, float]:
     return out
 
 
-def roofs_for(dtype: str, ceilings: dict | None, spec: Datasheet | None) -> Roofs:
-    """Measured ceilings from ceilings.json's summary, datasheet ceilings from `spec` (or the
-    datasheet block ceilings.json recorded when no spec is given)."""
+def roofs_for(dtype: str, ceilings: dict | None, datasheet: Datasheet | None) -> Roofs:
+    """Measured ceilings from ceilings.json's summary, datasheet ceilings from `datasheet` (or the
+    datasheet block ceilings.json recorded when no row is given)."""
     d = datasheet_column(dtype)
     summary = (ceilings or {}).get("summary") or {}
     sheet = (ceilings or {}).get("datasheet") or {}
     scale = lambda v, k: None if v is None else float(v) * k  # noqa: E731
     bw_m = scale(summary.get("mem_bw_GBps"), 1e9)
     f_m = scale(dtype_table(summary.get("peak_tflops")).get(d), 1e12)
-    if spec is not None:
-        bw_d, f_d, cache = spec.bandwidth_Bps(), spec.peak_flops(d), spec.cache_bytes()
+    if datasheet is not None:
+        bw_d, f_d, cache = datasheet.bandwidth_Bps(), datasheet.peak_flops(d), datasheet.cache_bytes()
     else:
         bw_d = scale(sheet.get("mem_bw_GBps"), 1e9)
         f_d = scale(dtype_table(sheet.get("peak_tflops")).get(d), 1e12)

@@ -32,11 +32,11 @@ CONFIG = (CollectiveRequest, CollectivesKeys)
 
 
 def run(c: dict) -> None:
-    spec = CollectiveRequest(kinds=tuple(c["kinds"]), min_bytes=c["min_bytes"], max_bytes=c["max_bytes"],
+    req = CollectiveRequest(kinds=tuple(c["kinds"]), min_bytes=c["min_bytes"], max_bytes=c["max_bytes"],
                           factor=c["factor"], dtype=c["dtype"], reps=c["reps"], device=c["device"], world=c["world"],
                           flush_bytes=c["flush_bytes"])
-    out = Path(c["out_dir"]) if c["out_dir"] else spec.default_out_dir(RUNS_ROOT)
-    doc = run_collectives(spec, out)
+    out = Path(c["out_dir"]) if c["out_dir"] else req.default_out_dir(RUNS_ROOT)
+    doc = run_collectives(req, out)
     if doc:  # rank 0 (the others of a torchrun / srun launch return nothing)
         print(summary_text(doc))
         print(files.json_text(dict(out_dir=str(out), fit=doc["fit"])))
@@ -57,9 +57,9 @@ def summary_text(doc: dict) -> str:
 def link_reference(device_name: str) -> str:
     """What the measured busbw should be read against: the device's link from priors.yaml (a GPU
     with a datasheet row), else a note that ranks on one CPU exchange through shared memory."""
-    spec = detect(device_name)
+    sheet = detect(device_name)
     priors = load_priors()
-    link = priors["device_links"].get(spec.key) if spec is not None else None
+    link = priors["device_links"].get(sheet.key) if sheet is not None else None
     if link is None:
         return (f"{device_name}: ranks exchange through shared memory (gloo); compare busbw with the DRAM "
                 "bandwidth of python -m roofline.cli.ceilings (no link datasheet)")

@@ -59,11 +59,11 @@ class SpecdecKeys:
 CONFIG = (SpecValidationRequest, SpecdecKeys, RealValidationRequest)
 
 
-def _fingerprint(spec) -> str:
+def _fingerprint(req) -> str:
     import dataclasses
     import hashlib
     import json
-    return hashlib.sha256(json.dumps(dataclasses.asdict(spec), sort_keys=True, default=str).encode()).hexdigest()[:10]
+    return hashlib.sha256(json.dumps(dataclasses.asdict(req), sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 
 # what the oracle validation reads and the real-acceptance mode (checkpoint= alone) does not
@@ -78,13 +78,13 @@ def specdec(c: Mapping) -> tuple[str, dict]:
     """Plain vs speculative decoding measured against the cost model, with the run's report; or,
     with `checkpoint`, the checkpoint's real acceptance at k = max(ks) and batch = max(Bs)."""
     if c["checkpoint"] and c.get("prompts_eval"):
-        spec = RealValidationRequest(checkpoint=c["checkpoint"], draft_checkpoint=c["draft_checkpoint"], prompts_a=c["prompts"],
+        req = RealValidationRequest(checkpoint=c["checkpoint"], draft_checkpoint=c["draft_checkpoint"], prompts_a=c["prompts"],
                            prompts_b=c["prompts_eval"], drafters=tuple(c["drafters"]), ks=tuple(c["ks"]),
                            Bs=tuple(c["Bs"]), max_new=c["max_new"], n_prompts=c["n_prompts"], reps=c["reps"],
                            dtype=c["dtype"], temperature=c["temperature"], device=c["device"], seed=c["seed"],
                            timer=from_dict(TimerSettings, c["timer"], "timer"))
-        run_dir = Path(c["out_dir"] or RUNS_ROOT / f"specdec-real-{Path(c['checkpoint']).name}-{spec.dtype}")
-        table = run_real_validation(spec, run_dir)
+        run_dir = Path(c["out_dir"] or RUNS_ROOT / f"specdec-real-{Path(c['checkpoint']).name}-{req.dtype}")
+        table = run_real_validation(req, run_dir)
         text, summary = summarize(table)
         return text, dict(run_dir=str(run_dir), overrides=c.get("overrides", []), **summary)
     if c["checkpoint"]:
@@ -93,13 +93,13 @@ def specdec(c: Mapping) -> tuple[str, dict]:
                                draft_checkpoint=c["draft_checkpoint"], k=max(c["ks"]), max_new=c["max_new"],
                                batch=max(c["Bs"]), dtype=c["dtype"], device=c["device"], seed=c["seed"],
                                temperature=c["temperature"]))
-    spec = SpecValidationRequest(model=ModelConfig.from_dict(c["model"]), alphas=tuple(c["alphas"]), ks=tuple(c["ks"]),
+    req = SpecValidationRequest(model=ModelConfig.from_dict(c["model"]), alphas=tuple(c["alphas"]), ks=tuple(c["ks"]),
                        Bs=tuple(c["Bs"]), prompt_len=c["prompt_len"], max_new=c["max_new"], reps=c["reps"],
                        real_drafters=tuple(c["real_drafters"]), dtype=c["dtype"], device=c["device"],
                        seed=c["seed"], timer=from_dict(TimerSettings, c["timer"], "timer"))
     # the default folder is this request's own (a fingerprint of it), never another request's to refuse
-    run_dir = Path(c["out_dir"] or RUNS_ROOT / f"specdec-{spec.model.name}-{_fingerprint(spec)}")
-    table = run_validation(spec, run_dir)
+    run_dir = Path(c["out_dir"] or RUNS_ROOT / f"specdec-{req.model.name}-{_fingerprint(req)}")
+    table = run_validation(req, run_dir)
     write_specdec_section(table, run_dir)
     # the run's report: its sweep, cost-model fit and this validation, one document
     write_specdec_section(table, run_dir / "sweep")

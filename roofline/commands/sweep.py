@@ -57,7 +57,7 @@ class SweepKeys:
 CONFIG = (SweepRequest, FormatKeys, LayoutKeys, SweepKeys)
 
 
-def build_spec(c: dict) -> SweepRequest:
+def build_request(c: dict) -> SweepRequest:
     """The sweep a composed config asks for, validated (also what the device check's dry run
     calls on the GPU branch's overrides: nothing here needs the device itself)."""
     not_both(c, "checkpoint", "model")
@@ -77,18 +77,18 @@ def run(c: dict, done=None) -> dict | None:
     """The sweep; returns the record of its job (None on a follower rank of a torchrun / srun
     launch: rank 0 reports). `done.summary` is set once the points are saved, so a signal from
     then on still says what was saved."""
-    spec = build_spec(c)
-    run_dir = Path(c["out_dir"]) if c["out_dir"] else spec.default_out_dir(RUNS_ROOT)
+    req = build_request(c)
+    run_dir = Path(c["out_dir"]) if c["out_dir"] else req.default_out_dir(RUNS_ROOT)
     noise = {k: v for k, v in c["noise"].items() if k != "enabled"}
     noise = NoiseSettings(**noise) if c["noise"]["enabled"] else None  # checked in a dry run too
     if c["dry_run"]:
-        print(dry_run(spec, run_dir, force=c["force"], extend=c["extend"]))
+        print(dry_run(req, run_dir, force=c["force"], extend=c["extend"]))
         return dict(status="ok", dry_run=True)
     options = dict(force=c["force"], extend=c["extend"], retry_failed=c["retry_failed"])
-    if spec.parallel.devices > 1:  # the ranks are started here (or joined, under torchrun / srun)
-        summary = run_parallel_sweep(spec, run_dir, c["progress"], **options)
+    if req.parallel.devices > 1:  # the ranks are started here (or joined, under torchrun / srun)
+        summary = run_parallel_sweep(req, run_dir, c["progress"], **options)
     else:
-        summary = run_sweep(spec, run_dir, progress=c["progress"], **options,
+        summary = run_sweep(req, run_dir, progress=c["progress"], **options,
                             noise=noise)
     if summary is None:  # a follower rank of a torchrun / srun launch: rank 0 reports
         return None

@@ -47,7 +47,7 @@ from roofline.model.dtypes import MODEL_DTYPES, dtype_bytes, dtype_name, torch_d
 from roofline.model.config import ModelConfig
 from roofline.model.formats import parse_format, precision
 from roofline.model.presets import get_preset
-from roofline.measure.devices import last_level_cache_bytes, parse_device, spec_for_running_device
+from roofline.measure.devices import last_level_cache_bytes, parse_device, datasheet_for_running_device
 from roofline.measure.telemetry import Telemetry
 
 SCHEMA_VERSION = 1
@@ -113,7 +113,7 @@ def decode_gemm_shapes(cfg: ModelConfig) -> list[tuple[str, int, int]]:
     return attn + ffn + [("lm_head", cfg.vocab, d)]
 
 
-# --------------------------------------------------------------------------- the spec
+# --------------------------------------------------------------------------- the request
 
 
 def _device_kind(device: str) -> str:
@@ -132,7 +132,7 @@ def _ints(field: str, values, lo: int) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class CeilingsRequest:
     """What to measure. None fields take the device's default (see the tables above) when the
-    spec is built, so a built spec is concrete, validated and recorded as it ran."""
+    request is built, so a built request is concrete, validated and recorded as it ran."""
 
     device: str = internal("cpu", "the torch device of the `device` group's entry (roofline/conf/device/)")
     quick: bool = option(False, "a reduced set: one large working set, 3 decode M (<= 30 s on a 2-core CPU)")
@@ -265,23 +265,23 @@ def _check_kernels(names: tuple[str, ...], kind: str) -> None:
 
 
 def _datasheet(device: str) -> tuple[dict | None, Any]:
-    spec, matched = spec_for_running_device(device)
-    if spec.measured_only or not matched:
-        return None, spec
-    peak = {d: (None if spec.peak_flops(d) is None else spec.peak_flops(d) / 1e12)
+    row, matched = datasheet_for_running_device(device)
+    if row.measured_only or not matched:
+        return None, row
+    peak = {d: (None if row.peak_flops(d) is None else row.peak_flops(d) / 1e12)
             for d in MODEL_DTYPES}
-    return {"key": spec.key, "name": spec.name, "mem_bw_GBps": spec.mem_bw_GBps,
-            "peak_tflops": peak, "cache_bytes": spec.cache_bytes()}, spec
+    return {"key": row.key, "name": row.name, "mem_bw_GBps": row.mem_bw_GBps,
+            "peak_tflops": peak, "cache_bytes": row.cache_bytes()}, row
 
 
-def _cache_bytes(spec: CeilingsRequest, datasheet: dict | None) -> int:
+def _cache_bytes(req: CeilingsRequest, datasheet: dict | None) -> int:
     """The cache a large working set must exceed and the cold flush must evict: the timer's
     l2_bytes if set, else the larger of the datasheet's last-level cache and the queried or
     default cache (timer.resolve_l2_bytes)."""
-    if spec.timer.l2_bytes > 0:
-        return spec.timer.l2_bytes
+    if req.timer.l2_bytes > 0:
+        return req.timer.l2_bytes
     sheet = (datasheet or {}).get("cache_bytes") or 0
-    return max(int(sheet), timer.resolve_l2_bytes(spec.device, spec.timer))
+    return max(int(sheet), timer.resolve_l2_bytes(req.device, req.timer))
 
 
 def _arrays(k: kernels.CeilingKernel, elem: int) -> int:
@@ -308,15 +308,15 @@ class _Run:
     measured once more, and its rows marked `busy` with the reason if the machine stays busy), and
     an atomic rewrite of ceilings.json after each group, so that a cut run keeps what it measured."""
 
-    def __init__(self, spec: "CeilingsRequest", total: int, progress: bool, checkpoint: Callable[[], None] | None,
+    def __init__(self, req: "CeilingsRequest", total: int, progress: bool, checkpoint: Callable[[], None] | None,
                  monitor=None):
         from tqdm import tqdm
-        self.bar = tqdm(total=total, desc=f"ceilings {spec.device}", unit="set", disable=not progress,
+        self.bar = tqdm(total=total, desc=f"ceilings {req.device}", unit="set", disable=not progress,
                         file=sys.stderr, leave=False)
         self.checkpoint, self.busy = checkpoint, []
-        if monitor is None and spec.busy_check:
+        if monitor is None and req.busy_check:
             from roofline.measure.noise import NoiseMonitor, NoiseSettings
-            monitor = NoiseMonitor(NoiseSettings(), spec.device, log=lambda m: None)
+            monitor = NoiseMonitor(NoiseSettings(), req.device, log=lambda m: None)
         self.monitor = monitor
 
     def group(self, name: str, measure: Callable[[], list[dict]]) -> list[dict]:
@@ -352,13 +352,13 @@ class _Run:
         self.bar.close()
 
 
-def _measure_bandwidth(spec: CeilingsRequest, cache: int, sheet: dict | None, tel: Telemetry,
+def _measure_bandwidth(req: CeilingsRequest, cache: int, sheet: dict | None, tel: Telemetry,
                        failures: list, log: Callable[[str], None], run: _Run, rows: list[dict]) -> list[dict]:
-    dev = torch.device(spec.device)
+    dev = torch.device(req.device)
     bw_sheet = (sheet or {}).get("mem_bw_GBps")
-    for name in spec.kernels:
+    for name in req.kernels:
         k = kernels.KERNELS[name]
-        for dt in spec.bandwidth_dtypes:
+        for dt in req.bandwidth_dtypes:
             tdtype, elem = torch_dtype(dt), dtype_bytes(dt)
             with tel.block(f"bandwidth/{name}/{dt}"):
                 try:
@@ -366,19 +366,19 @@ def _measure_bandwidth(spec: CeilingsRequest, cache: int, sheet: dict | None, te
                 except Exception as e:  # wrong results: never timed
                     failures.append(_failure("check", e, kernel=name, dtype=dt))
                     log(f"  {name} {dt}: check FAILED, not timed: {e}")
-                    run.step(len(spec.working_sets))
+                    run.step(len(req.working_sets))
                     continue
 
                 def one_group(k=k, dt=dt, tdtype=tdtype, elem=elem, name=name) -> list[dict]:
                     out = []
-                    for ws in spec.working_sets:
+                    for ws in req.working_sets:
                         bufs = None
                         try:
                             n = -(-ws // (_arrays(k, elem) * elem))  # footprint >= ws
                             bufs = k.make_buffers(n, tdtype, dev)
                             moved, footprint = k.bytes_moved(n, elem), _footprint(bufs)
-                            for l2 in spec.l2_modes:
-                                settings = dataclasses.replace(spec.timer, l2=l2, l2_bytes=cache)
+                            for l2 in req.l2_modes:
+                                settings = dataclasses.replace(req.timer, l2=l2, l2_bytes=cache)
                                 r = timer.time_fn(lambda: k.run(bufs), settings, dev)
                                 out.append({
                                     "kernel": name, "variant": k.variant, "dtype": dt, "l2": l2,
@@ -397,7 +397,7 @@ def _measure_bandwidth(spec: CeilingsRequest, cache: int, sheet: dict | None, te
 
                 rows += run.group(f"{name}/{dt}", one_group)
             run.done_group()
-            log(f"  {name} {dt}: {len(spec.working_sets)} working sets x {list(spec.l2_modes)}")
+            log(f"  {name} {dt}: {len(req.working_sets)} working sets x {list(req.l2_modes)}")
     return rows
 
 
@@ -469,33 +469,33 @@ def _skip(failures: list, log: Callable[[str], None], e: OverBudget, larger: str
     log(f"  skipped {' '.join(f'{k}={v}' for k, v in where.items())}: {e}; {larger} not tried")
 
 
-def _measure_matmul(spec: CeilingsRequest, cache: int, sheet: dict | None, tel: Telemetry,
+def _measure_matmul(req: CeilingsRequest, cache: int, sheet: dict | None, tel: Telemetry,
                     failures: list, log: Callable[[str], None], run: _Run, rows: list[dict]) -> list[dict]:
-    dev = torch.device(spec.device)
-    warm = dataclasses.replace(spec.timer, l2="warm", l2_bytes=cache)
-    cold = dataclasses.replace(spec.timer, l2="cold" if "cold" in spec.l2_modes else "warm",
+    dev = torch.device(req.device)
+    warm = dataclasses.replace(req.timer, l2="warm", l2_bytes=cache)
+    cold = dataclasses.replace(req.timer, l2="cold" if "cold" in req.l2_modes else "warm",
                                l2_bytes=cache)
-    shapes = decode_gemm_shapes(spec.decode_model) if spec.decode_ms else []
-    for dt in spec.dtypes:
+    shapes = decode_gemm_shapes(req.decode_model) if req.decode_ms else []
+    for dt in req.dtypes:
         tdtype = getattr(torch, dt)
         peak = ((sheet or {}).get("peak_tflops") or {}).get(dt)
 
         def squares(dt=dt, tdtype=tdtype, peak=peak) -> list[dict]:
             out, over, last = [], False, None
             calls = _timed_calls(warm)
-            for s in sorted(spec.square_sizes):
+            for s in sorted(req.square_sizes):
                 a = b = c = None
                 try:
                     if over:
                         continue
                     predicted = last[1] * (s / last[0]) ** 3 * calls if last else 0.0  # cubic in the size
-                    if spec.gemm_budget_s and predicted > spec.gemm_budget_s:  # not even one call
+                    if req.gemm_budget_s and predicted > req.gemm_budget_s:  # not even one call
                         raise OverBudget(f"its {calls} timed calls would take ~{predicted:.3g} s "
                                          f"({last[1]:.3g} s a call at {last[0]}^3, times the cube of the size ratio), "
-                                         f"over ceilings.gemm_budget_s={spec.gemm_budget_s:g}")
+                                         f"over ceilings.gemm_budget_s={req.gemm_budget_s:g}")
                     a, b = (torch.randn(s, s, device=dev, dtype=tdtype) for _ in range(2))
                     c = torch.empty(s, s, device=dev, dtype=tdtype)
-                    t = _time_gemm(lambda: torch.matmul(a, b, out=c), a, b, warm, dev, spec.gemm_budget_s)
+                    t = _time_gemm(lambda: torch.matmul(a, b, out=c), a, b, warm, dev, req.gemm_budget_s)
                     last = (s, t)
                     out.append(_gemm_row("square", f"square_{s}", dt, s, s, s, t, peak, "torch.matmul"))
                 except OverBudget as e:
@@ -513,17 +513,17 @@ def _measure_matmul(spec: CeilingsRequest, cache: int, sheet: dict | None, tel: 
             out = []
             for name, N, K in shapes:
                 w = x = None
-                for M in sorted(spec.decode_ms):
+                for M in sorted(req.decode_ms):
                     try:
                         if w is None:
                             w = torch.randn(N, K, device=dev, dtype=tdtype)
                         x = torch.randn(M, K, device=dev, dtype=tdtype)
                         fn = lambda: torch.nn.functional.linear(x, w)  # noqa: E731
-                        t = _time_gemm(fn, x, w.t(), cold, dev, spec.gemm_budget_s)
+                        t = _time_gemm(fn, x, w.t(), cold, dev, req.gemm_budget_s)
                         out.append(_gemm_row("decode", name, dt, M, N, K, t, peak, "F.linear"))
                         if skinny:  # the kernel an eager CPU sweep runs (roofline.measure.cpu_gemm)
                             fn = lambda: cpu_gemm.skinny_linear(x, w)  # noqa: E731
-                            t = _time_gemm(fn, x, w.t(), cold, dev, spec.gemm_budget_s)
+                            t = _time_gemm(fn, x, w.t(), cold, dev, req.gemm_budget_s)
                             out.append(_gemm_row("decode", name, dt, M, N, K, t, peak, cpu_gemm.kernel_name(tdtype)))
                     except OverBudget as e:
                         _skip(failures, log, e, "larger M", kind="decode", name=name, dtype=dt, M=M, N=N, K=K)
@@ -539,14 +539,14 @@ def _measure_matmul(spec: CeilingsRequest, cache: int, sheet: dict | None, tel: 
             with tel.block(f"matmul/{kind}/{dt}"):
                 rows += run.group(f"matmul/{kind}/{dt}", measure)
             run.done_group()
-        log(f"  matmul {dt}: {len(spec.square_sizes)} square, "
-            f"{len(shapes)} x {len(spec.decode_ms)} decode shapes")
-    for name in spec.formats:
+        log(f"  matmul {dt}: {len(req.square_sizes)} square, "
+            f"{len(shapes)} x {len(req.decode_ms)} decode shapes")
+    for name in req.formats:
         with tel.block(f"matmul/decode/{name}"):
-            rows += _measure_format_gemms(spec, parse_format(name), shapes, cold, failures)
+            rows += _measure_format_gemms(req, parse_format(name), shapes, cold, failures)
         run.step(len(shapes), f"decode {name}")
         run.done_group()
-        log(f"  matmul {name}: {len(shapes)} x {len(spec.decode_ms)} decode shapes")
+        log(f"  matmul {name}: {len(shapes)} x {len(req.decode_ms)} decode shapes")
     return rows
 
 
@@ -562,9 +562,9 @@ def check_format_gemm(out: torch.Tensor, x: torch.Tensor, w_deq: torch.Tensor) -
                              f"exceeds bf16 rounding of the dequantised reference")
 
 
-def _measure_format_gemms(spec: CeilingsRequest, fmt, shapes, settings, failures: list) -> list[dict]:
+def _measure_format_gemms(req: CeilingsRequest, fmt, shapes, settings, failures: list) -> list[dict]:
     from roofline.model import quant
-    dev, act = torch.device(spec.device), torch.bfloat16
+    dev, act = torch.device(req.device), torch.bfloat16
     label = precision("bfloat16", fmt.name).label
     rows = []
     for name, N, K in shapes:
@@ -578,7 +578,7 @@ def _measure_format_gemms(spec: CeilingsRequest, fmt, shapes, settings, failures
             failures.append(_failure("matmul", e, kind="decode", name=name, dtype=label, N=N, K=K,
                                      status="unsupported" if isinstance(e, NotImplementedError) else "error"))
             continue
-        for M in spec.decode_ms:
+        for M in req.decode_ms:
             try:
                 x = torch.randn(M, K, device=dev, dtype=act)
                 check_format_gemm(lin(x), x, w_deq)
@@ -632,44 +632,44 @@ def summarize(bandwidth: list[dict], matmul: list[dict], cache_bytes: int) -> di
     }
 
 
-def _groups(spec: CeilingsRequest) -> int:
-    shapes = len(decode_gemm_shapes(spec.decode_model)) if spec.decode_ms else 0
-    return (len(spec.kernels) * len(spec.bandwidth_dtypes) * len(spec.working_sets)
-            + len(spec.dtypes) * (len(spec.square_sizes) + shapes) + len(spec.formats) * shapes)
+def _groups(req: CeilingsRequest) -> int:
+    shapes = len(decode_gemm_shapes(req.decode_model)) if req.decode_ms else 0
+    return (len(req.kernels) * len(req.bandwidth_dtypes) * len(req.working_sets)
+            + len(req.dtypes) * (len(req.square_sizes) + shapes) + len(req.formats) * shapes)
 
 
-def measure_ceilings(spec: CeilingsRequest, log: Callable[[str], None] | None = None,
+def measure_ceilings(req: CeilingsRequest, log: Callable[[str], None] | None = None,
                      context: Mapping[str, Any] | None = None, out_dir: str | Path | None = None,
                      progress: bool = False) -> dict:
-    """Measure everything `spec` asks for; returns the ceilings document (see SCHEMA_VERSION).
+    """Measure everything `req` asks for; returns the ceilings document (see SCHEMA_VERSION).
     `context` (e.g. the command-line overrides) is recorded in the provenance. With `out_dir`,
     ceilings.json there is rewritten atomically after each kernel group (summary `complete`
     false until the end), so a run cut short keeps its copy roof; `progress`: a bar on stderr."""
     log = log or (lambda msg: None)
-    sheet, _ = _datasheet(spec.device)
-    cache = _cache_bytes(spec, sheet)
-    tel, failures = Telemetry(spec.device), []
+    sheet, _ = _datasheet(req.device)
+    cache = _cache_bytes(req, sheet)
+    tel, failures = Telemetry(req.device), []
     bandwidth: list[dict] = []
     matmul: list[dict] = []
-    with timer.set_threads(spec.timer.threads):
-        prov = provenance.collect(spec.device)
-        prov["config"] = spec.to_dict()
+    with timer.set_threads(req.timer.threads):
+        prov = provenance.collect(req.device)
+        prov["config"] = req.to_dict()
         prov.update(context or {})
 
         def document(complete: bool) -> dict:
             summary = summarize(bandwidth, matmul, cache)
-            summary.update(throttled=tel.throttled, llc_bytes=last_level_cache_bytes(spec.device),
+            summary.update(throttled=tel.throttled, llc_bytes=last_level_cache_bytes(req.device),
                            complete=complete, busy_machine=list(run.busy))
             return {"schema_version": SCHEMA_VERSION, "provenance": prov, "datasheet": sheet,
                     "bandwidth": bandwidth, "matmul": matmul, "telemetry": tel.records,
                     "failures": failures, "summary": summary}
 
         checkpoint = (lambda: write_ceilings(document(False), out_dir)) if out_dir is not None else None
-        run = _Run(spec, _groups(spec), progress, checkpoint)
+        run = _Run(req, _groups(req), progress, checkpoint)
         log(f"ceilings on {prov['device_name']} ({prov['threads']} threads), cache flush {cache / MiB:.0f} MiB")
         try:
-            _measure_bandwidth(spec, cache, sheet, tel, failures, log, run, bandwidth)
-            _measure_matmul(spec, cache, sheet, tel, failures, log, run, matmul)
+            _measure_bandwidth(req, cache, sheet, tel, failures, log, run, bandwidth)
+            _measure_matmul(req, cache, sheet, tel, failures, log, run, matmul)
         finally:
             run.close()
     return document(True)

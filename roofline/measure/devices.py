@@ -138,7 +138,7 @@ def _table() -> dict[str, Datasheet]:
     return table
 
 
-def list_specs() -> list[Datasheet]:
+def list_datasheets() -> list[Datasheet]:
     return list(_table().values())
 
 
@@ -152,11 +152,11 @@ def get_datasheet(key: str) -> Datasheet:
 def detect(device_name: str) -> Datasheet | None:
     """The row whose pattern matches the longest part of device_name; None if none matches."""
     best, best_len = None, 0
-    for spec in _table().values():
-        for pattern in spec.match:
+    for row in _table().values():
+        for pattern in row.match:
             m = re.search(pattern, device_name.strip(), flags=re.IGNORECASE)
             if m and len(m.group(0)) > best_len:
-                best, best_len = spec, len(m.group(0))
+                best, best_len = row, len(m.group(0))
     return best
 
 
@@ -177,15 +177,15 @@ def running_device_name(device: str = "cuda") -> str:
     return _cpu_model() if dev.type == "cpu" else torch.cuda.get_device_name(dev)
 
 
-def spec_for_running_device(device: str = "cuda") -> tuple[Datasheet, bool]:
-    """(spec, matched). CPUs get the measured-only "cpu" row. A GPU the table does not know
+def datasheet_for_running_device(device: str = "cuda") -> tuple[Datasheet, bool]:
+    """(row, matched). CPUs get the measured-only "cpu" row. A GPU the table does not know
     gets a measured-only stand-in named after the device, and matched=False."""
     name = running_device_name(device)
     if parse_device(device, need_available=False).type == "cpu":
         return get_datasheet("cpu"), True
-    spec = detect(name)
-    if spec is not None:
-        return spec, True
+    row = detect(name)
+    if row is not None:
+        return row, True
     unknown = Datasheet(key="unknown", name=name, vendor="unknown", kind="gpu", mem_bw_GBps=None,
                          dense_tflops=MappingProxyType({}), sparse_tflops=MappingProxyType({}),
                          l2_bytes=None, mem_bytes=None, sources=MappingProxyType({}),
@@ -200,8 +200,8 @@ def datasheet_row(device: str, datasheet: str | None) -> str | None:
     device's: a what-if needs no such device here."""
     if datasheet is not None:
         return get_datasheet(datasheet).key
-    spec, matched = spec_for_running_device(device)
-    return spec.key if matched else None
+    row, matched = datasheet_for_running_device(device)
+    return row.key if matched else None
 
 
 def run_device(device: str, datasheet: str | None) -> str:
@@ -211,11 +211,11 @@ def run_device(device: str, datasheet: str | None) -> str:
     dev = parse_device(device, need_available=False)
     if datasheet is None:
         return device
-    spec = get_datasheet(datasheet)
-    if (spec.kind == "cpu") != (dev.type == "cpu"):
-        raise ConfigError(f"device.datasheet={datasheet!r} is a {spec.kind} row but device.torch={device!r}")
+    row = get_datasheet(datasheet)
+    if (row.kind == "cpu") != (dev.type == "cpu"):
+        raise ConfigError(f"device.datasheet={datasheet!r} is a {row.kind} row but device.torch={device!r}")
     if dev.type == "cuda" and torch.cuda.is_available():
-        running, matched = spec_for_running_device(device)
+        running, matched = datasheet_for_running_device(device)
         if running.key != datasheet:
             raise ConfigError(f"device={datasheet}: {device} is a {running.name} "
                               f"({running.key if matched else 'no datasheet row'}); use device=cuda"

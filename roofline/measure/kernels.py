@@ -364,7 +364,7 @@ class CeilingKernel:
         return self.variant != "torch"
 
 
-def _spec(op: str, variant: str) -> CeilingKernel:
+def _kernel(op: str, variant: str) -> CeilingKernel:
     name = f"torch_{op}" if variant == "torch" else f"triton_{op}_{variant}"
     if op == "read":
         bytes_moved, make = _read_bytes(variant), _read_buffers(variant)
@@ -376,7 +376,7 @@ def _spec(op: str, variant: str) -> CeilingKernel:
 
 
 KERNELS: dict[str, CeilingKernel] = {
-    s.name: s for s in (_spec(op, variant) for variant in VARIANTS for op in OPS)
+    s.name: s for s in (_kernel(op, variant) for variant in VARIANTS for op in OPS)
 }
 
 
@@ -385,7 +385,7 @@ KERNELS: dict[str, CeilingKernel] = {
 FP32_EPS = torch.finfo(torch.float32).eps
 
 
-def _read_tolerance(spec: CeilingKernel, x: torch.Tensor, out: torch.Tensor,
+def _read_tolerance(kernel: CeilingKernel, x: torch.Tensor, out: torch.Tensor,
                     ref: torch.Tensor) -> float:
     """Worst-case rounding of an fp32 sum: eps32 per addition on the longest chain.
 
@@ -395,7 +395,7 @@ def _read_tolerance(spec: CeilingKernel, x: torch.Tensor, out: torch.Tensor,
     """
     n = x.numel()
     iterations = 1
-    if spec.variant == "persistent":
+    if kernel.variant == "persistent":
         programs = _num_programs("persistent", n, x.element_size(), x.device)
         iterations = math.ceil(n / (block_elems(x.element_size()) * programs))
     depth = math.ceil(math.log2(max(n, 2))) + iterations
@@ -403,8 +403,8 @@ def _read_tolerance(spec: CeilingKernel, x: torch.Tensor, out: torch.Tensor,
     return accumulation + torch.finfo(out.dtype).eps * abs(ref.item())
 
 
-def check(spec: CeilingKernel, n: int, dtype: torch.dtype, device) -> None:
-    """Run `spec` and its torch reference on fresh random inputs; raise if they disagree.
+def check(kernel: CeilingKernel, n: int, dtype: torch.dtype, device) -> None:
+    """Run `kernel` and its torch reference on fresh random inputs; raise if they disagree.
 
     copy and write must be bit-exact. read is compared with a float64 sum within the fp32
     accumulation bound of `_read_tolerance`. triad is compared with float64 elementwise
@@ -412,23 +412,23 @@ def check(spec: CeilingKernel, n: int, dtype: torch.dtype, device) -> None:
     the size of the terms rather than the result, which may cancel to near zero. The
     reference uses s as an fp32 scalar, the value every implementation receives.
     """
-    bufs = spec.make_buffers(n, dtype, device)
-    ref = spec.reference(bufs)
-    spec.run(bufs)
+    bufs = kernel.make_buffers(n, dtype, device)
+    ref = kernel.reference(bufs)
+    kernel.run(bufs)
     out = bufs["out"]
-    if spec.op in ("copy", "write"):
+    if kernel.op in ("copy", "write"):
         if not torch.equal(out, ref):
             bad = (out != ref).nonzero()[0].item()
             raise AssertionError(
-                f"{spec.name} {dtype} n={n}: not bit-exact, first mismatch at {bad}: "
+                f"{kernel.name} {dtype} n={n}: not bit-exact, first mismatch at {bad}: "
                 f"{out[bad].item()} != {ref[bad].item()}"
             )
-    elif spec.op == "read":
+    elif kernel.op == "read":
         err = abs(out.double().item() - ref.item())
-        tol = _read_tolerance(spec, bufs["x"], out, ref)
+        tol = _read_tolerance(kernel, bufs["x"], out, ref)
         if not err <= tol:
             raise AssertionError(
-                f"{spec.name} {dtype} n={n}: sum {out.item()} vs {ref.item()}, "
+                f"{kernel.name} {dtype} n={n}: sum {out.item()} vs {ref.item()}, "
                 f"|err| {err:.3g} > tol {tol:.3g}"
             )
     else:
@@ -438,7 +438,7 @@ def check(spec: CeilingKernel, n: int, dtype: torch.dtype, device) -> None:
         if not bool((err <= tol).all()):
             bad = int((err - tol).argmax())
             raise AssertionError(
-                f"{spec.name} {dtype} n={n}: triad at {bad}: {out[bad].item()} vs "
+                f"{kernel.name} {dtype} n={n}: triad at {bad}: {out[bad].item()} vs "
                 f"{ref[bad].item()}, |err| {err[bad].item():.3g} > tol {tol[bad].item():.3g} "
                 f"(rtol {eps:.3g} of |b|+|s·c|)"
             )

@@ -45,7 +45,7 @@ from roofline.io.fields import ConfigError, internal, option
 from roofline.model.config import ModelConfig
 from roofline.model.decoder import build_model
 from roofline.measure import slicing
-from roofline.measure.devices import parse_device, running_device_name, spec_for_running_device
+from roofline.measure.devices import parse_device, running_device_name, datasheet_for_running_device
 from roofline.measure.forward import (MATH_FALLBACK, CompiledCall, choose_cpu_decode_attention, compiled_calls,
                                       count_kernels, depth_cosine_gate,
                                       eager_attention_backend, is_math_fallback, sdpa_over_grouped)
@@ -155,7 +155,7 @@ class SweepRequest:
             from roofline.checkpoints.loader import tensor_headers
             tensor_headers(self.checkpoint)
         if self.parallel.devices > 1:
-            check_spec(self)
+            check_request(self)
 
     def identity(self) -> dict:
         """What changes the numbers (not where they are written): the request, the code
@@ -176,22 +176,22 @@ class SweepRequest:
         return root / f"sweep-{self.model.name}-{self.fingerprint()}"
 
 
-def check_spec(spec: SweepRequest) -> None:
+def check_request(req: SweepRequest) -> None:
     """What a distributed sweep cannot do, named before anything runs."""
-    lay = spec.parallel
-    lay.check(spec.model, world=lay.devices)
+    lay = req.parallel
+    lay.check(req.model, world=lay.devices)
     if lay.pp > 1:
         raise ConfigError(f"parallel.pp={lay.pp}: the sharded forward runs one stage; pp is accounting only")
-    if "graph" in spec.modes:
+    if "graph" in req.modes:
         reason = "; ".join(filter(None, ["CUDA-graph replay is not captured across ranks",
-                                         SHARDED_MOE_NO_GRAPH if spec.model.is_moe else ""]))
+                                         SHARDED_MOE_NO_GRAPH if req.model.is_moe else ""]))
         raise ConfigError(f"modes=['graph']: {reason}; use eager with tp/ep > 1")
-    if spec.layers:
-        raise ConfigError(f"layers={spec.layers}: layer slicing is single-device; vary model.layers across sweeps")
-    if spec.checkpoint:
+    if req.layers:
+        raise ConfigError(f"layers={req.layers}: layer slicing is single-device; vary model.layers across sweeps")
+    if req.checkpoint:
         raise ConfigError("checkpoint=...: sharded sweeps run random weights of the preset's shapes")
-    if lay.dp_attention and any(b % lay.tp for b in spec.B):
-        raise ConfigError(f"B={list(spec.B)}: with parallel.dp_attention each of the tp={lay.tp} ranks runs B/tp "
+    if lay.dp_attention and any(b % lay.tp for b in req.B):
+        raise ConfigError(f"B={list(req.B)}: with parallel.dp_attention each of the tp={lay.tp} ranks runs B/tp "
                           "sequences; every B must be a multiple of tp")
 
 
@@ -210,21 +210,21 @@ class Point:
         return f"{self.kind}|{self.dtype}|{self.mode}|q{self.q}|B{self.B}|L{self.L}|l{self.layers_run}"
 
 
-def layer_depths(spec: SweepRequest) -> tuple[int, ...]:
-    return (spec.layers, 2 * spec.layers) if spec.layers else (spec.model.layers,)
+def layer_depths(req: SweepRequest) -> tuple[int, ...]:
+    return (req.layers, 2 * req.layers) if req.layers else (req.model.layers,)
 
 
-def grid(spec: SweepRequest) -> list[Point]:
+def grid(req: SweepRequest) -> list[Point]:
     """Points in measurement order: one model per (dtype, depth), its points together; each
     point once (two spellings of one dtype, bf16 and bfloat16, are one point)."""
     pts = []
-    for dtype, depth in itertools.product(spec.dtypes, layer_depths(spec)):
-        modes = [m for d, m in spec.pairs if d == dtype] if spec.pairs else spec.modes
-        for mode, B, L in itertools.product(modes, spec.B, spec.L):
+    for dtype, depth in itertools.product(req.dtypes, layer_depths(req)):
+        modes = [m for d, m in req.pairs if d == dtype] if req.pairs else req.modes
+        for mode, B, L in itertools.product(modes, req.B, req.L):
             label = parse_precision(dtype).label
-            pts += [Point("forward", label, mode, q, B, L, depth) for q in spec.q]
-            if spec.model.mtp_layers:
-                pts += [Point("mtp", label, mode, q, B, L, depth) for q in spec.mtp_q]
+            pts += [Point("forward", label, mode, q, B, L, depth) for q in req.q]
+            if req.model.mtp_layers:
+                pts += [Point("mtp", label, mode, q, B, L, depth) for q in req.mtp_q]
     return list({p.point_id: p for p in pts}.values())
 
 
@@ -248,11 +248,11 @@ def _runnable_mode(cfg, mode: str) -> tuple[str, str]:
         return "eager", f"modes=[auto]: an MoE model runs eager, not {mode} ({e})"
 
 
-def memory_plan(spec: SweepRequest, dtype: str, depth: int, points: list["Point"]) -> tuple[list, dict]:
+def memory_plan(req: SweepRequest, dtype: str, depth: int, points: list["Point"]) -> tuple[list, dict]:
     """Per point: does its peak (weights in dtype, its cache, its activations) fit what the
     device can give (cgroup limit included)? ([(cache batch, cache context, [ids])], {id: too_big reason})."""
-    cfg = spec.model.scaled(layers=depth)
-    free, where = memory.available(spec.device)
+    cfg = req.model.scaled(layers=depth)
+    free, where = memory.available(req.device)
     return memory.plan_builds(cfg, dtype, [(p.point_id, p.B, p.L + p.q, p.q) for p in points], free, where,
                               with_mtp=cfg.mtp_layers > 0)
 
@@ -272,23 +272,23 @@ def _failure_status(e: BaseException) -> str:
 class BuiltModel:
     """One built model (dtype, depth, mode) and the static inputs of each point."""
 
-    def __init__(self, spec: SweepRequest, dtype: str, depth: int, mode: str, max_batch: int | None = None,
+    def __init__(self, req: SweepRequest, dtype: str, depth: int, mode: str, max_batch: int | None = None,
                  max_ctx: int | None = None):
         """max_batch x max_ctx: the static cache (default: the whole grid's largest)."""
-        max_batch = max_batch or max(spec.B)
-        max_ctx = max_ctx or max(spec.L) + max(spec.q + spec.mtp_q)
-        cfg = spec.model.scaled(layers=depth)
-        if mode == "compiled" and parse_device(spec.device).type == "cpu":  # one spare position: a call that ends
+        max_batch = max_batch or max(req.B)
+        max_ctx = max_ctx or max(req.L) + max(req.q + req.mtp_q)
+        cfg = req.model.scaled(layers=depth)
+        if mode == "compiled" and parse_device(req.device).type == "cpu":  # one spare position: a call that ends
             max_ctx = min(max_ctx + 1, cfg.max_context)  # at the cache's last one guards (and recompiles) apart
-        self.cfg, self.spec, self.dtype, self.mode = cfg, spec, dtype, mode
+        self.cfg, self.req, self.dtype, self.mode = cfg, req, dtype, mode
         self.moe_impl = _moe_impl(cfg, mode)
         self.max_batch = max_batch
         self.model = self.build(max_ctx)
         from roofline.model.quant import require_fast
-        require_fast(self.model, dtype, spec.device)  # a dequantise-then-matmul is never timed as its format
-        self.gen = torch.Generator(device=spec.device).manual_seed(spec.seed)
+        require_fast(self.model, dtype, req.device)  # a dequantise-then-matmul is never timed as its format
+        self.gen = torch.Generator(device=req.device).manual_seed(req.seed)
         self.compiled = compiled_calls(self.model, cfg.layers, dtype) if mode == "compiled" and \
-            parse_device(spec.device).type == "cpu" else None
+            parse_device(req.device).type == "cpu" else None
         self.gemm_kernel = self._gemm_kernel()
         self.decode_attention = self._decode_attention()
 
@@ -297,22 +297,22 @@ class BuiltModel:
         float32 or bfloat16 (plain, no quantized format), `cpu_gemm` auto or skinny: the skinny
         kernel (roofline.measure.cpu_gemm; auto falls back to aten, saying why, where it cannot be
         built; skinny raises Unsupported); else the backend's own (aten, or inductor in compiled mode)."""
-        dev = parse_device(self.spec.device).type
+        dev = parse_device(self.req.device).type
         if self.mode == "compiled":
             return "inductor"
         plain = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(self.dtype)
-        if dev != "cpu" or self.mode != "eager" or self.spec.cpu_gemm == "aten" or plain is None:
+        if dev != "cpu" or self.mode != "eager" or self.req.cpu_gemm == "aten" or plain is None:
             return "aten"
         max_m, why = cpu_gemm.MAX_M, ""
-        if self.spec.cpu_gemm == "auto" and self.dtype in dict(self.spec.skinny_max_m):
-            max_m = dict(self.spec.skinny_max_m)[self.dtype]
+        if self.req.cpu_gemm == "auto" and self.dtype in dict(self.req.skinny_max_m):
+            max_m = dict(self.req.skinny_max_m)[self.dtype]
             why = "; F.linear above, the crossover the ceilings measured" if max_m else ""
             if not max_m:
                 return "aten (F.linear measured faster than the skinny GEMM at M = 1 by the ceilings)"
         try:
             n = cpu_gemm.use_skinny_linears(self.model, max_m)
         except cpu_gemm.KernelUnavailable as e:
-            if self.spec.cpu_gemm == "skinny":
+            if self.req.cpu_gemm == "skinny":
                 raise
             return f"aten ({e})"
         return f"{cpu_gemm.kernel_name(plain)} ({n} linears, M <= {min(max_m, cpu_gemm.MAX_M)}{why})"
@@ -323,14 +323,14 @@ class BuiltModel:
         shape at the grid's (B, L) corners and takes the faster (roofline.measure.forward.
         choose_cpu_decode_attention), or the path named; elsewhere (a GPU, compiled mode) "sdpa"
         (torch's SDPA, which a GPU always runs) or "grouped" (what inductor compiles)."""
-        if parse_device(self.spec.device).type != "cpu":
+        if parse_device(self.req.device).type != "cpu":
             return "sdpa"
         if self.mode != "eager":
             return "grouped"
-        impl, why = self.spec.cpu_attention, "asked for"
+        impl, why = self.req.cpu_attention, "asked for"
         if impl == "auto":
-            Ls = sorted({min(L + 1, self.model.max_context) for L in (min(self.spec.L), max(self.spec.L))})
-            shapes = sorted({(B, L) for B in (min(self.spec.B), max(self.spec.B)) for L in Ls})
+            Ls = sorted({min(L + 1, self.model.max_context) for L in (min(self.req.L), max(self.req.L))})
+            shapes = sorted({(B, L) for B in (min(self.req.B), max(self.req.B)) for L in Ls})
             impl, times = choose_cpu_decode_attention(self.model, shapes, torch_dtype(parse_precision(self.dtype).activations))
             if times:
                 why = f"timed: t_sdpa / t_grouped = {sdpa_over_grouped(times):.2f}, median of {len(shapes)} (B, L)"
@@ -340,18 +340,18 @@ class BuiltModel:
         return f"{impl} ({why})"
 
     def build(self, max_ctx: int):
-        spec, cfg = self.spec, self.cfg
+        req, cfg = self.req, self.cfg
         prec = parse_precision(self.dtype)
         quantized = None if prec.is_plain else prec
-        if spec.checkpoint:
+        if req.checkpoint:
             from roofline.checkpoints.loader import load_checkpoint
             from roofline.model.quant import quantize_model
-            model = load_checkpoint(spec.checkpoint, dtype=prec.activations, device=spec.device,
+            model = load_checkpoint(req.checkpoint, dtype=prec.activations, device=req.device,
                                     max_batch=self.max_batch, max_context=max_ctx, moe_impl=self.moe_impl,
                                     layers=cfg.layers)
-            return model if quantized is None else quantize_model(model, quantized, spec.device)
+            return model if quantized is None else quantize_model(model, quantized, req.device)
         return build_model(cfg, max_batch=self.max_batch, max_context=max_ctx, dtype=torch_dtype(prec.activations),
-                           device=spec.device, seed=spec.seed, moe_impl=self.moe_impl, precision=quantized)
+                           device=req.device, seed=req.seed, moe_impl=self.moe_impl, precision=quantized)
 
     def fill_cache(self, L: int) -> None:
         """Random keys/values in positions < L of every cache (their values do not change the
@@ -360,7 +360,7 @@ class BuiltModel:
         kvcache.fill_random(self.model, L, self.gen)
 
     def callable_for(self, p: Point) -> tuple[Callable[[], object], dict]:
-        m, dev = self.model, self.spec.device
+        m, dev = self.model, self.req.device
         tokens = torch.randint(0, self.cfg.vocab, (p.B, p.q), generator=self.gen, device=dev)
         start = p.L  # every sequence at L: no attention mask (decoder.attention_mask)
         kv_len = p.L + p.q
@@ -386,7 +386,7 @@ class BuiltModel:
         m = self.model
         self.model.reset_cache()
         n = min(4, m.max_context)
-        toks = torch.randint(0, self.cfg.vocab, (1, n), generator=self.gen, device=self.spec.device)
+        toks = torch.randint(0, self.cfg.vocab, (1, n), generator=self.gen, device=self.req.device)
         full = m(toks, 0).float()
         steps = torch.cat([m(toks[:, i:i + 1], i) for i in range(n)], 1).float()
         cos = torch.nn.functional.cosine_similarity(full.flatten(), steps.flatten(), dim=0).item()
@@ -403,12 +403,12 @@ def _measure(w: BuiltModel, p: Point, timer: TimerSettings) -> dict:
     mask = w.model.last_mask_bytes
     # kernels per forward, profiled once outside the reps (graph mode replays the eager kernels)
     # and the energy per token from NVML's counter on the warmed-up step ('n/a (no NVML on cpu)' on the CPU)
-    idx = nvml_index(w.spec.device)  # None on the CPU
+    idx = nvml_index(w.req.device)  # None on the CPU
     sync = torch.cuda.synchronize if idx is not None else (lambda: None)
-    probe = lambda target: {**count_kernels(fn if p.mode == "graph" else target, w.spec.device),  # noqa: E731
+    probe = lambda target: {**count_kernels(fn if p.mode == "graph" else target, w.req.device),  # noqa: E731
                             "energy_J_per_token": energy_per_token(target, idx, p.B * p.q, sync)}
     skips = _cudagraph_skips()
-    t = time_fn(fn, dataclasses.replace(timer, mode="eager" if compiled else p.mode), w.spec.device, probe=probe)
+    t = time_fn(fn, dataclasses.replace(timer, mode="eager" if compiled else p.mode), w.req.device, probe=probe)
     touched = None
     if w.cfg.is_moe and w.moe_impl == "touched":
         touched = w.model.last_experts_touched(p.kind)
@@ -420,7 +420,7 @@ def _measure(w: BuiltModel, p: Point, timer: TimerSettings) -> dict:
     row.update(c.as_row())
     seen = t.probe.pop("kernel_attn_backend")
     row.update(t.probe, attn_backend=seen or backend)
-    row.update(cuda_graphs=_used_cuda_graphs(p.mode, w.spec.device, skips))
+    row.update(cuda_graphs=_used_cuda_graphs(p.mode, w.req.device, skips))
     if not compiled and w.gemm_kernel.startswith("skinny"):
         # the step's time inside the skinny GEMMs, 3 calls after the timed ones: what of the step
         # is the weights' stream and what the rest of the eager pass (report: regime.decode_notes)
@@ -514,25 +514,25 @@ def extrapolate_layers(rows: list[dict], layers_full: int) -> list[dict]:
     return out
 
 
-def finalize(spec: SweepRequest, run_dir: Path, rows: list[dict], measured: dict | None = None) -> "pd.DataFrame":
+def finalize(req: SweepRequest, run_dir: Path, rows: list[dict], measured: dict | None = None) -> "pd.DataFrame":
     """points.csv: measured rows, plus extrapolated full-depth rows when slicing."""
     table = list(rows)
-    if spec.layers:
-        dev_spec = spec_for_running_device(spec.device)[0]
-        for r in extrapolate_layers(rows, spec.model.layers):
+    if req.layers:
+        sheet = datasheet_for_running_device(req.device)[0]
+        for r in extrapolate_layers(rows, req.model.layers):
             c = (forward_cost if r["kind"] == "forward" else mtp_cost)(
-                spec.model, r["dtype"], r["B"], r["q"], r["L"], r["kv_len"], r["moe_impl"],
+                req.model, r["dtype"], r["B"], r["q"], r["L"], r["kv_len"], r["moe_impl"],
                 kv_impl=r.get("kv_impl") or "float")
             r.update(c.as_row())
             t = r["t_median_s"]
             r.update(achieved_GBps=c.bytes_total / t / 1e9, achieved_TFLOPs=c.flops / t / 1e12,
                      tokens_per_s=r["B"] * r["q"] / t, point_id=r["point_id"] + "|extrapolated",
-                     **_bound(r, dev_spec.ridge(activation_dtype(r["dtype"]))))
-            r.update(ceiling_columns(r, r["dtype"], measured, dev_spec))
+                     **_bound(r, sheet.ridge(activation_dtype(r["dtype"]))))
+            r.update(ceiling_columns(r, r["dtype"], measured, sheet))
             table.append(r)
         refused = [r for r in table if r.get("status") == "refused"]
         if refused:
-            print(f"WARNING slicing: {len(refused)} point(s) not extrapolated to {spec.model.layers} layers; "
+            print(f"WARNING slicing: {len(refused)} point(s) not extrapolated to {req.model.layers} layers; "
                   f"first: {refused[0]['point_id']}: {refused[0]['error']}", file=sys.stderr)
     return results.write_csv(table, run_dir / "points.csv")
 
@@ -545,10 +545,10 @@ def _union(old: list, new: tuple) -> tuple:
     return tuple(sorted(merged)) if all(isinstance(v, int) for v in merged) else tuple(merged)
 
 
-def check_run_dir(spec: SweepRequest, run_dir: Path, force: bool = False,
+def check_run_dir(req: SweepRequest, run_dir: Path, force: bool = False,
                   extend: bool = False) -> tuple[SweepRequest, dict | None, list]:
     """What a sweep would do with run_dir, writing nothing (the dry run asks this too): (the
-    spec to measure, the run.json kept or None for a fresh folder, the extension log). A folder
+    request to measure, the run.json kept or None for a fresh folder, the extension log). A folder
     holding another measurement, or one of another results schema, is refused naming what
     differs, unless `force`; when only grid values differ, `extend` measures the union grid."""
     runfolder.check_folder_path(run_dir, "out_dir")
@@ -556,12 +556,12 @@ def check_run_dir(spec: SweepRequest, run_dir: Path, force: bool = False,
     if force and extend:
         raise ConfigError("force=true and extend=true: force sets the old run aside, extend adds to it; choose one")
     if force:
-        return spec, None, []
+        return req, None, []
     if not meta.exists():
         if (run_dir / "points.jsonl").exists():
             raise ConfigError(f"out_dir={str(run_dir)!r} holds points.jsonl but no run.json: not a run folder this "
                               "code wrote or can resume; choose another out_dir, or force=true to set it aside")
-        return spec, None, []
+        return req, None, []
     try:
         old = json.loads(meta.read_text())
         old_id = old.get("identity") or {}
@@ -570,42 +570,42 @@ def check_run_dir(spec: SweepRequest, run_dir: Path, force: bool = False,
     if old.get("schema_version") != results.SCHEMA_VERSION:
         raise ConfigError(f"out_dir={str(run_dir)!r}: run.json has schema_version={old.get('schema_version')!r}, this "
                           f"code reads {results.SCHEMA_VERSION}; choose another out_dir, or force=true to set it aside")
-    was = (old.get("spec") or {}).get("ceilings", spec.ceilings) or ""
-    if was != spec.ceilings:  # the ceilings stay out of the fingerprint, but one run has one set of roofs
-        raise ConfigError(f"ceilings={spec.ceilings or None!r}: the rows in out_dir={str(run_dir)!r} are put against "
+    was = (old.get("spec") or {}).get("ceilings", req.ceilings) or ""
+    if was != req.ceilings:  # the ceilings stay out of the fingerprint, but one run has one set of roofs
+        raise ConfigError(f"ceilings={req.ceilings or None!r}: the rows in out_dir={str(run_dir)!r} are put against "
                           f"ceilings={was or None!r}; give the same ceilings, another out_dir, or force=true")
-    if old.get("fingerprint") == spec.fingerprint():
-        return spec, old, old.get("extended", [])
-    identity = spec.identity()
+    if old.get("fingerprint") == req.fingerprint():
+        return req, old, old.get("extended", [])
+    identity = req.identity()
     diff = sorted(k for k in set(old_id) | set(identity) if old_id.get(k) != identity.get(k))
     if extend and old_id and set(diff) <= set(GRID_AXES):
-        spec = dataclasses.replace(spec, **{k: _union(old_id[k], getattr(spec, k)) for k in GRID_AXES})
-        identity = spec.identity()
-        return spec, old, old.get("extended", []) + [dict(time_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        req = dataclasses.replace(req, **{k: _union(old_id[k], getattr(req, k)) for k in GRID_AXES})
+        identity = req.identity()
+        return req, old, old.get("extended", []) + [dict(time_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                                           added={k: identity[k] for k in diff})]
     what = "; ".join(f"{k}: {old_id.get(k)!r} -> {identity.get(k)!r}" for k in diff) if old_id \
         else "written by an older version of this code"
     hint = "extend=true to add the new grid values" if set(diff) <= set(GRID_AXES) and old_id else ""
     raise ConfigError(f"out_dir={str(run_dir)!r} holds a different sweep (fingerprint "
-                      f"{old.get('fingerprint')} != {spec.fingerprint()}; {what or 'its run.json was edited'}); "
+                      f"{old.get('fingerprint')} != {req.fingerprint()}; {what or 'its run.json was edited'}); "
                       f"choose another out_dir, force=true to re-measure{', or ' + hint if hint else ''}")
 
 
-def prepare_run_dir(spec: SweepRequest, run_dir: Path, force: bool = False, extend: bool = False) -> SweepRequest:
-    """Create or reopen a run folder (its lock held); return the spec to measure (see
+def prepare_run_dir(req: SweepRequest, run_dir: Path, force: bool = False, extend: bool = False) -> SweepRequest:
+    """Create or reopen a run folder (its lock held); return the request to measure (see
     check_run_dir; with `force` the old files are set aside first)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     meta = run_dir / "run.json"
-    spec, old, extended = check_run_dir(spec, run_dir, force, extend)
+    req, old, extended = check_run_dir(req, run_dir, force, extend)
     if force:
         runfolder.set_aside(run_dir)
     if old is None:
-        files.write_json_atomic(meta, dict(fingerprint=spec.fingerprint(), schema_version=results.SCHEMA_VERSION,
-                                           identity=spec.identity(), spec=dataclasses.asdict(spec)))
-    elif old.get("fingerprint") != spec.fingerprint():
-        files.write_json_atomic(meta, dict(old, fingerprint=spec.fingerprint(), identity=spec.identity(),
-                                           spec=dataclasses.asdict(spec), extended=extended))
-    return spec
+        files.write_json_atomic(meta, dict(fingerprint=req.fingerprint(), schema_version=results.SCHEMA_VERSION,
+                                           identity=req.identity(), spec=dataclasses.asdict(req)))
+    elif old.get("fingerprint") != req.fingerprint():
+        files.write_json_atomic(meta, dict(old, fingerprint=req.fingerprint(), identity=req.identity(),
+                                           spec=dataclasses.asdict(req), extended=extended))
+    return req
 
 
 def _given_elsewhere(ceilings: str, run_dir: Path) -> bool:
@@ -616,23 +616,23 @@ def _given_elsewhere(ceilings: str, run_dir: Path) -> bool:
     return given.resolve() != (Path(run_dir) / "ceilings.json").resolve()
 
 
-def _ceilings_for(spec: SweepRequest, run_dir: Path) -> dict | None:
+def _ceilings_for(req: SweepRequest, run_dir: Path) -> dict | None:
     """The measured ceilings the rows are put against, checked to be of this device."""
     from roofline.measure.ceilings import load_ceilings
-    if not spec.ceilings:
+    if not req.ceilings:
         return None
-    path = Path(spec.ceilings) if spec.ceilings != "quick" else run_dir / "ceilings.json"
-    if spec.ceilings == "quick" and not path.exists():
+    path = Path(req.ceilings) if req.ceilings != "quick" else run_dir / "ceilings.json"
+    if req.ceilings == "quick" and not path.exists():
         return None
     if not path.exists() or (path.is_dir() and not (path / "ceilings.json").exists()):
-        raise ConfigError(f"ceilings={spec.ceilings!r}: no such ceilings.json; allowed a file written by "
+        raise ConfigError(f"ceilings={req.ceilings!r}: no such ceilings.json; allowed a file written by "
                           "roofline.cli.ceilings, or quick")
     doc = load_ceilings(path)
-    here = spec_device_name(spec.device)
+    here = spec_device_name(req.device)
     there = (doc.get("provenance") or {}).get("device_name")
     if there != here:
         raise ConfigError(f"ceilings={str(path)!r}: measured on {there!r}, this sweep runs on {here!r} "
-                          f"(device={spec.device}); measure this device's ceilings or use ceilings=quick")
+                          f"(device={req.device}); measure this device's ceilings or use ceilings=quick")
     return doc
 
 
@@ -645,7 +645,7 @@ class SweepInterrupted(KeyboardInterrupt):
         self.summary, self.signum = summary, int(signum)
 
 
-def run_sweep(spec: SweepRequest, run_dir: Path, progress: bool = True,
+def run_sweep(req: SweepRequest, run_dir: Path, progress: bool = True,
               measure: Callable[[BuiltModel, Point, TimerSettings], dict] = _measure,
               force: bool = False, extend: bool = False, retry_failed: bool = True, workload=None,
               noise: NoiseSettings | None = NoiseSettings()) -> dict:
@@ -655,98 +655,98 @@ def run_sweep(spec: SweepRequest, run_dir: Path, progress: bool = True,
     the busy-machine check (roofline.measure.noise; None: off). Bad input
     (a device that is not here, a ceilings file of another device, a folder of another sweep)
     is refused before anything is written; see roofline.io.runfolder for the folder's lock and resume."""
-    if AUTO not in spec.dtypes:
-        spec, _ = resolve_auto(spec, Path(run_dir))  # modes=[auto] -> eager; nothing measured
-    if workload is None and spec.parallel.devices > 1:
-        raise ConfigError(f"tp={spec.parallel.tp} ep={spec.parallel.ep}: a sweep over "
-                          f"{spec.parallel.devices} ranks runs through roofline.parallel.runner.run_parallel_sweep")
+    if AUTO not in req.dtypes:
+        req, _ = resolve_auto(req, Path(run_dir))  # modes=[auto] -> eager; nothing measured
+    if workload is None and req.parallel.devices > 1:
+        raise ConfigError(f"tp={req.parallel.tp} ep={req.parallel.ep}: a sweep over "
+                          f"{req.parallel.devices} ranks runs through roofline.parallel.runner.run_parallel_sweep")
     t0 = time.time()
     run_dir = Path(run_dir)
-    spec.identity()  # the device must exist before a folder is made
+    req.identity()  # the device must exist before a folder is made
     runfolder.check_folder_path(run_dir, "out_dir")
-    if spec.ceilings and spec.ceilings != "quick":
-        _ceilings_for(spec, run_dir)
+    if req.ceilings and req.ceilings != "quick":
+        _ceilings_for(req, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     with runfolder.locked(run_dir):
-        return _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t0, workload or BuiltModel,
+        return _run_locked(req, run_dir, progress, measure, force, extend, retry_failed, t0, workload or BuiltModel,
                            noise)
 
 
-def resolve_auto(spec: SweepRequest, run_dir: Path, log=None, measure: bool = True) -> tuple[SweepRequest, dict | None]:
+def resolve_auto(req: SweepRequest, run_dir: Path, log=None, measure: bool = True) -> tuple[SweepRequest, dict | None]:
     """dtypes=[auto] (and modes=[auto]) made concrete from this device's measured ceilings
     (roofline.measure.ceilings.choose_precision; a quick set is measured first when the sweep has
     none): the auto dtype in its fast mode, a named dtype eager (modes=[auto]) or in the modes
-    given. Returns the resolved spec and the quick ceilings measured for it (None if none were)."""
+    given. Returns the resolved request and the quick ceilings measured for it (None if none were)."""
     from roofline.measure.ceilings import CeilingsRequest, choose_precision, measure_ceilings
-    if AUTO not in spec.dtypes:  # modes=[auto] for named dtypes: eager (as before auto existed)
-        modes = tuple(dict.fromkeys("eager" if m == AUTO else m for m in spec.modes))
-        return (dataclasses.replace(spec, modes=modes) if modes != spec.modes else spec), None
+    if AUTO not in req.dtypes:  # modes=[auto] for named dtypes: eager (as before auto existed)
+        modes = tuple(dict.fromkeys("eager" if m == AUTO else m for m in req.modes))
+        return (dataclasses.replace(req, modes=modes) if modes != req.modes else req), None
     fresh = None
-    if AUTO in spec.dtypes:
-        doc = _ceilings_for(spec, run_dir) if spec.ceilings else None
+    if AUTO in req.dtypes:
+        doc = _ceilings_for(req, run_dir) if req.ceilings else None
         if doc is None and measure:
-            fresh = doc = measure_ceilings(CeilingsRequest(device=spec.device, quick=True))
-        dtype, mode, why = choose_precision(spec.device, doc)
+            fresh = doc = measure_ceilings(CeilingsRequest(device=req.device, quick=True))
+        dtype, mode, why = choose_precision(req.device, doc)
     else:
         dtype, mode, why = None, "eager", ""
-    explicit = [m for m in spec.modes if m != AUTO]
-    fast, moe_why = _runnable_mode(spec.model, mode)
-    if AUTO in spec.modes:
+    explicit = [m for m in req.modes if m != AUTO]
+    fast, moe_why = _runnable_mode(req.model, mode)
+    if AUTO in req.modes:
         why = "; ".join(filter(None, [why, moe_why]))
     pairs, dtypes = [], []
-    for d in spec.dtypes:
+    for d in req.dtypes:
         label = dtype if d == AUTO else d
         if label not in dtypes:
             dtypes.append(label)
-        for m in (explicit or []) + ([fast if d == AUTO else "eager"] if AUTO in spec.modes else []):
+        for m in (explicit or []) + ([fast if d == AUTO else "eager"] if AUTO in req.modes else []):
             if (label, m) not in pairs:
                 pairs.append((label, m))
     if log and why:
         log(why)
-    out = dataclasses.replace(spec, dtypes=tuple(dtypes), modes=tuple(sorted({m for _, m in pairs})),
+    out = dataclasses.replace(req, dtypes=tuple(dtypes), modes=tuple(sorted({m for _, m in pairs})),
                               pairs=tuple(pairs), auto_choice=why,
-                              ceilings=spec.ceilings or ("quick" if fresh is not None else ""))
+                              ceilings=req.ceilings or ("quick" if fresh is not None else ""))
     return out, fresh
 
 
-def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t0, workload, noise=None) -> dict:
-    spec, fresh = resolve_auto(spec, run_dir, log=lambda m: print(m, file=sys.stderr, flush=True))
-    spec = prepare_run_dir(spec, run_dir, force, extend)
+def _run_locked(req, run_dir, progress, measure, force, extend, retry_failed, t0, workload, noise=None) -> dict:
+    req, fresh = resolve_auto(req, run_dir, log=lambda m: print(m, file=sys.stderr, flush=True))
+    req = prepare_run_dir(req, run_dir, force, extend)
     resumed = runfolder.load_points(run_dir, runfolder.TRANSIENT if retry_failed else ())
     done = {r["point_id"] for r in resumed.rows}
-    points = grid(spec)
+    points = grid(req)
     todo = [p for p in points if p.point_id not in done]
-    prov = provenance.collect(spec.device)
-    dev_spec, _ = spec_for_running_device(spec.device)
-    measured = _ceilings_for(spec, run_dir)
-    if spec.ceilings == "quick" and measured is None:  # measure a quick set into the run folder, once
+    prov = provenance.collect(req.device)
+    sheet, _ = datasheet_for_running_device(req.device)
+    measured = _ceilings_for(req, run_dir)
+    if req.ceilings == "quick" and measured is None:  # measure a quick set into the run folder, once
         from roofline.measure.ceilings import CeilingsRequest, measure_ceilings, write_ceilings
-        measured = fresh if fresh is not None else measure_ceilings(CeilingsRequest(device=spec.device, quick=True))
+        measured = fresh if fresh is not None else measure_ceilings(CeilingsRequest(device=req.device, quick=True))
         write_ceilings(measured, run_dir)
-    if measured is not None and parse_device(spec.device).type == "cpu":
-        spec = dataclasses.replace(spec, skinny_max_m=tuple(cpu_gemm.crossovers(measured).items()))
+    if measured is not None and parse_device(req.device).type == "cpu":
+        req = dataclasses.replace(req, skinny_max_m=tuple(cpu_gemm.crossovers(measured).items()))
     busy = [b["group"] for b in ((measured or {}).get("summary") or {}).get("busy_machine") or []]
     if busy:
         print(f"warning: ceilings: {len(busy)} group(s) were measured on a busy machine ({', '.join(busy[:4])}"
               f"{', ...' if len(busy) > 4 else ''}): the % of measured roofs may be too high; re-measure the "
               "ceilings on a quiet machine", file=sys.stderr)
-    if measured is not None and spec.ceilings != "quick" and _given_elsewhere(spec.ceilings, run_dir):
+    if measured is not None and req.ceilings != "quick" and _given_elsewhere(req.ceilings, run_dir):
         # the roofs the rows are put against travel with them: report, plots and fit read the run
         # folder's ceilings.json (and its busy-machine marks), not a path that may change
         from roofline.measure.ceilings import write_ceilings
         write_ceilings(measured, run_dir)
-    bar = tqdm(total=len(points), initial=len(points) - len(todo), desc=f"sweep {spec.model.name}",
+    bar = tqdm(total=len(points), initial=len(points) - len(todo), desc=f"sweep {req.model.name}",
                unit="pt", disable=not progress, file=sys.stderr)
     new = 0
-    monitor = NoiseMonitor(noise, spec.device, log=lambda m: tqdm.write(m, file=sys.stderr)) if noise and todo else None
+    monitor = NoiseMonitor(noise, req.device, log=lambda m: tqdm.write(m, file=sys.stderr)) if noise and todo else None
 
     def ok_row(w, p):
-        row = measure(w, p, spec.timer)
+        row = measure(w, p, req.timer)
         samples = row.pop("samples_s", None)
-        row.update(status="ok", error=None, converged=bool(row["t_ci_rel"] <= spec.timer.rel_ci),
-                   **_bound(row, dev_spec.ridge(activation_dtype(p.dtype))),
-                   **ceiling_columns(row, p.dtype, measured, dev_spec))
-        if is_math_fallback(row, spec.device):
+        row.update(status="ok", error=None, converged=bool(row["t_ci_rel"] <= req.timer.rel_ci),
+                   **_bound(row, sheet.ridge(activation_dtype(p.dtype))),
+                   **ceiling_columns(row, p.dtype, measured, sheet))
+        if is_math_fallback(row, req.device):
             row.update(status=MATH_FALLBACK, error=f"attention ran torch's math path ({row['attn_backend']}):"
                        " it moves bytes the accounting does not charge; not a memory measurement")
         return row, samples
@@ -770,7 +770,7 @@ def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t
         with sig:
             for (dtype, depth, mode), group in itertools.groupby(todo, key=lambda p: (p.dtype, p.layers_run, p.mode)):
                 group = list(group)
-                builds, too_big = memory_plan(spec, dtype, depth, group)
+                builds, too_big = memory_plan(req, dtype, depth, group)
                 by_id = {p.point_id: p for p in group}
                 rank = {p.point_id: i for i, p in enumerate(group)}
                 batches = [(None, [by_id[k] for k in too_big])] + [
@@ -779,18 +779,18 @@ def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t
                     w, setup_error = None, None
                     if cache is not None and pts:
                         try:
-                            w = workload(spec, dtype, depth, mode, *cache)
+                            w = workload(req, dtype, depth, mode, *cache)
                             w.check()
                         except ConfigError:  # bad input found only at the build (NaN weights): one line, exit 2
                             raise
                         except Exception as e:  # the whole build fails as data
                             setup_error, w = e, None
                     for p in pts:
-                        base = dict(point_id=p.point_id, kind=p.kind, model=spec.model.name, dtype=p.dtype,
+                        base = dict(point_id=p.point_id, kind=p.kind, model=req.model.name, dtype=p.dtype,
                                     mode=p.mode, q=p.q, B=p.B, L=p.L, layers_run=p.layers_run,
-                                    layers_full=spec.model.layers, extrapolated=False,
-                                    schema_version=results.SCHEMA_VERSION, overrides=" ".join(spec.overrides),
-                                    fingerprint=spec.fingerprint(), **prov, **spec.parallel.as_row(),
+                                    layers_full=req.model.layers, extrapolated=False,
+                                    schema_version=results.SCHEMA_VERSION, overrides=" ".join(req.overrides),
+                                    fingerprint=req.fingerprint(), **prov, **req.parallel.as_row(),
                                     **precision_columns(p.dtype))
                         samples = None
                         try:
@@ -813,15 +813,15 @@ def _run_locked(spec, run_dir, progress, measure, force, extend, retry_failed, t
                             correct(monitor.add({**base, **row}, again))
                     correct(monitor.flush() if monitor else [])
                     del w
-                if parse_device(spec.device).type == "cuda":
+                if parse_device(req.device).type == "cuda":
                     torch.cuda.empty_cache()
             bar.close()  # the monitor's last verdicts and the summary are inside: a signal there still reports
             quiet = monitor.finish(run_dir) if monitor else {}
-            return _summarize(spec, run_dir, measured, points, todo, new, resumed, t0, quiet)
+            return _summarize(req, run_dir, measured, points, todo, new, resumed, t0, quiet)
     except KeyboardInterrupt as e:
         with runfolder.Signals.ignored():  # a second signal (a forwarded one) must not cut the summary
             bar.close()
-            summary = _summarize(spec, run_dir, measured, points, todo, new, resumed, t0)
+            summary = _summarize(req, run_dir, measured, points, todo, new, resumed, t0)
         raise SweepInterrupted(summary, getattr(e, "signum", signal.SIGINT)) from None
 
 
@@ -830,9 +830,9 @@ def _with_samples(base: dict, measured: tuple[dict, list | None]) -> dict:
     return {**base, **row, "_samples": samples}
 
 
-def _summarize(spec, run_dir, measured, points, todo, new, resumed, t0, quiet=None) -> dict:
+def _summarize(req, run_dir, measured, points, todo, new, resumed, t0, quiet=None) -> dict:
     rows = results.apply_corrections(run_dir, results.read_rows(run_dir / "points.jsonl"))
-    df = finalize(spec, run_dir, rows, measured)
+    df = finalize(req, run_dir, rows, measured)
     ok = sum(r["status"] == "ok" for r in rows)
     slow = [r["point_id"] for r in rows if r["status"] == "ok" and r.get("converged") is False]
     return dict(run_dir=str(run_dir), points=len(points), measured_now=new, resumed=len(points) - len(todo),
@@ -847,16 +847,16 @@ def _summarize(spec, run_dir, measured, points, todo, new, resumed, t0, quiet=No
 ASSUMED_GBps, ASSUMED_TFLOPs = 5.0, 0.01
 
 
-def _rates(spec: SweepRequest, run_dir: Path, dtype: str) -> tuple[float, float, str]:
+def _rates(req: SweepRequest, run_dir: Path, dtype: str) -> tuple[float, float, str]:
     """(bytes/s, FLOP/s, where they come from) to estimate a step time before measuring it."""
     from roofline.measure.ceilings import load_ceilings
-    path = run_dir / "ceilings.json" if spec.ceilings == "quick" else Path(spec.ceilings) if spec.ceilings else None
+    path = run_dir / "ceilings.json" if req.ceilings == "quick" else Path(req.ceilings) if req.ceilings else None
     if path is not None and path.exists():
         summ = load_ceilings(path).get("summary") or {}
         bw, tf = summ.get("mem_bw_GBps"), (summ.get("peak_tflops") or {}).get(activation_dtype(dtype))
         if bw and tf:
             return bw * 1e9, tf * 1e12, f"measured ceilings ({path.name})"
-    sheet = spec_for_running_device(spec.device)[0]
+    sheet = datasheet_for_running_device(req.device)[0]
     bw, f = sheet.bandwidth_Bps(), sheet.peak_flops(activation_dtype(dtype))
     if bw and f:
         return bw, f, f"the datasheet of {sheet.name}"
@@ -871,21 +871,21 @@ def point_seconds(step_s: float, t: TimerSettings) -> float:
     return (t.warmup + reps) * step_s + (2 * step_s if t.l2 == "cold" else 0.0)
 
 
-def dry_run(spec: SweepRequest, run_dir: Path, force: bool = False, extend: bool = False) -> str:
+def dry_run(req: SweepRequest, run_dir: Path, force: bool = False, extend: bool = False) -> str:
     """What a sweep would do, measuring and writing nothing: the expanded grid, each point's
     memory fit against what the device can give now, and an upper bound on the time."""
-    spec, _ = resolve_auto(spec, run_dir, measure=False)  # without ceilings: the device's flags decide
-    spec, old, _ = check_run_dir(spec, run_dir, force, extend)  # refused here as the real command refuses it
-    pts = grid(spec)
+    req, _ = resolve_auto(req, run_dir, measure=False)  # without ceilings: the device's flags decide
+    req, old, _ = check_run_dir(req, run_dir, force, extend)  # refused here as the real command refuses it
+    pts = grid(req)
     done = set()
     if old is not None:
         done = {r["point_id"] for r in runfolder.read_points(run_dir)[0] if r["status"] == "ok"}
     rows, groups = [], 0
     for (dtype, depth, mode), group in itertools.groupby(pts, key=lambda p: (p.dtype, p.layers_run, p.mode)):
         group = list(group)
-        cfg = spec.model.scaled(layers=depth)
-        builds, too_big = memory_plan(spec, dtype, depth, group)
-        bw, fl, _ = _rates(spec, run_dir, dtype)
+        cfg = req.model.scaled(layers=depth)
+        builds, too_big = memory_plan(req, dtype, depth, group)
+        bw, fl, _ = _rates(req, run_dir, dtype)
         for p in group:
             need = memory.peak_bytes(cfg, dtype, p.B, p.L + p.q, p.q, cfg.mtp_layers > 0)
             build = next((i for i, (_, _, keys) in enumerate(builds) if p.point_id in keys), None)
@@ -895,19 +895,19 @@ def dry_run(spec: SweepRequest, run_dir: Path, force: bool = False, extend: bool
                              memory="TOO BIG" if build is None else f"fits (build {groups + build + 1})",
                              state="done (resumed)" if p.point_id in done else "to measure",
                              step_ms_est=float(f"{step * 1e3:.3g}"),
-                             point_s_est=float(f"{point_seconds(step, spec.timer):.3g}")))
+                             point_s_est=float(f"{point_seconds(step, req.timer):.3g}")))
         groups += len(builds)
-    free, where = memory.available(spec.device)
+    free, where = memory.available(req.device)
     todo = sum(r["state"] == "to measure" for r in rows)
     est = sum(r["point_s_est"] for r in rows if r["state"] == "to measure" and r["memory"] != "TOO BIG")
-    rates = _rates(spec, run_dir, spec.dtypes[0])[2]
-    t = spec.timer
+    rates = _rates(req, run_dir, req.dtypes[0])[2]
+    t = req.timer
     with pd.option_context("display.width", 200, "display.max_rows", 10000, "display.max_colwidth", 80):
         table = pd.DataFrame(rows).to_string(index=False)
-    axes = ", ".join(f"{a}={list(getattr(spec, a))}" for a in ("dtypes", "modes", "q", "B", "L"))
+    axes = ", ".join(f"{a}={list(getattr(req, a))}" for a in ("dtypes", "modes", "q", "B", "L"))
     return "\n".join([
-        f"dry run of {spec.model.name} on {spec.device} into {run_dir} (nothing measured or written)",
-        f"grid: {axes}" + (f", layers {spec.layers} and {2 * spec.layers} of {spec.model.layers}" if spec.layers else ""),
+        f"dry run of {req.model.name} on {req.device} into {run_dir} (nothing measured or written)",
+        f"grid: {axes}" + (f", layers {req.layers} and {2 * req.layers} of {req.model.layers}" if req.layers else ""),
         f"{len(pts)} points in {groups} model builds; {len(pts) - todo} already in out_dir; {todo} to measure; "
         f"{sum(r['memory'] == 'TOO BIG' for r in rows)} too big for {where} (peak: weights in their dtype + "
         "static KV cache + one float32 parameter + the pass's activations)",

@@ -121,21 +121,21 @@ def _iters(S: int) -> int:
     return int(min(50, max(2, 2**22 // max(S, 1))))
 
 
-def measure(rank: int, world: int, device: str, spec: CollectiveRequest) -> list[dict] | None:
+def measure(rank: int, world: int, device: str, req: CollectiveRequest) -> list[dict] | None:
     """Run on every rank (roofline.parallel.launch.run); rank 0 returns one row per (kind, size)."""
-    dtype = torch_dtype(spec.dtype)
+    dtype = torch_dtype(req.dtype)
     sync = (lambda: torch.cuda.synchronize()) if is_cuda(device) else (lambda: None)
-    flush = torch.zeros(spec.flush_bytes // 4, dtype=torch.float32, device=device) if spec.flush_bytes else None
+    flush = torch.zeros(req.flush_bytes // 4, dtype=torch.float32, device=device) if req.flush_bytes else None
     rows = []
-    for kind in spec.kinds:
-        for S in spec.sizes():
+    for kind in req.kinds:
+        for S in req.sizes():
             fn, it = _op(kind, S, dtype, world, device), _iters(S)
             fn(), fn()  # warm-up (connections, buffers)
             sync()
             times = []
             if flush is not None:
                 it = min(it, 10)
-            for _ in range(spec.reps):
+            for _ in range(req.reps):
                 dist.barrier()
                 elapsed = 0
                 if flush is None:
@@ -158,8 +158,8 @@ def measure(rank: int, world: int, device: str, spec: CollectiveRequest) -> list
                 times.append(float(t))
             med = float(np.median(times))
             algbw = S / med
-            rows.append(dict(kind=kind, size_bytes=S, count=S // (torch.finfo(dtype).bits // 8), dtype=spec.dtype,
-                             ranks=world, iters=it, reps=spec.reps, flush_bytes=spec.flush_bytes, time_us=med * 1e6,
+            rows.append(dict(kind=kind, size_bytes=S, count=S // (torch.finfo(dtype).bits // 8), dtype=req.dtype,
+                             ranks=world, iters=it, reps=req.reps, flush_bytes=req.flush_bytes, time_us=med * 1e6,
                              time_p10_us=float(np.quantile(times, 0.1)) * 1e6,
                              time_p90_us=float(np.quantile(times, 0.9)) * 1e6,
                              algbw_GBps=algbw / 1e9, busbw_GBps=algbw * bus_factor(kind, world) / 1e9,
@@ -200,8 +200,8 @@ def seconds(collectives, fitted: dict) -> float:
     return total
 
 
-def document(spec: CollectiveRequest, rows: list[dict], device_name: str) -> dict:
-    return dict(schema=SCHEMA, spec=asdict(spec), device_name=device_name, rows=rows, fit=fit(rows),
+def document(req: CollectiveRequest, rows: list[dict], device_name: str) -> dict:
+    return dict(schema=SCHEMA, spec=asdict(req), device_name=device_name, rows=rows, fit=fit(rows),
                 definitions="algbw = S/t; busbw = algbw x factor (nccl-tests doc/PERFORMANCE.md): all_reduce "
                             "2(n-1)/n, all_gather/reduce_scatter/all_to_all (n-1)/n, broadcast 1")
 
@@ -223,8 +223,8 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run_collectives(spec: CollectiveRequest, out_dir) -> dict:
-    """Spawn (or join, under torchrun/srun) spec.world ranks, measure, write collectives.json and
+def run_collectives(req: CollectiveRequest, out_dir) -> dict:
+    """Spawn (or join, under torchrun/srun) req.world ranks, measure, write collectives.json and
     collectives.csv into out_dir; returns the document."""
     import pandas as pd
 
@@ -232,10 +232,10 @@ def run_collectives(spec: CollectiveRequest, out_dir) -> dict:
     from roofline.measure.devices import running_device_name
     from roofline.parallel.launch import run
 
-    rows = run(measure, spec.world, spec.device, (spec,))
+    rows = run(measure, req.world, req.device, (req,))
     if rows is None:  # a non-zero rank of an external launch
         return {}
-    doc = document(spec, rows, running_device_name(spec.device))
+    doc = document(req, rows, running_device_name(req.device))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "collectives.json", doc)

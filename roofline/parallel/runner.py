@@ -26,7 +26,7 @@ import torch.distributed as dist
 from roofline.model.dtypes import torch_dtype
 from roofline.model.accounting import moe_impl_for_mode
 from roofline.model.decoder import build_model
-from roofline.measure.sweep import BuiltModel, Point, SweepRequest, check_spec, run_sweep
+from roofline.measure.sweep import BuiltModel, Point, SweepRequest, check_request, run_sweep
 from roofline.measure.timer import TimerSettings, time_fn
 from roofline.parallel.cost import Collective, rank_forward_cost, rank_mtp_cost
 from roofline.parallel.launch import run
@@ -53,11 +53,11 @@ def _flag(device: str, value: int = 0) -> int:
     return int(t.item())
 
 
-def _sharded(spec: SweepRequest, dtype: str, depth: int, max_ctx: int, rank: int, device: str):
-    per = max(spec.B) // spec.parallel.batch_split
-    model = build_model(spec.model.scaled(layers=depth), max_batch=per, max_context=max_ctx, dtype=torch_dtype(dtype),
-                        device=device, seed=spec.seed, moe_impl=moe_impl_for_mode("eager", sharded=True))
-    return shard(model, spec.parallel, rank)
+def _sharded(req: SweepRequest, dtype: str, depth: int, max_ctx: int, rank: int, device: str):
+    per = max(req.B) // req.parallel.batch_split
+    model = build_model(req.model.scaled(layers=depth), max_batch=per, max_context=max_ctx, dtype=torch_dtype(dtype),
+                        device=device, seed=req.seed, moe_impl=moe_impl_for_mode("eager", sharded=True))
+    return shard(model, req.parallel, rank)
 
 
 def _cpu(x):
@@ -91,11 +91,11 @@ class LeaderModel:
 class LeaderWorkload(BuiltModel):
     def build(self, max_ctx: int):
         _send(("build", self.dtype, self.cfg.layers, max_ctx))
-        return LeaderModel(_sharded(self.spec, self.dtype, self.cfg.layers, max_ctx, 0, self.spec.device),
-                           self.spec.device)
+        return LeaderModel(_sharded(self.req, self.dtype, self.cfg.layers, max_ctx, 0, self.req.device),
+                           self.req.device)
 
     def callable_for(self, p: Point):
-        return super().callable_for(dataclasses.replace(p, B=p.B // self.spec.parallel.batch_split))
+        return super().callable_for(dataclasses.replace(p, B=p.B // self.req.parallel.batch_split))
 
 
 def leader_measure(w: LeaderWorkload, p: Point, timer: TimerSettings) -> dict:
@@ -107,10 +107,10 @@ def leader_measure(w: LeaderWorkload, p: Point, timer: TimerSettings) -> dict:
     _send(("follow",))
     proxy.fast = True
     try:
-        t = time_fn(fn, dataclasses.replace(timer, mode=p.mode), w.spec.device)
+        t = time_fn(fn, dataclasses.replace(timer, mode=p.mode), w.req.device)
     finally:
         proxy.fast = False
-        _flag(w.spec.device, 0)
+        _flag(w.req.device, 0)
     touched, ranks = None, None
     moe_impl = moe_impl_for_mode(p.mode, sharded=True)
     if w.cfg.is_moe:  # every rank's per-layer counts of the last step: the step waits for each layer's busiest
@@ -119,7 +119,7 @@ def leader_measure(w: LeaderWorkload, p: Point, timer: TimerSettings) -> dict:
         touched = busiest_rank_touched(per_rank)
         ranks = ";".join(f"{sum(c) / len(c):.3g}" for c in per_rank)
     cost = (rank_forward_cost if p.kind == "forward" else rank_mtp_cost)(
-        w.cfg, w.spec.parallel, p.dtype, p.B, p.q, p.L, p.L + p.q, moe_impl, touched)
+        w.cfg, w.req.parallel, p.dtype, p.B, p.q, p.L, p.L + p.q, moe_impl, touched)
     cost = dataclasses.replace(cost, collectives=cost.collectives + (SYNC,))
     row = t.to_row()
     row.update(cost.as_row())
@@ -131,7 +131,7 @@ def leader_measure(w: LeaderWorkload, p: Point, timer: TimerSettings) -> dict:
     return row
 
 
-def follow(rank: int, spec: SweepRequest, device: str) -> None:
+def follow(rank: int, req: SweepRequest, device: str) -> None:
     """A follower rank: build, replay and step as rank 0 says, until it says done."""
     model, last = None, None
     while True:
@@ -139,7 +139,7 @@ def follow(rank: int, spec: SweepRequest, device: str) -> None:
         if cmd[0] == "build":
             model = None
             _, dtype, depth, max_ctx = cmd
-            model = _sharded(spec, dtype, depth, max_ctx, rank, device)
+            model = _sharded(req, dtype, depth, max_ctx, rank, device)
         elif cmd[0] == "call":
             _, method, args, kw = cmd
             args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
@@ -155,21 +155,21 @@ def follow(rank: int, spec: SweepRequest, device: str) -> None:
             return
 
 
-def _rank_main(rank: int, world: int, device: str, spec: SweepRequest, run_dir: str, progress: bool, options: dict):
-    spec = dataclasses.replace(spec, device=device)
+def _rank_main(rank: int, world: int, device: str, req: SweepRequest, run_dir: str, progress: bool, options: dict):
+    req = dataclasses.replace(req, device=device)
     if rank != 0:
-        return follow(rank, spec, device)
+        return follow(rank, req, device)
     try:  # no busy-machine re-measurement: the followers replay rank 0's steps in lockstep, and a
         # re-measured point or an unannounced reference call on rank 0 alone would desynchronise them
-        return run_sweep(spec, Path(run_dir), progress, measure=leader_measure, workload=LeaderWorkload,
+        return run_sweep(req, Path(run_dir), progress, measure=leader_measure, workload=LeaderWorkload,
                          noise=None, **options)
     finally:
         _send(("done",))
 
 
-def run_parallel_sweep(spec: SweepRequest, run_dir: Path, progress: bool = True, timeout_s: float = 1800.0,
+def run_parallel_sweep(req: SweepRequest, run_dir: Path, progress: bool = True, timeout_s: float = 1800.0,
                        **options) -> dict:
-    """The sweep of `spec` over spec.parallel.devices ranks (spawned here, or under torchrun/srun);
+    """The sweep of `req` over req.parallel.devices ranks (spawned here, or under torchrun/srun);
     options (force, extend, retry_failed) go to roofline.measure.sweep.run_sweep on rank 0."""
-    check_spec(spec)
-    return run(_rank_main, spec.parallel.devices, spec.device, (spec, str(run_dir), progress, options), timeout_s)
+    check_request(req)
+    return run(_rank_main, req.parallel.devices, req.device, (req, str(run_dir), progress, options), timeout_s)

@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 
 from roofline.io import results
-from roofline.measure.devices import is_cuda, spec_for_running_device
+from roofline.measure.devices import is_cuda, datasheet_for_running_device
 from roofline.measure.forward import count_kernels, eager_attention_backend
 from roofline.model.config import ModelConfig
 from roofline.model.decoder import build_model
@@ -61,7 +61,7 @@ def attention_probe(cfg: ModelConfig, dtype: torch.dtype, device: str, shapes: l
 
 def environment(device: str, cfg: ModelConfig, dtype: torch.dtype, shapes: list[tuple[int, int, int]]) -> dict:
     """Versions, device, L2 (queried vs table), Triton mode, attention backends of the sweep's shapes."""
-    sheet, matched = spec_for_running_device(device)
+    sheet, matched = datasheet_for_running_device(device)
     env = dict(python=sys.version.split()[0], platform=platform.platform(), torch=torch.__version__,
                cuda=torch.version.cuda, triton=_version("triton"), hydra=_version("hydra"),
                omegaconf=_version("omegaconf"), numpy=_version("numpy"), pandas=_version("pandas"),

@@ -61,7 +61,7 @@ def _read_json(path: Path) -> dict | None:
 
 
 def open_run(run_dir) -> tuple[Path, pd.DataFrame, dict | None, dict | None, Datasheet | None]:
-    """(run_dir, points, ceilings, run, datasheet spec). Fails fast naming results_dir."""
+    """(run_dir, points, ceilings, run, datasheet row). Fails fast naming results_dir."""
     if run_dir is None or str(run_dir).strip() in ("", "None"):
         raise ConfigError("results_dir is required: a run folder holding points.csv or points.jsonl")
     run_dir = Path(run_dir)
@@ -74,11 +74,11 @@ def open_run(run_dir) -> tuple[Path, pd.DataFrame, dict | None, dict | None, Dat
         raise ConfigError(f"results_dir={str(run_dir)!r}: points table is empty or lacks the key columns")
     ceilings = _read_json(run_dir / "ceilings.json")
     run = _read_json(run_dir / "run.json")
-    spec = None
+    datasheet = None
     if not (ceilings or {}).get("datasheet") and "device_name" in df.columns and df["device_name"].notna().any():
         found = detect(str(df["device_name"].dropna().iloc[0]))
-        spec = found if found is not None and not found.measured_only else None
-    return run_dir, df, ceilings, run, spec
+        datasheet = found if found is not None and not found.measured_only else None
+    return run_dir, df, ceilings, run, datasheet
 
 
 # ---- tables ----------------------------------------------------------------------------
@@ -99,7 +99,7 @@ def _frame(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows).map(_fmt) if rows else pd.DataFrame()
 
 
-def tq_table(df: pd.DataFrame, ceilings: dict | None, spec: Datasheet | None) -> pd.DataFrame:
+def tq_table(df: pd.DataFrame, ceilings: dict | None, datasheet: Datasheet | None) -> pd.DataFrame:
     """T(q)/T(1) per (dtype, B, L) (and model/kind/mode/L2 when they vary), with T(1) and the
     achieved GB/s at q=1 (bytes_total / t_median) and its % of the memory ceilings."""
     ok = plots.ok_rows(df)
@@ -116,7 +116,7 @@ def tq_table(df: pd.DataFrame, ceilings: dict | None, spec: Datasheet | None) ->
         row["T(1) ms"] = t1.iloc[0] * 1e3 if len(t1) else None
         gbps = g.loc[g["q"] == 1, "achieved_GBps"]
         row["GB/s at q=1"] = gbps.iloc[0] if len(gbps) else None
-        roofs = roofs_for(str(row["dtype"]), ceilings, spec)
+        roofs = roofs_for(str(row["dtype"]), ceilings, datasheet)
         for name, ceil in (("% measured BW", roofs.bw_measured), ("% datasheet BW", roofs.bw_datasheet)):
             if ceil:
                 row[name] = 100 * row["GB/s at q=1"] * 1e9 / ceil if row["GB/s at q=1"] is not None else None
@@ -127,7 +127,7 @@ def tq_table(df: pd.DataFrame, ceilings: dict | None, spec: Datasheet | None) ->
     return _frame(rows)
 
 
-def ceilings_table(df: pd.DataFrame, ceilings: dict | None, spec: Datasheet | None) -> pd.DataFrame:
+def ceilings_table(df: pd.DataFrame, ceilings: dict | None, datasheet: Datasheet | None) -> pd.DataFrame:
     """Measured vs datasheet ceilings, side by side, with measured as % of datasheet."""
     summary = (ceilings or {}).get("summary") or {}
     sheet = (ceilings or {}).get("datasheet") or {}
@@ -135,7 +135,7 @@ def ceilings_table(df: pd.DataFrame, ceilings: dict | None, spec: Datasheet | No
     dtypes |= set(dtype_table(summary.get("peak_tflops")))
     dtypes |= {d for d, v in dtype_table(sheet.get("peak_tflops")).items() if v}
     rows = []
-    first = roofs_for(sorted(dtypes)[0] if dtypes else "bf16", ceilings, spec)
+    first = roofs_for(sorted(dtypes)[0] if dtypes else "bf16", ceilings, datasheet)
     mbw, dbw = first.bw_measured, first.bw_datasheet
 
     def add(what, unit, m, d, how=""):
@@ -146,12 +146,12 @@ def ceilings_table(df: pd.DataFrame, ceilings: dict | None, spec: Datasheet | No
 
     add("memory bandwidth", "GB/s", mbw and mbw / 1e9, dbw and dbw / 1e9, summary.get("mem_bw_kernel") or "")
     for d in sorted(dtypes):
-        r = roofs_for(d, ceilings, spec)
+        r = roofs_for(d, ceilings, datasheet)
         add(f"peak {d}", "TFLOP/s", r.flops_measured and r.flops_measured / 1e12,
             r.flops_datasheet and r.flops_datasheet / 1e12, "matmul" if r.flops_measured else "")
         add(f"ridge {d}", "FLOP/B", r.ridge_measured, r.ridge_datasheet, "peak / bandwidth")
     cache_m = summary.get("llc_bytes")  # queried (sysfs / CUDA); cache_bytes is the flush size, not the cache
-    cache_d = spec.cache_bytes() if spec is not None else sheet.get("cache_bytes")
+    cache_d = datasheet.cache_bytes() if datasheet is not None else sheet.get("cache_bytes")
     add("last-level cache", "MiB", cache_m and cache_m / 2**20, cache_d and cache_d / 2**20)
     return _frame(rows)
 
@@ -197,7 +197,7 @@ def provenance_table(df: pd.DataFrame, ceilings: dict | None) -> pd.DataFrame:
 
 # ---- the document ----------------------------------------------------------------------
 
-def build_blocks(run_dir: Path, df, ceilings, run, spec, figures: plots.FigureSet) -> list[tuple]:
+def build_blocks(run_dir: Path, df, ceilings, run, datasheet, figures: plots.FigureSet) -> list[tuple]:
     """The report as blocks: ("h", level, text), ("p", text), ("table", frame), ("img", alt,
     path relative to run_dir), ("code", text), ("md", raw markdown), ("details", summary,
     [blocks folded under it]), ("toc",) (the contents, filled in by render_md)."""
@@ -232,7 +232,7 @@ def build_blocks(run_dir: Path, df, ceilings, run, spec, figures: plots.FigureSe
     for name, why in figures.skipped.items():
         b.append(("p", f"Figure `{name}` not drawn: {why}."))
     b.append(("h", 2, "Step time vs tokens per pass: T(q)/T(1)"))
-    tq = tq_table(df, ceilings, spec)
+    tq = tq_table(df, ceilings, datasheet)
     b.append(("p", "Forward points. Columns `q=n`: T(n)/T(1), the median step time at n tokens per sequence "
                    "over the one at q=1 (1 = verifying n tokens costs one decode step). T(1) in ms; GB/s at q=1"
                    + (" and its % of the memory ceilings (measured, datasheet)." if "%" in " ".join(tq.columns)
@@ -255,8 +255,8 @@ def build_blocks(run_dir: Path, df, ceilings, run, spec, figures: plots.FigureSe
     b.append(("h", 2, "Ceilings: measured vs datasheet"))
     if ceilings is None:
         b.append(("p", "No ceilings.json in this run folder: no measured ceilings (run roofline.measure.ceilings on the "
-                       "same device)." + ("" if spec else " No datasheet row for this device either.")))
-    ct = ceilings_table(df, ceilings, spec)
+                       "same device)." + ("" if datasheet else " No datasheet row for this device either.")))
+    ct = ceilings_table(df, ceilings, datasheet)
     if not ct.empty:
         b.append(("table", ct))
     b.append(("h", 2, "Failed points"))
@@ -385,15 +385,15 @@ def render_html(blocks: list[tuple], run_dir: Path, title: str) -> str:
 
 def write_figures(run_dir, out_dir=None) -> plots.FigureSet:
     """Every figure of a run folder into out_dir (default run_dir/figures/)."""
-    run_dir, df, ceilings, _, spec = open_run(run_dir)
-    return plots.plot_all(df, ceilings, spec, Path(out_dir) if out_dir else run_dir / "figures")
+    run_dir, df, ceilings, _, datasheet = open_run(run_dir)
+    return plots.plot_all(df, ceilings, datasheet, Path(out_dir) if out_dir else run_dir / "figures")
 
 
 def write_report(run_dir) -> tuple[Path, Path]:
     """Figures into run_dir/figures/, then run_dir/report.md and run_dir/report.html."""
-    run_dir, df, ceilings, run, spec = open_run(run_dir)
-    figures = plots.plot_all(df, ceilings, spec, run_dir / "figures")
-    blocks = build_blocks(run_dir, df, ceilings, run, spec, figures)
+    run_dir, df, ceilings, run, datasheet = open_run(run_dir)
+    figures = plots.plot_all(df, ceilings, datasheet, run_dir / "figures")
+    blocks = build_blocks(run_dir, df, ceilings, run, datasheet, figures)
     md_path, html_path = run_dir / "report.md", run_dir / "report.html"
     md_path.write_text(render_md(blocks))
     html_path.write_text(render_html(blocks, run_dir, f"Roofline report: {run_dir.name}"))

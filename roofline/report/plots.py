@@ -121,7 +121,7 @@ def _draw_roof(ax, x: np.ndarray, bw: float | None, flops: float | None, style: 
                     fontsize=7, color=color)
 
 
-def build_roofline(df: pd.DataFrame, ceilings: dict | None, spec: Datasheet | None) -> dict[str, Figure]:
+def build_roofline(df: pd.DataFrame, ceilings: dict | None, datasheet: Datasheet | None) -> dict[str, Figure]:
     ok = ok_rows(df)
     ok = ok[np.isfinite(ok["intensity"].astype(float)) & (ok["achieved_TFLOPs"].astype(float) > 0)] \
         if not ok.empty else ok
@@ -129,7 +129,7 @@ def build_roofline(df: pd.DataFrame, ceilings: dict | None, spec: Datasheet | No
         raise Skip("no ok points with intensity and achieved FLOP/s")
     built = {}
     for dtype, short, rows in _by_dtype(ok):
-        roofs = roofs_for(dtype, ceilings, spec)
+        roofs = roofs_for(dtype, ceilings, datasheet)
         ridges = [r for r in (roofs.ridge_measured, roofs.ridge_datasheet) if r]
         i = rows["intensity"].astype(float)
         x = np.logspace(np.log10(min([i.min(), *ridges]) / 3), np.log10(max([i.max(), *ridges]) * 3), 200)
@@ -167,11 +167,11 @@ def _ok_forward(df: pd.DataFrame) -> pd.DataFrame:
     return ok
 
 
-def build_step_time_vs_q(df: pd.DataFrame, ceilings: dict | None, spec: Datasheet | None) -> dict[str, Figure]:
+def build_step_time_vs_q(df: pd.DataFrame, ceilings: dict | None, datasheet: Datasheet | None) -> dict[str, Figure]:
     ok = _ok_forward(df)
     built = {}
     for dtype, short, rows in _by_dtype(ok):
-        roofs = roofs_for(dtype, ceilings, spec)
+        roofs = roofs_for(dtype, ceilings, datasheet)
         bw, flops, source = roofs.for_prediction()
         rows = rows.assign(t_pred_s=predict_step_time(rows, roofs))
         fig, (ax_t, ax_r) = figures.subplots(1, 2, figsize=(11, 5.2))
@@ -224,7 +224,7 @@ def build_step_time_vs_q(df: pd.DataFrame, ceilings: dict | None, spec: Datashee
 # ---- bandwidth vs working set (ceilings.json) ------------------------------------------
 
 def build_bandwidth_vs_working_set(df: pd.DataFrame, ceilings: dict | None,
-                                   spec: Datasheet | None) -> dict[str, Figure]:
+                                   datasheet: Datasheet | None) -> dict[str, Figure]:
     bw_rows = pd.DataFrame((ceilings or {}).get("bandwidth") or [])
     if bw_rows.empty or not {"working_set_bytes", "GBps"} <= set(bw_rows.columns):
         raise Skip("no bandwidth rows (ceilings.json absent or without 'bandwidth')")
@@ -235,7 +235,7 @@ def build_bandwidth_vs_working_set(df: pd.DataFrame, ceilings: dict | None,
         g = g.sort_values("working_set_bytes")
         ax.plot(g["working_set_bytes"], g["GBps"], "o-", ms=3.5, color=f"C{n % 10}", label=_label(cols, key))
     dtypes = sorted({str(d) for d in bw_rows.get("dtype", pd.Series(["bf16"])).dropna()}) or ["bf16"]
-    roofs = roofs_for(dtypes[0], ceilings, spec)
+    roofs = roofs_for(dtypes[0], ceilings, datasheet)
     if roofs.bw_datasheet:
         ax.axhline(roofs.bw_datasheet / 1e9, color="C3", ls="--", label=f"datasheet {roofs.bw_datasheet / 1e9:.4g} GB/s")
     if roofs.bw_measured:
@@ -274,11 +274,11 @@ def pick_q(qs, n: int = 4) -> list:
 
 
 def build_utilisation_vs_batch(df: pd.DataFrame, ceilings: dict | None,
-                               spec: Datasheet | None) -> dict[str, Figure]:
+                               datasheet: Datasheet | None) -> dict[str, Figure]:
     ok = _ok_forward(df)
     built = {}
     for dtype, short, rows in _by_dtype(ok):
-        roofs = roofs_for(dtype, ceilings, spec)
+        roofs = roofs_for(dtype, ceilings, datasheet)
         if not (roofs.bw_measured or roofs.bw_datasheet or roofs.flops_measured or roofs.flops_datasheet):
             log.info("utilisation_vs_batch_%s skipped: no measured or datasheet ceiling for %s", short, short)
             continue
@@ -349,10 +349,10 @@ class FigureSet:
     skipped: dict[str, str] = field(default_factory=dict)
 
 
-def _save_all(name: str, df, ceilings, spec, out_dir, skipped: dict | None = None) -> list[Path]:
+def _save_all(name: str, df, ceilings, datasheet, out_dir, skipped: dict | None = None) -> list[Path]:
     try:
         with figures.style():
-            built = BUILDERS[name](df, ceilings, spec)
+            built = BUILDERS[name](df, ceilings, datasheet)
     except Skip as why:
         log.warning("figure %s skipped: %s", name, why)
         if skipped is not None:
@@ -361,26 +361,26 @@ def _save_all(name: str, df, ceilings, spec, out_dir, skipped: dict | None = Non
     return [p for stem, fig in built.items() for p in save(fig, out_dir, stem)]
 
 
-def plot_roofline(df, ceilings, spec, out_dir) -> list[Path]:
-    return _save_all("roofline", df, ceilings, spec, out_dir)
+def plot_roofline(df, ceilings, datasheet, out_dir) -> list[Path]:
+    return _save_all("roofline", df, ceilings, datasheet, out_dir)
 
 
-def plot_step_time_vs_q(df, ceilings, spec, out_dir) -> list[Path]:
-    return _save_all("step_time_vs_q", df, ceilings, spec, out_dir)
+def plot_step_time_vs_q(df, ceilings, datasheet, out_dir) -> list[Path]:
+    return _save_all("step_time_vs_q", df, ceilings, datasheet, out_dir)
 
 
-def plot_bandwidth_vs_working_set(df, ceilings, spec, out_dir) -> list[Path]:
-    return _save_all("bandwidth_vs_working_set", df, ceilings, spec, out_dir)
+def plot_bandwidth_vs_working_set(df, ceilings, datasheet, out_dir) -> list[Path]:
+    return _save_all("bandwidth_vs_working_set", df, ceilings, datasheet, out_dir)
 
 
-def plot_utilisation_vs_batch(df, ceilings, spec, out_dir) -> list[Path]:
-    return _save_all("utilisation_vs_batch", df, ceilings, spec, out_dir)
+def plot_utilisation_vs_batch(df, ceilings, datasheet, out_dir) -> list[Path]:
+    return _save_all("utilisation_vs_batch", df, ceilings, datasheet, out_dir)
 
 
-def plot_all(df: pd.DataFrame, ceilings: dict | None, spec: Datasheet | None, out_dir: Path) -> FigureSet:
+def plot_all(df: pd.DataFrame, ceilings: dict | None, datasheet: Datasheet | None, out_dir: Path) -> FigureSet:
     out = FigureSet()
     for name in BUILDERS:
-        paths = _save_all(name, df, ceilings, spec, out_dir, out.skipped)
+        paths = _save_all(name, df, ceilings, datasheet, out_dir, out.skipped)
         if paths:
             out.paths[name] = paths
     return out

@@ -82,8 +82,8 @@ class RealValidationRequest:
             raise ConfigError(f"n_prompts={self.n_prompts}: must be a multiple of max(Bs)={max(self.Bs)}")
 
 
-def _settings(spec: RealValidationRequest, k: int = 0) -> DecodeSettings:
-    return DecodeSettings(max_new=spec.max_new, k=k, temperature=spec.temperature, seed=spec.seed)
+def _settings(req: RealValidationRequest, k: int = 0) -> DecodeSettings:
+    return DecodeSettings(max_new=req.max_new, k=k, temperature=req.temperature, seed=req.seed)
 
 
 def _batches(prompts: list[list[int]], B: int) -> list[list[list[int]]]:
@@ -103,54 +103,54 @@ def _run_set(target, drafter_of, prompts, B: int, s: DecodeSettings):
                 draft_s=draft)
 
 
-def _sweep_fit(cfg, spec: RealValidationRequest, Ls: tuple[int, ...], run_dir: Path, mtp: bool) -> dict:
-    q = tuple(range(1, max(spec.ks) + 2))
-    sweep = SweepRequest(model=cfg, q=q, B=spec.Bs, L=Ls, dtypes=(spec.dtype,), timer=spec.timer, device=spec.device,
-                      mtp_q=tuple(sorted({1, *(k + 1 for k in spec.ks)})) if mtp else (1,), seed=spec.seed)
-    run_sweep(sweep, run_dir, progress=False, **({} if spec.noise_check else dict(noise=None)))
+def _sweep_fit(cfg, req: RealValidationRequest, Ls: tuple[int, ...], run_dir: Path, mtp: bool) -> dict:
+    q = tuple(range(1, max(req.ks) + 2))
+    sweep = SweepRequest(model=cfg, q=q, B=req.Bs, L=Ls, dtypes=(req.dtype,), timer=req.timer, device=req.device,
+                      mtp_q=tuple(sorted({1, *(k + 1 for k in req.ks)})) if mtp else (1,), seed=req.seed)
+    run_sweep(sweep, run_dir, progress=False, **({} if req.noise_check else dict(noise=None)))
     return sections.fit_and_save(run_dir)[0]
 
 
-def run_real_validation(spec: RealValidationRequest, run_dir: Path, log=print) -> pd.DataFrame:
+def run_real_validation(req: RealValidationRequest, run_dir: Path, log=print) -> pd.DataFrame:
     run_dir.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(spec.seed)
-    tcfg, dcfg = checkpoint_config(spec.checkpoint), checkpoint_config(spec.draft_checkpoint)
-    pa = encode_conversations(spec.checkpoint, spec.prompts_a, field="prompts_a")[:spec.n_prompts]
-    pb = encode_conversations(spec.checkpoint, spec.prompts_b, field="prompts_b")[:spec.n_prompts]
-    if len(pa) < spec.n_prompts or len(pb) < spec.n_prompts:
+    torch.manual_seed(req.seed)
+    tcfg, dcfg = checkpoint_config(req.checkpoint), checkpoint_config(req.draft_checkpoint)
+    pa = encode_conversations(req.checkpoint, req.prompts_a, field="prompts_a")[:req.n_prompts]
+    pb = encode_conversations(req.checkpoint, req.prompts_b, field="prompts_b")[:req.n_prompts]
+    if len(pa) < req.n_prompts or len(pb) < req.n_prompts:
         raise ConfigError(f"prompts: {len(pa)} (set a) and {len(pb)} (set b) conversations; need n_prompts="
-                          f"{spec.n_prompts} in each")
-    k_max = max(spec.ks)
-    longest = max(len(p) for p in pa + pb) + spec.max_new + 3 * k_max + 2
-    kw = dict(dtype=spec.dtype, device=spec.device, max_batch=max(spec.Bs), max_context=longest)
-    target = load_checkpoint(spec.checkpoint, **kw)
-    draft_model = load_checkpoint(spec.draft_checkpoint, **kw) if "draft_model" in spec.drafters else None
+                          f"{req.n_prompts} in each")
+    k_max = max(req.ks)
+    longest = max(len(p) for p in pa + pb) + req.max_new + 3 * k_max + 2
+    kw = dict(dtype=req.dtype, device=req.device, max_batch=max(req.Bs), max_context=longest)
+    target = load_checkpoint(req.checkpoint, **kw)
+    draft_model = load_checkpoint(req.draft_checkpoint, **kw) if "draft_model" in req.drafters else None
 
     def drafter_of(name):  # one draft model for the run: its cache is reset at each prefill
         if name == "draft_model":
             return lambda: DraftModelDrafter(draft_model, target.cfg.vocab)
         return lambda: make_drafter(name, target)
 
-    makers = {d: drafter_of(d) for d in spec.drafters}
-    L_mid = round(statistics.mean(len(p) for p in pb) + spec.max_new / 2)
+    makers = {d: drafter_of(d) for d in req.drafters}
+    L_mid = round(statistics.mean(len(p) for p in pb) + req.max_new / 2)
     lo = min(len(p) for p in pa + pb)
     Ls = tuple(sorted({max(1, lo // 2), longest - k_max - 2}))  # brackets L_mid, never equal to it
     if L_mid in Ls:
         raise ConfigError(f"sweep contexts {Ls} contain the engine's L_mid={L_mid}: not a disjoint sweep")
     log(f"[1/4] sweep + fit of the target at L={list(Ls)} (the engine's L_mid={L_mid} is not swept)")
-    fit = _sweep_fit(tcfg, spec, Ls, run_dir / "sweep_target", mtp=tcfg.mtp_layers > 0)
-    draft_fit = _sweep_fit(dcfg, spec, Ls, run_dir / "sweep_draft", mtp=False) if "draft_model" in spec.drafters else None
+    fit = _sweep_fit(tcfg, req, Ls, run_dir / "sweep_target", mtp=tcfg.mtp_layers > 0)
+    draft_fit = _sweep_fit(dcfg, req, Ls, run_dir / "sweep_draft", mtp=False) if "draft_model" in req.drafters else None
 
-    log(f"[2/4] acceptance per position on prompt set A (temperature {spec.temperature}, k = max(ks)); "
+    log(f"[2/4] acceptance per position on prompt set A (temperature {req.temperature}, k = max(ks)); "
         "overhead calibration on set A")
     with torch.inference_mode():
-        plain_a = {B: _run_set(target, None, pa, B, _settings(spec)) for B in spec.Bs}
+        plain_a = {B: _run_set(target, None, pa, B, _settings(req)) for B in req.Bs}
         profile, rate, calib = {}, {}, {}
-        for d in spec.drafters:
+        for d in req.drafters:
             c = AcceptanceCounters(accepted_per_pos=(0,) * k_max)
-            for B in spec.Bs:
-                for k in spec.ks:
-                    r = _run_set(target, makers[d], pa, B, _settings(spec, k))
+            for B in req.Bs:
+                for k in req.ks:
+                    r = _run_set(target, makers[d], pa, B, _settings(req, k))
                     free_draft = r["draft_s"] if d == "ngram" else 0.0  # the cost model prices n-gram at 0
                     calib[d, k, B] = (r["overhead_s"] + free_draft) / r["rounds"]
                     if k == k_max:
@@ -158,21 +158,21 @@ def run_real_validation(spec: RealValidationRequest, run_dir: Path, log=print) -
             profile[d] = [a if a == a else 0.0 for a in c.per_position_alpha()]
             rate[d] = c.acceptance_rate()
             log(f"  {d}: alpha per position {' '.join(f'{a:.3f}' for a in profile[d])}, rate {rate[d]:.3f}")
-        o_plain = {B: plain_a[B]["overhead_s"] / plain_a[B]["rounds"] for B in spec.Bs}
+        o_plain = {B: plain_a[B]["overhead_s"] / plain_a[B]["rounds"] for B in req.Bs}
 
-    log(f"[3/4] plain vs speculative on prompt set B, x{spec.reps} interleaved")
+    log(f"[3/4] plain vs speculative on prompt set B, x{req.reps} interleaved")
     rows = []
     with torch.inference_mode():
-        for B in spec.Bs:
-            reference = _run_set(target, None, pb, B, _settings(spec))["out"]
-            for d in spec.drafters:
-                costs = _costs(fit, draft_fit, spec, tcfg, dcfg, d)
-                for k in spec.ks:
+        for B in req.Bs:
+            reference = _run_set(target, None, pb, B, _settings(req))["out"]
+            for d in req.drafters:
+                costs = _costs(fit, draft_fit, req, tcfg, dcfg, d)
+                for k in req.ks:
                     plain, spec_runs = [], []
-                    for _ in range(spec.reps):
-                        p = _run_set(target, None, pb, B, _settings(spec))
-                        s = _run_set(target, makers[d], pb, B, _settings(spec, k))
-                        exact = spec.dtype == "float32" and spec.temperature == 0
+                    for _ in range(req.reps):
+                        p = _run_set(target, None, pb, B, _settings(req))
+                        s = _run_set(target, makers[d], pb, B, _settings(req, k))
+                        exact = req.dtype == "float32" and req.temperature == 0
                         if exact and (s["out"] != reference or p["out"] != reference):
                             raise RuntimeError(f"{d}, k={k}, B={B}: speculative output differs from plain greedy")
                         plain.append(p)
@@ -187,9 +187,9 @@ def run_real_validation(spec: RealValidationRequest, run_dir: Path, log=print) -
     return table
 
 
-def _costs(fit, draft_fit, spec: RealValidationRequest, tcfg, dcfg, drafter: str):
+def _costs(fit, draft_fit, req: RealValidationRequest, tcfg, dcfg, drafter: str):
     dc = DraftCost(drafter, model=dcfg if drafter == "draft_model" else None, fit=draft_fit)
-    return step_costs(fit, spec.dtype, dc, tcfg).steps
+    return step_costs(fit, req.dtype, dc, tcfg).steps
 
 
 def _row(d, k, B, L, plain, spec_runs, profile, rate, base: StepCosts, o_plain, o_spec) -> dict:

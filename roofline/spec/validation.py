@@ -98,19 +98,19 @@ class SpecValidationRequest:
         return self.prompt_len + self.max_new + 3 * max(self.ks) + 1
 
 
-def calibration_sweep(spec: SpecValidationRequest, run_dir: Path, progress: bool = False) -> dict:
-    k_max = max(spec.ks)
-    sweep = SweepRequest(model=spec.model, q=tuple(range(1, k_max + 2)), B=spec.Bs,
-                      L=(spec.prompt_len, spec.context_mid, spec.prompt_len + spec.max_new),
-                      dtypes=(spec.dtype,), timer=spec.timer, device=spec.device,
-                      mtp_q=tuple(sorted({1, *(k + 1 for k in spec.ks)})), seed=spec.seed)
+def calibration_sweep(req: SpecValidationRequest, run_dir: Path, progress: bool = False) -> dict:
+    k_max = max(req.ks)
+    sweep = SweepRequest(model=req.model, q=tuple(range(1, k_max + 2)), B=req.Bs,
+                      L=(req.prompt_len, req.context_mid, req.prompt_len + req.max_new),
+                      dtypes=(req.dtype,), timer=req.timer, device=req.device,
+                      mtp_q=tuple(sorted({1, *(k + 1 for k in req.ks)})), seed=req.seed)
     run_sweep(sweep, run_dir, progress=progress)
     return sections.fit_and_save(run_dir)[0]
 
 
-def _prompts(spec: SpecValidationRequest, B: int, seed: int) -> list[list[int]]:
+def _prompts(req: SpecValidationRequest, B: int, seed: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, spec.model.vocab, (spec.prompt_len,), generator=g).tolist() for _ in range(B)]
+    return [torch.randint(0, req.model.vocab, (req.prompt_len,), generator=g).tolist() for _ in range(B)]
 
 
 def _first_divergence(out: list[list[int]], reference: list[list[int]]) -> int:
@@ -149,14 +149,14 @@ def acceptance_check(runs, alpha: float | None) -> dict:
     return dict(alpha_profile=prof, reached=reached, max_z=z)
 
 
-def predicted_speedup(fit: dict, spec: SpecValidationRequest, k: int, B: int, tau: float, o_plain: float, o_spec: float,
+def predicted_speedup(fit: dict, req: SpecValidationRequest, k: int, B: int, tau: float, o_plain: float, o_spec: float,
                       drafter: str = "mtp") -> dict:
     """S from roofline.spec.theory with the fitted steps. Every forward pays the engine's
     per-step host overhead o_plain; a round pays o_spec in all, i.e. o_spec − o_plain beyond
     its verification forward. Drafter "mtp" as roofline.analysis.predict models it; "ngram": free."""
     from roofline.analysis.predict import DraftCost, step_costs
-    L, dt = spec.context_mid, spec.dtype
-    c = step_costs(fit, dt, DraftCost(drafter), spec.model)
+    L, dt = req.context_mid, req.dtype
+    c = step_costs(fit, dt, DraftCost(drafter), req.model)
     base = c.steps
     costs = StepCosts(target=lambda q, B_, L_: base.target(q, B_, L_) + o_plain, draft=base.draft,
                       overhead=lambda k_, B_: max(0.0, o_spec - o_plain))
@@ -167,40 +167,40 @@ def predicted_speedup(fit: dict, spec: SpecValidationRequest, k: int, B: int, ta
                     c.target_model.source(q, B, L) for q in (1, k + 1)) if getattr(c, "target_model", None) else "n/a")
 
 
-def run_validation(spec: SpecValidationRequest, run_dir: Path, log=print) -> pd.DataFrame:
-    memory.require_fit(spec.model, spec.dtype, max(spec.Bs), spec.max_context, spec.device,
-                       q=max(spec.ks) + 1)  # before any folder or model
+def run_validation(req: SpecValidationRequest, run_dir: Path, log=print) -> pd.DataFrame:
+    memory.require_fit(req.model, req.dtype, max(req.Bs), req.max_context, req.device,
+                       q=max(req.ks) + 1)  # before any folder or model
     run_dir.mkdir(parents=True, exist_ok=True)
-    log(f"[1/3] sweep + fit of {spec.model.name} ({spec.dtype}, {spec.device})")
-    fit = calibration_sweep(spec, run_dir / "sweep")
-    target = build_model(spec.model, max_batch=max(spec.Bs), max_context=spec.max_context,
-                         dtype=torch_dtype(spec.dtype), device=spec.device, seed=spec.seed)
+    log(f"[1/3] sweep + fit of {req.model.name} ({req.dtype}, {req.device})")
+    fit = calibration_sweep(req, run_dir / "sweep")
+    target = build_model(req.model, max_batch=max(req.Bs), max_context=req.max_context,
+                         dtype=torch_dtype(req.dtype), device=req.device, seed=req.seed)
     rows, overheads = [], []
-    for B in spec.Bs:
+    for B in req.Bs:
         log(f"[2/3] B={B}: overhead calibration")
-        cal = _prompts(spec, B, spec.seed + 1000)
-        plain_cal, m0 = SpecEngine(target).generate(cal, DecodeSettings(max_new=spec.max_new // 2))
+        cal = _prompts(req, B, req.seed + 1000)
+        plain_cal, m0 = SpecEngine(target).generate(cal, DecodeSettings(max_new=req.max_new // 2))
         o_plain = m0.overhead_s / m0.rounds
         o_spec = {}
-        for k in spec.ks:
-            d = OracleDrafter(target, 0.5, spec.model.vocab, inner=MTPDrafter(target), seed=spec.seed + 1)
-            _, mk = SpecEngine(target, d).generate(cal, DecodeSettings(max_new=spec.max_new // 2, k=k))
+        for k in req.ks:
+            d = OracleDrafter(target, 0.5, req.model.vocab, inner=MTPDrafter(target), seed=req.seed + 1)
+            _, mk = SpecEngine(target, d).generate(cal, DecodeSettings(max_new=req.max_new // 2, k=k))
             o_spec[k] = mk.overhead_s / mk.rounds
             overheads.append(dict(k=k, B=B, O_spec_s=o_spec[k], O_plain_s=o_plain))
-        prompts = _prompts(spec, B, spec.seed)
-        reference, _ = SpecEngine(target).generate(prompts, DecodeSettings(max_new=spec.max_new))  # + warm-up
-        log(f"[3/3] B={B}: plain vs speculative, interleaved x{spec.reps}")
-        cases = [(f"oracle(mtp) a={a}", a, k, oracle_factory(target, a, spec.model.vocab, spec.seed + 2))
-                 for a in spec.alphas for k in spec.ks]
+        prompts = _prompts(req, B, req.seed)
+        reference, _ = SpecEngine(target).generate(prompts, DecodeSettings(max_new=req.max_new))  # + warm-up
+        log(f"[3/3] B={B}: plain vs speculative, interleaved x{req.reps}")
+        cases = [(f"oracle(mtp) a={a}", a, k, oracle_factory(target, a, req.model.vocab, req.seed + 2))
+                 for a in req.alphas for k in req.ks]
         cases += [(name, None, k, (lambda rep: MTPDrafter(target)) if name == "mtp"
-                   else (lambda rep: NgramDrafter(spec.model.vocab)))
-                  for name in spec.real_drafters for k in spec.ks]
+                   else (lambda rep: NgramDrafter(req.model.vocab)))
+                  for name in req.real_drafters for k in req.ks]
         for label, alpha, k, make in cases:
             plain_runs, spec_runs, diverged = [], [], []
-            for rep in range(spec.reps):
-                out0, m_plain = SpecEngine(target).generate(prompts, DecodeSettings(max_new=spec.max_new))
-                out1, m_spec = SpecEngine(target, make(rep)).generate(prompts, DecodeSettings(max_new=spec.max_new, k=k))
-                if spec.dtype == "float32" and (out1 != out0 or out0 != reference):
+            for rep in range(req.reps):
+                out0, m_plain = SpecEngine(target).generate(prompts, DecodeSettings(max_new=req.max_new))
+                out1, m_spec = SpecEngine(target, make(rep)).generate(prompts, DecodeSettings(max_new=req.max_new, k=k))
+                if req.dtype == "float32" and (out1 != out0 or out0 != reference):
                     raise RuntimeError(f"{label}, k={k}, B={B}: speculative output differs from plain greedy")
                 diverged.append(_first_divergence(out1, reference))
                 plain_runs.append(m_plain)
@@ -210,12 +210,12 @@ def run_validation(spec: SpecValidationRequest, run_dir: Path, log=print) -> pd.
             S_meas = _median_tps(spec_runs) / _median_tps(plain_runs)
             kind = "ngram" if label == "ngram" else "mtp"
             profile = [a for a in acc["alpha_profile"] if a == a] or [0.0]
-            pred = {kind_: predicted_speedup(fit, spec, k, B, t_, o_plain, o_spec[k], kind)
+            pred = {kind_: predicted_speedup(fit, req, k, B, t_, o_plain, o_spec[k], kind)
                     for kind_, t_ in (("tau", tau_meas), ("profile", tau((profile + [0.0] * k)[:k])),
                                       ("alpha", tau_iid(alpha, k) if alpha is not None else float("nan")))}
             main = pred["alpha"] if alpha is not None else pred["profile"]
             last = spec_runs[-1]
-            rows.append(dict(drafter=label, alpha=alpha, k=k, B=B, L_mid=spec.context_mid, tau_meas=tau_meas,
+            rows.append(dict(drafter=label, alpha=alpha, k=k, B=B, L_mid=req.context_mid, tau_meas=tau_meas,
                              tau_alpha=tau_iid(alpha, k) if alpha is not None else float("nan"),
                              alpha_meas=" ".join(f"{a:.3f}" for a in acc["alpha_profile"]),
                              alpha_reached=" ".join(map(str, acc["reached"])), alpha_max_z=acc["max_z"],

@@ -142,13 +142,13 @@ def _lr(step: int, steps: int, peak: float) -> float:
     return peak * (0.1 + 0.45 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm))))  # cosine to peak/10
 
 
-def train_model(cfg: ModelConfig, ids: torch.Tensor, spec: TrainRequest, steps: int, mtp_weight: float, seed: int,
+def train_model(cfg: ModelConfig, ids: torch.Tensor, req: TrainRequest, steps: int, mtp_weight: float, seed: int,
                 label: str, log=print, position: int = 0):
     """A trained model (float32) and its loss log [(step, main, mtp)]."""
     from tqdm import tqdm
 
     torch.manual_seed(seed)
-    model = build_model(cfg, max_batch=spec.batch, max_context=spec.seq_len + 2, dtype=torch.float32, seed=seed)
+    model = build_model(cfg, max_batch=req.batch, max_context=req.seq_len + 2, dtype=torch.float32, seed=seed)
     with torch.no_grad():  # init_weights spreads the head's logits like a trained model's; training starts flat
         model.embed.weight.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(seed))
     model.requires_grad_(True).train()
@@ -156,13 +156,13 @@ def train_model(cfg: ModelConfig, ids: torch.Tensor, spec: TrainRequest, steps: 
     # weight decay on the matrices only: decaying the RMSNorm gains pulls them towards 0
     groups = [dict(params=[p for p in params if p.dim() >= 2], weight_decay=0.1),
               dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0)]
-    opt = torch.optim.AdamW(groups, lr=spec.lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(groups, lr=req.lr, betas=(0.9, 0.95))
     history = []
-    bar = tqdm(_batches(ids, spec.seq_len, spec.batch, steps, seed), total=steps, desc=label, disable=not spec.progress,
+    bar = tqdm(_batches(ids, req.seq_len, req.batch, steps, seed), total=steps, desc=label, disable=not req.progress,
                mininterval=2.0, position=position)
     for step, w in enumerate(bar):
         for group in opt.param_groups:
-            group["lr"] = _lr(step, steps, spec.lr)
+            group["lr"] = _lr(step, steps, req.lr)
         main, mtp = losses(model, w, with_mtp=mtp_weight > 0)
         loss = main + mtp_weight * mtp if mtp is not None else main
         opt.zero_grad(set_to_none=True)
@@ -232,16 +232,16 @@ def _train_one(job, shared: dict, log) -> tuple[str, dict]:
     from roofline.checkpoints.convert import save_hf
 
     index, name, shape, weight, steps = job
-    spec, out, pairs, reference = shared["spec"], shared["out"], shared["pairs"], shared["reference"]
+    req, out, pairs, reference = shared["req"], shared["out"], shared["pairs"], shared["reference"]
     cfg = shape.config(name, shared["vocab"], shared["max_ctx"])
     t0 = time.perf_counter()
-    model, history = train_model(cfg, shared["ids"], spec, steps, weight, spec.seed, name, log, position=index)
+    model, history = train_model(cfg, shared["ids"], req, steps, weight, req.seed, name, log, position=index)
     train_s = time.perf_counter() - t0
-    ev = heldout_loss(model, shared["windows"], spec.batch)
-    save_hf(model, out / name, dtype=spec.save_dtype, tokenizer_dir=shared["tok_dir"], bos_id=shared["bos"],
+    ev = heldout_loss(model, shared["windows"], req.batch)
+    save_hf(model, out / name, dtype=req.save_dtype, tokenizer_dir=shared["tok_dir"], bos_id=shared["bos"],
             eos_id=shared["eos"])
     (out / name / "train_log.json").write_text(json.dumps(dict(history=history), indent=None) + "\n")
-    check = greedy_check(out / name, shared["tok"], pairs, spec.check_new, reference) if pairs else None
+    check = greedy_check(out / name, shared["tok"], pairs, req.check_new, reference) if pairs else None
     result = dict(params=n_params(model), train_s=train_s, steps=steps, mtp_weight=weight,
                   heldout_loss=ev["main"], heldout_mtp_loss=ev["mtp"],
                   final_train_loss=history[-1][1], first_train_loss=history[0][1], config=asdict(shape),
@@ -249,7 +249,7 @@ def _train_one(job, shared: dict, log) -> tuple[str, dict]:
     log(f"{name}: {sum(result['params'].values()):,} parameters, {train_s:.0f} s, held-out main loss "
         f"{ev['main']:.4f} nats/token" + ("" if ev["mtp"] is None else f", MTP {ev['mtp']:.4f}"))
     if check:
-        log(f"{name}: greedy on {check['continuations']} held-out prompts (set b, {spec.check_new} tokens): "
+        log(f"{name}: greedy on {check['continuations']} held-out prompts (set b, {req.check_new} tokens): "
             f"single-token runs {check['single_token_run']:.0%}, distinct {check['distinct']:.2f} "
             f"(references {reference['distinct']:.2f}), loops {check['loop']:.0%}"
             + (" << DEGENERATE: greedy text is a run of one token, acceptance on it measures nothing"
@@ -260,65 +260,65 @@ def _train_one(job, shared: dict, log) -> tuple[str, dict]:
 
 def _train_in_worker(job, shared: dict) -> tuple[str, dict, list[str]]:
     """_train_one in a worker process: one torch thread, its log lines returned to the parent."""
-    torch.set_num_threads(shared["spec"].threads)
+    torch.set_num_threads(shared["req"].threads)
     lines: list[str] = []
     name, result = _train_one(job, shared, lines.append)
     return name, result, lines
 
 
-def run_training(spec: TrainRequest, log=print) -> dict:
+def run_training(req: TrainRequest, log=print) -> dict:
     """Corpus -> tokenizer -> target (with MTP) [+ its no-MTP-loss twin] -> draft; HF folders and a summary.
     The models train one after another (workers=1) or side by side, one process each (workers=N)."""
-    torch.set_num_threads(spec.threads)
+    torch.set_num_threads(req.threads)
     t_start = time.perf_counter()
-    out = Path(spec.out_dir)
+    out = Path(req.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    corpus = corpus_mod.list_corpus(spec.corpus_root, spec.heldout_percent)
-    chats = corpus_mod.training_chats(corpus, spec.corpus_bytes)
+    corpus = corpus_mod.list_corpus(req.corpus_root, req.heldout_percent)
+    chats = corpus_mod.training_chats(corpus, req.corpus_bytes)
     texts = [tok_mod.render_text(c) for c in chats]
     log(f"corpus {corpus.root}: {len(corpus.files['train'])} train / {len(corpus.files['a'])} + "
         f"{len(corpus.files['b'])} held-out files (fingerprint {corpus.fingerprint()}); training on {len(chats)} "
         f"files, {sum(map(len, texts)):,} characters")
-    tok = tok_mod.train_bpe(texts, spec.vocab)
+    tok = tok_mod.train_bpe(texts, req.vocab)
     tok_dir = out / "tokenizer"
-    tok_mod.save_tokenizer(tok, tok_dir, spec.seq_len * 8)
+    tok_mod.save_tokenizer(tok, tok_dir, req.seq_len * 8)
     ids = _encode(tok, texts)
     held = [tok_mod.render_text(corpus_mod.as_chat(r, corpus_mod.read(corpus, r))) for r in corpus.files["a"]]
     held_ids = _encode(tok, held)
-    g = torch.Generator().manual_seed(spec.seed + 1)
-    starts = torch.randint(0, len(held_ids) - spec.seq_len - 2, (spec.eval_windows,), generator=g).tolist()
-    windows = torch.stack([held_ids[s:s + spec.seq_len + 2] for s in starts])
+    g = torch.Generator().manual_seed(req.seed + 1)
+    starts = torch.randint(0, len(held_ids) - req.seq_len - 2, (req.eval_windows,), generator=g).tolist()
+    windows = torch.stack([held_ids[s:s + req.seq_len + 2] for s in starts])
     log(f"tokenizer: vocab {tok.get_vocab_size()}; {len(ids):,} train tokens, {len(held_ids):,} held-out tokens")
-    prompts = {s: corpus_mod.write_prompts(corpus, s, out / f"prompts_{s}.jsonl", spec.prompts_per_set)
+    prompts = {s: corpus_mod.write_prompts(corpus, s, out / f"prompts_{s}.jsonl", req.prompts_per_set)
                for s in ("a", "b")}
     bos, eos = tok.token_to_id(tok_mod.BOS), tok.token_to_id(tok_mod.EOS)
-    pairs = check_prompts(tok, out / "prompts_b.jsonl", spec.check_new) if spec.check_new else []
+    pairs = check_prompts(tok, out / "prompts_b.jsonl", req.check_new) if req.check_new else []
     reference = quality.repetition([r for _, r in pairs]) if pairs else None
-    max_ctx = max(1024, spec.seq_len * 8)  # RoPE: prompts may run past the training window
-    runs = [("target", spec.target, spec.mtp_weight, spec.target_steps)]
-    if spec.control:
-        runs.append(("target_no_mtp_loss", spec.target, 0.0, spec.target_steps))
-    if spec.draft_steps:
-        runs.append(("draft", spec.draft, 0.0, spec.draft_steps))
-    shared = dict(ids=ids, windows=windows, spec=spec, out=out, tok_dir=tok_dir, bos=bos, eos=eos, tok=tok,
+    max_ctx = max(1024, req.seq_len * 8)  # RoPE: prompts may run past the training window
+    runs = [("target", req.target, req.mtp_weight, req.target_steps)]
+    if req.control:
+        runs.append(("target_no_mtp_loss", req.target, 0.0, req.target_steps))
+    if req.draft_steps:
+        runs.append(("draft", req.draft, 0.0, req.draft_steps))
+    shared = dict(ids=ids, windows=windows, req=req, out=out, tok_dir=tok_dir, bos=bos, eos=eos, tok=tok,
                   pairs=pairs, reference=reference, vocab=tok.get_vocab_size(), max_ctx=max_ctx)
     jobs = [(i, name, shape, weight, steps) for i, (name, shape, weight, steps) in enumerate(runs)]
     models = {}
-    if spec.workers == 1 or len(jobs) == 1:
+    if req.workers == 1 or len(jobs) == 1:
         for job in jobs:
             name, models[name] = _train_one(job, shared, log)
-    else:  # one single-threaded process per model, spec.workers at a time (no OpenMP threads to stall)
+    else:  # one single-threaded process per model, req.workers at a time (no OpenMP threads to stall)
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
-        with ProcessPoolExecutor(min(spec.workers, len(jobs)), mp_context=multiprocessing.get_context("spawn")) as ex:
+        with ProcessPoolExecutor(min(req.workers, len(jobs)), mp_context=multiprocessing.get_context("spawn")) as ex:
             for name, result, lines in ex.map(_train_in_worker, jobs, [shared] * len(jobs)):
                 for line in lines:
                     log(line)
                 models[name] = result
-    summary = dict(spec={k: v for k, v in asdict(spec).items() if k != "out_dir"}, corpus=dict(
+    summary = dict(spec={k: v for k, v in asdict(req).items() if k != "out_dir"}, corpus=dict(
         fingerprint=corpus.fingerprint(), train_files=len(corpus.files["train"]), heldout_files_a=len(corpus.files["a"]),
         heldout_files_b=len(corpus.files["b"]), files_used=len(chats), train_tokens=len(ids),
         heldout_tokens=len(held_ids)), prompts=prompts, greedy_check_reference=reference, models=models,
-        total_s=time.perf_counter() - t_start, torch=torch.__version__, python=platform.python_version(), threads=spec.threads)
+        total_s=time.perf_counter() - t_start, torch=torch.__version__, python=platform.python_version(), threads=req.threads)
     (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
