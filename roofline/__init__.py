@@ -5,7 +5,8 @@ Where things live (one subpackage per part of the pipeline; data flows top to bo
     model/        what a forward pass is: shapes (config), presets, the dtype vocabulary (dtypes),
                   number formats per tensor class (formats) and quantised linears (quant), the
                   KV cache in its format (kvcache), the compact decoder, RoPE, the byte/FLOP
-                  model of that exact code (accounting)
+                  model of that exact code (accounting), the formulas of speculative decoding
+                  (speculation: tau, R, S, k*)
     checkpoints/  Hugging Face folders: safetensors loader, tensor inventory, chat prompts
     measure/      how it is timed: the one timer, Triton kernels, ceilings, telemetry, busy-machine
                   detection (noise), the device datasheet table and device strings (devices),
@@ -16,7 +17,7 @@ Where things live (one subpackage per part of the pipeline; data flows top to bo
                   forward and its launcher, what-if pricing from priors, published anchors
     analysis/     what the numbers mean: roofline physics (roofs), cost-model fit and its step
                   table, predictions, capacity planning
-    spec/         speculative decoding: theory (tau, speedup, k*), the verification rules,
+    spec/         speculative decoding on top of its formulas (model/speculation): the verification rules,
                   acceptance counters, the engine and its drafters, validation against the
                   cost model, acceptance measured on real prompts, vLLM metrics
     report/       figures (making and saving), pictures of a run, report sections (cost model,

@@ -13,9 +13,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # lowest first; the packages of one floor may import each other (no circle of modules, though)
 FLOORS = ["io", "model", "checkpoints", "measure parallel", "analysis", "report", "spec train", "commands", "cli"]
-# a module that sits below its package: the formulas of speculative decoding (tau, R, S, k*),
-# numpy only, which the cost model, the planner and the inventory's tau use too
-MODULE_FLOORS = {"roofline.spec.theory": "model"}
 NOT_IN_THE_LIBRARY = ("hydra", "omegaconf")
 # the entry points: the one package of roofline that imports Hydra (and the top floor: nothing
 # below imports it)
@@ -24,9 +21,6 @@ ENTRY_POINTS = "roofline.cli"
 
 def floor_of(module: str) -> int:
     """The floor index of a module `roofline.<package>...`."""
-    for name, floor in MODULE_FLOORS.items():
-        if module == name or module.startswith(name + "."):
-            module = f"roofline.{floor}"
     package = module.split(".")[1]
     return next(i for i, names in enumerate(FLOORS) if package in names.split())
 

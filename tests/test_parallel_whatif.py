@@ -384,7 +384,7 @@ def test_a_speedups_interval_takes_the_shared_priors_end_that_moves_the_ratio_no
     """tau·T(1)/R shares its kernel priors between numerator and denominator: the interval takes the round's
     own priors (acceptance, round overhead) at their end and the shared ones at the scenario of three that
     moves the ratio furthest, so it holds the all-optimistic / all-pessimistic diagonal and is not narrower."""
-    from roofline.spec.theory import tau_iid
+    from roofline.model.speculation import tau_iid
     cfg, dev = get_preset("deepseek-v3"), get_datasheet("h200_sxm")
     w = WhatIf(cfg, dev, "bfloat16+weights=fp8_b128", Layout(tp=8), Setting(engine="sglang"))
     alphas = (0.9, 0.875, 0.85)

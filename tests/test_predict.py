@@ -1,10 +1,10 @@
-"""Speculative predictions glue fitted step times to roofline.spec.theory, labelled by source."""
+"""Speculative predictions glue fitted step times to roofline.model.speculation, labelled by source."""
 
 import dataclasses
 import pytest
 
 from roofline.analysis import costmodel
-from roofline.spec import theory
+from roofline.model import speculation
 from roofline.analysis.predict import DraftCost, step_costs, table
 from roofline.model.presets import get_preset
 
@@ -36,7 +36,7 @@ def test_ngram_drafter_costs_nothing_and_matches_speculative_arithmetic():
     t = table(fit, [0.8], [0, 2], [1], [16], "bfloat16", DraftCost("ngram"))
     row = t[t["k"] == 2].iloc[0]
     c = step_costs(fit, "bfloat16", DraftCost("ngram"))
-    expect = theory.tau_iid(0.8, 2) * c.steps.target(1, 1, 16) / (c.steps.target(3, 1, 16) + T0)
+    expect = speculation.tau_iid(0.8, 2) * c.steps.target(1, 1, 16) / (c.steps.target(3, 1, 16) + T0)
     assert row["S"] == pytest.approx(expect, rel=1e-12)
     assert not row["extrapolated"]
 

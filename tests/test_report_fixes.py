@@ -58,7 +58,7 @@ def test_a_log_axis_within_one_decade_gets_tick_labels(tmp_path):
 def test_breakeven_lines_that_coincide_stay_distinguishable(tmp_path):
     from roofline.analysis.predict import Costs
     from roofline.commands.predict import plot_all
-    from roofline.spec.theory import StepCosts, no_cost
+    from roofline.model.speculation import StepCosts, no_cost
     steps = StepCosts(target=lambda q, B, L: 1e-3 * (1 + 0.001 * q * B), draft=no_cost, overhead=lambda k, B: 0.0)
     paths = plot_all(Costs(steps, "fit", "test", 0.0), [1, 2, 4], [128, 1024], 1, 128, tmp_path, "t")
     assert any(p.name.startswith("breakeven_batch") for p in paths)

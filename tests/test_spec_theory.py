@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from roofline.spec.theory import (
+from roofline.model.speculation import (
     StepCosts,
     best_k,
     leviathan_speedup,

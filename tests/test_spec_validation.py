@@ -16,7 +16,7 @@ def test_prediction_is_tau_times_plain_step_over_round_time(monkeypatch):
     import types
 
     import roofline.analysis.predict as pr
-    from roofline.spec.theory import StepCosts, no_cost
+    from roofline.model.speculation import StepCosts, no_cost
     T = {1: 10.0, 3: 12.0}
 
     def fake_costs(fit, dtype, drafter, target):

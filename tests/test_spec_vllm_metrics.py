@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from roofline.spec.theory import tau
+from roofline.model.speculation import tau
 from roofline.spec.counters import AcceptanceCounters
 from roofline.spec.vllm_metrics import (
     SpecDecodeMetricsError,

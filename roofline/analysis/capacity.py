@@ -22,7 +22,7 @@ import pandas as pd
 
 from roofline.analysis import fitcheck, quality
 
-from roofline.spec import theory
+from roofline.model import speculation
 from roofline.model.accounting import forward_cost
 from roofline.model.formats import compute_dtype, parse_precision, precision_columns
 from roofline.io.fields import ConfigError, internal, option
@@ -90,8 +90,8 @@ def batch_table(fit: dict, cfg: ModelConfig, dtype: str, work: Workload, Bs, spe
         rows.append(dict(B=B, spec=False, alpha=np.nan, k=0, step_s=t1, itl_ms=t1 * 1e3, tok_s=B / t1))
         if spec is not None:
             c = step_costs(fit, dtype, spec.drafter, cfg, mode)
-            r = theory.round_time(spec.k, B, L, c.steps)
-            tau = theory.tau_iid(spec.alpha, spec.k)
+            r = speculation.round_time(spec.k, B, L, c.steps)
+            tau = speculation.tau_iid(spec.alpha, spec.k)
             rows.append(dict(B=B, spec=True, alpha=spec.alpha, k=spec.k, step_s=r, itl_ms=r / tau * 1e3,
                              tok_s=B * tau / r))
     return pd.DataFrame(rows).assign(L_priced=L)
@@ -219,7 +219,7 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
     for B in req.B:
         for sp in ([False, True] if spec is not None else [False]):
             if sp:
-                tau = theory.tau_iid(spec.alpha, spec.k)
+                tau = speculation.tau_iid(spec.alpha, spec.k)
 
                 def per_tok(s, e, B=B):
                     return w.round_seconds(spec.k, B, L, s, e, spec.drafter.kind, dw) / tau

@@ -1,5 +1,5 @@
 """Speculative-decoding predictions from fitted step times: glue between roofline.analysis.costmodel
-(T(q, B, L) of the target, the drafter's step) and roofline.spec.theory (tau, R, S, k*).
+(T(q, B, L) of the target, the drafter's step) and roofline.model.speculation (tau, R, S, k*).
 
 Where each cost comes from:
 - target(q, B, L): the fitted forward step of the target preset;
@@ -23,10 +23,10 @@ import pandas as pd
 
 from roofline.analysis import costmodel, fitcheck, quality
 
-from roofline.spec import theory
+from roofline.model import speculation
 from roofline.io.fields import ConfigError
 from roofline.model.config import ModelConfig
-from roofline.spec.theory import DRAFTERS, StepCosts, no_cost
+from roofline.model.speculation import DRAFTERS, StepCosts, no_cost
 
 
 
@@ -58,7 +58,7 @@ class Costs:
 
 def step_costs(fit: dict, dtype: str, drafter: DraftCost, target: ModelConfig | None = None,
                mode: str | None = None, overhead_share: float = 1.0, overhead: dict | None = None) -> Costs:
-    """StepCosts for roofline.spec.theory from a target fit (and optionally a draft fit)."""
+    """StepCosts for roofline.model.speculation from a target fit (and optionally a draft fit)."""
     target = target or costmodel.fitted_model(fit)
     forward = costmodel.step_model(fit, "forward", dtype, mode, target)
     group = costmodel.find_group(fit, "forward", dtype, mode)
@@ -85,10 +85,10 @@ def step_costs(fit: dict, dtype: str, drafter: DraftCost, target: ModelConfig | 
 
 def table(fit: dict, alphas, ks, Bs, Ls, dtype: str, drafter: DraftCost, target: ModelConfig | None = None,
           mode: str | None = None, overhead_share: float = 1.0, overhead: dict | None = None) -> pd.DataFrame:
-    """theory.predict_table over (alpha or profile, k, B, L), labelled with where the costs came from."""
+    """speculation.predict_table over (alpha or profile, k, B, L), labelled with where the costs came from."""
     target = target or costmodel.fitted_model(fit)
     c = step_costs(fit, dtype, drafter, target, mode, overhead_share, overhead)
-    t = theory.predict_table(alphas, ks, Bs, Ls, c.steps, measured_domain=c.domain)
+    t = speculation.predict_table(alphas, ks, Bs, Ls, c.steps, measured_domain=c.domain)
     why = ["; ".join(quality.extrapolation(fit, target.name, dtype, k + 1, B, L))
            for k, B, L in zip(t["k"], t["B"], t["L"])]
     t["extrapolation"] = why
@@ -100,5 +100,5 @@ def table(fit: dict, alphas, ks, Bs, Ls, dtype: str, drafter: DraftCost, target:
 
 def breakeven_batch(alpha: float, L: int, Bs, steps: StepCosts, k_max: int = 8) -> float:
     """Largest B of the grid at which the best k still gives S > 1; NaN if none does."""
-    wins = [b for b in Bs if theory.best_k(alpha, b, L, steps, k_max)[0] > 0]
+    wins = [b for b in Bs if speculation.best_k(alpha, b, L, steps, k_max)[0] > 0]
     return float(max(wins)) if wins else np.nan

@@ -27,7 +27,7 @@ import yaml
 
 from roofline.io import files
 from roofline.io.fields import ConfigError, option
-from roofline.spec.theory import tau
+from roofline.model.speculation import tau
 
 INDEX_FILE = "model.safetensors.index.json"
 CHUNK_BYTES = 16 << 20

@@ -26,7 +26,7 @@ from roofline.model.formats import with_overrides
 from roofline.model.presets import get_preset
 from roofline.parallel import whatif
 from roofline.report import figures
-from roofline.spec import theory
+from roofline.model import speculation
 from roofline.spec.vllm_metrics import parse_spec_decode
 
 
@@ -155,12 +155,12 @@ def plot_all(costs: Costs, Bs, Ls, B: int, L: int, out_dir: Path, title: str, k_
     paths = []
     fig, ax = figures.subplots(figsize=(6, 4.2))
     for k in range(1, k_max + 1):
-        ax.plot(grid, [theory.speedup(float(a), k, B, L, costs.steps) for a in grid], label=f"k={k}")
+        ax.plot(grid, [speculation.speedup(float(a), k, B, L, costs.steps) for a in grid], label=f"k={k}")
     ax.axhline(1.0, color="k", lw=0.7)
     ax.set(xlabel="acceptance alpha (i.i.d.)", ylabel="speedup S = tau T(1) / R", title=f"{title}: B={B}, L={L}")
     ax.legend(fontsize=7, ncol=2)
     paths += _save(fig, out_dir, "speedup_vs_alpha")
-    kstar = np.array([[theory.best_k(0.8, b, l, costs.steps, k_max)[0] for b in Bs] for l in Ls])
+    kstar = np.array([[speculation.best_k(0.8, b, l, costs.steps, k_max)[0] for b in Bs] for l in Ls])
     fig, ax = figures.subplots(figsize=(6, 4.2))
     im = ax.imshow(kstar, origin="lower", aspect="auto", cmap="viridis", vmin=0, vmax=k_max)
     ax.set(xticks=range(len(Bs)), xticklabels=Bs, yticks=range(len(Ls)), yticklabels=Ls, xlabel="batch B",

@@ -41,7 +41,7 @@ import numpy as np
 import yaml
 
 from roofline.io.fields import ConfigError
-from roofline.spec.theory import DRAFTERS
+from roofline.model.speculation import DRAFTERS
 from roofline.measure.devices import Datasheet
 from roofline.model.accounting import block_matrices, block_weight_bytes, expert_bytes
 from roofline.model.config import ModelConfig
@@ -118,7 +118,7 @@ class Pass:
 class SpecDecode:
     """Speculative decoding in a finite run: k drafts per round, their conditional acceptance per position
     (alpha_1..alpha_k; one value: the same at every position), the drafter (`mtp`, `draft_model` with its
-    WhatIf `draft`, or `ngram`). tau = 1 + sum_i prod_{j<=i} alpha_j tokens per round (roofline.spec.theory)."""
+    WhatIf `draft`, or `ngram`). tau = 1 + sum_i prod_{j<=i} alpha_j tokens per round (roofline.model.speculation)."""
     k: int
     acceptance: tuple[float, ...]
     drafter: str = "mtp"
@@ -136,7 +136,7 @@ class SpecDecode:
             raise ConfigError("spec.draft_model: a draft model is needed for drafter=draft_model")
 
     def tau(self) -> float:
-        from roofline.spec.theory import tau
+        from roofline.model.speculation import tau
         acc = tuple(self.acceptance)
         return tau(acc * self.k if len(acc) == 1 else acc)
 
@@ -383,7 +383,7 @@ class WhatIf:
         is not the diagonal of the scenarios: the priors only a round carries (the acceptance, the round
         overhead) take their own end, and the shared priors the scenario (of three) that moves the ratio
         furthest that way; typical is every prior typical."""
-        from roofline.spec.theory import tau_iid
+        from roofline.model.speculation import tau_iid
         if k == 0:
             return dict.fromkeys(SCENARIOS, 1.0)
 
@@ -531,7 +531,7 @@ def capacity(cfg: ModelConfig, device: Datasheet, dtype: str, context: int, outp
     for the target and the price per million tokens. alpha: also plan with the preset's MTP module
     (k drafts), its weights and KV in the memory check. A layout that fits at no batch is a row
     that says so."""
-    from roofline.spec.theory import tau_iid
+    from roofline.model.speculation import tau_iid
     L = context + output // 2
     rows = []
     for lay in layouts or candidate_layouts(cfg, max_devices):

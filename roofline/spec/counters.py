@@ -48,7 +48,7 @@ class AcceptanceCounters:
 
     def mean_acceptance_length(self) -> float:
         """τ: tokens emitted per sequence-round, bonus/correction token included:
-        1 + accepted / drafts (vLLM's definition, the τ of roofline.spec.theory); NaN with no drafts."""
+        1 + accepted / drafts (vLLM's definition, the τ of roofline.model.speculation); NaN with no drafts."""
         return 1.0 + ratio(self.accepted_tokens, self.drafts)
 
     def per_position_rate(self) -> tuple[float, ...]:

@@ -15,7 +15,7 @@ import torch
 from roofline.checkpoints.loader import load_checkpoint
 from roofline.measure import memory
 from roofline.io.fields import ConfigError, check_int, check_number, internal, option
-from roofline.spec.theory import DRAFTERS
+from roofline.model.speculation import DRAFTERS
 from roofline.model.formats import precision
 from roofline.model.quant import kernel_for, quantize_model
 from roofline.spec.counters import AcceptanceCounters

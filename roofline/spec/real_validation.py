@@ -41,7 +41,7 @@ from roofline.spec.counters import AcceptanceCounters
 from roofline.spec.drafters import DraftModelDrafter
 from roofline.spec.engine import DecodeSettings, SpecEngine
 from roofline.spec.real_acceptance import DRAFTERS, make_drafter
-from roofline.spec.theory import StepCosts, round_time, tau, tau_iid
+from roofline.model.speculation import StepCosts, round_time, tau, tau_iid
 
 
 @dataclass(frozen=True)

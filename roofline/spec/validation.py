@@ -43,7 +43,7 @@ from roofline.model.config import ModelConfig
 from roofline.spec.drafters import MTPDrafter, NgramDrafter, OracleDrafter
 from roofline.model.decoder import build_model
 from roofline.report import sections
-from roofline.spec.theory import StepCosts, round_time, tau, tau_iid
+from roofline.model.speculation import StepCosts, round_time, tau, tau_iid
 from roofline.spec.engine import DecodeSettings, SpecEngine
 from roofline.measure import memory
 from roofline.measure.sweep import SweepRequest, run_sweep
@@ -151,7 +151,7 @@ def acceptance_check(runs, alpha: float | None) -> dict:
 
 def predicted_speedup(fit: dict, req: SpecValidationRequest, k: int, B: int, tau: float, o_plain: float, o_spec: float,
                       drafter: str = "mtp") -> dict:
-    """S from roofline.spec.theory with the fitted steps. Every forward pays the engine's
+    """S from roofline.model.speculation with the fitted steps. Every forward pays the engine's
     per-step host overhead o_plain; a round pays o_spec in all, i.e. o_spec − o_plain beyond
     its verification forward. Drafter "mtp" as roofline.analysis.predict models it; "ngram": free."""
     from roofline.analysis.predict import DraftCost, step_costs

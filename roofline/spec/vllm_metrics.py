@@ -16,7 +16,7 @@ benchmark as `diff(before, after)` of two dumps taken around it.
 
 The per-position counters are what the speedup model needs: position i is accepted only
 if every earlier one was, so accepted_pos_i / drafts is the survival s_{i+1} and
-accepted_pos_i / accepted_pos_{i-1} the conditional alpha_{i+1} of roofline.spec.theory.
+accepted_pos_i / accepted_pos_{i-1} the conditional alpha_{i+1} of roofline.model.speculation.
 """
 
 from __future__ import annotations
