@@ -11,6 +11,7 @@ import pytest
 
 from roofline.analysis import costmodel as cm
 from roofline.analysis.costmodel import ERROR_COLUMNS, FitSettings
+from tests.helpers import write_run
 
 REPO = Path(__file__).resolve().parent.parent
 BW, F, T0, BW_KV, KNEE = 20e9, 0.5e12, 1e-3, 10e9, 8  # B/s, FLOP/s, s, B/s, tokens
@@ -169,7 +170,7 @@ def test_noisy_points_are_left_out_and_counted(tmp_path):
     df = synthetic_rows(noise=0.0, seed=5).assign(noisy=False, extrapolated=False)
     df.loc[:9, "t_median_s"] *= 10  # ten points timed on a busy machine, marked by the sweep
     df.loc[:9, "noisy"] = True
-    df.to_csv(tmp_path / "points.csv", index=False)
+    write_run(tmp_path, df.to_dict("records"), jsonl=False)
     fit, points = cm.fit_run(tmp_path)
     assert fit["excluded"]["noisy_points"] == 10 and len(points) == len(df) - 10
     e = pd.DataFrame(fit["groups"][0]["errors"]).query("regime == 'all' and method == 'fit'")
@@ -180,7 +181,7 @@ def test_a_run_timed_mostly_on_a_busy_machine_is_fitted_but_its_noisy_points_are
     df = synthetic_rows(noise=0.0, seed=6).assign(noisy=False, extrapolated=False)
     n_noisy = len(df) // 2  # too few clean points: the fit has to keep the noisy ones, and says so
     df.loc[: n_noisy - 1, "noisy"] = True
-    df.to_csv(tmp_path / "points.csv", index=False)
+    write_run(tmp_path, df.to_dict("records"), jsonl=False)
     fit, points = cm.fit_run(tmp_path)
     assert not fit["excluded"]["left_out"] and len(points) == len(df)
     group = fit["groups"][0]
@@ -192,11 +193,11 @@ def test_a_sliced_run_lends_only_its_measured_shallow_rows(tmp_path):
     """`fit sliced_dir=S`: S's layer-extrapolated full-depth rows are predictions, not
     measurements; they must neither join the full-depth fit nor switch the depth split off."""
     full_dir, sliced_dir = tmp_path / "full", tmp_path / "sliced"
-    full_dir.mkdir(), sliced_dir.mkdir()
     full = depth_rows(4)
-    full.to_csv(full_dir / "points.csv", index=False)
+    write_run(full_dir, full.to_dict("records"), jsonl=False)
     guessed = depth_rows(4).assign(extrapolated=True, t_median_s=lambda d: 3 * d["t_median_s"])
-    pd.concat([depth_rows(1), depth_rows(2), guessed], ignore_index=True).to_csv(sliced_dir / "points.csv", index=False)
+    write_run(sliced_dir, pd.concat([depth_rows(1), depth_rows(2), guessed], ignore_index=True).to_dict("records"),
+              jsonl=False)
     fit, _ = cm.fit_run(full_dir, sliced_dir=sliced_dir)
     group = fit["groups"][0]
     assert group["n_points"] == len(full)

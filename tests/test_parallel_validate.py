@@ -12,6 +12,7 @@ from roofline.parallel.collectives import SCHEMA, seconds
 from roofline.parallel.cost import parse_collectives, rank_forward_cost, rank_mtp_cost
 from roofline.parallel.layout import Layout
 from roofline.commands.layout_validation import held_out
+from tests.helpers import write_run
 
 COMM = dict(all_reduce=dict(latency_us=50.0, algbw_GBps=2.0), all_gather=dict(latency_us=60.0, algbw_GBps=2.0),
             broadcast=dict(latency_us=40.0, algbw_GBps=5.0))
@@ -29,9 +30,7 @@ def _run(path, cfg, layout, fingerprint, rng):
                 row.update(kind=kind, status="ok", layers_run=cfg.layers, layers_full=cfg.layers, tp=layout.tp,
                            ep=layout.ep, fingerprint=fingerprint, t_median_s=t * (1 + 0.002 * rng.standard_normal()))
                 rows.append(row)
-    path.mkdir()
-    pd.DataFrame(rows).to_csv(path / "points.csv", index=False)
-    return path
+    return write_run(path, rows, jsonl=False)
 
 
 @pytest.fixture()
