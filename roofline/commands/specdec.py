@@ -49,7 +49,7 @@ class SpecdecKeys:
     prompts: str | None = option(None, "with checkpoint: chat prompts (JSONL); with prompts_eval, set A "
                                        "(acceptance per position and the overhead calibration)")
     drafter: str = option(AcceptanceRequest.drafter, "checkpoint without prompts_eval: mtp | draft_model | ngram")
-    draft_checkpoint: str = option(AcceptanceRequest.draft_checkpoint, "the draft model's folder (drafter "
+    draft_checkpoint: str = option(AcceptanceRequest.draft_checkpoint, "the draft model's folder (drafter="
                                                                        "draft_model; same vocabulary)")
     prompts_eval: str | None = option(None, "with checkpoint and prompts: set B, other conversations (the "
                                             "engine's measured points): every drafter at every (k, B) of ks x Bs")
