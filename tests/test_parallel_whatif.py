@@ -3,6 +3,7 @@ answer behind capacity (with and without layouts) / predict / card, workload pri
 and the anchors' split. Logic tests run on tests/fixtures/whatif (PLACEHOLDER numbers, not priors)."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -486,24 +487,94 @@ def test_deployments_have_both_splits_and_enough_sources():
 
 @pytest.mark.slow
 def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
-    """The held-out (test-split) anchors, priced with the engine each ran: bounds at the level measured
-    when this test was last set (median |error| 9.6%, signed median +5.5% too fast, 69% inside the
-    interval, 35 anchors priced; quantized 10.3% / +5.5%; TP 10.0% / +9.2%; MoE 14.4% / +9.9%) plus a small
-    margin, so a regression fails. The issue's targets (10%, +-5%, 80%) are NOT all met (the signed median
-    is 0.5 point over, the share inside 11 points under). The calibration split is held too (6.4%, +4.2%,
-    85% inside)."""
+    """The held-out (test-split) anchors, priced with the engine each ran, their intervals widened by the
+    calibration split's conformal bands: bounds at the level measured when this test was last set (median
+    |error| 9.6%, signed median +5.5% too fast, 74% inside the interval, median half-width 32.0%, 35 anchors
+    priced; quantized 10.3% / +5.5%; TP 10.0% / +9.1%; MoE 14.4% / +9.9%) plus a small margin, so a
+    regression fails. The issue's targets (10%, +-5%, 80% inside, half-width <= 25%) are NOT all met (the
+    signed median is 0.5 point over, the share inside 6 points under, the half-width 7 points over). The
+    calibration split is held too (6.4%, +4.2%, 90% inside, half-width 32.1%)."""
     s = anchors.summary(anchors.table())
     t, q, m, c = s["test"]["all"], s["test"]["quantized"], s["test"]["moe"], s["calibration"]["all"]
-    tp = s["test"]["tp"]
+    tp, sp = s["test"]["tp"], s["test"]["speculative"]
     assert t["n"] >= 35
     assert t["median_abs_error_pct"] <= 11.0
     assert abs(t["signed_median_fast_pct"]) <= 6.0
-    assert t["inside_interval"] >= 0.65
+    assert t["inside_interval"] >= 0.72
+    assert t["median_half_width_pct"] <= 33.0
     assert q["median_abs_error_pct"] <= 12.0 and abs(q["signed_median_fast_pct"]) <= 6.5
     assert tp["median_abs_error_pct"] <= 11.0 and abs(tp["signed_median_fast_pct"]) <= 10.0
     assert m["median_abs_error_pct"] <= 15.5 and abs(m["signed_median_fast_pct"]) <= 11.0
+    assert sp["n"] == 2 and sp["median_half_width_pct"] >= 10.0  # no longer the +-1.5-2.6% of before
     assert c["median_abs_error_pct"] <= 7.5 and abs(c["signed_median_fast_pct"]) <= 5.0
-    assert c["inside_interval"] >= 0.8
+    assert c["inside_interval"] >= 0.88
+    assert c["median_half_width_pct"] <= 33.0
+
+
+def test_a_speedups_interval_widens_with_its_acceptance_range_and_carries_the_drafts_priors():
+    """A speculative speedup's interval carries every input's range: the acceptance at both ends of what
+    the source states, the round overhead and the drafts' passes at their own ends (priced apart from T(1)
+    and the verification, which share theirs)."""
+    models, _, rows = anchors.load()
+    a = next(r for r in rows if r["id"] == "sglang-dsv3-mtp-b1")
+    raw = Setting(engine="sglang", bands=())
+
+    def width(acc):
+        p = anchors.what_if(dict(a, spec=dict(a["spec"], acceptance=acc)), models[a["model"]], raw, models)
+        return p["optimistic"] - p["pessimistic"]
+    assert 0 < width([0.875]) < width([0.9, 0.85]) < width([0.95, 0.75])
+    # one acceptance: the overhead (10-60 us) and the MTP pass's own kernel priors still span the interval
+    w = WhatIf(models[a["model"]], get_datasheet("h200_sxm"), anchors.served_precision(a, models[a["model"]]),
+               Layout(tp=8), raw)
+    s = w.mtp_speedup((0.875,) * 3, 1, 1, 1024)
+    tied = [max(w.target(1, 1, 1024, j) * 1.875 / w.round_seconds(1, 1, 1024, j, own_scenario=0) for j in range(3)),
+            min(w.target(1, 1, 1024, j) * 1.875 / w.round_seconds(1, 1, 1024, j, own_scenario=2) for j in range(3))]
+    assert s["optimistic"] == pytest.approx(tied[0]) and s["pessimistic"] == pytest.approx(tied[1])
+    assert (s["optimistic"] - s["pessimistic"]) / s["typical"] > 0.02
+
+
+def _subset(tmp_path, name, scale_split=None, factor=1.0):
+    """deployments.yaml with 16 calibration and 4 test anchors (decode-step and finite-run ones); the
+    published values of one split multiplied by factor."""
+    doc = yaml.safe_load((ROOT / "roofline" / "data" / "deployments.yaml").read_text())
+    split = {sid: s.get("split", "calibration") for sid, s in doc["sources"].items()}
+    cal = [a for a in doc["anchors"] if split[a["source"]] == "calibration" and "spec" not in a][:16]
+    test = [a for a in doc["anchors"] if split[a["source"]] == "test" and "spec" not in a][:4]
+    for a in cal + test:
+        if split[a["source"]] == scale_split:
+            a["value"] = a["value"] * factor
+    doc["anchors"] = cal + test
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return p
+
+
+def test_the_error_bands_come_from_calibration_anchors_only(tmp_path):
+    """Split conformal: changing a test anchor's published value changes no band and no interval; changing
+    the calibration anchors' does."""
+    cols = ["id", "low", "high"]
+    base = anchors.table(_subset(tmp_path, "base.yaml"))
+    moved_test = anchors.table(_subset(tmp_path, "t.yaml", "test", 3.0))
+    moved_cal = anchors.table(_subset(tmp_path, "c.yaml", "calibration", 1.6))
+    assert moved_test.attrs["bands_log"] == base.attrs["bands_log"]
+    assert moved_test[cols].equals(base[cols])
+    assert moved_cal.attrs["bands_log"]["all"] > base.attrs["bands_log"]["all"]
+    assert not moved_cal[cols].equals(base[cols])
+    # a band widens both ends by its factor, typical kept, in either direction of the unit
+    from roofline.parallel.whatif import widen
+    iv = widen(dict(optimistic=1.0, typical=2.0, pessimistic=3.0), 0.1)
+    assert iv["optimistic"] == pytest.approx(math.exp(-0.1)) and iv["pessimistic"] == pytest.approx(3 * math.exp(0.1))
+    iv = widen(dict(optimistic=3.0, typical=2.0, pessimistic=1.0), 0.1)  # tokens/s: the optimistic end is the high
+    assert iv["optimistic"] == pytest.approx(3 * math.exp(0.1)) and iv["typical"] == 2.0
+
+
+@pytest.mark.slow
+def test_the_shipped_error_bands_are_those_of_the_calibration_anchors():
+    """roofline/data/bands.yaml (read by every what-if prediction) equals the bands the calibration split
+    gives now: regenerate it (anchors.write_bands) after a change to the priors or the anchors."""
+    from roofline.parallel.whatif import load_bands
+    got = anchors.conformal_bands(anchors.table(bands=()))["bands_log"]
+    assert {k: round(v, 4) for k, v in got.items()} == pytest.approx(dict(load_bands()), abs=1e-4)
 
 
 def _graph_fit(tmp_path):

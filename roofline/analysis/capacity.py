@@ -223,7 +223,7 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
 
                 def per_tok(s, e, B=B):
                     return w.round_seconds(spec.k, B, L, s, e, spec.drafter.kind, dw) / tau
-                t = w.over_engines(per_tok, (B, L))
+                t = w.over_engines(per_tok, (B, L), spec=True)
             else:
                 t = w.itl(B, L)
             mem = whatif.memory_check(req.model, w.device, req.dtype, w.layout, B, tokens, sp and mtp, draft if sp else None,

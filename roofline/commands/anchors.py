@@ -3,6 +3,7 @@
 `python -m roofline.cli.anchors [out_dir=DIR]`: the table (and trends) on the console, anchors.csv
 and anchors.json in out_dir."""
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +40,9 @@ def run(c: dict) -> None:
             print(f"\n{aid}: predicted vs batch (optimistic / typical / pessimistic priors)")
             print(anchors.trend(aid, tuple(c["trend_B"]), c["anchors"] or anchors.ANCHORS_PATH).round(3)
                   .to_string(index=False))
-    summary = dict(anchors=len(t), not_priced=int(t["predicted"].isna().sum()), **anchors.summary(t))
+    summary = dict(anchors=len(t), not_priced=int(t["predicted"].isna().sum()),
+                   error_bands_pct={k: round(100 * (math.exp(v) - 1), 2) for k, v in t.attrs["bands_log"].items()},
+                   **anchors.summary(t))
     if c["out_dir"]:
         out = Path(c["out_dir"])
         out.mkdir(parents=True, exist_ok=True)

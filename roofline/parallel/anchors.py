@@ -6,10 +6,18 @@ device's datasheet row, the kernel priors, the anchor's engine profile and its w
 error is that of the typical value. Anchors are split by source into a calibration set (what
 priors may be derived from) and a test set (what they must never be derived from); the summary
 reports both apart, overall and per category.
+
+The what-if's interval is its priors' interval widened by its own measured error, a split-conformal
+band per category (`conformal_bands`): from the CALIBRATION anchors only, each one's log distance
+outside its priors' interval, the ceil((n+1)·coverage)-th smallest of them (never below 0) per
+category with at least `min_points` calibration anchors, overall for the rest. The table computes the
+bands from its own file's calibration anchors; roofline/data/bands.yaml holds those of
+deployments.yaml, which every other what-if prediction reads (`write_bands` regenerates it).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +30,8 @@ from roofline.model.config import ModelConfig
 from roofline.model.formats import precision
 from roofline.model.presets import get_preset
 from roofline.parallel.layout import Layout
-from roofline.parallel.whatif import SCENARIOS, Setting, SpecDecode, WhatIf, serve
+from roofline.parallel.whatif import (BAND_CATEGORIES, BANDS_PATH, SCENARIOS, Setting, SpecDecode, WhatIf,
+                                      band_categories, band_for, serve, widen)
 
 ANCHORS_PATH = Path(__file__).resolve().parents[1] / "data" / "deployments.yaml"
 METRICS = ("itl_ms", "tok_s_per_user", "output_tok_s", "output_tok_s_per_gpu", "ttft_ms", "e2e_latency_s",
@@ -140,9 +149,68 @@ def finite_spec(a: dict, w: WhatIf, models: dict) -> SpecDecode:
     return SpecDecode(k, tuple(float(x) for x in acc), spec.get("drafter", "mtp"), draft)
 
 
-def table(path=ANCHORS_PATH, engine_known: bool = True) -> pd.DataFrame:
+def band_categories_of(a: dict, cfg: ModelConfig) -> tuple[str, ...]:
+    """The what-if's band categories of an anchor (whatif.band_categories: from its model, precision,
+    layout, sequences at a time and speculation, not from its hand-written `category` labels)."""
+    wl = a["workload"]
+    lay = Layout(tp=a["tp"], ep=a.get("ep", 1), dp_attention=bool(a.get("dp_attention", False)))
+    return band_categories(cfg, served_precision(a, cfg), lay, wl.get("B", wl.get("concurrency", 1)),
+                           bool(a.get("spec")))
+
+
+def band_settings(path=BANDS_PATH) -> tuple[float, float]:
+    """(coverage, min_points) of the conformal bands, as bands.yaml states them."""
+    doc = yaml.safe_load(Path(path).read_text())
+    return float(doc["coverage"]), int(doc["min_points"])
+
+
+def conformal_bands(raw: pd.DataFrame, coverage: float | None = None, min_points: int | None = None) -> dict:
+    """Split-conformal error bands (log half-widths) from the CALIBRATION rows of a table priced with
+    the priors' interval only (table(bands=())): each row's score is log(low / published) or
+    log(published / high), whichever is larger (negative inside); a category's band is the
+    ceil((n + 1) · coverage)-th smallest score of its n rows (0 when that is negative: never narrower than
+    the priors), for every category with at least min_points rows; 'all' over every calibration row.
+    Test rows are dropped before anything is computed."""
+    c0, m0 = band_settings()
+    coverage, min_points = coverage if coverage is not None else c0, min_points if min_points is not None else m0
+    cal = raw[(raw["split"] == "calibration") & raw["predicted"].notna()]
+    y = cal["published"].to_numpy(float)
+    score = np.maximum(np.log(cal["prior_low"].to_numpy(float) / y), np.log(y / cal["prior_high"].to_numpy(float)))
+    cats = cal["band_categories"].str.split(",")
+
+    def q(s: np.ndarray) -> float:
+        r = math.ceil((len(s) + 1) * coverage)
+        return float(max(0.0, np.sort(s)[r - 1])) if r <= len(s) else math.inf
+
+    out = dict(all=q(score))
+    for c in BAND_CATEGORIES:
+        m = cats.apply(lambda cs, c=c: c in cs).to_numpy(bool)
+        if m.sum() >= min_points:
+            out[c] = q(score[m])
+    counts = {c: int(cats.apply(lambda cs, c=c: c in cs).sum()) for c in BAND_CATEGORIES}
+    return dict(bands_log=out, n=dict(all=int(len(score)), **counts))
+
+
+def write_bands(path=ANCHORS_PATH, out=BANDS_PATH) -> dict:
+    """Recompute the bands from `path`'s calibration anchors and write them into bands.yaml (its
+    coverage, min_points and comments kept)."""
+    b = conformal_bands(table(path, bands=()))
+    text = Path(out).read_text()
+    head = text.split("bands_log:")[0]
+    body = "bands_log:\n" + "".join(f"  {k}: {round(v, 4)}\n" for k, v in b["bands_log"].items())
+    body += "n_calibration:\n" + "".join(f"  {k}: {v}\n" for k, v in b["n"].items())
+    Path(out).write_text(head + body)
+    from roofline.parallel import whatif
+    whatif.load_bands.cache_clear()
+    return b
+
+
+def table(path=ANCHORS_PATH, engine_known: bool = True, bands: tuple | None = None) -> pd.DataFrame:
     """One row per anchor: published, predicted (typical), interval, error, split, categories.
-    engine_known=False predicts as a user who does not say which engine runs (span of profiles)."""
+    engine_known=False predicts as a user who does not say which engine runs (span of profiles).
+    The interval (low, high) is the priors' (prior_low, prior_high) widened by the band of the row's
+    band categories (band_pct: e^band − 1): bands None computes them from this file's calibration
+    rows (conformal_bands), () widens nothing, else (category, log half-width) pairs."""
     models, sources, anchors = load(path)
     rows = []
     for a in anchors:
@@ -150,19 +218,29 @@ def table(path=ANCHORS_PATH, engine_known: bool = True) -> pd.DataFrame:
         base = dict(id=a["id"], split=split_of(a, sources), source=a["source"], engine=a["engine"],
                     device=a["device"], model=a["model"], tp=a["tp"], metric=a["metric"],
                     category=",".join(a.get("category") or []), published=float(a["value"]),
-                    predicted_dtype=served_precision(a, cfg))
+                    predicted_dtype=served_precision(a, cfg), band_categories=",".join(band_categories_of(a, cfg)))
         try:
-            p = what_if(a, cfg, None if engine_known else Setting(), models)
+            p = what_if(a, cfg, Setting(engine=a["engine"] if engine_known else None, bands=()), models)
         except NotImplementedError as e:
             rows.append(dict(base, predicted=np.nan, low=np.nan, high=np.nan, error_pct=np.nan, inside=False,
                              note=f"not priced: {e}"))
             continue
-        lo, hi = min(p.values()), max(p.values())
-        rows.append(dict(base, predicted=p["typical"], low=lo, high=hi,
-                         error_pct=100.0 * (p["typical"] / float(a["value"]) - 1.0),
-                         inside=bool(lo <= float(a["value"]) <= hi),
-                         half_width_pct=100.0 * (hi - lo) / 2 / p["typical"], note=""))
-    return pd.DataFrame(rows)
+        rows.append(dict(base, predicted=p["typical"], prior_low=min(p.values()), prior_high=max(p.values()),
+                         error_pct=100.0 * (p["typical"] / float(a["value"]) - 1.0), note=""))
+    t = pd.DataFrame(rows)
+    table_bands = conformal_bands(t)["bands_log"] if bands is None else dict(bands)
+    for i, r in t.iterrows():
+        if pd.isna(r["predicted"]):
+            continue
+        q = band_for([c for c in r["band_categories"].split(",") if c], table_bands)
+        w = widen(dict(optimistic=r["prior_low"], typical=r["predicted"], pessimistic=r["prior_high"]), q)
+        lo, hi = min(w.values()), max(w.values())
+        t.loc[i, ["low", "high", "band_pct"]] = lo, hi, 100.0 * (math.exp(q) - 1.0)
+        t.loc[i, "inside"] = bool(lo <= r["published"] <= hi)
+        t.loc[i, "half_width_pct"] = 100.0 * (hi - lo) / 2 / r["predicted"]
+    t["inside"] = t["inside"].astype(bool)
+    t.attrs["bands_log"] = table_bands
+    return t
 
 
 def speed_error(t: pd.DataFrame) -> pd.Series:

@@ -26,7 +26,10 @@ stage-to-stage sends of a layout wider than a node cross the inter-node link.
 
 Every prior is a triple; a prediction is computed with all optimistic, all typical, all
 pessimistic values. With an engine named, that is the interval; with none, every profile runs and
-the interval spans them (typical: the median of the engines' typical values).
+the interval spans them (typical: the median of the engines' typical values). That priors' interval
+is then widened by the what-if's own measured error (`widen`, a split-conformal band per category:
+roofline/data/bands.yaml, computed from the calibration anchors only by roofline.parallel.anchors.
+conformal_bands; docs/planning.md), unless measured points of the deployment calibrate it.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ from roofline.parallel.layout import Layout, experts_touched_busiest_rank, local
 
 SCENARIOS = ("optimistic", "typical", "pessimistic")
 PRIORS_PATH = Path(__file__).resolve().parents[1] / "data" / "priors.yaml"
+BANDS_PATH = Path(__file__).resolve().parents[1] / "data" / "bands.yaml"
+BAND_CATEGORIES = ("batch", "quantized", "tp", "moe", "speculative")
 
 
 @lru_cache(maxsize=4)
@@ -62,15 +67,28 @@ def load_priors(path: str = str(PRIORS_PATH)) -> dict:
     return yaml.safe_load(Path(path).read_text())
 
 
+@lru_cache(maxsize=4)
+def load_bands(path: str = str(BANDS_PATH)) -> tuple[tuple[str, float], ...]:
+    """The measured error bands (log ratio, >= 0) by category ('all' among them) of bands.yaml."""
+    doc = yaml.safe_load(Path(path).read_text()) or {}
+    return tuple((k, float(v)) for k, v in (doc.get("bands_log") or {}).items())
+
+
 @dataclass(frozen=True)
 class Setting:
     """How the step runs: which engine (None: span every profile), CUDA graphs (None: the
-    engine's own), the link inside a node ("" = the device's own) and the data files."""
+    engine's own), the link inside a node ("" = the device's own), the data files and the measured
+    error bands that widen the priors' interval (None: roofline/data/bands.yaml; (): none, the priors'
+    interval alone; else (category, log half-width) pairs, 'all' the fallback)."""
     graphs: bool | None = None
     link: str = ""
     engine: str | None = None
     kernels: str = ""  # "" = roofline/data/kernels.yaml
     engines: str = ""  # "" = roofline/data/engines.yaml
+    bands: tuple[tuple[str, float], ...] | None = None
+
+    def band_table(self) -> dict[str, float]:
+        return dict(load_bands() if self.bands is None else self.bands)
 
     def kernels_path(self) -> str:
         return self.kernels or str(K.KERNELS_PATH)
@@ -256,6 +274,32 @@ def interval(fn) -> dict:
     return {name: fn(i) for i, name in enumerate(SCENARIOS)}
 
 
+def band_categories(cfg: ModelConfig, dtype: str, layout: Layout, B: int, spec: bool = False) -> tuple[str, ...]:
+    """The categories of a prediction whose measured error band applies (BAND_CATEGORIES): more than one
+    sequence at a time, weights or KV not in the activation dtype, tensor parallel, MoE, speculative."""
+    prec = parse_precision(dtype)
+    cats = dict(batch=B > 1, quantized=not (prec.weights.is_float and prec.kv.is_float), tp=layout.tp > 1,
+                moe=cfg.is_moe, speculative=spec)
+    return tuple(c for c in BAND_CATEGORIES if cats[c])
+
+
+def band_for(categories, bands: dict[str, float]) -> float:
+    """The log half-width a prediction's interval is widened by: the widest band of its categories, a
+    category without its own band (too few calibration points) taking the overall one ('all')."""
+    overall = bands.get("all", 0.0)
+    return max((bands.get(c, overall) for c in categories), default=overall) if bands else 0.0
+
+
+def widen(iv: dict, q: float) -> dict:
+    """The interval widened by the measured error band q (a log ratio): its faster end × e^q faster, its
+    slower end × e^q slower, typical kept (whichever direction the unit runs)."""
+    if not q:
+        return dict(iv)
+    o, p = iv["optimistic"], iv["pessimistic"]
+    f = math.exp(q)
+    return dict(optimistic=o / f if o <= p else o * f, typical=iv["typical"], pessimistic=p * f if o <= p else p / f)
+
+
 def span(per_engine: dict[str, dict]) -> dict:
     """One interval over engine profiles: the lowest optimistic, the median typical, the highest pessimistic."""
     vals = list(per_engine.values())
@@ -337,10 +381,17 @@ class WhatIf:
         eng = engine or self.setting.engine_names()[0]
         return self._scale(B) * self.pass_detail(Pass(B, q, L), scenario, eng, mtp=True)["seconds"]
 
-    def over_engines(self, fn, at: tuple[float, float] | None = None) -> dict:
-        """fn(scenario, engine) -> seconds, as one interval (the engine's, or spanning the profiles).
-        Calibrated: the typical value rescaled, the interval what the points leave at `at` = (B, L)."""
-        prior = span({e: interval(lambda s: fn(s, e)) for e in self.setting.engine_names()})
+    def band(self, B: int, spec: bool = False) -> float:
+        """The measured error band (log half-width) of a prediction of B sequences (docs/planning.md)."""
+        return band_for(band_categories(self.cfg, self.dtype, self.layout, B, spec), self.setting.band_table())
+
+    def over_engines(self, fn, at: tuple[float, float] | None = None, spec: bool = False) -> dict:
+        """fn(scenario, engine) -> seconds, as one interval (the engine's, or spanning the profiles), widened
+        by the measured error band of its categories (B of `at`; `spec`: a speculative round).
+        Calibrated: the typical value rescaled, the interval what the points leave at `at` = (B, L),
+        widening back to that (banded) interval away from them."""
+        prior = widen(span({e: interval(lambda s: fn(s, e)) for e in self.setting.engine_names()}),
+                      self.band(at[0] if at is not None else 1, spec))
         if self.calibration is None:
             return prior
         t = statistics.median(fn(1, e) for e in self.setting.engine_names())
@@ -353,23 +404,25 @@ class WhatIf:
 
     def round_seconds(self, k: int, B: int, L: int, scenario: int, engine: str | None = None, drafter: str = "mtp",
                       draft: "WhatIf | None" = None, prefill: int = 0, prefill_context: float = 0.0,
-                      overhead_scenario: int | None = None) -> float:
+                      own_scenario: int | None = None) -> float:
         """One speculative round: verify k+1 positions of B sequences (with `prefill` prompt tokens of new
         requests chunked into the same pass), the round's overhead (priors.yaml spec_round_overhead_us) and
         k chained drafts, the first re-reading the k+1 verified positions (as roofline.analysis.predict
         prices it): the MTP module (`mtp`), a draft model replicated on every rank (`draft_model`, its
-        WhatIf), or n-gram lookup (`ngram`: host work beside the GPU, priced 0)."""
+        WhatIf), or n-gram lookup (`ngram`: host work beside the GPU, priced 0). own_scenario: the scenario
+        of the priors only a round carries (its overhead and its drafts), where it differs from the
+        verification pass's (a speedup's interval, `mtp_speedup`)."""
         eng = engine or self.setting.engine_names()[0]
+        own = scenario if own_scenario is None else own_scenario
         r = self.forward(Pass(B, k + 1, L, prefill, prefill_context), scenario, eng)
-        r += K.pick(load_priors()["spec_round_overhead_us"], scenario if overhead_scenario is None else overhead_scenario,
-                    "priors.spec_round_overhead_us") * 1e-6
+        r += K.pick(load_priors()["spec_round_overhead_us"], own, "priors.spec_round_overhead_us") * 1e-6
         if drafter == "mtp":
-            return r + sum(self.mtp(k + 1 if i == 1 else 1, B, L + i - 1, scenario, eng) for i in range(1, k + 1))
+            return r + sum(self.mtp(k + 1 if i == 1 else 1, B, L + i - 1, own, eng) for i in range(1, k + 1))
         if drafter == "draft_model":
             if draft is None:
                 raise ConfigError("drafter=draft_model: no draft model given")
             Bd = math.ceil(B / self.layout.batch_split)
-            return r + sum(draft.target(k + 1 if i == 1 else 1, Bd, L + i - 1, scenario, eng) for i in range(1, k + 1))
+            return r + sum(draft.target(k + 1 if i == 1 else 1, Bd, L + i - 1, own, eng) for i in range(1, k + 1))
         if drafter == "ngram":
             return r
         raise ConfigError(f"drafter={drafter!r}: allowed {DRAFTERS}")
@@ -380,22 +433,25 @@ class WhatIf:
 
         A ratio is not monotone in the priors its numerator and denominator share (kernel efficiencies,
         launch floors, the engine's step time: all-optimistic shrinks T(1) and R together), so its interval
-        is not the diagonal of the scenarios: the priors only a round carries (the acceptance, the round
-        overhead) take their own end, and the shared priors the scenario (of three) that moves the ratio
-        furthest that way; typical is every prior typical."""
+        is not the diagonal of the scenarios: the inputs only a round carries (the acceptance, the round
+        overhead, the drafts' passes: their kernel priors priced on their own) take their own end, and the
+        priors T(1) and the verification share the scenario (of three) that moves the ratio furthest that
+        way; typical is every prior typical. The interval is then widened by the measured error band of its
+        categories (`band`, speculative among them)."""
         from roofline.model.speculation import tau_iid
         if k == 0:
             return dict.fromkeys(SCENARIOS, 1.0)
 
         def ratio(i, j, e):  # i: the round's own priors' scenario, j: the shared priors'
             return tau_iid(alphas[i], k) * self.target(1, B, L, j, e) / self.round_seconds(k, B, L, j, e,
-                                                                                           overhead_scenario=i)
+                                                                                           own_scenario=i)
         s = {e: dict(optimistic=max(ratio(0, j, e) for j in range(3)), typical=ratio(1, 1, e),
                      pessimistic=min(ratio(2, j, e) for j in range(3)))
              for e in self.setting.engine_names()}
-        return dict(optimistic=max(v["optimistic"] for v in s.values()),
-                    typical=statistics.median(v["typical"] for v in s.values()),
-                    pessimistic=min(v["pessimistic"] for v in s.values()))
+        prior = dict(optimistic=max(v["optimistic"] for v in s.values()),
+                     typical=statistics.median(v["typical"] for v in s.values()),
+                     pessimistic=min(v["pessimistic"] for v in s.values()))
+        return widen(prior, self.band(B, spec=True))
 
     def experts_touched(self, B: int, q: int = 1) -> float:
         return experts_touched_busiest_rank(self.cfg, B * q, self.layout.ep) if self.cfg.is_moe else 0.0
@@ -421,7 +477,8 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     positions, k drafts, the round overhead) that emits tau tokens per sequence on average, so a request
     needs (output − 1)/tau rounds after its first token and a ramp step decodes tau tokens of each
     running request. ITL median and p90 are then the gap between two rounds (tokens arrive tau at a
-    time), the mean ITL (TPOT) that gap over tau."""
+    time), the mean ITL (TPOT) that gap over tau. Every metric's interval is widened by the measured
+    error band of the run's categories (`WhatIf.band` at B = concurrency)."""
     for name, v, lo in (("input_len", input_len, 1), ("output_len", output_len, 1), ("concurrency", concurrency, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ConfigError(f"{name}={v!r}: allowed integers >= {lo}")
@@ -470,6 +527,8 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
         if k == "output_tok_s":  # faster is higher: the optimistic end is the largest
             res[k] = dict(optimistic=max(v[k]["optimistic"] for v in out.values()), typical=res[k]["typical"],
                           pessimistic=min(v[k]["pessimistic"] for v in out.values()))
+    q = w.band(C, spec is not None)  # the measured error band of the run's categories
+    res = {k: widen(v, q) for k, v in res.items()}
     res["tok_s_per_gpu"] = {k: v / w.layout.devices for k, v in res["output_tok_s"].items()}
     return res
 
@@ -547,7 +606,7 @@ def capacity(cfg: ModelConfig, device: Datasheet, dtype: str, context: int, outp
                 fits_any = True
                 if spec:
                     tau = tau_iid(alpha, k)
-                    per_tok = w.over_engines(lambda s, e: w.round_seconds(k, B, L, s, e) / tau, (B, L))
+                    per_tok = w.over_engines(lambda s, e: w.round_seconds(k, B, L, s, e) / tau, (B, L), spec=True)
                 else:
                     per_tok = w.itl(B, L)
                 if per_tok["typical"] * 1e3 <= itl_target_ms:
