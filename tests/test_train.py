@@ -155,18 +155,23 @@ def test_broken_chat_template_is_one_line(trained, tmp_path):
 
 
 def test_real_validation_runs_disjoint_and_exact(trained, tmp_path):
+    import pandas as pd
     from roofline.measure.timer import TimerSettings
     from roofline.spec.real_validation import RealValidationRequest, run_real_validation, summarize
     out, _ = trained
     req = RealValidationRequest(checkpoint=str(out / "target"), draft_checkpoint=str(out / "draft"),
                        prompts_a=str(out / "prompts_a.jsonl"), prompts_b=str(out / "prompts_b.jsonl"),
-                       drafters=("mtp", "ngram"), ks=(2,), Bs=(1,), max_new=6, n_prompts=1, reps=1, dtype="float32",
-                       timer=TimerSettings(warmup=1, min_reps=2, max_reps=3, rel_ci=0.5, budget_s=0.05), noise_check=False)
+                       drafters=("mtp", "ngram"), ks=(2,), Bs=(1,), max_new=6, n_prompts=1, reps=2, dtype="float32",
+                       timer=TimerSettings(warmup=1, min_reps=2, max_reps=3, rel_ci=0.5, budget_s=0.05),
+                       parts_rounds=2)
     table = run_real_validation(req, tmp_path / "rv", log=lambda *a: None)
     assert set(table["drafter"]) == {"mtp", "ngram"} and (table["S_meas"] > 0).all()
-    fit = json.loads((tmp_path / "rv" / "sweep_target" / "fit.json").read_text())
-    lo, hi = next(g["domain"]["L"] for g in fit["groups"] if g["key"]["kind"] == "forward")
-    assert lo < int(table["L_mid"].iloc[0]) < hi  # the sweep brackets the engine's context, never at it
+    assert (table["S_meas_lo"] <= table["S_meas"]).all() and (table["S_meas"] <= table["S_meas_hi"]).all()
+    steps = pd.read_csv(tmp_path / "rv" / "round_parts.csv")
+    Ls = sorted(set(steps["L"]))
+    assert len(Ls) == 2 and Ls[0] < int(table["L_mid"].iloc[0]) < Ls[1]  # brackets the engine's context, never at it
+    assert set(steps["kind"]) == {"forward", "mtp"} and set(steps[steps["kind"] == "forward"]["q"]) == {1, 2, 3}
+    assert (steps["n"] == 2 * 2).all()  # parts_rounds x min_reps samples per part
     assert (table["c_draft"][table["drafter"] == "ngram"] == 0).all()
     text, summary = summarize(table)
     assert summary["points"] == 2 and "Leviathan" in text

@@ -26,7 +26,7 @@ from roofline.analysis import costmodel, fitcheck, quality
 from roofline.model import speculation
 from roofline.io.fields import ConfigError
 from roofline.model.config import ModelConfig
-from roofline.model.speculation import DRAFTERS, StepCosts, no_cost
+from roofline.model.speculation import DRAFTERS, StepCosts
 
 
 
@@ -66,13 +66,12 @@ def step_costs(fit: dict, dtype: str, drafter: DraftCost, target: ModelConfig | 
     if drafter.kind == "mtp":
         if target.mtp_layers < 1:
             raise ConfigError(f"drafter=mtp: model {target.name!r} has no MTP module (mtp_layers=0)")
-        mtp = costmodel.step_model(fit, "mtp", dtype, mode, target)
-        draft = lambda i, k, B, L: mtp.seconds(k + 1 if i == 1 else 1, B, L + i - 1)  # noqa: E731
+        draft = speculation.drafting("mtp", costmodel.step_model(fit, "mtp", dtype, mode, target).seconds)
     elif drafter.kind == "draft_model":
         dm = costmodel.step_model(drafter.fit or fit, "forward", dtype, mode, drafter.model)
-        draft = lambda i, k, B, L: dm.seconds(2 if i == 1 else 1, B, L + i - 1)  # noqa: E731
+        draft = speculation.drafting("draft_model", dm.seconds)
     else:
-        draft = no_cost
+        draft = speculation.drafting("ngram")
     overhead_s = overhead_share * group["coefs"][0]
     per_round, source = (lambda k, B: overhead_s), "fit_t0"
     if overhead is not None:  # measured by the speculative engine (roofline.spec.validation overhead.json)

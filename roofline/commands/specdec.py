@@ -82,7 +82,8 @@ def specdec(c: Mapping) -> tuple[str, dict]:
                            prompts_b=c["prompts_eval"], drafters=tuple(c["drafters"]), ks=tuple(c["ks"]),
                            Bs=tuple(c["Bs"]), max_new=c["max_new"], n_prompts=c["n_prompts"], reps=c["reps"],
                            dtype=c["dtype"], temperature=c["temperature"], device=c["device"], seed=c["seed"],
-                           timer=from_dict(TimerSettings, c["timer"], "timer"))
+                           timer=from_dict(TimerSettings, c["timer"], "timer"), parts_rounds=c["parts_rounds"],
+                           threads=c["threads"])
         run_dir = Path(c["out_dir"] or RUNS_ROOT / f"specdec-real-{Path(c['checkpoint']).name}-{req.dtype}")
         table = run_real_validation(req, run_dir)
         text, summary = summarize(table)

@@ -38,6 +38,7 @@ import dataclasses
 import gc
 import math
 import os
+import random
 import statistics
 import time
 from dataclasses import dataclass
@@ -551,3 +552,27 @@ def time_fn(
         flush_bytes=flusher.nbytes, threads=threads, samples_s=tuple(reps.samples), probe=probed,
         cpu_share=reps.cpu_s / (reps.total_s * threads) if not on_cuda and reps.total_s > 0 else float("nan"),
     )
+
+
+def time_interleaved(fns: dict[Any, Callable[[], Any]], settings: TimerSettings, rounds: int,
+                     device: str | torch.device = "cpu", seed: int = 0,
+                     timer: Callable[..., TimingResult] | None = None) -> dict[Any, Summary]:
+    """Several callables timed in turns, for their RATIOS: `rounds` rounds, each of which times
+    every callable once through `time_fn` (its warm-up, then exactly `settings.min_reps` reps) in
+    a fresh random order; each callable's samples over all rounds are pooled into one Summary.
+
+    Why: on a shared machine the speed drifts over seconds (other tenants, clocks). Points timed
+    one after another each catch a different part of that drift, and a table of them can say
+    T(5) < T(1); timed in turns, the drift lands on every callable alike, so their ratios hold
+    while the absolute times move. `timer` replaces time_fn (tests inject a scripted one)."""
+    check_int("rounds", rounds, 1)
+    per_visit = dataclasses.replace(settings, max_reps=settings.min_reps)
+    timer = timer or time_fn
+    samples: dict[Any, list[float]] = {key: [] for key in fns}
+    order = list(fns)
+    rng = random.Random(seed)
+    for _ in range(rounds):
+        rng.shuffle(order)
+        for key in order:
+            samples[key] += timer(fns[key], per_visit, device).samples_s
+    return {key: summarize(s) for key, s in samples.items()}

@@ -101,6 +101,19 @@ def no_cost(*_: int) -> float:
     return 0.0
 
 
+def drafting(kind: str, step: Callable[[int, int, int], float] | None = None) -> Callable[[int, int, int, int], float]:
+    """draft(i, k, B, L) as roofline.spec.drafters runs each drafter, from `step(q, B, L)`, the
+    drafter's own forward over q tokens per sequence. MTP: the first draft of a round is one pass
+    of the module over the k+1 verified positions (its catch-up), the others chained single
+    steps; a draft model: a two-token catch-up forward, then single steps; n-gram: no_cost."""
+    if kind not in DRAFTERS:
+        raise ConfigError(f"drafter={kind!r}: allowed {DRAFTERS}")
+    if kind == "ngram":
+        return no_cost
+    first = (lambda k: k + 1) if kind == "mtp" else (lambda k: 2)  # noqa: E731
+    return lambda i, k, B, L: step(first(k) if i == 1 else 1, B, L + i - 1)
+
+
 @dataclass(frozen=True)
 class StepCosts:
     """Seconds per step, from measurements or a fitted cost model.

@@ -64,6 +64,7 @@ class SpecMetrics:
     prefill_s: float = 0.0
     steady_s: float = 0.0  # rounds in which every sequence was active from start to end
     steady_tokens: int = 0
+    steady_rounds: int = 0
     untimed_s: float = 0.0  # a drafter's set-up outside the measured decode (the oracle's shadow passes)
 
     @property
@@ -82,6 +83,12 @@ class SpecMetrics:
         sequences idle until the slowest one is done, is left out (continuous batching refills
         those slots); this is what the B·τ/R of docs/design.md §2 describes."""
         return self.steady_tokens / self.steady_s if self.steady_s else float("nan")
+
+    @property
+    def steady_round_s(self) -> float:
+        """Seconds per round while the whole batch is generating: the R(k, B, L) of docs/design.md
+        §2 as measured (T(1, B, L) in plain decoding)."""
+        return self.steady_s / self.steady_rounds if self.steady_rounds else float("nan")
 
     def as_row(self) -> dict:
         c = self.counters
@@ -232,6 +239,7 @@ class SpecEngine:
                         self._round(st, m)
                 if full and st.active.all():
                     m.steady_s += rnd.s
+                    m.steady_rounds += 1
                     m.steady_tokens += sum(len(q) for q in st.seqs) - before
                 m.rounds += 1
         m.wall_s = wall.s

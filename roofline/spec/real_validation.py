@@ -5,43 +5,51 @@ with a requested i.i.d. α, and predicts from step times measured in the same ru
 points. Here nothing the prediction uses was measured on the points it predicts:
 
 - acceptance: the per-position conditional α_1..α_k of each real drafter (the checkpoint's MTP
-  module, a draft model, n-gram lookup), measured on prompt set A (held-out files of the corpus),
-  greedy, at k = max(ks); the engine's measured points run on prompt set B (other files);
-- step times: a sweep of the target (and of the draft model) at contexts L that bracket the
-  engine's mid-generation context without containing it, fitted by the cost model
-  (roofline.analysis.costmodel via roofline.analysis.predict.step_costs), and the per-round
-  overhead O(k, B) (and n-gram's lookup time, which the cost model calls free) calibrated on
-  prompt set A.
+  module, a draft model, n-gram lookup), measured on prompt set A (held-out files of the corpus)
+  at k = max(ks), greedy or sampled as the run; the engine's measured points run on prompt set B
+  (other files);
+- step times: a table of the engine's parts (the target's forward at q = 1..max(ks)+1, its MTP
+  module's step, the draft model's step; roofline.spec.round_parts), timed in turns at two
+  contexts L that bracket the engine's mid-generation context without containing it, a straight
+  line in L between them; and the per-round overhead O(k, B) (and n-gram's lookup time, which
+  the round's parts call free) calibrated on prompt set A.
 
 Predicted speedup per (drafter, k, B): S = τ(α_1..α_k) · T1 / R(k, B, L_mid) with
 L_mid = mean prompt length of set B + max_new / 2. Beside it two baselines: the i.i.d. formula
 (τ_iid(ᾱ, k) with ᾱ the acceptance rate on set A, same step costs) and Leviathan et al.'s
-S = τ_iid(ᾱ, k) / (k·c + 1), c = T_draft(1) / T_target(1) from the fit (0 for n-gram).
-Measured speedup: steady-state tokens/s of speculative over plain decoding on set B, every
-batch of the set, interleaved `reps` times (the ratio of the medians over reps).
+S = τ_iid(ᾱ, k) / (k·c + 1), c = T_draft(1) / T_target(1) from the table (0 for n-gram).
+Measured speedup: S = τ · T1 / R as the engine ran it on set B: τ from its counters (every draft of
+every sequence), T1 and R the seconds per plain step and per speculative round while the whole
+batch generates; plain and speculative run in turns batch by batch (the order flips every rep),
+the median over `reps` of each rep's ratio, so a drift of the machine's speed lands on both sides
+of every ratio. Beside it S_window, the static batch's own tokens/s ratio over those rounds: at
+B > 1 it ends when the first sequence is done and so leans on the fastest ones (continuous
+batching would keep the slow ones' slots busy at their own acceptance). err = err_tau ∘ err_round:
+acceptance carried from set A (τ_pred / τ_meas − 1) and the round's cost in plain steps
+((R/T1)_pred / (R/T1)_meas − 1).
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pandas as pd
 import torch
 
-from roofline.analysis.predict import DraftCost, step_costs
-from roofline.checkpoints.loader import checkpoint_config, load_checkpoint
+from roofline.checkpoints.loader import load_checkpoint
 from roofline.checkpoints.prompts import encode_conversations
-from roofline.io.fields import ConfigError, internal, option
-from roofline.measure.sweep import SweepRequest, run_sweep
-from roofline.measure.timer import TimerSettings
-from roofline.report import sections
+from roofline.io import files
+from roofline.io.fields import ConfigError, check_int, internal, option
+from roofline.measure import provenance
+from roofline.measure.timer import TimerSettings, set_threads
+from roofline.model.speculation import StepCosts, round_time, tau, tau_iid
+from roofline.spec import round_parts
 from roofline.spec.counters import AcceptanceCounters
 from roofline.spec.drafters import DraftModelDrafter
 from roofline.spec.engine import DecodeSettings, SpecEngine
 from roofline.spec.real_acceptance import DRAFTERS, make_drafter
-from roofline.model.speculation import StepCosts, round_time, tau, tau_iid
 
 
 @dataclass(frozen=True)
@@ -66,11 +74,13 @@ class RealValidationRequest:
                                      "> 0 sampled")
     device: str = internal("cpu", "the torch device of the `device` group's entry")
     seed: int = internal(0, "the command's seed key")
-    timer: TimerSettings = internal(why="the command's timer key (the step-time sweeps)",
+    timer: TimerSettings = internal(why="the command's timer key: each visit of one of the round's parts (its "
+                                        "warm-up, then min_reps reps)",
                                     factory=lambda: TimerSettings(max_reps=30, budget_s=0.5))
-    # the step-time sweeps' busy-machine check (roofline.measure.noise): on by default; a points-light
-    # sweep on a loaded machine can lose too many points to it for a fit, so a logic test turns it off
-    noise_check: bool = internal(True, "a logic test turns it off")
+    parts_rounds: int = option(20, "with prompts_eval: rounds of timing the round's parts (every part timed once per round, "
+                                   "in a fresh random order)")
+    threads: int = option(1, "with prompts_eval: torch threads for the whole validation (the round's parts and the "
+                             "engine alike); 0 leaves torch's default")
 
     def __post_init__(self) -> None:
         bad = set(self.drafters) - set(DRAFTERS)
@@ -80,6 +90,8 @@ class RealValidationRequest:
             raise ConfigError("ks, Bs, reps >= 1 and max_new >= 4")
         if self.n_prompts % max(self.Bs):
             raise ConfigError(f"n_prompts={self.n_prompts}: must be a multiple of max(Bs)={max(self.Bs)}")
+        check_int("parts_rounds", self.parts_rounds, 1)
+        check_int("threads", self.threads, 0)
 
 
 def _settings(req: RealValidationRequest, k: int = 0) -> DecodeSettings:
@@ -90,38 +102,76 @@ def _batches(prompts: list[list[int]], B: int) -> list[list[list[int]]]:
     return [prompts[i:i + B] for i in range(0, len(prompts), B)]
 
 
-def _run_set(target, drafter_of, prompts, B: int, s: DecodeSettings):
-    """Every batch of `prompts` through the engine: outputs, summed counters, steady tokens and seconds, rounds."""
-    outs, c, tok, sec, rounds, over, draft = [], AcceptanceCounters(accepted_per_pos=(0,) * s.k), 0, 0.0, 0, 0.0, 0.0
+class _Tally:
+    """What runs of the engine add up to: outputs, counters, steady tokens and seconds, rounds,
+    and the seconds outside drafting and verification."""
+
+    def __init__(self, k: int):
+        self.out, self.counters = [], AcceptanceCounters(accepted_per_pos=(0,) * k)
+        self.tokens, self.seconds, self.rounds, self.overhead_s, self.draft_s = 0, 0.0, 0, 0.0, 0.0
+        self.steady_rounds = 0
+
+    def add(self, out, m) -> None:
+        self.out += out
+        self.counters += m.counters
+        self.tokens, self.seconds, self.rounds = self.tokens + m.steady_tokens, self.seconds + m.steady_s, \
+            self.rounds + m.rounds
+        self.overhead_s, self.draft_s = self.overhead_s + m.overhead_s, self.draft_s + m.draft_s
+        self.steady_rounds += m.steady_rounds
+
+    @property
+    def tps(self) -> float:
+        return self.tokens / self.seconds if self.seconds else float("nan")
+
+    @property
+    def round_s(self) -> float:
+        return self.seconds / self.steady_rounds if self.steady_rounds else float("nan")
+
+
+def _run_set(target, drafter_of, prompts, B: int, s: DecodeSettings) -> _Tally:
+    """Every batch of `prompts` through the engine."""
+    t = _Tally(s.k)
     for batch in _batches(prompts, B):
-        out, m = SpecEngine(target, drafter_of() if s.k else None).generate(batch, s)
-        outs += out
-        c += m.counters
-        tok, sec, rounds = tok + m.steady_tokens, sec + m.steady_s, rounds + m.rounds
-        over, draft = over + m.overhead_s, draft + m.draft_s
-    return dict(out=outs, counters=c, tps=tok / sec if sec else float("nan"), rounds=rounds, overhead_s=over,
-                draft_s=draft)
+        t.add(*SpecEngine(target, drafter_of() if s.k else None).generate(batch, s))
+    return t
 
 
-def _sweep_fit(cfg, req: RealValidationRequest, Ls: tuple[int, ...], run_dir: Path, mtp: bool) -> dict:
-    q = tuple(range(1, max(req.ks) + 2))
-    sweep = SweepRequest(model=cfg, q=q, B=req.Bs, L=Ls, dtypes=(req.dtype,), timer=req.timer, device=req.device,
-                      mtp_q=tuple(sorted({1, *(k + 1 for k in req.ks)})) if mtp else (1,), seed=req.seed)
-    run_sweep(sweep, run_dir, progress=False, **({} if req.noise_check else dict(noise=None)))
-    return sections.fit_and_save(run_dir)[0]
+def _run_pair(target, drafter_of, prompts, B: int, plain_s: DecodeSettings, spec_s: DecodeSettings,
+              spec_first: bool) -> tuple[_Tally, _Tally]:
+    """Plain and speculative decoding of every batch, in turns batch by batch."""
+    plain, spec = _Tally(0), _Tally(spec_s.k)
+    for batch in _batches(prompts, B):
+        runs = [(spec, drafter_of, spec_s), (plain, None, plain_s)]
+        for tally, maker, s in runs if spec_first else runs[::-1]:
+            tally.add(*SpecEngine(target, maker() if maker else None).generate(batch, s))
+    return plain, spec
+
+
+def _write_table(table: pd.DataFrame, req: RealValidationRequest, Ls, L_mid: int, run_dir: Path) -> None:
+    files.write_csv_atomic(table, run_dir / "round_parts.csv")
+    meta = dict(what="step times of the engine's parts, timed in turns (roofline.spec.round_parts)", Ls=list(Ls),
+                L_mid=L_mid, rounds=req.parts_rounds, timer=asdict(req.timer), temperature=req.temperature,
+                dtype=req.dtype, threads=torch.get_num_threads(), median_ci_rel=round_parts.spread(table),
+                provenance=provenance.collect(req.device))
+    files.write_json_atomic(run_dir / "round_parts.json", meta)
 
 
 def run_real_validation(req: RealValidationRequest, run_dir: Path, log=print) -> pd.DataFrame:
     run_dir.mkdir(parents=True, exist_ok=True)
+    with set_threads(req.threads):
+        return _validate(req, run_dir, log)
+
+
+def _validate(req: RealValidationRequest, run_dir: Path, log) -> pd.DataFrame:
     torch.manual_seed(req.seed)
-    tcfg, dcfg = checkpoint_config(req.checkpoint), checkpoint_config(req.draft_checkpoint)
-    pa = encode_conversations(req.checkpoint, req.prompts_a, field="prompts_a")[:req.n_prompts]
+    pa_all = encode_conversations(req.checkpoint, req.prompts_a, field="prompts_a")
+    pa = pa_all[:req.n_prompts]
     pb = encode_conversations(req.checkpoint, req.prompts_b, field="prompts_b")[:req.n_prompts]
     if len(pa) < req.n_prompts or len(pb) < req.n_prompts:
         raise ConfigError(f"prompts: {len(pa)} (set a) and {len(pb)} (set b) conversations; need n_prompts="
                           f"{req.n_prompts} in each")
     k_max = max(req.ks)
-    longest = max(len(p) for p in pa + pb) + req.max_new + 3 * k_max + 2
+    longest = max(len(p) for p in pa_all + pb) + req.max_new + 3 * k_max + 2
     kw = dict(dtype=req.dtype, device=req.device, max_batch=max(req.Bs), max_context=longest)
     target = load_checkpoint(req.checkpoint, **kw)
     draft_model = load_checkpoint(req.draft_checkpoint, **kw) if "draft_model" in req.drafters else None
@@ -133,16 +183,18 @@ def run_real_validation(req: RealValidationRequest, run_dir: Path, log=print) ->
 
     makers = {d: drafter_of(d) for d in req.drafters}
     L_mid = round(statistics.mean(len(p) for p in pb) + req.max_new / 2)
-    lo = min(len(p) for p in pa + pb)
+    lo = min(len(p) for p in pa_all + pb)
     Ls = tuple(sorted({max(1, lo // 2), longest - k_max - 2}))  # brackets L_mid, never equal to it
     if L_mid in Ls:
-        raise ConfigError(f"sweep contexts {Ls} contain the engine's L_mid={L_mid}: not a disjoint sweep")
-    log(f"[1/4] sweep + fit of the target at L={list(Ls)} (the engine's L_mid={L_mid} is not swept)")
-    fit = _sweep_fit(tcfg, req, Ls, run_dir / "sweep_target", mtp=tcfg.mtp_layers > 0)
-    draft_fit = _sweep_fit(dcfg, req, Ls, run_dir / "sweep_draft", mtp=False) if "draft_model" in req.drafters else None
+        raise ConfigError(f"step-table contexts {Ls} contain the engine's L_mid={L_mid}: not a disjoint table")
+    log(f"[1/3] the round's parts (the target, its MTP module, the draft model) at L={list(Ls)}, timed in turns "
+        f"x{req.parts_rounds} (the engine's L_mid={L_mid} is not timed)")
+    table = round_parts.measure(target, draft_model, req.ks, req.Bs, Ls, req.timer, req.parts_rounds, req.temperature,
+                               req.seed, req.device)
+    _write_table(table, req, Ls, L_mid, run_dir)
 
-    log(f"[2/4] acceptance per position on prompt set A (temperature {req.temperature}, k = max(ks)); "
-        "overhead calibration on set A")
+    log(f"[2/3] acceptance per position on prompt set A, all {len(pa_all)} conversations (temperature "
+        f"{req.temperature}, k = max(ks)); overhead calibration on set A")
     with torch.inference_mode():
         plain_a = {B: _run_set(target, None, pa, B, _settings(req)) for B in req.Bs}
         profile, rate, calib = {}, {}, {}
@@ -150,65 +202,67 @@ def run_real_validation(req: RealValidationRequest, run_dir: Path, log=print) ->
             c = AcceptanceCounters(accepted_per_pos=(0,) * k_max)
             for B in req.Bs:
                 for k in req.ks:
-                    r = _run_set(target, makers[d], pa, B, _settings(req, k))
-                    free_draft = r["draft_s"] if d == "ngram" else 0.0  # the cost model prices n-gram at 0
-                    calib[d, k, B] = (r["overhead_s"] + free_draft) / r["rounds"]
+                    r = _run_set(target, makers[d], pa_all if k == k_max else pa, B, _settings(req, k))
+                    free_draft = r.draft_s if d == "ngram" else 0.0  # the round's parts price n-gram at 0
+                    calib[d, k, B] = (r.overhead_s + free_draft) / r.rounds
                     if k == k_max:
-                        c += r["counters"]
+                        c += r.counters
             profile[d] = [a if a == a else 0.0 for a in c.per_position_alpha()]
             rate[d] = c.acceptance_rate()
             log(f"  {d}: alpha per position {' '.join(f'{a:.3f}' for a in profile[d])}, rate {rate[d]:.3f}")
-        o_plain = {B: plain_a[B]["overhead_s"] / plain_a[B]["rounds"] for B in req.Bs}
+        o_plain = {B: plain_a[B].overhead_s / plain_a[B].rounds for B in req.Bs}
 
-    log(f"[3/4] plain vs speculative on prompt set B, x{req.reps} interleaved")
+    log(f"[3/3] plain vs speculative on prompt set B, in turns batch by batch, x{req.reps}")
     rows = []
+    exact = req.dtype == "float32" and req.temperature == 0
     with torch.inference_mode():
         for B in req.Bs:
-            reference = _run_set(target, None, pb, B, _settings(req))["out"]
+            reference = _run_set(target, None, pb, B, _settings(req)).out
             for d in req.drafters:
-                costs = _costs(fit, draft_fit, req, tcfg, dcfg, d)
                 for k in req.ks:
-                    plain, spec_runs = [], []
-                    for _ in range(req.reps):
-                        p = _run_set(target, None, pb, B, _settings(req))
-                        s = _run_set(target, makers[d], pb, B, _settings(req, k))
-                        exact = req.dtype == "float32" and req.temperature == 0
-                        if exact and (s["out"] != reference or p["out"] != reference):
+                    pairs = [_run_pair(target, makers[d], pb, B, _settings(req), _settings(req, k), i % 2 == 1)
+                             for i in range(req.reps)]
+                    for p, s in pairs:
+                        if exact and (s.out != reference or p.out != reference):
                             raise RuntimeError(f"{d}, k={k}, B={B}: speculative output differs from plain greedy")
-                        plain.append(p)
-                        spec_runs.append(s)
-                    rows.append(_row(d, k, B, L_mid, plain, spec_runs, profile[d], rate[d], costs,
-                                     o_plain[B], calib[d, k, B]))
+                    rows.append(_row(d, k, B, L_mid, pairs, profile[d], rate[d], table, o_plain[B], calib[d, k, B]))
                     r = rows[-1]
                     log(f"  {d:11s} k={k} B={B}: S measured {r['S_meas']:.3f}, predicted {r['S_pred']:.3f} "
                         f"({r['err']:+.1%}); iid {r['err_iid']:+.1%}, Leviathan {r['err_leviathan']:+.1%}")
-    table = pd.DataFrame(rows)
-    table.to_csv(run_dir / "real_specdec.csv", index=False)
-    return table
+    result = pd.DataFrame(rows)
+    result.to_csv(run_dir / "real_specdec.csv", index=False)
+    return result
 
 
-def _costs(fit, draft_fit, req: RealValidationRequest, tcfg, dcfg, drafter: str):
-    dc = DraftCost(drafter, model=dcfg if drafter == "draft_model" else None, fit=draft_fit)
-    return step_costs(fit, req.dtype, dc, tcfg).steps
-
-
-def _row(d, k, B, L, plain, spec_runs, profile, rate, base: StepCosts, o_plain, o_spec) -> dict:
+def _row(d, k, B, L, pairs, profile, rate, table: pd.DataFrame, o_plain, o_spec) -> dict:
+    base = round_parts.step_costs(table, d)
     costs = StepCosts(target=lambda q, B_, L_: base.target(q, B_, L_) + o_plain, draft=base.draft,
                       overhead=lambda k_, B_: max(0.0, o_spec - o_plain))
     R, t1 = round_time(k, B, L, costs), costs.target(1, B, L)
     tau_prof, tau_i = tau(profile[:k]), tau_iid(rate, k)
-    c = base.draft(1, 1, B, L) / base.target(1, B, L) if d != "ngram" else 0.0
-    tps_p = statistics.median(r["tps"] for r in plain)
-    tps_s = statistics.median(r["tps"] for r in spec_runs)
-    S = tps_s / tps_p
-    meas = spec_runs[-1]["counters"]
+    c = round_parts.seconds_of(table, d)(1, B, L) / base.target(1, B, L) if d != "ngram" else 0.0  # one step each
+    # S = tau * T(1) / R as measured: tau from the counters (every draft of every sequence), T(1) and R
+    # the seconds per step and per round while the whole batch generates. A static batch's own
+    # tokens/s over those rounds (S_window) leans on its fastest sequences at B > 1: the window
+    # ends when the first one is done, so the slow ones' later rounds, where continuous batching
+    # would keep a slot busy at their acceptance, are left out.
+    ratios = [s.counters.mean_acceptance_length() * p.round_s / s.round_s for p, s in pairs]
+    S = statistics.median(ratios)
+    window = statistics.median(s.tps / p.tps for p, s in pairs)
+    meas = pairs[-1][1].counters
     pred, iid, lev = tau_prof * t1 / R, tau_i * t1 / R, tau_i / (k * c + 1)
     return dict(drafter=d, k=k, B=B, L_mid=L, alpha_a=" ".join(f"{a:.3f}" for a in profile[:k]), rate_a=rate,
                 tau_pred=tau_prof, tau_meas_b=meas.mean_acceptance_length(),
                 alpha_b=" ".join(f"{a:.3f}" for a in meas.per_position_alpha()),
                 T1_pred_s=t1, R_pred_s=R, O_spec_s=o_spec, O_plain_s=o_plain, c_draft=c,
-                tps_plain=tps_p, tps_spec=tps_s, S_meas=S, S_pred=pred, err=pred / S - 1,
-                S_iid=iid, err_iid=iid / S - 1, S_leviathan=lev, err_leviathan=lev / S - 1)
+                tps_plain=statistics.median(p.tps for p, _ in pairs),
+                tps_spec=statistics.median(s.tps for _, s in pairs), T1_meas_s=statistics.median(p.round_s for p, _ in pairs),
+                R_meas_s=statistics.median(s.round_s for _, s in pairs), S_meas=S, S_meas_lo=min(ratios),
+                S_meas_hi=max(ratios), S_window=window, S_pred=pred, err=pred / S - 1,
+                S_iid=iid, err_iid=iid / S - 1, S_leviathan=lev, err_leviathan=lev / S - 1,
+                # err's two factors: acceptance carried from set A, and the round's cost in plain steps
+                err_tau=tau_prof / meas.mean_acceptance_length() - 1,
+                err_round=(R / t1) / (statistics.median(s.round_s / p.round_s for p, s in pairs)) - 1)
 
 
 def summarize(table: pd.DataFrame) -> tuple[str, dict]:
