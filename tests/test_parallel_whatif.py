@@ -629,9 +629,9 @@ def test_one_moe_mode_rule_covers_one_device_and_sharded_runs():
 
 
 def test_a_new_single_device_sweep_of_an_moe_in_graph_or_compiled_mode_is_refused_with_why():
-    """No touched-expert path that captures or compiles as one graph is built: the rule refuses a new
-    run (one line naming the mode and why, exit 2 through ConfigError); rows measured in those modes before
-    ran every expert and are still priced so; modes=[auto] runs an MoE eager and says so."""
+    """Where the grouped MoE path cannot capture (no Hopper/Blackwell GPU, or not bfloat16) the rule
+    refuses a new run (one line naming the mode and why, exit 2 through ConfigError); rows measured in
+    those modes before ran every expert and are still priced so; modes=[auto] runs an MoE eager and says so."""
     from roofline.measure.sweep import SweepRequest, _runnable_mode
     from roofline.model.accounting import MOE_NO_STATIC_GRAPH, moe_impl_for_mode
     from roofline.model.presets import scaled_down
@@ -645,9 +645,59 @@ def test_a_new_single_device_sweep_of_an_moe_in_graph_or_compiled_mode_is_refuse
         assert moe_impl_for_mode(mode) == "dense"  # how such a row, measured before, is priced
     SweepRequest(model=cfg, q=(1,), B=(2,), L=(8,), modes=("eager",), device="cpu")  # eager runs touched experts
     SweepRequest(model=get_preset("tiny"), q=(1,), B=(2,), L=(8,), modes=("compiled",), device="cpu")  # dense models: as before
-    mode, why = _runnable_mode(cfg, "graph")  # what modes=[auto] (the device's fast mode) becomes for an MoE
+    mode, why = _runnable_mode(cfg, "graph", "cpu", "bfloat16")  # what modes=[auto] becomes for an MoE here
     assert mode == "eager" and "an MoE model runs eager" in why
-    assert _runnable_mode(get_preset("tiny"), "graph") == ("graph", "")
+    assert _runnable_mode(get_preset("tiny"), "graph", "cpu", "bfloat16") == ("graph", "")
+
+
+def test_where_the_grouped_moe_captures_a_graph_or_compiled_sweep_runs_it_priced_touched(monkeypatch):
+    """On a GPU whose grouped GEMM runs on the device (bfloat16, sm90/sm100) the rule gives graph and
+    compiled mode the grouped path: the same touched experts, priced as touched; other dtypes there
+    are still refused, naming what the grouped path needs."""
+    from roofline.measure import sweep
+    from roofline.model import decoder
+    from roofline.model.accounting import MOE_NO_STATIC_GRAPH, experts_touched, forward_cost, moe_impl_for_mode
+    from roofline.model.presets import scaled_down
+    assert [moe_impl_for_mode(m, new_run=True, grouped=True) for m in ("eager", "graph", "compiled")] == \
+        ["touched", "grouped", "grouped"]
+    cfg = scaled_down(get_preset("qwen3-30b-a3b"), layers=2)
+    assert experts_touched(cfg, 3, "grouped") == experts_touched(cfg, 3, "touched") < cfg.experts
+    big = get_preset("qwen3-30b-a3b")
+    assert forward_cost(big, "bfloat16", 1, 1, 128, moe_impl="grouped").weight_bytes == \
+        forward_cost(big, "bfloat16", 1, 1, 128, moe_impl="touched").weight_bytes
+    monkeypatch.setattr(decoder, "grouped_capturable", lambda dev, dt: dt == decoder.torch.bfloat16)
+    sweep.SweepRequest(model=cfg, q=(1,), B=(2,), L=(8,), modes=("graph",), dtypes=("bfloat16",), device="cuda")
+    assert sweep._moe_impl(cfg, "graph", "cuda", "bfloat16") == "grouped"
+    assert sweep._runnable_mode(cfg, "graph", "cuda", "bfloat16") == ("graph", "")
+    with pytest.raises(ConfigError) as e:
+        sweep.SweepRequest(model=cfg, q=(1,), B=(2,), L=(8,), modes=("graph",), dtypes=("float16",), device="cuda")
+    assert "dtypes=['float16']" in str(e.value) and MOE_NO_STATIC_GRAPH in str(e.value) and "sm90" in str(e.value)
+    with pytest.raises(ConfigError):  # quantized experts have no grouped path
+        sweep.SweepRequest(model=cfg, q=(1,), B=(2,), L=(8,), modes=("graph",), dtypes=("bfloat16+weights=int8",),
+                           device="cuda")
+
+
+@pytest.mark.parametrize("ran, source", [("grouped", "fit"), ("dense", "device-fit-transfer"),
+                                         (None, "device-fit-transfer")])
+def test_a_graph_mode_fit_of_an_moe_is_its_own_when_its_rows_ran_the_grouped_path(ran, source):
+    """A GPU fit of Qwen3-30B-A3B in graph mode: rows of the grouped path ran the touched experts, so the
+    fit predicts its own model; rows that ran every expert (or a fit from before the group recorded
+    what ran, graph mode then meaning dense) are applied to the touched accounting as a transfer.
+    Either way the step is priced touched: a second token costs more than the first."""
+    from roofline.analysis.costmodel import predict_detail
+    cfg = get_preset("qwen3-30b-a3b")
+    fit = json.loads((ROOT / "results" / "cpu-demo" / "fit.json").read_text())
+    fit["model_spec"] = cfg.to_dict()
+    for g in fit["groups"]:
+        g["key"].update(mode="graph", model=cfg.name)
+        if ran is None:
+            g.pop("moe_impl", None)
+        else:
+            g["moe_impl"] = ran
+    d1 = predict_detail(fit, "forward", "bfloat16", 1, 1, 128, "graph", cfg)
+    d2 = predict_detail(fit, "forward", "bfloat16", 1, 2, 128, "graph", cfg)
+    assert d1["source"] == source
+    assert d2["seconds"] > d1["seconds"]
 
 
 @pytest.mark.parametrize("graphs", [True, False])

@@ -512,7 +512,8 @@ def fit_group(g: pd.DataFrame, settings: FitSettings, ceilings: dict | None,
     errors, band = _error_tables(g, t.sum(axis=1), rg, settings, ceilings, key["dtype"],
                                  sliced if sliced is not None and real.all() else None, roofs)
     domain = {a: [int(g[a].min()), int(g[a].max())] for a in ("q", "B", "L")}
-    group = dict(key=key, n_points=len(g), kv_tied_to_weights=not weights_vary(g), coefs=[float(c) for c in coefs],
+    ran = sorted(set(g["moe_impl"].dropna().astype(str))) if "moe_impl" in g else []
+    group = dict(key=key, moe_impl=ran[0] if len(ran) == 1 else None, n_points=len(g), kv_tied_to_weights=not weights_vary(g), coefs=[float(c) for c in coefs],
                  coef_units=COEF_UNITS, knee_tokens=float(knee), params=physical(coefs, knee), band=band,
                  domain=domain, layer_terms=_layer_terms(g), errors=errors, term_checks=checks,
                  bounds=dict(BW_max_GBps=roofs.bw_Bps and roofs.slack * roofs.bw_Bps / 1e9, BW_source=roofs.bw_source,
@@ -681,9 +682,10 @@ def step_model(fit: dict, kind: str, dtype: str, mode: str | None = None,
     if g is None:
         g, source = find_group(fit, "forward", dtype, mode), "device-fit-transfer"
     step_mode = mode or g["key"]["mode"]
-    if cfg.is_moe and moe_impl_for_mode(step_mode) == "dense":
-        # the rows ran every expert (graph / compiled); a prediction prices the touched experts an
-        # engine runs: the fitted device parameters applied to the touched accounting
+    if cfg.is_moe and (g.get("moe_impl") or moe_impl_for_mode(step_mode)) == "dense":
+        # the rows ran every expert (graph / compiled before the grouped path); a prediction prices
+        # the touched experts an engine runs: the fitted device parameters applied to the touched
+        # accounting. Rows of the grouped path (graph / compiled on Hopper) ran the touched experts.
         source = "device-fit-transfer"
 
     def rows(q, B, L) -> pd.DataFrame:

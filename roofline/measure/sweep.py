@@ -132,11 +132,11 @@ class SweepRequest:
         if AUTO in self.dtypes and self.parallel.devices > 1:
             raise ConfigError("dtypes=['auto'] with tp/ep > 1: name the dtype (e.g. dtypes=[bfloat16])")
         if cfg.is_moe and self.parallel.devices == 1:  # the one MoE/mode rule (accounting.moe_impl_for_mode)
-            for m in (m for m in self.modes if m != AUTO):
+            for m, d in itertools.product((m for m in self.modes if m != AUTO), self.dtypes):
                 try:
-                    moe_impl_for_mode(m, new_run=True)
+                    moe_impl_for_mode(m, new_run=True, grouped=grouped_moe_runs(self.device, d))
                 except ValueError as e:
-                    raise ConfigError(f"modes={[m]}: {e}") from None
+                    raise ConfigError(f"modes={[m]}, dtypes={[d]}: {e}") from None
         dev = parse_device(self.device, need_available=False)
         if "graph" in self.modes and dev.type != "cuda":
             raise ConfigError(f"modes=['graph']: CUDA-graph replay needs device=cuda, got device={self.device!r}")
@@ -233,16 +233,26 @@ def spec_device_name(device: str) -> str:
     return running_device_name(device)
 
 
-def _moe_impl(cfg, mode: str) -> str:
-    return moe_impl_for_mode(mode, new_run=cfg.is_moe)
+def grouped_moe_runs(device: str, dtype: str) -> bool:
+    """Whether the decoder's grouped MoE path captures on `device` in `dtype` (float experts in the
+    activation dtype; decoder.grouped_capturable): what lets an MoE sweep run graph or compiled mode."""
+    try:
+        prec, dev = parse_precision(dtype), parse_device(device, need_available=False)
+    except (ConfigError, ValueError):
+        return False
+    return prec.is_plain and decoder.grouped_capturable(dev, torch_dtype(prec.activations))
 
 
-def _runnable_mode(cfg, mode: str) -> tuple[str, str]:
+def _moe_impl(cfg, mode: str, device: str, dtype: str) -> str:
+    return moe_impl_for_mode(mode, new_run=cfg.is_moe, grouped=grouped_moe_runs(device, dtype))
+
+
+def _runnable_mode(cfg, mode: str, device: str, dtype: str | None) -> tuple[str, str]:
     """The mode itself, or eager (with why) where the MoE/mode rule refuses it for this model."""
     if not cfg.is_moe:
         return mode, ""
     try:
-        moe_impl_for_mode(mode, new_run=True)
+        moe_impl_for_mode(mode, new_run=True, grouped=dtype is not None and grouped_moe_runs(device, dtype))
         return mode, ""
     except ValueError as e:
         return "eager", f"modes=[auto]: an MoE model runs eager, not {mode} ({e})"
@@ -281,7 +291,7 @@ class BuiltModel:
         if mode == "compiled" and parse_device(req.device).type == "cpu":  # one spare position: a call that ends
             max_ctx = min(max_ctx + 1, cfg.max_context)  # at the cache's last one guards (and recompiles) apart
         self.cfg, self.req, self.dtype, self.mode = cfg, req, dtype, mode
-        self.moe_impl = _moe_impl(cfg, mode)
+        self.moe_impl = _moe_impl(cfg, mode, req.device, dtype)
         self.max_batch = max_batch
         self.model = self.build(max_ctx)
         from roofline.model.quant import require_fast
@@ -410,7 +420,7 @@ def _measure(w: BuiltModel, p: Point, timer: TimerSettings) -> dict:
     skips = _cudagraph_skips()
     t = time_fn(fn, dataclasses.replace(timer, mode="eager" if compiled else p.mode), w.req.device, probe=probe)
     touched = None
-    if w.cfg.is_moe and w.moe_impl == "touched":
+    if w.cfg.is_moe and w.moe_impl in ("touched", "grouped"):
         touched = w.model.last_experts_touched(p.kind)
     c = dataclasses.replace(cost_of(touched), mask_bytes=mask)
     row = t.to_row()
@@ -690,7 +700,7 @@ def resolve_auto(req: SweepRequest, run_dir: Path, log=None, measure: bool = Tru
     else:
         dtype, mode, why = None, "eager", ""
     explicit = [m for m in req.modes if m != AUTO]
-    fast, moe_why = _runnable_mode(req.model, mode)
+    fast, moe_why = _runnable_mode(req.model, mode, req.device, dtype)
     if AUTO in req.modes:
         why = "; ".join(filter(None, [why, moe_why]))
     pairs, dtypes = [], []

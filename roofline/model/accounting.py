@@ -125,19 +125,22 @@ SHARDED_MOE_NO_GRAPH = ("the sharded MoE selects each expert's tokens on the hos
 
 MOE_NO_STATIC_GRAPH = ("the touched-expert MoE selects each expert's tokens on the host (data-dependent shapes), "
                        "which CUDA-graph capture cannot record and which would break the one-graph-per-kind compiled "
-                       "forward at every MoE layer (a recompile per set of experts); running every expert instead reads "
-                       "all E experts at any batch, which no serving engine does")
+                       "forward at every MoE layer (a recompile per set of experts); its sync-free twin ('grouped': "
+                       "one grouped GEMM over the experts' token groups) needs torch's grouped-GEMM kernel, bfloat16 "
+                       "on a Hopper or Blackwell GPU (sm90/sm100), and running every expert instead reads all E "
+                       "experts at any batch, which no serving engine does")
 
 
-def moe_impl_for_mode(mode: str, sharded: bool = False, new_run: bool = False) -> str:
+def moe_impl_for_mode(mode: str, sharded: bool = False, new_run: bool = False, grouped: bool = False) -> str:
     """The one MoE/mode rule: what our decoder runs for MoE in a timing mode, on one device or
     sharded over ranks (roofline.parallel.runner), and so how its rows are priced. Eager routes to the
-    touched experts (the routing syncs with the host). On one device a new sweep (`new_run=True`) of an
-    MoE model in `graph` or `compiled` mode is refused (MOE_NO_STATIC_GRAPH: no touched-expert path
-    that captures or compiles as one graph is built; the dense stand-in that ran before was priced as
-    what no engine does); rows measured in those modes before the refusal ran every expert ("dense")
-    and are priced so. Sharded, the rank's MoE (roofline.parallel.sharded) runs touched experts in
-    eager and compiled mode (graph breaks at the routing) and graph mode is refused.
+    touched experts (the routing syncs with the host). In `graph` or `compiled` mode on one device the
+    grouped path runs where it captures (`grouped=True`: decoder.grouped_capturable, bfloat16 on an
+    sm90/sm100 GPU): the same touched experts, priced as touched. Elsewhere a new sweep (`new_run=True`)
+    of an MoE model in those modes is refused (MOE_NO_STATIC_GRAPH); rows measured in them before
+    the grouped path ran every expert ("dense") and are priced so. Sharded, the rank's MoE
+    (roofline.parallel.sharded) runs touched experts in eager and compiled mode (graph breaks at the
+    routing) and graph mode is refused.
     Predictions never price dense experts: serving engines' fused MoE kernels read only the routed
     experts and capture in CUDA graphs, so the what-if (roofline.parallel.whatif) prices touched
     experts in every mode, and a fit whose MoE rows ran dense is applied to the touched accounting
@@ -146,15 +149,19 @@ def moe_impl_for_mode(mode: str, sharded: bool = False, new_run: bool = False) -
         if mode == "graph":
             raise ValueError(f"mode='graph' with tp/ep > 1: {SHARDED_MOE_NO_GRAPH}")
         return "touched"
-    if new_run and mode != "eager":
+    if mode == "eager":
+        return "touched"
+    if grouped:
+        return "grouped"
+    if new_run:
         raise ValueError(f"mode={mode!r} with an MoE model on one device: {MOE_NO_STATIC_GRAPH}; use modes=[eager]")
-    return "touched" if mode == "eager" else "dense"
+    return "dense"
 
 
 def experts_touched(cfg: ModelConfig, tokens: int, moe_impl: str = "touched") -> float:
     """Expected distinct experts per MoE layer that `tokens` routed tokens touch (uniform routing)."""
-    if moe_impl not in ("touched", "dense"):
-        raise ValueError(f"moe_impl={moe_impl!r}: allowed ('touched', 'dense')")
+    if moe_impl not in ("touched", "dense", "grouped"):
+        raise ValueError(f"moe_impl={moe_impl!r}: allowed ('touched', 'dense', 'grouped')")
     if not cfg.is_moe:
         return 0.0
     if moe_impl == "dense":

@@ -17,8 +17,13 @@ and the shared RoPE key (qk_rope_dim), side by side in one buffer, and attends i
 the output, so the latent is never decompressed per cached token.
 
 MoE layers run only the experts the batch's tokens routed to ("touched", the weights a
-kernel must read) or, for graph capture, every expert ("dense"); `last_touched` records
-the count per forward so the byte model can be checked against what really ran. Quantized
+kernel must read: a loop over the experts the host found), or the same experts with no host
+sync ("grouped": the token-expert pairs sorted by expert on the device and one grouped GEMM per
+projection over the experts' token groups, `grouped_mm`, as serving engines' fused MoE kernels
+do; static shapes, so it captures in a CUDA graph where the grouped kernel runs on the device
+without reading its offsets back: `grouped_capturable`), or every expert ("dense", kept to
+price rows that ran it); `last_touched` records the count per forward so the byte model can be
+checked against what really ran. Quantized
 experts run one packed linear per expert (`roofline.model.quant.PackedExperts`).
 """
 
@@ -35,7 +40,23 @@ from roofline.model.config import ModelConfig
 from roofline.model.rope import apply_rope, rope_table, yarn_softmax_scale
 from roofline.io.fields import ConfigError
 
-MOE_IMPLS = ("touched", "dense")
+MOE_IMPLS = ("touched", "dense", "grouped")
+
+
+def grouped_capturable(device: torch.device | str, dtype: torch.dtype) -> bool:
+    """Whether the grouped MoE path runs without a host sync on `device` in `dtype`, so that it
+    captures in a CUDA graph: torch's grouped GEMM has its CUTLASS kernel for bf16 on sm90/sm100
+    (Hopper, Blackwell) and elsewhere falls back to a loop that reads the group offsets back."""
+    device = torch.device(device)
+    if device.type != "cuda" or dtype != torch.bfloat16 or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability(device)[0] in (9, 10)
+
+
+def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """Rows of x [M, K] grouped by offs (int32 group ends) times w [G, K, N]: group g's rows
+    x[offs[g-1]:offs[g]] @ w[g]; a group with no rows reads nothing of its w[g]."""
+    return torch._grouped_mm(x, w, offs=offs)
 
 
 class RMSNorm(nn.Module):
@@ -268,7 +289,14 @@ class MoE(nn.Module):
         self.w3 = nn.Parameter(torch.empty(E, f, d))
         self.w2 = nn.Parameter(torch.empty(E, d, f))
         self.shared = SwiGLU(d, f * cfg.shared_experts) if cfg.shared_experts else None
-        self.last_touched = 0
+        self._touched: int | torch.Tensor = 0  # an int, or the grouped path's per-expert counts
+
+    @property
+    def last_touched(self) -> int:
+        """Experts the last forward ran (the grouped path's count is read on demand, outside any
+        captured graph)."""
+        t = self._touched
+        return int((t > 0).sum()) if isinstance(t, torch.Tensor) else t
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
@@ -299,6 +327,25 @@ class MoE(nn.Module):
             return (F.silu(x @ self.w1[e].T) * (x @ self.w3[e].T)) @ self.w2[e].T
         return self.w2.linear(e, F.silu(self.w1.linear(e, x)) * self.w3.linear(e, x))
 
+    def _grouped(self, x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor, out: torch.Tensor) -> None:
+        """The routed experts' SwiGLU with no host sync: the N·k token-expert pairs sorted by
+        expert, three grouped GEMMs over the experts' token groups (an expert no token routed to
+        is an empty group: its weights are not read), the weighted rows added into `out` per token."""
+        if not isinstance(self.w1, torch.Tensor):
+            raise ValueError("moe_impl='grouped' runs float experts; quantized experts run 'touched'")
+        E, k = self.cfg.experts, idx.shape[1]
+        pairs = idx.reshape(-1)
+        order = pairs.argsort(stable=True)
+        counts = torch.zeros(E, dtype=torch.int32, device=x.device).scatter_add_(
+            0, pairs, torch.ones_like(pairs, dtype=torch.int32))
+        self._touched = counts
+        offs = counts.cumsum(0, dtype=torch.int32)
+        tok = order // k
+        xs = x[tok]
+        h = F.silu(grouped_mm(xs, self.w1.transpose(1, 2), offs)) * grouped_mm(xs, self.w3.transpose(1, 2), offs)
+        y = grouped_mm(h, self.w2.transpose(1, 2), offs)
+        out.index_add_(0, tok, y.float() * w.reshape(-1)[order, None])
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
@@ -313,10 +360,12 @@ class MoE(nn.Module):
             else:  # quantized experts: each expert's own kernel on every token
                 for e in range(self.cfg.experts):
                     out += self.expert(e, x).float() * dense_w[:, e, None]
-            self.last_touched = self.cfg.experts
+            self._touched = self.cfg.experts
+        elif self.impl == "grouped":
+            self._grouped(x, w, idx, out)
         else:
             experts = idx.unique().tolist()
-            self.last_touched = len(experts)
+            self._touched = len(experts)
             for e in experts:
                 tok, slot = (idx == e).nonzero(as_tuple=True)
                 out.index_add_(0, tok, self.expert(e, x[tok]).float() * w[tok, slot, None])
