@@ -101,3 +101,11 @@ def test_measure_times_every_part_of_a_real_model_in_turns():
     assert (table["n"] == 2 * QUICK.min_reps).all() and (table["median_s"] > 0).all()
     with pytest.raises(ConfigError, match="exceed the cache"):
         round_parts.measure(target, None, ks=(4,), Bs=(1,), Ls=(62,), timer=QUICK, rounds=1)
+
+
+@pytest.mark.parametrize("field, value, message", [("parts_rounds", 0, "parts_rounds=0"),
+                                                    ("threads", 10**4, "threads=10000: allowed 0")])
+def test_the_validations_timing_keys_are_checked_by_name(field, value, message):
+    from roofline.spec.real_validation import RealValidationRequest
+    with pytest.raises(ConfigError, match=message):
+        RealValidationRequest(checkpoint="t", draft_checkpoint="d", prompts_a="a", prompts_b="b", **{field: value})

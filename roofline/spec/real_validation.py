@@ -31,6 +31,7 @@ acceptance carried from set A (τ_pred / τ_meas − 1) and the round's cost in 
 
 from __future__ import annotations
 
+import os
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -91,7 +92,8 @@ class RealValidationRequest:
         if self.n_prompts % max(self.Bs):
             raise ConfigError(f"n_prompts={self.n_prompts}: must be a multiple of max(Bs)={max(self.Bs)}")
         check_int("parts_rounds", self.parts_rounds, 1)
-        check_int("threads", self.threads, 0)
+        cores = os.cpu_count() or 1  # more threads than cores time the scheduler, not the engine
+        check_int("threads", self.threads, 0, cores, f"0 (torch's default) to {cores} (this machine's cores)")
 
 
 def _settings(req: RealValidationRequest, k: int = 0) -> DecodeSettings:
