@@ -25,7 +25,7 @@ from typing import Protocol
 import torch
 
 from roofline.spec.counters import AcceptanceCounters
-from roofline.spec.verify import greedy_accept, probs_from_logits, sample_accept
+from roofline.spec.verify import greedy_accept, pick, probs_from_logits, sample_accept
 from roofline.model.decoder import Transformer
 from roofline.io.fields import ConfigError
 
@@ -146,10 +146,7 @@ class DecodeState:
 
     def pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """A token per row of logits [B, V]: argmax, or a sample (returned with its q)."""
-        if self.settings.greedy:
-            return logits.argmax(-1), None
-        q = self.probs(logits)
-        return torch.multinomial(q, 1, generator=self.generator)[:, 0], q
+        return pick(logits, self.settings.temperature, self.settings.top_p, self.generator)
 
 
 def _sync(device: torch.device) -> None:

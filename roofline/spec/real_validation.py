@@ -221,13 +221,15 @@ def _validate(req: RealValidationRequest, run_dir: Path, log) -> pd.DataFrame:
         for B in req.Bs:
             reference = _run_set(target, None, pb, B, _settings(req)).out
             for d in req.drafters:
+                base = round_parts.step_costs(table, d)  # the drafter's costs, once for all its k
+                c = round_parts.seconds_of(table, d)(1, B, L_mid) / base.target(1, B, L_mid) if d != "ngram" else 0.0
                 for k in req.ks:
                     pairs = [_run_pair(target, makers[d], pb, B, _settings(req), _settings(req, k), i % 2 == 1)
                              for i in range(req.reps)]
                     for p, s in pairs:
                         if exact and (s.out != reference or p.out != reference):
                             raise RuntimeError(f"{d}, k={k}, B={B}: speculative output differs from plain greedy")
-                    rows.append(_row(d, k, B, L_mid, pairs, profile[d], rate[d], table, o_plain[B], calib[d, k, B]))
+                    rows.append(_row(d, k, B, L_mid, pairs, profile[d], rate[d], base, c, o_plain[B], calib[d, k, B]))
                     r = rows[-1]
                     log(f"  {d:11s} k={k} B={B}: S measured {r['S_meas']:.3f}, predicted {r['S_pred']:.3f} "
                         f"({r['err']:+.1%}); iid {r['err_iid']:+.1%}, Leviathan {r['err_leviathan']:+.1%}")
@@ -236,13 +238,12 @@ def _validate(req: RealValidationRequest, run_dir: Path, log) -> pd.DataFrame:
     return result
 
 
-def _row(d, k, B, L, pairs, profile, rate, table: pd.DataFrame, o_plain, o_spec) -> dict:
-    base = round_parts.step_costs(table, d)
+def _row(d, k, B, L, pairs, profile, rate, base: StepCosts, c: float, o_plain, o_spec) -> dict:
+    """One validated point; c = T_draft(1) / T(1), one step each (Leviathan's cost ratio)."""
     costs = StepCosts(target=lambda q, B_, L_: base.target(q, B_, L_) + o_plain, draft=base.draft,
                       overhead=lambda k_, B_: max(0.0, o_spec - o_plain))
     R, t1 = round_time(k, B, L, costs), costs.target(1, B, L)
     tau_prof, tau_i = tau(profile[:k]), tau_iid(rate, k)
-    c = round_parts.seconds_of(table, d)(1, B, L) / base.target(1, B, L) if d != "ngram" else 0.0  # one step each
     # S = tau * T(1) / R as measured: tau from the counters (every draft of every sequence), T(1) and R
     # the seconds per step and per round while the whole batch generates. A static batch's own
     # tokens/s over those rounds (S_window) leans on its fastest sequences at B > 1: the window

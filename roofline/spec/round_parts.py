@@ -32,16 +32,7 @@ from roofline.io.fields import ConfigError
 from roofline.measure.timer import TimerSettings, time_interleaved
 from roofline.model.decoder import Transformer
 from roofline.model.speculation import StepCosts, drafting, no_cost
-from roofline.spec.verify import probs_from_logits
-
-KINDS = ("forward", "mtp", "draft_model")
-
-
-def _pick(logits: torch.Tensor, temperature: float, gen: torch.Generator) -> torch.Tensor:
-    """The drafter's token from its last position, as DecodeState.pick chooses it."""
-    if temperature == 0:
-        return logits.argmax(-1)
-    return torch.multinomial(probs_from_logits(logits, temperature), 1, generator=gen)
+from roofline.spec.verify import pick
 
 
 def _call(kind: str, model: Transformer, q: int, B: int, L: int, temperature: float, seed: int):
@@ -53,8 +44,8 @@ def _call(kind: str, model: Transformer, q: int, B: int, L: int, temperature: fl
         return lambda: model(tokens, start)
     if kind == "mtp":
         hidden = torch.randn(B, q, model.cfg.d, generator=gen).to(dev, model.embed.weight.dtype)
-        return lambda: _pick(model.mtp_forward(hidden, tokens, start)[0][:, -1], temperature, gen)
-    return lambda: _pick(model(tokens, start)[:, -1], temperature, gen)
+        return lambda: pick(model.mtp_forward(hidden, tokens, start)[0][:, -1], temperature, 1.0, gen)
+    return lambda: pick(model(tokens, start)[:, -1], temperature, 1.0, gen)
 
 
 def measure(target: Transformer, draft_model: Transformer | None, ks: tuple[int, ...], Bs: tuple[int, ...],
@@ -107,9 +98,8 @@ def seconds_of(table: pd.DataFrame, kind: str):
 def step_costs(table: pd.DataFrame, drafter: str, overhead=no_cost) -> StepCosts:
     """StepCosts for roofline.model.speculation from a measured table: the target's forward, the
     drafter's steps as the engine runs them, and the given per-round overhead(k, B)."""
-    kind = {"mtp": "mtp", "draft_model": "draft_model"}.get(drafter)
-    return StepCosts(target=seconds_of(table, "forward"),
-                     draft=drafting(drafter, seconds_of(table, kind) if kind else None), overhead=overhead)
+    step = seconds_of(table, drafter) if drafter != "ngram" else None
+    return StepCosts(target=seconds_of(table, "forward"), draft=drafting(drafter, step), overhead=overhead)
 
 
 def spread(table: pd.DataFrame) -> float:

@@ -57,6 +57,16 @@ def probs_from_logits(logits: torch.Tensor, temperature: float, top_p: float = 1
     return probs / probs.sum(-1, keepdim=True)
 
 
+def pick(logits: torch.Tensor, temperature: float, top_p: float,
+         generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A token per row of logits [B, V]: the argmax (temperature 0), or a sample from
+    probs_from_logits, returned with that distribution q (what the acceptance rule needs)."""
+    if temperature == 0:
+        return logits.argmax(-1), None
+    q = probs_from_logits(logits, temperature, top_p)
+    return torch.multinomial(q, 1, generator=generator)[:, 0], q
+
+
 def _check_shapes(draft_tokens: torch.Tensor, target: torch.Tensor, draft: torch.Tensor | None = None) -> None:
     if draft_tokens.dim() != 2:
         raise ValueError(f"draft_tokens must be [B, k], got shape {tuple(draft_tokens.shape)}")
