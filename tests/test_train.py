@@ -1,6 +1,7 @@
 """A tiny model trained here in seconds: tokenizer and chat template, HF folder, converter, acceptance."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -161,7 +162,7 @@ def test_real_validation_runs_disjoint_and_exact(trained, tmp_path):
     out, _ = trained
     req = RealValidationRequest(checkpoint=str(out / "target"), draft_checkpoint=str(out / "draft"),
                        prompts_a=str(out / "prompts_a.jsonl"), prompts_b=str(out / "prompts_b.jsonl"),
-                       drafters=("mtp", "ngram"), ks=(2,), Bs=(1,), max_new=6, n_prompts=1, reps=2, dtype="float32",
+                       drafters=("mtp", "ngram"), ks=(1, 2), Bs=(1,), max_new=6, n_prompts=1, reps=2, dtype="float32",
                        timer=TimerSettings(warmup=1, min_reps=2, max_reps=3, rel_ci=0.5, budget_s=0.05),
                        parts_rounds=2)
     table = run_real_validation(req, tmp_path / "rv", log=lambda *a: None)
@@ -173,8 +174,15 @@ def test_real_validation_runs_disjoint_and_exact(trained, tmp_path):
     assert set(steps["kind"]) == {"forward", "mtp"} and set(steps[steps["kind"] == "forward"]["q"]) == {1, 2, 3}
     assert (steps["n"] == 2 * 2).all()  # parts_rounds x min_reps samples per part
     assert (table["c_draft"][table["drafter"] == "ngram"] == 0).all()
+    # acceptance from set A at each k: k=1 predicts from its own alpha_1, k=2 equals the max(ks) profile
+    for _, r in table.iterrows():
+        alphas = [float(a) for a in r["alpha_a"].split()]
+        assert len(alphas) == r["k"]
+        assert r["tau_pred"] == pytest.approx(sum(math.prod(alphas[:i]) for i in range(r["k"] + 1)), abs=3e-3)
+    k2 = table[table["k"] == 2]
+    assert (k2["err_kmax"] == k2["err"]).all()
     text, summary = summarize(table)
-    assert summary["points"] == 2 and "Leviathan" in text
+    assert summary["points"] == 4 and "Leviathan" in text and "profile at max(ks)" in text
 
 
 @pytest.mark.slow

@@ -195,23 +195,22 @@ def _validate(req: RealValidationRequest, run_dir: Path, log) -> pd.DataFrame:
                                req.seed, req.device)
     _write_table(table, req, Ls, L_mid, run_dir)
 
-    log(f"[2/3] acceptance per position on prompt set A, all {len(pa_all)} conversations (temperature "
-        f"{req.temperature}, k = max(ks)); overhead calibration on set A")
+    log(f"[2/3] acceptance per position on prompt set A, all {len(pa_all)} conversations, at every k of ks "
+        f"(temperature {req.temperature}); overhead calibration on set A")
     with torch.inference_mode():
         plain_a = {B: _run_set(target, None, pa, B, _settings(req)) for B in req.Bs}
-        profile, rate, calib = {}, {}, {}
+        counted, calib = {}, {}
         for d in req.drafters:
-            c = AcceptanceCounters(accepted_per_pos=(0,) * k_max)
-            for B in req.Bs:
-                for k in req.ks:
-                    r = _run_set(target, makers[d], pa_all if k == k_max else pa, B, _settings(req, k))
+            for k in req.ks:
+                c = AcceptanceCounters(accepted_per_pos=(0,) * k)
+                for B in req.Bs:
+                    r = _run_set(target, makers[d], pa_all, B, _settings(req, k))
                     free_draft = r.draft_s if d == "ngram" else 0.0  # the round's parts price n-gram at 0
                     calib[d, k, B] = (r.overhead_s + free_draft) / r.rounds
-                    if k == k_max:
-                        c += r.counters
-            profile[d] = [a if a == a else 0.0 for a in c.per_position_alpha()]
-            rate[d] = c.acceptance_rate()
-            log(f"  {d}: alpha per position {' '.join(f'{a:.3f}' for a in profile[d])}, rate {rate[d]:.3f}")
+                    c += r.counters
+                counted[d, k] = c
+            log(f"  {d}: " + "; ".join(f"k={k} alpha {' '.join(f'{a:.3f}' for a in _profile(counted[d, k]))}"
+                                       for k in req.ks))
         o_plain = {B: plain_a[B].overhead_s / plain_a[B].rounds for B in req.Bs}
 
     log(f"[3/3] plain vs speculative on prompt set B, in turns batch by batch, x{req.reps}")
@@ -229,7 +228,8 @@ def _validate(req: RealValidationRequest, run_dir: Path, log) -> pd.DataFrame:
                     for p, s in pairs:
                         if exact and (s.out != reference or p.out != reference):
                             raise RuntimeError(f"{d}, k={k}, B={B}: speculative output differs from plain greedy")
-                    rows.append(_row(d, k, B, L_mid, pairs, profile[d], rate[d], base, c, o_plain[B], calib[d, k, B]))
+                    rows.append(_row(d, k, B, L_mid, pairs, counted[d, k], counted[d, k_max], base, c, o_plain[B],
+                                     calib[d, k, B]))
                     r = rows[-1]
                     log(f"  {d:11s} k={k} B={B}: S measured {r['S_meas']:.3f}, predicted {r['S_pred']:.3f} "
                         f"({r['err']:+.1%}); iid {r['err_iid']:+.1%}, Leviathan {r['err_leviathan']:+.1%}")
@@ -238,12 +238,20 @@ def _validate(req: RealValidationRequest, run_dir: Path, log) -> pd.DataFrame:
     return result
 
 
-def _row(d, k, B, L, pairs, profile, rate, base: StepCosts, c: float, o_plain, o_spec) -> dict:
-    """One validated point; c = T_draft(1) / T(1), one step each (Leviathan's cost ratio)."""
+def _profile(counters: AcceptanceCounters) -> list[float]:
+    """Conditional acceptance per position (a position no draft reached counts as 0)."""
+    return [a if a == a else 0.0 for a in counters.per_position_alpha()]
+
+
+def _row(d, k, B, L, pairs, at_k: AcceptanceCounters, at_kmax: AcceptanceCounters, base: StepCosts, c: float,
+         o_plain, o_spec) -> dict:
+    """One validated point from set A's acceptance at this k (and, beside it, the profile at max(ks)
+    cut to k); c = T_draft(1) / T(1), one step each (Leviathan's cost ratio)."""
+    profile, rate = _profile(at_k), at_k.acceptance_rate()
     costs = StepCosts(target=lambda q, B_, L_: base.target(q, B_, L_) + o_plain, draft=base.draft,
                       overhead=lambda k_, B_: max(0.0, o_spec - o_plain))
     R, t1 = round_time(k, B, L, costs), costs.target(1, B, L)
-    tau_prof, tau_i = tau(profile[:k]), tau_iid(rate, k)
+    tau_prof, tau_i, tau_kmax = tau(profile), tau_iid(rate, k), tau(_profile(at_kmax)[:k])
     # S = tau * T(1) / R as measured: tau from the counters (every draft of every sequence), T(1) and R
     # the seconds per step and per round while the whole batch generates. A static batch's own
     # tokens/s over those rounds (S_window) leans on its fastest sequences at B > 1: the window
@@ -254,7 +262,7 @@ def _row(d, k, B, L, pairs, profile, rate, base: StepCosts, c: float, o_plain, o
     window = statistics.median(s.tps / p.tps for p, s in pairs)
     meas = pairs[-1][1].counters
     pred, iid, lev = tau_prof * t1 / R, tau_i * t1 / R, tau_i / (k * c + 1)
-    return dict(drafter=d, k=k, B=B, L_mid=L, alpha_a=" ".join(f"{a:.3f}" for a in profile[:k]), rate_a=rate,
+    return dict(drafter=d, k=k, B=B, L_mid=L, alpha_a=" ".join(f"{a:.3f}" for a in profile), rate_a=rate,
                 tau_pred=tau_prof, tau_meas_b=meas.mean_acceptance_length(),
                 alpha_b=" ".join(f"{a:.3f}" for a in meas.per_position_alpha()),
                 T1_pred_s=t1, R_pred_s=R, O_spec_s=o_spec, O_plain_s=o_plain, c_draft=c,
@@ -263,6 +271,9 @@ def _row(d, k, B, L, pairs, profile, rate, base: StepCosts, c: float, o_plain, o
                 R_meas_s=statistics.median(s.round_s for _, s in pairs), S_meas=S, S_meas_lo=min(ratios),
                 S_meas_hi=max(ratios), S_window=window, S_pred=pred, err=pred / S - 1,
                 S_iid=iid, err_iid=iid / S - 1, S_leviathan=lev, err_leviathan=lev / S - 1,
+                # the same prediction from set A's profile at max(ks) cut to k: a round's start depends on k
+                # (after a rejection, or after a full round), and acceptance is correlated along a sequence
+                tau_kmax=tau_kmax, S_kmax=tau_kmax * t1 / R, err_kmax=tau_kmax * t1 / R / S - 1,
                 # err's two factors: acceptance carried from set A, and the round's cost in plain steps
                 err_tau=tau_prof / meas.mean_acceptance_length() - 1,
                 err_round=(R / t1) / (statistics.median(s.round_s / p.round_s for p, s in pairs)) - 1)
@@ -271,13 +282,14 @@ def _row(d, k, B, L, pairs, profile, rate, base: StepCosts, c: float, o_plain, o
 def summarize(table: pd.DataFrame) -> tuple[str, dict]:
     """Console table and |error| statistics (fractions of the measured speedup) per drafter and overall."""
     cols = ["drafter", "k", "B", "alpha_a", "tau_pred", "tau_meas_b", "S_meas", "S_pred", "err", "err_iid",
-            "err_leviathan"]
+            "err_leviathan", "err_kmax"]
     stats = {}
     for name, part in [("all", table)] + list(table.groupby("drafter")):
         stats[name] = {e: dict(median_abs=float(part[e].abs().median()), max_abs=float(part[e].abs().max()))
-                       for e in ("err", "err_iid", "err_leviathan")}
+                       for e in ("err", "err_iid", "err_leviathan", "err_kmax")}
     text = table[cols].round(3).to_string(index=False) + "\n" + "\n".join(
         f"{n}: |err| median {s['err']['median_abs']:.1%} max {s['err']['max_abs']:.1%}; iid median "
         f"{s['err_iid']['median_abs']:.1%} max {s['err_iid']['max_abs']:.1%}; Leviathan median "
-        f"{s['err_leviathan']['median_abs']:.1%} max {s['err_leviathan']['max_abs']:.1%}" for n, s in stats.items())
+        f"{s['err_leviathan']['median_abs']:.1%} max {s['err_leviathan']['max_abs']:.1%}; profile at max(ks) median "
+        f"{s['err_kmax']['median_abs']:.1%} max {s['err_kmax']['max_abs']:.1%}" for n, s in stats.items())
     return text, dict(points=len(table), errors=stats)
