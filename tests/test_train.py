@@ -179,6 +179,10 @@ def test_real_validation_runs_disjoint_and_exact(trained, tmp_path):
         alphas = [float(a) for a in r["alpha_a"].split()]
         assert len(alphas) == r["k"]
         assert r["tau_pred"] == pytest.approx(sum(math.prod(alphas[:i]) for i in range(r["k"] + 1)), abs=3e-3)
+    # host work priced in the table's time units: the plain step's is plain_rel x the table's T(1)
+    assert (table["O_plain_rel"] > 0).all() and (table["O_spec_rel"] > 0).all()
+    t1_table = table["T1_pred_s"] - table["O_plain_s"]
+    assert (table["O_plain_s"] - table["O_plain_rel"] * t1_table).abs().max() < 1e-12
     k2 = table[table["k"] == 2]
     assert (k2["err_kmax"] == k2["err"]).all()
     text, summary = summarize(table)

@@ -6,13 +6,16 @@ points. Here nothing the prediction uses was measured on the points it predicts:
 
 - acceptance: the per-position conditional α_1..α_k of each real drafter (the checkpoint's MTP
   module, a draft model, n-gram lookup), measured on prompt set A (held-out files of the corpus)
-  at k = max(ks), greedy or sampled as the run; the engine's measured points run on prompt set B
-  (other files);
+  at the same k, greedy or sampled as the run; the engine's measured points run on prompt set B
+  (other files). (The profile at max(ks) cut to k, err_kmax beside it, is not the same: where a
+  round starts depends on k, and acceptance is correlated along a sequence.)
 - step times: a table of the engine's parts (the target's forward at q = 1..max(ks)+1, its MTP
   module's step, the draft model's step; roofline.spec.round_parts), timed in turns at two
   contexts L that bracket the engine's mid-generation context without containing it, a straight
-  line in L between them; and the per-round overhead O(k, B) (and n-gram's lookup time, which
-  the round's parts call free) calibrated on prompt set A.
+  line in L between them; and the host work of a plain step and of a round (the engine's
+  bookkeeping, sampling and acceptance; n-gram's lookup, which the round's parts call free),
+  calibrated on prompt set A as a multiple of the same run's target forwards and priced in the
+  table's time units.
 
 Predicted speedup per (drafter, k, B): S = τ(α_1..α_k) · T1 / R(k, B, L_mid) with
 L_mid = mean prompt length of set B + max_new / 2. Beside it two baselines: the i.i.d. formula
@@ -111,7 +114,7 @@ class _Tally:
     def __init__(self, k: int):
         self.out, self.counters = [], AcceptanceCounters(accepted_per_pos=(0,) * k)
         self.tokens, self.seconds, self.rounds, self.overhead_s, self.draft_s = 0, 0.0, 0, 0.0, 0.0
-        self.steady_rounds = 0
+        self.steady_rounds, self.verify_s = 0, 0.0
 
     def add(self, out, m) -> None:
         self.out += out
@@ -119,7 +122,12 @@ class _Tally:
         self.tokens, self.seconds, self.rounds = self.tokens + m.steady_tokens, self.seconds + m.steady_s, \
             self.rounds + m.rounds
         self.overhead_s, self.draft_s = self.overhead_s + m.overhead_s, self.draft_s + m.draft_s
-        self.steady_rounds += m.steady_rounds
+        self.steady_rounds, self.verify_s = self.steady_rounds + m.steady_rounds, self.verify_s + m.verify_s
+
+    @property
+    def host_per_forward(self) -> float:
+        """Seconds outside drafting and the target's forwards, per second of the target's forwards."""
+        return self.overhead_s / self.verify_s
 
     @property
     def tps(self) -> float:
@@ -206,12 +214,12 @@ def _validate(req: RealValidationRequest, run_dir: Path, log) -> pd.DataFrame:
                 for B in req.Bs:
                     r = _run_set(target, makers[d], pa_all, B, _settings(req, k))
                     free_draft = r.draft_s if d == "ngram" else 0.0  # the round's parts price n-gram at 0
-                    calib[d, k, B] = (r.overhead_s + free_draft) / r.rounds
+                    calib[d, k, B] = (r.overhead_s + free_draft) / r.verify_s
                     c += r.counters
                 counted[d, k] = c
             log(f"  {d}: " + "; ".join(f"k={k} alpha {' '.join(f'{a:.3f}' for a in _profile(counted[d, k]))}"
                                        for k in req.ks))
-        o_plain = {B: plain_a[B].overhead_s / plain_a[B].rounds for B in req.Bs}
+        o_plain = {B: plain_a[B].host_per_forward for B in req.Bs}
 
     log(f"[3/3] plain vs speculative on prompt set B, in turns batch by batch, x{req.reps}")
     rows = []
@@ -244,10 +252,15 @@ def _profile(counters: AcceptanceCounters) -> list[float]:
 
 
 def _row(d, k, B, L, pairs, at_k: AcceptanceCounters, at_kmax: AcceptanceCounters, base: StepCosts, c: float,
-         o_plain, o_spec) -> dict:
+         plain_rel: float, spec_rel: float) -> dict:
     """One validated point from set A's acceptance at this k (and, beside it, the profile at max(ks)
-    cut to k); c = T_draft(1) / T(1), one step each (Leviathan's cost ratio)."""
+    cut to k); c = T_draft(1) / T(1), one step each (Leviathan's cost ratio). The host work of a
+    plain step and of a round (plain_rel, spec_rel: set A's seconds outside drafting and the
+    target's forwards, per second of the same run's forwards) is priced in the table's time units:
+    times the table's T(1) and T(k+1). The machine's speed drifts between the table's timing and
+    the engine's runs, and host work and this model's forward (per-op dispatch) drift together."""
     profile, rate = _profile(at_k), at_k.acceptance_rate()
+    o_plain, o_spec = plain_rel * base.target(1, B, L), spec_rel * base.target(k + 1, B, L)
     costs = StepCosts(target=lambda q, B_, L_: base.target(q, B_, L_) + o_plain, draft=base.draft,
                       overhead=lambda k_, B_: max(0.0, o_spec - o_plain))
     R, t1 = round_time(k, B, L, costs), costs.target(1, B, L)
@@ -265,7 +278,8 @@ def _row(d, k, B, L, pairs, at_k: AcceptanceCounters, at_kmax: AcceptanceCounter
     return dict(drafter=d, k=k, B=B, L_mid=L, alpha_a=" ".join(f"{a:.3f}" for a in profile), rate_a=rate,
                 tau_pred=tau_prof, tau_meas_b=meas.mean_acceptance_length(),
                 alpha_b=" ".join(f"{a:.3f}" for a in meas.per_position_alpha()),
-                T1_pred_s=t1, R_pred_s=R, O_spec_s=o_spec, O_plain_s=o_plain, c_draft=c,
+                T1_pred_s=t1, R_pred_s=R, O_spec_s=o_spec, O_plain_s=o_plain, O_spec_rel=spec_rel,
+                O_plain_rel=plain_rel, c_draft=c,
                 tps_plain=statistics.median(p.tps for p, _ in pairs),
                 tps_spec=statistics.median(s.tps for _, s in pairs), T1_meas_s=statistics.median(p.round_s for p, _ in pairs),
                 R_meas_s=statistics.median(s.round_s for _, s in pairs), S_meas=S, S_meas_lo=min(ratios),
