@@ -244,3 +244,20 @@ def test_the_committed_model_is_not_degenerate(name):
     c = greedy_check(COMMITTED / name, tok, pairs, 48, ref)
     assert not c["degenerate"] and c["single_token_run"] <= 0.25, c
     assert c["distinct"] >= 0.2 * ref["distinct"], c  # the previous model: 0.03 of 0.65
+
+
+@pytest.mark.parametrize("run,label", [("float32", "float32, greedy"), ("bfloat16", "bfloat16, greedy"),
+                                       ("float32-sampled", "float32, sampled (temperature 1)")])
+def test_the_committed_speedup_runs_are_what_the_readme_says(run, label):
+    """The README's summary row of each committed real-drafter run is its CSV's median and max
+    |err| (a row edited by hand, or a CSV replaced without the README, fails here)."""
+    import pandas as pd
+    folder = COMMITTED / f"specdec-{run}"
+    if not (folder / "real_specdec.csv").is_file():
+        pytest.skip("no committed speedup run")
+    t = pd.read_csv(folder / "real_specdec.csv")
+    assert len(t) == 24 and set(t["drafter"]) == {"mtp", "draft_model", "ngram"}
+    readme = (COMMITTED / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith(f"| {label} | **"))
+    cells = [c.strip().strip("*") for c in row.split("|")[1:-1]]
+    assert cells[1] == f"{t['err'].abs().median():.1%}" and cells[2] == f"{t['err'].abs().max():.1%}"
