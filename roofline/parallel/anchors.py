@@ -8,7 +8,8 @@ priors may be derived from) and a test set (what they must never be derived from
 reports both apart, overall and per category.
 
 The what-if's interval is its priors' interval widened by its own measured error, a split-conformal
-band per category (`conformal_bands`): from the CALIBRATION anchors only, each one's log distance
+band per category (`conformal_bands`): from the CALIBRATION anchors only, and of those only the ones
+whose source no prior cites (a prior derived from an anchor prices it in-sample), each one's log distance
 outside its priors' interval, the ceil((n+1)·coverage)-th smallest of them (never below 0) per
 category with at least `min_points` calibration anchors, overall for the rest. The table computes the
 bands from its own file's calibration anchors; roofline/data/bands.yaml holds those of
@@ -34,6 +35,7 @@ from roofline.parallel.whatif import (BAND_CATEGORIES, BANDS_PATH, SCENARIOS, Se
                                       band_categories, band_for, serve, widen)
 
 ANCHORS_PATH = Path(__file__).resolve().parents[1] / "data" / "deployments.yaml"
+PRIOR_PATHS = tuple(ANCHORS_PATH.parent / n for n in ("priors.yaml", "kernels.yaml", "engines.yaml"))
 METRICS = ("itl_ms", "tok_s_per_user", "output_tok_s", "output_tok_s_per_gpu", "ttft_ms", "e2e_latency_s",
            "spec_speedup")
 CATEGORIES = ("batch", "quantized", "tp", "moe", "speculative")
@@ -170,10 +172,14 @@ def conformal_bands(raw: pd.DataFrame, coverage: float | None = None, min_points
     log(published / high), whichever is larger (negative inside); a category's band is the
     ceil((n + 1) · coverage)-th smallest score of its n rows (0 when that is negative: never narrower than
     the priors), for every category with at least min_points rows; 'all' over every calibration row.
-    Test rows are dropped before anything is computed."""
+    Test rows are dropped before anything is computed, and so are the calibration rows of a source a
+    prior cites (`prior_cited`): a prior derived from them prices them in-sample, and their residuals
+    would understate the error of a deployment no prior has seen."""
     c0, m0 = band_settings()
     coverage, min_points = coverage if coverage is not None else c0, min_points if min_points is not None else m0
-    cal = raw[(raw["split"] == "calibration") & raw["predicted"].notna()]
+    priced = raw[(raw["split"] == "calibration") & raw["predicted"].notna()]
+    in_sample = priced["prior_cited"].astype(bool) if "prior_cited" in priced else pd.Series(False, priced.index)
+    cal = priced[~in_sample]
     y = cal["published"].to_numpy(float)
     score = np.maximum(np.log(cal["prior_low"].to_numpy(float) / y), np.log(y / cal["prior_high"].to_numpy(float)))
     cats = cal["band_categories"].str.split(",")
@@ -188,7 +194,7 @@ def conformal_bands(raw: pd.DataFrame, coverage: float | None = None, min_points
         if m.sum() >= min_points:
             out[c] = q(score[m])
     counts = {c: int(cats.apply(lambda cs, c=c: c in cs).sum()) for c in BAND_CATEGORIES}
-    return dict(bands_log=out, n=dict(all=int(len(score)), **counts))
+    return dict(bands_log=out, n=dict(all=int(len(score)), **counts), n_in_sample=int(in_sample.sum()))
 
 
 def write_bands(path=ANCHORS_PATH, out=BANDS_PATH) -> dict:
@@ -199,6 +205,7 @@ def write_bands(path=ANCHORS_PATH, out=BANDS_PATH) -> dict:
     head = text.split("bands_log:")[0]
     body = "bands_log:\n" + "".join(f"  {k}: {round(v, 4)}\n" for k, v in b["bands_log"].items())
     body += "n_calibration:\n" + "".join(f"  {k}: {v}\n" for k, v in b["n"].items())
+    body += f"n_calibration_left_out_in_sample: {b['n_in_sample']}\n"
     Path(out).write_text(head + body)
     from roofline.parallel import whatif
     whatif.load_bands.cache_clear()
@@ -212,10 +219,12 @@ def table(path=ANCHORS_PATH, engine_known: bool = True, bands: tuple | None = No
     band categories (band_pct: e^band − 1): bands None computes them from this file's calibration
     rows (conformal_bands), () widens nothing, else (category, log half-width) pairs."""
     models, sources, anchors = load(path)
+    text = prior_sources(PRIOR_PATHS)
     rows = []
     for a in anchors:
         cfg = models[a["model"]]
         base = dict(id=a["id"], split=split_of(a, sources), source=a["source"], engine=a["engine"],
+                    prior_cited=cited_by(a["source"], sources[a["source"]], text),
                     device=a["device"], model=a["model"], tp=a["tp"], metric=a["metric"],
                     category=",".join(a.get("category") or []), published=float(a["value"]),
                     predicted_dtype=served_precision(a, cfg), band_categories=",".join(band_categories_of(a, cfg)))
@@ -279,18 +288,17 @@ def prior_sources(paths) -> str:
     return "\n".join(s for p in paths if Path(p).exists() for s in walk(yaml.safe_load(Path(p).read_text())))
 
 
-def test_sources_cited_by_priors(path=ANCHORS_PATH, prior_paths=()) -> list[str]:
+def cited_by(sid: str, source: dict, text: str) -> bool:
+    """Whether the priors' source text cites this deployment source, by its url or its id."""
+    url = str(source.get("url", "")).split("#")[0].rstrip("/")  # the page itself (one repository holds many pages)
+    return bool(url and url in text) or sid in text
+
+
+def test_sources_cited_by_priors(path=ANCHORS_PATH, prior_paths=PRIOR_PATHS) -> list[str]:
     """Test-split sources whose url (or id) a prior's source cites: must be empty."""
     _, sources, _ = load(path)
     text = prior_sources(prior_paths)
-    bad = []
-    for sid, s in sources.items():
-        if s.get("split") != "test":
-            continue
-        url = str(s.get("url", "")).split("#")[0].rstrip("/")  # the page itself (one repository holds many pages)
-        if (url and url in text) or sid in text:
-            bad.append(sid)
-    return bad
+    return [sid for sid, s in sources.items() if s.get("split") == "test" and cited_by(sid, s, text)]
 
 
 def trend(anchor_id: str, Bs=(1, 2, 4, 8, 16, 32, 64), path=ANCHORS_PATH) -> pd.DataFrame:
