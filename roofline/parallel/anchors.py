@@ -171,7 +171,7 @@ def conformal_bands(raw: pd.DataFrame, coverage: float | None = None, min_points
     the priors' interval only (table(bands=())): each row's score is log(low / published) or
     log(published / high), whichever is larger (negative inside); a category's band is the
     ceil((n + 1) · coverage)-th smallest score of its n rows (0 when that is negative: never narrower than
-    the priors), for every category with at least min_points rows; 'all' over every calibration row.
+    the priors), for every category with at least min_points rows; 'all' over every calibration row kept.
     Test rows are dropped before anything is computed, and so are the calibration rows of a source a
     prior cites (`prior_cited`): a prior derived from them prices them in-sample, and their residuals
     would understate the error of a deployment no prior has seen."""
