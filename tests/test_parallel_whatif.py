@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -580,6 +581,25 @@ def test_the_error_bands_come_from_calibration_anchors_only(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_file_with_too_few_calibration_anchors_takes_the_shipped_bands(tmp_path):
+    """Below 4 kept calibration anchors an 80% split-conformal band has no finite quantile: the table takes
+    bands.yaml's instead of an interval of 0 to infinity, and says so."""
+    from roofline.parallel.whatif import load_bands
+    doc = yaml.safe_load(_subset(tmp_path, "base.yaml").read_text())
+    text = anchors.prior_sources(anchors.PRIOR_PATHS)
+    kept = [a for a in doc["anchors"] if doc["sources"][a["source"]].get("split") == "calibration"
+            and not anchors.cited_by(a["source"], doc["sources"][a["source"]], text)]
+    doc["anchors"] = kept[:2] + [a for a in doc["anchors"] if doc["sources"][a["source"]].get("split") == "test"]
+    p = tmp_path / "few.yaml"
+    p.write_text(yaml.safe_dump(doc, sort_keys=False))
+    assert math.isinf(anchors.conformal_bands(anchors.table(p, bands=()))["bands_log"]["all"])
+    t = anchors.table(p)
+    assert t.attrs["bands_log"] == dict(load_bands()) and "bands.yaml" in t.attrs["bands_from"]
+    priced = t[t["predicted"].notna()]
+    assert len(priced) >= 4 and np.isfinite(priced[["low", "high"]].to_numpy(float)).all()
+    assert anchors.table().attrs["bands_from"] == "this file's calibration anchors"
+
+
 def test_the_shipped_error_bands_are_those_of_the_calibration_anchors():
     """roofline/data/bands.yaml (read by every what-if prediction) equals the bands the calibration split
     gives now: regenerate it (anchors.write_bands) after a change to the priors or the anchors."""

@@ -42,6 +42,7 @@ def run(c: dict) -> None:
                   .to_string(index=False))
     summary = dict(anchors=len(t), not_priced=int(t["predicted"].isna().sum()),
                    error_bands_pct={k: round(100 * (math.exp(v) - 1), 2) for k, v in t.attrs["bands_log"].items()},
+                   error_bands_from=t.attrs["bands_from"],
                    **anchors.summary(t))
     if c["out_dir"]:
         out = Path(c["out_dir"])

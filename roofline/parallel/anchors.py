@@ -32,7 +32,7 @@ from roofline.model.formats import precision
 from roofline.model.presets import get_preset
 from roofline.parallel.layout import Layout
 from roofline.parallel.whatif import (BAND_CATEGORIES, BANDS_PATH, SCENARIOS, Setting, SpecDecode, WhatIf,
-                                      band_categories, band_for, serve, widen)
+                                      band_categories, band_for, load_bands, serve, widen)
 
 ANCHORS_PATH = Path(__file__).resolve().parents[1] / "data" / "deployments.yaml"
 PRIOR_PATHS = tuple(ANCHORS_PATH.parent / n for n in ("priors.yaml", "kernels.yaml", "engines.yaml"))
@@ -217,7 +217,8 @@ def table(path=ANCHORS_PATH, engine_known: bool = True, bands: tuple | None = No
     engine_known=False predicts as a user who does not say which engine runs (span of profiles).
     The interval (low, high) is the priors' (prior_low, prior_high) widened by the band of the row's
     band categories (band_pct: e^band − 1): bands None computes them from this file's calibration
-    rows (conformal_bands), () widens nothing, else (category, log half-width) pairs."""
+    rows (conformal_bands; the shipped bands.yaml where it has too few, attrs["bands_from"] says which),
+    () widens nothing, else (category, log half-width) pairs."""
     models, sources, anchors = load(path)
     text = prior_sources(PRIOR_PATHS)
     rows = []
@@ -237,7 +238,12 @@ def table(path=ANCHORS_PATH, engine_known: bool = True, bands: tuple | None = No
         rows.append(dict(base, predicted=p["typical"], prior_low=min(p.values()), prior_high=max(p.values()),
                          error_pct=100.0 * (p["typical"] / float(a["value"]) - 1.0), note=""))
     t = pd.DataFrame(rows)
+    bands_from = "given" if bands is not None else "this file's calibration anchors"
     table_bands = conformal_bands(t)["bands_log"] if bands is None else dict(bands)
+    if not math.isfinite(table_bands.get("all", 0.0)):  # too few kept calibration anchors for an 80% quantile
+        table_bands = dict(load_bands())
+        bands_from = (f"{BANDS_PATH.name} (this file has too few calibration anchors whose source no prior cites "
+                      f"for its own: an 80% split-conformal band needs at least 4)")
     for i, r in t.iterrows():
         if pd.isna(r["predicted"]):
             continue
@@ -248,7 +254,7 @@ def table(path=ANCHORS_PATH, engine_known: bool = True, bands: tuple | None = No
         t.loc[i, "inside"] = bool(lo <= r["published"] <= hi)
         t.loc[i, "half_width_pct"] = 100.0 * (hi - lo) / 2 / r["predicted"]
     t["inside"] = t["inside"].astype(bool)
-    t.attrs["bands_log"] = table_bands
+    t.attrs["bands_log"], t.attrs["bands_from"] = table_bands, bands_from
     return t
 
 
