@@ -108,19 +108,18 @@ def _batches(prompts: list[list[int]], B: int) -> list[list[list[int]]]:
 
 
 class _Tally:
-    """What runs of the engine add up to: outputs, counters, steady tokens and seconds, rounds,
-    and the seconds outside drafting and verification."""
+    """What runs of the engine add up to: outputs, counters, steady tokens, seconds and rounds, and
+    the seconds of drafting, of the target's forwards and outside both."""
 
     def __init__(self, k: int):
         self.out, self.counters = [], AcceptanceCounters(accepted_per_pos=(0,) * k)
-        self.tokens, self.seconds, self.rounds, self.overhead_s, self.draft_s = 0, 0.0, 0, 0.0, 0.0
+        self.tokens, self.seconds, self.overhead_s, self.draft_s = 0, 0.0, 0.0, 0.0
         self.steady_rounds, self.verify_s = 0, 0.0
 
     def add(self, out, m) -> None:
         self.out += out
         self.counters += m.counters
-        self.tokens, self.seconds, self.rounds = self.tokens + m.steady_tokens, self.seconds + m.steady_s, \
-            self.rounds + m.rounds
+        self.tokens, self.seconds = self.tokens + m.steady_tokens, self.seconds + m.steady_s
         self.overhead_s, self.draft_s = self.overhead_s + m.overhead_s, self.draft_s + m.draft_s
         self.steady_rounds, self.verify_s = self.steady_rounds + m.steady_rounds, self.verify_s + m.verify_s
 
@@ -214,7 +213,7 @@ def _validate(req: RealValidationRequest, run_dir: Path, log) -> pd.DataFrame:
                 for B in req.Bs:
                     r = _run_set(target, makers[d], pa_all, B, _settings(req, k))
                     free_draft = r.draft_s if d == "ngram" else 0.0  # the round's parts price n-gram at 0
-                    calib[d, k, B] = (r.overhead_s + free_draft) / r.verify_s
+                    calib[d, k, B] = r.host_per_forward + free_draft / r.verify_s
                     c += r.counters
                 counted[d, k] = c
             log(f"  {d}: " + "; ".join(f"k={k} alpha {' '.join(f'{a:.3f}' for a in _profile(counted[d, k]))}"
