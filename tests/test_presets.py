@@ -22,6 +22,14 @@ REAL_MODELS = [
     "qwen3-30b-a3b",
     "deepseek-v3",
     "glm-4.5-air",
+    "llama-3.1-405b",
+    "qwen2.5-72b",
+    "qwen2.5-32b",
+    "qwen3-8b",
+    "qwen3-32b",
+    "qwen3-235b-a22b",
+    "mixtral-8x22b",
+    "deepseek-r1",
 ]
 
 
@@ -130,6 +138,82 @@ def test_glm_4_5_air():
            router_scoring="sigmoid", norm_topk=True, routed_scale=1.0, mtp_layers=1, router_groups=1,
            max_context=131072, rope_theta=1e6)
     assert cfg.rotary_dim == 64
+
+
+def test_llama_3_1_405b():
+    cfg = presets.get_preset("llama-3.1-405b")
+    _check(cfg, vocab=128256, d=16384, layers=126, heads=128, kv_heads=8, head_dim=128, ffn=53248,
+           max_context=131072, rope_theta=500000.0, norm_eps=1e-5, tie_embeddings=False, qkv_bias=False,
+           is_moe=False)
+    rs = cfg.rope_scaling
+    assert (rs.kind, rs.factor, rs.low_freq_factor, rs.high_freq_factor, rs.original_max_position) == (
+        "llama3", 8.0, 1.0, 4.0, 8192)
+
+
+def test_qwen2_5_72b():
+    cfg = presets.get_preset("qwen2.5-72b")
+    _check(cfg, vocab=152064, d=8192, layers=80, heads=64, kv_heads=8, head_dim=128, ffn=29568,
+           max_context=131072, rope_theta=1e6, norm_eps=1e-5, qkv_bias=True, qk_norm=False,
+           tie_embeddings=False, is_moe=False)
+    assert cfg.rope_scaling.kind == "none"
+
+
+def test_qwen2_5_32b():
+    cfg = presets.get_preset("qwen2.5-32b")
+    _check(cfg, vocab=152064, d=5120, layers=64, heads=40, kv_heads=8, head_dim=128, ffn=27648,
+           max_context=131072, rope_theta=1e6, norm_eps=1e-5, qkv_bias=True, qk_norm=False,
+           tie_embeddings=False, is_moe=False)
+    assert cfg.rope_scaling.kind == "none"
+
+
+def test_qwen3_8b():
+    cfg = presets.get_preset("qwen3-8b")
+    _check(cfg, vocab=151936, d=4096, layers=36, heads=32, kv_heads=8, head_dim=128, ffn=12288,
+           max_context=40960, rope_theta=1e6, norm_eps=1e-6, qk_norm=True, qkv_bias=False,
+           tie_embeddings=False, is_moe=False)
+    assert cfg.rope_scaling.kind == "none"
+
+
+def test_qwen3_32b():
+    cfg = presets.get_preset("qwen3-32b")
+    _check(cfg, vocab=151936, d=5120, layers=64, heads=64, kv_heads=8, head_dim=128, ffn=25600,
+           max_context=40960, rope_theta=1e6, norm_eps=1e-6, qk_norm=True, qkv_bias=False,
+           tie_embeddings=False, is_moe=False)
+    assert cfg.heads * cfg.head_dim != cfg.d  # explicit head_dim, not hidden / heads
+
+
+def test_qwen3_235b_a22b():
+    cfg = presets.get_preset("qwen3-235b-a22b")
+    _check(cfg, vocab=151936, d=4096, layers=94, heads=64, kv_heads=4, head_dim=128, ffn=12288,
+           experts=128, experts_per_token=8, moe_ffn=1536, shared_experts=0, first_dense_layers=0,
+           qk_norm=True, qkv_bias=False, router_scoring="softmax", norm_topk=True, max_context=40960,
+           rope_theta=1e6, norm_eps=1e-6, tie_embeddings=False)
+    assert all(cfg.layer_is_moe(i) for i in range(cfg.layers))
+
+
+def test_mixtral_8x22b():
+    cfg = presets.get_preset("mixtral-8x22b")
+    _check(cfg, vocab=32000, d=6144, layers=56, heads=48, kv_heads=8, head_dim=128, experts=8,
+           experts_per_token=2, moe_ffn=16384, ffn=16384, shared_experts=0, first_dense_layers=0,
+           router_scoring="softmax", norm_topk=True, routed_scale=1.0, max_context=65536,
+           rope_theta=1e6, norm_eps=1e-5, tie_embeddings=False)
+    assert all(cfg.layer_is_moe(i) for i in range(cfg.layers))
+
+
+def test_deepseek_r1():
+    cfg = presets.get_preset("deepseek-r1")
+    _check(cfg, vocab=129280, d=7168, layers=61, heads=128, kv_heads=128, attention="mla",
+           q_lora_rank=1536, kv_lora_rank=512, qk_nope_dim=128, qk_rope_dim=64, v_head_dim=128,
+           head_dim=192, ffn=18432, experts=256, experts_per_token=8, moe_ffn=2048,
+           shared_experts=1, first_dense_layers=3, router_scoring="sigmoid", norm_topk=True,
+           routed_scale=2.5, mtp_layers=1, rope_interleave=True, max_context=163840, router_groups=8,
+           router_topk_groups=4, native_weights="fp8_e4m3_b128")
+    rs = cfg.rope_scaling
+    assert (rs.kind, rs.factor, rs.original_max_position, rs.beta_fast, rs.beta_slow, rs.mscale,
+            rs.mscale_all_dim) == ("yarn", 40.0, 4096, 32.0, 1.0, 1.0, 1.0)
+    assert not cfg.layer_is_moe(2) and cfg.layer_is_moe(3)
+    assert cfg.published_params_total == 671e9
+    assert cfg.source.startswith("https://huggingface.co/deepseek-ai/DeepSeek-R1/")
 
 
 def test_unknown_preset_lists_allowed_names():
