@@ -56,7 +56,7 @@ def test_help_shows_each_keys_comment():
     assert "dry_run: false  # true: print the expanded grid" in r.stdout
     assert "model: cpu-demo  # model preset" in r.stdout and "  every: 6  # points between" in r.stdout
     assert "# tokens already in each sequence's KV cache" in r.stdout
-    assert "model: cpu-demo, deepseek-v3" in r.stdout
+    assert "model: cpu-demo, deepseek-r1, deepseek-v3" in r.stdout
     assert "device: a100_40gb_pcie, " in r.stdout and "# roofline/conf/device/: cpu | cuda" in r.stdout
 
 
