@@ -313,6 +313,98 @@ def test_fixed_lengths_ramp_every_wave_and_staggered_ones_interleave_the_prompts
     assert stag["itl_mean_s"]["typical"] > fixed["itl_s"]["typical"]  # its decode steps carry prompt chunks
 
 
+def test_the_engines_kv_pool_caps_the_running_sequences_and_a_capped_run_goes_in_waves(tmp_path):
+    from roofline.parallel.cost import memory_per_rank
+    cfg, dev = get_preset("llama-3.1-8b"), get_datasheet("a100_40gb_sxm")
+    mem = dev.usable_mem_bytes()
+    w_s = WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine="sglang"))
+    weights, kv1 = memory_per_rank(cfg, Layout(), "bfloat16", 1, 6000)
+    frac = engines.profile("sglang", 1).kv_pool_fraction  # of the total: weights + KV
+    assert w_s.max_running("sglang", 6000) == int((frac * mem - weights) // kv1) < 50
+    w_t = WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine="trtllm"))
+    f_t = engines.profile("trtllm", 1).kv_pool_fraction  # of what the weights leave free
+    assert w_t.max_running("trtllm", 6000) == int(f_t * (mem - weights) // kv1)
+    w_l = WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine="llama.cpp"))
+    assert w_l.max_running("llama.cpp", 6000) is None  # no pool stated: no cap
+    cap = w_s.max_running("sglang", 6000)
+    capped, fits = serve(w_s, 5000, 1000, 4 * cap, 4 * cap), serve(w_s, 5000, 1000, cap, cap)
+    assert capped["running"]["typical"] == cap and fits["running"]["typical"] == cap
+    # 4 x cap requests in four waves of `cap`: a wave's throughput, and the median request waits a whole wave
+    assert capped["output_tok_s"]["typical"] == pytest.approx(fits["output_tok_s"]["typical"])
+    assert capped["ttft_s"]["typical"] > fits["e2e_s"]["typical"]
+    static = serve(w_s, 5000, 1000, 4 * cap, 4 * cap, static_batch=True)  # the benchmark allocated the batch itself
+    assert static["running"]["typical"] == 4 * cap and static["ttft_s"]["typical"] < capped["ttft_s"]["typical"]
+    with pytest.raises(ConfigError, match="kv_pool"):
+        bad = yaml.safe_load((ROOT / "roofline" / "data" / "engines.yaml").read_text())
+        bad["engines"]["sglang"]["kv_pool"] = {"fraction": 1.5, "of": "total"}
+        engines.load_engines.cache_clear()
+        try:
+            path = tmp_path / "bad_engines.yaml"
+            path.write_text(yaml.safe_dump(bad))
+            engines.profile("sglang", 1, str(path))
+        finally:
+            engines.load_engines.cache_clear()
+
+
+def test_the_card_prices_a_finite_run_as_the_what_if_serves_it():
+    from roofline.commands.card import CardRequest, card_record, render_card
+    cfg, dev = get_preset("llama-3.1-8b"), get_datasheet("a100_40gb_sxm")
+    req = CardRequest(model=cfg, device=dev, engine="sglang", input_len=5000, output_len=1000, concurrency=50,
+                      num_prompts=50)
+    rec = card_record(req)
+    s = serve(WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine="sglang")), 5000, 1000, 50, 50)
+    assert rec["run_output_tok_s"] == pytest.approx(s["output_tok_s"]["typical"])
+    assert rec["run_ttft_ms"] == pytest.approx(1e3 * s["ttft_s"]["typical"])
+    assert rec["run_running_seqs"] < 50 and "running (the engine's KV pool)" in render_card(rec)
+    assert rec["run_output_tok_s_optimistic"] >= rec["run_output_tok_s"] >= rec["run_output_tok_s_pessimistic"]
+    with pytest.raises(ConfigError, match="output_len"):
+        CardRequest(model=cfg, device=dev, input_len=5000)
+    assert "run_ttft_ms" not in card_record(CardRequest(model=cfg, device=dev, engine="sglang"))
+
+
+def test_an_engine_sizes_its_pool_from_the_memory_the_driver_reports():
+    h100, l4090 = get_datasheet("h100_sxm"), get_datasheet("rtx4090")
+    assert h100.mem_bytes == 80e9 and h100.usable_mem_bytes() == pytest.approx(81559 * 2**20, rel=1e-3)
+    assert l4090.usable_mem_bytes() == l4090.mem_bytes  # no printout read: the printed capacity
+
+
+def test_a_block_scaled_fp8_gemm_pays_its_own_call_floor_and_streams_like_fp8():
+    from roofline.model.formats import parse_precision
+    from roofline.parallel.whatif import _fmt_kind
+    assert _fmt_kind(parse_precision("bfloat16+weights=fp8_b128").weights) == "fp8_block"
+    assert _fmt_kind(parse_precision("bfloat16+weights=fp8").weights) == "fp8"
+    kern = kernels.load_kernels()
+    args = (8, 3072, 1536, 3072 * 1536 * 1.0, None, 0, 4.8e12, 1.979e15, 6.7e13, "h200_sxm", 1, kern)
+    g = lambda kind: kernels.gemm_seconds(*args[:4], kind, *args[5:])  # noqa: E731
+    floor = kernels.pick(kern["weight_only"]["fp8_block"]["call_floor_us"], 1) * 1e-6
+    assert g("fp8_block")["memory"] == pytest.approx(g("fp8")["memory"])
+    assert g("fp8_block")["seconds"] == pytest.approx(g("fp8")["seconds"] + floor)
+    assert kernels.peak_fraction("fp8_block", 1, kern) == kernels.peak_fraction("fp8", 1, kern)
+
+
+def test_the_band_quantile_weighs_each_source_once():
+    s = np.array([0.1, 0.2, 0.3, 0.4, 0.5])
+    one_each = anchors.weighted_quantile(s, np.array(list("abcde")), 0.8)
+    assert one_each == 0.5  # ceil(6 x 0.8) = 5th of 5
+    # a sixth source of 45 rows all at 0.9 counts once: ceil(7 x 0.8) = 6th of 6 sources
+    many = anchors.weighted_quantile(np.r_[s, np.full(45, 0.9)], np.array(list("abcde") + ["f"] * 45), 0.8)
+    assert many == 0.9
+    low = anchors.weighted_quantile(np.r_[s, np.full(45, 0.01)], np.array(list("abcde") + ["f"] * 45), 0.8)
+    assert low == 0.5  # 45 rows below all count as one source: unweighted they would pull it to 0.01
+    assert math.isinf(anchors.weighted_quantile(s[:3], np.array(list("abc")), 0.8))  # S < 4 at 80%
+
+
+def test_a_run_over_a_variable_length_dataset_is_not_priced_and_says_why(tmp_path):
+    doc = yaml.safe_load((ROOT / "roofline" / "data" / "deployments.yaml").read_text())
+    a = next(a for a in doc["anchors"] if a["source"] == "vllm_pr23151_qwen3")
+    doc["anchors"] = [dict(a, id="x-fixed"), dict(a, id="x-sharegpt", dataset="sharegpt")]
+    p = tmp_path / "d.yaml"
+    p.write_text(yaml.safe_dump(doc, sort_keys=False))
+    t = anchors.table(p, bands=()).set_index("id")
+    assert np.isfinite(t.loc["x-fixed", "predicted"]) and np.isnan(t.loc["x-sharegpt", "predicted"])
+    assert "dataset='sharegpt'" in t.loc["x-sharegpt", "note"]
+
+
 def test_capacity_and_layouts_honour_calibrate_with_one_answer(fixture_data, tmp_path):
     from roofline.analysis.capacity import plan_whatif
     from roofline.commands.capacity import DEVICE_AS, plan_layouts, request_from_config
@@ -489,28 +581,28 @@ def test_deployments_have_both_splits_and_enough_sources():
 @pytest.mark.slow
 def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran, their intervals widened by the
-    conformal bands of the calibration anchors no prior cites: bounds at the level measured when this test
-    was last set (median |error| 9.6%, signed median +5.5% too fast, 77% inside the interval, median
-    half-width 38.0%, 35 anchors priced; quantized 10.3% / +5.5%; TP 10.0% / +9.1%; MoE 14.4% / +9.9%)
-    plus a small margin, so a regression fails. The issue's targets (10%, +-5%, 80% inside, half-width <=
-    25%) are NOT all met (the signed median is 0.5 point over, the share inside 3 points under, the
-    half-width 13 points over). The calibration split is held too (6.4%, +4.2%, 94% inside, half-width
-    39.2%)."""
+    conformal bands of the calibration anchors no prior cites (each source weighing one): bounds at the level
+    measured when this test was last set (median |error| 9.5%, signed median +0.8% too fast, 86% inside the
+    interval, median half-width 53.0%, 35 anchors priced; quantized 10.3% / -0.3%; TP 9.1% / +7.1%; MoE
+    14.4% / +9.9%) plus a small margin, so a regression fails. Of the issue's targets (10%, +-5%, 80% inside,
+    half-width <= 25%) the half-width is NOT met: the calibration split's out-of-sample error (11 sources no
+    prior cites, MoE serving runs among them priced 50% too fast) sets bands of 19-34% beside the priors'
+    own width. The calibration split is held too (18.8%, +10.2%, 86% inside, half-width 62.0%)."""
     s = anchors.summary(anchors.table())
     t, q, m, c = s["test"]["all"], s["test"]["quantized"], s["test"]["moe"], s["calibration"]["all"]
     tp, sp = s["test"]["tp"], s["test"]["speculative"]
     assert t["n"] >= 35
-    assert t["median_abs_error_pct"] <= 11.0
-    assert abs(t["signed_median_fast_pct"]) <= 6.0
-    assert t["inside_interval"] >= 0.75
-    assert t["median_half_width_pct"] <= 39.5
-    assert q["median_abs_error_pct"] <= 12.0 and abs(q["signed_median_fast_pct"]) <= 6.5
-    assert tp["median_abs_error_pct"] <= 11.0 and abs(tp["signed_median_fast_pct"]) <= 10.0
+    assert t["median_abs_error_pct"] <= 10.5
+    assert abs(t["signed_median_fast_pct"]) <= 3.0
+    assert t["inside_interval"] >= 0.83
+    assert t["median_half_width_pct"] <= 56.0
+    assert q["median_abs_error_pct"] <= 11.5 and abs(q["signed_median_fast_pct"]) <= 3.0
+    assert tp["median_abs_error_pct"] <= 10.5 and abs(tp["signed_median_fast_pct"]) <= 8.5
     assert m["median_abs_error_pct"] <= 15.5 and abs(m["signed_median_fast_pct"]) <= 11.0
-    assert sp["n"] == 2 and sp["median_half_width_pct"] >= 10.0  # no longer the +-1.5-2.6% of before
-    assert c["median_abs_error_pct"] <= 7.5 and abs(c["signed_median_fast_pct"]) <= 5.0
-    assert c["inside_interval"] >= 0.92
-    assert c["median_half_width_pct"] <= 40.5
+    assert sp["n"] == 2 and sp["median_half_width_pct"] >= 10.0
+    assert c["n"] >= 160 and c["median_abs_error_pct"] <= 21.0 and abs(c["signed_median_fast_pct"]) <= 12.5
+    assert c["inside_interval"] >= 0.83
+    assert c["median_half_width_pct"] <= 65.0
 
 
 def test_a_speedups_interval_widens_with_its_acceptance_range_and_carries_the_drafts_priors():
@@ -536,18 +628,27 @@ def test_a_speedups_interval_widens_with_its_acceptance_range_and_carries_the_dr
 
 
 def _subset(tmp_path, name, scale_split=None, factor=1.0):
-    """deployments.yaml with 12 calibration anchors of sources no prior cites, 4 of sources a prior cites
-    and 4 test anchors (decode-step and finite-run ones); the published values of one split
-    ("calibration", "in_sample": the prior-cited calibration ones, or "test") multiplied by factor."""
+    """deployments.yaml with 12 calibration anchors of sources no prior cites (round-robin over their
+    sources, so at least four sources: the bands weigh each source once), 4 of sources a prior cites and 4
+    test anchors (decode-step and finite-run ones); the published values of one split ("calibration",
+    "in_sample": the prior-cited calibration ones, or "test") multiplied by factor."""
     doc = yaml.safe_load((ROOT / "roofline" / "data" / "deployments.yaml").read_text())
     text = anchors.prior_sources(anchors.PRIOR_PATHS)
     split = {sid: s.get("split", "calibration") for sid, s in doc["sources"].items()}
     split = {sid: "in_sample" if sp == "calibration" and anchors.cited_by(sid, doc["sources"][sid], text) else sp
              for sid, sp in split.items()}
-    pick = {"calibration": 12, "in_sample": 4, "test": 4}
-    chosen = {k: [a for a in doc["anchors"] if split[a["source"]] == k and "spec" not in a][:n] for k, n in pick.items()}
+    priced = [a for a in doc["anchors"] if "spec" not in a and not doc["sources"][a["source"]].get("dataset")]
+    by_source = {}
+    for a in priced:
+        if split[a["source"]] == "calibration":
+            by_source.setdefault(a["source"], []).append(a)
+    rr = [rows[i] for i in range(max(map(len, by_source.values()))) for rows in by_source.values() if i < len(rows)]
+    chosen = {"calibration": rr[:12], "in_sample": [a for a in priced if split[a["source"]] == "in_sample"][:4],
+              "test": [a for a in priced if split[a["source"]] == "test"][:4]}
+    for k, n in {"calibration": 12, "in_sample": 4, "test": 4}.items():
+        assert len(chosen[k]) == n, k
+    assert len({a["source"] for a in chosen["calibration"]}) >= 4
     for k, rows in chosen.items():
-        assert len(rows) == pick[k], k
         for a in rows:
             if k == scale_split:
                 a["value"] = a["value"] * factor
@@ -582,7 +683,7 @@ def test_the_error_bands_come_from_calibration_anchors_only(tmp_path):
 
 @pytest.mark.slow
 def test_a_file_with_too_few_calibration_anchors_takes_the_shipped_bands(tmp_path):
-    """Below 4 kept calibration anchors an 80% split-conformal band has no finite quantile: the table takes
+    """Below 4 kept calibration sources an 80% split-conformal band has no finite quantile: the table takes
     bands.yaml's instead of an interval of 0 to infinity, and says so."""
     from roofline.parallel.whatif import load_bands
     doc = yaml.safe_load(_subset(tmp_path, "base.yaml").read_text())

@@ -1,7 +1,9 @@
 """the cost card of a preset or checkpoint
 
 `python -m roofline.cli.card model=llama-3.1-8b dtype=bf16` (or `checkpoint=DIR`): what one forward
-of a preset must move, and the floor that implies.
+of a preset must move, and the floor that implies. With a device, the what-if ITL of that step; with
+`input_len=` and `output_len=` too, a finite benchmark run priced as `vllm bench serve` measures it (TTFT,
+ITL median / p90, TPOT, end-to-end latency, output tok/s and per GPU, the sequences the engine keeps running).
 
 Decode at small batch is bandwidth-bound: each step streams every active weight (and the
 KV cache) from memory once, so no step can be faster than bytes / bandwidth. The card states
@@ -47,9 +49,23 @@ class CardRequest:
     ep: int = internal(1, "the what-if layout of the ITL line: the ep key (roofline.commands.LayoutKeys)")
     dp_attention: bool = internal(False, "the what-if layout of the ITL line: the dp_attention key "
                                          "(roofline.commands.LayoutKeys)")
+    input_len: int = option(0, "with a device and output_len: price a finite run as `vllm bench serve` measures it "
+                               "(roofline.parallel.whatif.serve): prompt tokens per request")
+    output_len: int = option(0, "the finite run's output tokens per request")
+    concurrency: int = option(0, "the finite run's requests in flight (0: batch)")
+    num_prompts: int = option(0, "the finite run's requests in all (0: concurrency)")
+    staggered: bool = option(False, "the finite run's lengths vary (requests finish one by one and their "
+                                    "replacements' prompts ride in the decode steps); false: fixed lengths")
 
     def __post_init__(self) -> None:
         parse_precision(self.dtype)
+        for name in ("input_len", "output_len", "concurrency", "num_prompts"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"{name}={v!r}: must be an integer >= 0")
+        if bool(self.input_len) != bool(self.output_len):
+            raise ConfigError(f"input_len={self.input_len}, output_len={self.output_len}: a finite run needs both "
+                              "(or neither)")
         if not isinstance(self.batch, int) or self.batch < 1:
             raise ConfigError(f"batch={self.batch!r}: must be an integer >= 1")
         if not isinstance(self.context, int) or not 0 <= self.context < self.model.max_context:
@@ -104,7 +120,31 @@ def card_record(req: CardRequest) -> dict:
         rec.update(_fit_on(cfg, dtype, dev, req.batch, max(req.context, 1)))
     if dev is not None and dev.bandwidth_Bps() and dev.kind == "gpu":
         rec.update(_what_if_itl(req, dtype))
+        if req.input_len:
+            rec.update(_what_if_run(req, dtype))
     return rec
+
+
+RUN_METRICS = (("ttft_s", "ttft_ms", 1e3), ("itl_s", "itl_median_ms", 1e3), ("itl_p90_s", "itl_p90_ms", 1e3),
+               ("itl_mean_s", "tpot_ms", 1e3), ("e2e_s", "e2e_latency_s", 1.0), ("output_tok_s", "output_tok_s", 1.0),
+               ("tok_s_per_gpu", "output_tok_s_per_gpu", 1.0), ("running", "running_seqs", 1.0))
+
+
+def _what_if_run(req: CardRequest, dtype: str) -> dict:
+    """A finite benchmark run priced by the what-if (roofline.parallel.whatif.serve): each metric an interval."""
+    from roofline.parallel.layout import Layout
+    from roofline.parallel.whatif import Setting, WhatIf, serve
+    w = WhatIf(req.model, req.device, dtype, Layout(tp=req.tp, ep=req.ep, dp_attention=req.dp_attention),
+               Setting(engine=req.engine))
+    C = req.concurrency or req.batch
+    s = serve(w, req.input_len, req.output_len, C, req.num_prompts or C, staggered=req.staggered)
+    out = dict(run_input_len=req.input_len, run_output_len=req.output_len, run_concurrency=C,
+               run_num_prompts=req.num_prompts or C, run_staggered=req.staggered)
+    for key, name, f in RUN_METRICS:
+        iv = s[key]
+        out.update({f"run_{name}": iv["typical"] * f, f"run_{name}_optimistic": iv["optimistic"] * f,
+                    f"run_{name}_pessimistic": iv["pessimistic"] * f})
+    return out
 
 
 def _what_if_itl(req: CardRequest, dtype: str) -> dict:
@@ -174,6 +214,13 @@ def render_card(rec: dict) -> str:
         lines.append(f"what-if ITL    {rec['whatif_itl_ms']:.3f} ms ({rec['whatif_itl_ms_optimistic']:.3f}-"
                      f"{rec['whatif_itl_ms_pessimistic']:.3f}) as {rec['whatif_layout']}, engine {rec['whatif_engine']}"
                      + (f", {rec['whatif_experts_touched']:.1f} experts touched per MoE layer" if req_moe(rec) else ""))
+    if "run_ttft_ms" in rec:
+        lines.append(f"finite run     {rec['run_num_prompts']} requests of {rec['run_input_len']} in / {rec['run_output_len']} out, "
+                     f"{rec['run_concurrency']} at a time ({'staggered' if rec['run_staggered'] else 'fixed'} lengths), "
+                     f"{rec['run_running_seqs']:.0f} running (the engine's KV pool)")
+        for _, name, _ in RUN_METRICS[:-1]:
+            lines.append(f"  {name:<22} {rec[f'run_{name}']:.4g} ({rec[f'run_{name}_optimistic']:.4g}-"
+                         f"{rec[f'run_{name}_pessimistic']:.4g})")
     if rec.get("quality_note"):
         lines.append(f"note           {rec['quality_note']}")
     return "\n".join(lines)
@@ -197,4 +244,6 @@ def run(c: dict) -> None:
     print_card(CardRequest(model=model, dtype=dtype,
                            device=get_datasheet(c["device"]) if c["device"] else None,
                            batch=c["batch"], context=c["context"], engine=engine_name(c.get("engine")),
-                           tp=c["tp"], ep=c["ep"], dp_attention=c["dp_attention"]))
+                           tp=c["tp"], ep=c["ep"], dp_attention=c["dp_attention"], input_len=c["input_len"],
+                           output_len=c["output_len"], concurrency=c["concurrency"], num_prompts=c["num_prompts"],
+                           staggered=c["staggered"]))

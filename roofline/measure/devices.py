@@ -28,7 +28,7 @@ import yaml
 from roofline.io.fields import ConfigError, check_fields
 from roofline.model.dtypes import DATASHEET_COLUMNS, datasheet_column
 
-_NUMBER_FIELDS = ("mem_bw_GBps", "l2_bytes", "llc_bytes", "mem_bytes")
+_NUMBER_FIELDS = ("mem_bw_GBps", "l2_bytes", "llc_bytes", "mem_bytes", "mem_bytes_reported")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +45,13 @@ class Datasheet:
     sources: Mapping[str, str]
     measured_only: bool = False
     llc_bytes: int | None = None  # last-level cache when it is not the L2 (MI300X Infinity Cache)
+    mem_bytes_reported: float | None = None  # the total the driver reports (nvidia-smi / rocm-smi), where read
     match: tuple[str, ...] = ()
+
+    def usable_mem_bytes(self) -> float | None:
+        """The memory an engine sizes its pools from: the driver-reported total where read (an HBM part's
+        printed "80GB" is 80 GiB), else the printed capacity."""
+        return self.mem_bytes_reported or self.mem_bytes
 
     def bandwidth_Bps(self) -> float | None:
         return None if self.mem_bw_GBps is None else self.mem_bw_GBps * 1e9

@@ -10,8 +10,8 @@ reports both apart, overall and per category.
 The what-if's interval is its priors' interval widened by its own measured error, a split-conformal
 band per category (`conformal_bands`): from the CALIBRATION anchors only, and of those only the ones
 whose source no prior cites (a prior derived from an anchor prices it in-sample), each one's log distance
-outside its priors' interval, the ceil((n+1)·coverage)-th smallest of them (never below 0) per
-category with at least `min_points` calibration anchors, overall for the rest. The table computes the
+outside its priors' interval, their weighted split-conformal quantile with each source weighing one
+(never below 0) per category with at least `min_sources` calibration sources, overall for the rest. The table computes the
 bands from its own file's calibration anchors; roofline/data/bands.yaml holds those of
 deployments.yaml, which every other what-if prediction reads (`write_bands` regenerates it).
 """
@@ -40,6 +40,7 @@ METRICS = ("itl_ms", "tok_s_per_user", "output_tok_s", "output_tok_s_per_gpu", "
            "spec_speedup")
 CATEGORIES = ("batch", "quantized", "tp", "moe", "speculative")
 REQUIRED = ("id", "source", "engine", "device", "model", "tp", "workload", "metric", "value")
+VARIABLE_LENGTH_DATASETS = ("sharegpt",)  # a run over a dataset's own lengths: not priced from their means
 HIGHER_IS_FASTER = ("tok_s_per_user", "output_tok_s", "output_tok_s_per_gpu", "spec_speedup")
 
 
@@ -100,6 +101,10 @@ def what_if(a: dict, cfg: ModelConfig, setting: Setting | None = None, models: d
     setting = setting or Setting(engine=a["engine"])
     w = WhatIf(cfg, get_datasheet(a["device"]), served_precision(a, cfg), lay, setting)
     wl, m = a["workload"], a["metric"]
+    if a.get("dataset") in VARIABLE_LENGTH_DATASETS:
+        raise NotImplementedError(f"dataset={a['dataset']!r}: lengths vary request by request and only their means are "
+                                  "known; the fixed-length what-if prices the mean request, not the run (its tail of long "
+                                  "outputs and the prefill burst of requests sent at once)")
     if m == "spec_speedup":
         spec = a.get("spec") or {}
         acc, k = spec.get("acceptance"), spec.get("k")
@@ -118,7 +123,8 @@ def what_if(a: dict, cfg: ModelConfig, setting: Setting | None = None, models: d
             return r["tok_s_per_user"]
         raise ConfigError(f"anchor {a['id']}: metric={m!r} needs a workload {{concurrency, input_len, output_len}}")
     s = serve(w, wl["input_len"], wl["output_len"], wl["concurrency"], wl.get("num_prompts"),
-              spec=finite_spec(a, w, models or {}) if a.get("spec") else None)
+              spec=finite_spec(a, w, models or {}) if a.get("spec") else None,
+              static_batch=a.get("batching") == "static")
     O = wl["output_len"]
     conv = {"itl_ms": lambda d: {k: v * 1e3 for k, v in d["itl_s"].items()},
             "ttft_ms": lambda d: {k: v * 1e3 for k, v in d["ttft_s"].items()},
@@ -160,51 +166,69 @@ def band_categories_of(a: dict, cfg: ModelConfig) -> tuple[str, ...]:
                            bool(a.get("spec")))
 
 
-def band_settings(path=BANDS_PATH) -> tuple[float, float]:
-    """(coverage, min_points) of the conformal bands, as bands.yaml states them."""
+def band_settings(path=BANDS_PATH) -> tuple[float, int]:
+    """(coverage, min_sources) of the conformal bands, as bands.yaml states them."""
     doc = yaml.safe_load(Path(path).read_text())
-    return float(doc["coverage"]), int(doc["min_points"])
+    return float(doc["coverage"]), int(doc["min_sources"])
 
 
-def conformal_bands(raw: pd.DataFrame, coverage: float | None = None, min_points: int | None = None) -> dict:
+def weighted_quantile(scores: np.ndarray, sources: np.ndarray, coverage: float) -> float:
+    """The split-conformal quantile with a SOURCE as the unit of exchangeability: each row weighs 1 / (its
+    source's rows), so each of the S sources weighs 1, and a new source (the deployment predicted) one
+    more at +infinity; the smallest score whose cumulative weight reaches coverage · (S + 1), floored at 0.
+    With one row per source it is the ceil((S + 1) · coverage)-th smallest score. Infinite when S is too
+    small for that level (S < 4 at 80%)."""
+    S = len(set(sources))
+    if S == 0 or coverage * (S + 1) > S + 1e-12:
+        return math.inf
+    counts = pd.Series(sources).value_counts()
+    w = np.array([1.0 / counts[s] for s in sources])
+    order = np.argsort(scores, kind="stable")
+    cum = np.cumsum(w[order])
+    i = int(np.searchsorted(cum, coverage * (S + 1) - 1e-9))
+    return float(max(0.0, scores[order][i])) if i < len(scores) else math.inf
+
+
+def conformal_bands(raw: pd.DataFrame, coverage: float | None = None, min_sources: int | None = None) -> dict:
     """Split-conformal error bands (log half-widths) from the CALIBRATION rows of a table priced with
     the priors' interval only (table(bands=())): each row's score is log(low / published) or
-    log(published / high), whichever is larger (negative inside); a category's band is the
-    ceil((n + 1) · coverage)-th smallest score of its n rows (0 when that is negative: never narrower than
-    the priors), for every category with at least min_points rows; 'all' over every calibration row kept.
+    log(published / high), whichever is larger (negative inside); a category's band is the weighted
+    quantile of its rows' scores with each source weighing one (`weighted_quantile`: the rows of one source
+    share a setup and their errors move together, so a source with 48 rows counts as one deployment, not
+    48), for every category with at least min_sources sources; 'all' over every calibration row kept.
     Test rows are dropped before anything is computed, and so are the calibration rows of a source a
     prior cites (`prior_cited`): a prior derived from them prices them in-sample, and their residuals
     would understate the error of a deployment no prior has seen."""
     c0, m0 = band_settings()
-    coverage, min_points = coverage if coverage is not None else c0, min_points if min_points is not None else m0
+    coverage, min_sources = coverage if coverage is not None else c0, min_sources if min_sources is not None else m0
     priced = raw[(raw["split"] == "calibration") & raw["predicted"].notna()]
     in_sample = priced["prior_cited"].astype(bool) if "prior_cited" in priced else pd.Series(False, priced.index)
     cal = priced[~in_sample]
     y = cal["published"].to_numpy(float)
     score = np.maximum(np.log(cal["prior_low"].to_numpy(float) / y), np.log(y / cal["prior_high"].to_numpy(float)))
+    src = cal["source"].to_numpy(str)
     cats = cal["band_categories"].str.split(",")
-
-    def q(s: np.ndarray) -> float:
-        r = math.ceil((len(s) + 1) * coverage)
-        return float(max(0.0, np.sort(s)[r - 1])) if r <= len(s) else math.inf
-
-    out = dict(all=q(score))
+    out = dict(all=weighted_quantile(score, src, coverage))
+    n_src = dict(all=len(set(src)))
     for c in BAND_CATEGORIES:
         m = cats.apply(lambda cs, c=c: c in cs).to_numpy(bool)
-        if m.sum() >= min_points:
-            out[c] = q(score[m])
+        n_src[c] = len(set(src[m]))
+        if n_src[c] >= min_sources:
+            out[c] = weighted_quantile(score[m], src[m], coverage)
     counts = {c: int(cats.apply(lambda cs, c=c: c in cs).sum()) for c in BAND_CATEGORIES}
-    return dict(bands_log=out, n=dict(all=int(len(score)), **counts), n_in_sample=int(in_sample.sum()))
+    return dict(bands_log=out, n=dict(all=int(len(score)), **counts), n_sources=n_src,
+                n_in_sample=int(in_sample.sum()))
 
 
 def write_bands(path=ANCHORS_PATH, out=BANDS_PATH) -> dict:
     """Recompute the bands from `path`'s calibration anchors and write them into bands.yaml (its
-    coverage, min_points and comments kept)."""
+    coverage, min_sources and comments kept)."""
     b = conformal_bands(table(path, bands=()))
     text = Path(out).read_text()
     head = text.split("bands_log:")[0]
     body = "bands_log:\n" + "".join(f"  {k}: {round(v, 4)}\n" for k, v in b["bands_log"].items())
     body += "n_calibration:\n" + "".join(f"  {k}: {v}\n" for k, v in b["n"].items())
+    body += "n_calibration_sources:\n" + "".join(f"  {k}: {v}\n" for k, v in b["n_sources"].items())
     body += f"n_calibration_left_out_in_sample: {b['n_in_sample']}\n"
     Path(out).write_text(head + body)
     from roofline.parallel import whatif
@@ -230,6 +254,8 @@ def table(path=ANCHORS_PATH, engine_known: bool = True, bands: tuple | None = No
                     category=",".join(a.get("category") or []), published=float(a["value"]),
                     predicted_dtype=served_precision(a, cfg), band_categories=",".join(band_categories_of(a, cfg)))
         try:
+            src = sources[a["source"]]  # the source's method, unless the anchor says its own
+            a = dict(a, batching=a.get("batching", src.get("batching")), dataset=a.get("dataset", src.get("dataset")))
             p = what_if(a, cfg, Setting(engine=a["engine"] if engine_known else None, bands=()), models)
         except NotImplementedError as e:
             rows.append(dict(base, predicted=np.nan, low=np.nan, high=np.nan, error_pct=np.nan, inside=False,
@@ -240,9 +266,9 @@ def table(path=ANCHORS_PATH, engine_known: bool = True, bands: tuple | None = No
     t = pd.DataFrame(rows)
     bands_from = "given" if bands is not None else "this file's calibration anchors"
     table_bands = conformal_bands(t)["bands_log"] if bands is None else dict(bands)
-    if not math.isfinite(table_bands.get("all", 0.0)):  # too few kept calibration anchors for an 80% quantile
+    if not math.isfinite(table_bands.get("all", 0.0)):  # too few kept calibration sources for an 80% quantile
         table_bands = dict(load_bands())
-        bands_from = (f"{BANDS_PATH.name} (this file has too few calibration anchors whose source no prior cites "
+        bands_from = (f"{BANDS_PATH.name} (this file has too few calibration sources that no prior cites "
                       f"for its own: an 80% split-conformal band needs at least 4)")
     for i, r in t.iterrows():
         if pd.isna(r["predicted"]):

@@ -8,7 +8,8 @@ interconnect. An engine that launches every kernel from Python without graphs (`
 kernel launches per decoder layer and host microseconds per launch) is priced per kernel as the
 slower of the GPU and the host issuing it: the light kernels of a layer (norms, rotary, residual
 adds, cache writes: launches beyond the layer's matmuls and attention) cost the host's issue time
-each, the matmuls and attention their GPU time (roofline.parallel.whatif). Each value is a triple (optimistic, typical, pessimistic) with a source and the
+each, the matmuls and attention their GPU time (roofline.parallel.whatif). Its KV pool (`kv_pool`: the memory
+share it claims) bounds how many sequences of a finite run it keeps running (roofline.parallel.whatif.serve). Each value is a triple (optimistic, typical, pessimistic) with a source and the
 engine version it was read for. No engine named: the what-if runs every profile and its
 interval spans them (roofline.parallel.whatif).
 """
@@ -53,6 +54,8 @@ class Engine:
     attention_bw_fraction: float | None = None  # its own decode-attention kernel's streaming fraction (None: kernels.yaml's)
     fused_moe: bool = False  # its MoE experts run vLLM's Triton fused_moe (kernels.yaml grouped_gemm's measured kernel)
     grouped_bw_ratio: tuple = ()  # ((weight format, ratio), ...): its own quantized experts' kernel streams at ratio x the grouped curve
+    kv_pool_fraction: float | None = None  # device memory it claims for weights + KV (of "total") or for KV (of "free"); None: no cap
+    kv_pool_of: str = "total"
 
 
 def names(path: str = str(ENGINES_PATH)) -> list[str]:
@@ -79,6 +82,9 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
         host = e.get("host_issue")
         launches = None if host is None else pick(host["launches_per_layer"], scenario, f"{f}.host_issue.launches_per_layer")
         per_launch = 0.0 if host is None else pick(host["us_per_launch"], scenario, f"{f}.host_issue.us_per_launch") * 1e-6
+        pool = e.get("kv_pool") or {}
+        if pool and (pool.get("of") not in ("total", "free") or not 0 < float(pool.get("fraction", 0)) <= 1):
+            raise ConfigError(f"{f}.kv_pool: {pool!r}: needs fraction in (0, 1] and of: total | free")
         return Engine(name=name, graphs=graphs,
                       step_overhead_s=pick(e["step_overhead_us"], scenario, f"{f}.step_overhead_us") * 1e-6,
                       step_overhead_per_seq_s=(pick(e["step_overhead_per_seq_us"], scenario,
@@ -91,7 +97,8 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
                       attention_bw_fraction=(pick(e["attention_bw_fraction"], scenario, f"{f}.attention_bw_fraction")
                                              if (e.get("attention_bw_fraction") or {}).get("values") is not None else None),
                       grouped_bw_ratio=tuple((fmt, pick(v["bw_ratio"], scenario, f"{f}.grouped_weight_only.{fmt}.bw_ratio"))
-                                             for fmt, v in (e.get("grouped_weight_only") or {}).items()))
+                                             for fmt, v in (e.get("grouped_weight_only") or {}).items()),
+                      kv_pool_fraction=float(pool["fraction"]) if pool else None, kv_pool_of=pool.get("of", "total"))
     except KeyError as err:
         raise ConfigError(f"{f}: missing key {err.args[0]!r}") from None
 

@@ -111,17 +111,25 @@ def peak_fraction(fmt_kind: str, scenario: int, kern: dict, device_key: str | No
     if own_arch is not None:
         return pick(own_arch, scenario, "kernels.arch_overrides.gemm_peak_fraction")
     g = kern["gemm"]
-    own = (g.get("peak_fraction_by_format") or {}).get(fmt_kind)
+    by_fmt = g.get("peak_fraction_by_format") or {}
+    own = by_fmt.get(fmt_kind, by_fmt.get(_like(kern, fmt_kind)))
     if own is not None:
         return pick(own, scenario, f"kernels.gemm.peak_fraction_by_format.{fmt_kind}")
     return pick(g["peak_fraction"], scenario, "kernels.gemm.peak_fraction")
 
 
+def _like(kern: dict, fmt_kind: str) -> str | None:
+    """The format whose curves a weight_only entry borrows (`like:`), e.g. fp8_block streams like fp8."""
+    return ((kern.get("weight_only") or {}).get(fmt_kind) or {}).get("like")
+
+
 def weight_bw_fraction(fmt_kind: str, M: float, scenario: int, kern: dict) -> float:
     """Streaming efficiency of the weight reads of a GEMM whose weights are in `fmt_kind`
-    (dense: the activation dtype) at M tokens per pass."""
+    (dense: the activation dtype) at M tokens per pass; an entry with `like: <fmt>` streams as that one."""
     wo = kern.get("weight_only", {})
     entry = wo.get(fmt_kind) or wo.get("dense")
+    if entry is not None and "like" in entry:
+        entry = wo.get(entry["like"])
     if entry is None:
         raise ConfigError(f"kernels.weight_only: no entry for weight format {fmt_kind!r} nor 'dense'")
     if "table" in entry:
@@ -143,7 +151,11 @@ def gemm_seconds(M: float, N: int, K: int, weight_bytes: float, fmt_kind: str, d
 
 
 def call_floor_s(fmt_kind: str, scenario: int, kern: dict) -> float:
-    """Fixed seconds per call of a weight-only quantized GEMM (`weight_only.call_floor_us`); 0 for others."""
+    """Fixed seconds per call of a quantized GEMM: the format's own (`weight_only.<fmt>.call_floor_us`: the
+    block-scaled fp8 kernels'), else a weight-only int8 / int4 kernel's (`weight_only.call_floor_us`); 0 for others."""
+    own = ((kern.get("weight_only") or {}).get(fmt_kind) or {}).get("call_floor_us")
+    if own is not None:
+        return pick(own, scenario, f"kernels.weight_only.{fmt_kind}.call_floor_us") * 1e-6
     fl = kern.get("weight_only", {}).get("call_floor_us")
     if not fl or fmt_kind not in fl.get("applies_to", ()):
         return 0.0

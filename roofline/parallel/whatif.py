@@ -168,7 +168,12 @@ def _ceilings(device: Datasheet, prec: Precision) -> tuple[float, float, float, 
 
 
 def _fmt_kind(fmt) -> str:
-    return "dense" if fmt.kind == "float" else fmt.kind
+    """The kernel family of a weight format: dense (the activation dtype), int8, int4, fp8 (one scale per
+    tensor or channel) or fp8_block (DeepSeek-style 128 x 128 block scales: its own kernels, kernels.yaml
+    weight_only.fp8_block)."""
+    if fmt.kind == "float":
+        return "dense"
+    return "fp8_block" if fmt.kind == "fp8" and fmt.granularity == "block" else fmt.kind
 
 
 def launch_seconds(eng, setting: Setting, scenario: int, priors: dict, n: int, n_moe: int, block_cfg) -> float:
@@ -381,6 +386,21 @@ class WhatIf:
         eng = engine or self.setting.engine_names()[0]
         return self._scale(B) * self.pass_detail(Pass(B, q, L), scenario, eng, mtp=True)["seconds"]
 
+    def max_running(self, engine: str, tokens_per_seq: int) -> int | None:
+        """The most sequences of `tokens_per_seq` tokens whose KV fits the engine's pool on every rank
+        (engines.yaml kv_pool: a share of the device memory for weights + KV, or of what the weights leave
+        free for KV); None where the engine states no pool or the device no memory size. At least 1 (a
+        deployment that does not fit one sequence is a memory check's answer, not a cap's)."""
+        eng = self._eng(engine, 1)
+        mem = self.device.usable_mem_bytes()
+        if eng.kv_pool_fraction is None or not mem:
+            return None
+        split = self.layout.batch_split
+        w, kv = memory_per_rank(self.cfg, self.layout, self.dtype, split, tokens_per_seq)
+        pool = (eng.kv_pool_fraction * mem - w if eng.kv_pool_of == "total"
+                else eng.kv_pool_fraction * max(mem - w, 0.0))
+        return max(1, int(pool // kv) * split) if kv > 0 else None
+
     def band(self, B: int, spec: bool = False) -> float:
         """The measured error band (log half-width) of a prediction of B sequences (docs/planning.md)."""
         return band_for(band_categories(self.cfg, self.dtype, self.layout, B, spec), self.setting.band_table())
@@ -458,7 +478,8 @@ class WhatIf:
 
 
 def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prompts: int | None = None,
-          chunk_tokens: int | None = None, staggered: bool = False, spec: SpecDecode | None = None) -> dict:
+          chunk_tokens: int | None = None, staggered: bool = False, spec: SpecDecode | None = None,
+          static_batch: bool = False) -> dict:
     """A finite benchmark run as `vllm bench serve --max-concurrency C --num-prompts N` measures it
     (every request ready at t = 0): TTFT, ITL median and p90, end-to-end latency, output tok/s and
     tok/s per GPU, each an interval. Prompts are prefilled in chunks of `chunk_tokens` (chunked
@@ -478,19 +499,21 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     needs (output − 1)/tau rounds after its first token and a ramp step decodes tau tokens of each
     running request. ITL median and p90 are then the gap between two rounds (tokens arrive tau at a
     time), the mean ITL (TPOT) that gap over tau. Every metric's interval is widened by the measured
-    error band of the run's categories (`WhatIf.band` at B = concurrency)."""
+    error band of the run's categories (`WhatIf.band` at B = concurrency).
+
+    The engine's KV pool (`WhatIf.max_running`, engines.yaml kv_pool) bounds the sequences it keeps
+    running: C = min(concurrency, the sequences whose KV at input + output tokens fits). A capped run
+    goes in waves of C; the requests beyond them wait in the engine's queue, and the median request's TTFT
+    and end-to-end latency include the waves before it. `running` is that C (per engine, the span).
+    static_batch=True: a benchmark that allocates the whole batch's KV itself (TensorRT-LLM's
+    gptSessionBenchmark static batching) runs every sequence at once: no pool cap."""
     for name, v, lo in (("input_len", input_len, 1), ("output_len", output_len, 1), ("concurrency", concurrency, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ConfigError(f"{name}={v!r}: allowed integers >= {lo}")
     N = num_prompts or concurrency
     chunk = chunk_tokens or int(load_priors()["chunked_prefill_tokens"]["value"])
-    C, I, O = concurrency, input_len, output_len
+    I, O = input_len, output_len
     L = I + O // 2
-    waves, R = math.ceil(N / C), math.ceil(C * I / chunk)
-    half = math.ceil(R / 2)
-    frac = min(1.0, C * I / O * max(N - C, 0) / N / chunk) if staggered else 0.0  # steps carrying a chunk
-    pre_step = min(chunk, C * I)
-
     tau = spec.tau() if spec is not None else 1.0
 
     def step(B, Lc, pre, s, e):  # one decode step (a round with spec) of B sequences at context Lc + `pre` prompt tokens
@@ -499,13 +522,22 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
         return w.round_seconds(spec.k, B, Lc, s, e, spec.drafter, spec.draft, pre, I / 2)
 
     def per(s, e):
+        cap = None if static_batch else w.max_running(e, I + O)  # the engine's KV pool: sequences it keeps running (the rest queue)
+        C = concurrency if cap is None else min(concurrency, cap)
+        waves, R = math.ceil(N / C), math.ceil(C * I / chunk)
+        half = math.ceil(R / 2)
+        frac = min(1.0, C * I / O * max(N - C, 0) / N / chunk) if staggered else 0.0  # steps carrying a chunk
+        pre_step = min(chunk, C * I)
         plain, mixed = step(C, L, 0, s, e), step(C, L, pre_step, s, e)
         first = step(1, 0, pre_step, s, e)  # a ramp step: a prompt chunk (+ a few decodes)
+        wave = R * first + (O - 1) / tau * plain
+        queued = (math.ceil(concurrency / 2) - 1) // C  # waves the median request of a capped run waits in the queue
         if staggered and waves > 1:
             mean = (1 - frac) * plain + frac * mixed  # per step (round)
             ttft, e2e = math.ceil(I / chunk) * mixed, math.ceil(I / chunk) * mixed + (O - 1) / tau * mean
             itl50, itl90 = (mixed if frac >= 0.5 else plain), (mixed if frac > 0.1 else plain)
             total, mean_itl = R * first + waves * O / tau * mean, mean / tau
+            wave = ttft + (O - 1) / tau * mean
         else:
             in_ramp = min(R - half, math.ceil((O - 1) / tau))  # ramp steps left after the median request's first token
             after = max(O - 1 - in_ramp * tau, 0.0) / tau  # its steps after the ramp
@@ -513,9 +545,9 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
             ttft, e2e = half * first, R * first + after * plain
             itl50 = first if in_ramp >= (in_ramp + after) / 2 else plain
             itl90 = first if in_ramp > 0.1 * (in_ramp + after) else plain
-            total = waves * (R * first + (O - 1) / tau * plain)
-        return dict(ttft_s=ttft, itl_s=itl50, itl_p90_s=itl90, itl_mean_s=mean_itl, e2e_s=e2e,
-                    output_tok_s=N * O / total)
+            total = waves * wave
+        return dict(ttft_s=ttft + queued * wave, itl_s=itl50, itl_p90_s=itl90, itl_mean_s=mean_itl,
+                    e2e_s=e2e + queued * wave, output_tok_s=N * O / total, running=float(C))
 
     out = {}
     for e in w.setting.engine_names():
@@ -527,8 +559,8 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
         if k == "output_tok_s":  # faster is higher: the optimistic end is the largest
             res[k] = dict(optimistic=max(v[k]["optimistic"] for v in out.values()), typical=res[k]["typical"],
                           pessimistic=min(v[k]["pessimistic"] for v in out.values()))
-    q = w.band(C, spec is not None)  # the measured error band of the run's categories
-    res = {k: widen(v, q) for k, v in res.items()}
+    q = w.band(concurrency, spec is not None)  # the measured error band of the run's categories
+    res = {k: v if k == "running" else widen(v, q) for k, v in res.items()}
     res["tok_s_per_gpu"] = {k: v / w.layout.devices for k, v in res["output_tok_s"].items()}
     return res
 
