@@ -360,6 +360,9 @@ def test_the_card_prices_a_finite_run_as_the_what_if_serves_it():
     with pytest.raises(ConfigError, match="output_len"):
         CardRequest(model=cfg, device=dev, input_len=5000)
     assert "run_ttft_ms" not in card_record(CardRequest(model=cfg, device=dev, engine="sglang"))
+    big = card_record(CardRequest(model=get_preset("llama-3.1-70b"), device=dev, engine="vllm", input_len=128,
+                                  output_len=128, concurrency=8))  # 141 GB of bf16 weights on one 40 GB GPU
+    assert big["run_running_seqs"] == 1 and "does not fit" in big["run_note"]
 
 
 def test_an_engine_sizes_its_pool_from_the_memory_the_driver_reports():

@@ -140,6 +140,11 @@ def _what_if_run(req: CardRequest, dtype: str) -> dict:
     s = serve(w, req.input_len, req.output_len, C, req.num_prompts or C, staggered=req.staggered)
     out = dict(run_input_len=req.input_len, run_output_len=req.output_len, run_concurrency=C,
                run_num_prompts=req.num_prompts or C, run_staggered=req.staggered)
+    full = [e for e in w.setting.engine_names() if w.max_running(e, req.input_len + req.output_len) == 0]
+    if full:
+        out["run_note"] = (f"does not fit: on {w.layout.label()} the weights leave {', '.join(full)}'s KV pool no room "
+                           f"for one sequence of {req.input_len + req.output_len} tokens (priced one at a time); "
+                           f"give more devices (tp=) or a smaller format (weights=)")
     for key, name, f in RUN_METRICS:
         iv = s[key]
         out.update({f"run_{name}": iv["typical"] * f, f"run_{name}_optimistic": iv["optimistic"] * f,
@@ -221,6 +226,8 @@ def render_card(rec: dict) -> str:
         for _, name, _ in RUN_METRICS[:-1]:
             lines.append(f"  {name:<22} {rec[f'run_{name}']:.4g} ({rec[f'run_{name}_optimistic']:.4g}-"
                          f"{rec[f'run_{name}_pessimistic']:.4g})")
+        if rec.get("run_note"):
+            lines.append(f"  {rec['run_note']}")
     if rec.get("quality_note"):
         lines.append(f"note           {rec['quality_note']}")
     return "\n".join(lines)

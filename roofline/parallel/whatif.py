@@ -389,8 +389,9 @@ class WhatIf:
     def max_running(self, engine: str, tokens_per_seq: int) -> int | None:
         """The most sequences of `tokens_per_seq` tokens whose KV fits the engine's pool on every rank
         (engines.yaml kv_pool: a share of the device memory for weights + KV, or of what the weights leave
-        free for KV); None where the engine states no pool or the device no memory size. At least 1 (a
-        deployment that does not fit one sequence is a memory check's answer, not a cap's)."""
+        free for KV); None where the engine states no pool or the device no memory size; 0 where the weights
+        leave no room for one sequence (the layout does not fit: `serve` then runs one at a time, and the card
+        says so)."""
         eng = self._eng(engine, 1)
         mem = self.device.usable_mem_bytes()
         if eng.kv_pool_fraction is None or not mem:
@@ -399,7 +400,7 @@ class WhatIf:
         w, kv = memory_per_rank(self.cfg, self.layout, self.dtype, split, tokens_per_seq)
         pool = (eng.kv_pool_fraction * mem - w if eng.kv_pool_of == "total"
                 else eng.kv_pool_fraction * max(mem - w, 0.0))
-        return max(1, int(pool // kv) * split) if kv > 0 else None
+        return max(0, int(pool // kv) * split) if kv > 0 else None
 
     def band(self, B: int, spec: bool = False) -> float:
         """The measured error band (log half-width) of a prediction of B sequences (docs/planning.md)."""
@@ -523,7 +524,7 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
 
     def per(s, e):
         cap = None if static_batch else w.max_running(e, I + O)  # the engine's KV pool: sequences it keeps running (the rest queue)
-        C = concurrency if cap is None else min(concurrency, cap)
+        C = concurrency if cap is None else min(concurrency, max(cap, 1))
         waves, R = math.ceil(N / C), math.ceil(C * I / chunk)
         half = math.ceil(R / 2)
         frac = min(1.0, C * I / O * max(N - C, 0) / N / chunk) if staggered else 0.0  # steps carrying a chunk
