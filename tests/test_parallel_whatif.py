@@ -585,27 +585,27 @@ def test_deployments_have_both_splits_and_enough_sources():
 def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran, their intervals widened by the
     conformal bands of the calibration anchors no prior cites (each source weighing one): bounds at the level
-    measured when this test was last set (median |error| 9.5%, signed median +0.8% too fast, 86% inside the
-    interval, median half-width 53.0%, 35 anchors priced; quantized 10.3% / -0.3%; TP 9.1% / +7.1%; MoE
+    measured when this test was last set (median |error| 9.5%, signed median +1.9% too fast, 80% inside the
+    interval, median half-width 44.8%, 35 anchors priced; quantized 10.3% / -0.3%; TP 9.1% / +7.1%; MoE
     14.4% / +9.9%) plus a small margin, so a regression fails. Of the issue's targets (10%, +-5%, 80% inside,
     half-width <= 25%) the half-width is NOT met: the calibration split's out-of-sample error (11 sources no
-    prior cites, MoE serving runs among them priced 50% too fast) sets bands of 19-34% beside the priors'
-    own width. The calibration split is held too (18.8%, +10.2%, 86% inside, half-width 62.0%)."""
+    prior cites, MoE serving runs among them priced ~50% too fast) sets bands of 19-23% beside the priors'
+    own width. The calibration split is held too (17.7%, +9.7%, 86% inside, half-width 53.4%)."""
     s = anchors.summary(anchors.table())
     t, q, m, c = s["test"]["all"], s["test"]["quantized"], s["test"]["moe"], s["calibration"]["all"]
     tp, sp = s["test"]["tp"], s["test"]["speculative"]
     assert t["n"] >= 35
     assert t["median_abs_error_pct"] <= 10.5
-    assert abs(t["signed_median_fast_pct"]) <= 3.0
-    assert t["inside_interval"] >= 0.83
-    assert t["median_half_width_pct"] <= 56.0
+    assert abs(t["signed_median_fast_pct"]) <= 3.5
+    assert t["inside_interval"] >= 0.77
+    assert t["median_half_width_pct"] <= 47.5
     assert q["median_abs_error_pct"] <= 11.5 and abs(q["signed_median_fast_pct"]) <= 3.0
     assert tp["median_abs_error_pct"] <= 10.5 and abs(tp["signed_median_fast_pct"]) <= 8.5
     assert m["median_abs_error_pct"] <= 15.5 and abs(m["signed_median_fast_pct"]) <= 11.0
     assert sp["n"] == 2 and sp["median_half_width_pct"] >= 10.0
-    assert c["n"] >= 160 and c["median_abs_error_pct"] <= 21.0 and abs(c["signed_median_fast_pct"]) <= 12.5
+    assert c["n"] >= 160 and c["median_abs_error_pct"] <= 20.0 and abs(c["signed_median_fast_pct"]) <= 12.0
     assert c["inside_interval"] >= 0.83
-    assert c["median_half_width_pct"] <= 65.0
+    assert c["median_half_width_pct"] <= 56.5
 
 
 def test_a_speedups_interval_widens_with_its_acceptance_range_and_carries_the_drafts_priors():
