@@ -132,10 +132,8 @@ RUN_METRICS = (("ttft_s", "ttft_ms", 1e3), ("itl_s", "itl_median_ms", 1e3), ("it
 
 def _what_if_run(req: CardRequest, dtype: str) -> dict:
     """A finite benchmark run priced by the what-if (roofline.parallel.whatif.serve): each metric an interval."""
-    from roofline.parallel.layout import Layout
-    from roofline.parallel.whatif import Setting, WhatIf, serve
-    w = WhatIf(req.model, req.device, dtype, Layout(tp=req.tp, ep=req.ep, dp_attention=req.dp_attention),
-               Setting(engine=req.engine))
+    from roofline.parallel.whatif import serve
+    w = _what_if(req, dtype)
     C = req.concurrency or req.batch
     s = serve(w, req.input_len, req.output_len, C, req.num_prompts or C, staggered=req.staggered)
     out = dict(run_input_len=req.input_len, run_output_len=req.output_len, run_concurrency=C,
@@ -152,12 +150,17 @@ def _what_if_run(req: CardRequest, dtype: str) -> dict:
     return out
 
 
-def _what_if_itl(req: CardRequest, dtype: str) -> dict:
-    """The decode step's ITL from the what-if model (roofline.parallel.whatif), an interval."""
+def _what_if(req: CardRequest, dtype: str):
+    """The request's what-if (roofline.parallel.whatif.WhatIf): its model, device, precision, layout, engine."""
     from roofline.parallel.layout import Layout
     from roofline.parallel.whatif import Setting, WhatIf
-    w = WhatIf(req.model, req.device, dtype, Layout(tp=req.tp, ep=req.ep, dp_attention=req.dp_attention),
-               Setting(engine=req.engine))
+    return WhatIf(req.model, req.device, dtype, Layout(tp=req.tp, ep=req.ep, dp_attention=req.dp_attention),
+                  Setting(engine=req.engine))
+
+
+def _what_if_itl(req: CardRequest, dtype: str) -> dict:
+    """The decode step's ITL from the what-if model (roofline.parallel.whatif), an interval."""
+    w = _what_if(req, dtype)
     itl = w.itl(req.batch, req.context)
     return dict(whatif_layout=w.layout.label(), whatif_engine=req.engine or "all profiles (span)",
                 whatif_itl_ms=itl["typical"] * 1e3, whatif_itl_ms_optimistic=itl["optimistic"] * 1e3,

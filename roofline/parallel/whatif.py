@@ -522,24 +522,26 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
             return w.forward(Pass(B, 1, Lc, pre, I / 2), s, e)
         return w.round_seconds(spec.k, B, Lc, s, e, spec.drafter, spec.draft, pre, I / 2)
 
+    # the engine's KV pool: the sequences it keeps running (the rest queue); one figure per engine
+    caps = {e: None if static_batch else w.max_running(e, I + O) for e in w.setting.engine_names()}
+
     def per(s, e):
-        cap = None if static_batch else w.max_running(e, I + O)  # the engine's KV pool: sequences it keeps running (the rest queue)
-        C = concurrency if cap is None else min(concurrency, max(cap, 1))
+        C = concurrency if caps[e] is None else min(concurrency, max(caps[e], 1))
         waves, R = math.ceil(N / C), math.ceil(C * I / chunk)
         half = math.ceil(R / 2)
         frac = min(1.0, C * I / O * max(N - C, 0) / N / chunk) if staggered else 0.0  # steps carrying a chunk
         pre_step = min(chunk, C * I)
         plain, mixed = step(C, L, 0, s, e), step(C, L, pre_step, s, e)
         first = step(1, 0, pre_step, s, e)  # a ramp step: a prompt chunk (+ a few decodes)
-        wave = R * first + (O - 1) / tau * plain
         queued = (math.ceil(concurrency / 2) - 1) // C  # waves the median request of a capped run waits in the queue
         if staggered and waves > 1:
             mean = (1 - frac) * plain + frac * mixed  # per step (round)
             ttft, e2e = math.ceil(I / chunk) * mixed, math.ceil(I / chunk) * mixed + (O - 1) / tau * mean
             itl50, itl90 = (mixed if frac >= 0.5 else plain), (mixed if frac > 0.1 else plain)
             total, mean_itl = R * first + waves * O / tau * mean, mean / tau
-            wave = ttft + (O - 1) / tau * mean
+            wave = e2e  # one request's stay: what a queued one waits per wave ahead of it
         else:
+            wave = R * first + (O - 1) / tau * plain
             in_ramp = min(R - half, math.ceil((O - 1) / tau))  # ramp steps left after the median request's first token
             after = max(O - 1 - in_ramp * tau, 0.0) / tau  # its steps after the ramp
             mean_itl = (in_ramp * first + after * plain) / max(O - 1, 1)
