@@ -1,7 +1,7 @@
 """published multi-GPU measurements beside our what-if predictions
 
-`python -m roofline.cli.anchors [out_dir=DIR]`: the table (and trends) on the console, anchors.csv
-and anchors.json in out_dir."""
+`python -m roofline.cli.anchors [out_dir=DIR]`: the table (and trends) on the console, anchors.csv,
+anchors.json and anchors.md (the summaries and the test table as the docs show them) in out_dir."""
 
 import math
 from dataclasses import dataclass
@@ -11,7 +11,7 @@ import pandas as pd
 
 from roofline.io import files
 from roofline.io.fields import option
-from roofline.io.files import write_csv_atomic, write_json_atomic
+from roofline.io.files import write_atomic, write_csv_atomic, write_json_atomic
 from roofline.parallel import anchors
 
 
@@ -24,7 +24,7 @@ class AnchorsKeys:
                                        "profiles)")
     trend: tuple[str, ...] = option((), "anchors whose metric is also printed against batch size")
     trend_B: tuple[int, ...] = option((1, 2, 4, 8, 16, 32, 64), "the batch sizes of the trends")
-    out_dir: str | None = option(None, "write anchors.csv, trend-<id>.csv, anchors.json here")
+    out_dir: str | None = option(None, "write anchors.csv, trend-<id>.csv, anchors.json, anchors.md here")
 
 
 # the command's keys (their defaults and help): its structured config, roofline/cli/schema.py
@@ -52,4 +52,5 @@ def run(c: dict) -> None:
             write_csv_atomic(anchors.trend(aid, tuple(c["trend_B"]), c["anchors"] or anchors.ANCHORS_PATH),
                              out / f"trend-{aid}.csv")
         write_json_atomic(out / "anchors.json", summary)
+        write_atomic(out / "anchors.md", anchors.markdown(t))
     print(files.json_text(summary, indent=1))

@@ -306,6 +306,43 @@ def summary(t: pd.DataFrame) -> dict:
     return out
 
 
+def _pct(x: float, signed: bool = False) -> str:
+    return f"{x:+.1f}%" if signed else f"{x:.1f}%"
+
+
+def _num(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def markdown(t: pd.DataFrame) -> str:
+    """The table as the docs show it: per split the summary overall and per category, then every test
+    anchor (published, predicted, interval, error). Rendered from `table`'s columns only, so the
+    committed anchors.csv renders the committed anchors.md (a test holds the two and the code together)."""
+    s = summary(t)
+    out = ["| split | category | n | median abs error | signed median (fast > 0) | inside interval | "
+           "median half-width |", "|---|---|---|---|---|---|---|"]
+    for split in ("test", "calibration"):
+        for cat in ("all",) + CATEGORIES:
+            r = s.get(split, {}).get(cat, dict(n=0))
+            if not r["n"]:
+                out.append(f"| {split} | {cat} | 0 | | | | |")
+                continue
+            out.append(f"| {split} | {cat} | {r['n']} | {_pct(r['median_abs_error_pct'])} | "
+                       f"{_pct(r['signed_median_fast_pct'], True)} | {100 * r['inside_interval']:.0f}% | "
+                       f"{_pct(r['median_half_width_pct'])} |")
+    out += ["", "Test anchors (error = predicted / published - 1; for a latency, negative is too fast):", "",
+            "| id | engine | category | metric | published | predicted | interval | error | inside |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for _, r in t[t["split"] == "test"].iterrows():
+        head = f"| {r['id']} | {r['engine']} | {r['category']} | {r['metric']} | {_num(r['published'])} |"
+        if pd.isna(r["predicted"]):
+            out.append(f"{head} {r['note']} | | | |")
+            continue
+        out.append(f"{head} {_num(r['predicted'])} | {_num(r['low'])}-{_num(r['high'])} | "
+                   f"{_pct(r['error_pct'], True)} | {'yes' if r['inside'] else 'no'} |")
+    return "\n".join(out) + "\n"
+
+
 def prior_sources(paths) -> str:
     """All text of the priors' source fields (priors.yaml, kernels.yaml, engines.yaml) as one string."""
     def walk(x):
