@@ -367,6 +367,36 @@ def test_the_card_prices_a_finite_run_as_the_what_if_serves_it():
     assert big["run_running_seqs"] == 1 and "does not fit" in big["run_note"]
 
 
+def test_one_memory_rule_the_engines_kv_pool_for_capacity_the_card_and_a_finite_run():
+    """memory_check (capacity, `capacity layouts=true`, the card's layout) fits a plan by the rule that caps a
+    finite run (`WhatIf.max_running`): the named engine's KV pool; no engine named, every profile's pool."""
+    from roofline.commands.card import CardRequest, card_record, render_card
+    cfg, dev = get_preset("llama-3.1-8b"), get_datasheet("a100_40gb_sxm")
+    for eng in ("sglang", "trtllm", "vllm"):
+        cap = WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine=eng)).max_running(eng, 6000)
+        at = [memory_check(cfg, dev, "bfloat16", Layout(), b, 6000, setting=Setting(engine=eng))["fits"]
+              for b in (cap, cap + 1)]
+        assert at == [True, False], eng
+    caps = {e: WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine=e)).max_running(e, 6000)
+            for e in ("sglang", "trtllm", "vllm")}
+    strict = min(caps.values())
+    assert len(set(caps.values())) > 1  # the pools differ: which one rules matters
+    anyone = [memory_check(cfg, dev, "bfloat16", Layout(), b, 6000, setting=Setting())["fits"]
+              for b in (strict, strict + 1)]
+    assert anyone == [True, False]  # no engine named: the strictest pool
+    # without a setting, the old rule (0.9 of the memory) still answers, on the driver-reported memory
+    loose = memory_check(cfg, dev, "bfloat16", Layout(), strict + 1, 6000)
+    assert loose["device_mem_GB"] == pytest.approx(dev.usable_mem_bytes() / 1e9)
+    # the card: a layout asked for (tp=) that its engine's pool cannot hold is priced and said not to fit
+    r1 = card_record(CardRequest(model=get_preset("deepseek-r1"), device=get_datasheet("h200_sxm"), engine="vllm",
+                                 tp=8, batch=4, context=2048))  # 1.34 TB of bf16 weights over 8 x 141 GB
+    assert "tp8 does not fit" in r1["whatif_note"] and r1["smallest_layout"] == "tp8-pp2"
+    assert "vllm's KV pool" in render_card(r1)
+    r2 = card_record(CardRequest(model=get_preset("deepseek-r1"), device=get_datasheet("h200_sxm"), engine="vllm",
+                                 tp=8, batch=4, context=2048, dtype="bfloat16+weights=fp8_b128"))  # its released fp8
+    assert "whatif_note" not in r2 and r2["smallest_layout"].startswith("tp8")
+
+
 def test_an_engine_sizes_its_pool_from_the_memory_the_driver_reports():
     h100, l4090 = get_datasheet("h100_sxm"), get_datasheet("rtx4090")
     assert h100.mem_bytes == 80e9 and h100.usable_mem_bytes() == pytest.approx(81559 * 2**20, rel=1e-3)

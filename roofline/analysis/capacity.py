@@ -227,7 +227,7 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
             else:
                 t = w.itl(B, L)
             mem = whatif.memory_check(req.model, w.device, req.dtype, w.layout, B, tokens, sp and mtp, draft if sp else None,
-                                      mem_bytes=req.memory_gb * 1e9 if req.memory_gb else None)
+                                      mem_bytes=req.memory_gb * 1e9 if req.memory_gb else None, setting=w.setting)
             rows.append(dict(B=B, spec=sp, alpha=spec.alpha if sp else np.nan, k=spec.k if sp else 0,
                              itl_ms=t["typical"] * 1e3, itl_ms_optimistic=t["optimistic"] * 1e3,
                              itl_ms_pessimistic=t["pessimistic"] * 1e3, tok_s=B / t["typical"] / w.layout.devices,
@@ -236,7 +236,7 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
     table = pd.DataFrame(rows)
     summary = dict(model=req.model.name, dtype=parse_precision(req.dtype).label, **precision_columns(req.dtype),
                    device=w.device.name, layout=w.layout.label(), engine=req.engine or "all profiles (span)",
-                   memory_GB=(req.memory_gb * 1e9 if req.memory_gb else (w.device.mem_bytes or 0)) / 1e9,
+                   memory_GB=(req.memory_gb * 1e9 if req.memory_gb else (w.device.usable_mem_bytes() or 0)) / 1e9,
                    workload=work.__dict__,
                    speculation=None if spec is None else dict(alpha=spec.alpha, k=spec.k, drafter=spec.drafter.kind),
                    extrapolated=True, calibration_scale=w.scale,

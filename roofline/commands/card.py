@@ -117,7 +117,7 @@ def card_record(req: CardRequest) -> dict:
         rec.update(device=dev.key, device_bw_GBps=dev.mem_bw_GBps, decode_floor_s=floor,
                    decode_ceiling_tok_s=req.batch / floor, ridge_flop_per_byte=dev.ridge(compute_dtype(dtype)))
     if dev is not None and dev.mem_bytes:
-        rec.update(_fit_on(cfg, dtype, dev, req.batch, max(req.context, 1)))
+        rec.update(_fit_on(cfg, dtype, dev, req.batch, max(req.context, 1), req.engine))
     if dev is not None and dev.bandwidth_Bps() and dev.kind == "gpu":
         rec.update(_what_if_itl(req, dtype))
         if req.input_len:
@@ -160,24 +160,34 @@ def _what_if(req: CardRequest, dtype: str):
 
 def _what_if_itl(req: CardRequest, dtype: str) -> dict:
     """The decode step's ITL from the what-if model (roofline.parallel.whatif), an interval."""
+    from roofline.parallel.whatif import memory_check
     w = _what_if(req, dtype)
     itl = w.itl(req.batch, req.context)
-    return dict(whatif_layout=w.layout.label(), whatif_engine=req.engine or "all profiles (span)",
-                whatif_itl_ms=itl["typical"] * 1e3, whatif_itl_ms_optimistic=itl["optimistic"] * 1e3,
-                whatif_itl_ms_pessimistic=itl["pessimistic"] * 1e3,
-                whatif_experts_touched=w.experts_touched(req.batch))
+    out = dict(whatif_layout=w.layout.label(), whatif_engine=req.engine or "all profiles (span)",
+               whatif_itl_ms=itl["typical"] * 1e3, whatif_itl_ms_optimistic=itl["optimistic"] * 1e3,
+               whatif_itl_ms_pessimistic=itl["pessimistic"] * 1e3,
+               whatif_experts_touched=w.experts_touched(req.batch))
+    mem = memory_check(w.cfg, w.device, dtype, w.layout, req.batch, max(req.context, 1), setting=w.setting)
+    if not mem["fits"]:  # priced all the same (the step's time does not depend on it), said
+        out["whatif_note"] = (f"{w.layout.label()} does not fit: {mem['weights_GB']:.1f} GB of weights + "
+                              f"{mem['kv_GB']:.2f} GB of KV per GPU of {mem['device_mem_GB']:.1f} GB "
+                              f"({mem['memory_rule']}); give more devices (tp=) or a smaller format (weights=)")
+    return out
 
 
-def _fit_on(cfg: ModelConfig, dtype: str, dev: Datasheet, batch: int, tokens: int) -> dict:
-    """Per-GPU memory of the smallest layout whose shard fits 90% of the device (roofline.parallel)."""
-    from roofline.parallel.cost import memory_per_rank
-    from roofline.parallel.whatif import smallest_layout
-    lay = smallest_layout(cfg, dev, dtype, batch, tokens)
+def _fit_on(cfg: ModelConfig, dtype: str, dev: Datasheet, batch: int, tokens: int, engine: str | None) -> dict:
+    """Per-GPU memory of the smallest layout whose shard fits (roofline.parallel.whatif.memory_check: the
+    engine's KV pool, every profile's when none is named)."""
+    from roofline.parallel.layout import Layout
+    from roofline.parallel.whatif import Setting, memory_check, smallest_layout
+    setting = Setting(engine=engine) if dev.kind == "gpu" else None
+    lay = smallest_layout(cfg, dev, dtype, batch, tokens, setting=setting)
     if lay is None:
-        return dict(smallest_layout=None, device_mem_GB=dev.mem_bytes / 1e9)
-    w, kv = memory_per_rank(cfg, lay, dtype, batch, tokens)
-    return dict(smallest_layout=lay.label(), layout_devices=lay.devices, per_gpu_weights_GB=w / 1e9,
-                per_gpu_kv_GB=kv / 1e9, device_mem_GB=dev.mem_bytes / 1e9)
+        mem = memory_check(cfg, dev, dtype, Layout(), batch, tokens, setting=setting)
+        return dict(smallest_layout=None, device_mem_GB=mem["device_mem_GB"], memory_rule=mem["memory_rule"])
+    mem = memory_check(cfg, dev, dtype, lay, batch, tokens, setting=setting)
+    return dict(smallest_layout=lay.label(), layout_devices=lay.devices, per_gpu_weights_GB=mem["weights_GB"],
+                per_gpu_kv_GB=mem["kv_GB"], device_mem_GB=mem["device_mem_GB"], memory_rule=mem["memory_rule"])
 
 
 def _si(x: float, unit: str) -> str:
@@ -215,13 +225,17 @@ def render_card(rec: dict) -> str:
     if rec.get("smallest_layout"):
         lines.append(f"fits on {rec['layout_devices']} x {rec['device']} as {rec['smallest_layout']}: per GPU "
                      f"{rec['per_gpu_weights_GB']:.1f} GB weights + {rec['per_gpu_kv_GB']:.2f} GB KV "
-                     f"(B={rec['batch']}, L={max(rec['context'], 1)}) of {rec['device_mem_GB']:.0f} GB")
+                     f"(B={rec['batch']}, L={max(rec['context'], 1)}) of {rec['device_mem_GB']:.1f} GB "
+                     f"({rec['memory_rule']})")
     elif "smallest_layout" in rec:
-        lines.append(f"does not fit on up to 64 x {rec['device']} ({rec['device_mem_GB']:.0f} GB each)")
+        lines.append(f"does not fit on up to 64 x {rec['device']} ({rec['device_mem_GB']:.1f} GB each, "
+                     f"{rec['memory_rule']})")
     if "whatif_itl_ms" in rec:
         lines.append(f"what-if ITL    {rec['whatif_itl_ms']:.3f} ms ({rec['whatif_itl_ms_optimistic']:.3f}-"
                      f"{rec['whatif_itl_ms_pessimistic']:.3f}) as {rec['whatif_layout']}, engine {rec['whatif_engine']}"
                      + (f", {rec['whatif_experts_touched']:.1f} experts touched per MoE layer" if req_moe(rec) else ""))
+        if rec.get("whatif_note"):
+            lines.append(f"  {rec['whatif_note']}")
     if "run_ttft_ms" in rec:
         lines.append(f"finite run     {rec['run_num_prompts']} requests of {rec['run_input_len']} in / {rec['run_output_len']} out, "
                      f"{rec['run_concurrency']} at a time ({'staggered' if rec['run_staggered'] else 'fixed'} lengths), "

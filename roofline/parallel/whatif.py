@@ -398,9 +398,7 @@ class WhatIf:
             return None
         split = self.layout.batch_split
         w, kv = memory_per_rank(self.cfg, self.layout, self.dtype, split, tokens_per_seq)
-        pool = (eng.kv_pool_fraction * mem - w if eng.kv_pool_of == "total"
-                else eng.kv_pool_fraction * max(mem - w, 0.0))
-        return max(0, int(pool // kv) * split) if kv > 0 else None
+        return max(0, int(kv_pool_bytes(eng, mem, w) // kv) * split) if kv > 0 else None
 
     def band(self, B: int, spec: bool = False) -> float:
         """The measured error band (log half-width) of a prediction of B sequences (docs/planning.md)."""
@@ -568,28 +566,53 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     return res
 
 
+def kv_pool_bytes(eng, mem_bytes: float, weight_bytes: float) -> float:
+    """The bytes an engine's paged KV pool gets on one device (engines.yaml kv_pool): its share of the memory
+    for weights + KV less the weights (of: total), or its share of what the weights leave free (of: free)."""
+    if eng.kv_pool_of == "total":
+        return eng.kv_pool_fraction * mem_bytes - weight_bytes
+    return eng.kv_pool_fraction * max(mem_bytes - weight_bytes, 0.0)
+
+
 def memory_check(cfg: ModelConfig, device: Datasheet, dtype: str, layout: Layout, batch: int, tokens_per_seq: int,
                  with_mtp: bool = False, draft: ModelConfig | None = None, headroom: float = 0.9,
-                 mem_bytes: float | None = None) -> dict:
+                 mem_bytes: float | None = None, setting: Setting | None = None) -> dict:
     """Per-device bytes of the plan (weights + KV; the MTP module's and a draft model's weights and
-    KV included when they draft) and whether they fit headroom x the device's memory."""
-    mem_bytes = mem_bytes or device.mem_bytes
+    KV included when they draft) and whether they fit. The memory is `mem_bytes` (a user's) or the device's
+    as the driver reports it (`Datasheet.usable_mem_bytes`). With a setting, the rule is that of the KV pool
+    of its engine (engines.yaml kv_pool, as `WhatIf.max_running` and `serve` cap a run): the KV must fit what
+    the pool leaves after the weights; no engine named, every profile's pool (a plan that one engine's pool
+    refuses does not fit); an engine that states no pool, and no setting, headroom x the memory."""
+    mem_bytes = mem_bytes or device.usable_mem_bytes()
     if not mem_bytes:
         raise ConfigError(f"device={device.key!r}: no datasheet memory size (give memory_gb)")
     w, kv = memory_per_rank(cfg, layout, dtype, batch, tokens_per_seq, with_mtp)
     if draft is not None:  # a draft model replicated on every rank (vLLM runs it at tp = 1 of the target's tp)
         dw, dkv = memory_per_rank(draft, Layout(), dtype, math.ceil(batch / layout.batch_split), tokens_per_seq)
         w, kv = w + dw, kv + dkv
+    rules = {}
+    for name in (setting.engine_names() if setting is not None else []):
+        eng = engines_mod.profile(name, 1, setting.engines_path())
+        if eng.kv_pool_fraction is not None:
+            of = "the memory" if eng.kv_pool_of == "total" else "what the weights leave free"
+            rules[f"{name}'s KV pool, {eng.kv_pool_fraction:g} of {of}"] = kv <= kv_pool_bytes(eng, mem_bytes, w)
+    if not rules or (setting is not None and setting.engine is None and len(rules) < len(setting.engine_names())):
+        rules[f"{headroom:g} of the memory"] = w + kv <= headroom * mem_bytes
+    rule = ("every engine profile's KV pool" if setting is not None and setting.engine is None
+            else next(iter(rules)))
     return dict(weights_GB=w / 1e9, kv_GB=kv / 1e9, mem_per_device_GB=(w + kv) / 1e9,
-                device_mem_GB=mem_bytes / 1e9, fits=w + kv <= headroom * mem_bytes)
+                device_mem_GB=mem_bytes / 1e9, fits=all(rules.values()), memory_rule=rule)
 
 
 def smallest_layout(cfg: ModelConfig, device: Datasheet, dtype: str, batch: int, tokens_per_seq: int,
-                    with_mtp: bool = False, max_devices: int = 64, headroom: float = 0.9) -> Layout | None:
-    """The layout with the fewest devices whose per-rank weights + KV fit in headroom × device memory
-    (tp up to a node's 8, then pipeline stages); None when nothing up to max_devices fits."""
+                    with_mtp: bool = False, max_devices: int = 64, headroom: float = 0.9,
+                    setting: Setting | None = None) -> Layout | None:
+    """The layout with the fewest devices whose per-rank weights + KV fit (`memory_check`: the setting's
+    engine pool, else headroom × device memory; tp up to a node's 8, then pipeline stages); None when
+    nothing up to max_devices fits."""
     for lay in candidate_layouts(cfg, max_devices):
-        if memory_check(cfg, device, dtype, lay, batch, tokens_per_seq, with_mtp, headroom=headroom)["fits"]:
+        if memory_check(cfg, device, dtype, lay, batch, tokens_per_seq, with_mtp, headroom=headroom,
+                        setting=setting)["fits"]:
             return lay
     return None
 
@@ -635,7 +658,7 @@ def capacity(cfg: ModelConfig, device: Datasheet, dtype: str, context: int, outp
             for B in batches:
                 if B % lay.batch_split:
                     continue
-                mem = memory_check(cfg, device, dtype, lay, B, context + output, spec)
+                mem = memory_check(cfg, device, dtype, lay, B, context + output, spec, setting=setting)
                 if not mem["fits"]:
                     break
                 fits_any = True
