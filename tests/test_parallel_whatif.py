@@ -568,6 +568,36 @@ def test_a_calibrated_interval_widens_back_to_the_priors_away_from_the_points(tm
     assert c.itl(64, 1024)["typical"] == pytest.approx(1.1 * w.itl(64, 1024)["typical"])
 
 
+def test_a_calibrated_finite_run_narrows_its_decode_steps_not_its_prefill(tmp_path):
+    """serve (and the card's finite run, `calibrate=`): the decode steps of the C running sequences take the
+    points' interval where the points are (B = C, the run's mean context); the prompt chunks keep the priors'
+    banded interval, which the points do not determine. Uncalibrated, nothing changes."""
+    from roofline.analysis.calibrate import calibrated
+    from roofline.commands.card import CardRequest, card_record, render_card
+    cfg, dev = get_preset("llama-3.1-8b"), get_datasheet("h100_sxm")
+    w = WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine="vllm"))
+    L = 1024 + 2048 // 2
+    (tmp_path / "pts.yaml").write_text(yaml.safe_dump(dict(points=[
+        dict(B=32, L=L, itl_ms=1.1e3 * w.itl(32, L)["typical"])])))
+    c = calibrated(w, tmp_path / "pts.yaml")
+    rel = lambda d: max(d["pessimistic"], d["optimistic"]) / min(d["pessimistic"], d["optimistic"])  # noqa: E731
+    raw, cal = serve(w, 1024, 2048, 32, 64), serve(c, 1024, 2048, 32, 64)
+    assert cal["itl_s"]["typical"] == pytest.approx(1.1 * raw["itl_s"]["typical"], rel=1e-6)
+    assert rel(cal["itl_s"]) == pytest.approx(1.05 / 0.95)  # one point: +-5% at it
+    assert rel(cal["itl_s"]) < rel(raw["itl_s"]) / 1.5
+    assert rel(cal["output_tok_s"]) < rel(raw["output_tok_s"]) / 1.5  # a decode-heavy run: most of its time
+    assert rel(cal["ttft_s"]) == pytest.approx(rel(raw["ttft_s"]))  # prompt chunks: the priors' own
+    rec = card_record(CardRequest(model=cfg, device=dev, engine="vllm", batch=32, context=L, input_len=1024,
+                                  output_len=2048, concurrency=32, num_prompts=64,
+                                  calibrate=str(tmp_path / "pts.yaml")))
+    assert rec["run_itl_median_ms"] == pytest.approx(1e3 * cal["itl_s"]["typical"])
+    assert rec["whatif_itl_ms"] == pytest.approx(1.1e3 * w.itl(32, L)["typical"])
+    assert rec["whatif_calibration"]["scale"] == pytest.approx(1.1) and "calibrated: x1.1" in render_card(rec)
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(dict(points=[dict(B=2, L=1)])))
+    with pytest.raises(ConfigError, match="tok_s_per_user|itl_ms"):
+        card_record(CardRequest(model=cfg, device=dev, engine="vllm", calibrate=str(tmp_path / "bad.yaml")))
+
+
 def test_calibrate_reads_a_sweeps_fit_json_of_the_same_model_only(tmp_path):
     from roofline.analysis.calibrate import calibrated, load_points
     fit = ROOT / "results" / "cpu-demo" / "fit.json"

@@ -56,6 +56,10 @@ class CardRequest:
     num_prompts: int = option(0, "the finite run's requests in all (0: concurrency)")
     staggered: bool = option(False, "the finite run's lengths vary (requests finish one by one and their "
                                     "replacements' prompts ride in the decode steps); false: fixed lengths")
+    calibrate: str | None = option(None, "with a device: your deployment's measured points (YAML/JSON {points: "
+                                         "[{B, L, tok_s_per_user | itl_ms}]}) or a GPU sweep's fit.json: the what-if "
+                                         "rescaled to them, its decode-step interval narrowed where they determine it "
+                                         "(roofline.analysis.calibrate)")
 
     def __post_init__(self) -> None:
         parse_precision(self.dtype)
@@ -154,19 +158,26 @@ def _what_if(req: CardRequest, dtype: str):
     """The request's what-if (roofline.parallel.whatif.WhatIf): its model, device, precision, layout, engine."""
     from roofline.parallel.layout import Layout
     from roofline.parallel.whatif import Setting, WhatIf
-    return WhatIf(req.model, req.device, dtype, Layout(tp=req.tp, ep=req.ep, dp_attention=req.dp_attention),
-                  Setting(engine=req.engine))
+    w = WhatIf(req.model, req.device, dtype, Layout(tp=req.tp, ep=req.ep, dp_attention=req.dp_attention),
+               Setting(engine=req.engine))
+    if req.calibrate:
+        from roofline.analysis.calibrate import calibrated
+        w = calibrated(w, req.calibrate)
+    return w
 
 
 def _what_if_itl(req: CardRequest, dtype: str) -> dict:
     """The decode step's ITL from the what-if model (roofline.parallel.whatif), an interval."""
     from roofline.parallel.whatif import memory_check
+    from roofline.analysis import calibrate
     w = _what_if(req, dtype)
     itl = w.itl(req.batch, req.context)
     out = dict(whatif_layout=w.layout.label(), whatif_engine=req.engine or "all profiles (span)",
                whatif_itl_ms=itl["typical"] * 1e3, whatif_itl_ms_optimistic=itl["optimistic"] * 1e3,
                whatif_itl_ms_pessimistic=itl["pessimistic"] * 1e3,
                whatif_experts_touched=w.experts_touched(req.batch))
+    if w.calibration is not None:
+        out["whatif_calibration"] = calibrate.summary(w)
     mem = memory_check(w.cfg, w.device, dtype, w.layout, req.batch, max(req.context, 1), setting=w.setting)
     if not mem["fits"]:  # priced all the same (the step's time does not depend on it), said
         out["whatif_note"] = (f"{w.layout.label()} does not fit: {mem['weights_GB']:.1f} GB of weights + "
@@ -234,6 +245,11 @@ def render_card(rec: dict) -> str:
         lines.append(f"what-if ITL    {rec['whatif_itl_ms']:.3f} ms ({rec['whatif_itl_ms_optimistic']:.3f}-"
                      f"{rec['whatif_itl_ms_pessimistic']:.3f}) as {rec['whatif_layout']}, engine {rec['whatif_engine']}"
                      + (f", {rec['whatif_experts_touched']:.1f} experts touched per MoE layer" if req_moe(rec) else ""))
+        if rec.get("whatif_calibration"):
+            cal = rec["whatif_calibration"]
+            lines.append(f"  calibrated: x{cal['scale']:.3g} overall, interval at the points "
+                         f"{cal['interval_at_points'][0]:.3g}-{cal['interval_at_points'][1]:.3g} of typical "
+                         f"(B {cal['B_range'][0]:g}-{cal['B_range'][1]:g}, L {cal['L_range'][0]:g}-{cal['L_range'][1]:g})")
         if rec.get("whatif_note"):
             lines.append(f"  {rec['whatif_note']}")
     if "run_ttft_ms" in rec:
@@ -270,4 +286,4 @@ def run(c: dict) -> None:
                            batch=c["batch"], context=c["context"], engine=engine_name(c.get("engine")),
                            tp=c["tp"], ep=c["ep"], dp_attention=c["dp_attention"], input_len=c["input_len"],
                            output_len=c["output_len"], concurrency=c["concurrency"], num_prompts=c["num_prompts"],
-                           staggered=c["staggered"]))
+                           staggered=c["staggered"], calibrate=c.get("calibrate") or None))

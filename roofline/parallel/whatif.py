@@ -497,8 +497,10 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     positions, k drafts, the round overhead) that emits tau tokens per sequence on average, so a request
     needs (output − 1)/tau rounds after its first token and a ramp step decodes tau tokens of each
     running request. ITL median and p90 are then the gap between two rounds (tokens arrive tau at a
-    time), the mean ITL (TPOT) that gap over tau. Every metric's interval is widened by the measured
-    error band of the run's categories (`WhatIf.band` at B = concurrency).
+    time), the mean ITL (TPOT) that gap over tau. Every step's interval is widened by the measured
+    error band of the run's categories (`WhatIf.band` at B = concurrency); calibrated (`w.calibration`),
+    the plain decode steps take instead the interval the points leave at B = C and the run's mean context
+    (`Calibration.interval`), while the steps that carry prompt chunks keep the banded priors'.
 
     The engine's KV pool (`WhatIf.max_running`, engines.yaml kv_pool) bounds the sequences it keeps
     running: C = min(concurrency, the sequences whose KV at input + output tokens fits). A capped run
@@ -523,14 +525,30 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     # the engine's KV pool: the sequences it keeps running (the rest queue); one figure per engine
     caps = {e: None if static_batch else w.max_running(e, I + O) for e in w.setting.engine_names()}
 
-    def per(s, e):
-        C = concurrency if caps[e] is None else min(concurrency, max(caps[e], 1))
+    q = w.band(concurrency, spec is not None)  # the measured error band of the run's categories
+
+    def running(e):
+        return concurrency if caps[e] is None else min(concurrency, max(caps[e], 1))
+
+    def steps(e) -> list[tuple[float, float, float]]:
+        """Per scenario, the run's three step times: plain decode of the C running sequences, the same
+        carrying a prompt chunk, and a ramp step (a prompt chunk + a few decodes); each at its
+        band-widened end (the typical untouched), the plain decode step at a calibration's interval
+        where points of the deployment determine it (Calibration.interval at B = C, L)."""
+        C = running(e)
+        pre_step = min(chunk, C * I)
+        raw = [(step(C, L, 0, s, e), step(C, L, pre_step, s, e), step(1, 0, pre_step, s, e)) for s in range(3)]
+        ivs = [widen(interval(lambda s, i=i: raw[s][i]), q) for i in range(3)]
+        if w.calibration is not None:
+            ivs[0] = w.calibration.interval(ivs[0]["typical"], ivs[0], C, L)
+        return [tuple(iv[name] for iv in ivs) for name in SCENARIOS]
+
+    def per(s, e, at):
+        C = running(e)
         waves, R = math.ceil(N / C), math.ceil(C * I / chunk)
         half = math.ceil(R / 2)
         frac = min(1.0, C * I / O * max(N - C, 0) / N / chunk) if staggered else 0.0  # steps carrying a chunk
-        pre_step = min(chunk, C * I)
-        plain, mixed = step(C, L, 0, s, e), step(C, L, pre_step, s, e)
-        first = step(1, 0, pre_step, s, e)  # a ramp step: a prompt chunk (+ a few decodes)
+        plain, mixed, first = at[s]
         queued = (math.ceil(concurrency / 2) - 1) // C  # waves the median request of a capped run waits in the queue
         if staggered and waves > 1:
             mean = (1 - frac) * plain + frac * mixed  # per step (round)
@@ -552,7 +570,8 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
 
     out = {}
     for e in w.setting.engine_names():
-        rows = [per(s, e) for s in range(3)]
+        at = steps(e)
+        rows = [per(s, e, at) for s in range(3)]
         out[e] = {k: interval(lambda s: rows[s][k]) for k in rows[0]}
     res = {}
     for k in next(iter(out.values())):
@@ -560,8 +579,6 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
         if k == "output_tok_s":  # faster is higher: the optimistic end is the largest
             res[k] = dict(optimistic=max(v[k]["optimistic"] for v in out.values()), typical=res[k]["typical"],
                           pessimistic=min(v[k]["pessimistic"] for v in out.values()))
-    q = w.band(concurrency, spec is not None)  # the measured error band of the run's categories
-    res = {k: v if k == "running" else widen(v, q) for k, v in res.items()}
     res["tok_s_per_gpu"] = {k: v / w.layout.devices for k, v in res["output_tok_s"].items()}
     return res
 
