@@ -12,6 +12,7 @@ from roofline.parallel import anchors
 from roofline.parallel.cost import rank_block_bytes, rank_forward_cost, rank_mtp_cost
 from roofline.parallel.layout import Layout
 from roofline.parallel.whatif import Pass, WhatIf
+from tests.helpers import composed
 
 INT4_FP8KV = "bfloat16+weights=int4_g128+kv=fp8_e4m3"
 FP8_B128 = "bfloat16+weights=fp8_e4m3_b128"
@@ -105,6 +106,31 @@ def test_layout_plan_prices_deepseek_in_its_native_fp8_with_mtp(whatif_fixture_d
 def test_request_from_config_applies_overrides():
     req = request_from_config(_capacity_config("deepseek-v3", "h200_sxm", weights="native", kv="fp8"))
     assert req.dtype == "bfloat16+weights=fp8_e4m3_b128+kv=fp8_e4m3" and req.speculation.drafter.kind == "ngram"
+
+
+def test_pricing_commands_price_a_preset_as_released_unless_told_and_a_fit_in_its_dtype(whatif_fixture_data):
+    """weights= not given: card, predict's what-if and capacity (with and without layouts) price the release
+    format (DeepSeek-V3 in block fp8, Llama in bf16); weights=bf16 asks for bf16; with a fit the dtype stays."""
+    from roofline.commands import priced_weights
+    from roofline.commands.card import CardRequest, card_record
+    from roofline.commands.predict import predict_command
+    from roofline.model.formats import with_overrides
+    assert request_from_config(_capacity_config("deepseek-v3", "h200_sxm")).dtype == FP8_B128
+    assert request_from_config(_capacity_config("deepseek-v3", "h200_sxm", weights="bf16")).dtype == "bfloat16"
+    assert request_from_config(_capacity_config("llama-3.1-70b", "h100_sxm")).dtype == "bfloat16"
+    _, s = plan_layouts(_capacity_config("deepseek-v3", "h200_sxm", speculative=False))
+    assert s["weights_format"] == "fp8_e4m3_b128"
+    assert priced_weights(dict(weights=None, fit="fit.json")) is None  # a fit: what it measured
+    c = composed("card", "model=deepseek-v3", "device=h200_sxm", "tp=8")
+    ds = get_preset("deepseek-v3")
+    label = with_overrides([c["dtype"]], priced_weights(c), c["kv"], c["lm_head"], ds.native_weights)[0]
+    rec = card_record(CardRequest(model=ds, dtype=label, device=get_datasheet("h200_sxm"), tp=8))
+    assert rec["weights_format"] == "fp8_e4m3_b128" and rec["quality_note"] is None  # as released: no note
+    assert card_record(CardRequest(model=ds, dtype="bfloat16+kv=fp8", device=None))["quality_note"]
+    p = composed("predict", "model=deepseek-v3", "device=h200_sxm", "tp=8", "B=[1]", "L=[1024]", "alphas=[0.8]",
+                 "k=[1]", device_as="datasheet")
+    _, summary = predict_command(p)
+    assert summary["dtype"] == FP8_B128
 
 
 def test_anchors_are_priced_in_the_served_precision():

@@ -19,7 +19,9 @@ class FormatKeys:
     """The precision overrides every pricing or measuring command takes (roofline.model.formats)."""
 
     weights: str | None = option(None, "weight format for every dtype: int8 | int4_g128 | fp8 | fp8_e4m3_b128 | "
-                                       "native (the preset's release format)")
+                                       "native (the preset's release format); null: native where a command prices "
+                                       "a deployment without a fit (card, predict, capacity), the dtype where it "
+                                       "measures or applies a fit")
     kv: str | None = option(None, "KV cache format: fp8 | fp8_e5m2 | int8")
     lm_head: str | None = option(None, "LM head format (default: the activation dtype)")
 
@@ -32,6 +34,15 @@ class LayoutKeys:
     ep: int = option(1, "expert-parallel ranks among the tp ranks (MoE presets)")
     dp_attention: bool = option(False, "attention replicated, batch split over the ranks, tokens to experts "
                                        "by all-to-all (ep = tp)")
+
+
+def priced_weights(c) -> str | None:
+    """The `weights` key of a pricing command: as given, else the preset's release format (`native`: a
+    deployment serves the checkpoint as released, DeepSeek-V3 / R1 in block-scaled fp8), except where a fit
+    is applied (its rows were measured in the dtype; the fit's own precision decides)."""
+    if c.get("weights") is not None:
+        return c["weights"]
+    return None if c.get("fit") else "native"
 
 
 REGRESSION = 3  # asked to fail (compare fail_above=, specdec fail_on_mismatch=true) and it did: a CI verdict

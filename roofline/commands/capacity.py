@@ -18,7 +18,7 @@ from roofline.analysis.capacity import (CapacityRequest, Speculation, Workload, 
                                         whatif_of)
 from roofline.analysis.predict import DraftCost
 from roofline.io import files
-from roofline.commands import FormatKeys, LayoutKeys
+from roofline.commands import FormatKeys, LayoutKeys, priced_weights
 from roofline.io.fields import ConfigError, from_dict, option
 from roofline.io.results import RUNS_ROOT
 from roofline.measure.devices import detect, get_datasheet
@@ -112,7 +112,9 @@ def request_from_config(c: dict) -> CapacityRequest:
     spec = Speculation(alpha, k, DraftCost(drafter, get_preset(draft) if draft else None)) \
         if c.pop("speculative") else None
     model = ModelConfig.from_dict(c["model"])
-    c["dtype"] = with_overrides([c["dtype"]], c.pop("weights"), c.pop("kv"), c.pop("lm_head"), model.native_weights)[0]
+    weights = priced_weights(c)
+    c.pop("weights")
+    c["dtype"] = with_overrides([c["dtype"]], weights, c.pop("kv"), c.pop("lm_head"), model.native_weights)[0]
     return from_dict(CapacityRequest, c, "capacity", lists_to_tuples=True, model=model, work=work, speculation=spec)
 
 
@@ -129,7 +131,7 @@ def plan_layouts(c: dict) -> tuple[pd.DataFrame, dict]:
 
     fitcheck.check_capacity_config(c)
     model = ModelConfig.from_dict(c["model"])
-    label = with_overrides([c["dtype"]], c.get("weights"), c.get("kv"), c.get("lm_head"), model.native_weights)[0]
+    label = with_overrides([c["dtype"]], priced_weights(c), c.get("kv"), c.get("lm_head"), model.native_weights)[0]
     work = Workload(c["context"], c["output"], c["itl_target_ms"], c["target_tok_s"])
     spec = bool(c.get("speculative"))
     mtp = spec and c.get("drafter") in LAYOUT_SPEC_DRAFTERS and model.mtp_layers > 0

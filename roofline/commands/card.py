@@ -21,7 +21,7 @@ from roofline.model.formats import QUALITY_NOTE, compute_dtype, parse_precision,
 from roofline.io.fields import ConfigError, internal, option
 from roofline.model.config import ModelConfig
 from roofline.checkpoints.loader import checkpoint_config
-from roofline.commands import FormatKeys, LayoutKeys, not_both
+from roofline.commands import FormatKeys, LayoutKeys, not_both, priced_weights
 from roofline.measure.devices import Datasheet, get_datasheet
 from roofline.model.formats import with_overrides
 from roofline.parallel.engines import engine_name
@@ -111,7 +111,7 @@ def card_record(req: CardRequest) -> dict:
         **precision_columns(dtype), native_weights=cfg.native_weights or None,
         resident_weight_bytes=resident_weight_bytes(cfg, dtype, with_mtp=False),
         resident_weight_bytes_with_mtp=resident_weight_bytes(cfg, dtype, with_mtp=True),
-        quality_note=None if parse_precision(dtype).is_plain else QUALITY_NOTE,
+        quality_note=None if _as_released(cfg, dtype) else QUALITY_NOTE,
         batch=req.batch, context=req.context,
         step_bytes=at.bytes_total, step_flops=at.flops, step_intensity=at.intensity,
     )
@@ -266,6 +266,14 @@ def render_card(rec: dict) -> str:
     return "\n".join(lines)
 
 
+def _as_released(cfg: ModelConfig, dtype: str) -> bool:
+    """Every tensor class in the format the model is released in (its weights' native format, the rest in
+    the activation dtype): the model's own outputs, nothing quantized beyond what its authors shipped."""
+    p = parse_precision(dtype)
+    return (p.weights.name == (cfg.native_weights or p.activations)
+            and p.kv.name == p.activations and p.lm_head.name == p.activations)
+
+
 def req_moe(rec: dict) -> bool:
     return bool(rec.get("experts"))
 
@@ -280,7 +288,7 @@ def print_card(req: CardRequest) -> dict:
 def run(c: dict) -> None:
     not_both(c, "checkpoint", "model")
     model = checkpoint_config(c["checkpoint"]) if c["checkpoint"] else ModelConfig.from_dict(c["model"])
-    dtype = with_overrides([c["dtype"]], c["weights"], c["kv"], c["lm_head"], model.native_weights)[0]
+    dtype = with_overrides([c["dtype"]], priced_weights(c), c["kv"], c["lm_head"], model.native_weights)[0]
     print_card(CardRequest(model=model, dtype=dtype,
                            device=get_datasheet(c["device"]) if c["device"] else None,
                            batch=c["batch"], context=c["context"], engine=engine_name(c.get("engine")),

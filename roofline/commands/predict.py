@@ -19,7 +19,7 @@ from roofline.analysis import costmodel, fitcheck, quality
 from roofline.analysis.capacity import whatif_of
 from roofline.analysis.predict import Costs, DraftCost, breakeven_batch, step_costs, table
 from roofline.io import files
-from roofline.commands import FormatKeys, LayoutKeys
+from roofline.commands import FormatKeys, LayoutKeys, priced_weights
 from roofline.io.fields import ConfigError, from_dict, option
 from roofline.model.config import ModelConfig
 from roofline.model.formats import with_overrides
@@ -121,7 +121,7 @@ def predict_command(c: Mapping) -> tuple[str, dict]:
     if c.get("fit") in (None, "") and device:
         if model is None:
             raise ConfigError("model is required for a what-if (device=... without fit=...)")
-        label = with_overrides([c["dtype"]], c.get("weights"), c.get("kv"), c.get("lm_head"), model.native_weights)[0]
+        label = with_overrides([c["dtype"]], priced_weights(c), c.get("kv"), c.get("lm_head"), model.native_weights)[0]
         w = whatif_of(what, model, label)
         ks = c["k"] if model.mtp_layers else [k for k in c["k"] if k == 0] or [0]
         rows = whatif.speedup_table(model, w.device, label, w.layout, c["alphas"], ks, c["B"], c["L"], w.setting,
