@@ -651,8 +651,8 @@ def _shipped_table():
 
 @pytest.mark.slow
 def test_the_committed_anchor_results_and_the_docs_are_what_the_code_prices_now():
-    """results/parallel/anchors.csv, anchors.json and anchors.md are what `python -m roofline.cli.anchors
-    out_dir=results/parallel` writes from this commit's code and data (regenerate them with a change that
+    """results/parallel/anchors.csv, anchors.json, anchors.md and the DeepSeek-V3 MTP trend are what
+    `python -m roofline.cli.anchors 'trend=[sglang-dsv3-mtp-b1]' out_dir=results/parallel` writes from this commit's code and data (regenerate them with a change that
     moves a prediction), and docs/planning.md quotes the summary rows of anchors.md as they are."""
     fresh, out = _shipped_table(), ROOT / "results" / "parallel"
     shipped = pd.read_csv(out / "anchors.csv").fillna({"category": "", "note": "", "band_categories": ""})
@@ -661,6 +661,8 @@ def test_the_committed_anchor_results_and_the_docs_are_what_the_code_prices_now(
         assert np.allclose(shipped[col], fresh[col].astype(float), rtol=1e-9, equal_nan=True), col
     assert list(shipped["inside"]) == list(fresh["inside"])
     assert (out / "anchors.md").read_text() == anchors.markdown(shipped) == anchors.markdown(fresh)
+    trend = pd.read_csv(out / "trend-sglang-dsv3-mtp-b1.csv")
+    assert np.allclose(trend.to_numpy(), anchors.trend("sglang-dsv3-mtp-b1").to_numpy(), rtol=1e-9)
     summary = json.loads((out / "anchors.json").read_text())
     assert summary["test"]["all"]["n"] == anchors.summary(fresh)["test"]["all"]["n"]
     planning = (ROOT / "docs" / "planning.md").read_text()
