@@ -30,6 +30,8 @@ REAL_MODELS = [
     "qwen3-235b-a22b",
     "mixtral-8x22b",
     "deepseek-r1",
+    "kimi-k2",
+    "qwen3-coder-480b-a35b",
 ]
 
 
@@ -214,6 +216,27 @@ def test_deepseek_r1():
     assert not cfg.layer_is_moe(2) and cfg.layer_is_moe(3)
     assert cfg.published_params_total == 671e9
     assert cfg.source.startswith("https://huggingface.co/deepseek-ai/DeepSeek-R1/")
+
+
+def test_kimi_k2():
+    cfg = presets.get_preset("kimi-k2")
+    _check(cfg, vocab=163840, d=7168, layers=61, heads=64, kv_heads=64, attention="mla", q_lora_rank=1536,
+           kv_lora_rank=512, qk_nope_dim=128, qk_rope_dim=64, v_head_dim=128, head_dim=192, ffn=18432,
+           experts=384, experts_per_token=8, moe_ffn=2048, shared_experts=1, first_dense_layers=1,
+           router_scoring="sigmoid", norm_topk=True, routed_scale=2.827, mtp_layers=0, max_context=131072,
+           rope_theta=50000.0, router_groups=1, router_topk_groups=1, native_weights="fp8_e4m3_b128")
+    rs = cfg.rope_scaling
+    assert (rs.kind, rs.factor, rs.original_max_position, rs.beta_fast, rs.beta_slow) == ("yarn", 32.0, 4096, 1.0, 1.0)
+    assert not cfg.layer_is_moe(0) and cfg.layer_is_moe(1)
+    assert cfg.source.startswith("https://huggingface.co/moonshotai/Kimi-K2-Instruct/")
+
+
+def test_qwen3_coder_480b_a35b():
+    cfg = presets.get_preset("qwen3-coder-480b-a35b")
+    _check(cfg, vocab=151936, d=6144, layers=62, heads=96, kv_heads=8, head_dim=128, experts=160,
+           experts_per_token=8, moe_ffn=2560, shared_experts=0, first_dense_layers=0, router_scoring="softmax",
+           norm_topk=True, qk_norm=True, max_context=262144, rope_theta=1e7, tie_embeddings=False)
+    assert all(cfg.layer_is_moe(i) for i in range(cfg.layers))
 
 
 def test_unknown_preset_lists_allowed_names():
