@@ -397,6 +397,29 @@ def test_one_memory_rule_the_engines_kv_pool_for_capacity_the_card_and_a_finite_
     assert "whatif_note" not in r2 and r2["smallest_layout"].startswith("tp8")
 
 
+def test_every_moe_layer_pays_its_router_gemm_and_gating_kernels_under_graphs():
+    """priors.yaml moe_routing_us_per_layer: per MoE layer beside the graph floor (CUDA graphs); a dense model
+    pays nothing more; an engine without graphs prices those launches at its host issue time instead."""
+    from roofline.parallel.whatif import load_priors
+    routing = load_priors()["moe_routing_us_per_layer"]["values"]
+    ds, dev = get_preset("deepseek-v3"), get_datasheet("h200_sxm")
+    graph = Setting(engine="sglang", bands=())
+    w = WhatIf(ds, dev, "bfloat16+weights=fp8_b128", Layout(tp=8), graph)
+    floor = load_priors()["launch_floor_us_per_layer"]["graph"]["values"]
+    for s_ in range(3):
+        got = w.pass_detail(Pass(4, 1, 1024), s_, "sglang")["terms"]["per_layer"]
+        assert got == pytest.approx((61 * floor[s_] + 58 * routing[s_]) * 1e-6)
+    dense = WhatIf(get_preset("llama-3.1-8b"), dev, "bfloat16", Layout(), graph)
+    assert dense.pass_detail(Pass(4, 1, 1024), 1, "sglang")["terms"]["per_layer"] == pytest.approx(32 * floor[1] * 1e-6)
+    eager = WhatIf(get_preset("mixtral-8x7b"), get_datasheet("a100_80gb_sxm"), "bfloat16", Layout(tp=2),
+                   Setting(engine="hf-eager", bands=()))
+    one = eager.pass_detail(Pass(1, 1, 128), 1, "hf-eager")["terms"]["per_layer"]
+    with_graphs = WhatIf(eager.cfg, eager.device, "bfloat16", Layout(tp=2),
+                         Setting(engine="hf-eager", bands=(), graphs=True)).pass_detail(Pass(1, 1, 128), 1, "hf-eager")
+    assert with_graphs["terms"]["per_layer"] == pytest.approx(32 * (floor[1] + routing[1]) * 1e-6)
+    assert one != pytest.approx(with_graphs["terms"]["per_layer"])
+
+
 def test_an_engine_sizes_its_pool_from_the_memory_the_driver_reports():
     h100, l4090 = get_datasheet("h100_sxm"), get_datasheet("rtx4090")
     assert h100.mem_bytes == 80e9 and h100.usable_mem_bytes() == pytest.approx(81559 * 2**20, rel=1e-3)
@@ -678,12 +701,12 @@ def test_the_committed_anchor_results_and_the_docs_are_what_the_code_prices_now(
 def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran, their intervals widened by the
     conformal bands of the calibration anchors no prior cites (each source weighing one): bounds at the level
-    measured when this test was last set (median |error| 9.5%, signed median +1.9% too fast, 80% inside the
-    interval, median half-width 44.8%, 35 anchors priced; quantized 10.3% / -0.3%; TP 9.1% / +7.1%; MoE
-    14.4% / +9.9%) plus a small margin, so a regression fails. Of the issue's targets (10%, +-5%, 80% inside,
-    half-width <= 25%) the half-width is NOT met: the calibration split's out-of-sample error (11 sources no
-    prior cites, MoE serving runs among them priced ~50% too fast) sets bands of 19-23% beside the priors'
-    own width. The calibration split is held too (17.7%, +9.7%, 86% inside, half-width 53.4%)."""
+    measured when this test was last set (median |error| 9.3%, signed median -0.7%, 80% inside the interval,
+    median half-width 44.9%, 35 anchors priced; quantized 10.1% / -4.1%; TP 6.5% / +2.9%; MoE 13.4% / +5.9%)
+    plus a small margin, so a regression fails. Of the issue's targets (10%, +-5%, 80% inside, half-width
+    <= 25%) the half-width is NOT met: the calibration split's out-of-sample error (11 sources no prior cites,
+    MoE serving runs among them priced ~45% too fast) sets bands of 18-23% beside the priors' own width. The
+    calibration split is held too (17.7%, +9.7%, 87% inside, half-width 53.6%)."""
     s = anchors.summary(_shipped_table())
     t, q, m, c = s["test"]["all"], s["test"]["quantized"], s["test"]["moe"], s["calibration"]["all"]
     tp, sp = s["test"]["tp"], s["test"]["speculative"]
@@ -692,9 +715,9 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     assert abs(t["signed_median_fast_pct"]) <= 3.5
     assert t["inside_interval"] >= 0.77
     assert t["median_half_width_pct"] <= 47.5
-    assert q["median_abs_error_pct"] <= 11.5 and abs(q["signed_median_fast_pct"]) <= 3.0
-    assert tp["median_abs_error_pct"] <= 10.5 and abs(tp["signed_median_fast_pct"]) <= 8.5
-    assert m["median_abs_error_pct"] <= 15.5 and abs(m["signed_median_fast_pct"]) <= 11.0
+    assert q["median_abs_error_pct"] <= 11.5 and abs(q["signed_median_fast_pct"]) <= 5.0
+    assert tp["median_abs_error_pct"] <= 8.5 and abs(tp["signed_median_fast_pct"]) <= 5.0
+    assert m["median_abs_error_pct"] <= 15.0 and abs(m["signed_median_fast_pct"]) <= 8.0
     assert sp["n"] == 2 and sp["median_half_width_pct"] >= 10.0
     assert c["n"] >= 160 and c["median_abs_error_pct"] <= 20.0 and abs(c["signed_median_fast_pct"]) <= 12.0
     assert c["inside_interval"] >= 0.83

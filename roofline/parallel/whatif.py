@@ -178,7 +178,8 @@ def _fmt_kind(fmt) -> str:
 
 def launch_seconds(eng, setting: Setting, scenario: int, priors: dict, n: int, n_moe: int, block_cfg) -> float:
     """The launch cost of a stage's n blocks (n_moe of them MoE). CUDA graphs: the graph floor per
-    layer (priors.yaml, or the engine's per_layer_us). Without graphs, an engine whose host issues
+    layer (priors.yaml, or the engine's per_layer_us), and per MoE layer its router GEMM and gating
+    kernels (priors.yaml moe_routing_us_per_layer: latency-bound at decode sizes). Without graphs, an engine whose host issues
     every kernel (`host_issue`) pays its host time per launch for each light kernel of a layer: the
     launches beyond the layer's matmuls and attention (one grouped GEMM more for MoE), whose GPU time
     is priced as their bytes and FLOPs and exceeds their issue time at decode sizes."""
@@ -191,7 +192,8 @@ def launch_seconds(eng, setting: Setting, scenario: int, priors: dict, n: int, n
     if per_layer is None or setting.graphs is not None:
         per_layer = K.pick(priors["launch_floor_us_per_layer"]["graph" if graphs else "eager"], scenario,
                            "priors.launch_floor_us_per_layer") * 1e-6
-    return n * per_layer
+    routing = K.pick(priors["moe_routing_us_per_layer"], scenario, "priors.moe_routing_us_per_layer") * 1e-6
+    return n * per_layer + (n_moe * routing if graphs else 0.0)
 
 
 def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datasheet, eng, scenario: int,
