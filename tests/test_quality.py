@@ -92,6 +92,20 @@ def test_key_figure_is_the_median_percent_of_the_measured_roof():
                                              "median of 3 points; range 50-80%)")
 
 
+def test_key_figure_keeps_precisions_and_modes_apart_the_best_first():
+    """A run of several dtypes (dtypes=[auto] measures bf16 and fp32) or modes: one median per precision and
+    mode, never one across them (their kernels reach different rooflines)."""
+    one = pd.DataFrame(dict(status="ok", kind="forward", q=1, achieved_GBps=[5.0, 6.0, 8.0],
+                            pct_measured_bw=[50.0, 60.0, 80.0], ceiling_bw_GBps=10.0))
+    two = pd.concat([one.assign(dtype="bfloat16", mode="eager", achieved_GBps=[1.0, 1.5, 2.0],
+                                pct_measured_bw=[10.0, 15.0, 20.0]),
+                     one.assign(dtype="float32", mode="eager")])
+    assert quality.key_figure(two) == (
+        "decode (q=1) reaches, of the measured memory roof, 60% in float32 (6 of 10 GB/s, median of 3 points; "
+        "range 50-80%), 15% in bfloat16 (1.5 of 10 GB/s, median of 3 points; range 10-20%)")
+    assert quality.key_figure(one.assign(dtype="float32", mode="eager")).startswith("decode (q=1) reaches 60% of")
+
+
 def test_a_fit_of_one_model_applied_to_another_is_refused_unless_asked(tmp_path):
     fit, _ = costmodel.fit_run(roof_run(tmp_path))
     with pytest.raises(ConfigError, match="allow_other_model=true"):
