@@ -67,7 +67,9 @@ def main(argv=None) -> int:
         devcheck.load_json(work / "ceilings-copy" / "ceilings.json")
     goal_rows = devcheck.goals(ceilings, rows, devcheck.load_json(work / "sweep" / "fit.json"),
                                (env or {}).get("datasheet_mem_bw_GBps"))
-    text = devcheck.summary_markdown(devcheck.read_steps(out / "steps.tsv"), env, goal_rows, rows, work / "logs")
+    text = devcheck.summary_markdown(devcheck.read_steps(out / "steps.tsv"), env, goal_rows, rows, work / "logs",
+                                     moe_rows=devcheck.sweep_rows([work / "sweep-moe"]),
+                                     moe_fit=devcheck.load_json(work / "sweep-moe" / "fit.json"))
     (out / "summary.md").write_text(text)
     print(text)
     return 0
@@ -86,10 +88,23 @@ def compose(config: str, overrides: list[str]) -> int:
         cfg = compose_config(config, overrides)  # registers the command's schema first, as its entry point does
         what = "composed"
         if config == "sweep":
+            import torch
+
             from roofline.commands.sweep import build_request
+            from roofline.measure import sweep
+            assumed = ""
+            if not torch.cuda.is_available():  # every check but the one a machine without the GPU cannot pass:
+                # that an MoE's grouped path captures there (bf16 on sm90 / sm100, decoder.grouped_capturable)
+                def on_the_gpu(device, dtype, real=sweep.grouped_moe_runs):
+                    p = sweep.parse_precision(dtype)
+                    return (str(device).startswith("cuda") and p.is_plain and p.activations == "bfloat16"
+                            or real(device, dtype))
+                sweep.grouped_moe_runs = on_the_gpu
+                assumed = " (an MoE's grouped graph path assumed to capture: bf16 on an sm90 GPU, checked there)"
             req = build_request(plain(cfg, device_as="torch"))
             what = (f"valid sweep: {req.model.name} on {req.device}, modes {list(req.modes)}, "
-                    f"{len(req.q) * len(req.B) * len(req.L) * len(req.dtypes) * len(req.modes)} forward points")
+                    f"{len(req.q) * len(req.B) * len(req.L) * len(req.dtypes) * len(req.modes)} forward points"
+                    + (assumed if req.model.is_moe else ""))
         elif config == "ceilings":
             import functools
 

@@ -46,10 +46,11 @@
 # a re-measurement would compile again). Step: expected [limit] -> on disk by (expected):
 #   setup 3 s [20] · ceilings_copy 40 [60] · sweep_b1 55 [100]                -> ~1.7 min: copy roofs, 8B B=1 graph decode, T(q)/T(1)
 #   sweep_compiled 100 [150]                                                 -> ~3.3 min: compiled decode at L=512
-#   sweep_rest 75 [110] · env 20 [40]                                        -> ~5 min: the whole graph grid, env.json
-#   gpu_tests 70 [90] · ceilings_full 50 [75] · fit 8 [20] · predict 8 [20] · summary 8 [20]  -> ~7.3 min: all
-# Expected ~437 s; the limits add up to 705 s and the 480 s budget clips the later steps
-# (gpu_tests, ceilings_full first), always keeping 60 s for fit, predict and the summary.
+#   sweep_rest 75 [110] · sweep_moe 60 [90] · env 20 [40]                    -> ~6 min: the whole graph grid, the
+#       Qwen3-30B-A3B graph rows (61 GB of bf16 weights generated on the GPU; 12 points), env.json
+#   gpu_tests 70 [90] · ceilings_full 50 [75] · fit 8 [20] · fit_moe 8 [20] · predict 8 [20] · summary 8 [20]
+# Expected ~505 s; the limits add up to 815 s and the 480 s budget clips the later steps
+# (gpu_tests, ceilings_full first), always keeping 80 s for the two fits, predict and the summary.
 # Worst case (every step at its limit): the key figures by 3.0 min, compiled decode by 5.5 min.
 
 cd "$(dirname "$0")/.." || exit 1
@@ -59,7 +60,7 @@ DRY=${ROOFLINE_CHECK_DRY:-0}
 export PYTHONUNBUFFERED=1
 T0=$(date +%s)
 MIN_STEP_S=5
-TAIL_S=60   # kept for fit + predict + summary
+TAIL_S=80   # kept for fit, fit_moe, predict and summary
 
 # Settings of the two branches: G_ the GPU's, D_ the dry run's. The steps' arguments are built
 # from one prefix by `build` below, so the dry run can compose and validate the G_ ones exactly.
@@ -72,6 +73,8 @@ G_CEIL_COPY=(device=cuda quick=true
   'l2_modes=[cold]' 'dtypes=[bfloat16]' 'bandwidth_dtypes=[bfloat16]'
   'working_sets=[268435456,1073741824,4294967296]' 'square_sizes=[8192]' 'decode_ms=[]' 'formats=[]')
 G_CEIL_FULL=(device=cuda quick=true 'dtypes=[bfloat16]' 'bandwidth_dtypes=[bfloat16]')
+# an MoE in graph mode: Qwen3-30B-A3B bf16 (61 GB) in graph mode, the grouped touched-expert path
+G_MOE=(model=qwen3-30b-a3b device=cuda 'dtypes=[bfloat16]'); G_MOE_Q='[1,2,4]'; G_MOE_B='[1,2,8,32]'
 
 D_MODEL=(model=tiny device=cpu 'dtypes=[bfloat16]')
 D_TIMER=(timer.warmup=1 timer.min_reps=3 timer.max_reps=5 timer.budget_s=0.05)
@@ -81,6 +84,8 @@ D_CEIL_COPY=(device=cpu quick=true 'kernels=[torch_copy,torch_read]' 'l2_modes=[
   'working_sets=[262144,1048576]' 'square_sizes=[64]' 'decode_ms=[]' 'formats=[]')
 D_CEIL_FULL=(device=cpu quick=true decode_model=tiny 'working_sets=[262144,1048576]' 'square_sizes=[64]'
   'decode_ms=[1]')
+D_MOE=(model=tiny device=cpu 'dtypes=[bfloat16]' seed=1 model.mtp_layers=0 +model.experts=4
+  +model.experts_per_token=2 +model.moe_ffn=64); D_MOE_Q='[1,2,4]'; D_MOE_B='[1,2]'
 
 if [ "$DRY" = 1 ]; then
   R=D; SLUG=cpu-dry; DEVICE=cpu
@@ -89,7 +94,8 @@ if [ "$DRY" = 1 ]; then
   BUDGET_S=${ROOFLINE_CHECK_BUDGET_S:-1800}
   WORK=${WORK:-$(mktemp -d "${TMPDIR:-/tmp}/roofline-check.XXXXXX")}
   declare -A LIMIT=([setup]=60 [compose_gpu]=240 [ceilings_copy]=120 [sweep_b1]=240 [sweep_compiled]=120
-                    [sweep_rest]=240 [env]=120 [gpu_tests]=120 [ceilings_full]=180 [fit]=60 [predict]=60 [summary]=60)
+                    [sweep_rest]=240 [sweep_moe]=180 [env]=120 [gpu_tests]=120 [ceilings_full]=180 [fit]=60
+                    [fit_moe]=60 [predict]=60 [summary]=60)
   TAIL_S=180
 else
   R=G; DEVICE=cuda
@@ -98,12 +104,13 @@ else
   SLUG=${SLUG:-gpu}
   # the gpu-marked tests, less the two the steps already are (ceilings, the compiled decode)
   GPU_TESTS=${GPU_TESTS:-tests/test_model_gpu.py tests/test_timer.py tests/test_quant.py tests/test_devices.py \
-tests/test_noise.py tests/test_collectives.py}
+tests/test_noise.py tests/test_collectives.py tests/test_moe_grouped.py}
   SHAPES="1,1,512 1,1,4096 8,1,4096 32,1,4096 1,4,512 8,4,4096 32,16,4096 1,128,512"
   BUDGET_S=${ROOFLINE_CHECK_BUDGET_S:-480}
   WORK=${WORK:-/tmp/roofline-check}
   declare -A LIMIT=([setup]=20 [ceilings_copy]=60 [sweep_b1]=100 [sweep_compiled]=150 [sweep_rest]=110
-                    [env]=40 [gpu_tests]=90 [ceilings_full]=75 [fit]=20 [predict]=20 [summary]=20)
+                    [sweep_moe]=90 [env]=40 [gpu_tests]=90 [ceilings_full]=75 [fit]=20 [fit_moe]=20 [predict]=20
+                    [summary]=20)
 fi
 OUT=${OUT:-results/$SLUG}
 mkdir -p "$OUT" "$WORK/logs"
@@ -204,8 +211,8 @@ step setup "$TAIL_S" bash -c '
 export PYTHONPATH="$WORK/site:$REPO${PYTHONPATH:+:$PYTHONPATH}"
 
 build() {  # build P: each step's arguments from the settings P_* (G_: the GPU branch, D_: the dry run)
-  local -n m=${1}_MODEL t=${1}_TIMER cc=${1}_CEIL_COPY cf=${1}_CEIL_FULL
-  local g=${1}_GRAPH c=${1}_COMPILED q=${1}_Q l=${1}_L b=${1}_B cl=${1}_CL
+  local -n m=${1}_MODEL t=${1}_TIMER cc=${1}_CEIL_COPY cf=${1}_CEIL_FULL mm=${1}_MOE
+  local g=${1}_GRAPH c=${1}_COMPILED q=${1}_Q l=${1}_L b=${1}_B cl=${1}_CL mq=${1}_MOE_Q mb=${1}_MOE_B
   local roof="ceilings=$WORK/ceilings-copy/ceilings.json"
   A_CEIL_COPY=("${cc[@]}" "out_dir=$WORK/ceilings-copy")
   A_SWEEP_B1=("${m[@]}" "modes=[${!g}]" "q=${!q}" "B=[1]" "L=${!l}" "${t[@]}" progress=false "$roof"
@@ -214,6 +221,8 @@ build() {  # build P: each step's arguments from the settings P_* (G_: the GPU b
                     "$roof" "out_dir=$WORK/sweep-compiled")
   A_SWEEP_REST=("${m[@]}" "modes=[${!g}]" "q=${!q}" "B=${!b}" "L=${!l}" "${t[@]}" extend=true progress=false
                 "$roof" "out_dir=$WORK/sweep")
+  A_SWEEP_MOE=("${mm[@]}" "modes=[${!g}]" "q=${!mq}" "B=${!mb}" "L=${!cl}" "${t[@]}" progress=false "$roof"
+               "out_dir=$WORK/sweep-moe")
   A_CEIL_FULL=("${cf[@]}" "out_dir=$WORK/ceilings-full")
   A_PREDICT=("fit=$WORK/sweep/fit.json" drafter=ngram 'alphas=[0.6,0.8]' 'k=[0,1,2,3,4]' "B=${!b}" "L=${!l}"
              plot_B=1 "plot_L=$(echo "${!l}" | tr -d '[]' | cut -d, -f1)" "out_dir=$WORK/predict")
@@ -224,7 +233,8 @@ if [ "$DRY" = 1 ]; then
   build G
   {  # one python for all six (each start costs seconds); `::` separates them
     printf '%q ' "$PY" scripts/devcheck.py compose ceilings "${A_CEIL_COPY[@]}" :: sweep "${A_SWEEP_B1[@]}" \
-      :: sweep "${A_SWEEP_COMPILED[@]}" :: sweep "${A_SWEEP_REST[@]}" :: ceilings "${A_CEIL_FULL[@]}" \
+      :: sweep "${A_SWEEP_COMPILED[@]}" :: sweep "${A_SWEEP_REST[@]}" :: sweep "${A_SWEEP_MOE[@]}" \
+      :: ceilings "${A_CEIL_FULL[@]}" \
       :: predict "${A_PREDICT[@]}"; echo
   } > "$WORK/compose_gpu.sh"
   step compose_gpu "$TAIL_S" env TRITON_INTERPRET=1 bash "$WORK/compose_gpu.sh"
@@ -253,6 +263,10 @@ step sweep_compiled "$TAIL_S" with_roof "${A_SWEEP_COMPILED[@]}"
 # 4. the rest of the graph grid (B > 1), added to the same run folder
 step sweep_rest "$TAIL_S" with_roof "${A_SWEEP_REST[@]}"
 
+# 4b. an MoE in graph mode: Qwen3-30B-A3B, its touched experts as one grouped GEMM
+#     per projection captured in the CUDA graph (decoder.grouped_capturable on sm90); T(B)/T(1) > 1
+step sweep_moe "$TAIL_S" with_roof "${A_SWEEP_MOE[@]}"
+
 # 5. environment and probe: versions, L2, the attention backend the sweep's shapes select
 declare -n RUN_MODEL=${R}_MODEL
 step env "$TAIL_S" "$PY" scripts/devcheck.py env --device "$DEVICE" --model "${RUN_MODEL[0]#model=}" \
@@ -268,8 +282,12 @@ cp "$WORK/ceilings-full/ceilings.json" "$OUT/ceilings.json" 2>/dev/null
 
 # 8. the cost model, fitted with the measured ceilings beside the run
 [ -f "$WORK/sweep/ceilings.json" ] || cp "$WORK/ceilings-copy/ceilings.json" "$WORK/sweep/" 2>/dev/null
-step fit 40 "$PY" -m roofline.cli.fit "results_dir=$WORK/sweep"
+step fit 60 "$PY" -m roofline.cli.fit "results_dir=$WORK/sweep"
 cp "$WORK/sweep/fit.json" "$OUT/fit.json" 2>/dev/null
+
+# 8b. the MoE run's fit (its group records moe_impl: the experts it ran); it comes back in the bundle
+[ -f "$WORK/sweep-moe/ceilings.json" ] || cp "$WORK/ceilings-copy/ceilings.json" "$WORK/sweep-moe/" 2>/dev/null
+step fit_moe 40 "$PY" -m roofline.cli.fit "results_dir=$WORK/sweep-moe"
 
 # 9. a prediction from the fit
 step predict 20 "$PY" -m roofline.cli.predict "${A_PREDICT[@]}"

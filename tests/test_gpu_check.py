@@ -19,8 +19,8 @@ from roofline.report import devcheck
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
-STEPS = ["setup", "compose_gpu", "ceilings_copy", "sweep_b1", "sweep_compiled", "sweep_rest", "env", "gpu_tests",
-         "ceilings_full", "fit", "predict", "summary"]
+STEPS = ["setup", "compose_gpu", "ceilings_copy", "sweep_b1", "sweep_compiled", "sweep_rest", "sweep_moe", "env",
+         "gpu_tests", "ceilings_full", "fit", "fit_moe", "predict", "summary"]
 GPU_STEPS = [s for s in STEPS if s != "compose_gpu"]  # the dry run alone composes the GPU branch's arguments
 FILES = {"summary.md", "steps.tsv", "ceilings.json", "sweep.csv", "env.json", "fit.json", "predict.csv",
          "logs.tar.gz"}  # the device tool brings back at most 8 files
@@ -69,12 +69,15 @@ def test_cpu_dry_run_writes_its_files_and_a_failed_step_stops_nothing_but_fails_
     text = (out / "summary.md").read_text()
     assert "## Goals" in text and "## T(q)/T(1)" in text and "### gpu_tests (exit" in text
     assert "no_such_test_file" in text  # the failure's last log lines
+    # the MoE run (a tiny MoE, eager on the CPU: its touched experts), its rows and its fit's group in the summary
+    assert "## MoE decode (q = 1)" in text and "touched" in text and "moe_impl touched" in text
     names = _bundle(out)
     assert any(n.endswith("logs/gpu_tests.log") for n in names) and any(n.endswith("sweep/points.jsonl") for n in names)
     assert sum(p.stat().st_size for p in out.iterdir()) < 2_000_000
     # the GPU branch's exact arguments were composed by Hydra and validated: each one line
     compose = (tmp_path / "work" / "logs" / "compose_gpu.log").read_text()
     assert compose.count("valid sweep: llama-3.1-8b on cuda") == 3 and compose.count("valid ceilings: cuda") == 2
+    assert compose.count("valid sweep: qwen3-30b-a3b on cuda, modes ['graph']") == 1
 
 
 @pytest.mark.slow

@@ -185,9 +185,31 @@ def failures(steps: list[dict], logs: Path | None, lines: int = 8) -> list[dict]
     return out
 
 
+def moe_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """The MoE run's decode rows (q = 1, ok, full depth) by mode, the experts it ran and B: median step ms and
+    T(B)/T(1) at the same L (> 1 when the touched experts are run and read; 1.00 when every expert is)."""
+    need = {"status", "kind", "q", "B", "L", "t_median_s", "mode"}
+    if rows.empty or not need <= set(rows.columns):
+        return pd.DataFrame()
+    d = rows[(rows["status"] == "ok") & (rows["kind"] == "forward") & (rows["q"] == 1)]
+    if {"layers_run", "layers_full"} <= set(d.columns):
+        d = d[d["layers_run"] == d["layers_full"]]
+    if d.empty:
+        return pd.DataFrame()
+    keys = ["mode"] + (["moe_impl"] if "moe_impl" in d.columns else []) + ["L", "B"]
+    t = d.groupby(keys, dropna=False)["t_median_s"].median().rename("t_ms").reset_index()
+    t["t_ms"] = 1e3 * t["t_ms"]
+    one = t[t["B"] == 1][keys[:-1] + ["t_ms"]].rename(columns={"t_ms": "t_B1_ms"})
+    t = t.merge(one, on=keys[:-1], how="left")
+    t["t_over_t_B1"] = t["t_ms"] / t.pop("t_B1_ms")
+    return t.round({"t_ms": 3, "t_over_t_B1": 3})
+
+
 def summary_markdown(steps: list[dict], env: dict | None, goal_rows: list[dict], rows: pd.DataFrame,
-                     logs: Path | None = None) -> str:
-    """summary.md: the device, the steps, the goals, T(q)/T(1), rows by status, the failures."""
+                     logs: Path | None = None, moe_rows: pd.DataFrame | None = None,
+                     moe_fit: dict | None = None) -> str:
+    """summary.md: the device, the steps, the goals, T(q)/T(1), rows by status, the MoE run (the experts
+    it ran, T(B)/T(1), its fit's groups), the failures."""
     lines = ["# Device check", ""]
     if env:
         lines.append(f"Device: {env.get('device_name')} ({env.get('device')}); torch {env.get('torch')}, "
@@ -211,6 +233,15 @@ def summary_markdown(steps: list[dict], env: dict | None, goal_rows: list[dict],
         lines += ["", "## Sweep rows by status and mode", ""]
         cols = [c for c in ("mode", "status", "attn_backend", "cuda_graphs", "noisy") if c in rows.columns]
         lines.append(_table(rows.groupby(cols, dropna=False).size().rename("rows").reset_index()))
+    if moe_rows is not None:
+        mt = moe_table(moe_rows)
+        lines += ["", "## MoE decode (q = 1): the experts each mode ran, T(B)/T(1)", ""]
+        lines.append(_table(mt) if not mt.empty else "no ok MoE decode rows")
+        for g in (moe_fit or {}).get("groups", []):
+            fit_err = [e for e in g.get("errors", []) if e.get("method") == "fit" and e.get("regime") == "all"]
+            mape = ", ".join(f"{e['split']}: {e['MAPE_pct']:.1f}%" for e in fit_err if e.get("n"))
+            lines.append(f"- fit group {g['key']}: moe_impl {g.get('moe_impl')}, {g.get('n_points')} points"
+                         + (f"; MAPE {mape}" if mape else ""))
     fails = failures(steps, logs)
     lines += ["", "## Failures", ""]
     if not fails:
