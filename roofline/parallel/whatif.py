@@ -179,10 +179,10 @@ def _fmt_kind(fmt) -> str:
 def launch_seconds(eng, setting: Setting, scenario: int, priors: dict, n: int, n_moe: int, block_cfg) -> float:
     """The launch cost of a stage's n blocks (n_moe of them MoE). CUDA graphs: the graph floor per
     layer (priors.yaml, or the engine's per_layer_us), and per MoE layer its router GEMM and gating
-    kernels (priors.yaml moe_routing_us_per_layer: latency-bound at decode sizes). Without graphs, an engine whose host issues
-    every kernel (`host_issue`) pays its host time per launch for each light kernel of a layer: the
-    launches beyond the layer's matmuls and attention (one grouped GEMM more for MoE), whose GPU time
-    is priced as their bytes and FLOPs and exceeds their issue time at decode sizes."""
+    kernels (priors.yaml moe_routing_us_per_layer: latency-bound at decode sizes). Without graphs, an
+    engine whose host issues every kernel (`host_issue`) pays its host time per launch for each light
+    kernel of a layer: the launches beyond the layer's matmuls and attention (one grouped GEMM more for
+    MoE), whose GPU time is priced as their bytes and FLOPs and exceeds their issue time at decode sizes."""
     graphs = eng.graphs if setting.graphs is None else setting.graphs
     if not graphs and eng.launches_per_layer is not None:
         heavy = lambda moe: len(block_matrices(block_cfg, moe)) + 1 + int(moe)  # noqa: E731  matmuls + attention
