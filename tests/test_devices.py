@@ -67,6 +67,7 @@ DEVICE_NAMES = [
     ("NVIDIA GeForce RTX 4090", "rtx4090"),
     ("NVIDIA B200", "b200"),
     ("AMD Instinct MI300X", "mi300x"),
+    ("AMD Instinct MI325X", "mi325x"),
 ]
 
 
