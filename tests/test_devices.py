@@ -68,6 +68,7 @@ DEVICE_NAMES = [
     ("NVIDIA B200", "b200"),
     ("AMD Instinct MI300X", "mi300x"),
     ("AMD Instinct MI325X", "mi325x"),
+    ("NVIDIA H20", "h20"),
 ]
 
 
