@@ -92,16 +92,19 @@ def compose(config: str, overrides: list[str]) -> int:
 
             from roofline.commands.sweep import build_request
             from roofline.measure import sweep
-            assumed = ""
+            assumed, real = "", sweep.grouped_moe_runs
             if not torch.cuda.is_available():  # every check but the one a machine without the GPU cannot pass:
                 # that an MoE's grouped path captures there (bf16 on sm90 / sm100, decoder.grouped_capturable)
-                def on_the_gpu(device, dtype, real=sweep.grouped_moe_runs):
+                def on_the_gpu(device, dtype):
                     p = sweep.parse_precision(dtype)
                     return (str(device).startswith("cuda") and p.is_plain and p.activations == "bfloat16"
                             or real(device, dtype))
                 sweep.grouped_moe_runs = on_the_gpu
                 assumed = " (an MoE's grouped graph path assumed to capture: bf16 on an sm90 GPU, checked there)"
-            req = build_request(plain(cfg, device_as="torch"))
+            try:
+                req = build_request(plain(cfg, device_as="torch"))
+            finally:  # this composition only: the caller's process (a test's) keeps the real rule
+                sweep.grouped_moe_runs = real
             what = (f"valid sweep: {req.model.name} on {req.device}, modes {list(req.modes)}, "
                     f"{len(req.q) * len(req.B) * len(req.L) * len(req.dtypes) * len(req.modes)} forward points"
                     + (assumed if req.model.is_moe else ""))

@@ -85,7 +85,7 @@ D_CEIL_COPY=(device=cpu quick=true 'kernels=[torch_copy,torch_read]' 'l2_modes=[
 D_CEIL_FULL=(device=cpu quick=true decode_model=tiny 'working_sets=[262144,1048576]' 'square_sizes=[64]'
   'decode_ms=[1]')
 D_MOE=(model=tiny device=cpu 'dtypes=[bfloat16]' seed=1 model.mtp_layers=0 +model.experts=4
-  +model.experts_per_token=2 +model.moe_ffn=64); D_MOE_Q='[1,2,4]'; D_MOE_B='[1,2]'
+  +model.experts_per_token=2 +model.moe_ffn=64); D_MOE_Q='[1,2,4,8]'; D_MOE_B='[1,2,4]'
 
 if [ "$DRY" = 1 ]; then
   R=D; SLUG=cpu-dry; DEVICE=cpu

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from roofline.report import devcheck
 
@@ -217,3 +218,19 @@ def test_the_dry_runs_compose_step_composes_each_command_as_its_entry_point_does
 def test_the_dry_runs_compose_step_fails_on_an_unknown_key(capsys):
     assert _devcheck_script().compose("sweep", ["model=tiny", "no_such_key=1"]) == 2
     assert "no_such_key" in capsys.readouterr().err
+
+
+def test_the_compose_step_validates_an_moe_graph_sweep_for_the_gpu_and_leaves_the_rule_as_it_was(capsys):
+    """Without the GPU, the one check it cannot pass (that the grouped MoE path captures: bf16 on sm90) is
+    assumed for that composition alone, and said; the process's own MoE/mode rule is untouched after it."""
+    from roofline.measure import sweep
+    before = sweep.grouped_moe_runs
+    args = ["model=qwen3-30b-a3b", "device=cuda", "dtypes=[bfloat16]", "modes=[graph]", "q=[1,2]", "B=[1,2]",
+            "L=[512]", "progress=false", "out_dir=/tmp/x"]
+    assert _devcheck_script().compose("sweep", args) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "valid sweep: qwen3-30b-a3b on cuda, modes ['graph']" in out
+    if not torch.cuda.is_available():
+        assert "assumed to capture" in out
+    assert sweep.grouped_moe_runs is before
+    assert not sweep.grouped_moe_runs("cpu", "bfloat16")
