@@ -123,9 +123,10 @@ def card_record(req: CardRequest) -> dict:
     if dev is not None and dev.mem_bytes:
         rec.update(_fit_on(cfg, dtype, dev, req.batch, max(req.context, 1), req.engine))
     if dev is not None and dev.bandwidth_Bps() and dev.kind == "gpu":
-        rec.update(_what_if_itl(req, dtype))
+        w = _what_if(req, dtype)  # one what-if (its calibration read once) for the ITL line and the finite run
+        rec.update(_what_if_itl(req, w))
         if req.input_len:
-            rec.update(_what_if_run(req, dtype))
+            rec.update(_what_if_run(req, w))
     return rec
 
 
@@ -134,10 +135,9 @@ RUN_METRICS = (("ttft_s", "ttft_ms", 1e3), ("itl_s", "itl_median_ms", 1e3), ("it
                ("tok_s_per_gpu", "output_tok_s_per_gpu", 1.0), ("running", "running_seqs", 1.0))
 
 
-def _what_if_run(req: CardRequest, dtype: str) -> dict:
-    """A finite benchmark run priced by the what-if (roofline.parallel.whatif.serve): each metric an interval."""
+def _what_if_run(req: CardRequest, w) -> dict:
+    """A finite benchmark run priced by the what-if `w` (roofline.parallel.whatif.serve): each metric an interval."""
     from roofline.parallel.whatif import serve
-    w = _what_if(req, dtype)
     C = req.concurrency or req.batch
     s = serve(w, req.input_len, req.output_len, C, req.num_prompts or C, staggered=req.staggered)
     out = dict(run_input_len=req.input_len, run_output_len=req.output_len, run_concurrency=C,
@@ -166,11 +166,10 @@ def _what_if(req: CardRequest, dtype: str):
     return w
 
 
-def _what_if_itl(req: CardRequest, dtype: str) -> dict:
-    """The decode step's ITL from the what-if model (roofline.parallel.whatif), an interval."""
+def _what_if_itl(req: CardRequest, w) -> dict:
+    """The decode step's ITL from the what-if `w` (roofline.parallel.whatif), an interval."""
     from roofline.parallel.whatif import memory_check
     from roofline.analysis import calibrate
-    w = _what_if(req, dtype)
     itl = w.itl(req.batch, req.context)
     out = dict(whatif_layout=w.layout.label(), whatif_engine=req.engine or "all profiles (span)",
                whatif_itl_ms=itl["typical"] * 1e3, whatif_itl_ms_optimistic=itl["optimistic"] * 1e3,
@@ -178,7 +177,7 @@ def _what_if_itl(req: CardRequest, dtype: str) -> dict:
                whatif_experts_touched=w.experts_touched(req.batch))
     if w.calibration is not None:
         out["whatif_calibration"] = calibrate.summary(w)
-    mem = memory_check(w.cfg, w.device, dtype, w.layout, req.batch, max(req.context, 1), setting=w.setting)
+    mem = memory_check(w.cfg, w.device, w.dtype, w.layout, req.batch, max(req.context, 1), setting=w.setting)
     if not mem["fits"]:  # priced all the same (the step's time does not depend on it), said
         out["whatif_note"] = (f"{w.layout.label()} does not fit: {mem['weights_GB']:.1f} GB of weights + "
                               f"{mem['kv_GB']:.2f} GB of KV per GPU of {mem['device_mem_GB']:.1f} GB "

@@ -127,9 +127,7 @@ def weight_bw_fraction(fmt_kind: str, M: float, scenario: int, kern: dict) -> fl
     """Streaming efficiency of the weight reads of a GEMM whose weights are in `fmt_kind`
     (dense: the activation dtype) at M tokens per pass; an entry with `like: <fmt>` streams as that one."""
     wo = kern.get("weight_only", {})
-    entry = wo.get(fmt_kind) or wo.get("dense")
-    if entry is not None and "like" in entry:
-        entry = wo.get(entry["like"])
+    entry = wo.get(_like(kern, fmt_kind) or fmt_kind) or wo.get("dense")
     if entry is None:
         raise ConfigError(f"kernels.weight_only: no entry for weight format {fmt_kind!r} nor 'dense'")
     if "table" in entry:
