@@ -55,7 +55,8 @@ def test_a_gpu_row_on_the_cpu_is_refused_naming_both_halves():
 
 
 def test_a_row_that_is_not_the_running_gpu_is_refused(monkeypatch):
-    monkeypatch.setattr(devices.torch.cuda, "is_available", lambda: True)
+    import torch  # devices imports it where a device runs, not with the module
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(devices, "datasheet_for_running_device", lambda device="cuda": (get_datasheet("h100_sxm"), True))
     with pytest.raises(ConfigError, match=r"device=h200_sxm: cuda is a NVIDIA H100 SXM5 80GB \(h100_sxm\); "
                                           r"use device=cuda or device=h100_sxm"):

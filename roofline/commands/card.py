@@ -20,7 +20,6 @@ from roofline.model.accounting import forward_cost, kv_bytes_per_token, param_co
 from roofline.model.formats import QUALITY_NOTE, compute_dtype, parse_precision, precision_columns
 from roofline.io.fields import ConfigError, internal, option
 from roofline.model.config import ModelConfig
-from roofline.checkpoints.loader import checkpoint_config
 from roofline.commands import FormatKeys, LayoutKeys, not_both, priced_weights
 from roofline.measure.devices import Datasheet, get_datasheet
 from roofline.model.formats import with_overrides
@@ -286,7 +285,11 @@ def print_card(req: CardRequest) -> dict:
 
 def run(c: dict) -> None:
     not_both(c, "checkpoint", "model")
-    model = checkpoint_config(c["checkpoint"]) if c["checkpoint"] else ModelConfig.from_dict(c["model"])
+    if c["checkpoint"]:
+        from roofline.checkpoints.loader import checkpoint_config  # the loader and torch, only for a folder
+        model = checkpoint_config(c["checkpoint"])
+    else:
+        model = ModelConfig.from_dict(c["model"])
     dtype = with_overrides([c["dtype"]], priced_weights(c), c["kv"], c["lm_head"], model.native_weights)[0]
     print_card(CardRequest(model=model, dtype=dtype,
                            device=get_datasheet(c["device"]) if c["device"] else None,

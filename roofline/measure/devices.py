@@ -21,12 +21,15 @@ from collections.abc import Mapping
 from functools import lru_cache
 from importlib import resources
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
-import torch
 import yaml
 
 from roofline.io.fields import ConfigError, check_fields
 from roofline.model.dtypes import DATASHEET_COLUMNS, datasheet_column
+
+if TYPE_CHECKING:
+    import torch
 
 _NUMBER_FIELDS = ("mem_bw_GBps", "l2_bytes", "llc_bytes", "mem_bytes", "mem_bytes_reported")
 
@@ -91,6 +94,7 @@ def parse_device(device: str | torch.device, *, need_available: bool = True) -> 
     fails too (need_available=False only checks the spelling: a config validated before it
     runs elsewhere). A bare "cuda" stays index-less; callers that need the index ask torch.
     """
+    import torch  # here, not with the module: a datasheet what-if never starts torch
     text = str(device)
     try:
         dev = torch.device(text)
@@ -180,7 +184,10 @@ def _cpu_model() -> str:
 def running_device_name(device: str = "cuda") -> str:
     """torch.cuda.get_device_name for "cuda"/"cuda:N"; the CPU model for "cpu"."""
     dev = parse_device(device)
-    return _cpu_model() if dev.type == "cpu" else torch.cuda.get_device_name(dev)
+    if dev.type == "cpu":
+        return _cpu_model()
+    import torch
+    return torch.cuda.get_device_name(dev)
 
 
 def datasheet_for_running_device(device: str = "cuda") -> tuple[Datasheet, bool]:
@@ -220,6 +227,7 @@ def run_device(device: str, datasheet: str | None) -> str:
     row = get_datasheet(datasheet)
     if (row.kind == "cpu") != (dev.type == "cpu"):
         raise ConfigError(f"device.datasheet={datasheet!r} is a {row.kind} row but device.torch={device!r}")
+    import torch
     if dev.type == "cuda" and torch.cuda.is_available():
         running, matched = datasheet_for_running_device(device)
         if running.key != datasheet:
@@ -234,6 +242,7 @@ def last_level_cache_bytes(device: str = "cpu", root: str = "/sys/devices/system
     instance, as the kernel reports it), the GPU's L2 from torch; None when not readable.
     (The cold-flush size is a different number: a default when nothing is queried.)"""
     if is_cuda(device):
+        import torch
         if not torch.cuda.is_available():
             return None
         return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)) or None

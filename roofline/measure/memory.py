@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
-import torch
 
 from roofline.measure.devices import parse_device
 from roofline.model.accounting import kv_bytes_per_token, resident_weight_bytes
@@ -141,6 +140,7 @@ def available(device: str) -> tuple[float, str]:
     """(bytes the device can give now, where that figure comes from)."""
     dev = parse_device(device)
     if dev.type == "cuda":
+        import torch
         free = float(torch.cuda.mem_get_info(dev)[0])
         return free, f"{free / 1e9:.2f} GB free on {device}"
     host = float(psutil.virtual_memory().available)

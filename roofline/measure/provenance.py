@@ -7,8 +7,6 @@ import platform
 import subprocess
 from functools import lru_cache
 
-import torch
-
 from roofline.io.files import REPO_ROOT
 from roofline.measure.devices import running_device_name
 
@@ -68,6 +66,7 @@ def _nvml_clocks(device: str) -> dict:
 
 def collect(device: str) -> dict:
     """Provenance fields shared by every row of a run on `device` ('cpu' or 'cuda[:N]')."""
+    import torch  # a run's provenance has a torch; an analysis that imports this module need not start it
     dev = torch.device(device)
     info = dict(
         device=str(dev), device_name=running_device_name(str(dev)),

@@ -5,16 +5,21 @@ datasheet table (roofline/data/devices.yaml) and accepted wherever a dtype is ty
 `model=True` marks the dtypes the compact decoder runs in (weights, activations, KV cache);
 the others exist for datasheet peaks: tf32 is a tensor-core compute mode of fp32 storage,
 fp8 a storage type whose matmuls this code does not run.
+
+torch is imported where a torch dtype is asked for, not with this module: the pricing and analysis
+commands read this vocabulary and never start torch (tests/test_torch_free.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from types import MappingProxyType
-
-import torch
+from typing import TYPE_CHECKING
 
 from roofline.io.fields import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -22,8 +27,16 @@ class DType:
     name: str  # canonical: torch's name
     short: str  # datasheet column and short spelling
     bits: int  # storage bits per element
-    torch: torch.dtype | None  # None: a compute mode without a storage type of its own
+    torch_name: str | None  # torch's attribute; None: a compute mode without a storage type of its own
     model: bool  # the compact decoder runs in it
+
+    @property
+    def torch(self) -> torch.dtype | None:
+        """The torch dtype (imports torch)."""
+        if self.torch_name is None:
+            return None
+        import torch
+        return getattr(torch, self.torch_name)
 
     @property
     def bytes(self) -> int | float:
@@ -32,12 +45,12 @@ class DType:
 
 
 DTYPES = MappingProxyType({d.name: d for d in (
-    DType("float32", "fp32", 32, torch.float32, True),
-    DType("bfloat16", "bf16", 16, torch.bfloat16, True),
-    DType("float16", "fp16", 16, torch.float16, True),
+    DType("float32", "fp32", 32, "float32", True),
+    DType("bfloat16", "bf16", 16, "bfloat16", True),
+    DType("float16", "fp16", 16, "float16", True),
     DType("tfloat32", "tf32", 32, None, False),
-    DType("float8_e4m3fn", "fp8", 8, torch.float8_e4m3fn, False),
-    DType("float8_e5m2", "fp8", 8, torch.float8_e5m2, False),
+    DType("float8_e4m3fn", "fp8", 8, "float8_e4m3fn", False),
+    DType("float8_e5m2", "fp8", 8, "float8_e5m2", False),
 )})
 MODEL_DTYPES = tuple(n for n, d in DTYPES.items() if d.model)
 DATASHEET_COLUMNS = ("fp32", "tf32", "bf16", "fp16", "fp8")  # the columns devices.yaml may fill

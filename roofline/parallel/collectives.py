@@ -31,15 +31,17 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-import torch.distributed as dist
 from scipy.optimize import nnls
 
 from roofline.measure.devices import is_cuda
 from roofline.model.dtypes import dtype_bytes, dtype_name, torch_dtype
 from roofline.io.fields import ConfigError, internal, option
+
+if TYPE_CHECKING:
+    import torch
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 SCHEMA = "roofline.collectives/1"
@@ -98,6 +100,8 @@ class CollectiveRequest:
 
 
 def _op(kind: str, S: int, dtype: torch.dtype, n: int, device: str):
+    import torch
+    import torch.distributed as dist
     el = torch.finfo(dtype).bits // 8
     count = S // el
     x = torch.ones(count, dtype=dtype, device=device)
@@ -123,6 +127,8 @@ def _iters(S: int) -> int:
 
 def measure(rank: int, world: int, device: str, req: CollectiveRequest) -> list[dict] | None:
     """Run on every rank (roofline.parallel.launch.run); rank 0 returns one row per (kind, size)."""
+    import torch  # torch and its process group start in the measuring ranks, not where bus_factor prices
+    import torch.distributed as dist
     dtype = torch_dtype(req.dtype)
     sync = (lambda: torch.cuda.synchronize()) if is_cuda(device) else (lambda: None)
     flush = torch.zeros(req.flush_bytes // 4, dtype=torch.float32, device=device) if req.flush_bytes else None

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from roofline.model.accounting import ForwardCost, _check_shape, attention_matmul_params, attention_params
 from roofline.model.accounting import add_mtp_own_cost, block_weight_bytes, expert_bytes, head_bytes, mtp_args
@@ -37,6 +38,7 @@ COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", 
 ID_BYTES = 8  # int64 expert ids and counts
 
 
+@lru_cache(maxsize=256)  # frozen inputs; a what-if asks for the same shard thousands of times
 def _local_attention_cfg(cfg: ModelConfig, layout: Layout) -> ModelConfig:
     s = local_shapes(cfg, layout)
     return cfg.scaled(heads=s.heads, kv_heads=s.kv_heads)
@@ -76,6 +78,7 @@ def kv_elems_per_token_rank(cfg: ModelConfig, layout: Layout) -> int:
     return 2 * local_shapes(cfg, layout).kv_heads * cfg.head_dim
 
 
+@lru_cache(maxsize=256)  # as _local_attention_cfg
 def _rank_cfgs(cfg: ModelConfig, layout: Layout) -> tuple[ModelConfig, ModelConfig]:
     """(block, expert) configs whose single-device accounting is one rank's shard: the local
     heads and dense-FFN columns, the shared experts' slice as one shared expert (router whole),

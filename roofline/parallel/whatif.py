@@ -361,6 +361,7 @@ class WhatIf:
     def __post_init__(self) -> None:
         self.layout.check(self.cfg)
         parse_precision(self.dtype)
+        object.__setattr__(self, "_passes", {})  # pass_detail's memo: one what-if prices a pass once
 
     def _eng(self, name: str, scenario: int):
         return engines_mod.profile(name, scenario, self.setting.engines_path())
@@ -369,8 +370,15 @@ class WhatIf:
         return K.load_kernels(self.setting.kernels_path())
 
     def pass_detail(self, p: Pass, scenario: int, engine: str, mtp: bool = False) -> dict:
-        return pass_seconds(self.cfg, self.layout, self.dtype, p, self.device, self._eng(engine, scenario), scenario,
-                            self._kern(), load_priors(), self.setting, mtp)
+        """pass_seconds of this what-if's model, layout, precision, device and setting (not its calibration:
+        that scales the result), computed once per (pass, scenario, engine, mtp): a speedup table or a finite
+        run asks for the same pass many times (read the dict, do not change it)."""
+        key = (p, scenario, engine, mtp)
+        if key not in self._passes:
+            self._passes[key] = pass_seconds(self.cfg, self.layout, self.dtype, p, self.device,
+                                             self._eng(engine, scenario), scenario, self._kern(), load_priors(),
+                                             self.setting, mtp)
+        return self._passes[key]
 
     def forward(self, p: Pass, scenario: int, engine: str) -> float:
         """One forward through every pipeline stage (pp stages run one after the other for a token)."""
