@@ -130,6 +130,25 @@ def test_an_architecture_with_its_own_kernels_replaces_the_nvidia_curves():
     assert kernels.peak_fraction("fp8", 1, kern, "h100_sxm") == kernels.peak_fraction("fp8", 1, kern)
 
 
+def test_prefill_attention_on_cdna3_runs_at_the_aiter_kernels_share_not_the_gemm_share():
+    """arch_overrides.cdna3.prefill_attention_fraction (AITER's causal flash-attention forward on MI300X) prices
+    a prompt's attention; an NVIDIA part keeps its large-GEMM share. A chunk of 8192 prompt tokens at context
+    8192: its attention time grows by the ratio of the shares, and nothing else moves."""
+    kern = kernels.load_kernels()
+    assert [kernels.prefill_attention_fraction(s, kern, "mi300x") for s in range(3)] == [0.43, 0.40, 0.32]
+    assert [kernels.prefill_attention_fraction(s, kern, "h100_sxm") for s in range(3)] == \
+        [kernels.peak_fraction("dense", s, kern, "h100_sxm") for s in range(3)]
+    cfg = get_preset("llama-3.1-8b")
+    w = WhatIf(cfg, get_datasheet("mi300x"), "bfloat16", Layout(), Setting(engine="vllm"))  # the shipped tables
+    with_prompt = w.pass_detail(Pass(1, 1, 1024, prefill=8192, prefill_context=8192), 1, "vllm")["terms"]
+    without = w.pass_detail(Pass(1, 1, 1024), 1, "vllm")["terms"]
+    d = 128 + 128
+    flops = 2 * d * cfg.heads * cfg.layers * 8192 * 8192
+    rate = get_datasheet("mi300x").dense_tflops["bf16"] * 1e12
+    cache_writes = with_prompt["attention"] - without["attention"] - flops / (rate * 0.40)
+    assert 0 < cache_writes < 0.05 * flops / (rate * 0.40)  # the prompt's attention at 0.40 of peak, plus its KV writes
+
+
 def test_qwen3_moe_what_if_prices_touched_experts_not_all_of_them():
     cfg = get_preset("qwen3-30b-a3b")
     w = WhatIf(cfg, get_datasheet("h100_sxm"), "bfloat16", Layout(), S)

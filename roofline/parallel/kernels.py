@@ -118,6 +118,16 @@ def peak_fraction(fmt_kind: str, scenario: int, kern: dict, device_key: str | No
     return pick(g["peak_fraction"], scenario, "kernels.gemm.peak_fraction")
 
 
+def prefill_attention_fraction(scenario: int, kern: dict, device_key: str | None = None) -> float:
+    """Share of the dense tensor rate a prompt's (causal, flash) attention reaches: the architecture's own
+    attention kernel (`arch_overrides.<arch>.prefill_attention_fraction`, e.g. AITER's on CDNA3), else a large
+    dense GEMM's (`peak_fraction`: FlashAttention on NVIDIA parts runs near its GEMMs' share)."""
+    own = arch_override(kern, device_key).get("prefill_attention_fraction")
+    if own is not None:
+        return pick(own, scenario, "kernels.arch_overrides.prefill_attention_fraction")
+    return peak_fraction("dense", scenario, kern, device_key)
+
+
 def _like(kern: dict, fmt_kind: str) -> str | None:
     """The format whose curves a weight_only entry borrows (`like:`), e.g. fp8_block streams like fp8."""
     return ((kern.get("weight_only") or {}).get(fmt_kind) or {}).get("like")

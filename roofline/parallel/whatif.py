@@ -246,7 +246,7 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     t_attn = K.attention_seconds(kv_bytes, attn_flops, Br, p.L, bw, fa, scenario, kern, n, eng.attention_bw_fraction)["seconds"]
     pre_r = math.ceil(p.prefill / split)
     if pre_r:
-        peak = K.peak_fraction("dense", scenario, kern, device.key)
+        peak = K.prefill_attention_fraction(scenario, kern, device.key)
         t_attn += 2 * (d_qk + d_v) * s.heads * n * pre_r * p.prefill_context / (fa * peak)
         t_attn += n * kv_tok * pre_r / (bw * K.weight_bw_fraction("dense", 1, scenario, kern))  # its cache writes
     # LM head (logits of the decode positions; a prefill chunk's last token is one more row each)
