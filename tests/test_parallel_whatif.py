@@ -516,6 +516,23 @@ def test_predict_what_if_honours_formats_and_prices_plain_decode_without_mtp(fix
     assert t_i8["typical"] < 0.8 * t_bf["typical"]
 
 
+def test_predict_what_if_says_when_its_layout_does_not_fit_as_the_card_does(fixture_data):
+    """The what-if still prices a layout that does not fit (the step's time does not depend on it), and says so,
+    by the engine KV pool rule of card and capacity: DeepSeek-V3's 686 GB of fp8 weights on one H200 do not fit,
+    on eight they do."""
+    from dataclasses import asdict
+
+    from roofline.commands.predict import predict_command
+    base = dict(fit=None, device="h200_sxm", tp=1, ep=1, dp_attention=False, engine=None, calibrate=None,
+                model=asdict(get_preset("deepseek-v3")), dtype="bfloat16", weights=None, kv=None, lm_head=None,
+                alphas=[0.8], k=[0, 2], B=[1], L=[1024], overrides=[])
+    text, summary = predict_command(dict(base))
+    assert summary["rows"] == 2 and "tp1 does not fit even at B = 1, L = 1024" in summary["note"]
+    assert text.splitlines()[-1].startswith("warning: tp1 does not fit") and "of 141.0 GB" in text
+    text8, s8 = predict_command(dict(base, tp=8))
+    assert s8["note"] is None and "warning" not in text8
+
+
 # ---- workload pricing and calibration ---------------------------------------------------------
 
 def test_finite_run_prices_ttft_itl_and_throughput_consistently():
