@@ -167,7 +167,7 @@ def _what_if(req: CardRequest, dtype: str):
 
 def _what_if_itl(req: CardRequest, w) -> dict:
     """The decode step's ITL from the what-if `w` (roofline.parallel.whatif), an interval."""
-    from roofline.parallel.whatif import memory_check
+    from roofline.parallel.whatif import memory_check, unfit_note
     from roofline.analysis import calibrate
     itl = w.itl(req.batch, req.context)
     out = dict(whatif_layout=w.layout.label(), whatif_engine=req.engine or "all profiles (span)",
@@ -177,10 +177,8 @@ def _what_if_itl(req: CardRequest, w) -> dict:
     if w.calibration is not None:
         out["whatif_calibration"] = calibrate.summary(w)
     mem = memory_check(w.cfg, w.device, w.dtype, w.layout, req.batch, max(req.context, 1), setting=w.setting)
-    if not mem["fits"]:  # priced all the same (the step's time does not depend on it), said
-        out["whatif_note"] = (f"{w.layout.label()} does not fit: {mem['weights_GB']:.1f} GB of weights + "
-                              f"{mem['kv_GB']:.2f} GB of KV per GPU of {mem['device_mem_GB']:.1f} GB "
-                              f"({mem['memory_rule']}); give more devices (tp=) or a smaller format (weights=)")
+    if not mem["fits"]:
+        out["whatif_note"] = unfit_note(w.layout.label(), mem)
     return out
 
 

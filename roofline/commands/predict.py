@@ -127,13 +127,11 @@ def predict_command(c: Mapping) -> tuple[str, dict]:
         rows = whatif.speedup_table(model, w.device, label, w.layout, c["alphas"], ks, c["B"], c["L"], w.setting,
                                     w.scale, w.calibration)
         notes = [] if model.mtp_layers else [f"model {model.name!r} has no MTP module: plain decode (k = 0) only"]
-        # the card's and capacity's memory rule (the engine's KV pool): priced all the same, said
+        # the card's and capacity's memory rule (the engine's KV pool), at the grid's smallest point
         mem = whatif.memory_check(model, w.device, label, w.layout, min(c["B"]), min(c["L"]) + max(ks) + 1,
                                   with_mtp=bool(model.mtp_layers and max(ks)), setting=w.setting)
-        unfit = None if mem["fits"] else (
-            f"{w.layout.label()} does not fit even at B = {min(c['B'])}, L = {min(c['L'])}: {mem['weights_GB']:.1f} GB "
-            f"of weights + {mem['kv_GB']:.2f} GB of KV per GPU of {mem['device_mem_GB']:.1f} GB ({mem['memory_rule']}); "
-            "give more devices (tp=) or a smaller format (weights=)")
+        unfit = None if mem["fits"] else whatif.unfit_note(w.layout.label(), mem,
+                                                            f" even at B = {min(c['B'])}, L = {min(c['L'])}")
         notes += [unfit] if unfit else []
         return (pd.DataFrame(rows).round(3).to_string(index=False) + (f"\nwarning: {unfit}" if unfit else ""),
                 dict(source="what-if", device=device, dtype=label, layout=w.layout.label(),

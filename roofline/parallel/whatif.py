@@ -631,6 +631,14 @@ def memory_check(cfg: ModelConfig, device: Datasheet, dtype: str, layout: Layout
                 device_mem_GB=mem_bytes / 1e9, fits=all(rules.values()), memory_rule=rule)
 
 
+def unfit_note(layout_label: str, mem: dict, at: str = "") -> str:
+    """What a what-if says when it prices a layout that `memory_check` refuses (`mem`; `at`: where, e.g.
+    " even at B = 1, L = 1024"): priced all the same (a step's time does not depend on it), said."""
+    return (f"{layout_label} does not fit{at}: {mem['weights_GB']:.1f} GB of weights + {mem['kv_GB']:.2f} GB of KV per "
+            f"GPU of {mem['device_mem_GB']:.1f} GB ({mem['memory_rule']}); give more devices (tp=) or a smaller format "
+            "(weights=)")
+
+
 def smallest_layout(cfg: ModelConfig, device: Datasheet, dtype: str, batch: int, tokens_per_seq: int,
                     with_mtp: bool = False, max_devices: int = 64, headroom: float = 0.9,
                     setting: Setting | None = None) -> Layout | None:
