@@ -324,6 +324,25 @@ def test_capacity_with_and_without_layouts_give_one_answer(fixture_data):
     assert summary["engine"] == "vllm"
 
 
+def test_capacity_with_and_without_layouts_read_one_memory_and_honour_memory_gb(fixture_data):
+    """One device memory behind both plans: the driver-reported size by default (an H100's "80GB" is
+    80 GiB), a user's memory_gb where given, which the layouts' memory check used to ignore (a 70B in
+    bf16 fitted tp2 at B = 16 with memory_gb=40)."""
+    from roofline.analysis.capacity import plan_whatif
+    from roofline.commands.capacity import DEVICE_AS, plan_layouts, request_from_config
+    for mem in ("null", "40"):
+        c = composed("capacity", "model=llama-3.1-70b", "device=h100_sxm", "engine=vllm", "tp=2", "B=[16]",
+                     f"memory_gb={mem}", "out_dir=''", device_as=DEVICE_AS)
+        c.pop("overrides"), c.pop("layouts")
+        one, s_one = plan_whatif(request_from_config(dict(c)))
+        rows, s_lay = plan_layouts(dict(c))
+        assert s_one["memory_GB"] == s_lay["memory_GB"] == (40.0 if mem == "40" else
+                                                             get_datasheet("h100_sxm").usable_mem_bytes() / 1e9)
+        tp2 = rows[rows["layout"] == "tp2"].iloc[0]
+        assert bool(one.iloc[0]["fits_memory"]) == (mem == "null") == (tp2["batch"] == 16)
+    assert "layouts=true" in s_one["note"]  # a plan that does not fit says how to get one that does
+
+
 def test_fixed_lengths_ramp_every_wave_and_staggered_ones_interleave_the_prompts():
     w = WhatIf(get_preset("llama-3.1-8b"), get_datasheet("h100_sxm"), "bfloat16", Layout(), S)
     fixed, stag = serve(w, 2048, 512, 16, 160), serve(w, 2048, 512, 16, 160, staggered=True)

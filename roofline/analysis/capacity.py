@@ -245,7 +245,8 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
     summary["fits_device"] = bool(len(fits))
     if fits.empty:
         summary["note"] = (f"does not fit {w.device.name} as {w.layout.label()} at any batch of {list(req.B)}: "
-                           f"{table['mem_GB'].min():.1f} GB per device needed of {summary['memory_GB']:.0f} GB")
+                           f"{table['mem_GB'].min():.1f} GB per device needed of {summary['memory_GB']:.0f} GB; "
+                           "give more devices (tp=, or layouts=true to plan every layout) or a smaller format (weights=)")
     for label, sub in (("plain", table[~table["spec"]]), ("spec", table[table["spec"]])):
         ok = sub[sub["fits_memory"] & sub["meets_itl"]]
         if sub.empty:

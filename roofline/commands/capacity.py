@@ -64,7 +64,7 @@ def plan_request(req: CapacityRequest) -> tuple[pd.DataFrame, dict, Path]:
     else:
         table, summary = plan_whatif(req)
         return _write(req, table, summary)
-    mem = req.memory_gb * 1e9 if req.memory_gb else (sheet.mem_bytes if sheet is not None else None)
+    mem = req.memory_gb * 1e9 if req.memory_gb else (sheet.usable_mem_bytes() if sheet is not None else None)
     if not mem:
         raise ConfigError("memory_gb is required: the device has no datasheet memory size (a CPU)")
     table, summary = plan(fit, req.model, req.dtype, req.work, mem, req.B, req.speculation, extrapolated)
@@ -138,18 +138,19 @@ def plan_layouts(c: dict) -> tuple[pd.DataFrame, dict]:
     if mtp:
         check_inputs(1.0, [1], spec=Speculation(c["alpha"], c["k"]))
     device = get_datasheet(c["device"])
+    mem = c["memory_gb"] * 1e9 if c.get("memory_gb") else device.usable_mem_bytes()
     w = whatif_of(c, model, label)
     rows = pd.DataFrame(whatif.capacity(model, device, label, work.context, work.output, work.itl_target_ms,
                                         work.target_tok_s, c.get("price_per_device_hour"),
                                         c["alpha"] if mtp else None, c["k"], w.setting,
                                         batches=tuple(c.get("B") or (1, 2, 4, 8, 16, 32, 64, 128, 256)),
-                                        scale=w.scale, calibration=w.calibration))
+                                        scale=w.scale, calibration=w.calibration, mem_bytes=mem))
     note = None
     if spec and not mtp:
         note = (f"speculation with drafter={c.get('drafter')!r} is not priced per rank (allowed with layouts: "
                 f"{LAYOUT_SPEC_DRAFTERS}, on a preset with an MTP module); plain decode only")
     summary = dict(model=model.name, dtype=label, **precision_columns(label), device=device.name,
-                   memory_GB=(device.mem_bytes or 0) / 1e9, workload=work.__dict__,
+                   memory_GB=(mem or 0) / 1e9, workload=work.__dict__,
                    speculation=dict(alpha=c["alpha"], k=c["k"], drafter="mtp") if mtp else None,
                    engine=w.setting.engine or "all profiles (span)", calibration_scale=w.scale,
                    what_if="datasheet row + kernels.yaml + engines.yaml + priors.yaml (roofline.parallel.whatif)",

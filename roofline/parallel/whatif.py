@@ -677,12 +677,13 @@ def capacity(cfg: ModelConfig, device: Datasheet, dtype: str, context: int, outp
              target_tok_s: float, price_per_device_hour: float | None = None, alpha: float | None = None,
              k: int = 1, setting: Setting = Setting(), batches=(1, 2, 4, 8, 16, 32, 64, 128, 256),
              max_devices: int = 64, layouts: list[Layout] | None = None, scale: float = 1.0,
-             calibration: Calibration | None = None) -> list[dict]:
+             calibration: Calibration | None = None, mem_bytes: float | None = None) -> list[dict]:
     """For every layout (default: every candidate): the largest batch of `batches` meeting the ITL
     target (typical priors, with the interval) that fits the device, tokens/s per replica, devices
     for the target and the price per million tokens. alpha: also plan with the preset's MTP module
     (k drafts), its weights and KV in the memory check. A layout that fits at no batch is a row
-    that says so."""
+    that says so. mem_bytes: the memory of one device (a user's memory_gb; None: the driver-reported size,
+    as memory_check reads it)."""
     from roofline.model.speculation import tau_iid
     L = context + output // 2
     rows = []
@@ -693,7 +694,8 @@ def capacity(cfg: ModelConfig, device: Datasheet, dtype: str, context: int, outp
             for B in batches:
                 if B % lay.batch_split:
                     continue
-                mem = memory_check(cfg, device, dtype, lay, B, context + output, spec, setting=setting)
+                mem = memory_check(cfg, device, dtype, lay, B, context + output, spec, mem_bytes=mem_bytes,
+                                   setting=setting)
                 if not mem["fits"]:
                     break
                 fits_any = True
