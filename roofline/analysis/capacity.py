@@ -169,8 +169,8 @@ class CapacityRequest:
     tp: int = internal(1, "the what-if layout: the tp key (roofline.commands.LayoutKeys)")
     ep: int = internal(1, "the what-if layout: the ep key (roofline.commands.LayoutKeys)")
     dp_attention: bool = internal(False, "the what-if layout: the dp_attention key (roofline.commands.LayoutKeys)")
-    memory_gb: float | None = option(None, "device memory (GB, 1e9 B); null: the datasheet row's mem_bytes "
-                                           "(required for CPU fits)")
+    memory_gb: float | None = option(None, "device memory (GB, 1e9 B); null: the datasheet row's, as the driver "
+                                           "reports it (an H100's 80 GiB: 85.5 GB); required for CPU fits")
     work: Workload = internal(Workload(), "the context, output, itl_target_ms and target_tok_s keys (Workload)")
     B: tuple[int, ...] = option((1, 2, 4, 8, 16, 32, 64, 128, 256), "batch sizes planned")
     speculation: Speculation | None = internal(None, "the speculative, alpha, k, drafter and draft_model keys "
