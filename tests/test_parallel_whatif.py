@@ -595,12 +595,12 @@ def test_a_speedups_interval_takes_the_shared_priors_end_that_moves_the_ratio_no
     cfg, dev = get_preset("deepseek-v3"), get_datasheet("h200_sxm")
     w = WhatIf(cfg, dev, "bfloat16+weights=fp8_b128", Layout(tp=8), Setting(engine="sglang"))
     alphas = (0.9, 0.875, 0.85)
-    s = w.mtp_speedup(alphas, 1, 32, 1024)
+    s = w.spec_speedup(alphas, 1, 32, 1024)
     diag = [tau_iid(alphas[i], 1) * w.target(1, 32, 1024, i) / w.round_seconds(1, 32, 1024, i) for i in range(3)]
     assert s["typical"] == pytest.approx(diag[1])
     assert s["optimistic"] >= max(diag[0], diag[1]) and s["pessimistic"] <= min(diag[2], diag[1])
     assert s["pessimistic"] < s["typical"] < s["optimistic"]
-    assert w.mtp_speedup(alphas, 0, 32, 1024) == dict.fromkeys(("optimistic", "typical", "pessimistic"), 1.0)
+    assert w.spec_speedup(alphas, 0, 32, 1024) == dict.fromkeys(("optimistic", "typical", "pessimistic"), 1.0)
 
 
 def test_a_finite_speculative_anchor_is_priced_when_k_and_the_acceptance_are_stated():
@@ -794,7 +794,7 @@ def test_a_speedups_interval_widens_with_its_acceptance_range_and_carries_the_dr
     # one acceptance: the overhead (10-60 us) and the MTP pass's own kernel priors still span the interval
     w = WhatIf(models[a["model"]], get_datasheet("h200_sxm"), anchors.served_precision(a, models[a["model"]]),
                Layout(tp=8), raw)
-    s = w.mtp_speedup((0.875,) * 3, 1, 1, 1024)
+    s = w.spec_speedup((0.875,) * 3, 1, 1, 1024)
     tied = [max(w.target(1, 1, 1024, j) * 1.875 / w.round_seconds(1, 1, 1024, j, own_scenario=0) for j in range(3)),
             min(w.target(1, 1, 1024, j) * 1.875 / w.round_seconds(1, 1, 1024, j, own_scenario=2) for j in range(3))]
     assert s["optimistic"] == pytest.approx(tied[0]) and s["pessimistic"] == pytest.approx(tied[1])
@@ -1051,3 +1051,41 @@ def test_a_graph_mode_fit_of_qwen3_moe_itself_prices_the_touched_experts():
     dense_ratio = rows[2]["t_median_s"] / rows[0]["t_median_s"]  # the rows' own B=2 / B=1 at q=1, L=128
     assert dense_ratio < 1.01 and d2["seconds"] / d1["seconds"] > 1.3
     assert d1["seconds"] < 0.3 * rows[0]["t_median_s"]  # 8 of 128 experts read, not all
+
+
+def test_predict_what_if_honours_drafter_mode_and_out_dir_and_refuses_what_only_a_fit_reads(fixture_data, tmp_path):
+    """The datasheet what-if of `predict` prices the drafter asked for (it printed the MTP module's speedups for
+    drafter=ngram or draft_model, and a model without MTP at k = 0 only whatever the drafter), takes mode= as
+    CUDA graphs or not, writes its table where out_dir= says, and refuses, by name, the keys only a fit's
+    prediction reads (they were ignored)."""
+    from roofline.commands.predict import DEVICE_AS, predict_command
+
+    def run(*over):
+        c = composed("predict", "model=llama-3.1-8b", "device=h100_sxm", "engine=vllm", "B=[1,16]", "L=[1024]",
+                     "k=[0,2]", "alphas=[0.8]", *over, device_as=DEVICE_AS)
+        c.pop("overrides", None)
+        return predict_command(c)
+
+    def table(text):
+        return pd.read_fwf(__import__("io").StringIO(text.split("\nwarning")[0]))
+
+    _, s_mtp = run()
+    assert s_mtp["rows"] == 2 and "no MTP module" in s_mtp["note"]  # llama: drafter=mtp is plain decode only
+    t_ng, s_ng = run("drafter=ngram")
+    t_dm, s_dm = run("drafter=draft_model", "draft_model=llama-3.1-8b")
+    ng, dm = table(t_ng), table(t_dm)
+    assert s_ng["rows"] == s_dm["rows"] == 4 and s_ng["note"] is None and s_dm["draft_model"] == "llama-3.1-8b"
+    assert set(ng["drafter"]) == {"ngram"} and set(dm["drafter"]) == {"draft_model"}
+    k2 = lambda t: t[t["k"] == 2].set_index("B")["S"]  # noqa: E731
+    assert (k2(dm) < k2(ng)).all() and (k2(dm) < 1.0).all()  # an 8B drafting for itself costs more than it saves
+    t_e, s_e = run("mode=eager")
+    t_g, s_g = run("mode=graph")
+    assert s_e["cuda_graphs"] is False and s_g["cuda_graphs"] is True
+    assert (table(t_e)["itl_ms"] > table(t_g)["itl_ms"]).all()
+    _, s_out = run(f"out_dir={tmp_path / 'wi'}")
+    assert len(pd.read_csv(tmp_path / "wi" / "predict.csv")) == 2
+    assert json.loads((tmp_path / "wi" / "predict.json").read_text())["source"] == "what-if"
+    for bad, name in (("overhead_share=2.0", "overhead_share"), ("plot_B=16", "plot_B"), ("draft_fit=x.json", "draft_fit"),
+                      ("mode=fast", "mode"), ("drafter=draft_model", "draft_model")):
+        with pytest.raises(ConfigError, match=name):
+            run(bad)

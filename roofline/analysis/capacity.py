@@ -191,7 +191,7 @@ def whatif_of(c: dict, model: ModelConfig, label: str):
         raise ConfigError("device is required for a what-if (a datasheet row of roofline/conf/device/)")
     w = whatif.WhatIf(model, get_datasheet(c["device"]), label,
                       Layout(tp=c.get("tp", 1), ep=c.get("ep", 1), dp_attention=c.get("dp_attention", False)),
-                      whatif.Setting(engine=engine_name(c.get("engine"))))
+                      whatif.Setting(engine=engine_name(c.get("engine")), graphs=c.get("graphs")))
     w.setting.engine_names()  # an unknown engine fails here, naming engine=
     if c.get("calibrate"):
         from roofline.analysis.calibrate import calibrated

@@ -9,7 +9,7 @@ roofline.analysis.predict's."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -109,10 +109,29 @@ def predict(req: PredictRequest) -> tuple[pd.DataFrame, dict]:
                       overhead_source=costs.overhead_source, warnings=warnings)
 
 
+FIT_ONLY_KEYS = ("draft_fit", "vllm_metrics", "plot_B", "plot_L", "overhead_share", "overhead", "allow_other_model")
+
+
+def check_whatif_keys(c: Mapping) -> None:
+    """The keys a fit's prediction reads and the what-if does not (a drafter's own fit, a measured acceptance
+    profile or round overhead, the figures' point; the what-if prices the round overhead from priors.yaml and
+    draws no figure): given with a what-if they would be ignored, so they are refused, each by name."""
+    fields = PredictRequest.__dataclass_fields__
+    given = [k for k in FIT_ONLY_KEYS if k in c and c[k] != fields[k].default]
+    if given:
+        raise ConfigError(f"{', '.join(f'{k}={c[k]!r}' for k in given)}: read only with fit= (a GPU sweep's fit); "
+                          "the what-if (device= without fit) does not use it: drop it")
+    if c.get("mode") not in (None, "eager", "graph", "compiled"):
+        raise ConfigError(f"mode={c['mode']!r}: allowed eager | graph | compiled (the what-if: eager = no CUDA "
+                          "graphs, graph or compiled = CUDA graphs) or null (the engine's own)")
+
+
 def predict_command(c: Mapping) -> tuple[str, dict]:
     """The predict command: roofline/conf/predict.yaml as a plain dict (`device`: a datasheet row or None)
     -> (console table, JSON summary). Without a fit but with a device: the what-if from the
-    datasheet row and roofline/data/priors.yaml (MTP; each number an interval of three scenarios)."""
+    datasheet row and roofline/data/priors.yaml (the drafter's speedup: mtp, draft_model or ngram; each number an
+    interval of three scenarios; mode: eager prices no CUDA graphs, graph or compiled with them; out_dir: the
+    table and summary as files too)."""
     c = {k: v for k, v in c.items() if k != "overrides"}
     device = c.pop("device")
     what = dict(device=device, tp=c.pop("tp"), ep=c.pop("ep"), dp_attention=c.pop("dp_attention"),
@@ -121,22 +140,41 @@ def predict_command(c: Mapping) -> tuple[str, dict]:
     if c.get("fit") in (None, "") and device:
         if model is None:
             raise ConfigError("model is required for a what-if (device=... without fit=...)")
+        c = {**{k: f.default for k, f in PredictRequest.__dataclass_fields__.items() if f.default is not MISSING}, **c}
+        check_whatif_keys(c)
+        fitcheck.check_drafter(c["drafter"], c.get("draft_model"))
+        fitcheck.check_predict_grid(c["alphas"], c["k"], c["B"], c["L"], c["plot_B"], c["plot_L"], None)
         label = with_overrides([c["dtype"]], priced_weights(c), c.get("kv"), c.get("lm_head"), model.native_weights)[0]
+        what["graphs"] = None if c.get("mode") is None else c["mode"] != "eager"
         w = whatif_of(what, model, label)
-        ks = c["k"] if model.mtp_layers else [k for k in c["k"] if k == 0] or [0]
+        drafter = c["drafter"]
+        draft = get_preset(c["draft_model"]) if c.get("draft_model") else None
+        if drafter == "draft_model" and draft is None:
+            raise ConfigError("drafter=draft_model needs draft_model=<preset> (the draft model's preset name)")
+        mtp_missing = drafter == "mtp" and not model.mtp_layers
+        ks = ([k for k in c["k"] if k == 0] or [0]) if mtp_missing else list(c["k"])
         rows = whatif.speedup_table(model, w.device, label, w.layout, c["alphas"], ks, c["B"], c["L"], w.setting,
-                                    w.scale, w.calibration)
-        notes = [] if model.mtp_layers else [f"model {model.name!r} has no MTP module: plain decode (k = 0) only"]
+                                    w.scale, w.calibration, drafter, draft)
+        notes = [f"model {model.name!r} has no MTP module: plain decode (k = 0) only (drafter=ngram or "
+                 "draft_model prices k > 0)"] if mtp_missing else []
         # the card's and capacity's memory rule (the engine's KV pool), at the grid's smallest point
         mem = whatif.memory_check(model, w.device, label, w.layout, min(c["B"]), min(c["L"]) + max(ks) + 1,
-                                  with_mtp=bool(model.mtp_layers and max(ks)), setting=w.setting)
+                                  with_mtp=bool(drafter == "mtp" and model.mtp_layers and max(ks)),
+                                  draft=draft if max(ks) else None, setting=w.setting)
         unfit = None if mem["fits"] else whatif.unfit_note(w.layout.label(), mem,
                                                             f" even at B = {min(c['B'])}, L = {min(c['L'])}")
         notes += [unfit] if unfit else []
-        return (pd.DataFrame(rows).round(3).to_string(index=False) + (f"\nwarning: {unfit}" if unfit else ""),
-                dict(source="what-if", device=device, dtype=label, layout=w.layout.label(),
-                     engine=w.setting.engine or "all profiles (span)", calibration_scale=w.scale, rows=len(rows),
-                     note="; ".join(notes) or None))
+        summary = dict(source="what-if", device=device, dtype=label, layout=w.layout.label(), drafter=drafter,
+                       draft_model=draft.name if draft else None, cuda_graphs=w.setting.graphs,
+                       engine=w.setting.engine or "all profiles (span)", calibration_scale=w.scale, rows=len(rows),
+                       note="; ".join(notes) or None)
+        if c.get("out_dir"):  # given: the table and this summary as files too (the what-if draws no figure)
+            out = Path(c["out_dir"])
+            out.mkdir(parents=True, exist_ok=True)
+            files.write_csv_atomic(pd.DataFrame(rows), out / "predict.csv")
+            files.write_json_atomic(out / "predict.json", summary)
+            summary["out_dir"] = str(out)
+        return pd.DataFrame(rows).round(3).to_string(index=False) + (f"\nwarning: {unfit}" if unfit else ""), summary
     fitcheck.check_drafter(c.get("drafter"), c.get("draft_model"))
     draft = get_preset(c.pop("draft_model")) if c.get("draft_model") else None
     native = model.native_weights if model else ""  # weights=native needs the target: model=

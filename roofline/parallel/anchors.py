@@ -113,7 +113,7 @@ def what_if(a: dict, cfg: ModelConfig, setting: Setting | None = None, models: d
         if spec.get("drafter") != "mtp":
             raise NotImplementedError(f"drafter={spec.get('drafter')!r}: only MTP drafts are priced per rank")
         alpha = (max(acc), float(np.mean(acc)), min(acc))
-        return w.mtp_speedup(alpha, spec["k"], wl["B"], wl["L"])
+        return w.spec_speedup(alpha, spec["k"], wl["B"], wl["L"])
     if "B" in wl:  # one decode step of B sequences at L cached tokens
         itl = w.itl(wl["B"], wl["L"])
         r = dict(itl_s=itl, tok_s_per_user={k: 1 / v for k, v in itl.items()})

@@ -440,7 +440,7 @@ class WhatIf:
         prices it): the MTP module (`mtp`), a draft model replicated on every rank (`draft_model`, its
         WhatIf), or n-gram lookup (`ngram`: host work beside the GPU, priced 0). own_scenario: the scenario
         of the priors only a round carries (its overhead and its drafts), where it differs from the
-        verification pass's (a speedup's interval, `mtp_speedup`)."""
+        verification pass's (a speedup's interval, `spec_speedup`)."""
         eng = engine or self.setting.engine_names()[0]
         own = scenario if own_scenario is None else own_scenario
         r = self.forward(Pass(B, k + 1, L, prefill, prefill_context), scenario, eng)
@@ -456,8 +456,10 @@ class WhatIf:
             return r
         raise ConfigError(f"drafter={drafter!r}: allowed {DRAFTERS}")
 
-    def mtp_speedup(self, alphas: tuple[float, float, float], k: int, B: int, L: int) -> dict:
-        """tau · T(1) / R for an i.i.d. acceptance alpha per scenario (optimistic alpha first);
+    def spec_speedup(self, alphas: tuple[float, float, float], k: int, B: int, L: int, drafter: str = "mtp",
+                     draft: "WhatIf | None" = None) -> dict:
+        """tau · T(1) / R for an i.i.d. acceptance alpha per scenario (optimistic alpha first), R the round of
+        `drafter` (round_seconds: the MTP module, a draft model's WhatIf `draft`, or n-gram lookup);
         k = 0 is plain decode (1.0 for any model).
 
         A ratio is not monotone in the priors its numerator and denominator share (kernel efficiencies,
@@ -472,8 +474,8 @@ class WhatIf:
             return dict.fromkeys(SCENARIOS, 1.0)
 
         def ratio(i, j, e):  # i: the round's own priors' scenario, j: the shared priors'
-            return tau_iid(alphas[i], k) * self.target(1, B, L, j, e) / self.round_seconds(k, B, L, j, e,
-                                                                                           own_scenario=i)
+            return tau_iid(alphas[i], k) * self.target(1, B, L, j, e) / self.round_seconds(
+                k, B, L, j, e, drafter, draft, own_scenario=i)
         s = {e: dict(optimistic=max(ratio(0, j, e) for j in range(3)), typical=ratio(1, 1, e),
                      pessimistic=min(ratio(2, j, e) for j in range(3)))
              for e in self.setting.engine_names()}
@@ -730,21 +732,30 @@ def capacity(cfg: ModelConfig, device: Datasheet, dtype: str, context: int, outp
 
 
 def speedup_table(cfg: ModelConfig, device: Datasheet, dtype: str, layout: Layout, alphas, ks, Bs, Ls,
-                  setting: Setting = Setting(), scale: float = 1.0, calibration: Calibration | None = None) -> list[dict]:
-    """MTP speculative speedup and plain ITL per (alpha, k, B, L), each an interval; k = 0 is
-    plain decode and needs no MTP module (a model without one is priced at k = 0 only)."""
-    if cfg.mtp_layers < 1 and any(k for k in ks):
+                  setting: Setting = Setting(), scale: float = 1.0, calibration: Calibration | None = None,
+                  drafter: str = "mtp", draft: ModelConfig | None = None) -> list[dict]:
+    """Speculative speedup of `drafter` (mtp: the preset's MTP module; draft_model: `draft`, replicated on
+    every rank as vLLM runs it; ngram: lookup on the host) and plain ITL per (alpha, k, B, L), each an
+    interval; k = 0 is plain decode and needs no drafter (a model without an MTP module is priced at k = 0
+    only with drafter=mtp)."""
+    if drafter not in DRAFTERS:
+        raise ConfigError(f"drafter={drafter!r}: allowed {DRAFTERS}")
+    if drafter == "mtp" and cfg.mtp_layers < 1 and any(k for k in ks):
         raise ConfigError(f"k={list(ks)}: model {cfg.name!r} has no MTP module (mtp_layers=0); allowed k=[0] "
-                          "(plain decode)")
+                          "(plain decode), or another drafter (drafter=ngram | draft_model)")
+    if (drafter == "draft_model") != (draft is not None):
+        raise ConfigError("draft_model: give one with drafter=draft_model, and only then")
     w = WhatIf(cfg, device, dtype, layout, setting, scale, calibration)
+    dw = WhatIf(draft, device, dtype, Layout(), setting, scale) if draft is not None else None
     rows = []
     for L in Ls:
         for B in Bs:
             itl = w.itl(B, L)
             for a in alphas:
                 for k in ks:
-                    s = w.mtp_speedup((a, a, a), k, B, L)
-                    rows.append(dict(layout=layout.label(), dtype=parse_precision(dtype).label, alpha=a, k=k, B=B,
+                    s = w.spec_speedup((a, a, a), k, B, L, drafter, dw)
+                    rows.append(dict(layout=layout.label(), dtype=parse_precision(dtype).label, drafter=drafter,
+                                     alpha=a, k=k, B=B,
                                      L=L, S=s["typical"], S_low=min(s.values()), S_high=max(s.values()),
                                      itl_ms=itl["typical"] * 1e3, itl_ms_low=itl["optimistic"] * 1e3,
                                      itl_ms_high=itl["pessimistic"] * 1e3,
