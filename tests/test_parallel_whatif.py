@@ -1089,3 +1089,27 @@ def test_predict_what_if_honours_drafter_mode_and_out_dir_and_refuses_what_only_
                       ("mode=fast", "mode"), ("drafter=draft_model", "draft_model")):
         with pytest.raises(ConfigError, match=name):
             run(bad)
+
+
+def test_a_tpot_is_priced_as_the_runs_mean_time_per_token_and_a_random_range_ratio_at_its_mean_lengths():
+    """tpot_ms (bench_serving's TPOT: (e2e - TTFT) / (output - 1) of a request) is serve's mean time per output
+    token, not the median token gap (itl_ms), which a fixed-length run's ramp does not move; a random dataset's
+    range_ratio r prices the mean lengths L(1 + r)/2 with staggered requests; a bad r names the field."""
+    models, _, rows = anchors.load()
+    cfg = get_preset("llama-3.1-8b")
+    base = dict(id="x", source="s", engine="vllm", device="h100_sxm", model="llama-3.1-8b", tp=1, dtype="bfloat16",
+                weights="bf16", kv="bf16", workload=dict(concurrency=64, input_len=2048, output_len=256, num_prompts=640))
+    w = WhatIf(cfg, get_datasheet("h100_sxm"), "bfloat16", Layout(), Setting(engine="vllm"))
+    fixed = serve(w, 2048, 256, 64, 640)
+    tpot = anchors.what_if(dict(base, metric="tpot_ms"), cfg)
+    itl = anchors.what_if(dict(base, metric="itl_ms"), cfg)
+    assert tpot["typical"] == pytest.approx(1e3 * fixed["itl_mean_s"]["typical"])
+    assert itl["typical"] == pytest.approx(1e3 * fixed["itl_s"]["typical"]) and tpot["typical"] > itl["typical"]
+    ranged = dict(base, metric="tpot_ms", workload=dict(base["workload"], range_ratio=0.8))
+    stag = serve(w, round(2048 * 0.9), round(256 * 0.9), 64, 640, staggered=True)
+    assert anchors.what_if(ranged, cfg)["typical"] == pytest.approx(1e3 * stag["itl_mean_s"]["typical"])
+    assert anchors.random_lengths(dict(input_len=1000, output_len=100)) == (1000, 100, False)
+    for bad in (0, 1.5, "0.8", True):
+        with pytest.raises(ConfigError, match="range_ratio"):
+            anchors.random_lengths(dict(input_len=1000, output_len=100, range_ratio=bad))
+    assert all(a["metric"] != "itl_ms" for a in rows if "TPOT" in str(a.get("quote", "")) + str(a.get("note", "")))

@@ -36,7 +36,7 @@ from roofline.parallel.whatif import (BAND_CATEGORIES, BANDS_PATH, SCENARIOS, Se
 
 ANCHORS_PATH = Path(__file__).resolve().parents[1] / "data" / "deployments.yaml"
 PRIOR_PATHS = tuple(ANCHORS_PATH.parent / n for n in ("priors.yaml", "kernels.yaml", "engines.yaml"))
-METRICS = ("itl_ms", "tok_s_per_user", "output_tok_s", "output_tok_s_per_gpu", "ttft_ms", "e2e_latency_s",
+METRICS = ("itl_ms", "tpot_ms", "tok_s_per_user", "output_tok_s", "output_tok_s_per_gpu", "ttft_ms", "e2e_latency_s",
            "spec_speedup")
 CATEGORIES = ("batch", "quantized", "tp", "moe", "speculative")
 REQUIRED = ("id", "source", "engine", "device", "model", "tp", "workload", "metric", "value")
@@ -117,16 +117,17 @@ def what_if(a: dict, cfg: ModelConfig, setting: Setting | None = None, models: d
     if "B" in wl:  # one decode step of B sequences at L cached tokens
         itl = w.itl(wl["B"], wl["L"])
         r = dict(itl_s=itl, tok_s_per_user={k: 1 / v for k, v in itl.items()})
-        if m == "itl_ms":
+        if m in ("itl_ms", "tpot_ms"):  # one decode step: its time is both
             return {k: v * 1e3 for k, v in itl.items()}
         if m == "tok_s_per_user":
             return r["tok_s_per_user"]
         raise ConfigError(f"anchor {a['id']}: metric={m!r} needs a workload {{concurrency, input_len, output_len}}")
-    s = serve(w, wl["input_len"], wl["output_len"], wl["concurrency"], wl.get("num_prompts"),
+    I, O, staggered = random_lengths(wl)
+    s = serve(w, I, O, wl["concurrency"], wl.get("num_prompts"),
               spec=finite_spec(a, w, models or {}) if a.get("spec") else None,
-              static_batch=a.get("batching") == "static")
-    O = wl["output_len"]
+              static_batch=a.get("batching") == "static", staggered=staggered)
     conv = {"itl_ms": lambda d: {k: v * 1e3 for k, v in d["itl_s"].items()},
+            "tpot_ms": lambda d: {k: v * 1e3 for k, v in d["itl_mean_s"].items()},
             "ttft_ms": lambda d: {k: v * 1e3 for k, v in d["ttft_s"].items()},
             "e2e_latency_s": lambda d: d["e2e_s"],
             "tok_s_per_user": lambda d: {k: O / v for k, v in d["e2e_s"].items()},
@@ -134,6 +135,20 @@ def what_if(a: dict, cfg: ModelConfig, setting: Setting | None = None, models: d
             "output_tok_s_per_gpu": lambda d: {k: v / a.get("n_devices", lay.devices)
                                                for k, v in d["output_tok_s"].items()}}
     return conv[m](s)
+
+
+def random_lengths(wl: dict) -> tuple[int, int, bool]:
+    """(input, output, staggered) of a finite run's workload. `range_ratio` r < 1 (a random dataset's
+    --random-range-ratio as vLLM's and SGLang's bench_serving of 2025 draw it: each request's lengths uniform
+    integers in [int(r·L), L]): priced at the mean lengths, L·(1 + r)/2, with staggered requests (they finish
+    one by one and their replacements' prompts ride in the running decode steps, whatif.serve); absent or 1:
+    the stated lengths, fixed."""
+    r = wl.get("range_ratio", 1.0)
+    if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 < r <= 1.0:
+        raise ConfigError(f"workload.range_ratio={r!r}: allowed a number in (0, 1]")
+    if r == 1.0:
+        return wl["input_len"], wl["output_len"], False
+    return (max(1, round(wl["input_len"] * (1 + r) / 2)), max(1, round(wl["output_len"] * (1 + r) / 2)), True)
 
 
 def finite_spec(a: dict, w: WhatIf, models: dict) -> SpecDecode:
