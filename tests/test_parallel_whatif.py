@@ -756,12 +756,13 @@ def test_the_committed_anchor_results_and_the_docs_are_what_the_code_prices_now(
 def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran, their intervals widened by the
     conformal bands of the calibration anchors no prior cites (each source weighing one): bounds at the level
-    measured when this test was last set (median |error| 9.3%, signed median -0.7%, 80% inside the interval,
-    median half-width 44.9%, 35 anchors priced; quantized 10.1% / -4.1%; TP 6.5% / +2.9%; MoE 13.4% / +5.9%)
+    measured when this test was last set (median |error| 9.3%, signed median -0.7%, 89% inside the interval,
+    median half-width 57.0%, 35 anchors priced; quantized 10.1% / -4.1%; TP 6.5% / +2.9%; MoE 13.4% / +5.9%)
     plus a small margin, so a regression fails. Of the issue's targets (10%, +-5%, 80% inside, half-width
-    <= 25%) the half-width is NOT met: the calibration split's out-of-sample error (11 sources no prior cites,
-    MoE serving runs among them priced ~45% too fast) sets bands of 18-23% beside the priors' own width. The
-    calibration split is held too (17.7%, +9.7%, 87% inside, half-width 53.6%)."""
+    <= 25%) the half-width is NOT met: the calibration split's out-of-sample error (16 sources no prior cites:
+    2025 DeepSeek serving runs priced ~45% too fast, 2026 ones too slow at low concurrency) sets bands of 18-39%
+    (TP the widest) beside the priors' own width. The calibration split is held too (227 rows: 20.1%, +4.2%,
+    95% inside, half-width 70.8%)."""
     s = anchors.summary(_shipped_table())
     t, q, m, c = s["test"]["all"], s["test"]["quantized"], s["test"]["moe"], s["calibration"]["all"]
     tp, sp = s["test"]["tp"], s["test"]["speculative"]
@@ -769,14 +770,14 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     assert t["median_abs_error_pct"] <= 10.5
     assert abs(t["signed_median_fast_pct"]) <= 3.5
     assert t["inside_interval"] >= 0.77
-    assert t["median_half_width_pct"] <= 47.5
+    assert t["median_half_width_pct"] <= 59.5
     assert q["median_abs_error_pct"] <= 11.5 and abs(q["signed_median_fast_pct"]) <= 5.0
     assert tp["median_abs_error_pct"] <= 8.5 and abs(tp["signed_median_fast_pct"]) <= 5.0
     assert m["median_abs_error_pct"] <= 15.0 and abs(m["signed_median_fast_pct"]) <= 8.0
     assert sp["n"] == 2 and sp["median_half_width_pct"] >= 10.0
-    assert c["n"] >= 160 and c["median_abs_error_pct"] <= 20.0 and abs(c["signed_median_fast_pct"]) <= 12.0
-    assert c["inside_interval"] >= 0.83
-    assert c["median_half_width_pct"] <= 56.5
+    assert c["n"] >= 220 and c["median_abs_error_pct"] <= 21.5 and abs(c["signed_median_fast_pct"]) <= 8.0
+    assert c["inside_interval"] >= 0.90
+    assert c["median_half_width_pct"] <= 73.5
 
 
 def test_a_speedups_interval_widens_with_its_acceptance_range_and_carries_the_drafts_priors():
