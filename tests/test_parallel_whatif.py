@@ -756,28 +756,28 @@ def test_the_committed_anchor_results_and_the_docs_are_what_the_code_prices_now(
 def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran, their intervals widened by the
     conformal bands of the calibration anchors no prior cites (each source weighing one): bounds at the level
-    measured when this test was last set (median |error| 9.3%, signed median -0.7%, 89% inside the interval,
-    median half-width 57.0%, 35 anchors priced; quantized 10.1% / -4.1%; TP 6.5% / +2.9%; MoE 13.4% / +5.9%)
+    measured when this test was last set (median |error| 9.3%, signed median -2.4%, 89% inside the interval,
+    median half-width 57.7%, 35 anchors priced; quantized 9.8% / -3.9%; TP 6.5% / +3.5%; MoE 13.4% / +5.9%)
     plus a small margin, so a regression fails. Of the issue's targets (10%, +-5%, 80% inside, half-width
     <= 25%) the half-width is NOT met: the calibration split's out-of-sample error (16 sources no prior cites:
     2025 DeepSeek serving runs priced ~45% too fast, 2026 ones too slow at low concurrency) sets bands of 18-39%
-    (TP the widest) beside the priors' own width. The calibration split is held too (227 rows: 20.1%, +4.2%,
-    95% inside, half-width 70.8%)."""
+    (TP the widest) beside the priors' own width. The calibration split is held too (227 rows: 16.8%, +5.3%,
+    94% inside, half-width 71.5%)."""
     s = anchors.summary(_shipped_table())
     t, q, m, c = s["test"]["all"], s["test"]["quantized"], s["test"]["moe"], s["calibration"]["all"]
     tp, sp = s["test"]["tp"], s["test"]["speculative"]
     assert t["n"] >= 35
     assert t["median_abs_error_pct"] <= 10.5
-    assert abs(t["signed_median_fast_pct"]) <= 3.5
+    assert abs(t["signed_median_fast_pct"]) <= 4.0
     assert t["inside_interval"] >= 0.77
     assert t["median_half_width_pct"] <= 59.5
     assert q["median_abs_error_pct"] <= 11.5 and abs(q["signed_median_fast_pct"]) <= 5.0
     assert tp["median_abs_error_pct"] <= 8.5 and abs(tp["signed_median_fast_pct"]) <= 5.0
     assert m["median_abs_error_pct"] <= 15.0 and abs(m["signed_median_fast_pct"]) <= 8.0
     assert sp["n"] == 2 and sp["median_half_width_pct"] >= 10.0
-    assert c["n"] >= 220 and c["median_abs_error_pct"] <= 21.5 and abs(c["signed_median_fast_pct"]) <= 8.0
+    assert c["n"] >= 220 and c["median_abs_error_pct"] <= 18.0 and abs(c["signed_median_fast_pct"]) <= 8.0
     assert c["inside_interval"] >= 0.90
-    assert c["median_half_width_pct"] <= 73.5
+    assert c["median_half_width_pct"] <= 74.0
 
 
 def test_a_speedups_interval_widens_with_its_acceptance_range_and_carries_the_drafts_priors():
@@ -1114,3 +1114,37 @@ def test_a_tpot_is_priced_as_the_runs_mean_time_per_token_and_a_random_range_rat
         with pytest.raises(ConfigError, match="range_ratio"):
             anchors.random_lengths(dict(input_len=1000, output_len=100, range_ratio=bad))
     assert all(a["metric"] != "itl_ms" for a in rows if "TPOT" in str(a.get("quote", "")) + str(a.get("note", "")))
+
+
+def test_an_engine_that_merges_gate_up_and_qkv_a_makes_one_call_of_each_pair_with_the_same_bytes():
+    """vLLM, SGLang and TensorRT-LLM run a SwiGLU's gate and up projections as one GEMM (and DeepSeek's q_a and
+    kv_a as one): one call, N summed, the same bytes (engines.yaml merged_gemms); gpt-fast runs them apart. A
+    weight-only int4 step of Llama-3.1-8B pays 4 call floors per layer under vLLM, 5 apart."""
+    import copy
+    import dataclasses
+
+    from roofline.model.accounting import block_matrices
+    from roofline.parallel.whatif import engine_matrices, load_priors, pass_seconds
+    ds = get_preset("deepseek-r1")
+    mats = block_matrices(ds, True)
+    merged = engine_matrices(mats, ("gate_up", "qkv_a"))
+    assert [m[0] for m in merged] == ["attn.q_a+kv_a", "attn.q_b", "attn.wo", "ffn.shared.w1+w3", "ffn.shared.w2"]
+    assert sum(N * K for _, N, K in merged) == sum(N * K for _, N, K in mats)
+    assert engine_matrices(mats, ()) == mats and len(engine_matrices(mats, ("gate_up",))) == 6
+    assert engines.profile("vllm", 1).merged == ("gate_up", "qkv_a") and engines.profile("gpt-fast", 1).merged == ()
+    assert engines.profile("vllm-v0", 1).merged == ("gate_up",)
+    cfg, dev, dt = get_preset("llama-3.1-8b"), get_datasheet("h100_sxm"), "bfloat16+weights=int4_g128"
+    eng = engines.profile("vllm", 1)
+    kern, pri = kernels.load_kernels(str(kernels.KERNELS_PATH)), load_priors()
+
+    no_floor = copy.deepcopy(kern)
+    no_floor["weight_only"]["call_floor_us"]["values"] = [0.0, 0.0, 0.0]
+
+    def dense(e, k):
+        return pass_seconds(cfg, Layout(), dt, Pass(1, 1, 1024), dev, e, 1, k, pri, Setting(engine="vllm"))["terms"]
+    floor = kernels.call_floor_s("int4", 1, kern)
+    for e, calls in ((eng, 4), (dataclasses.replace(eng, merged=()), 5)):
+        assert dense(e, kern)["dense"] - dense(e, no_floor)["dense"] == pytest.approx(cfg.layers * calls * floor, rel=1e-6)
+    one, apart = dense(eng, kern), dense(dataclasses.replace(eng, merged=()), kern)
+    assert one["dense"] < apart["dense"]
+    assert {k: v for k, v in one.items() if k != "dense"} == {k: v for k, v in apart.items() if k != "dense"}

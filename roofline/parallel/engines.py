@@ -56,6 +56,7 @@ class Engine:
     grouped_bw_ratio: tuple = ()  # ((weight format, ratio), ...): its own quantized experts' kernel streams at ratio x the grouped curve
     kv_pool_fraction: float | None = None  # device memory it claims for weights + KV (of "total") or for KV (of "free"); None: no cap
     kv_pool_of: str = "total"
+    merged: tuple = ()  # linears it runs as one GEMM (engines.yaml merged_gemms: "gate_up", "qkv_a")
 
 
 def names(path: str = str(ENGINES_PATH)) -> list[str]:
@@ -98,9 +99,22 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
                                              if (e.get("attention_bw_fraction") or {}).get("values") is not None else None),
                       grouped_bw_ratio=tuple((fmt, pick(v["bw_ratio"], scenario, f"{f}.grouped_weight_only.{fmt}.bw_ratio"))
                                              for fmt, v in (e.get("grouped_weight_only") or {}).items()),
-                      kv_pool_fraction=float(pool["fraction"]) if pool else None, kv_pool_of=pool.get("of", "total"))
+                      kv_pool_fraction=float(pool["fraction"]) if pool else None, kv_pool_of=pool.get("of", "total"),
+                      merged=merged_gemms(e, f))
     except KeyError as err:
         raise ConfigError(f"{f}: missing key {err.args[0]!r}") from None
+
+
+MERGEABLE = ("gate_up", "qkv_a")
+
+
+def merged_gemms(e: dict, where: str) -> tuple:
+    """engines.yaml merged_gemms of a profile: the linears it runs as one GEMM (absent: none)."""
+    v = (e.get("merged_gemms") or {}).get("value") or []
+    bad = [m for m in v if m not in MERGEABLE]
+    if bad:
+        raise ConfigError(f"{where}.merged_gemms: {bad!r}: allowed {list(MERGEABLE)}")
+    return tuple(v)
 
 
 def engine_name(entry) -> str | None:

@@ -176,6 +176,24 @@ def _fmt_kind(fmt) -> str:
     return "fp8_block" if fmt.kind == "fp8" and fmt.granularity == "block" else fmt.kind
 
 
+def engine_matrices(mats: list[tuple[str, int, int]], merged: tuple) -> list[tuple[str, int, int]]:
+    """The GEMM calls an engine makes for a block's linears (accounting.block_matrices): those it runs as one
+    (engines.yaml merged_gemms) concatenated along N, against the same input, so one call with the summed N
+    and the same bytes: gate_up (a SwiGLU's w1 and w3) and qkv_a (an MLA layer's q_a and kv_a)."""
+    pairs = [(f"{p}.w1", f"{p}.w3") for p in {n.rsplit(".", 1)[0] for n, _, _ in mats}] if "gate_up" in merged else []
+    pairs += [("attn.q_a", "attn.kv_a")] if "qkv_a" in merged else []
+    out = list(mats)
+    for a, b in pairs:
+        ia = next((i for i, m in enumerate(out) if m[0] == a), None)
+        ib = next((i for i, m in enumerate(out) if m[0] == b), None)
+        if ia is None or ib is None or out[ia][2] != out[ib][2]:
+            continue
+        name, n1, k = out[ia]
+        out[ia] = (f"{a}+{b.rsplit('.', 1)[1]}", n1 + out[ib][1], k)
+        del out[ib]
+    return out
+
+
 def launch_seconds(eng, setting: Setting, scenario: int, priors: dict, n: int, n_moe: int, block_cfg) -> float:
     """The launch cost of a stage's n blocks (n_moe of them MoE). CUDA graphs: the graph floor per
     layer (priors.yaml, or the engine's per_layer_us), and per MoE layer its router GEMM and gating
@@ -185,7 +203,7 @@ def launch_seconds(eng, setting: Setting, scenario: int, priors: dict, n: int, n
     MoE), whose GPU time is priced as their bytes and FLOPs and exceeds their issue time at decode sizes."""
     graphs = eng.graphs if setting.graphs is None else setting.graphs
     if not graphs and eng.launches_per_layer is not None:
-        heavy = lambda moe: len(block_matrices(block_cfg, moe)) + 1 + int(moe)  # noqa: E731  matmuls + attention
+        heavy = lambda moe: len(engine_matrices(block_matrices(block_cfg, moe), eng.merged)) + 1 + int(moe)  # noqa: E731
         light = lambda moe: max(0.0, eng.launches_per_layer - heavy(moe))  # noqa: E731
         return ((n - n_moe) * light(False) + n_moe * light(True)) * eng.host_s_per_launch
     per_layer = eng.per_layer_s
@@ -217,7 +235,7 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
 
     def block(moe: bool) -> dict:
         mats = block_matrices(block_cfg, moe)
-        g = [gemm(Nr, N, Kd, prec.weights.matrix_bytes(N, Kd, a)) for _, N, Kd in mats]
+        g = [gemm(Nr, N, Kd, prec.weights.matrix_bytes(N, Kd, a)) for _, N, Kd in engine_matrices(mats, eng.merged)]
         rest = block_weight_bytes(block_cfg, moe, prec) - sum(prec.weights.matrix_bytes(N, Kd, a) for _, N, Kd in mats)
         t_rest = rest / (bw * K.weight_bw_fraction("dense", Nr, scenario, kern))  # norms, router in act dtype
         out = dict(dense=sum(x["seconds"] for x in g) + t_rest, experts=0.0)
