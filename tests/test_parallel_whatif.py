@@ -335,7 +335,9 @@ def test_capacity_with_and_without_layouts_read_one_memory_and_honour_memory_gb(
                      f"memory_gb={mem}", "out_dir=''", device_as=DEVICE_AS)
         c.pop("overrides"), c.pop("layouts")
         one, s_one = plan_whatif(request_from_config(dict(c)))
-        rows, s_lay = plan_layouts(dict(c))
+        with pytest.raises(ConfigError, match="tp=2: layouts=true plans every layout"):
+            plan_layouts(dict(c))  # the layouts plan would ignore tp=: refused by name
+        rows, s_lay = plan_layouts(dict(c, tp=1))
         assert s_one["memory_GB"] == s_lay["memory_GB"] == (40.0 if mem == "40" else
                                                              get_datasheet("h100_sxm").usable_mem_bytes() / 1e9)
         tp2 = rows[rows["layout"] == "tp2"].iloc[0]

@@ -130,6 +130,11 @@ def plan_layouts(c: dict) -> tuple[pd.DataFrame, dict]:
     (drafter=mtp); other drafters are not priced per rank and say so in the summary."""
 
     fitcheck.check_capacity_config(c)
+    given = [f"{k}={c[k]!r}" for k, default in (("tp", 1), ("ep", 1), ("dp_attention", False))
+             if c.get(k, default) != default] + ([f"fit={c['fit']!r}"] if c.get("fit") else [])
+    if given:  # the layouts plan would ignore them: it plans every layout from the datasheet and the priors
+        raise ConfigError(f"{', '.join(given)}: layouts=true plans every layout (tp, ep, dp_attention, pp) from the "
+                          "datasheet and the priors; drop it, or drop layouts=true to plan that one")
     model = ModelConfig.from_dict(c["model"])
     label = with_overrides([c["dtype"]], priced_weights(c), c.get("kv"), c.get("lm_head"), model.native_weights)[0]
     work = Workload(c["context"], c["output"], c["itl_target_ms"], c["target_tok_s"])
