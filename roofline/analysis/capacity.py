@@ -50,6 +50,14 @@ class Workload:
                 raise ConfigError(f"{name}={v!r}: allowed a number > 0")
 
 
+def device_memory_bytes(memory_gb: float | None, device) -> float | None:
+    """The memory of one device a plan uses: a user's memory_gb (GB), else the datasheet row's as the driver
+    reports it (Datasheet.usable_mem_bytes, what whatif.memory_check reads by default); None without either."""
+    if memory_gb:
+        return memory_gb * 1e9
+    return device.usable_mem_bytes() if device is not None else None
+
+
 def check_inputs(mem_bytes: float, Bs, bw_eff: float = 0.8, f_eff: float = 0.7, t0_s: float = 0.0,
                  spec: "Speculation | None" = None) -> None:
     """Bad input fails before anything is computed or written, naming the field."""
@@ -207,8 +215,8 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
              calibrate=req.calibrate)
     w = whatif_of(c, req.model, req.dtype)
     spec, work = req.speculation, req.work
-    mem = req.memory_gb * 1e9 if req.memory_gb is not None else None
-    check_inputs(mem if mem is not None else 1.0, req.B, spec=spec)
+    check_inputs(req.memory_gb * 1e9 if req.memory_gb is not None else 1.0, req.B, spec=spec)
+    mem_bytes = device_memory_bytes(req.memory_gb, w.device)
     L, tokens = work.context + work.output // 2, work.context + work.output
     mtp = spec is not None and spec.drafter.kind == "mtp"
     draft = spec.drafter.model if spec is not None and spec.drafter.kind == "draft_model" else None
@@ -227,7 +235,7 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
             else:
                 t = w.itl(B, L)
             mem = whatif.memory_check(req.model, w.device, req.dtype, w.layout, B, tokens, sp and mtp, draft if sp else None,
-                                      mem_bytes=req.memory_gb * 1e9 if req.memory_gb else None, setting=w.setting)
+                                      mem_bytes=mem_bytes, setting=w.setting)
             rows.append(dict(B=B, spec=sp, alpha=spec.alpha if sp else np.nan, k=spec.k if sp else 0,
                              itl_ms=t["typical"] * 1e3, itl_ms_optimistic=t["optimistic"] * 1e3,
                              itl_ms_pessimistic=t["pessimistic"] * 1e3, tok_s=B / t["typical"] / w.layout.devices,
@@ -236,7 +244,7 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
     table = pd.DataFrame(rows)
     summary = dict(model=req.model.name, dtype=parse_precision(req.dtype).label, **precision_columns(req.dtype),
                    device=w.device.name, layout=w.layout.label(), engine=req.engine or "all profiles (span)",
-                   memory_GB=(req.memory_gb * 1e9 if req.memory_gb else (w.device.usable_mem_bytes() or 0)) / 1e9,
+                   memory_GB=(mem_bytes or 0) / 1e9,
                    workload=work.__dict__,
                    speculation=None if spec is None else dict(alpha=spec.alpha, k=spec.k, drafter=spec.drafter.kind),
                    extrapolated=True, calibration_scale=w.scale,

@@ -14,8 +14,8 @@ from pathlib import Path
 import pandas as pd
 
 from roofline.analysis import costmodel, fitcheck, quality
-from roofline.analysis.capacity import (CapacityRequest, Speculation, Workload, check_inputs, plan, plan_whatif,
-                                        whatif_of)
+from roofline.analysis.capacity import (CapacityRequest, Speculation, Workload, check_inputs, device_memory_bytes,
+                                        plan, plan_whatif, whatif_of)
 from roofline.analysis.predict import DraftCost
 from roofline.io import files
 from roofline.commands import FormatKeys, LayoutKeys, priced_weights
@@ -64,7 +64,7 @@ def plan_request(req: CapacityRequest) -> tuple[pd.DataFrame, dict, Path]:
     else:
         table, summary = plan_whatif(req)
         return _write(req, table, summary)
-    mem = req.memory_gb * 1e9 if req.memory_gb else (sheet.usable_mem_bytes() if sheet is not None else None)
+    mem = device_memory_bytes(req.memory_gb, sheet)
     if not mem:
         raise ConfigError("memory_gb is required: the device has no datasheet memory size (a CPU)")
     table, summary = plan(fit, req.model, req.dtype, req.work, mem, req.B, req.speculation, extrapolated)
@@ -143,7 +143,7 @@ def plan_layouts(c: dict) -> tuple[pd.DataFrame, dict]:
     if mtp:
         check_inputs(1.0, [1], spec=Speculation(c["alpha"], c["k"]))
     device = get_datasheet(c["device"])
-    mem = c["memory_gb"] * 1e9 if c.get("memory_gb") else device.usable_mem_bytes()
+    mem = device_memory_bytes(c.get("memory_gb"), device)
     w = whatif_of(c, model, label)
     rows = pd.DataFrame(whatif.capacity(model, device, label, work.context, work.output, work.itl_target_ms,
                                         work.target_tok_s, c.get("price_per_device_hour"),

@@ -149,8 +149,6 @@ def predict_command(c: Mapping) -> tuple[str, dict]:
         w = whatif_of(what, model, label)
         drafter = c["drafter"]
         draft = get_preset(c["draft_model"]) if c.get("draft_model") else None
-        if drafter == "draft_model" and draft is None:
-            raise ConfigError("drafter=draft_model needs draft_model=<preset> (the draft model's preset name)")
         mtp_missing = drafter == "mtp" and not model.mtp_layers
         ks = ([k for k in c["k"] if k == 0] or [0]) if mtp_missing else list(c["k"])
         rows = whatif.speedup_table(model, w.device, label, w.layout, c["alphas"], ks, c["B"], c["L"], w.setting,

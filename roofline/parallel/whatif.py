@@ -188,8 +188,7 @@ def engine_matrices(mats: list[tuple[str, int, int]], merged: tuple) -> list[tup
         ib = next((i for i, m in enumerate(out) if m[0] == b), None)
         if ia is None or ib is None or out[ia][2] != out[ib][2]:
             continue
-        name, n1, k = out[ia]
-        out[ia] = (f"{a}+{b.rsplit('.', 1)[1]}", n1 + out[ib][1], k)
+        out[ia] = (f"{a}+{b.rsplit('.', 1)[1]}", out[ia][1] + out[ib][1], out[ia][2])
         del out[ib]
     return out
 
@@ -762,7 +761,8 @@ def speedup_table(cfg: ModelConfig, device: Datasheet, dtype: str, layout: Layou
         raise ConfigError(f"k={list(ks)}: model {cfg.name!r} has no MTP module (mtp_layers=0); allowed k=[0] "
                           "(plain decode), or another drafter (drafter=ngram | draft_model)")
     if (drafter == "draft_model") != (draft is not None):
-        raise ConfigError("draft_model: give one with drafter=draft_model, and only then")
+        raise ConfigError("draft_model: drafter=draft_model needs draft_model=<preset> (the draft model's preset "
+                          "name), and another drafter none")
     w = WhatIf(cfg, device, dtype, layout, setting, scale, calibration)
     dw = WhatIf(draft, device, dtype, Layout(), setting, scale) if draft is not None else None
     rows = []
