@@ -117,6 +117,41 @@ def test_the_fused_moe_kernel_pays_its_layer_floor_beside_streaming_its_touched_
 
 # ---- MoE: touched experts in every mode ------------------------------------------------------
 
+def test_mi300x_all_reduces_run_on_its_xgmi_mesh_not_on_pcie():
+    """An 8x MI300X (or MI325X) platform links every GPU to its seven peers by xGMI: a TP all-reduce is priced
+    at RCCL's measured xGMI latency and bus bandwidth (priors.yaml xgmi_mi300: 7.6 us, 241 GB/s typical), not a
+    PCIe 5 link's (20 us, 40 GB/s), which priced a 70B TP8 decode step's all-reduces 2.7x too long at batch 1
+    and a 2048-token prefill chunk's 6x."""
+    from roofline.parallel.whatif import collective_link, load_priors
+    p = load_priors()
+    for dev in ("mi300x", "mi325x"):
+        assert collective_link("all_reduce", Layout(tp=8), get_datasheet(dev), S, p) == "xgmi_mi300"
+    x = p["interconnects"]["xgmi_mi300"]
+    assert kernels.pick(x["latency_us"], 1) < kernels.pick(p["interconnects"]["pcie5"]["latency_us"], 1)
+    assert kernels.pick(x["busbw_GBps"], 1) > 5 * kernels.pick(p["interconnects"]["pcie5"]["busbw_GBps"], 1)
+    cfg = get_preset("llama-3.1-70b")
+    w = WhatIf(cfg, get_datasheet("mi300x"), "float16+weights=fp8", Layout(tp=8), Setting(engine="vllm"))
+    comm = w.pass_detail(Pass(1, 1, 1024), 1, "vllm")["terms"]["comm"]
+    assert comm == pytest.approx(2 * cfg.layers * (7.6e-6 + 2 * 8192 * 2 * 1.75 / 241e9), rel=0.05)
+
+
+def test_cdna3_pays_its_own_per_layer_floor_under_graphs_only():
+    """kernels.yaml arch_overrides.cdna3.launch_floor_us_per_layer_graph (derived from calibration rows of vLLM
+    0.10 on MI300X at batch 1) replaces the graph floor per layer on a CDNA3 part; an NVIDIA part keeps
+    priors.yaml's, and eager mode (no graphs) keeps the eager floor on both."""
+    kern = kernels.load_kernels()
+    assert kernels.pick(kernels.arch_override(kern, "mi300x")["launch_floor_us_per_layer_graph"], 1) == 44
+    assert "launch_floor_us_per_layer_graph" not in kernels.arch_override(kern, "h100_sxm")
+    cfg = get_preset("llama-3.1-8b")
+
+    def per_layer(dev, graphs):
+        w = WhatIf(cfg, get_datasheet(dev), "bfloat16", Layout(), Setting(engine="vllm", graphs=graphs))
+        return w.pass_detail(Pass(1, 1, 1024), 1, "vllm")["terms"]["per_layer"] / cfg.layers
+    assert per_layer("mi300x", True) == pytest.approx(44e-6)
+    assert per_layer("h100_sxm", True) == pytest.approx(11e-6)
+    assert per_layer("mi300x", False) == pytest.approx(per_layer("h100_sxm", False))
+
+
 def test_an_architecture_with_its_own_kernels_replaces_the_nvidia_curves():
     """arch_overrides: the shipped CDNA3 entry (ROCm Triton MoE, MI300X GEMM share) prices the same
     experts and the same GEMM slower than the NVIDIA-measured curves at the same datasheet rates;
@@ -759,12 +794,12 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran, their intervals widened by the
     conformal bands of the calibration anchors no prior cites (each source weighing one): bounds at the level
     measured when this test was last set (median |error| 9.3%, signed median -2.4%, 89% inside the interval,
-    median half-width 57.7%, 35 anchors priced; quantized 9.8% / -3.9%; TP 6.5% / +3.5%; MoE 13.4% / +5.9%)
+    median half-width 62.7%, 35 anchors priced; quantized 9.8% / -3.9%; TP 6.5% / +3.5%; MoE 13.4% / +5.9%)
     plus a small margin, so a regression fails. Of the issue's targets (10%, +-5%, 80% inside, half-width
-    <= 25%) the half-width is NOT met: the calibration split's out-of-sample error (16 sources no prior cites:
-    2025 DeepSeek serving runs priced ~45% too fast, 2026 ones too slow at low concurrency) sets bands of 18-40%
-    (TP the widest) beside the priors' own width. The calibration split is held too (227 rows: 16.8%, +5.3%,
-    94% inside, half-width 71.5%)."""
+    <= 25%) the half-width is NOT met: the calibration split's out-of-sample error (15 sources no prior cites:
+    2025 DeepSeek serving runs priced ~45% too fast, 2026 ones too slow at low concurrency) sets bands of 16-46%
+    (TP the widest) beside the priors' own width. The calibration split is held too (227 rows: 15.6%, +6.5%,
+    96% inside, half-width 71.8%)."""
     s = anchors.summary(_shipped_table())
     t, q, m, c = s["test"]["all"], s["test"]["quantized"], s["test"]["moe"], s["calibration"]["all"]
     tp, sp = s["test"]["tp"], s["test"]["speculative"]
@@ -772,7 +807,7 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     assert t["median_abs_error_pct"] <= 10.5
     assert abs(t["signed_median_fast_pct"]) <= 4.0
     assert t["inside_interval"] >= 0.77
-    assert t["median_half_width_pct"] <= 59.5
+    assert t["median_half_width_pct"] <= 64.5
     assert q["median_abs_error_pct"] <= 11.5 and abs(q["signed_median_fast_pct"]) <= 5.0
     assert tp["median_abs_error_pct"] <= 8.5 and abs(tp["signed_median_fast_pct"]) <= 5.0
     assert m["median_abs_error_pct"] <= 15.0 and abs(m["signed_median_fast_pct"]) <= 8.0

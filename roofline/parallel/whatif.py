@@ -193,9 +193,11 @@ def engine_matrices(mats: list[tuple[str, int, int]], merged: tuple) -> list[tup
     return out
 
 
-def launch_seconds(eng, setting: Setting, scenario: int, priors: dict, n: int, n_moe: int, block_cfg) -> float:
+def launch_seconds(eng, setting: Setting, scenario: int, priors: dict, n: int, n_moe: int, block_cfg,
+                   device_key: str | None = None, kern: dict | None = None) -> float:
     """The launch cost of a stage's n blocks (n_moe of them MoE). CUDA graphs: the graph floor per
-    layer (priors.yaml, or the engine's per_layer_us), and per MoE layer its router GEMM and gating
+    layer (priors.yaml, the device architecture's own where kernels.yaml arch_overrides gives one
+    (`launch_floor_us_per_layer_graph`), or the engine's per_layer_us), and per MoE layer its router GEMM and gating
     kernels (priors.yaml moe_routing_us_per_layer: latency-bound at decode sizes). Without graphs, an
     engine whose host issues every kernel (`host_issue`) pays its host time per launch for each light
     kernel of a layer: the launches beyond the layer's matmuls and attention (one grouped GEMM more for
@@ -207,8 +209,10 @@ def launch_seconds(eng, setting: Setting, scenario: int, priors: dict, n: int, n
         return ((n - n_moe) * light(False) + n_moe * light(True)) * eng.host_s_per_launch
     per_layer = eng.per_layer_s
     if per_layer is None or setting.graphs is not None:
-        per_layer = K.pick(priors["launch_floor_us_per_layer"]["graph" if graphs else "eager"], scenario,
-                           "priors.launch_floor_us_per_layer") * 1e-6
+        own = K.arch_override(kern or {}, device_key).get("launch_floor_us_per_layer_graph") if graphs else None
+        per_layer = (K.pick(own, scenario, "kernels.arch_overrides.launch_floor_us_per_layer_graph") if own is not None
+                     else K.pick(priors["launch_floor_us_per_layer"]["graph" if graphs else "eager"], scenario,
+                                 "priors.launch_floor_us_per_layer")) * 1e-6
     routing = K.pick(priors["moe_routing_us_per_layer"], scenario, "priors.moe_routing_us_per_layer") * 1e-6
     return n * per_layer + (n_moe * routing if graphs else 0.0)
 
@@ -273,7 +277,7 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
                   0 if cfg.tie_embeddings else prec.lm_head.dequant_ops_per_weight())["seconds"]
     if mtp:  # eh_proj (2d -> d, activation dtype)
         t_head += gemm(Nr, cfg.d, 2 * cfg.d, 2 * cfg.d * cfg.d * a, "dense", 0)["seconds"]
-    t_launch = launch_seconds(eng, setting, scenario, priors, n, n_moe, block_cfg)
+    t_launch = launch_seconds(eng, setting, scenario, priors, n, n_moe, block_cfg, device.key, kern)
     rc = rank_forward_cost(cfg, layout, prec.label, max(Nr * split, 1), 1, 0)
     comm = 0.0
     for c in rc.collectives:
