@@ -55,6 +55,10 @@ class CardRequest:
     num_prompts: int = option(0, "the finite run's requests in all (0: concurrency)")
     staggered: bool = option(False, "the finite run's lengths vary (requests finish one by one and their "
                                     "replacements' prompts ride in the decode steps); false: fixed lengths")
+    client: str = option("server", "how the finite run reaches the engine: server (its HTTP server, as `vllm bench "
+                                   "serve`) or offline (its offline entry point: vLLM's benchmark_throughput / "
+                                   "benchmark_latency, the LLM class); picks the engine's default tokens per step and "
+                                   "running-sequence cap (engines.yaml prefill_chunk_tokens, max_running_seqs)")
     calibrate: str | None = option(None, "with a device: your deployment's measured points (YAML/JSON {points: "
                                          "[{B, L, tok_s_per_user | itl_ms}]}) or a GPU sweep's fit.json: the what-if "
                                          "rescaled to them, its decode-step interval narrowed where they determine it "
@@ -66,6 +70,8 @@ class CardRequest:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(f"{name}={v!r}: must be an integer >= 0")
+        if self.client not in ("server", "offline"):
+            raise ConfigError(f"client={self.client!r}: allowed ['server', 'offline']")
         if bool(self.input_len) != bool(self.output_len):
             raise ConfigError(f"input_len={self.input_len}, output_len={self.output_len}: a finite run needs both "
                               "(or neither)")
@@ -131,16 +137,17 @@ def card_record(req: CardRequest) -> dict:
 
 RUN_METRICS = (("ttft_s", "ttft_ms", 1e3), ("itl_s", "itl_median_ms", 1e3), ("itl_p90_s", "itl_p90_ms", 1e3),
                ("itl_mean_s", "tpot_ms", 1e3), ("e2e_s", "e2e_latency_s", 1.0), ("output_tok_s", "output_tok_s", 1.0),
-               ("tok_s_per_gpu", "output_tok_s_per_gpu", 1.0), ("running", "running_seqs", 1.0))
+               ("tok_s_per_gpu", "output_tok_s_per_gpu", 1.0), ("running", "running_seqs", 1.0),
+               ("prefill_chunk_tokens", "prefill_chunk_tokens", 1.0))
 
 
 def _what_if_run(req: CardRequest, w) -> dict:
     """A finite benchmark run priced by the what-if `w` (roofline.parallel.whatif.serve): each metric an interval."""
     from roofline.parallel.whatif import serve
     C = req.concurrency or req.batch
-    s = serve(w, req.input_len, req.output_len, C, req.num_prompts or C, staggered=req.staggered)
+    s = serve(w, req.input_len, req.output_len, C, req.num_prompts or C, staggered=req.staggered, client=req.client)
     out = dict(run_input_len=req.input_len, run_output_len=req.output_len, run_concurrency=C,
-               run_num_prompts=req.num_prompts or C, run_staggered=req.staggered)
+               run_num_prompts=req.num_prompts or C, run_staggered=req.staggered, run_client=req.client)
     full = [e for e in w.setting.engine_names() if w.max_running(e, req.input_len + req.output_len) == 0]
     if full:
         out["run_note"] = (f"does not fit: on {w.layout.label()} the weights leave {', '.join(full)}'s KV pool no room "
@@ -251,8 +258,9 @@ def render_card(rec: dict) -> str:
     if "run_ttft_ms" in rec:
         lines.append(f"finite run     {rec['run_num_prompts']} requests of {rec['run_input_len']} in / {rec['run_output_len']} out, "
                      f"{rec['run_concurrency']} at a time ({'staggered' if rec['run_staggered'] else 'fixed'} lengths), "
-                     f"{rec['run_running_seqs']:.0f} running (the engine's KV pool)")
-        for _, name, _ in RUN_METRICS[:-1]:
+                     f"{rec['run_running_seqs']:.0f} running (the engine's KV pool and sequence cap), "
+                     f"{rec['run_client']} client, prompts in chunks of {rec['run_prefill_chunk_tokens']:.0f} tokens")
+        for _, name, _ in RUN_METRICS[:-2]:  # the latencies and rates (running sequences and chunk: the line above)
             lines.append(f"  {name:<22} {rec[f'run_{name}']:.4g} ({rec[f'run_{name}_optimistic']:.4g}-"
                          f"{rec[f'run_{name}_pessimistic']:.4g})")
         if rec.get("run_note"):
@@ -294,4 +302,4 @@ def run(c: dict) -> None:
                            batch=c["batch"], context=c["context"], engine=engine_name(c.get("engine")),
                            tp=c["tp"], ep=c["ep"], dp_attention=c["dp_attention"], input_len=c["input_len"],
                            output_len=c["output_len"], concurrency=c["concurrency"], num_prompts=c["num_prompts"],
-                           staggered=c["staggered"], calibrate=c.get("calibrate") or None))
+                           staggered=c["staggered"], client=c["client"], calibrate=c.get("calibrate") or None))

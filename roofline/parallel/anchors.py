@@ -125,7 +125,7 @@ def what_if(a: dict, cfg: ModelConfig, setting: Setting | None = None, models: d
     I, O, staggered = random_lengths(wl)
     s = serve(w, I, O, wl["concurrency"], wl.get("num_prompts"),
               spec=finite_spec(a, w, models or {}) if a.get("spec") else None,
-              static_batch=a.get("batching") == "static", staggered=staggered)
+              static_batch=a.get("batching") == "static", staggered=staggered, client=a.get("client", "server"))
     conv = {"itl_ms": lambda d: {k: v * 1e3 for k, v in d["itl_s"].items()},
             "tpot_ms": lambda d: {k: v * 1e3 for k, v in d["itl_mean_s"].items()},
             "ttft_ms": lambda d: {k: v * 1e3 for k, v in d["ttft_s"].items()},
@@ -270,7 +270,8 @@ def table(path=ANCHORS_PATH, engine_known: bool = True, bands: tuple | None = No
                     predicted_dtype=served_precision(a, cfg), band_categories=",".join(band_categories_of(a, cfg)))
         try:
             src = sources[a["source"]]  # the source's method, unless the anchor says its own
-            a = dict(a, batching=a.get("batching", src.get("batching")), dataset=a.get("dataset", src.get("dataset")))
+            a = dict(a, batching=a.get("batching", src.get("batching")), dataset=a.get("dataset", src.get("dataset")),
+                     client=a.get("client", src.get("client", "server")))
             p = what_if(a, cfg, Setting(engine=a["engine"] if engine_known else None, bands=()), models)
         except NotImplementedError as e:
             rows.append(dict(base, predicted=np.nan, low=np.nan, high=np.nan, error_pct=np.nan, inside=False,

@@ -57,6 +57,45 @@ class Engine:
     kv_pool_fraction: float | None = None  # device memory it claims for weights + KV (of "total") or for KV (of "free"); None: no cap
     kv_pool_of: str = "total"
     merged: tuple = ()  # linears it runs as one GEMM (engines.yaml merged_gemms: "gate_up", "qkv_a")
+    prefill_chunk_tiers: tuple = ()  # engines.yaml prefill_chunk_tokens: its default tokens per step, by device (tiers)
+    max_running_tiers: tuple = ()  # engines.yaml max_running_seqs: its default cap on running sequences, by device
+
+
+CLIENTS = ("server", "offline")  # how a run reaches the engine: its HTTP server, or its offline (LLM class) entry point
+
+
+def device_tiers(e: dict, key: str, where: str) -> tuple:
+    """engines.yaml `key` of a profile: ((min_mem_GiB, excluded name parts, server value, offline value), ...),
+    the first tier a device meets applies (absent: no engine default, the caller's prior)."""
+    entry = e.get(key)
+    if entry is None:
+        return ()
+    tiers = entry.get("tiers") if isinstance(entry, dict) else None
+    if not isinstance(tiers, list) or not tiers:
+        raise ConfigError(f"{where}.{key}: needs tiers: [{{min_mem_GiB, server, offline}}, ...] and a source")
+    out = []
+    for t in tiers:
+        try:
+            srv, off = int(t["server"]), int(t.get("offline", t["server"]))
+            out.append((float(t.get("min_mem_GiB", 0)), tuple(t.get("exclude_names") or ()), srv, off))
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError(f"{where}.{key}: tier {t!r}: needs server (and optionally offline, min_mem_GiB, "
+                              "exclude_names)") from None
+    if out[-1][0] != 0 or out[-1][1]:
+        raise ConfigError(f"{where}.{key}: the last tier must take every device (min_mem_GiB 0, no exclude_names)")
+    return tuple(out)
+
+
+def tier_value(tiers: tuple, mem_bytes: float | None, device_key: str, client: str) -> int | None:
+    """The value of the first tier the device meets (memory as the driver reports it, its key's name), for the
+    client (server / offline); None without tiers."""
+    if client not in CLIENTS:
+        raise ConfigError(f"client={client!r}: allowed {list(CLIENTS)}")
+    gib = (mem_bytes or 0.0) / 2**30
+    for min_gib, exclude, srv, off in tiers:
+        if gib >= min_gib and not any(x in device_key for x in exclude):
+            return srv if client == "server" else off
+    return None
 
 
 def names(path: str = str(ENGINES_PATH)) -> list[str]:
@@ -100,7 +139,8 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
                       grouped_bw_ratio=tuple((fmt, pick(v["bw_ratio"], scenario, f"{f}.grouped_weight_only.{fmt}.bw_ratio"))
                                              for fmt, v in (e.get("grouped_weight_only") or {}).items()),
                       kv_pool_fraction=float(pool["fraction"]) if pool else None, kv_pool_of=pool.get("of", "total"),
-                      merged=merged_gemms(e, f))
+                      merged=merged_gemms(e, f), prefill_chunk_tiers=device_tiers(e, "prefill_chunk_tokens", f),
+                      max_running_tiers=device_tiers(e, "max_running_seqs", f))
     except KeyError as err:
         raise ConfigError(f"{f}: missing key {err.args[0]!r}") from None
 

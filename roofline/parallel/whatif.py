@@ -511,17 +511,20 @@ class WhatIf:
 
 def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prompts: int | None = None,
           chunk_tokens: int | None = None, staggered: bool = False, spec: SpecDecode | None = None,
-          static_batch: bool = False) -> dict:
+          static_batch: bool = False, client: str = "server") -> dict:
     """A finite benchmark run as `vllm bench serve --max-concurrency C --num-prompts N` measures it
     (every request ready at t = 0): TTFT, ITL median and p90, end-to-end latency, output tok/s and
     tok/s per GPU, each an interval. Prompts are prefilled in chunks of `chunk_tokens` (chunked
-    prefill, compute-bound); C sequences decode at mean context input + output/2.
+    prefill, compute-bound; None: each engine's default for the device and the `client`, the run reaching
+    it through its HTTP server or its offline entry point, engines.yaml prefill_chunk_tokens, else
+    priors.yaml chunked_prefill_tokens); C sequences decode at mean context input + output/2.
 
     Fixed lengths (staggered=False, what a random dataset of fixed input / output lengths and a static
     batch run): the C requests of a wave finish together, so every wave is a ramp of R = C·input/chunk
     prefill steps, which carry the decodes of the prompts already prefilled, then plain decode steps.
-    The median request waits ceil(R/2) ramp steps for its first token (TTFT), decodes in the R − ceil(R/2)
-    ramp steps left and the rest in plain steps; a wave lasts R ramp steps + (output − 1) plain ones.
+    The median request (the ceil(C/2)-th prompt) waits the ceil(ceil(C/2)·input/chunk) ramp steps that complete its
+    prompt for its first token (TTFT: about R/2 for many requests, all R for one), decodes in the ramp steps left
+    and the rest in plain steps; a wave lasts R ramp steps + (output − 1) plain ones.
     Staggered lengths (staggered=True): after the first wave, requests finish one by one and their
     replacements' prompts ride in the running decode steps, C·input/output·(N − C)/N prompt tokens per
     step on average; the ITL median is the mixed step when at least half the steps carry a chunk.
@@ -535,8 +538,9 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     the plain decode steps take instead the interval the points leave at B = C and the run's mean context
     (`Calibration.interval`), while the steps that carry prompt chunks keep the banded priors'.
 
-    The engine's KV pool (`WhatIf.max_running`, engines.yaml kv_pool) bounds the sequences it keeps
-    running: C = min(concurrency, the sequences whose KV at input + output tokens fits). A capped run
+    The engine's KV pool (`WhatIf.max_running`, engines.yaml kv_pool) and its default cap on running
+    sequences (engines.yaml max_running_seqs, vLLM's max_num_seqs) bound the sequences it keeps running:
+    C = min(concurrency, the cap, the sequences whose KV at input + output tokens fits). A capped run
     goes in waves of C; the requests beyond them wait in the engine's queue, and the median request's TTFT
     and end-to-end latency include the waves before it. `running` is that C (per engine, the span).
     static_batch=True: a benchmark that allocates the whole batch's KV itself (TensorRT-LLM's
@@ -544,8 +548,17 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     for name, v, lo in (("input_len", input_len, 1), ("output_len", output_len, 1), ("concurrency", concurrency, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ConfigError(f"{name}={v!r}: allowed integers >= {lo}")
+    if client not in engines_mod.CLIENTS:
+        raise ConfigError(f"client={client!r}: allowed {list(engines_mod.CLIENTS)}")
     N = num_prompts or concurrency
-    chunk = chunk_tokens or int(load_priors()["chunked_prefill_tokens"]["value"])
+    prior_chunk = int(load_priors()["chunked_prefill_tokens"]["value"])
+    mem = w.device.usable_mem_bytes()
+
+    def engine_default(e, tiers: str) -> int | None:
+        return engines_mod.tier_value(getattr(w._eng(e, 1), tiers), mem, w.device.key, client)
+
+    chunks = {e: chunk_tokens or engine_default(e, "prefill_chunk_tiers") or prior_chunk
+              for e in w.setting.engine_names()}
     I, O = input_len, output_len
     L = I + O // 2
     tau = spec.tau() if spec is not None else 1.0
@@ -556,7 +569,9 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
         return w.round_seconds(spec.k, B, Lc, s, e, spec.drafter, spec.draft, pre, I / 2)
 
     # the engine's KV pool: the sequences it keeps running (the rest queue); one figure per engine
-    caps = {e: None if static_batch else w.max_running(e, I + O) for e in w.setting.engine_names()}
+    caps = {e: None if static_batch else min((c for c in (w.max_running(e, I + O), engine_default(e, "max_running_tiers"))
+                                              if c is not None), default=None)
+            for e in w.setting.engine_names()}
 
     q = w.band(concurrency, spec is not None)  # the measured error band of the run's categories
 
@@ -568,7 +583,7 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
         carrying a prompt chunk, and a ramp step (a prompt chunk + a few decodes); each at its
         band-widened end (the typical untouched), the plain decode step at a calibration's interval
         where points of the deployment determine it (Calibration.interval at B = C, L)."""
-        C = running(e)
+        C, chunk = running(e), chunks[e]
         pre_step = min(chunk, C * I)
         raw = [(step(C, L, 0, s, e), step(C, L, pre_step, s, e), step(1, 0, pre_step, s, e)) for s in range(3)]
         ivs = [widen(interval(lambda s, i=i: raw[s][i]), q) for i in range(3)]
@@ -577,9 +592,9 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
         return [tuple(iv[name] for iv in ivs) for name in SCENARIOS]
 
     def per(s, e, at):
-        C = running(e)
+        C, chunk = running(e), chunks[e]
         waves, R = math.ceil(N / C), math.ceil(C * I / chunk)
-        half = math.ceil(R / 2)
+        half = math.ceil(math.ceil(C / 2) * I / chunk)  # the step the median request's (ceil(C/2)-th) prompt completes
         frac = min(1.0, C * I / O * max(N - C, 0) / N / chunk) if staggered else 0.0  # steps carrying a chunk
         plain, mixed, first = at[s]
         queued = (math.ceil(concurrency / 2) - 1) // C  # waves the median request of a capped run waits in the queue
@@ -599,7 +614,8 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
             itl90 = first if in_ramp > 0.1 * (in_ramp + after) else plain
             total = waves * wave
         return dict(ttft_s=ttft + queued * wave, itl_s=itl50, itl_p90_s=itl90, itl_mean_s=mean_itl,
-                    e2e_s=e2e + queued * wave, output_tok_s=N * O / total, running=float(C))
+                    e2e_s=e2e + queued * wave, output_tok_s=N * O / total, running=float(C),
+                    prefill_chunk_tokens=float(chunk))
 
     out = {}
     for e in w.setting.engine_names():
