@@ -359,6 +359,25 @@ def test_capacity_with_and_without_layouts_give_one_answer(fixture_data):
     assert summary["engine"] == "vllm"
 
 
+def test_a_one_layout_capacity_plan_counts_whole_replicas(fixture_data):
+    """A tp8 layout is deployed 8 devices at a time: the plan's device count for the target is whole replicas
+    (it was target / tok/s per device rounded up, 6 devices of a tp8 layout), as the layouts plan counts them."""
+    from roofline.analysis.capacity import plan_whatif
+    from roofline.commands.capacity import DEVICE_AS, plan_layouts, request_from_config
+    c = composed("capacity", "model=llama-3.1-70b", "device=h100_sxm", "engine=vllm", "weights=fp8", "tp=8",
+                 "B=[64]", "itl_target_ms=1e4", "target_tok_s=10000", "out_dir=''", device_as=DEVICE_AS)
+    c.pop("overrides"), c.pop("layouts")
+    _, s = plan_whatif(request_from_config(dict(c)))
+    p = s["plain"]
+    assert p["devices_per_replica"] == 8 and p["devices_for_target"] % 8 == 0
+    assert p["replicas_for_target"] == math.ceil(10000 / (p["tok_s_per_device"] * 8))
+    assert p["devices_for_target"] == 8 * p["replicas_for_target"]
+    c.pop("tp")
+    rows, _ = plan_layouts(dict(c))
+    tp8 = rows[rows["layout"] == "tp8"].iloc[0]
+    assert int(tp8["devices"]) == p["devices_for_target"]
+
+
 def test_capacity_with_and_without_layouts_read_one_memory_and_honour_memory_gb(fixture_data):
     """One device memory behind both plans: the driver-reported size by default (an H100's "80GB" is
     80 GiB), a user's memory_gb where given, which the layouts' memory check used to ignore (a 70B in

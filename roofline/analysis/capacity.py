@@ -260,9 +260,11 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
         if sub.empty:
             continue
         best = ok.loc[ok["tok_s"].idxmax()] if not ok.empty else None
+        per_replica = w.layout.devices  # a layout is deployed whole: a tp8 replica is 8 devices
+        replicas = None if best is None else math.ceil(work.target_tok_s / (best["tok_s"] * per_replica))
         summary[label] = dict(best_batch=None if best is None else int(best["B"]),
                               tok_s_per_device=None if best is None else float(best["tok_s"]),
                               itl_ms=None if best is None else float(best["itl_ms"]),
-                              devices_for_target=None if best is None else
-                              math.ceil(work.target_tok_s / best["tok_s"]))
+                              devices_per_replica=per_replica, replicas_for_target=replicas,
+                              devices_for_target=None if best is None else replicas * per_replica)
     return table, summary
