@@ -810,6 +810,19 @@ def test_user_anchors_file_with_a_missing_key_is_one_line_exit_2(tmp_path):
     assert r.returncode == 2 and "missing key 'metric'" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_an_anchors_client_that_is_neither_server_nor_offline_names_the_anchor_or_source(tmp_path):
+    doc = yaml.safe_load((ROOT / "roofline" / "data" / "deployments.yaml").read_text())
+    doc["anchors"][0]["client"] = "batch"
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=rf"anchors\[0\] \({doc['anchors'][0]['id']}\): client='batch'"):
+        anchors.load(tmp_path / "a.yaml")
+    del doc["anchors"][0]["client"]
+    doc["sources"][doc["anchors"][0]["source"]]["client"] = "http"
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=rf"sources\.{doc['anchors'][0]['source']}: client='http'"):
+        anchors.load(tmp_path / "a.yaml")
+
+
 def test_no_test_anchor_source_is_cited_by_a_prior():
     data = ROOT / "roofline" / "data"
     paths = [data / "priors.yaml", data / "kernels.yaml", data / "engines.yaml"]
