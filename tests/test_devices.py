@@ -69,6 +69,8 @@ DEVICE_NAMES = [
     ("AMD Instinct MI300X", "mi300x"),
     ("AMD Instinct MI325X", "mi325x"),
     ("NVIDIA H20", "h20"),
+    ("NVIDIA B300 SXM6 AC", "b300"),
+    ("AMD Instinct MI355X", "mi355x"),
 ]
 
 
