@@ -23,7 +23,7 @@ from roofline.model.config import ModelConfig
 from roofline.commands import FormatKeys, LayoutKeys, not_both, priced_weights
 from roofline.measure.devices import Datasheet, get_datasheet
 from roofline.model.formats import with_overrides
-from roofline.parallel.engines import engine_name
+from roofline.parallel.engines import check_client, engine_name
 
 
 # what the `device` entry (roofline/conf/device/) means to this command: the datasheet row priced
@@ -70,8 +70,7 @@ class CardRequest:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(f"{name}={v!r}: must be an integer >= 0")
-        if self.client not in ("server", "offline"):
-            raise ConfigError(f"client={self.client!r}: allowed ['server', 'offline']")
+        check_client(self.client)
         if bool(self.input_len) != bool(self.output_len):
             raise ConfigError(f"input_len={self.input_len}, output_len={self.output_len}: a finite run needs both "
                               "(or neither)")

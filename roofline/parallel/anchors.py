@@ -30,7 +30,7 @@ from roofline.measure.devices import get_datasheet
 from roofline.model.config import ModelConfig
 from roofline.model.formats import precision
 from roofline.model.presets import get_preset
-from roofline.parallel.engines import CLIENTS
+from roofline.parallel.engines import check_client
 from roofline.parallel.layout import Layout
 from roofline.parallel.whatif import (BAND_CATEGORIES, BANDS_PATH, SCENARIOS, Setting, SpecDecode, WhatIf,
                                       band_categories, band_for, load_bands, serve, widen)
@@ -63,8 +63,10 @@ def load(path=ANCHORS_PATH) -> tuple[dict[str, ModelConfig], dict, list[dict]]:
         models[name] = get_preset(_need(m, "preset", f"models.{name}")).scaled(**(m.get("overrides") or {}))
     anchors = _need(doc, "anchors", f"anchors file {p.name}")
     for sid, src in sources.items():
-        if isinstance(src, dict) and src.get("client", "server") not in CLIENTS:
-            raise ConfigError(f"sources.{sid}: client={src['client']!r}: allowed {list(CLIENTS)}")
+        try:
+            check_client((src if isinstance(src, dict) else {}).get("client", "server"))
+        except ConfigError as e:
+            raise ConfigError(f"sources.{sid}: {e}") from None
     for i, a in enumerate(anchors):
         where = f"anchors[{i}]" + (f" ({a['id']})" if isinstance(a, dict) and "id" in a else "")
         for key in REQUIRED:
@@ -73,9 +75,8 @@ def load(path=ANCHORS_PATH) -> tuple[dict[str, ModelConfig], dict, list[dict]]:
             raise ConfigError(f"{where}: metric={a['metric']!r}: allowed {METRICS}")
         if a["source"] not in sources:
             raise ConfigError(f"{where}: source={a['source']!r}: not in sources {sorted(sources)}")
-        if a.get("client", "server") not in CLIENTS:
-            raise ConfigError(f"{where}: client={a['client']!r}: allowed {list(CLIENTS)}")
         try:
+            check_client(a.get("client", "server"))
             served_precision(a, None)
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}") from None

@@ -86,11 +86,16 @@ def device_tiers(e: dict, key: str, where: str) -> tuple:
     return tuple(out)
 
 
-def tier_value(tiers: tuple, mem_bytes: float | None, device_key: str, client: str) -> int | None:
-    """The value of the first tier the device meets (memory as the driver reports it, its key's name), for the
-    client (server / offline); None without tiers."""
+def check_client(client) -> str:
+    """A run's client, server or offline (CLIENTS); anything else is one error naming it."""
     if client not in CLIENTS:
         raise ConfigError(f"client={client!r}: allowed {list(CLIENTS)}")
+    return client
+
+
+def tier_value(tiers: tuple, mem_bytes: float | None, device_key: str, client: str) -> int | None:
+    """The value of the first tier the device meets (memory as the driver reports it, its key's name), for the
+    client (server / offline, check_client); None without tiers."""
     gib = (mem_bytes or 0.0) / 2**30
     for min_gib, exclude, srv, off in tiers:
         if gib >= min_gib and not any(x in device_key for x in exclude):

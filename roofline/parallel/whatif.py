@@ -194,7 +194,7 @@ def engine_matrices(mats: list[tuple[str, int, int]], merged: tuple) -> list[tup
 
 
 def launch_seconds(eng, setting: Setting, scenario: int, priors: dict, n: int, n_moe: int, block_cfg,
-                   device_key: str | None = None, kern: dict | None = None) -> float:
+                   device_key: str, kern: dict) -> float:
     """The launch cost of a stage's n blocks (n_moe of them MoE). CUDA graphs: the graph floor per
     layer (priors.yaml, the device architecture's own where kernels.yaml arch_overrides gives one
     (`launch_floor_us_per_layer_graph`), or the engine's per_layer_us), and per MoE layer its router GEMM and gating
@@ -209,7 +209,7 @@ def launch_seconds(eng, setting: Setting, scenario: int, priors: dict, n: int, n
         return ((n - n_moe) * light(False) + n_moe * light(True)) * eng.host_s_per_launch
     per_layer = eng.per_layer_s
     if per_layer is None or setting.graphs is not None:
-        own = K.arch_override(kern or {}, device_key).get("launch_floor_us_per_layer_graph") if graphs else None
+        own = K.arch_override(kern, device_key).get("launch_floor_us_per_layer_graph") if graphs else None
         per_layer = (K.pick(own, scenario, "kernels.arch_overrides.launch_floor_us_per_layer_graph") if own is not None
                      else K.pick(priors["launch_floor_us_per_layer"]["graph" if graphs else "eager"], scenario,
                                  "priors.launch_floor_us_per_layer")) * 1e-6
@@ -548,8 +548,7 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     for name, v, lo in (("input_len", input_len, 1), ("output_len", output_len, 1), ("concurrency", concurrency, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ConfigError(f"{name}={v!r}: allowed integers >= {lo}")
-    if client not in engines_mod.CLIENTS:
-        raise ConfigError(f"client={client!r}: allowed {list(engines_mod.CLIENTS)}")
+    engines_mod.check_client(client)
     N = num_prompts or concurrency
     prior_chunk = int(load_priors()["chunked_prefill_tokens"]["value"])
     mem = w.device.usable_mem_bytes()
