@@ -573,8 +573,8 @@ def test_an_engine_sizes_its_pool_from_the_memory_the_driver_reports():
 def test_a_block_scaled_fp8_gemm_pays_its_own_call_floor_and_streams_like_fp8():
     from roofline.model.formats import parse_precision
     from roofline.parallel.whatif import _fmt_kind
-    assert _fmt_kind(parse_precision("bfloat16+weights=fp8_b128").weights) == "fp8_block"
-    assert _fmt_kind(parse_precision("bfloat16+weights=fp8").weights) == "fp8"
+    assert _fmt_kind(parse_precision("bfloat16+weights=fp8_b128").weights, get_datasheet("h100_sxm")) == "fp8_block"
+    assert _fmt_kind(parse_precision("bfloat16+weights=fp8").weights, get_datasheet("h100_sxm")) == "fp8"
     kern = kernels.load_kernels()
     args = (8, 3072, 1536, 3072 * 1536 * 1.0, None, 0, 4.8e12, 1.979e15, 6.7e13, "h200_sxm", 1, kern)
     g = lambda kind: kernels.gemm_seconds(*args[:4], kind, *args[5:])  # noqa: E731

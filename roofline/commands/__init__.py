@@ -13,6 +13,7 @@ Below this floor the library only computes; roofline/cli/ above it only composes
 from dataclasses import dataclass
 
 from roofline.io.fields import ConfigError, option
+from roofline.model.formats import with_overrides
 
 @dataclass(frozen=True)
 class FormatKeys:
@@ -24,6 +25,8 @@ class FormatKeys:
                                        "measures or applies a fit")
     kv: str | None = option(None, "KV cache format: fp8 | fp8_e5m2 | int8")
     lm_head: str | None = option(None, "LM head format (default: the activation dtype)")
+    experts: str | None = option(None, "routed experts' format (MoE): mxfp4 | nvfp4 | int4_g128 | fp8 | ... | native; "
+                                       "default: the weights' (weights=native: the release's, gpt-oss's mxfp4)")
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,14 @@ def priced_weights(c) -> str | None:
     if c.get("weights") is not None:
         return c["weights"]
     return None if c.get("fit") else "native"
+
+
+def served_label(dtype: str, c: dict, model, weights: str | None) -> str:
+    """The precision label of `dtype` under the command's format keys (`weights` as the command resolves it;
+    kv, lm_head, experts from c) and the model's release formats (weights=native)."""
+    native = model.native_weights if model is not None else ""
+    native_experts = model.native_experts if model is not None else ""
+    return with_overrides([dtype], weights, c.get("kv"), c.get("lm_head"), native, c.get("experts"), native_experts)[0]
 
 
 REGRESSION = 3  # asked to fail (compare fail_above=, specdec fail_on_mismatch=true) and it did: a CI verdict

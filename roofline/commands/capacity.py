@@ -18,12 +18,12 @@ from roofline.analysis.capacity import (CapacityRequest, Speculation, Workload, 
                                         plan, plan_whatif, whatif_of)
 from roofline.analysis.predict import DraftCost
 from roofline.io import files
-from roofline.commands import FormatKeys, LayoutKeys, priced_weights
+from roofline.commands import FormatKeys, LayoutKeys, priced_weights, served_label
 from roofline.io.fields import ConfigError, from_dict, option
 from roofline.io.results import RUNS_ROOT
 from roofline.measure.devices import detect, get_datasheet
 from roofline.model.config import ModelConfig
-from roofline.model.formats import precision_columns, with_overrides
+from roofline.model.formats import precision_columns
 from roofline.model.presets import get_preset
 from roofline.parallel import whatif
 from roofline.parallel.engines import engine_name
@@ -112,9 +112,9 @@ def request_from_config(c: dict) -> CapacityRequest:
     spec = Speculation(alpha, k, DraftCost(drafter, get_preset(draft) if draft else None)) \
         if c.pop("speculative") else None
     model = ModelConfig.from_dict(c["model"])
-    weights = priced_weights(c)
-    c.pop("weights")
-    c["dtype"] = with_overrides([c["dtype"]], weights, c.pop("kv"), c.pop("lm_head"), model.native_weights)[0]
+    c["dtype"] = served_label(c["dtype"], c, model, priced_weights(c))
+    for k in ("weights", "kv", "lm_head", "experts"):
+        c.pop(k, None)
     return from_dict(CapacityRequest, c, "capacity", lists_to_tuples=True, model=model, work=work, speculation=spec)
 
 
@@ -136,7 +136,7 @@ def plan_layouts(c: dict) -> tuple[pd.DataFrame, dict]:
         raise ConfigError(f"{', '.join(given)}: layouts=true plans every layout (tp, ep, dp_attention, pp) from the "
                           "datasheet and the priors; drop it, or drop layouts=true to plan that one")
     model = ModelConfig.from_dict(c["model"])
-    label = with_overrides([c["dtype"]], priced_weights(c), c.get("kv"), c.get("lm_head"), model.native_weights)[0]
+    label = served_label(c["dtype"], c, model, priced_weights(c))
     work = Workload(c["context"], c["output"], c["itl_target_ms"], c["target_tok_s"])
     spec = bool(c.get("speculative"))
     mtp = spec and c.get("drafter") in LAYOUT_SPEC_DRAFTERS and model.mtp_layers > 0

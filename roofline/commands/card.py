@@ -20,9 +20,8 @@ from roofline.model.accounting import forward_cost, kv_bytes_per_token, param_co
 from roofline.model.formats import QUALITY_NOTE, compute_dtype, parse_precision, precision_columns
 from roofline.io.fields import ConfigError, internal, option
 from roofline.model.config import ModelConfig
-from roofline.commands import FormatKeys, LayoutKeys, not_both, priced_weights
+from roofline.commands import FormatKeys, LayoutKeys, not_both, priced_weights, served_label
 from roofline.measure.devices import Datasheet, get_datasheet
-from roofline.model.formats import with_overrides
 from roofline.parallel.engines import check_client, engine_name
 
 
@@ -274,6 +273,7 @@ def _as_released(cfg: ModelConfig, dtype: str) -> bool:
     the activation dtype): the model's own outputs, nothing quantized beyond what its authors shipped."""
     p = parse_precision(dtype)
     return (p.weights.name == (cfg.native_weights or p.activations)
+            and p.experts.name == (cfg.native_experts or p.weights.name)
             and p.kv.name == p.activations and p.lm_head.name == p.activations)
 
 
@@ -295,7 +295,7 @@ def run(c: dict) -> None:
         model = checkpoint_config(c["checkpoint"])
     else:
         model = ModelConfig.from_dict(c["model"])
-    dtype = with_overrides([c["dtype"]], priced_weights(c), c["kv"], c["lm_head"], model.native_weights)[0]
+    dtype = served_label(c["dtype"], c, model, priced_weights(c))
     print_card(CardRequest(model=model, dtype=dtype,
                            device=get_datasheet(c["device"]) if c["device"] else None,
                            batch=c["batch"], context=c["context"], engine=engine_name(c.get("engine")),

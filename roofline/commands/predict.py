@@ -19,10 +19,9 @@ from roofline.analysis import costmodel, fitcheck, quality
 from roofline.analysis.capacity import whatif_of
 from roofline.analysis.predict import Costs, DraftCost, breakeven_batch, step_costs, table
 from roofline.io import files
-from roofline.commands import FormatKeys, LayoutKeys, priced_weights
+from roofline.commands import FormatKeys, LayoutKeys, priced_weights, served_label
 from roofline.io.fields import ConfigError, from_dict, option
 from roofline.model.config import ModelConfig
-from roofline.model.formats import with_overrides
 from roofline.model.presets import get_preset
 from roofline.parallel import whatif
 from roofline.report import figures
@@ -144,7 +143,7 @@ def predict_command(c: Mapping) -> tuple[str, dict]:
         check_whatif_keys(c)
         fitcheck.check_drafter(c["drafter"], c.get("draft_model"))
         fitcheck.check_predict_grid(c["alphas"], c["k"], c["B"], c["L"], c["plot_B"], c["plot_L"], None)
-        label = with_overrides([c["dtype"]], priced_weights(c), c.get("kv"), c.get("lm_head"), model.native_weights)[0]
+        label = served_label(c["dtype"], c, model, priced_weights(c))
         what["graphs"] = None if c.get("mode") is None else c["mode"] != "eager"
         w = whatif_of(what, model, label)
         drafter = c["drafter"]
@@ -175,8 +174,9 @@ def predict_command(c: Mapping) -> tuple[str, dict]:
         return pd.DataFrame(rows).round(3).to_string(index=False) + (f"\nwarning: {unfit}" if unfit else ""), summary
     fitcheck.check_drafter(c.get("drafter"), c.get("draft_model"))
     draft = get_preset(c.pop("draft_model")) if c.get("draft_model") else None
-    native = model.native_weights if model else ""  # weights=native needs the target: model=
-    c["dtype"] = with_overrides([c["dtype"]], c.pop("weights"), c.pop("kv"), c.pop("lm_head"), native)[0]
+    c["dtype"] = served_label(c["dtype"], c, model, c.get("weights"))  # weights=native needs the target: model=
+    for k in ("weights", "kv", "lm_head", "experts"):
+        c.pop(k, None)
     best, summary = predict(from_dict(PredictRequest, c, "predict", lists_to_tuples=True, model=model, draft_model=draft))
     return "\n".join([best.round(3).to_string(index=False)] + [f"warning: {w}" for w in summary["warnings"]]), summary
 

@@ -12,7 +12,7 @@ import pandas as pd
 from roofline.io import files
 from roofline.analysis import quality
 from roofline.checkpoints.loader import checkpoint_config
-from roofline.commands import FormatKeys, LayoutKeys, axis, not_both
+from roofline.commands import FormatKeys, LayoutKeys, axis, not_both, served_label
 from roofline.io import results
 from roofline.io.fields import from_dict, option
 from roofline.io.results import RUNS_ROOT
@@ -20,7 +20,6 @@ from roofline.measure.noise import NoiseSettings
 from roofline.measure.sweep import SweepRequest, dry_run, run_sweep, summary_table
 from roofline.measure.timer import TimerSettings
 from roofline.model.config import ModelConfig
-from roofline.model.formats import with_overrides
 from roofline.parallel.layout import Layout
 from roofline.parallel.runner import run_parallel_sweep
 
@@ -64,7 +63,7 @@ def build_request(c: dict) -> SweepRequest:
     model = checkpoint_config(c["checkpoint"]) if c["checkpoint"] else ModelConfig.from_dict(c["model"])
     return SweepRequest(model=model, q=axis(c["q"], "q"), B=axis(c["B"], "B"),
                      L=axis(c["L"], "L"), modes=axis(c["modes"], "modes"),
-                     dtypes=tuple(d if d == "auto" else with_overrides((d,), c["weights"], c["kv"], c["lm_head"], model.native_weights)[0]
+                     dtypes=tuple(d if d == "auto" else served_label(d, c, model, c["weights"])
                                   for d in axis(c["dtypes"], "dtypes")),
                      timer=from_dict(TimerSettings, c["timer"], "timer"), device=c["device"], layers=c["layers"],
                      mtp_q=axis(c["mtp_q"], "mtp_q"), seed=c["seed"], ceilings=c["ceilings"] or "",

@@ -60,7 +60,7 @@ def resident_bytes(cfg: ModelConfig, dtype: str, batch: int, tokens_per_seq: int
     be a precision label (roofline.model.formats): each tensor class in its format, scales included."""
     weights = resident_weight_bytes(cfg, dtype, with_mtp)
     kv_tok = kv_bytes_per_token(cfg, dtype) * (1 + (cfg.mtp_layers / cfg.layers if with_mtp else 0.0))
-    return Resident(float(weights), float(kv_tok * tokens_per_seq * batch))
+    return Resident(float(weights), float(kv_tok * cfg.kv_positions(tokens_per_seq) * batch))
 
 
 def largest_parameter(cfg: ModelConfig) -> int:

@@ -206,8 +206,9 @@ def check_weight_format(cfg: ModelConfig, prec: Precision) -> None:
     size that does not divide a linear's K (names the first such matrix). The LM head's format
     is checked the same way against d."""
     mats = [m for moe in ({False, True} if cfg.is_moe else {False}) for m in block_matrices(cfg, moe)]
-    mats += expert_matrices(cfg) if cfg.is_moe else []
-    for cls, fmt, shapes in (("weights", prec.weights, mats), ("lm_head", prec.lm_head, [("lm_head", cfg.vocab, cfg.d)])):
+    experts = expert_matrices(cfg) if cfg.is_moe else []
+    for cls, fmt, shapes in (("weights", prec.weights, mats), ("experts", prec.experts, experts),
+                             ("lm_head", prec.lm_head, [("lm_head", cfg.vocab, cfg.d)])):
         if fmt.kind == "int4" and fmt.group:
             bad = [(name, K) for name, _, K in shapes if K % fmt.group]
             if bad:
@@ -225,7 +226,7 @@ def block_weight_bytes(cfg: ModelConfig, moe: bool, prec: Precision) -> int:
 
 def expert_bytes(cfg: ModelConfig, prec: Precision) -> int:
     """Bytes of one routed expert."""
-    return sum(prec.weights.matrix_bytes(N, K, prec.act_bytes) for _, N, K in expert_matrices(cfg))
+    return sum(prec.experts.matrix_bytes(N, K, prec.act_bytes) for _, N, K in expert_matrices(cfg))
 
 
 def head_bytes(cfg: ModelConfig, prec: Precision) -> int:
@@ -325,11 +326,12 @@ def _stack_cost(cfg: ModelConfig, layers: int, n_moe: int, B: int, q: int, L: in
     dense_b = n_dense * block_weight_bytes(cfg, False, prec) + n_moe * block_weight_bytes(cfg, True, prec)
     expert_b = n_moe * touched * expert_bytes(cfg, prec)
     quantized = n_dense * sum(n * k for _, n, k in block_matrices(cfg, False))
-    quantized += n_moe * (sum(n * k for _, n, k in block_matrices(cfg, True)) + touched * expert_params(cfg))
+    quantized += n_moe * sum(n * k for _, n, k in block_matrices(cfg, True))
     dequant = quantized * prec.weights.dequant_ops_per_weight()
+    dequant += n_moe * touched * expert_params(cfg) * prec.experts.dequant_ops_per_weight()
     dequant += 0 if cfg.tie_embeddings else cfg.vocab * cfg.d * prec.lm_head.dequant_ops_per_weight()
     d_qk, d_v = _attention_dims(cfg)
-    attended = q * L + q * (q + 1) // 2
+    attended = cfg.attended_pairs(L, q)  # a windowed layer attends at most its window
     flops_attn = 2 * (d_qk + d_v) * cfg.heads * layers * B * attended
     moe_active = cfg.d * cfg.experts + (cfg.experts_per_token + cfg.shared_experts) * expert_params(cfg)
     if moe_impl == "dense":
@@ -342,7 +344,7 @@ def _stack_cost(cfg: ModelConfig, layers: int, n_moe: int, B: int, q: int, L: in
     return dict(
         weight_bytes=dense_b + cfg.d * b + head_bytes(cfg, prec) + expert_b,
         expert_bytes=expert_b, experts_touched=touched,
-        kv_read_bytes=B * layers * kv_tok * kv_len + kv_fixed,
+        kv_read_bytes=B * layers * kv_tok * cfg.kv_positions(kv_len) + kv_fixed,
         kv_write_bytes=B * layers * kv_tok * q,
         embed_bytes=N * cfg.d * b, activation_bytes_est=N * act_per_token,
         flops_matmul=2 * matmul * N, flops_attention=flops_attn, dequant_ops=float(dequant))

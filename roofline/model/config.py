@@ -74,9 +74,16 @@ class ModelConfig:
     router_topk_groups: int = 1
     # MTP (DeepSeek-V3 / GLM-4.5): num_nextn_predict_layers
     mtp_layers: int = 0
+    # sliding-window attention (gpt-oss, Gemma): a windowed layer attends (and an engine caches) only the
+    # last `sliding_window` tokens; every `global_every`-th layer (1-based: layers global_every - 1,
+    # 2 global_every - 1, ...) attends the whole context; global_every 0 with a window: every layer windowed
+    sliding_window: int = 0
+    global_every: int = 0
     # the weight format the model is released in (roofline.model.formats name; "" = its float dtype),
-    # chosen by `weights=native`
+    # chosen by `weights=native`; native_experts: its routed experts' own format where the release
+    # quantizes only those (gpt-oss: mxfp4 experts, bf16 attention)
     native_weights: str = ""
+    native_experts: str = ""
     # provenance of the shapes and the authors' published totals (for the card)
     source: str = ""
     published_params_total: float = 0.0
@@ -112,6 +119,36 @@ class ModelConfig:
             return self.kv_lora_rank + self.qk_rope_dim
         return 2 * self.kv_heads * self.head_dim
 
+    @property
+    def windowed_layers(self) -> int:
+        """Layers of the main stack that attend a sliding window (0 without one)."""
+        if not self.sliding_window:
+            return 0
+        return self.layers - (self.layers // self.global_every if self.global_every else 0)
+
+    def kv_positions(self, L: float) -> float:
+        """Cached positions a layer holds and a decode step reads for a sequence of L tokens, as the mean
+        over the main stack's layers: L for a full-attention layer, min(L, window) for a windowed one."""
+        w, share = self.sliding_window, self.windowed_layers / self.layers
+        return L if not share else (1.0 - share) * L + share * min(L, w)
+
+    def attended_pairs(self, L: float, q: int) -> float:
+        """(query, key) pairs q new tokens after L cached ones attend in one layer (causal), as the mean
+        over the layers: q·L + q(q+1)/2 for full attention, sum over i of min(L + i, window) for a windowed one."""
+        full = q * L + q * (q + 1) / 2
+        share = self.windowed_layers / self.layers
+        if not share:
+            return full
+        w = self.sliding_window
+        if L + q <= w:
+            win = full
+        elif L >= w:
+            win = q * w
+        else:
+            m = w - L  # new tokens that still see all L + i keys
+            win = m * L + m * (m + 1) / 2 + (q - m) * w
+        return (1.0 - share) * full + share * win
+
     # ---- construction ---------------------------------------------------------------
     def validate(self) -> None:
         positive = ["vocab", "d", "layers", "heads", "kv_heads", "head_dim", "max_context"]
@@ -121,7 +158,7 @@ class ModelConfig:
                 raise ConfigError(f"model.{f}={v!r}: must be a positive integer")
         nonneg = ["ffn", "q_lora_rank", "kv_lora_rank", "qk_nope_dim", "qk_rope_dim", "v_head_dim",
                   "experts", "experts_per_token", "moe_ffn", "shared_experts", "first_dense_layers",
-                  "mtp_layers"]
+                  "mtp_layers", "sliding_window", "global_every"]
         for f in nonneg:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -163,6 +200,10 @@ class ModelConfig:
                               f"1..router_groups={self.router_groups}")
         if self.first_dense_layers > self.layers:
             raise ConfigError(f"model.first_dense_layers={self.first_dense_layers}: must be <= layers={self.layers}")
+        if self.global_every and not self.sliding_window:
+            raise ConfigError(f"model.global_every={self.global_every}: needs a sliding_window")
+        if self.global_every > self.layers:
+            raise ConfigError(f"model.global_every={self.global_every}: must be <= layers={self.layers}")
         if (not self.is_moe or self.first_dense_layers > 0) and self.ffn < 1:
             raise ConfigError("model.ffn must be >= 1 for dense layers")
 

@@ -4,7 +4,7 @@ Canonical names are torch's ("bfloat16"); the short names ("bf16") are the colum
 datasheet table (roofline/data/devices.yaml) and accepted wherever a dtype is typed.
 `model=True` marks the dtypes the compact decoder runs in (weights, activations, KV cache);
 the others exist for datasheet peaks: tf32 is a tensor-core compute mode of fp32 storage,
-fp8 a storage type whose matmuls this code does not run.
+fp8 and fp4 storage types whose matmuls this code does not run.
 
 torch is imported where a torch dtype is asked for, not with this module: the pricing and analysis
 commands read this vocabulary and never start torch (tests/test_torch_free.py).
@@ -51,9 +51,10 @@ DTYPES = MappingProxyType({d.name: d for d in (
     DType("tfloat32", "tf32", 32, None, False),
     DType("float8_e4m3fn", "fp8", 8, "float8_e4m3fn", False),
     DType("float8_e5m2", "fp8", 8, "float8_e5m2", False),
+    DType("float4_e2m1", "fp4", 4, None, False),  # torch stores e2m1 only as pairs (float4_e2m1fn_x2, 1 B each)
 )})
 MODEL_DTYPES = tuple(n for n, d in DTYPES.items() if d.model)
-DATASHEET_COLUMNS = ("fp32", "tf32", "bf16", "fp16", "fp8")  # the columns devices.yaml may fill
+DATASHEET_COLUMNS = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4")  # the columns devices.yaml may fill
 _ALIASES = {
     **{d.short: d.name for d in DTYPES.values()},
     "float": "float32", "f32": "float32", "half": "float16", "f16": "float16",

@@ -14,12 +14,19 @@ Names (`parse_format`):
         (b128 = 128 x 128, DeepSeek-V3's weight_scale_inv)
   int8                  weight-only, symmetric, one scale per output channel
   int4_g<g>             weight-only, asymmetric, a scale and a zero point per g weights along K
+  mxfp4                 OCP microscaling fp4 (e2m1): one e8m0 scale (1 B) per 32 weights along K
+                        (gpt-oss's released experts): 4.25 bits a weight
+  nvfp4                 NVIDIA fp4 (e2m1): one fp8 e4m3 scale per 16 weights along K and one fp32
+                        scale per tensor: 4.5 bits a weight
+        fp4 multiplies on fp4 tensor cores where the device has them (a datasheet fp4 rate: Blackwell),
+        else a weight-only kernel dequantises it to the activations (Hopper, Ampere, CDNA3)
   KV cache: fp8 | fp8_e4m3 | fp8_e5m2 (one fp32 scale per layer for K and one for V, as vLLM's
   fp8 cache; MLA's latent cache: one), int8 (symmetric, one fp32 scale per token per KV head).
 
 A `Precision` gives each tensor class its format: activations (a float dtype; the embedding
-table, norms, biases and the MoE router stay in it), weights (every other linear), the KV
-cache and the LM head. Its `label` (e.g. `bfloat16+weights=int4_g128+kv=fp8_e4m3`) is the key
+table, norms, biases and the MoE router stay in it), weights (every other linear), the routed
+experts (default: the weights' format; gpt-oss releases mxfp4 experts beside bf16 attention),
+the KV cache and the LM head. Its `label` (e.g. `bfloat16+weights=int4_g128+kv=fp8_e4m3`) is the key
 rows, fits and predictions carry in their `dtype` field; a plain dtype name is the label of
 an all-float precision, so every existing dtype is a valid precision.
 """
@@ -33,11 +40,11 @@ from dataclasses import dataclass
 from roofline.io.fields import ConfigError
 from roofline.model.dtypes import dtype_bytes, dtype_name
 
-KINDS = ("float", "fp8", "int8", "int4")
-CLASSES = ("weights", "kv", "lm_head")
+KINDS = ("float", "fp8", "int8", "int4", "fp4")
+CLASSES = ("weights", "experts", "kv", "lm_head")
 FP8_SCALE_BYTES = 4  # fp32 scales (DeepSeek-V3's weight_scale_inv, vLLM's k_scale / v_scale)
 NAMES_HELP = ("bf16 | fp16 | fp32 | fp8[_e4m3|_e5m2][_tensor|_channel|_b128|_b<R>x<C>] | int8 | int4_g<g> "
-              "(weights); bf16 | fp16 | fp32 | fp8[_e4m3|_e5m2] | int8 (kv)")
+              "| mxfp4 | nvfp4 (weights, experts); bf16 | fp16 | fp32 | fp8[_e4m3|_e5m2] | int8 (kv)")
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,7 @@ class Format:
     scale_bytes: int = 0
     zero_point: bool = False
     storage: str = ""  # torch dtype of the stored elements
+    tensor_scale_bytes: int = 0  # one more scale per matrix (nvfp4's fp32 global scale)
 
     @property
     def is_float(self) -> bool:
@@ -82,7 +90,7 @@ class Format:
         """Exact bytes of an [N, K] weight matrix: packed elements + scales (+ zero points)."""
         elems = N * K * self.bits // 8 if self.bits >= 8 else N * math.ceil(K * self.bits / 8)
         per = self.scale_size(act_bytes) * (2 if self.zero_point else 1)
-        return elems + self.scales(N, K) * per
+        return elems + self.scales(N, K) * per + self.tensor_scale_bytes
 
     def kv_token_bytes(self, elems: int, heads: int, act_bytes: int) -> int:
         """Bytes one token adds to one layer's cache: `elems` elements over `heads` KV heads."""
@@ -97,9 +105,15 @@ class Format:
     def dequant_ops_per_weight(self) -> int:
         """Element operations a weight-only kernel spends turning one stored weight into the
         matmul's dtype each forward: int8 a conversion (its scale multiplies the output row);
-        int4 unpack + (q - 8)·s + z. fp8 on tensor cores: none (scales apply to outputs or
+        int4 unpack + (q - 8)·s + z; fp4 (where no fp4 tensor core takes it) a table lookup of the
+        e2m1 code and its group's scale. fp8 on tensor cores: none (scales apply to outputs or
         block partial sums). Reported apart from FLOPs."""
-        return {"int8": 1, "int4": 3}.get(self.kind, 0)
+        return {"int8": 1, "int4": 3, "fp4": 2}.get(self.kind, 0)
+
+
+FP4 = {"mxfp4": Format("mxfp4", "fp4", 4, "group", group=32, scale_bytes=1, storage="uint8"),
+       "nvfp4": Format("nvfp4", "fp4", 4, "group", group=16, scale_bytes=1, storage="uint8",
+                       tensor_scale_bytes=FP8_SCALE_BYTES)}
 
 
 def _fp8(variant: str, gran: str, name: str, kv: bool) -> Format:
@@ -128,7 +142,9 @@ def parse_format(name: str, tensor_class: str = "weights") -> Format:
         raise ValueError(f"tensor_class={tensor_class!r}: allowed {CLASSES}")
     raw = str(name).strip().lower()
     kv = tensor_class == "kv"
-    if not raw.startswith(("fp8", "int")):  # a float dtype of the decoder (roofline.model.dtypes)
+    if raw in FP4 and not kv:
+        return FP4[raw]
+    if not raw.startswith(("fp8", "int")) and raw not in FP4:  # a float dtype of the decoder (roofline.model.dtypes)
         try:
             short = dtype_name(raw)
         except ConfigError:
@@ -158,6 +174,7 @@ class Precision:
     weights: Format | None = None  # None: the activation dtype
     kv: Format | None = None
     lm_head: Format | None = None
+    experts: Format | None = None  # None: the weights' format
 
     def __post_init__(self) -> None:
         act = dtype_name(self.activations)
@@ -165,7 +182,7 @@ class Precision:
         plain = parse_format(act)
         for f in CLASSES:
             if getattr(self, f) is None:
-                object.__setattr__(self, f, plain)
+                object.__setattr__(self, f, self.weights if f == "experts" else plain)
 
     @property
     def act_bytes(self) -> int:
@@ -179,23 +196,37 @@ class Precision:
     @property
     def label(self) -> str:
         parts = [self.activations]
-        parts += [f"{f}={getattr(self, f).name}" for f in CLASSES if getattr(self, f).name != self.activations]
+        parts += [f"{f}={getattr(self, f).name}" for f in CLASSES
+                  if getattr(self, f).name != (self.weights.name if f == "experts" else self.activations)]
         return "+".join(parts)
+
+    @property
+    def quantized(self) -> bool:
+        """Any tensor class in a format other than a plain float."""
+        return not all(getattr(self, f).is_float for f in CLASSES)
 
     def __str__(self) -> str:
         return self.label
 
 
 def precision(dtype="bfloat16", weights: str | None = None, kv: str | None = None, lm_head: str | None = None,
-              native: str = "") -> Precision:
+              native: str = "", experts: str | None = None, native_experts: str = "") -> Precision:
     """A precision from a dtype (or an existing label) and per-class overrides; None keeps what
-    the label says. weights='native': the format the preset or checkpoint is released in."""
+    the label says. weights='native': the format the preset or checkpoint is released in (its experts
+    in `native_experts` where the release quantizes only those, as gpt-oss); experts='native' the
+    release's expert format. New weights without experts= move the experts with them, unless the
+    label gave the experts their own format."""
     base = parse_precision(dtype)
+    own_experts = base.experts.name != base.weights.name
     if weights == "native":
         weights = native or base.activations
+        experts = experts or native_experts or None
+    if experts == "native":
+        experts = native_experts or native or base.activations
     pick = lambda v, cls, cur: cur if v in (None, "") else parse_format(v, cls)  # noqa: E731
-    return Precision(base.activations, pick(weights, "weights", base.weights), pick(kv, "kv", base.kv),
-                     pick(lm_head, "lm_head", base.lm_head))
+    w = pick(weights, "weights", base.weights)
+    e = pick(experts, "experts", base.experts if own_experts else w)
+    return Precision(base.activations, w, pick(kv, "kv", base.kv), pick(lm_head, "lm_head", base.lm_head), e)
 
 
 def parse_precision(p) -> Precision:
@@ -223,20 +254,23 @@ def precision_columns(p) -> dict:
     """The per-class formats of a precision, as row columns."""
     p = parse_precision(p)
     return dict(act_dtype=p.activations, weights_format=p.weights.name, kv_format=p.kv.name,
-                lm_head_format=p.lm_head.name)
+                lm_head_format=p.lm_head.name, experts_format=p.experts.name)
 
 
 def with_overrides(dtypes, weights: str | None = None, kv: str | None = None, lm_head: str | None = None,
-                   native: str = "") -> tuple[str, ...]:
-    """The precision labels of a list of dtypes under the `weights= kv= lm_head=` overrides."""
-    return tuple(precision(d, weights, kv, lm_head, native).label for d in dtypes)
+                   native: str = "", experts: str | None = None, native_experts: str = "") -> tuple[str, ...]:
+    """The precision labels of a list of dtypes under the `weights= kv= lm_head= experts=` overrides."""
+    return tuple(precision(d, weights, kv, lm_head, native, experts, native_experts).label for d in dtypes)
 
 
-def compute_dtype(p) -> str:
-    """The dtype whose datasheet FLOP/s the matmuls run at: fp8 weights multiply on fp8 tensor
-    cores (activations quantised per call); weight-only int8/int4 dequantise to the activations."""
+def compute_dtype(p, cls: str = "weights") -> str:
+    """The dtype whose datasheet FLOP/s the matmuls of a weight class (weights or experts) run at: fp8
+    weights multiply on fp8 tensor cores (activations quantised per call), fp4 on fp4 tensor cores
+    (where a device has none, the what-if falls back to the activations': roofline.parallel.whatif);
+    weight-only int8/int4 dequantise to the activations."""
     p = parse_precision(p)
-    return "float8_e4m3fn" if p.weights.kind == "fp8" else p.activations
+    kind = getattr(p, cls).kind
+    return {"fp8": "float8_e4m3fn", "fp4": "float4_e2m1"}.get(kind, p.activations)
 
 
 QUALITY_NOTE = ("quantization changes the model's outputs: acceptance rates measured in one precision may not "

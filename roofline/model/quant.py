@@ -129,6 +129,9 @@ def quantize(w: torch.Tensor, fmt: Format, act_dtype: torch.dtype = torch.bfloat
     """Round-to-nearest quantisation of a float [N, K] matrix at the format's granularity."""
     w = w.detach().float()
     N, K = w.shape
+    if fmt.kind == "fp4":
+        raise Unsupported(f"weights={fmt.name}: fp4 is priced by the what-if (roofline.parallel.whatif); this code "
+                          "runs no fp4 kernel")
     if fmt.kind == "int8":
         s = (w.abs().amax(1) / 127).clamp(min=1e-12).to(act_dtype)
         q = torch.round(w / s.float()[:, None]).clamp(-128, 127).to(torch.int8)
@@ -416,6 +419,9 @@ def quantize_model(model: nn.Module, prec, device=None, reference: bool = False)
     cfg = model.cfg
     device = device or next(model.parameters()).device
     act = getattr(torch, prec.activations)
+    if prec.experts != prec.weights:
+        raise Unsupported(f"experts={prec.experts.name} beside weights={prec.weights.name}: experts in a format of "
+                          "their own are priced by the what-if, not run (choose weights= for both)")
     for fmt, what in ((prec.weights, "weights"), (prec.lm_head, "lm_head"), (prec.kv, "kv")):
         if fmt.is_float and fmt.name != prec.activations:
             raise Unsupported(f"{what}={fmt.name} with activations {prec.activations}: a float {what} runs in the "

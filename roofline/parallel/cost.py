@@ -120,7 +120,8 @@ def memory_per_rank(cfg: ModelConfig, layout: Layout, dtype: str, batch: int, to
     n, n_moe = _stage_layers(cfg, layout)
     blocks = n + (cfg.mtp_layers if with_mtp else 0)
     seqs = math.ceil(batch / layout.batch_split)
-    kv = seqs * blocks * kv_token_bytes_rank(cfg, layout, prec) * tokens_per_seq  # (per-layer KV scales: bytes, left out)
+    # (per-layer KV scales: bytes, left out); a windowed layer keeps only its window (the engines' hybrid KV pools)
+    kv = seqs * blocks * kv_token_bytes_rank(cfg, layout, prec) * cfg.kv_positions(tokens_per_seq)
 
     def block(moe: bool) -> float:
         fixed, one = rank_block_bytes(cfg, layout, moe, prec)
@@ -205,7 +206,7 @@ def _blocks_cost(cfg, layout, n, n_moe, B, q, L, kv_len, prec: Precision, moe_im
     per_token += n_moe * (cfg.d * cfg.experts + 3 * cfg.d * s.shared_ffn)
     flops_mm = 2 * (Nr * per_token + n_moe * routed_pairs * expert_w)
     d_qk, d_v = (cfg.kv_lora_rank + cfg.qk_rope_dim, cfg.kv_lora_rank) if cfg.is_mla else (cfg.head_dim, cfg.head_dim)
-    attended = q * L + q * (q + 1) // 2
+    attended = cfg.attended_pairs(L, q)  # a windowed layer attends at most its window
     kv = kv_token_bytes_rank(cfg, layout, prec)
     kv_fixed = n * prec.kv.kv_layer_fixed_bytes(b, tensors=1 if cfg.is_mla else 2)  # MLA: one latent cache
     coll = []
@@ -216,7 +217,7 @@ def _blocks_cost(cfg, layout, n, n_moe, B, q, L, kv_len, prec: Precision, moe_im
         coll += [Collective("all_to_all", layout.ep * ID_BYTES, n_moe), Collective("all_to_all", pairs * ID_BYTES, n_moe),
                  Collective("all_to_all", pairs * cfg.d * b, 2 * n_moe)]
     return dict(weight_bytes=(n - n_moe) * dense_b + n_moe * moe_b + expert_b, expert_bytes=expert_b,
-                experts_touched=touched, kv_read_bytes=Br * n * kv * kv_len + kv_fixed,
+                experts_touched=touched, kv_read_bytes=Br * n * kv * cfg.kv_positions(kv_len) + kv_fixed,
                 kv_write_bytes=Br * n * kv * q, flops_matmul=flops_mm,
                 flops_attention=2 * (d_qk + d_v) * s.heads * n * Br * attended, collectives=coll, Nr=Nr,
                 head_rows=s.vocab_head)

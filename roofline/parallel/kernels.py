@@ -205,7 +205,9 @@ def grouped_gemm_seconds(expert_bytes: float, expert_flops: float, tokens_per_ex
     if expert_bytes <= 0:
         return dict(memory=0.0, compute=0.0, seconds=0.0)
     g = kern["grouped_gemm"]
-    own = (g.get("weight_only") or {}).get(fmt_kind)
+    gw = g.get("weight_only") or {}
+    own = gw.get(fmt_kind) or {}
+    own = gw.get(own["like"]) if "like" in own else own  # an entry that borrows another format's kernel curves
     arch = arch_override(kern, device_key).get("grouped_gemm")
     if arch is not None and not own:  # the architecture's own grouped kernel (its bf16 / fp8 experts)
         rows, field = arch["table"], "kernels.arch_overrides.grouped_gemm"

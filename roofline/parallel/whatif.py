@@ -159,21 +159,41 @@ class SpecDecode:
         return tau(acc * self.k if len(acc) == 1 else acc)
 
 
-def _ceilings(device: Datasheet, prec: Precision) -> tuple[float, float, float, float]:
-    mm, attn = compute_dtype(prec.label), activation_dtype(prec.label)
+def native_fp4(device: Datasheet) -> bool:
+    """Whether the device multiplies fp4 on its tensor cores (a datasheet fp4 rate: Blackwell)."""
+    return device.peak_flops("fp4") is not None
+
+
+def matmul_dtype(device: Datasheet, prec: Precision, cls: str = "weights") -> str:
+    """The dtype whose datasheet FLOP/s a weight class's GEMMs run at on this device (formats.compute_dtype;
+    fp4 weights on a device without fp4 tensor cores are dequantised to the activations)."""
+    mm = compute_dtype(prec.label, cls)
+    return prec.activations if mm == "float4_e2m1" and not native_fp4(device) else mm
+
+
+def _ceilings(device: Datasheet, prec: Precision, cls: str = "weights") -> tuple[float, float, float, float]:
+    mm, attn = matmul_dtype(device, prec, cls), activation_dtype(prec.label)
     bw, f, fa, f32 = device.bandwidth_Bps(), device.peak_flops(mm), device.peak_flops(attn), device.peak_flops("float32")
     if bw is None or f is None or fa is None:
         raise ConfigError(f"device={device.key!r}: no datasheet bandwidth or {mm} / {attn} FLOP/s for a what-if")
     return bw, f, fa, f32 or fa / 8
 
 
-def _fmt_kind(fmt) -> str:
-    """The kernel family of a weight format: dense (the activation dtype), int8, int4, fp8 (one scale per
-    tensor or channel) or fp8_block (DeepSeek-style 128 x 128 block scales: its own kernels, kernels.yaml
-    weight_only.fp8_block)."""
+def _fmt_kind(fmt, device: Datasheet) -> str:
+    """The kernel family of a weight format on a device: dense (the activation dtype), int8, int4, fp8 (one
+    scale per tensor or channel), fp8_block (DeepSeek-style 128 x 128 block scales: its own kernels, kernels.yaml
+    weight_only.fp8_block), fp4 (on fp4 tensor cores) or fp4_weight_only (dequantised by a weight-only kernel
+    where the device has no fp4 tensor cores)."""
     if fmt.kind == "float":
         return "dense"
+    if fmt.kind == "fp4":
+        return "fp4" if native_fp4(device) else "fp4_weight_only"
     return "fp8_block" if fmt.kind == "fp8" and fmt.granularity == "block" else fmt.kind
+
+
+def _dequant_ops(fmt, device: Datasheet) -> int:
+    """Element operations per weight a kernel spends dequantising (none for fp4 on fp4 tensor cores)."""
+    return 0 if fmt.kind == "fp4" and native_fp4(device) else fmt.dequant_ops_per_weight()
 
 
 def engine_matrices(mats: list[tuple[str, int, int]], merged: tuple) -> list[tuple[str, int, int]]:
@@ -231,7 +251,8 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     Br = math.ceil(p.B / split)
     Nr = Br * p.q + math.ceil(p.prefill / split)  # tokens through this rank's attention / dense layers
     block_cfg, expert_cfg = _rank_cfgs(cfg, layout)
-    wk, dq = _fmt_kind(prec.weights), prec.weights.dequant_ops_per_weight()
+    wk, dq = _fmt_kind(prec.weights, device), _dequant_ops(prec.weights, device)
+    ek, f_e = _fmt_kind(prec.experts, device), _ceilings(device, prec, "experts")[1]
 
     def gemm(M, N, Kd, nbytes, kind=wk, ops=dq):
         return K.gemm_seconds(M, N, Kd, nbytes, kind, ops, bw, f, f32, device.key, scenario, kern)
@@ -248,9 +269,9 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
             pairs = routed * cfg.experts_per_token / layout.ep
             m_e = pairs / touched if touched else 0.0
             w_e = 3 * cfg.d * s.moe_ffn
-            bw_e = bw * dict(eng.grouped_bw_ratio).get(wk, 1.0)  # an engine's own quantized-expert kernel
+            bw_e = bw * dict(eng.grouped_bw_ratio).get(ek, 1.0)  # an engine's own quantized-expert kernel
             out["experts"] = K.grouped_gemm_seconds(touched * expert_bytes(expert_cfg, prec), 2.0 * pairs * w_e, m_e,
-                                                    2 * s.moe_ffn, bw_e, f, device.key, scenario, kern, wk,
+                                                    2 * s.moe_ffn, bw_e, f_e, device.key, scenario, kern, ek,
                                                     eng.fused_moe)["seconds"]
             out["touched"] = touched
         return out
@@ -260,21 +281,21 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     t_experts = n_moe * (moe_blk["experts"] if moe_blk else 0.0)
     # decode attention (KV traffic and arithmetic overlapped), prefill attention compute-bound
     kv_tok = kv_token_bytes_rank(cfg, layout, prec)
-    kv_bytes = Br * n * kv_tok * (p.L + p.q) + Br * n * kv_tok * p.q
+    kv_bytes = Br * n * kv_tok * cfg.kv_positions(p.L + p.q) + Br * n * kv_tok * p.q  # a windowed layer: its window
     d_qk, d_v = (cfg.kv_lora_rank + cfg.qk_rope_dim, cfg.kv_lora_rank) if cfg.is_mla else (cfg.head_dim, cfg.head_dim)
-    attended = p.q * p.L + p.q * (p.q + 1) // 2
+    attended = cfg.attended_pairs(p.L, p.q)
     attn_flops = 2 * (d_qk + d_v) * s.heads * n * Br * attended
     t_attn = K.attention_seconds(kv_bytes, attn_flops, Br, p.L, bw, fa, scenario, kern, n, eng.attention_bw_fraction)["seconds"]
     pre_r = math.ceil(p.prefill / split)
     if pre_r:
         peak = K.prefill_attention_fraction(scenario, kern, device.key)
-        t_attn += 2 * (d_qk + d_v) * s.heads * n * pre_r * p.prefill_context / (fa * peak)
+        t_attn += 2 * (d_qk + d_v) * s.heads * n * pre_r * cfg.kv_positions(p.prefill_context) / (fa * peak)
         t_attn += n * kv_tok * pre_r / (bw * K.weight_bw_fraction("dense", 1, scenario, kern))  # its cache writes
     # LM head (logits of the decode positions; a prefill chunk's last token is one more row each)
     head_M = Br * p.q
-    hk = _fmt_kind(prec.lm_head) if not cfg.tie_embeddings else "dense"
+    hk = _fmt_kind(prec.lm_head, device) if not cfg.tie_embeddings else "dense"
     t_head = gemm(head_M, s.vocab_head, cfg.d, rank_head_bytes(cfg, layout, prec), hk,
-                  0 if cfg.tie_embeddings else prec.lm_head.dequant_ops_per_weight())["seconds"]
+                  0 if cfg.tie_embeddings else _dequant_ops(prec.lm_head, device))["seconds"]
     if mtp:  # eh_proj (2d -> d, activation dtype)
         t_head += gemm(Nr, cfg.d, 2 * cfg.d, 2 * cfg.d * cfg.d * a, "dense", 0)["seconds"]
     t_launch = launch_seconds(eng, setting, scenario, priors, n, n_moe, block_cfg, device.key, kern)
@@ -306,7 +327,8 @@ def band_categories(cfg: ModelConfig, dtype: str, layout: Layout, B: int, spec: 
     """The categories of a prediction whose measured error band applies (BAND_CATEGORIES): more than one
     sequence at a time, weights or KV not in the activation dtype, tensor parallel, MoE, speculative."""
     prec = parse_precision(dtype)
-    cats = dict(batch=B > 1, quantized=not (prec.weights.is_float and prec.kv.is_float), tp=layout.tp > 1,
+    cats = dict(batch=B > 1, quantized=not (prec.weights.is_float and prec.experts.is_float and prec.kv.is_float),
+                tp=layout.tp > 1,
                 moe=cfg.is_moe, speculative=spec)
     return tuple(c for c in BAND_CATEGORIES if cats[c])
 

@@ -44,6 +44,7 @@ class AcceptanceRequest:
     weights: str | None = internal(None, "the weights key (roofline.commands.FormatKeys)")
     kv: str | None = internal(None, "the kv key (roofline.commands.FormatKeys)")
     lm_head: str | None = internal(None, "the lm_head key (roofline.commands.FormatKeys)")
+    experts: str | None = internal(None, "the experts key (roofline.commands.FormatKeys)")
     device: str = internal("cpu", "the torch device of the `device` group's entry")
     max_prompt: int = option(2048, "prompts longer than this many tokens are skipped (never truncated)")
     seed: int = option(0, "seed of the sampling (temperature > 0)")
@@ -94,7 +95,8 @@ def measure_acceptance(req: AcceptanceRequest) -> dict:
                                                   2, with_mtp=False))
     memory.require(need, req.device, "acceptance (target" + (" + draft model)" if req.drafter == "draft_model" else ")"))
     target = load_checkpoint(req.checkpoint, **kw)
-    prec = precision(req.dtype, req.weights, req.kv, req.lm_head, target.cfg.native_weights)
+    prec = precision(req.dtype, req.weights, req.kv, req.lm_head, target.cfg.native_weights, req.experts,
+                     target.cfg.native_experts)
     if not prec.is_plain:  # outputs, not speed, matter here: formats without a fast kernel run dequantised
         quantize_model(target, prec, req.device, reference=kernel_for(prec.weights, req.device) is None)
     drafter = make_drafter(req.drafter, target, req.draft_checkpoint, kw)
