@@ -130,3 +130,14 @@ def test_card_takes_experts_and_names_a_bad_one(capsys):
     with pytest.raises(ConfigError, match="experts='int3'"):
         card.run(composed("card", "model=gpt-oss-120b", "experts=int3", device_as="datasheet"))
     assert not math.isnan(released["decode_floor_s"])
+
+
+def test_card_places_an_fp4_step_against_the_rate_its_matmuls_run_at(capsys):
+    from roofline.commands import card
+    ridge = {}
+    for dev in ("h100_sxm", "b200"):
+        card.run(composed("card", "model=deepseek-r1", f"device={dev}", "weights=nvfp4", "tp=8", device_as="datasheet"))
+        rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        ridge[dev] = (rec["ridge_dtype"], rec["ridge_flop_per_byte"])
+    assert ridge["h100_sxm"] == ("bfloat16", pytest.approx(989.5e12 / 3350e9))
+    assert ridge["b200"] == ("float4_e2m1", pytest.approx(9000e12 / 7700e9))

@@ -17,12 +17,13 @@ from dataclasses import dataclass
 
 from roofline.io import files
 from roofline.model.accounting import forward_cost, kv_bytes_per_token, param_count, resident_weight_bytes
-from roofline.model.formats import QUALITY_NOTE, compute_dtype, parse_precision, precision_columns
+from roofline.model.formats import QUALITY_NOTE, parse_precision, precision_columns
 from roofline.io.fields import ConfigError, internal, option
 from roofline.model.config import ModelConfig
 from roofline.commands import FormatKeys, LayoutKeys, not_both, priced_weights, served_label
 from roofline.measure.devices import Datasheet, get_datasheet
 from roofline.parallel.engines import check_client, engine_name
+from roofline.parallel.whatif import matmul_dtype
 
 
 # what the `device` entry (roofline/conf/device/) means to this command: the datasheet row priced
@@ -122,7 +123,8 @@ def card_record(req: CardRequest) -> dict:
     if dev is not None and dev.bandwidth_Bps():
         floor = at.bytes_total / dev.bandwidth_Bps()
         rec.update(device=dev.key, device_bw_GBps=dev.mem_bw_GBps, decode_floor_s=floor,
-                   decode_ceiling_tok_s=req.batch / floor, ridge_flop_per_byte=dev.ridge(compute_dtype(dtype)))
+                   decode_ceiling_tok_s=req.batch / floor, ridge_dtype=matmul_dtype(dev, parse_precision(dtype)))
+        rec["ridge_flop_per_byte"] = dev.ridge(rec["ridge_dtype"])
     if dev is not None and dev.mem_bytes:
         rec.update(_fit_on(cfg, dtype, dev, req.batch, max(req.context, 1), req.engine))
     if dev is not None and dev.bandwidth_Bps() and dev.kind == "gpu":
@@ -231,7 +233,7 @@ def render_card(rec: dict) -> str:
         lines += [
             f"on {rec['device']} datasheet ({rec['device_bw_GBps']:.0f} GB/s): floor {1e3 * rec['decode_floor_s']:.3f} ms/step, "
             f"ceiling {rec['decode_ceiling_tok_s']:.0f} tok/s (B={rec['batch']})",
-            f"ridge point    {ridge:.0f} FLOP/B ({compute_dtype(rec['dtype'])} matmuls); this step is "
+            f"ridge point    {ridge:.0f} FLOP/B ({rec['ridge_dtype']} matmuls); this step is "
             f"{'memory' if rec['step_intensity'] < ridge else 'compute'}-bound" if ridge else "ridge point    n/a (no datasheet FLOP/s for this dtype)",
         ]
     if rec.get("smallest_layout"):
