@@ -71,6 +71,9 @@ DEVICE_NAMES = [
     ("NVIDIA H20", "h20"),
     ("NVIDIA B300 SXM6 AC", "b300"),
     ("AMD Instinct MI355X", "mi355x"),
+    ("NVIDIA H800", "h800"),
+    ("NVIDIA H800 80GB HBM3", "h800"),
+    ("NVIDIA A800-SXM4-80GB", "a800_80gb_sxm"),
 ]
 
 
