@@ -104,7 +104,7 @@ def test_the_decoder_runs_a_windowed_model_only_up_to_its_window():
     model = build_model(mini, max_batch=1, max_context=mini.max_context)
     logits = model(torch.zeros(1, 4, dtype=torch.long), 0)
     assert torch.isfinite(logits).all()
-    with pytest.raises(ConfigError, match="sliding window of 16"):
+    with pytest.raises(ConfigError, match="a sliding window of 16"):
         Transformer(mini.scaled(sliding_window=16), max_batch=1, max_context=64)
 
 
@@ -141,3 +141,20 @@ def test_card_places_an_fp4_step_against_the_rate_its_matmuls_run_at(capsys):
         ridge[dev] = (rec["ridge_dtype"], rec["ridge_flop_per_byte"])
     assert ridge["h100_sxm"] == ("bfloat16", pytest.approx(989.5e12 / 3350e9))
     assert ridge["b200"] == ("float4_e2m1", pytest.approx(9000e12 / 7700e9))
+
+
+def test_chunked_attention_attends_the_current_chunk_and_moe_can_interleave():
+    from roofline.model.accounting import moe_layers, param_count
+    mav = get_preset("llama-4-maverick")
+    assert (mav.windowed_layers, moe_layers(mav), mav.has_dense_layers) == (36, 24, True)
+    assert [mav.layer_is_moe(i) for i in range(4)] == [False, True, False, True]
+    assert param_count(mav).total == pytest.approx(400e9, rel=0.01)  # Meta's 400B (its vision encoder aside)
+    c = mav.attention_chunk
+    keys = lambda n: (n - 1) % c + 1  # noqa: E731  the n-th token (1-based) sees its chunk so far
+    for L, q in ((0, 1), (8191, 1), (8192, 1), (10000, 1), (8000, 400), (0, 20000), (16384, 8192)):
+        brute_local = sum(keys(L + i) for i in range(1, q + 1))
+        brute_full = q * L + q * (q + 1) / 2
+        assert mav.attended_pairs(L, q) == pytest.approx((3 * brute_local + brute_full) / 4)
+    assert mav.kv_positions(10000) == pytest.approx(0.75 * keys(10000) + 0.25 * 10000)
+    with pytest.raises(ConfigError, match="one kind of local attention"):
+        mav.scaled(sliding_window=128)

@@ -106,7 +106,7 @@ def decode_gemm_shapes(cfg: ModelConfig) -> list[tuple[str, int, int]]:
         attn = [("qkv_proj", (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim, d),
                 ("o_proj", d, cfg.heads * cfg.head_dim)]
     ffn = []
-    if not cfg.is_moe or cfg.first_dense_layers > 0:
+    if cfg.has_dense_layers:
         ffn += [("ffn_up", cfg.ffn, d), ("ffn_down", d, cfg.ffn)]
     if cfg.is_moe:
         ffn += [("expert_up", cfg.moe_ffn, d), ("expert_down", d, cfg.moe_ffn)]

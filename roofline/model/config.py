@@ -65,6 +65,7 @@ class ModelConfig:
     moe_ffn: int = 0
     shared_experts: int = 0
     first_dense_layers: int = 0  # leading layers with a dense FFN (first_k_dense_replace)
+    moe_every: int = 1  # beyond those, every moe_every-th layer (1-based) is MoE, the rest dense (Llama 4's interleave_moe_layer_step)
     router_scoring: str = "softmax"
     norm_topk: bool = True
     routed_scale: float = 1.0
@@ -79,6 +80,9 @@ class ModelConfig:
     # 2 global_every - 1, ...) attends the whole context; global_every 0 with a window: every layer windowed
     sliding_window: int = 0
     global_every: int = 0
+    # chunked local attention (Llama 4's attention_chunk_size): a windowed layer attends only the tokens of the
+    # current chunk of `attention_chunk` positions (the cache holds those); the layers global_every picks attend all
+    attention_chunk: int = 0
     # the weight format the model is released in (roofline.model.formats name; "" = its float dtype),
     # chosen by `weights=native`; native_experts: its routed experts' own format where the release
     # quantizes only those (gpt-oss: mxfp4 experts, bf16 attention)
@@ -103,7 +107,12 @@ class ModelConfig:
         return self.attention == "mla"
 
     def layer_is_moe(self, i: int) -> bool:
-        return self.is_moe and i >= self.first_dense_layers
+        return self.is_moe and i >= self.first_dense_layers and (i + 1) % self.moe_every == 0
+
+    @property
+    def has_dense_layers(self) -> bool:
+        """Any layer with a dense FFN (a dense model, leading dense layers, or interleaved ones)."""
+        return any(not self.layer_is_moe(i) for i in range(self.layers))
 
     @property
     def rotary_dim(self) -> int:
@@ -120,34 +129,48 @@ class ModelConfig:
         return 2 * self.kv_heads * self.head_dim
 
     @property
+    def local_span(self) -> int:
+        """The most tokens a windowed layer attends: its sliding window or its attention chunk (0: none)."""
+        return self.sliding_window or self.attention_chunk
+
+    @property
     def windowed_layers(self) -> int:
-        """Layers of the main stack that attend a sliding window (0 without one)."""
-        if not self.sliding_window:
+        """Layers of the main stack that attend a sliding window or a chunk (0 without one)."""
+        if not self.local_span:
             return 0
         return self.layers - (self.layers // self.global_every if self.global_every else 0)
 
+    def _local_keys(self, n: float) -> float:
+        """Keys the n-th token (1-based) attends in a windowed layer: min(n, window), or its place in its chunk."""
+        if self.sliding_window:
+            return min(n, self.sliding_window)
+        return (n - 1) % self.attention_chunk + 1 if n >= 1 else n
+
+    def _local_pairs(self, n: float) -> float:
+        """Sum over tokens 1..n of `_local_keys` (n whole or not: a mean length)."""
+        if self.sliding_window:
+            w = self.sliding_window
+            return n * (n + 1) / 2 if n <= w else w * (w + 1) / 2 + (n - w) * w
+        c = self.attention_chunk
+        full, r = divmod(n, c)
+        return full * c * (c + 1) / 2 + r * (r + 1) / 2
+
     def kv_positions(self, L: float) -> float:
         """Cached positions a layer holds and a decode step reads for a sequence of L tokens, as the mean
-        over the main stack's layers: L for a full-attention layer, min(L, window) for a windowed one."""
-        w, share = self.sliding_window, self.windowed_layers / self.layers
-        return L if not share else (1.0 - share) * L + share * min(L, w)
+        over the main stack's layers: L for a full-attention layer, min(L, window) for a sliding-window one,
+        the positions of the current chunk for a chunked one."""
+        share = self.windowed_layers / self.layers
+        return L if not share or L <= 0 else (1.0 - share) * L + share * self._local_keys(L)
 
     def attended_pairs(self, L: float, q: int) -> float:
         """(query, key) pairs q new tokens after L cached ones attend in one layer (causal), as the mean
-        over the layers: q·L + q(q+1)/2 for full attention, sum over i of min(L + i, window) for a windowed one."""
+        over the layers: q·L + q(q+1)/2 for full attention; for a windowed one, the sum over the new tokens
+        of the keys each sees (min(L + i, window), or its place in its chunk)."""
         full = q * L + q * (q + 1) / 2
         share = self.windowed_layers / self.layers
         if not share:
             return full
-        w = self.sliding_window
-        if L + q <= w:
-            win = full
-        elif L >= w:
-            win = q * w
-        else:
-            m = w - L  # new tokens that still see all L + i keys
-            win = m * L + m * (m + 1) / 2 + (q - m) * w
-        return (1.0 - share) * full + share * win
+        return (1.0 - share) * full + share * (self._local_pairs(L + q) - self._local_pairs(L))
 
     # ---- construction ---------------------------------------------------------------
     def validate(self) -> None:
@@ -158,7 +181,7 @@ class ModelConfig:
                 raise ConfigError(f"model.{f}={v!r}: must be a positive integer")
         nonneg = ["ffn", "q_lora_rank", "kv_lora_rank", "qk_nope_dim", "qk_rope_dim", "v_head_dim",
                   "experts", "experts_per_token", "moe_ffn", "shared_experts", "first_dense_layers",
-                  "mtp_layers", "sliding_window", "global_every"]
+                  "mtp_layers", "sliding_window", "global_every", "attention_chunk"]
         for f in nonneg:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -200,11 +223,13 @@ class ModelConfig:
                               f"1..router_groups={self.router_groups}")
         if self.first_dense_layers > self.layers:
             raise ConfigError(f"model.first_dense_layers={self.first_dense_layers}: must be <= layers={self.layers}")
-        if self.global_every and not self.sliding_window:
-            raise ConfigError(f"model.global_every={self.global_every}: needs a sliding_window")
-        if self.global_every > self.layers:
-            raise ConfigError(f"model.global_every={self.global_every}: must be <= layers={self.layers}")
-        if (not self.is_moe or self.first_dense_layers > 0) and self.ffn < 1:
+        if self.sliding_window and self.attention_chunk:
+            raise ConfigError("model.sliding_window and model.attention_chunk: a model has one kind of local attention")
+        if self.global_every and not self.local_span:
+            raise ConfigError(f"model.global_every={self.global_every}: needs a sliding_window or an attention_chunk")
+        if isinstance(self.moe_every, bool) or not isinstance(self.moe_every, int) or self.moe_every < 1:
+            raise ConfigError(f"model.moe_every={self.moe_every!r}: must be a positive integer")
+        if self.has_dense_layers and self.ffn < 1:
             raise ConfigError("model.ffn must be >= 1 for dense layers")
 
     @classmethod

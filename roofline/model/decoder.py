@@ -415,10 +415,11 @@ class Transformer(nn.Module):
             raise ConfigError(f"max_context={max_context}: must be in 1..{cfg.max_context} (model.max_context)")
         if max_batch < 1:
             raise ConfigError(f"max_batch={max_batch}: must be >= 1")
-        if cfg.sliding_window and max_context > cfg.sliding_window:
-            raise ConfigError(f"max_context={max_context}: {cfg.name!r} attends a sliding window of {cfg.sliding_window} "
-                              "tokens in some layers, which this decoder does not run (it attends every cached token): "
-                              "it runs the model up to its window, the what-if prices it at any context")
+        if cfg.local_span and max_context > cfg.local_span:
+            kind = "a sliding window" if cfg.sliding_window else "chunks"
+            raise ConfigError(f"max_context={max_context}: {cfg.name!r} attends {kind} of {cfg.local_span} tokens in some "
+                              "layers, which this decoder does not run (it attends every cached token): it runs the model "
+                              "up to that span, the what-if prices it at any context")
         self.cfg, self.max_batch, self.max_context = cfg, max_batch, max_context
         self.embed = nn.Embedding(cfg.vocab, cfg.d)
         self.layers = nn.ModuleList(

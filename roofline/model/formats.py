@@ -200,11 +200,6 @@ class Precision:
                   if getattr(self, f).name != (self.weights.name if f == "experts" else self.activations)]
         return "+".join(parts)
 
-    @property
-    def quantized(self) -> bool:
-        """Any tensor class in a format other than a plain float."""
-        return not all(getattr(self, f).is_float for f in CLASSES)
-
     def __str__(self) -> str:
         return self.label
 

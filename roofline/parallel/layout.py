@@ -89,7 +89,7 @@ class Layout:
         if not cfg.is_mla and t > 1 and (cfg.kv_heads % t if cfg.kv_heads >= t else t % cfg.kv_heads):
             raise ConfigError(f"layout.tp={self.tp}: must divide model.kv_heads={cfg.kv_heads} or be a multiple "
                               "of it (KV heads split, or replicated when kv_heads < tp)")
-        if (not cfg.is_moe or cfg.first_dense_layers) and cfg.ffn % t:
+        if cfg.has_dense_layers and cfg.ffn % t:
             raise ConfigError(f"layout.tp={self.tp}: must divide model.ffn={cfg.ffn}")
         if cfg.is_moe:
             if cfg.experts % self.ep:
