@@ -502,13 +502,15 @@ def test_a_single_requests_first_token_waits_for_every_chunk_of_its_prompt():
 
 def test_anchors_name_the_offline_client_where_the_benchmark_ran_the_engine_offline():
     """A source whose benchmark drove vLLM through benchmark_throughput.py / benchmark_latency.py says
-    `client: offline` (its rows take the offline batch defaults); the rest run behind the server."""
+    `client: offline` (its rows take the offline batch defaults), and so do the TensorRT-LLM tables of
+    trtllm-bench (whose engine defaults are one for both clients); the rest run behind the server."""
     _, sources, _ = anchors.load()
     offline = sorted(k for k, v in sources.items() if v.get("client") == "offline")
-    assert offline == ["rocm_vllm_devdocker_readme_v0_10_0", "vllm_pr17530_mi300x", "vllm_pr23197_rtn"]
+    assert [k for k in offline if sources[k]["engine"] != "trtllm"] == [
+        "rocm_vllm_devdocker_readme_v0_10_0", "vllm_pr17530_mi300x", "vllm_pr23197_rtn"]
     for k in offline:
-        text = sources[k].get("note", "") + sources[k].get("title", "")
-        assert "benchmark_throughput" in text or "benchmark_latency" in text
+        text = sources[k].get("note", "") + sources[k].get("title", "") + sources[k].get("engine_version", "")
+        assert any(w in text for w in ("benchmark_throughput", "benchmark_latency", "trtllm-bench")), k
 
 
 def test_one_memory_rule_the_engines_kv_pool_for_capacity_the_card_and_a_finite_run():
@@ -875,28 +877,35 @@ def test_the_committed_anchor_results_and_the_docs_are_what_the_code_prices_now(
 def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran, their intervals widened by the
     conformal bands of the calibration anchors no prior cites (each source weighing one): bounds at the level
-    measured when this test was last set (median |error| 8.2%, signed median -2.4%, 89% inside the interval,
-    median half-width 60.9%, 35 anchors priced; quantized 8.2% / -3.3%; TP 6.5% / +3.6%; MoE 13.4% / +5.9%)
-    plus a small margin, so a regression fails. Of the issue's targets (10%, +-5%, 80% inside, half-width
-    <= 25%) the half-width is NOT met: the calibration split's out-of-sample error (15 sources no prior cites:
-    2025 DeepSeek serving runs priced ~45% too fast, 2026 ones too slow at low concurrency) sets bands of 18-44%
-    (TP the widest) beside the priors' own width. The calibration split is held too (227 rows: 15.4%, +6.7%,
-    95% inside, half-width 69.7%)."""
-    s = anchors.summary(_shipped_table())
+    measured when this test was last set plus a small margin, so a regression fails. All 94 test rows: median
+    |error| 22.0%, signed median +17.8% (too fast), 80% inside, median half-width 47.0%; quantized 25.1% / +20.7%;
+    TP 28.1% / +24.0%; MoE 29.2% / +27.5%. The 35 rows held out before 2026-12-06 (sources of dense, int4 / int8,
+    fp8 and MoE deployments of 2023-2025): 8.2% / -2.4%, held apart so that the 59 rows added with the fp4 formats,
+    gpt-oss and Llama 4 (29.2% / +28.5%: docs/planning.md, "Validation") cannot hide a regression on them. Of the
+    issue's targets (10%, +-5%, 80% inside, half-width <= 25%) only the share inside is met on all 94 rows; on
+    the 35, the median and the signed median are met too. The calibration split is held too (275 rows: 14.9%,
+    +4.2%, 91% inside, half-width 58.8%)."""
+    t_all = _shipped_table()
+    s = anchors.summary(t_all)
     t, q, m, c = s["test"]["all"], s["test"]["quantized"], s["test"]["moe"], s["calibration"]["all"]
     tp, sp = s["test"]["tp"], s["test"]["speculative"]
-    assert t["n"] >= 35
-    assert t["median_abs_error_pct"] <= 10.5
-    assert abs(t["signed_median_fast_pct"]) <= 4.0
+    assert t["n"] >= 94
+    assert t["median_abs_error_pct"] <= 23.0
+    assert abs(t["signed_median_fast_pct"]) <= 19.0
     assert t["inside_interval"] >= 0.77
-    assert t["median_half_width_pct"] <= 63.0
-    assert q["median_abs_error_pct"] <= 11.5 and abs(q["signed_median_fast_pct"]) <= 5.0
-    assert tp["median_abs_error_pct"] <= 8.5 and abs(tp["signed_median_fast_pct"]) <= 5.0
-    assert m["median_abs_error_pct"] <= 15.0 and abs(m["signed_median_fast_pct"]) <= 8.0
+    assert t["median_half_width_pct"] <= 49.0
+    assert q["median_abs_error_pct"] <= 26.5 and abs(q["signed_median_fast_pct"]) <= 22.0
+    assert tp["median_abs_error_pct"] <= 29.5 and abs(tp["signed_median_fast_pct"]) <= 25.5
+    assert m["median_abs_error_pct"] <= 30.5 and abs(m["signed_median_fast_pct"]) <= 29.0
     assert sp["n"] == 2 and sp["median_half_width_pct"] >= 10.0
-    assert c["n"] >= 220 and c["median_abs_error_pct"] <= 18.0 and abs(c["signed_median_fast_pct"]) <= 8.0
-    assert c["inside_interval"] >= 0.90
-    assert c["median_half_width_pct"] <= 74.0
+    assert c["n"] >= 270 and c["median_abs_error_pct"] <= 16.0 and abs(c["signed_median_fast_pct"]) <= 6.0
+    assert c["inside_interval"] >= 0.88
+    assert c["median_half_width_pct"] <= 61.0
+    added = ("trtllm_perf_overview_gptoss", "trtllm_perf_fp4_03e27c7", "lmsys_blog_sglang_gptoss_2025_08",
+             "vllm_blog_llama4_2025_04", "trtllm_perf_overview_llama4_maverick", "trtllm_perf_v10_llama4_scout")
+    before = anchors.summary(t_all[~t_all["source"].isin(added)])["test"]["all"]
+    assert before["n"] == 35
+    assert before["median_abs_error_pct"] <= 10.5 and abs(before["signed_median_fast_pct"]) <= 4.0
 
 
 def test_a_speedups_interval_widens_with_its_acceptance_range_and_carries_the_drafts_priors():
