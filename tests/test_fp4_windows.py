@@ -158,3 +158,28 @@ def test_chunked_attention_attends_the_current_chunk_and_moe_can_interleave():
     assert mav.kv_positions(10000) == pytest.approx(0.75 * keys(10000) + 0.25 * 10000)
     with pytest.raises(ConfigError, match="one kind of local attention"):
         mav.scaled(sliding_window=128)
+
+
+def test_each_engine_reads_and_holds_windowed_layers_as_its_profile_says():
+    """engines.yaml local_attention: vLLM V1's hybrid KV manager holds a window / chunk; SGLang's SWA pool 0.8 of
+    the full layers' tokens; TensorRT-LLM reads and holds every token of a chunked (Llama 4) layer in decode."""
+    from roofline.parallel import engines
+    h200 = get_datasheet("h200_sxm")
+    oss = get_preset("gpt-oss-120b")
+    prec = precision("bfloat16", experts="mxfp4").label
+    run = {e: WhatIf(oss, h200, prec, Layout(), Setting(engine=e)).max_running(e, 32768) for e in ("vllm", "sglang")}
+    full = {e: WhatIf(oss.attending_all(), h200, prec, Layout(), Setting(engine=e)).max_running(e, 32768)
+            for e in ("vllm", "sglang")}
+    assert run["vllm"] > 1.8 * full["vllm"]  # the sliding half holds 128 tokens, not 32768
+    assert full["sglang"] < run["sglang"] < 1.3 * full["sglang"]  # 0.8 of the tokens: ~10% more sequences
+    mav = get_preset("llama-4-maverick")
+    fp8 = precision("bfloat16", weights="fp8").label
+    att = {(e, windowed): WhatIf(c, h200, fp8, Layout(tp=8), Setting(engine=e)).pass_detail(
+        Pass(64, 1, 30000), 1, e)["terms"]["attention"]
+        for e in ("vllm", "trtllm") for windowed, c in ((True, mav), (False, mav.attending_all()))}
+    assert att[("trtllm", True)] == att[("trtllm", False)]  # TensorRT-LLM's decode: every cached token
+    assert att[("vllm", True)] < 0.5 * att[("vllm", False)]  # vLLM's: the current chunk in 3 layers of 4
+    with pytest.raises(ConfigError, match="local_attention"):
+        engines.local_attention({"local_attention": {"reads": ["window"]}}, "engines.x")
+    with pytest.raises(ConfigError, match="pool.sliding"):
+        engines.local_attention({"local_attention": {"pool": {"sliding": 2}}}, "engines.x")

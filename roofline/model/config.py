@@ -134,6 +134,15 @@ class ModelConfig:
         return self.sliding_window or self.attention_chunk
 
     @property
+    def local_kind(self) -> str | None:
+        """'sliding' (a sliding window), 'chunked' (an attention chunk) or None (every layer attends all)."""
+        return "sliding" if self.sliding_window else "chunked" if self.attention_chunk else None
+
+    def attending_all(self) -> "ModelConfig":
+        """This model as an engine runs it when it reads (or holds) every cached token of its windowed layers."""
+        return self.scaled(sliding_window=0, attention_chunk=0, global_every=0) if self.local_kind else self
+
+    @property
     def windowed_layers(self) -> int:
         """Layers of the main stack that attend a sliding window or a chunk (0 without one)."""
         if not self.local_span:
@@ -161,6 +170,15 @@ class ModelConfig:
         the positions of the current chunk for a chunked one."""
         share = self.windowed_layers / self.layers
         return L if not share or L <= 0 else (1.0 - share) * L + share * self._local_keys(L)
+
+    def pool_positions(self, L: float, rule="window") -> float:
+        """Positions an engine's KV pool holds per layer (the layers' mean) for a sequence of L tokens, by its rule for
+        windowed layers (engines.yaml local_attention.pool): the window or chunk (window), every token (full), or a
+        fraction of the tokens (SGLang's swa_full_tokens_ratio)."""
+        if not self.local_kind or rule == "window":
+            return self.kv_positions(L)
+        share = self.windowed_layers / self.layers
+        return L if rule == "full" else (1.0 - share) * L + share * float(rule) * L
 
     def attended_pairs(self, L: float, q: int) -> float:
         """(query, key) pairs q new tokens after L cached ones attend in one layer (causal), as the mean

@@ -111,17 +111,18 @@ def kv_token_bytes_rank(cfg: ModelConfig, layout: Layout, prec: Precision) -> in
 
 
 def memory_per_rank(cfg: ModelConfig, layout: Layout, dtype: str, batch: int, tokens_per_seq: int,
-                    with_mtp: bool = False) -> tuple[float, float]:
+                    with_mtp: bool = False, pool_rule="window") -> tuple[float, float]:
     """(weight bytes, KV-cache bytes) resident on one rank for `batch` sequences of `tokens_per_seq`.
     `dtype` may be a precision label (roofline.model.formats): each shard in its format, scales
-    and zero points included; embedding, norms and MTP's eh_proj in the activation dtype."""
+    and zero points included; embedding, norms and MTP's eh_proj in the activation dtype. pool_rule: what the
+    engine's pool holds for windowed layers (ModelConfig.pool_positions)."""
     prec = parse_precision(dtype)
     a, s = prec.act_bytes, local_shapes(cfg, layout)
     n, n_moe = _stage_layers(cfg, layout)
     blocks = n + (cfg.mtp_layers if with_mtp else 0)
     seqs = math.ceil(batch / layout.batch_split)
-    # (per-layer KV scales: bytes, left out); a windowed layer keeps only its window (the engines' hybrid KV pools)
-    kv = seqs * blocks * kv_token_bytes_rank(cfg, layout, prec) * cfg.kv_positions(tokens_per_seq)
+    # (per-layer KV scales: bytes, left out); a windowed layer as the engine's pool holds it (window, full, a share)
+    kv = seqs * blocks * kv_token_bytes_rank(cfg, layout, prec) * cfg.pool_positions(tokens_per_seq, pool_rule)
 
     def block(moe: bool) -> float:
         fixed, one = rank_block_bytes(cfg, layout, moe, prec)

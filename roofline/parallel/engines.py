@@ -38,6 +38,9 @@ def load_engines(path: str = str(ENGINES_PATH)) -> dict:
     return doc.get("engines", doc)
 
 
+LOCAL_KINDS = ("sliding", "chunked")  # ModelConfig.local_kind: a sliding window or an attention chunk
+
+
 @dataclass(frozen=True)
 class Engine:
     """One engine profile at one scenario index (0 optimistic, 1 typical, 2 pessimistic)."""
@@ -59,6 +62,25 @@ class Engine:
     merged: tuple = ()  # linears it runs as one GEMM (engines.yaml merged_gemms: "gate_up", "qkv_a")
     prefill_chunk_tiers: tuple = ()  # engines.yaml prefill_chunk_tokens: its default tokens per step, by device (tiers)
     max_running_tiers: tuple = ()  # engines.yaml max_running_seqs: its default cap on running sequences, by device
+    local_reads: tuple = LOCAL_KINDS  # engines.yaml local_attention.reads: windowed kinds whose decode reads the window only
+    local_pool: tuple = ()  # ((kind, "window" | "full" | fraction), ...): what its KV pool holds for windowed layers
+
+
+def local_attention(e: dict, where: str) -> tuple[tuple, tuple]:
+    """engines.yaml local_attention of a profile: (kinds read windowed, ((kind, pool rule), ...)); absent: both
+    kinds read windowed (the model's math), every pool full."""
+    la = e.get("local_attention")
+    if la is None:
+        return LOCAL_KINDS, ()
+    reads = tuple(la.get("reads") or ())
+    pool = la.get("pool") or {}
+    bad = [k for k in (*reads, *pool) if k not in LOCAL_KINDS]
+    if bad:
+        raise ConfigError(f"{where}.local_attention: {bad!r}: allowed kinds {list(LOCAL_KINDS)}")
+    for k, v in pool.items():
+        if v not in ("window", "full") and not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1):
+            raise ConfigError(f"{where}.local_attention.pool.{k}={v!r}: allowed window | full | a fraction in (0, 1]")
+    return reads, tuple(pool.items())
 
 
 CLIENTS = ("server", "offline")  # how a run reaches the engine: its HTTP server, or its offline (LLM class) entry point
@@ -145,7 +167,8 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
                                              for fmt, v in (e.get("grouped_weight_only") or {}).items()),
                       kv_pool_fraction=float(pool["fraction"]) if pool else None, kv_pool_of=pool.get("of", "total"),
                       merged=merged_gemms(e, f), prefill_chunk_tiers=device_tiers(e, "prefill_chunk_tokens", f),
-                      max_running_tiers=device_tiers(e, "max_running_seqs", f))
+                      max_running_tiers=device_tiers(e, "max_running_seqs", f),
+                      local_reads=local_attention(e, f)[0], local_pool=local_attention(e, f)[1])
     except KeyError as err:
         raise ConfigError(f"{f}: missing key {err.args[0]!r}") from None
 

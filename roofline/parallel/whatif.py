@@ -281,15 +281,16 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     t_experts = n_moe * (moe_blk["experts"] if moe_blk else 0.0)
     # decode attention (KV traffic and arithmetic overlapped), prefill attention compute-bound
     kv_tok = kv_token_bytes_rank(cfg, layout, prec)
-    kv_bytes = Br * n * kv_tok * cfg.kv_positions(p.L + p.q) + Br * n * kv_tok * p.q  # a windowed layer: its window
+    seen = cfg if cfg.local_kind in eng.local_reads else cfg.attending_all()  # what the engine's decode reads
+    kv_bytes = Br * n * kv_tok * seen.kv_positions(p.L + p.q) + Br * n * kv_tok * p.q  # a windowed layer: its window
     d_qk, d_v = (cfg.kv_lora_rank + cfg.qk_rope_dim, cfg.kv_lora_rank) if cfg.is_mla else (cfg.head_dim, cfg.head_dim)
-    attended = cfg.attended_pairs(p.L, p.q)
+    attended = seen.attended_pairs(p.L, p.q)
     attn_flops = 2 * (d_qk + d_v) * s.heads * n * Br * attended
     t_attn = K.attention_seconds(kv_bytes, attn_flops, Br, p.L, bw, fa, scenario, kern, n, eng.attention_bw_fraction)["seconds"]
     pre_r = math.ceil(p.prefill / split)
     if pre_r:
         peak = K.prefill_attention_fraction(scenario, kern, device.key)
-        t_attn += 2 * (d_qk + d_v) * s.heads * n * pre_r * cfg.kv_positions(p.prefill_context) / (fa * peak)
+        t_attn += 2 * (d_qk + d_v) * s.heads * n * pre_r * seen.kv_positions(p.prefill_context) / (fa * peak)
         t_attn += n * kv_tok * pre_r / (bw * K.weight_bw_fraction("dense", 1, scenario, kern))  # its cache writes
     # LM head (logits of the decode positions; a prefill chunk's last token is one more row each)
     head_M = Br * p.q
@@ -450,7 +451,7 @@ class WhatIf:
         if eng.kv_pool_fraction is None or not mem:
             return None
         split = self.layout.batch_split
-        w, kv = memory_per_rank(self.cfg, self.layout, self.dtype, split, tokens_per_seq)
+        w, kv = memory_per_rank(self.cfg, self.layout, self.dtype, split, tokens_per_seq, pool_rule=pool_rule(self.cfg, eng))
         return max(0, int(kv_pool_bytes(eng, mem, w) // kv) * split) if kv > 0 else None
 
     def band(self, B: int, spec: bool = False) -> float:
@@ -653,6 +654,12 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     return res
 
 
+def pool_rule(cfg: ModelConfig, eng):
+    """What an engine's KV pool holds for the model's windowed layers (engines.yaml local_attention.pool: window, full
+    or a fraction; not stated: full); 'window' for a model without such layers (nothing to choose)."""
+    return dict(eng.local_pool).get(cfg.local_kind, "full") if cfg.local_kind else "window"
+
+
 def kv_pool_bytes(eng, mem_bytes: float, weight_bytes: float) -> float:
     """The bytes an engine's paged KV pool gets on one device (engines.yaml kv_pool): its share of the memory
     for weights + KV less the weights (of: total), or its share of what the weights leave free (of: free)."""
@@ -673,16 +680,24 @@ def memory_check(cfg: ModelConfig, device: Datasheet, dtype: str, layout: Layout
     mem_bytes = mem_bytes or device.usable_mem_bytes()
     if not mem_bytes:
         raise ConfigError(f"device={device.key!r}: no datasheet memory size (give memory_gb)")
-    w, kv = memory_per_rank(cfg, layout, dtype, batch, tokens_per_seq, with_mtp)
-    if draft is not None:  # a draft model replicated on every rank (vLLM runs it at tp = 1 of the target's tp)
-        dw, dkv = memory_per_rank(draft, Layout(), dtype, math.ceil(batch / layout.batch_split), tokens_per_seq)
-        w, kv = w + dw, kv + dkv
+    def held(eng=None) -> tuple[float, float]:  # (weights, KV) per rank, windowed layers as `eng`'s pool holds them
+        rule = pool_rule(cfg, eng) if eng is not None else "window"
+        w, kv = memory_per_rank(cfg, layout, dtype, batch, tokens_per_seq, with_mtp, rule)
+        if draft is not None:  # a draft model replicated on every rank (vLLM runs it at tp = 1 of the target's tp)
+            dw, dkv = memory_per_rank(draft, Layout(), dtype, math.ceil(batch / layout.batch_split), tokens_per_seq,
+                                      pool_rule=pool_rule(draft, eng) if eng is not None else "window")
+            w, kv = w + dw, kv + dkv
+        return w, kv
+
+    named = engines_mod.profile(setting.engine, 1, setting.engines_path()) if setting is not None and setting.engine else None
+    w, kv = held(named)
     rules = {}
     for name in (setting.engine_names() if setting is not None else []):
         eng = engines_mod.profile(name, 1, setting.engines_path())
         if eng.kv_pool_fraction is not None:
             of = "the memory" if eng.kv_pool_of == "total" else "what the weights leave free"
-            rules[f"{name}'s KV pool, {eng.kv_pool_fraction:g} of {of}"] = kv <= kv_pool_bytes(eng, mem_bytes, w)
+            _, kv_e = held(eng)
+            rules[f"{name}'s KV pool, {eng.kv_pool_fraction:g} of {of}"] = kv_e <= kv_pool_bytes(eng, mem_bytes, w)
     if not rules or (setting is not None and setting.engine is None and len(rules) < len(setting.engine_names())):
         rules[f"{headroom:g} of the memory"] = w + kv <= headroom * mem_bytes
     rule = ("every engine profile's KV pool" if setting is not None and setting.engine is None
