@@ -112,6 +112,7 @@ def card_record(req: CardRequest) -> dict:
         rel_diff_total=rel_diff(pc.total, cfg.published_params_total),
         rel_diff_active=rel_diff(pc.active, cfg.published_params_active),
         weight_bytes=step.weight_bytes, kv_bytes_per_token=kv_bytes_per_token(cfg, dtype),
+        local_kind=cfg.local_kind, local_span=cfg.local_span or None, windowed_layers=cfg.windowed_layers,
         **precision_columns(dtype), native_weights=cfg.native_weights or None,
         resident_weight_bytes=resident_weight_bytes(cfg, dtype, with_mtp=False),
         resident_weight_bytes_with_mtp=resident_weight_bytes(cfg, dtype, with_mtp=True),
@@ -224,7 +225,9 @@ def render_card(rec: dict) -> str:
         f"weights held   {_si(rec['resident_weight_bytes'], 'B')} (main model, embedding included; "
         f"{_si(rec['resident_weight_bytes_with_mtp'], 'B')} with MTP), scales and zero points included"
         + (f"; released as {rec['native_weights']}" if rec['native_weights'] else ""),
-        f"KV cache       {_si(rec['kv_bytes_per_token'], 'B')} per token (all layers)",
+        f"KV cache       {_si(rec['kv_bytes_per_token'], 'B')} per token (all layers)"
+        + (f"; {rec['windowed_layers']} of them attend only {rec['local_span']} tokens ({rec['local_kind']})"
+           if rec.get("local_kind") else ""),
         f"decode step at B={rec['batch']}, L={rec['context']}: {_si(rec['step_bytes'], 'B')} moved, "
         f"{_si(rec['step_flops'], 'FLOP')}, intensity {rec['step_intensity']:.2f} FLOP/B",
     ]
