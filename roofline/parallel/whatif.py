@@ -680,6 +680,7 @@ def memory_check(cfg: ModelConfig, device: Datasheet, dtype: str, layout: Layout
     mem_bytes = mem_bytes or device.usable_mem_bytes()
     if not mem_bytes:
         raise ConfigError(f"device={device.key!r}: no datasheet memory size (give memory_gb)")
+
     def held(eng=None) -> tuple[float, float]:  # (weights, KV) per rank, windowed layers as `eng`'s pool holds them
         rule = pool_rule(cfg, eng) if eng is not None else "window"
         w, kv = memory_per_rank(cfg, layout, dtype, batch, tokens_per_seq, with_mtp, rule)
