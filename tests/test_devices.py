@@ -74,6 +74,7 @@ DEVICE_NAMES = [
     ("NVIDIA H800", "h800"),
     ("NVIDIA H800 80GB HBM3", "h800"),
     ("NVIDIA A800-SXM4-80GB", "a800_80gb_sxm"),
+    ("NVIDIA GB200", "gb200"),
 ]
 
 
