@@ -183,3 +183,16 @@ def test_each_engine_reads_and_holds_windowed_layers_as_its_profile_says():
         engines.local_attention({"local_attention": {"reads": ["window"]}}, "engines.x")
     with pytest.raises(ConfigError, match="pool.sliding"):
         engines.local_attention({"local_attention": {"pool": {"sliding": 2}}}, "engines.x")
+
+
+def test_fp8_on_a_part_without_fp8_tensor_cores_is_weight_only_as_vllms_fp8_marlin():
+    """An A100 has no fp8 rate: fp8 weights are dequantised to bf16 (W8A16, vLLM's FP8 Marlin), priced as the 8-bit
+    weight-only kernel, not refused; on an H100 they multiply on fp8 tensor cores."""
+    a100, h100 = get_datasheet("a100_80gb_sxm"), get_datasheet("h100_sxm")
+    f8 = parse_precision("bfloat16+weights=fp8_e4m3")
+    assert (_fmt_kind(f8.weights, a100), matmul_dtype(a100, f8)) == ("fp8_weight_only", "bfloat16")
+    assert (_fmt_kind(f8.weights, h100), matmul_dtype(h100, f8)) == ("fp8", "float8_e4m3fn")
+    cfg = get_preset("llama-3.1-8b")
+    step = {w: WhatIf(cfg, a100, precision("bfloat16", weights=w).label, Layout(), Setting(engine="vllm"))
+            .pass_detail(Pass(1, 1, 1024), 1, "vllm")["seconds"] for w in ("fp8", "int8", "bf16")}
+    assert step["fp8"] == pytest.approx(step["int8"], rel=0.01) and step["fp8"] < 0.8 * step["bf16"]

@@ -159,16 +159,19 @@ class SpecDecode:
         return tau(acc * self.k if len(acc) == 1 else acc)
 
 
-def native_fp4(device: Datasheet) -> bool:
-    """Whether the device multiplies fp4 on its tensor cores (a datasheet fp4 rate: Blackwell)."""
-    return device.peak_flops("fp4") is not None
+def native_rate(device: Datasheet, kind: str) -> bool:
+    """Whether the device multiplies a low-precision kind (fp8, fp4) on its tensor cores: a datasheet rate for it
+    (fp8: Hopper, Ada, Blackwell, CDNA3; fp4: Blackwell). Without one, an engine dequantises the weights to the
+    activations in a weight-only kernel (vLLM's FP8 Marlin on Ampere: W8A16)."""
+    return device.peak_flops(kind) is not None
 
 
 def matmul_dtype(device: Datasheet, prec: Precision, cls: str = "weights") -> str:
     """The dtype whose datasheet FLOP/s a weight class's GEMMs run at on this device (formats.compute_dtype;
-    fp4 weights on a device without fp4 tensor cores are dequantised to the activations)."""
+    fp8 / fp4 weights on a device without such tensor cores are dequantised to the activations)."""
     mm = compute_dtype(prec.label, cls)
-    return prec.activations if mm == "float4_e2m1" and not native_fp4(device) else mm
+    kind = {"float8_e4m3fn": "fp8", "float4_e2m1": "fp4"}.get(mm)
+    return prec.activations if kind and not native_rate(device, kind) else mm
 
 
 def _ceilings(device: Datasheet, prec: Precision, cls: str = "weights") -> tuple[float, float, float, float]:
@@ -182,18 +185,21 @@ def _ceilings(device: Datasheet, prec: Precision, cls: str = "weights") -> tuple
 def _fmt_kind(fmt, device: Datasheet) -> str:
     """The kernel family of a weight format on a device: dense (the activation dtype), int8, int4, fp8 (one
     scale per tensor or channel), fp8_block (DeepSeek-style 128 x 128 block scales: its own kernels, kernels.yaml
-    weight_only.fp8_block), fp4 (on fp4 tensor cores) or fp4_weight_only (dequantised by a weight-only kernel
-    where the device has no fp4 tensor cores)."""
+    weight_only.fp8_block), fp4 (on fp4 tensor cores), or fp8_weight_only / fp4_weight_only (dequantised by a
+    weight-only kernel where the device has no such tensor cores)."""
     if fmt.kind == "float":
         return "dense"
-    if fmt.kind == "fp4":
-        return "fp4" if native_fp4(device) else "fp4_weight_only"
+    if fmt.kind in ("fp8", "fp4") and not native_rate(device, fmt.kind):
+        return f"{fmt.kind}_weight_only"
     return "fp8_block" if fmt.kind == "fp8" and fmt.granularity == "block" else fmt.kind
 
 
 def _dequant_ops(fmt, device: Datasheet) -> int:
-    """Element operations per weight a kernel spends dequantising (none for fp4 on fp4 tensor cores)."""
-    return 0 if fmt.kind == "fp4" and native_fp4(device) else fmt.dequant_ops_per_weight()
+    """Element operations per weight a kernel spends dequantising: none for fp8 / fp4 on their tensor cores; a
+    weight-only fp8 kernel converts each weight once (as int8), fp4 looks up its code and scale."""
+    if fmt.kind in ("fp8", "fp4"):
+        return 0 if native_rate(device, fmt.kind) else max(1, fmt.dequant_ops_per_weight())
+    return fmt.dequant_ops_per_weight()
 
 
 def engine_matrices(mats: list[tuple[str, int, int]], merged: tuple) -> list[tuple[str, int, int]]:
