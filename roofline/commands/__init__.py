@@ -10,7 +10,7 @@ Below this floor the library only computes; roofline/cli/ above it only composes
 (Hydra) and turns errors into exit statuses (docs/design.md, "Floors").
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from roofline.io.fields import ConfigError, option
 from roofline.model.formats import with_overrides
@@ -27,6 +27,9 @@ class FormatKeys:
     lm_head: str | None = option(None, "LM head format (default: the activation dtype)")
     experts: str | None = option(None, "routed experts' format (MoE): mxfp4 | nvfp4 | int4_g128 | fp8 | ... | native; "
                                        "default: the weights' (weights=native: the release's, gpt-oss's mxfp4)")
+
+
+FORMAT_KEYS = tuple(f.name for f in fields(FormatKeys))
 
 
 @dataclass(frozen=True)
@@ -48,12 +51,16 @@ def priced_weights(c) -> str | None:
     return None if c.get("fit") else "native"
 
 
-def served_label(dtype: str, c: dict, model, weights: str | None) -> str:
+def served_label(dtype: str, c: dict, model, weights: str | None, pop: bool = False) -> str:
     """The precision label of `dtype` under the command's format keys (`weights` as the command resolves it;
-    kv, lm_head, experts from c) and the model's release formats (weights=native)."""
+    kv, lm_head, experts from c) and the model's release formats (weights=native); pop=True removes the
+    FormatKeys from c (a request that takes the label alone)."""
     native = model.native_weights if model is not None else ""
     native_experts = model.native_experts if model is not None else ""
-    return with_overrides([dtype], weights, c.get("kv"), c.get("lm_head"), native, c.get("experts"), native_experts)[0]
+    label = with_overrides([dtype], weights, c.get("kv"), c.get("lm_head"), native, c.get("experts"), native_experts)[0]
+    for k in (FORMAT_KEYS if pop else ()):
+        c.pop(k, None)
+    return label
 
 
 REGRESSION = 3  # asked to fail (compare fail_above=, specdec fail_on_mismatch=true) and it did: a CI verdict

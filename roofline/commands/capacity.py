@@ -112,9 +112,7 @@ def request_from_config(c: dict) -> CapacityRequest:
     spec = Speculation(alpha, k, DraftCost(drafter, get_preset(draft) if draft else None)) \
         if c.pop("speculative") else None
     model = ModelConfig.from_dict(c["model"])
-    c["dtype"] = served_label(c["dtype"], c, model, priced_weights(c))
-    for k in ("weights", "kv", "lm_head", "experts"):
-        c.pop(k, None)
+    c["dtype"] = served_label(c["dtype"], c, model, priced_weights(c), pop=True)
     return from_dict(CapacityRequest, c, "capacity", lists_to_tuples=True, model=model, work=work, speculation=spec)
 
 

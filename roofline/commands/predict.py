@@ -174,9 +174,7 @@ def predict_command(c: Mapping) -> tuple[str, dict]:
         return pd.DataFrame(rows).round(3).to_string(index=False) + (f"\nwarning: {unfit}" if unfit else ""), summary
     fitcheck.check_drafter(c.get("drafter"), c.get("draft_model"))
     draft = get_preset(c.pop("draft_model")) if c.get("draft_model") else None
-    c["dtype"] = served_label(c["dtype"], c, model, c.get("weights"))  # weights=native needs the target: model=
-    for k in ("weights", "kv", "lm_head", "experts"):
-        c.pop(k, None)
+    c["dtype"] = served_label(c["dtype"], c, model, c.get("weights"), pop=True)  # weights=native needs the target: model=
     best, summary = predict(from_dict(PredictRequest, c, "predict", lists_to_tuples=True, model=model, draft_model=draft))
     return "\n".join([best.round(3).to_string(index=False)] + [f"warning: {w}" for w in summary["warnings"]]), summary
 

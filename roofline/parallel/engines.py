@@ -136,6 +136,7 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
     e = engines[name]
     f = f"engines.{name}"
     try:
+        local_reads, local_pool = local_attention(e, f)
         ar = {link: pick(v["latency_us"], scenario, f"{f}.allreduce.{link}.latency_us") * 1e-6
               for link, v in (e.get("allreduce") or {}).items()
               if isinstance(v, dict) and isinstance(v.get("latency_us"), (list, dict)) and not link.endswith("_large")}
@@ -168,7 +169,7 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
                       kv_pool_fraction=float(pool["fraction"]) if pool else None, kv_pool_of=pool.get("of", "total"),
                       merged=merged_gemms(e, f), prefill_chunk_tiers=device_tiers(e, "prefill_chunk_tokens", f),
                       max_running_tiers=device_tiers(e, "max_running_seqs", f),
-                      local_reads=local_attention(e, f)[0], local_pool=local_attention(e, f)[1])
+                      local_reads=local_reads, local_pool=local_pool)
     except KeyError as err:
         raise ConfigError(f"{f}: missing key {err.args[0]!r}") from None
 

@@ -170,8 +170,7 @@ def matmul_dtype(device: Datasheet, prec: Precision, cls: str = "weights") -> st
     """The dtype whose datasheet FLOP/s a weight class's GEMMs run at on this device (formats.compute_dtype;
     fp8 / fp4 weights on a device without such tensor cores are dequantised to the activations)."""
     mm = compute_dtype(prec.label, cls)
-    kind = {"float8_e4m3fn": "fp8", "float4_e2m1": "fp4"}.get(mm)
-    return prec.activations if kind and not native_rate(device, kind) else mm
+    return mm if device.peak_flops(mm) is not None else prec.activations
 
 
 def _ceilings(device: Datasheet, prec: Precision, cls: str = "weights") -> tuple[float, float, float, float]:
@@ -660,10 +659,10 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     return res
 
 
-def pool_rule(cfg: ModelConfig, eng):
+def pool_rule(cfg: ModelConfig, eng=None):
     """What an engine's KV pool holds for the model's windowed layers (engines.yaml local_attention.pool: window, full
-    or a fraction; not stated: full); 'window' for a model without such layers (nothing to choose)."""
-    return dict(eng.local_pool).get(cfg.local_kind, "full") if cfg.local_kind else "window"
+    or a fraction; not stated: full); 'window' for a model without such layers or without an engine named."""
+    return dict(eng.local_pool).get(cfg.local_kind, "full") if cfg.local_kind and eng is not None else "window"
 
 
 def kv_pool_bytes(eng, mem_bytes: float, weight_bytes: float) -> float:
@@ -687,14 +686,17 @@ def memory_check(cfg: ModelConfig, device: Datasheet, dtype: str, layout: Layout
     if not mem_bytes:
         raise ConfigError(f"device={device.key!r}: no datasheet memory size (give memory_gb)")
 
-    def held(eng=None) -> tuple[float, float]:  # (weights, KV) per rank, windowed layers as `eng`'s pool holds them
-        rule = pool_rule(cfg, eng) if eng is not None else "window"
+    @lru_cache(maxsize=None)
+    def held_by(rule: str, draft_rule: str) -> tuple[float, float]:  # (weights, KV) per rank, pools by their rules
         w, kv = memory_per_rank(cfg, layout, dtype, batch, tokens_per_seq, with_mtp, rule)
         if draft is not None:  # a draft model replicated on every rank (vLLM runs it at tp = 1 of the target's tp)
             dw, dkv = memory_per_rank(draft, Layout(), dtype, math.ceil(batch / layout.batch_split), tokens_per_seq,
-                                      pool_rule=pool_rule(draft, eng) if eng is not None else "window")
+                                      pool_rule=draft_rule)
             w, kv = w + dw, kv + dkv
         return w, kv
+
+    def held(eng=None) -> tuple[float, float]:  # windowed layers as `eng`'s pool holds them (priced once per rule)
+        return held_by(pool_rule(cfg, eng), pool_rule(draft, eng) if draft is not None else "window")
 
     named = engines_mod.profile(setting.engine, 1, setting.engines_path()) if setting is not None and setting.engine else None
     w, kv = held(named)
