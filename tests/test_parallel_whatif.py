@@ -878,13 +878,14 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran, their intervals widened by the
     conformal bands of the calibration anchors no prior cites (each source weighing one): bounds at the level
     measured when this test was last set plus a small margin, so a regression fails. All 94 test rows: median
-    |error| 21.5%, signed median +15.7% (too fast), 81% inside, median half-width 47.0%; quantized 27.3% / +16.8%;
-    TP 28.7% / +17.1%; MoE 29.0% / +21.2%. The 35 rows held out before 2026-12-06 (sources of dense, int4 / int8,
+    |error| 22.7%, signed median +11.8% (too fast), 83% inside, median half-width 47.0%; quantized 27.9% / +12.5%;
+    TP 29.6% / +17.1%; MoE 29.6% / +20.5%. The 35 rows held out before 2026-12-06 (sources of dense, int4 / int8,
     fp8 and MoE deployments of 2023-2025): 8.2% / -2.4%, held apart so that the 59 rows added with the fp4 formats,
-    gpt-oss and Llama 4 (29.0% / +21.3%: docs/planning.md, "Validation") cannot hide a regression on them. Of the
+    gpt-oss and Llama 4 (29.6% / +20.7%: docs/planning.md, "Validation") cannot hide a regression on them. Of the
     issue's targets (10%, +-5%, 80% inside, half-width <= 25%) only the share inside is met on all 94 rows; on
-    the 35, the median and the signed median are met too. The calibration split is held too (275 rows: 14.9%,
-    +4.2%, 91% inside, half-width 58.8%)."""
+    the 35, the median and the signed median are met too. The calibration split is held too (275 rows: 18.0%,
+    +3.8%, 91% inside, half-width 59.2%; 14.9% before the fp4 GEMMs' call floor, which moved its one fp4 source,
+    DeepSeek-R1 FP4 on B300, from -4.7% to -18.6%: docs/planning.md)."""
     t_all = _shipped_table()
     s = anchors.summary(t_all)
     t, q, m, c = s["test"]["all"], s["test"]["quantized"], s["test"]["moe"], s["calibration"]["all"]
@@ -895,10 +896,10 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     assert t["inside_interval"] >= 0.77
     assert t["median_half_width_pct"] <= 49.0
     assert q["median_abs_error_pct"] <= 28.5 and abs(q["signed_median_fast_pct"]) <= 22.0
-    assert tp["median_abs_error_pct"] <= 29.5 and abs(tp["signed_median_fast_pct"]) <= 25.5
+    assert tp["median_abs_error_pct"] <= 30.5 and abs(tp["signed_median_fast_pct"]) <= 25.5
     assert m["median_abs_error_pct"] <= 30.5 and abs(m["signed_median_fast_pct"]) <= 29.0
     assert sp["n"] == 2 and sp["median_half_width_pct"] >= 10.0
-    assert c["n"] >= 270 and c["median_abs_error_pct"] <= 16.0 and abs(c["signed_median_fast_pct"]) <= 6.0
+    assert c["n"] >= 270 and c["median_abs_error_pct"] <= 19.0 and abs(c["signed_median_fast_pct"]) <= 6.0
     assert c["inside_interval"] >= 0.88
     assert c["median_half_width_pct"] <= 61.0
     added = ("trtllm_perf_overview_gptoss", "trtllm_perf_fp4_03e27c7", "lmsys_blog_sglang_gptoss_2025_08",
