@@ -491,13 +491,20 @@ def test_a_finite_run_prefills_in_the_engines_own_default_chunks_and_caps_its_ru
 def test_a_single_requests_first_token_waits_for_every_chunk_of_its_prompt():
     """The median request's TTFT is the ramp steps that complete ITS prompt (the ceil(C/2)-th): all R chunks for one
     request (it was R/2, half the prompt, which priced one 4096-token prompt in 2048-token chunks as one chunk), about
-    R/2 for many."""
+    R/2 for many. Those ramp steps carry the decodes of the prompts completed before them (step j: (j - 1) / 2
+    sequences for 4096-token prompts in 2048-token chunks), priced at their mean over the steps: before, every ramp
+    step was priced as one chunk and one decode at context 0, whatever ran beside it."""
     cfg = get_preset("llama-3.1-8b")
     w = WhatIf(cfg, get_datasheet("h100_sxm"), "bfloat16", Layout(), Setting(engine="vllm"))
     first = w.forward(Pass(1, 1, 0, 2048, 4096 / 2), 1, "vllm")
     assert serve(w, 4096, 16, 1, 1, chunk_tokens=2048)["ttft_s"]["typical"] == pytest.approx(2 * first)
     many = serve(w, 4096, 16, 64, 64, chunk_tokens=2048)  # R = 128 ramp steps; the 32nd prompt completes at step 64
-    assert many["ttft_s"]["typical"] == pytest.approx(64 * first)
+    # steps 1..64 carry 0..31.5 decoding sequences: 15.75 on average, priced as 16 at 4096 cached tokens
+    carried = w.forward(Pass(16, 1, 4096, 2048, 4096 / 2), 1, "vllm")
+    assert carried > first and many["ttft_s"]["typical"] == pytest.approx(64 * carried)
+    # its 15 tokens after the first ride ramp steps 65..79, beside 32..39 decoding sequences
+    late = w.forward(Pass(36, 1, 4096, 2048, 4096 / 2), 1, "vllm")
+    assert many["e2e_s"]["typical"] == pytest.approx(64 * carried + 15 * late)
 
 
 def test_anchors_name_the_offline_client_where_the_benchmark_ran_the_engine_offline():
@@ -878,28 +885,28 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran, their intervals widened by the
     conformal bands of the calibration anchors no prior cites (each source weighing one): bounds at the level
     measured when this test was last set plus a small margin, so a regression fails. All 94 test rows: median
-    |error| 22.7%, signed median +11.8% (too fast), 83% inside, median half-width 47.0%; quantized 27.9% / +12.5%;
-    TP 29.6% / +17.1%; MoE 29.6% / +20.5%. The 35 rows held out before 2026-12-06 (sources of dense, int4 / int8,
-    fp8 and MoE deployments of 2023-2025): 8.2% / -2.4%, held apart so that the 59 rows added with the fp4 formats,
-    gpt-oss and Llama 4 (29.6% / +20.7%: docs/planning.md, "Validation") cannot hide a regression on them. Of the
+    |error| 19.5%, signed median +11.0% (too fast), 84% inside, median half-width 47.6%; quantized 25.3% / +11.1%;
+    TP 30.8% / +12.8%; MoE 29.0% / +16.6%. The 35 rows held out before 2026-12-06 (sources of dense, int4 / int8,
+    fp8 and MoE deployments of 2023-2025): 9.3% / -2.4%, held apart so that the 59 rows added with the fp4 formats,
+    gpt-oss and Llama 4 (29.0% / +16.8%: docs/planning.md, "Validation") cannot hide a regression on them. Of the
     issue's targets (10%, +-5%, 80% inside, half-width <= 25%) only the share inside is met on all 94 rows; on
-    the 35, the median and the signed median are met too. The calibration split is held too (275 rows: 18.0%,
-    +3.8%, 91% inside, half-width 59.2%; 14.9% before the fp4 GEMMs' call floor, which moved its one fp4 source,
+    the 35, the median and the signed median are met too. The calibration split is held too (275 rows: 17.5%,
+    +3.7%, 91% inside, half-width 59.9%; 14.9% before the fp4 GEMMs' call floor, which moved its one fp4 source,
     DeepSeek-R1 FP4 on B300, from -4.7% to -18.6%: docs/planning.md)."""
     t_all = _shipped_table()
     s = anchors.summary(t_all)
     t, q, m, c = s["test"]["all"], s["test"]["quantized"], s["test"]["moe"], s["calibration"]["all"]
     tp, sp = s["test"]["tp"], s["test"]["speculative"]
     assert t["n"] >= 94
-    assert t["median_abs_error_pct"] <= 23.0
-    assert abs(t["signed_median_fast_pct"]) <= 19.0
-    assert t["inside_interval"] >= 0.77
+    assert t["median_abs_error_pct"] <= 20.5
+    assert abs(t["signed_median_fast_pct"]) <= 13.0
+    assert t["inside_interval"] >= 0.81
     assert t["median_half_width_pct"] <= 49.0
-    assert q["median_abs_error_pct"] <= 28.5 and abs(q["signed_median_fast_pct"]) <= 22.0
-    assert tp["median_abs_error_pct"] <= 30.5 and abs(tp["signed_median_fast_pct"]) <= 25.5
-    assert m["median_abs_error_pct"] <= 30.5 and abs(m["signed_median_fast_pct"]) <= 29.0
+    assert q["median_abs_error_pct"] <= 26.5 and abs(q["signed_median_fast_pct"]) <= 13.0
+    assert tp["median_abs_error_pct"] <= 32.0 and abs(tp["signed_median_fast_pct"]) <= 15.0
+    assert m["median_abs_error_pct"] <= 30.5 and abs(m["signed_median_fast_pct"]) <= 18.5
     assert sp["n"] == 2 and sp["median_half_width_pct"] >= 10.0
-    assert c["n"] >= 270 and c["median_abs_error_pct"] <= 19.0 and abs(c["signed_median_fast_pct"]) <= 6.0
+    assert c["n"] >= 270 and c["median_abs_error_pct"] <= 18.5 and abs(c["signed_median_fast_pct"]) <= 6.0
     assert c["inside_interval"] >= 0.88
     assert c["median_half_width_pct"] <= 61.0
     added = ("trtllm_perf_overview_gptoss", "trtllm_perf_fp4_03e27c7", "lmsys_blog_sglang_gptoss_2025_08",

@@ -549,10 +549,13 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
 
     Fixed lengths (staggered=False, what a random dataset of fixed input / output lengths and a static
     batch run): the C requests of a wave finish together, so every wave is a ramp of R = C·input/chunk
-    prefill steps, which carry the decodes of the prompts already prefilled, then plain decode steps.
-    The median request (the ceil(C/2)-th prompt) waits the ceil(ceil(C/2)·input/chunk) ramp steps that complete its
-    prompt for its first token (TTFT: about R/2 for many requests, all R for one), decodes in the ramp steps left
-    and the rest in plain steps; a wave lasts R ramp steps + (output − 1) plain ones.
+    prefill steps, which carry the decodes of the prompts already prefilled (step j: min(C, (j − 1)·chunk/input)
+    sequences at about `input` cached tokens, priced at their mean over the steps in question; the prompt chunk is
+    kept whole beside them, where engines count both against one token budget: an approximation), then plain
+    decode steps. The median request (the ceil(C/2)-th prompt) waits the ceil(ceil(C/2)·input/chunk) ramp steps that
+    complete its prompt for its first token (TTFT: about R/2 for many requests, all R for one), decodes in the ramp
+    steps left (a short output ends inside the ramp) and the rest in plain steps; a wave lasts R ramp steps +
+    (output − 1) plain ones.
     Staggered lengths (staggered=True): after the first wave, requests finish one by one and their
     replacements' prompts ride in the running decode steps, C·input/output·(N − C)/N prompt tokens per
     step on average; the ITL median is the mixed step when at least half the steps carry a chunk.
@@ -605,40 +608,57 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     def running(e):
         return concurrency if caps[e] is None else min(concurrency, max(caps[e], 1))
 
-    def steps(e) -> list[tuple[float, float, float]]:
-        """Per scenario, the run's three step times: plain decode of the C running sequences, the same
-        carrying a prompt chunk, and a ramp step (a prompt chunk + a few decodes); each at its
-        band-widened end (the typical untouched), the plain decode step at a calibration's interval
-        where points of the deployment determine it (Calibration.interval at B = C, L)."""
+    def ramp(e) -> tuple[int, int, int, tuple[tuple[int, float], ...]]:
+        """A wave's ramp: R steps that each prefill `chunk` prompt tokens (chunk / I prompts a step) beside the decodes
+        of the prompts already prefilled; the step `half` that completes the median request's prompt; the ramp steps
+        it decodes in after it (`in_ramp`); and the (sequences decoding, their context) of an average ramp step over
+        steps 1..half (the median request's TTFT), half+1..half+in_ramp (its tokens in the ramp) and 1..R (the wave).
+        Step j carries the prompts completed before it, min(C, (j - 1) chunk / I), at about I cached tokens; fewer
+        than one on average prices one sequence at context 0 (the prompt's own first decode)."""
+        C, chunk = running(e), chunks[e]
+        R, half = math.ceil(C * I / chunk), math.ceil(math.ceil(C / 2) * I / chunk)
+        in_ramp = min(R - half, math.ceil((O - 1) / tau))
+
+        def mean(j0, j1):
+            b = min(C, chunk / I * (j0 + j1 - 1) / 2) if j1 > j0 else 0.0
+            return (max(1, round(b)), float(I)) if b >= 1 else (1, 0.0)
+        return R, half, in_ramp, (mean(0, half), mean(half, half + in_ramp), mean(0, R))
+
+    def steps(e) -> list[tuple[float, ...]]:
+        """Per scenario, the run's step times: plain decode of the C running sequences, the same carrying a prompt
+        chunk, and the three average ramp steps of `ramp` (a prompt chunk + the decodes of the prompts already
+        prefilled); each at its band-widened end (the typical untouched), the plain decode step at a calibration's
+        interval where points of the deployment determine it (Calibration.interval at B = C, L)."""
         C, chunk = running(e), chunks[e]
         pre_step = min(chunk, C * I)
-        raw = [(step(C, L, 0, s, e), step(C, L, pre_step, s, e), step(1, 0, pre_step, s, e)) for s in range(3)]
-        ivs = [widen(interval(lambda s, i=i: raw[s][i]), q) for i in range(3)]
+        kinds = [(C, L, 0), (C, L, pre_step)] + [(b, ctx, pre_step) for b, ctx in ramp(e)[3]]
+        raw = [tuple(step(b, ctx, pre, s, e) for b, ctx, pre in kinds) for s in range(3)]
+        ivs = [widen(interval(lambda s, i=i: raw[s][i]), q) for i in range(len(kinds))]
         if w.calibration is not None:
             ivs[0] = w.calibration.interval(ivs[0]["typical"], ivs[0], C, L)
         return [tuple(iv[name] for iv in ivs) for name in SCENARIOS]
 
     def per(s, e, at):
         C, chunk = running(e), chunks[e]
-        waves, R = math.ceil(N / C), math.ceil(C * I / chunk)
-        half = math.ceil(math.ceil(C / 2) * I / chunk)  # the step the median request's (ceil(C/2)-th) prompt completes
+        waves = math.ceil(N / C)
+        R, half, in_ramp, _ = ramp(e)
         frac = min(1.0, C * I / O * max(N - C, 0) / N / chunk) if staggered else 0.0  # steps carrying a chunk
-        plain, mixed, first = at[s]
+        plain, mixed, first, late, whole = at[s]  # ramp steps: to the median's first token, after it, the wave's
         queued = (math.ceil(concurrency / 2) - 1) // C  # waves the median request of a capped run waits in the queue
         if staggered and waves > 1:
             mean = (1 - frac) * plain + frac * mixed  # per step (round)
             ttft, e2e = math.ceil(I / chunk) * mixed, math.ceil(I / chunk) * mixed + (O - 1) / tau * mean
             itl50, itl90 = (mixed if frac >= 0.5 else plain), (mixed if frac > 0.1 else plain)
-            total, mean_itl = R * first + waves * O / tau * mean, mean / tau
+            total, mean_itl = R * whole + waves * O / tau * mean, mean / tau
             wave = e2e  # one request's stay: what a queued one waits per wave ahead of it
         else:
-            wave = R * first + (O - 1) / tau * plain
-            in_ramp = min(R - half, math.ceil((O - 1) / tau))  # ramp steps left after the median request's first token
+            wave = R * whole + (O - 1) / tau * plain
             after = max(O - 1 - in_ramp * tau, 0.0) / tau  # its steps after the ramp
-            mean_itl = (in_ramp * first + after * plain) / max(O - 1, 1)
-            ttft, e2e = half * first, R * first + after * plain
-            itl50 = first if in_ramp >= (in_ramp + after) / 2 else plain
-            itl90 = first if in_ramp > 0.1 * (in_ramp + after) else plain
+            mean_itl = (in_ramp * late + after * plain) / max(O - 1, 1)
+            ttft = half * first
+            e2e = ttft + in_ramp * late + after * plain  # a short output ends inside the ramp
+            itl50 = late if in_ramp >= (in_ramp + after) / 2 else plain
+            itl90 = late if in_ramp > 0.1 * (in_ramp + after) else plain
             total = waves * wave
         return dict(ttft_s=ttft + queued * wave, itl_s=itl50, itl_p90_s=itl90, itl_mean_s=mean_itl,
                     e2e_s=e2e + queued * wave, output_tok_s=N * O / total, running=float(C),
