@@ -409,6 +409,24 @@ def test_fixed_lengths_ramp_every_wave_and_staggered_ones_interleave_the_prompts
     assert stag["itl_mean_s"]["typical"] > fixed["itl_s"]["typical"]  # its decode steps carry prompt chunks
 
 
+def test_a_prefill_bound_run_lasts_its_prompts_steps_and_its_requests_queue_for_them():
+    """No run outpaces its own prefill: N prompts of I tokens need N·I/chunk steps that each carry a chunk, so the
+    output rate is at most N·O over that time. Staggered lengths priced the decode steps alone (8192 in / 16 out at
+    C = 64: 181 tok/s where the prompts alone bound it at 79); now the run lasts max(decode steps, prompt steps) and a
+    new request waits for the C·I/chunk - O chunks queued ahead of it. A decode-bound run is unchanged."""
+    w = WhatIf(get_preset("llama-3.1-8b"), get_datasheet("h100_sxm"), "bfloat16", Layout(), Setting(engine="vllm"))
+    for staggered in (False, True):
+        r = serve(w, 8192, 16, 64, 640, staggered=staggered)
+        chunk = int(r["prefill_chunk_tokens"]["typical"])
+        prompt_steps = 640 * 8192 / chunk * w.forward(Pass(1, 1, 0, chunk, 8192 / 2), 1, "vllm")
+        assert r["output_tok_s"]["typical"] < 640 * 16 / prompt_steps
+    bound, free = serve(w, 8192, 16, 32, 320, staggered=True), serve(w, 8192, 32, 32, 320, staggered=True)
+    assert bound["running"]["typical"] == free["running"]["typical"] == 32  # the KV pool holds them all
+    mixed = w.forward(Pass(32, 1, 8192 + 8, 8192, 8192 / 2), 1, "vllm")
+    assert bound["ttft_s"]["typical"] == pytest.approx((32 - 16) * mixed)  # 32 chunks queued, 16 decode steps
+    assert free["ttft_s"]["typical"] < bound["ttft_s"]["typical"] / 10  # 32 - 32 <= 1: its own chunk only
+
+
 def test_the_engines_kv_pool_caps_the_running_sequences_and_a_capped_run_goes_in_waves(tmp_path):
     from roofline.parallel.cost import memory_per_rank
     cfg, dev = get_preset("llama-3.1-8b"), get_datasheet("a100_40gb_sxm")

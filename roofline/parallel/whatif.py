@@ -557,8 +557,11 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     steps left (a short output ends inside the ramp) and the rest in plain steps; a wave lasts R ramp steps +
     (output − 1) plain ones.
     Staggered lengths (staggered=True): after the first wave, requests finish one by one and their
-    replacements' prompts ride in the running decode steps, C·input/output·(N − C)/N prompt tokens per
-    step on average; the ITL median is the mixed step when at least half the steps carry a chunk.
+    replacements' prompts ride in the running decode steps, C·input·tau/output·(N − C)/N prompt tokens per
+    step on average; the ITL median is the mixed step when at least half the steps carry a chunk. Where the
+    prompts need more steps than the decodes ((N − C)·input/chunk > N·output/(C·tau): prefill-bound), the run
+    lasts the prompts' steps, each carrying a chunk, and a new request's first token waits for the
+    C·input/chunk − output/tau chunks queued ahead of it (Little's law: the client keeps C requests in flight).
 
     Speculative decoding (`spec`): every decode step is a round (WhatIf.round_seconds: verify k+1
     positions, k drafts, the round overhead) that emits tau tokens per sequence on average, so a request
@@ -642,14 +645,18 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
         C, chunk = running(e), chunks[e]
         waves = math.ceil(N / C)
         R, half, in_ramp, _ = ramp(e)
-        frac = min(1.0, C * I / O * max(N - C, 0) / N / chunk) if staggered else 0.0  # steps carrying a chunk
+        refill = max(N - C, 0) * I / chunk  # steps the refills' prompts need, one chunk a step
+        frac = min(1.0, refill / (N * O / (C * tau))) if staggered else 0.0  # decode steps (rounds) carrying a chunk
         plain, mixed, first, late, whole = at[s]  # ramp steps: to the median's first token, after it, the wave's
         queued = (math.ceil(concurrency / 2) - 1) // C  # waves the median request of a capped run waits in the queue
         if staggered and waves > 1:
             mean = (1 - frac) * plain + frac * mixed  # per step (round)
-            ttft, e2e = math.ceil(I / chunk) * mixed, math.ceil(I / chunk) * mixed + (O - 1) / tau * mean
+            # prefill-bound (the prompts need more steps than the decodes): every step carries a chunk, and a new
+            # request waits for the C·I/chunk - O/tau prompt chunks queued ahead of it (Little's law)
+            wait = max(math.ceil(I / chunk), C * I / chunk - O / tau)
+            ttft, e2e = wait * mixed, wait * mixed + (O - 1) / tau * mean
             itl50, itl90 = (mixed if frac >= 0.5 else plain), (mixed if frac > 0.1 else plain)
-            total, mean_itl = R * whole + waves * O / tau * mean, mean / tau
+            total, mean_itl = R * whole + max(waves * O / tau, refill) * mean, mean / tau
             wave = e2e  # one request's stay: what a queued one waits per wave ahead of it
         else:
             wave = R * whole + (O - 1) / tau * plain
