@@ -560,7 +560,8 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     replacements' prompts ride in the running decode steps, C·input·tau/output·(N − C)/N prompt tokens per
     step on average; the ITL median is the mixed step when at least half the steps carry a chunk. Where the
     prompts need more steps than the decodes ((N − C)·input/chunk > N·output/(C·tau): prefill-bound), the run
-    lasts the prompts' steps, each carrying a chunk, and a new request's first token waits for the
+    lasts the prompts' steps, each carrying a chunk (priced beside all C sequences decoding, where fewer do: an
+    upper bound on the step), and a new request's first token waits for the
     C·input/chunk − output/tau chunks queued ahead of it (Little's law: the client keeps C requests in flight).
 
     Speculative decoding (`spec`): every decode step is a round (WhatIf.round_seconds: verify k+1
