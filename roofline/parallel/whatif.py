@@ -549,8 +549,9 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
 
     Fixed lengths (staggered=False, what a random dataset of fixed input / output lengths and a static
     batch run): the C requests of a wave finish together, so every wave is a ramp of R = C·input/chunk
-    prefill steps, which carry the decodes of the prompts already prefilled (step j: min(C, (j − 1)·chunk/input)
-    sequences at about `input` cached tokens, priced at their mean over the steps in question; the prompt chunk is
+    prefill steps, which carry the decodes of the prompts already prefilled and not yet done (step j: min(C,
+    (j − 1)·chunk/input) sequences less those that finished their output, at about `input` cached tokens, priced
+    at their mean over the steps in question; the prompt chunk is
     kept whole beside them, where engines count both against one token budget: an approximation), then plain
     decode steps. The median request (the ceil(C/2)-th prompt) waits the ceil(ceil(C/2)·input/chunk) ramp steps that
     complete its prompt for its first token (TTFT: about R/2 for many requests, all R for one), decodes in the ramp
@@ -617,14 +618,18 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
         of the prompts already prefilled; the step `half` that completes the median request's prompt; the ramp steps
         it decodes in after it (`in_ramp`); and the (sequences decoding, their context) of an average ramp step over
         steps 1..half (the median request's TTFT), half+1..half+in_ramp (its tokens in the ramp) and 1..R (the wave).
-        Step j carries the prompts completed before it, min(C, (j - 1) chunk / I), at about I cached tokens; fewer
-        than one on average prices one sequence at context 0 (the prompt's own first decode)."""
+        Step j carries the prompts completed before it that have not yet decoded their n = ceil((O - 1) / tau)
+        steps, min(C, (j - 1) p) - min(C, (j - 1 - n) p) for p = chunk / I prompts a step, at about I cached tokens;
+        fewer than one on average prices one sequence at context 0 (the prompt's own first decode)."""
         C, chunk = running(e), chunks[e]
         R, half = math.ceil(C * I / chunk), math.ceil(math.ceil(C / 2) * I / chunk)
-        in_ramp = min(R - half, math.ceil((O - 1) / tau))
+        n_dec = math.ceil((O - 1) / tau)
+        in_ramp = min(R - half, n_dec)
+        p = chunk / I
 
-        def mean(j0, j1):
-            b = min(C, chunk / I * (j0 + j1 - 1) / 2) if j1 > j0 else 0.0
+        def mean(j0, j1):  # steps j0+1 .. j1
+            b = (sum(min(C, p * (j - 1)) - min(C, p * max(0, j - 1 - n_dec)) for j in range(j0 + 1, j1 + 1))
+                 / (j1 - j0) if j1 > j0 else 0.0)
             return (max(1, round(b)), float(I)) if b >= 1 else (1, 0.0)
         return R, half, in_ramp, (mean(0, half), mean(half, half + in_ramp), mean(0, R))
 
