@@ -149,6 +149,11 @@ class ModelConfig:
             return 0
         return self.layers - (self.layers // self.global_every if self.global_every else 0)
 
+    @property
+    def windowed_share(self) -> float:
+        """The share of the main stack's layers that attend a window or a chunk (0 without one)."""
+        return self.windowed_layers / self.layers
+
     def _local_keys(self, n: float) -> float:
         """Keys the n-th token (1-based) attends in a windowed layer: min(n, window), or its place in its chunk."""
         if self.sliding_window:
@@ -168,7 +173,7 @@ class ModelConfig:
         """Cached positions a layer holds and a decode step reads for a sequence of L tokens, as the mean
         over the main stack's layers: L for a full-attention layer, min(L, window) for a sliding-window one,
         the positions of the current chunk for a chunked one."""
-        share = self.windowed_layers / self.layers
+        share = self.windowed_share
         return L if not share or L <= 0 else (1.0 - share) * L + share * self._local_keys(L)
 
     def pool_positions(self, L: float, rule="window") -> float:
@@ -177,7 +182,7 @@ class ModelConfig:
         fraction of the tokens (SGLang's swa_full_tokens_ratio)."""
         if not self.local_kind or rule == "window":
             return self.kv_positions(L)
-        share = self.windowed_layers / self.layers
+        share = self.windowed_share
         return L if rule == "full" else (1.0 - share) * L + share * float(rule) * L
 
     def attended_pairs(self, L: float, q: int) -> float:
@@ -185,7 +190,7 @@ class ModelConfig:
         over the layers: q·L + q(q+1)/2 for full attention; for a windowed one, the sum over the new tokens
         of the keys each sees (min(L + i, window), or its place in its chunk)."""
         full = q * L + q * (q + 1) / 2
-        share = self.windowed_layers / self.layers
+        share = self.windowed_share
         if not share:
             return full
         return (1.0 - share) * full + share * (self._local_pairs(L + q) - self._local_pairs(L))

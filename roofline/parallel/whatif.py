@@ -633,24 +633,24 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
             return (max(1, round(b)), float(I)) if b >= 1 else (1, 0.0)
         return R, half, in_ramp, (mean(0, half), mean(half, half + in_ramp), mean(0, R))
 
-    def steps(e) -> list[tuple[float, ...]]:
+    def steps(e, rp) -> list[tuple[float, ...]]:
         """Per scenario, the run's step times: plain decode of the C running sequences, the same carrying a prompt
-        chunk, and the three average ramp steps of `ramp` (a prompt chunk + the decodes of the prompts already
+        chunk, and the three average ramp steps of `ramp` (`rp`: a prompt chunk + the decodes of the prompts already
         prefilled); each at its band-widened end (the typical untouched), the plain decode step at a calibration's
         interval where points of the deployment determine it (Calibration.interval at B = C, L)."""
         C, chunk = running(e), chunks[e]
         pre_step = min(chunk, C * I)
-        kinds = [(C, L, 0), (C, L, pre_step)] + [(b, ctx, pre_step) for b, ctx in ramp(e)[3]]
+        kinds = [(C, L, 0), (C, L, pre_step)] + [(b, ctx, pre_step) for b, ctx in rp[3]]
         raw = [tuple(step(b, ctx, pre, s, e) for b, ctx, pre in kinds) for s in range(3)]
         ivs = [widen(interval(lambda s, i=i: raw[s][i]), q) for i in range(len(kinds))]
         if w.calibration is not None:
             ivs[0] = w.calibration.interval(ivs[0]["typical"], ivs[0], C, L)
         return [tuple(iv[name] for iv in ivs) for name in SCENARIOS]
 
-    def per(s, e, at):
+    def per(s, e, at, rp):
         C, chunk = running(e), chunks[e]
         waves = math.ceil(N / C)
-        R, half, in_ramp, _ = ramp(e)
+        R, half, in_ramp, _ = rp
         refill = max(N - C, 0) * I / chunk  # steps the refills' prompts need, one chunk a step
         frac = min(1.0, refill / (N * O / (C * tau))) if staggered else 0.0  # decode steps (rounds) carrying a chunk
         plain, mixed, first, late, whole = at[s]  # ramp steps: to the median's first token, after it, the wave's
@@ -679,8 +679,9 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
 
     out = {}
     for e in w.setting.engine_names():
-        at = steps(e)
-        rows = [per(s, e, at) for s in range(3)]
+        rp = ramp(e)  # once per engine: its means sum over the ramp's steps
+        at = steps(e, rp)
+        rows = [per(s, e, at, rp) for s in range(3)]
         out[e] = {k: interval(lambda s: rows[s][k]) for k in rows[0]}
     res = {}
     for k in next(iter(out.values())):
