@@ -28,6 +28,7 @@ VENV = ROOT / ".venv"
 PY = VENV / "bin" / "python"
 CPU_REQUIREMENTS = "requirements/cpu.txt"  # the CPU build of torch (PyTorch's CPU index), pinned
 DEMO = "results/runs/demo"
+DEMO_CEILINGS = "results/runs/demo-ceilings"  # measured anew each run, copied into the sweep's run
 WHEELHOUSE = ROOT / "wheelhouse"
 # What a GPU node with its own torch lacks. Its image has the rest of the project's needs (numpy,
 # pandas, matplotlib, scipy, pyyaml, tqdm, psutil, packaging, pytest, pytest-benchmark); these
@@ -73,12 +74,15 @@ def demo() -> None:
     memory-bound longest, in its fast mode (on a CPU without native bf16: float32 eager on the
     skinny GEMM of roofline.measure.cpu_gemm, no model compile; where bf16 is native: bf16
     compiled, about a minute per Inductor graph, docs/cpu.md), beside bf16 eager, so that the
-    report shows both regimes, T(q)/T(1) at B = 1 and B = 4. Two cache lengths, no MTP points."""
+    report shows both regimes, T(q)/T(1) at B = 1 and B = 4. Two cache lengths, no MTP points.
+    Each run measures anew: the ceilings go to their own folder (the sweep copies them into its run), and the
+    sweep sets a previous demo run aside (force=true: results/runs/demo/previous-<time>/), which it would
+    otherwise refuse to resume once the code or the ceilings changed."""
     t0 = time.time()
     run(PY, "-m", "roofline.cli.card", "model=cpu-demo", "device=null")
-    run(PY, "-m", "roofline.cli.ceilings", "device=cpu", "quick=true", f"out_dir={DEMO}")
-    run(PY, "-m", "roofline.cli.sweep", "model=cpu-demo", f"out_dir={DEMO}", f"ceilings={DEMO}/ceilings.json",
-        "dtypes=[auto,bfloat16]", "q=[1,2,4,8]", "B=[1,4]", "L=[128,1024]", "mtp_q=[]")
+    run(PY, "-m", "roofline.cli.ceilings", "device=cpu", "quick=true", f"out_dir={DEMO_CEILINGS}")
+    run(PY, "-m", "roofline.cli.sweep", "model=cpu-demo", f"out_dir={DEMO}", f"ceilings={DEMO_CEILINGS}/ceilings.json",
+        "dtypes=[auto,bfloat16]", "q=[1,2,4,8]", "B=[1,4]", "L=[128,1024]", "mtp_q=[]", "force=true")
     run(PY, "-m", "roofline.cli.fit", f"results_dir={DEMO}")
     run(PY, "-m", "roofline.cli.report", f"results_dir={DEMO}")
     print(f"demo: {time.time() - t0:.0f} s wall (set-up excluded)", flush=True)
