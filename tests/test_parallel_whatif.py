@@ -47,6 +47,25 @@ def test_tile_quantization_wastes_the_partial_tile_and_the_partial_wave():
     assert kernels.tile_wave_utilisation(16, 128 * 109, "a100_80gb_sxm", KERN) == pytest.approx(109 / 216)
 
 
+def test_a_grouped_gemm_fills_its_waves_with_the_tiles_of_every_group():
+    """MoE experts run as one grouped launch (fused_moe's grid, DeepGEMM's and CUTLASS's persistent grouped kernels):
+    the wave quantization counts the tiles of every touched expert together. Priced per expert, 16 experts of 108
+    tiles each ran in one wave and of 109 tiles in two, so a prefill chunk one token per expert larger took twice
+    as long (Llama 4 Scout's 8192-token chunk at 512 tokens per expert on an H100)."""
+    one, two = 128 * 108, 128 * 109  # N for 108 and 109 CTAs of one 16-token M tile (fixture: 16x128 tiles, 108 SMs)
+    assert kernels.tile_wave_utilisation(16, two, "a100_80gb_sxm", KERN) == pytest.approx(109 / 216)
+    grouped = kernels.tile_wave_utilisation(16, two, "a100_80gb_sxm", KERN, groups=16)
+    assert grouped == pytest.approx(16 * 109 / (math.ceil(16 * 109 / 108) * 108)) and grouped > 0.9
+    assert kernels.tile_wave_utilisation(16, one, "a100_80gb_sxm", KERN, groups=16) == pytest.approx(1.0)
+    # the grouped GEMM's compute time at 512 and 514 tokens per expert (16 experts, Scout's w13 at TP 8) is continuous
+    kern = kernels.load_kernels()
+    def f(m, groups):
+        return kernels.grouped_gemm_seconds(1e6, 2.0 * 16 * m * 2048 * 5120, m, 2048, 3.35e12, 989e12, "h100_sxm", 1,
+                                            kern, groups=groups)["compute"]
+    assert f(514, 16) / f(512, 16) < 1.2  # a ninth 64-token M tile, partly filled: tile quantization, no second wave
+    assert f(514, 1) / f(512, 1) > 1.8  # the former pricing: each expert's tiles a wave of their own
+
+
 def test_weight_only_int4_streams_fewer_bytes_but_loses_its_edge_as_M_grows():
     dev = get_datasheet("h100_sxm")
     bw, f, f32 = dev.bandwidth_Bps(), dev.peak_flops("bf16"), dev.peak_flops("fp32")
@@ -908,26 +927,27 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran, their intervals widened by the
     conformal bands of the calibration anchors no prior cites (each source weighing one): bounds at the level
     measured when this test was last set plus a small margin, so a regression fails. All 94 test rows: median
-    |error| 19.5%, signed median +11.1% (too fast), 84% inside, median half-width 47.6%; quantized 25.3% / +11.1%;
-    TP 30.8% / +14.1%; MoE 29.0% / +16.6%. The 35 rows held out before 2026-12-06 (sources of dense, int4 / int8,
-    fp8 and MoE deployments of 2023-2025): 9.3% / -2.4%, held apart so that the 59 rows added with the fp4 formats,
-    gpt-oss and Llama 4 (29.0% / +16.8%: docs/planning.md, "Validation") cannot hide a regression on them. Of the
-    issue's targets (10%, +-5%, 80% inside, half-width <= 25%) only the share inside is met on all 94 rows; on
-    the 35, the median and the signed median are met too. The calibration split is held too (275 rows: 17.5%,
-    +3.7%, 91% inside, half-width 59.9%; 14.9% before the fp4 GEMMs' call floor, which moved its one fp4 source,
-    DeepSeek-R1 FP4 on B300, from -4.7% to -18.6%: docs/planning.md)."""
+    |error| 21.7%, signed median +11.1% (too fast), 86% inside, median half-width 48.3%; quantized 25.7% / +12.1%;
+    TP 29.4% / +15.9%; MoE 29.3% / +18.3% (19.5% / +11.1% / 84% before a grouped GEMM's waves counted every
+    expert's tiles together, a bug fix that made MoE prefill faster: docs/planning.md). The 35 rows held out before
+    2026-12-06 (sources of dense, int4 / int8, fp8 and MoE deployments of 2023-2025): 9.3% / -2.4%, held apart so
+    that the 59 rows added with the fp4 formats, gpt-oss and Llama 4 (29.3% / +19.3%: docs/planning.md,
+    "Validation") cannot hide a regression on them. Of the issue's targets (10%, +-5%, 80% inside, half-width <=
+    25%) only the share inside is met on all 94 rows; on the 35, the median and the signed median are met too. The
+    calibration split is held too (275 rows: 17.5%, +3.7%, 92% inside, half-width 60.8%; 14.9% before the fp4
+    GEMMs' call floor, which moved its one fp4 source, DeepSeek-R1 FP4 on B300, from -4.7% to -18.6%)."""
     t_all = _shipped_table()
     s = anchors.summary(t_all)
     t, q, m, c = s["test"]["all"], s["test"]["quantized"], s["test"]["moe"], s["calibration"]["all"]
     tp, sp = s["test"]["tp"], s["test"]["speculative"]
     assert t["n"] >= 94
-    assert t["median_abs_error_pct"] <= 20.5
+    assert t["median_abs_error_pct"] <= 22.5
     assert abs(t["signed_median_fast_pct"]) <= 13.0
     assert t["inside_interval"] >= 0.81
     assert t["median_half_width_pct"] <= 49.0
     assert q["median_abs_error_pct"] <= 26.5 and abs(q["signed_median_fast_pct"]) <= 13.0
-    assert tp["median_abs_error_pct"] <= 32.0 and abs(tp["signed_median_fast_pct"]) <= 15.0
-    assert m["median_abs_error_pct"] <= 30.5 and abs(m["signed_median_fast_pct"]) <= 18.5
+    assert tp["median_abs_error_pct"] <= 32.0 and abs(tp["signed_median_fast_pct"]) <= 17.0
+    assert m["median_abs_error_pct"] <= 30.5 and abs(m["signed_median_fast_pct"]) <= 19.5
     assert sp["n"] == 2 and sp["median_half_width_pct"] >= 10.0
     assert c["n"] >= 270 and c["median_abs_error_pct"] <= 18.5 and abs(c["signed_median_fast_pct"]) <= 6.0
     assert c["inside_interval"] >= 0.88

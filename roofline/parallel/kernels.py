@@ -83,13 +83,14 @@ def _arch(kern: dict, device_key: str) -> dict:
     return dict(sm=int(dev.get("sm_count", 108)), tile_m=int(t["tile_m"]), tile_n=int(t["tile_n"]))
 
 
-def tile_wave_utilisation(M: float, N: int, device_key: str, kern: dict) -> float:
-    """Share of the tensor cores' issued work that is useful for an [M, N] output."""
+def tile_wave_utilisation(M: float, N: int, device_key: str, kern: dict, groups: float = 1.0) -> float:
+    """Share of the tensor cores' issued work that is useful for an [M, N] output, or for `groups` of them run as
+    one grouped GEMM (MoE experts: one launch whose tiles over every group fill the waves together)."""
     a = _arch(kern, device_key)
     tm, tn, sm = a["tile_m"], a["tile_n"], a["sm"]
     m_tiles, n_tiles = math.ceil(max(M, 1) / tm), math.ceil(N / tn)
     tile = (M / (m_tiles * tm)) * (N / (n_tiles * tn))
-    ctas = m_tiles * n_tiles
+    ctas = max(groups, 1.0) * m_tiles * n_tiles
     wave = 1.0 if ctas < sm else ctas / (math.ceil(ctas / sm) * sm)  # split-K fills a partial single wave
     return tile * wave
 
@@ -191,11 +192,11 @@ def attention_seconds(kv_bytes: float, attn_flops: float, B: float, context: flo
 
 def grouped_gemm_seconds(expert_bytes: float, expert_flops: float, tokens_per_expert: float, N: int,
                          bw_Bps: float, flops: float, device_key: str, scenario: int, kern: dict,
-                         fmt_kind: str = "dense", fused_moe: bool = True) -> dict:
+                         fmt_kind: str = "dense", fused_moe: bool = True, groups: float = 1.0) -> dict:
     """The touched experts of one MoE layer as one grouped GEMM: bytes at the grouped kernel's
     bandwidth fraction for its tokens per expert (a weight-only format with its own grouped kernel,
     `grouped_gemm.weight_only.<fmt>`, at that kernel's fraction), FLOPs at the tile quantization of
-    those tokens.
+    those tokens, the wave quantization over the tiles of all `groups` (the touched experts: one launch).
 
     fused_moe (the engine runs vLLM's Triton fused_moe, the kernel `grouped_gemm` was measured on):
     the layer's fixed cost (`floor_us`, or the architecture's own) is paid beside the bytes, which
@@ -235,5 +236,5 @@ def grouped_gemm_seconds(expert_bytes: float, expert_flops: float, tokens_per_ex
     t_mem = floor + expert_bytes / (bw_Bps * frac)
     peak = (pick(arch["peak_fraction"], scenario, "kernels.arch_overrides.grouped_gemm.peak_fraction")
             if arch is not None and not own and "peak_fraction" in arch else peak_fraction(fmt_kind, scenario, kern, device_key))
-    t_f = expert_flops / (flops * peak * tile_wave_utilisation(tokens_per_expert, N, device_key, kern))
+    t_f = expert_flops / (flops * peak * tile_wave_utilisation(tokens_per_expert, N, device_key, kern, groups))
     return dict(memory=t_mem, compute=t_f, seconds=max(t_mem, t_f))

@@ -277,7 +277,7 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
             bw_e = bw * dict(eng.grouped_bw_ratio).get(ek, 1.0)  # an engine's own quantized-expert kernel
             out["experts"] = K.grouped_gemm_seconds(touched * expert_bytes(expert_cfg, prec), 2.0 * pairs * w_e, m_e,
                                                     2 * s.moe_ffn, bw_e, f_e, device.key, scenario, kern, ek,
-                                                    eng.fused_moe)["seconds"]
+                                                    eng.fused_moe, touched)["seconds"]
             out["touched"] = touched
         return out
 
