@@ -432,18 +432,83 @@ def test_a_prefill_bound_run_lasts_its_prompts_steps_and_its_requests_queue_for_
     """No run outpaces its own prefill: N prompts of I tokens need N·I/chunk steps that each carry a chunk, so the
     output rate is at most N·O over that time. Staggered lengths priced the decode steps alone (8192 in / 16 out at
     C = 64: 181 tok/s where the prompts alone bound it at 79); now the run lasts max(decode steps, prompt steps) and a
-    new request waits for the C·I/chunk - O chunks queued ahead of it. A decode-bound run is unchanged."""
-    w = WhatIf(get_preset("llama-3.1-8b"), get_datasheet("h100_sxm"), "bfloat16", Layout(), Setting(engine="vllm"))
+    new request waits for the C·I/chunk - O chunks queued ahead of it. A decode-bound run is unchanged. (vLLM V0's
+    profile: its chunk is priced whole beside the decodes, `step_batching: beside`.)"""
+    w = WhatIf(get_preset("llama-3.1-8b"), get_datasheet("h100_sxm"), "bfloat16", Layout(), Setting(engine="vllm-v0"))
     for staggered in (False, True):
-        r = serve(w, 8192, 16, 64, 640, staggered=staggered)
+        r = serve(w, 8192, 16, 64, 640, staggered=staggered, chunk_tokens=8192)
         chunk = int(r["prefill_chunk_tokens"]["typical"])
-        prompt_steps = 640 * 8192 / chunk * w.forward(Pass(1, 1, 0, chunk, 8192 / 2), 1, "vllm")
+        prompt_steps = 640 * 8192 / chunk * w.forward(Pass(1, 1, 0, chunk, 8192 / 2), 1, "vllm-v0")
         assert r["output_tok_s"]["typical"] < 640 * 16 / prompt_steps
-    bound, free = serve(w, 8192, 16, 32, 320, staggered=True), serve(w, 8192, 32, 32, 320, staggered=True)
+    bound = serve(w, 8192, 16, 32, 320, staggered=True, chunk_tokens=8192)
+    free = serve(w, 8192, 32, 32, 320, staggered=True, chunk_tokens=8192)
     assert bound["running"]["typical"] == free["running"]["typical"] == 32  # the KV pool holds them all
-    mixed = w.forward(Pass(32, 1, 8192 + 8, 8192, 8192 / 2), 1, "vllm")
+    mixed = w.forward(Pass(32, 1, 8192 + 8, 8192, 8192 / 2), 1, "vllm-v0")
     assert bound["ttft_s"]["typical"] == pytest.approx((32 - 16) * mixed)  # 32 chunks queued, 16 decode steps
     assert free["ttft_s"]["typical"] < bound["ttft_s"]["typical"] / 10  # 32 - 32 <= 1: its own chunk only
+
+
+def test_a_steps_token_budget_holds_its_decodes_where_the_engine_shares_it():
+    """vLLM V1 schedules its running requests first out of max_num_batched_tokens (a decode's one token, 1 + k with
+    k drafts) and the waiting prompts out of what is left; TensorRT-LLM's max_num_tokens counts the generation
+    tokens too (engines.yaml step_batching: shared). A chunk beside C decodes is the budget less C: it was the whole
+    budget beside them, as vLLM V0's profile still prices it (beside)."""
+    cfg, dev = get_preset("llama-3.1-8b"), get_datasheet("h100_sxm")
+    assert engines.profile("vllm", 1).step_batching == engines.profile("trtllm", 1).step_batching == "shared"
+    assert engines.profile("vllm-v0", 1).step_batching == "beside"
+    w = WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine="vllm"))
+    bound = serve(w, 8192, 16, 32, 320, staggered=True, chunk_tokens=8192)  # prefill-bound: every step a chunk
+    mixed = w.forward(Pass(32, 1, 8192 + 8, 8192 - 32, 8192 / 2), 1, "vllm")
+    assert bound["ttft_s"]["typical"] == pytest.approx((32 * 8192 / (8192 - 32) - 16) * mixed)
+    assert bound["prefill_chunk_tokens"]["typical"] == 8192  # the budget as the engine states it
+    # a fixed-length ramp of 256 prompts of 128 tokens: 4 whole chunks beside, 5 steps once the decodes of the
+    # prompts already prefilled take their tokens (96 on average), so the 128th prompt completes at step 3, not 2
+    shared = serve(w, 128, 128, 256, 256, chunk_tokens=8192)
+    beside = serve(WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine="vllm-v0")), 128, 128, 256, 256,
+                   chunk_tokens=8192)
+    # its three steps carry 0, 63.25 and 126.5 decoding sequences (8096 / 128 prompts a step): 63 on average
+    assert shared["ttft_s"]["typical"] == pytest.approx(3 * w.forward(Pass(63, 1, 128, 8096, 64), 1, "vllm"))
+    assert shared["ttft_s"]["typical"] > 1.3 * beside["ttft_s"]["typical"]  # beside: the 128th at step 2
+
+
+def test_sglang_runs_its_prompts_in_steps_of_their_own_before_the_decodes():
+    """SGLang's scheduler runs a prefill batch whenever one can be formed ('Run prefill first if possible') and
+    mixes the decodes into it only with --enable-mixed-chunk (default off): a fixed-length wave's ramp is prompts
+    alone, its first prompts wait for the last before they decode, and a staggered run's prompt chunk is a step of
+    its own beside the decode step (engines.yaml step_batching: prefill_first). A static batch (gptSessionBenchmark)
+    prefills its whole batch before it decodes too."""
+    cfg, dev = get_preset("llama-3.1-8b"), get_datasheet("h100_sxm")
+    assert engines.profile("sglang", 1).step_batching == "prefill_first"
+    w = WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine="sglang"))
+    r = serve(w, 4096, 64, 16, 16, chunk_tokens=8192)  # R = 8 ramp steps of two prompts, the 8th prompt at step 4
+    alone = w.forward(Pass(1, 1, 0, 8192, 4096 / 2), 1, "sglang")
+    plain = w.forward(Pass(16, 1, 4096 + 32, 0, 4096 / 2), 1, "sglang")
+    assert r["ttft_s"]["typical"] == pytest.approx(4 * alone)
+    assert r["e2e_s"]["typical"] == pytest.approx(8 * alone + 63 * plain)  # waits steps 5..8, then 63 decode steps
+    assert r["itl_mean_s"]["typical"] == pytest.approx((4 * alone + 63 * plain) / 63)
+    assert r["output_tok_s"]["typical"] == pytest.approx(16 * 64 / (8 * alone + 63 * plain))
+    # staggered: a step carrying a chunk is the prompts' step, then the decodes'
+    st = serve(w, 4096, 64, 16, 160, staggered=True, chunk_tokens=8192)
+    assert st["itl_p90_s"]["typical"] == pytest.approx(
+        w.forward(Pass(1, 1, 0, 8192, 2048), 1, "sglang") + w.forward(Pass(16, 1, 4096 + 32, 0, 2048), 1, "sglang"))
+    v = WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine="vllm-v0"))
+    static, mixed = serve(v, 4096, 64, 16, 16, chunk_tokens=8192, static_batch=True), serve(v, 4096, 64, 16, 16,
+                                                                                            chunk_tokens=8192)
+    assert static["ttft_s"]["typical"] == pytest.approx(4 * v.forward(Pass(1, 1, 0, 8192, 2048), 1, "vllm-v0"))
+    assert static["ttft_s"]["typical"] < mixed["ttft_s"]["typical"]  # no decodes beside its ramp's prompts
+
+
+def test_an_unknown_step_batching_is_one_error_naming_the_field(tmp_path):
+    bad = yaml.safe_load((ROOT / "roofline" / "data" / "engines.yaml").read_text())
+    bad["engines"]["sglang"]["step_batching"] = {"value": "mixed", "source": "x"}
+    path = tmp_path / "bad_engines.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    engines.load_engines.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match=r"engines.sglang.step_batching: 'mixed': allowed"):
+            engines.profile("sglang", 1, str(path))
+    finally:
+        engines.load_engines.cache_clear()
 
 
 def test_the_engines_kv_pool_caps_the_running_sequences_and_a_capped_run_goes_in_waves(tmp_path):
@@ -531,22 +596,23 @@ def test_a_single_requests_first_token_waits_for_every_chunk_of_its_prompt():
     R/2 for many. Those ramp steps carry the decodes of the prompts completed before them and not yet done (step j:
     (j - 1) / 2 sequences for 4096-token prompts in 2048-token chunks, less those past their 15 decode steps),
     priced at their mean over the steps: before, every ramp step was priced as one chunk and one decode at
-    context 0, whatever ran beside it."""
+    context 0, whatever ran beside it. (vLLM V0's profile: each chunk whole beside the decodes.)"""
     cfg = get_preset("llama-3.1-8b")
-    w = WhatIf(cfg, get_datasheet("h100_sxm"), "bfloat16", Layout(), Setting(engine="vllm"))
-    first = w.forward(Pass(1, 1, 0, 2048, 4096 / 2), 1, "vllm")
+    e = "vllm-v0"
+    w = WhatIf(cfg, get_datasheet("h100_sxm"), "bfloat16", Layout(), Setting(engine=e))
+    first = w.forward(Pass(1, 1, 0, 2048, 4096 / 2), 1, e)
     assert serve(w, 4096, 16, 1, 1, chunk_tokens=2048)["ttft_s"]["typical"] == pytest.approx(2 * first)
     many = serve(w, 4096, 16, 64, 64, chunk_tokens=2048)  # R = 128 ramp steps; the 32nd prompt completes at step 64
     # steps 1..16 carry 0..7.5 decoding sequences, then 7.5 (as many finish as start): 6.56 on average over 1..64,
     # priced as 7 at 4096 cached tokens
-    carried = w.forward(Pass(7, 1, 4096, 2048, 4096 / 2), 1, "vllm")
+    carried = w.forward(Pass(7, 1, 4096, 2048, 4096 / 2), 1, e)
     assert carried > first and many["ttft_s"]["typical"] == pytest.approx(64 * carried)
     # its 15 tokens after the first ride ramp steps 65..79, beside 7.5 decoding sequences (priced as 8)
-    late = w.forward(Pass(8, 1, 4096, 2048, 4096 / 2), 1, "vllm")
+    late = w.forward(Pass(8, 1, 4096, 2048, 4096 / 2), 1, e)
     assert many["e2e_s"]["typical"] == pytest.approx(64 * carried + 15 * late)
     # a long output keeps them all decoding: steps 1..64 carry 15.75 on average
     longer = serve(w, 4096, 256, 64, 64, chunk_tokens=2048)
-    assert longer["ttft_s"]["typical"] == pytest.approx(64 * w.forward(Pass(16, 1, 4096, 2048, 4096 / 2), 1, "vllm"))
+    assert longer["ttft_s"]["typical"] == pytest.approx(64 * w.forward(Pass(16, 1, 4096, 2048, 4096 / 2), 1, e))
 
 
 def test_anchors_name_the_offline_client_where_the_benchmark_ran_the_engine_offline():
@@ -927,29 +993,30 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran, their intervals widened by the
     conformal bands of the calibration anchors no prior cites (each source weighing one): bounds at the level
     measured when this test was last set plus a small margin, so a regression fails. All 94 test rows: median
-    |error| 21.7%, signed median +11.1% (too fast), 86% inside, median half-width 48.3%; quantized 25.7% / +12.1%;
-    TP 29.4% / +15.9%; MoE 29.3% / +18.3% (19.5% / +11.1% / 84% before a grouped GEMM's waves counted every
-    expert's tiles together, a bug fix that made MoE prefill faster: docs/planning.md). The 35 rows held out before
-    2026-12-06 (sources of dense, int4 / int8, fp8 and MoE deployments of 2023-2025): 9.3% / -2.4%, held apart so
-    that the 59 rows added with the fp4 formats, gpt-oss and Llama 4 (29.3% / +19.3%: docs/planning.md,
-    "Validation") cannot hide a regression on them. Of the issue's targets (10%, +-5%, 80% inside, half-width <=
-    25%) only the share inside is met on all 94 rows; on the 35, the median and the signed median are met too. The
-    calibration split is held too (275 rows: 17.5%, +3.7%, 92% inside, half-width 60.8%; 14.9% before the fp4
-    GEMMs' call floor, which moved its one fp4 source, DeepSeek-R1 FP4 on B300, from -4.7% to -18.6%)."""
+    |error| 23.0%, signed median +11.2% (too fast), 86% inside, median half-width 47.6%; quantized 28.1% / +12.3%;
+    TP 29.5% / +16.9%; MoE 29.5% / +19.1% (19.5% / +11.1% / 84% before a grouped GEMM's waves counted every
+    expert's tiles together and the engines' step batching was read from their schedulers: a bug fix and engine
+    behaviour that made the too-fast rows faster, docs/planning.md). The 35 rows held out before 2026-12-06
+    (sources of dense, int4 / int8, fp8 and MoE deployments of 2023-2025): 9.3% / -2.4%, held apart so that the 59
+    rows added with the fp4 formats, gpt-oss and Llama 4 (29.5% / +20.7%: docs/planning.md, "Validation") cannot
+    hide a regression on them. Of the issue's targets (10%, +-5%, 80% inside, half-width <= 25%) only the share
+    inside is met on all 94 rows; on the 35, the median and the signed median are met too. The calibration split
+    is held too (275 rows: 18.3%, +4.1%, 92% inside, half-width 60.4%; 14.9% before the fp4 GEMMs' call floor, which
+    moved its one fp4 source, DeepSeek-R1 FP4 on B300, from -4.7% to -18.6%)."""
     t_all = _shipped_table()
     s = anchors.summary(t_all)
     t, q, m, c = s["test"]["all"], s["test"]["quantized"], s["test"]["moe"], s["calibration"]["all"]
     tp, sp = s["test"]["tp"], s["test"]["speculative"]
     assert t["n"] >= 94
-    assert t["median_abs_error_pct"] <= 22.5
+    assert t["median_abs_error_pct"] <= 24.0
     assert abs(t["signed_median_fast_pct"]) <= 13.0
     assert t["inside_interval"] >= 0.81
     assert t["median_half_width_pct"] <= 49.0
-    assert q["median_abs_error_pct"] <= 26.5 and abs(q["signed_median_fast_pct"]) <= 13.0
-    assert tp["median_abs_error_pct"] <= 32.0 and abs(tp["signed_median_fast_pct"]) <= 17.0
-    assert m["median_abs_error_pct"] <= 30.5 and abs(m["signed_median_fast_pct"]) <= 19.5
+    assert q["median_abs_error_pct"] <= 29.5 and abs(q["signed_median_fast_pct"]) <= 13.5
+    assert tp["median_abs_error_pct"] <= 32.0 and abs(tp["signed_median_fast_pct"]) <= 17.5
+    assert m["median_abs_error_pct"] <= 30.5 and abs(m["signed_median_fast_pct"]) <= 20.0
     assert sp["n"] == 2 and sp["median_half_width_pct"] >= 10.0
-    assert c["n"] >= 270 and c["median_abs_error_pct"] <= 18.5 and abs(c["signed_median_fast_pct"]) <= 6.0
+    assert c["n"] >= 270 and c["median_abs_error_pct"] <= 19.5 and abs(c["signed_median_fast_pct"]) <= 6.0
     assert c["inside_interval"] >= 0.88
     assert c["median_half_width_pct"] <= 61.0
     added = ("trtllm_perf_overview_gptoss", "trtllm_perf_fp4_03e27c7", "lmsys_blog_sglang_gptoss_2025_08",

@@ -64,6 +64,7 @@ class Engine:
     max_running_tiers: tuple = ()  # engines.yaml max_running_seqs: its default cap on running sequences, by device
     local_reads: tuple = LOCAL_KINDS  # engines.yaml local_attention.reads: windowed kinds whose decode reads the window only
     local_pool: tuple = ()  # ((kind, "window" | "full" | fraction), ...): what its KV pool holds for windowed layers
+    step_batching: str = "beside"  # engines.yaml step_batching: how a prompt chunk shares a step with the decodes (STEP_BATCHING)
 
 
 def local_attention(e: dict, where: str) -> tuple[tuple, tuple]:
@@ -81,6 +82,21 @@ def local_attention(e: dict, where: str) -> tuple[tuple, tuple]:
         if v not in ("window", "full") and not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1):
             raise ConfigError(f"{where}.local_attention.pool.{k}={v!r}: allowed window | full | a fraction in (0, 1]")
     return reads, tuple(pool.items())
+
+
+# engines.yaml step_batching: how a finite run's prompt chunks share the engine's steps with its decodes.
+#   shared         one step holds the decodes and a prompt chunk, and its token budget (prefill_chunk_tokens) counts
+#                  both: the chunk is the budget less one token per decode (1 + k with k drafts)
+#   prefill_first  a step runs prompts alone, before any decode, while prompts wait (the decodes pause for it)
+#   beside         the chunk whole beside the decodes (absent: the engine's scheduler not read)
+STEP_BATCHING = ("shared", "prefill_first", "beside")
+
+
+def step_batching(e: dict, where: str) -> str:
+    v = (e.get("step_batching") or {}).get("value", "beside")
+    if v not in STEP_BATCHING:
+        raise ConfigError(f"{where}.step_batching: {v!r}: allowed {list(STEP_BATCHING)}")
+    return v
 
 
 CLIENTS = ("server", "offline")  # how a run reaches the engine: its HTTP server, or its offline (LLM class) entry point
@@ -169,7 +185,7 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
                       kv_pool_fraction=float(pool["fraction"]) if pool else None, kv_pool_of=pool.get("of", "total"),
                       merged=merged_gemms(e, f), prefill_chunk_tiers=device_tiers(e, "prefill_chunk_tokens", f),
                       max_running_tiers=device_tiers(e, "max_running_seqs", f),
-                      local_reads=local_reads, local_pool=local_pool)
+                      local_reads=local_reads, local_pool=local_pool, step_batching=step_batching(e, f))
     except KeyError as err:
         raise ConfigError(f"{f}: missing key {err.args[0]!r}") from None
 

@@ -547,19 +547,24 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     it through its HTTP server or its offline entry point, engines.yaml prefill_chunk_tokens, else
     priors.yaml chunked_prefill_tokens); C sequences decode at mean context input + output/2.
 
+    How a prompt chunk shares a step with the decodes is the engine's (engines.yaml step_batching): `shared` (vLLM
+    V1, TensorRT-LLM) one step whose token budget counts both, the chunk beside b decodes the budget less b (1 + k
+    tokens each with k drafts); `prefill_first` (SGLang, and any static batch) the prompts in steps of their own,
+    before the decodes; `beside` (the others) the chunk whole beside the decodes.
+
     Fixed lengths (staggered=False, what a random dataset of fixed input / output lengths and a static
     batch run): the C requests of a wave finish together, so every wave is a ramp of R = C·input/chunk
-    prefill steps, which carry the decodes of the prompts already prefilled and not yet done (step j: min(C,
-    (j − 1)·chunk/input) sequences less those that finished their output, at about `input` cached tokens, priced
-    at their mean over the steps in question; the prompt chunk is
-    kept whole beside them, where engines count both against one token budget: an approximation), then plain
+    prefill steps (whole chunks but the last, which takes what is left), which carry the decodes of the prompts
+    already prefilled and not yet done (step j: min(C, (j − 1)·chunk/input) sequences less those that finished their
+    output, at about `input` cached tokens, priced at their mean over the steps in question; a shared budget's chunk
+    less their mean over the wave; `prefill_first`: none, the first prompts wait for the last), then plain
     decode steps. The median request (the ceil(C/2)-th prompt) waits the ceil(ceil(C/2)·input/chunk) ramp steps that
     complete its prompt for its first token (TTFT: about R/2 for many requests, all R for one), decodes in the ramp
     steps left (a short output ends inside the ramp) and the rest in plain steps; a wave lasts R ramp steps +
     (output − 1) plain ones.
     Staggered lengths (staggered=True): after the first wave, requests finish one by one and their
-    replacements' prompts ride in the running decode steps, C·input·tau/output·(N − C)/N prompt tokens per
-    step on average; the ITL median is the mixed step when at least half the steps carry a chunk. Where the
+    replacements' prompts ride in the running decode steps (`prefill_first`: in steps of their own beside them),
+    C·input·tau/output·(N − C)/N prompt tokens per step on average; the ITL median is the mixed step when at least half the steps carry a chunk. Where the
     prompts need more steps than the decodes ((N − C)·input/chunk > N·output/(C·tau): prefill-bound), the run
     lasts the prompts' steps, each carrying a chunk (priced beside all C sequences decoding, where fewer do: an
     upper bound on the step), and a new request's first token waits for the
@@ -613,44 +618,83 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     def running(e):
         return concurrency if caps[e] is None else min(concurrency, max(caps[e], 1))
 
-    def ramp(e) -> tuple[int, int, int, tuple[tuple[int, float], ...]]:
+    def batching(e) -> str:  # a static batch prefills all its prompts before its first decode step
+        return "prefill_first" if static_batch else w._eng(e, 1).step_batching
+
+    def budget_chunk(e, b) -> float:
+        """Prompt tokens a step carrying b decodes prefills: the engine's budget, less one token per decode (1 + k
+        with k drafts) where one budget holds both (`shared`), floored at an eighth of it (a budget the decodes
+        nearly fill: vLLM keeps it >= max_num_seqs, so only a run's own smaller setting reaches the floor)."""
+        budget = chunks[e]
+        if batching(e) != "shared":
+            return float(budget)
+        per_decode = spec.k + 1 if spec is not None else 1
+        return max(budget - b * per_decode, budget / 8)
+
+    def ramp(e) -> tuple:
         """A wave's ramp: R steps that each prefill `chunk` prompt tokens (chunk / I prompts a step) beside the decodes
         of the prompts already prefilled; the step `half` that completes the median request's prompt; the ramp steps
-        it decodes in after it (`in_ramp`); and the (sequences decoding, their context) of an average ramp step over
-        steps 1..half (the median request's TTFT), half+1..half+in_ramp (its tokens in the ramp) and 1..R (the wave).
+        it decodes in after it (`in_ramp`); the (sequences decoding, their context, prompt tokens) of an average ramp
+        step (every step a whole chunk but the wave's last, which takes what is left of the C prompts) over
+        steps 1..half (the median request's TTFT), half+1..half+in_ramp (its tokens in the ramp) and 1..R (the wave);
+        the ramp steps the median request waits without decoding (`paused`); and the chunk.
         Step j carries the prompts completed before it that have not yet decoded their n = ceil((O - 1) / tau)
         steps, min(C, (j - 1) p) - min(C, (j - 1 - n) p) for p = chunk / I prompts a step, at about I cached tokens;
-        fewer than one on average prices one sequence at context 0 (the prompt's own first decode)."""
-        C, chunk = running(e), chunks[e]
-        R, half = math.ceil(C * I / chunk), math.ceil(math.ceil(C / 2) * I / chunk)
+        fewer than one on average prices one sequence at context 0 (the prompt's own first decode). A `shared`
+        budget's chunk is the budget less the ramp's mean decodes (`budget_chunk`, from a first pass at the whole
+        budget: an approximation of a chunk that shrinks as the ramp fills); `prefill_first` runs the ramp's prompts
+        alone (no decodes beside them), and the median request waits the R - half steps after its first token."""
+        C = running(e)
         n_dec = math.ceil((O - 1) / tau)
-        in_ramp = min(R - half, n_dec)
-        p = chunk / I
 
-        def mean(j0, j1):  # steps j0+1 .. j1
-            b = (sum(min(C, p * (j - 1)) - min(C, p * max(0, j - 1 - n_dec)) for j in range(j0 + 1, j1 + 1))
-                 / (j1 - j0) if j1 > j0 else 0.0)
-            return (max(1, round(b)), float(I)) if b >= 1 else (1, 0.0)
-        return R, half, in_ramp, (mean(0, half), mean(half, half + in_ramp), mean(0, R))
+        def shape(chunk, decoding=True):
+            R, half = math.ceil(C * I / chunk), math.ceil(math.ceil(C / 2) * I / chunk)
+            in_ramp = min(R - half, n_dec) if decoding else 0
+            p = chunk / I
+
+            def mean(j0, j1):  # steps j0+1 .. j1: (decoding sequences, their context, prompt tokens) of an average one
+                pre = (min(j1 * chunk, C * I) - min(j0 * chunk, C * I)) / (j1 - j0) if j1 > j0 else chunk
+                if not decoding:
+                    return 1, 0.0, pre
+                b = (sum(min(C, p * (j - 1)) - min(C, p * max(0, j - 1 - n_dec)) for j in range(j0 + 1, j1 + 1))
+                     / (j1 - j0) if j1 > j0 else 0.0)
+                return (max(1, round(b)), float(I), pre) if b >= 1 else (1, 0.0, pre)
+            paused = 0 if decoding else R - half
+            return R, half, in_ramp, (mean(0, half), mean(half, half + in_ramp), mean(0, R)), paused, chunk
+
+        if batching(e) == "prefill_first":
+            return shape(float(chunks[e]), decoding=False)
+        first = shape(float(chunks[e]))
+        if batching(e) != "shared":
+            return first
+        b_mean = first[3][2][0] if first[3][2][1] else 0  # the wave's mean ramp step's decoding sequences
+        return shape(budget_chunk(e, b_mean))
 
     def steps(e, rp) -> list[tuple[float, ...]]:
         """Per scenario, the run's step times: plain decode of the C running sequences, the same carrying a prompt
-        chunk, and the three average ramp steps of `ramp` (`rp`: a prompt chunk + the decodes of the prompts already
-        prefilled); each at its band-widened end (the typical untouched), the plain decode step at a calibration's
-        interval where points of the deployment determine it (Calibration.interval at B = C, L)."""
-        C, chunk = running(e), chunks[e]
-        pre_step = min(chunk, C * I)
-        kinds = [(C, L, 0), (C, L, pre_step)] + [(b, ctx, pre_step) for b, ctx in rp[3]]
-        raw = [tuple(step(b, ctx, pre, s, e) for b, ctx, pre in kinds) for s in range(3)]
+        chunk (`prefill_first`: the chunk's own step, then the decode step), and the three average ramp steps of
+        `ramp` (`rp`: a prompt chunk + the decodes of the prompts already prefilled); each at its band-widened end (the
+        typical untouched), the plain decode step at a calibration's interval where points of the deployment determine
+        it (Calibration.interval at B = C, L)."""
+        C = running(e)
+        kinds = [(C, L, 0), (C, L, min(budget_chunk(e, C), C * I))] + list(rp[3])
+
+        def price(s, b, ctx, pre):
+            if pre and batching(e) == "prefill_first" and ctx:  # the prompts' step alone, then the decodes'
+                return step(1, 0, pre, s, e) + step(b, ctx, 0, s, e)
+            return step(b, ctx, pre, s, e)
+        raw = [tuple(price(s, b, ctx, pre) for b, ctx, pre in kinds) for s in range(3)]
         ivs = [widen(interval(lambda s, i=i: raw[s][i]), q) for i in range(len(kinds))]
         if w.calibration is not None:
             ivs[0] = w.calibration.interval(ivs[0]["typical"], ivs[0], C, L)
         return [tuple(iv[name] for iv in ivs) for name in SCENARIOS]
 
     def per(s, e, at, rp):
-        C, chunk = running(e), chunks[e]
+        C, budget = running(e), chunks[e]
+        chunk = budget_chunk(e, C)  # a decode step's prompt tokens beside the C decodes
+        alone = batching(e) == "prefill_first"
         waves = math.ceil(N / C)
-        R, half, in_ramp, _ = rp
+        R, half, in_ramp, _, paused, _ = rp
         refill = max(N - C, 0) * I / chunk  # steps the refills' prompts need, one chunk a step
         frac = min(1.0, refill / (N * O / (C * tau))) if staggered else 0.0  # decode steps (rounds) carrying a chunk
         plain, mixed, first, late, whole = at[s]  # ramp steps: to the median's first token, after it, the wave's
@@ -660,22 +704,25 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
             # prefill-bound (the prompts need more steps than the decodes): every step carries a chunk, and a new
             # request waits for the C·I/chunk - O/tau prompt chunks queued ahead of it (Little's law)
             wait = max(math.ceil(I / chunk), C * I / chunk - O / tau)
-            ttft, e2e = wait * mixed, wait * mixed + (O - 1) / tau * mean
+            ttft = wait * (whole if alone else mixed)  # prefill_first: its prompt's steps alone (`whole`)
+            e2e = ttft + (O - 1) / tau * mean
             itl50, itl90 = (mixed if frac >= 0.5 else plain), (mixed if frac > 0.1 else plain)
-            total, mean_itl = R * whole + max(waves * O / tau, refill) * mean, mean / tau
+            total = R * whole + (waves * O / tau * plain + refill * whole if alone  # prompts' steps and decodes' apart
+                                 else max(waves * O / tau, refill) * mean)
+            mean_itl = mean / tau
             wave = e2e  # one request's stay: what a queued one waits per wave ahead of it
         else:
             wave = R * whole + (O - 1) / tau * plain
             after = max(O - 1 - in_ramp * tau, 0.0) / tau  # its steps after the ramp
-            mean_itl = (in_ramp * late + after * plain) / max(O - 1, 1)
+            mean_itl = (paused * whole + in_ramp * late + after * plain) / max(O - 1, 1)
             ttft = half * first
-            e2e = ttft + in_ramp * late + after * plain  # a short output ends inside the ramp
+            e2e = ttft + paused * whole + in_ramp * late + after * plain  # a short output ends inside the ramp
             itl50 = late if in_ramp >= (in_ramp + after) / 2 else plain
             itl90 = late if in_ramp > 0.1 * (in_ramp + after) else plain
             total = waves * wave
         return dict(ttft_s=ttft + queued * wave, itl_s=itl50, itl_p90_s=itl90, itl_mean_s=mean_itl,
                     e2e_s=e2e + queued * wave, output_tok_s=N * O / total, running=float(C),
-                    prefill_chunk_tokens=float(chunk))
+                    prefill_chunk_tokens=float(budget))
 
     out = {}
     for e in w.setting.engine_names():
