@@ -564,7 +564,8 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     (output − 1) plain ones.
     Staggered lengths (staggered=True): after the first wave, requests finish one by one and their
     replacements' prompts ride in the running decode steps (`prefill_first`: in steps of their own beside them),
-    C·input·tau/output·(N − C)/N prompt tokens per step on average; the ITL median is the mixed step when at least half the steps carry a chunk. Where the
+    C·input·tau/output·(N − C)/N prompt tokens per step on average; the ITL median is the mixed step when at
+    least half the steps carry a chunk. Where the
     prompts need more steps than the decodes ((N − C)·input/chunk > N·output/(C·tau): prefill-bound), the run
     lasts the prompts' steps, each carrying a chunk (priced beside all C sequences decoding, where fewer do: an
     upper bound on the step), and a new request's first token waits for the
@@ -637,7 +638,8 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
         it decodes in after it (`in_ramp`); the (sequences decoding, their context, prompt tokens) of an average ramp
         step (every step a whole chunk but the wave's last, which takes what is left of the C prompts) over
         steps 1..half (the median request's TTFT), half+1..half+in_ramp (its tokens in the ramp) and 1..R (the wave);
-        the ramp steps the median request waits without decoding (`paused`); and the chunk.
+        the ramp steps the median request waits without decoding (`paused`, priced as the second average: steps
+        half+1..R); and the chunk.
         Step j carries the prompts completed before it that have not yet decoded their n = ceil((O - 1) / tau)
         steps, min(C, (j - 1) p) - min(C, (j - 1 - n) p) for p = chunk / I prompts a step, at about I cached tokens;
         fewer than one on average prices one sequence at context 0 (the prompt's own first decode). A `shared`
@@ -660,7 +662,8 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
                      / (j1 - j0) if j1 > j0 else 0.0)
                 return (max(1, round(b)), float(I), pre) if b >= 1 else (1, 0.0, pre)
             paused = 0 if decoding else R - half
-            return R, half, in_ramp, (mean(0, half), mean(half, half + in_ramp), mean(0, R)), paused, chunk
+            after_first = mean(half, half + in_ramp) if decoding else mean(half, R)  # its ramp steps after its prompt
+            return R, half, in_ramp, (mean(0, half), after_first, mean(0, R)), paused, chunk
 
         if batching(e) == "prefill_first":
             return shape(float(chunks[e]), decoding=False)
@@ -714,9 +717,9 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
         else:
             wave = R * whole + (O - 1) / tau * plain
             after = max(O - 1 - in_ramp * tau, 0.0) / tau  # its steps after the ramp
-            mean_itl = (paused * whole + in_ramp * late + after * plain) / max(O - 1, 1)
+            mean_itl = ((paused + in_ramp) * late + after * plain) / max(O - 1, 1)  # prefill_first: in_ramp 0, paused
             ttft = half * first
-            e2e = ttft + paused * whole + in_ramp * late + after * plain  # a short output ends inside the ramp
+            e2e = ttft + (paused + in_ramp) * late + after * plain  # a short output ends inside the ramp
             itl50 = late if in_ramp >= (in_ramp + after) / 2 else plain
             itl90 = late if in_ramp > 0.1 * (in_ramp + after) else plain
             total = waves * wave
