@@ -274,7 +274,9 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
             pairs = routed * cfg.experts_per_token / layout.ep
             m_e = pairs / touched if touched else 0.0
             w_e = 3 * cfg.d * s.moe_ffn
-            bw_e = bw * dict(eng.grouped_bw_ratio).get(ek, 1.0)  # an engine's own quantized-expert kernel
+            # an engine's own expert kernel, its ratio to the NVIDIA-measured grouped curve (not to an architecture's own)
+            own_arch_curve = K.arch_override(kern, device.key).get("grouped_gemm") is not None
+            bw_e = bw * (1.0 if own_arch_curve else dict(eng.grouped_bw_ratio).get(ek, 1.0))
             out["experts"] = K.grouped_gemm_seconds(touched * expert_bytes(expert_cfg, prec), 2.0 * pairs * w_e, m_e,
                                                     2 * s.moe_ffn, bw_e, f_e, device.key, scenario, kern, ek,
                                                     eng.fused_moe, touched)["seconds"]
