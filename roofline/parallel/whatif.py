@@ -39,6 +39,7 @@ import statistics
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import yaml
@@ -274,12 +275,10 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
             pairs = routed * cfg.experts_per_token / layout.ep
             m_e = pairs / touched if touched else 0.0
             w_e = 3 * cfg.d * s.moe_ffn
-            # an engine's own expert kernel, its ratio to the NVIDIA-measured grouped curve (not to an architecture's own)
-            own_arch_curve = K.arch_override(kern, device.key).get("grouped_gemm") is not None
-            bw_e = bw * (1.0 if own_arch_curve else dict(eng.grouped_bw_ratio).get(ek, 1.0))
             out["experts"] = K.grouped_gemm_seconds(touched * expert_bytes(expert_cfg, prec), 2.0 * pairs * w_e, m_e,
-                                                    2 * s.moe_ffn, bw_e, f_e, device.key, scenario, kern, ek,
-                                                    eng.fused_moe, touched)["seconds"]
+                                                    2 * s.moe_ffn, bw, f_e, device.key, scenario, kern, ek,
+                                                    eng.fused_moe, touched,
+                                                    dict(eng.grouped_bw_ratio).get(ek, 1.0))["seconds"]
             out["touched"] = touched
         return out
 
@@ -539,6 +538,18 @@ class WhatIf:
         return experts_touched_busiest_rank(self.cfg, B * q, self.layout.ep) if self.cfg.is_moe else 0.0
 
 
+class Ramp(NamedTuple):
+    """A fixed-length wave's ramp (serve): R prefill steps; the step `half` that completes the median request's prompt;
+    the ramp steps it decodes in after that (`in_ramp`) or waits in without decoding (`paused`, prefill_first);
+    `means`: (sequences decoding, their context, prompt tokens) of an average ramp step over steps 1..half, over its
+    ramp steps after its first token, and over the whole ramp."""
+    R: int
+    half: int
+    in_ramp: int
+    paused: int
+    means: tuple
+
+
 def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prompts: int | None = None,
           chunk_tokens: int | None = None, staggered: bool = False, spec: SpecDecode | None = None,
           static_batch: bool = False, client: str = "server") -> dict:
@@ -621,27 +632,28 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     def running(e):
         return concurrency if caps[e] is None else min(concurrency, max(caps[e], 1))
 
-    def batching(e) -> str:  # a static batch prefills all its prompts before its first decode step
-        return "prefill_first" if static_batch else w._eng(e, 1).step_batching
+    # how each engine's steps hold a prompt chunk (engines.yaml step_batching); a static batch prefills all its prompts
+    # before its first decode step
+    batchings = {e: "prefill_first" if static_batch else w._eng(e, 1).step_batching for e in w.setting.engine_names()}
 
     def budget_chunk(e, b) -> float:
         """Prompt tokens a step carrying b decodes prefills: the engine's budget, less one token per decode (1 + k
         with k drafts) where one budget holds both (`shared`), floored at an eighth of it (a budget the decodes
         nearly fill: vLLM keeps it >= max_num_seqs, so only a run's own smaller setting reaches the floor)."""
         budget = chunks[e]
-        if batching(e) != "shared":
+        if batchings[e] != "shared":
             return float(budget)
         per_decode = spec.k + 1 if spec is not None else 1
         return max(budget - b * per_decode, budget / 8)
 
-    def ramp(e) -> tuple:
+    def ramp(e) -> Ramp:
         """A wave's ramp: R steps that each prefill `chunk` prompt tokens (chunk / I prompts a step) beside the decodes
         of the prompts already prefilled; the step `half` that completes the median request's prompt; the ramp steps
         it decodes in after it (`in_ramp`); the (sequences decoding, their context, prompt tokens) of an average ramp
         step (every step a whole chunk but the wave's last, which takes what is left of the C prompts) over
         steps 1..half (the median request's TTFT), half+1..half+in_ramp (its tokens in the ramp) and 1..R (the wave);
         the ramp steps the median request waits without decoding (`paused`, priced as the second average: steps
-        half+1..R); and the chunk.
+        half+1..R).
         Step j carries the prompts completed before it that have not yet decoded their n = ceil((O - 1) / tau)
         steps, min(C, (j - 1) p) - min(C, (j - 1 - n) p) for p = chunk / I prompts a step, at about I cached tokens;
         fewer than one on average prices one sequence at context 0 (the prompt's own first decode). A `shared`
@@ -665,14 +677,15 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
                 return (max(1, round(b)), float(I), pre) if b >= 1 else (1, 0.0, pre)
             paused = 0 if decoding else R - half
             after_first = mean(half, half + in_ramp) if decoding else mean(half, R)  # its ramp steps after its prompt
-            return R, half, in_ramp, (mean(0, half), after_first, mean(0, R)), paused, chunk
+            return Ramp(R, half, in_ramp, paused, (mean(0, half), after_first, mean(0, R)))
 
-        if batching(e) == "prefill_first":
+        if batchings[e] == "prefill_first":
             return shape(float(chunks[e]), decoding=False)
         first = shape(float(chunks[e]))
-        if batching(e) != "shared":
+        if batchings[e] != "shared":
             return first
-        b_mean = first[3][2][0] if first[3][2][1] else 0  # the wave's mean ramp step's decoding sequences
+        b, ctx, _ = first.means[2]  # the wave's mean ramp step
+        b_mean = b if ctx else 0  # (one sequence at context 0 stands for none decoding)
         return shape(budget_chunk(e, b_mean))
 
     def steps(e, rp) -> list[tuple[float, ...]]:
@@ -682,10 +695,10 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
         typical untouched), the plain decode step at a calibration's interval where points of the deployment determine
         it (Calibration.interval at B = C, L)."""
         C = running(e)
-        kinds = [(C, L, 0), (C, L, min(budget_chunk(e, C), C * I))] + list(rp[3])
+        kinds = [(C, L, 0), (C, L, min(budget_chunk(e, C), C * I))] + list(rp.means)
 
         def price(s, b, ctx, pre):
-            if pre and batching(e) == "prefill_first" and ctx:  # the prompts' step alone, then the decodes'
+            if pre and batchings[e] == "prefill_first" and ctx:  # the prompts' step alone, then the decodes'
                 return step(1, 0, pre, s, e) + step(b, ctx, 0, s, e)
             return step(b, ctx, pre, s, e)
         raw = [tuple(price(s, b, ctx, pre) for b, ctx, pre in kinds) for s in range(3)]
@@ -697,9 +710,9 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     def per(s, e, at, rp):
         C, budget = running(e), chunks[e]
         chunk = budget_chunk(e, C)  # a decode step's prompt tokens beside the C decodes
-        alone = batching(e) == "prefill_first"
+        alone = batchings[e] == "prefill_first"
         waves = math.ceil(N / C)
-        R, half, in_ramp, _, paused, _ = rp
+        R, half, in_ramp, paused = rp.R, rp.half, rp.in_ramp, rp.paused
         refill = max(N - C, 0) * I / chunk  # steps the refills' prompts need, one chunk a step
         frac = min(1.0, refill / (N * O / (C * tau))) if staggered else 0.0  # decode steps (rounds) carrying a chunk
         plain, mixed, first, late, whole = at[s]  # ramp steps: to the median's first token, after it, the wave's
