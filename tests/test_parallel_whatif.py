@@ -5,6 +5,7 @@ and the anchors' split. Logic tests run on tests/fixtures/whatif (PLACEHOLDER nu
 import functools
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -678,6 +679,50 @@ def test_vllm_v0_runs_block_fp8_experts_at_its_triton_kernels_measured_share_on_
     assert experts("mi300x", "vllm-v0") == pytest.approx(experts("mi300x", "vllm"))  # ROCm's own curve, no ratio
 
 
+
+def test_sglang_0_4_is_sglang_with_the_triton_block_fp8_experts_of_early_2025():
+    """SGLang 0.4.x before DeepGEMM became its default (PR #5628, 2025-04) ran DeepSeek's block-fp8 experts through
+    its Triton fused_moe (vLLM's kernel, the N tile locked to the quant block): the sglang-0.4 profile is `sglang`
+    with vllm-v0's measured ratio on those experts, on NVIDIA parts only, and nothing else different. dstack's
+    SGLang 0.4.2 / 0.4.3 rows (calibration) are priced with it; no other anchor states a 0.4 release."""
+    import dataclasses
+    old, new = engines.profile("sglang-0.4", 1), engines.profile("sglang", 1)
+    diff = {f.name for f in dataclasses.fields(old) if getattr(old, f.name) != getattr(new, f.name)}
+    assert diff == {"name", "grouped_bw_ratio"}
+    assert dict(old.grouped_bw_ratio) == dict(engines.profile("vllm-v0", 1).grouped_bw_ratio) == {"fp8_block": 0.29}
+    ds, prec = get_preset("deepseek-r1"), "bfloat16+weights=fp8_b128"
+
+    def experts(device, engine):
+        w = WhatIf(ds, get_datasheet(device), prec, Layout(tp=8), Setting(engine=engine, bands=()))
+        return w.pass_detail(Pass(16, 1, 4000), 1, engine)["terms"]["experts"]
+    floor = 58 * kernels.load_kernels()["grouped_gemm"]["floor_us"]["values"][1] * 1e-6
+    assert experts("h200_sxm", "sglang-0.4") - floor == pytest.approx((experts("h200_sxm", "sglang") - floor) / 0.29)
+    assert experts("mi300x", "sglang-0.4") == pytest.approx(experts("mi300x", "sglang"))  # CDNA3's own curve
+    dense = WhatIf(get_preset("llama-3.1-8b"), get_datasheet("h100_sxm"), "bfloat16", Layout(), Setting(bands=()))
+    assert dense.target(1, 8, 1024, 1, "sglang-0.4") == dense.target(1, 8, 1024, 1, "sglang")
+    _, sources, rows = anchors.load()
+    for a in rows:
+        if a["engine"] in ("sglang", "sglang-0.4"):
+            stated = str(sources[a["source"]].get("engine_version", "")) + str(sources[a["source"]].get("date_or_version", ""))
+            assert (a["engine"] == "sglang-0.4") == bool(re.search(r"(?i)sglang 0\.4\.[0-5]", stated)), a["id"]
+
+
+def test_an_unnamed_engine_spans_each_engine_once_and_a_release_variant_only_when_named(tmp_path):
+    """A profile marked `release_of: <profile>` (sglang-0.4 of sglang) is priced when named; the span of an
+    unnamed engine leaves it out, so that its median is not pulled toward an engine listed twice. A release_of
+    naming no profile (or another variant) is one error naming the field."""
+    assert "sglang-0.4" in engines.names() and "sglang-0.4" not in engines.spanned()
+    assert set(engines.names()) - set(engines.spanned()) == {"sglang-0.4"}
+    assert Setting().engine_names() == engines.spanned()
+    assert Setting(engine="sglang-0.4").engine_names() == ["sglang-0.4"]
+    doc = yaml.safe_load(engines.ENGINES_PATH.read_text())
+    doc["engines"]["sglang-0.4"]["release_of"] = "sglang-0.3"
+    bad = tmp_path / "engines.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=r"engines\.sglang-0\.4\.release_of='sglang-0\.3'"):
+        engines.spanned(str(bad))
+
+
 def test_every_moe_layer_pays_its_router_gemm_and_gating_kernels_under_graphs():
     """priors.yaml moe_routing_us_per_layer: per MoE layer beside the graph floor (CUDA graphs); a dense model
     pays nothing more; an engine without graphs prices those launches at its host issue time instead."""
@@ -1013,7 +1058,7 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran, their intervals widened by the
     conformal bands of the calibration anchors no prior cites (each source weighing one): bounds at the level
     measured when this test was last set plus a small margin, so a regression fails. All 94 test rows: median
-    |error| 23.0%, signed median +11.2% (too fast), 86% inside, median half-width 47.9%; quantized 28.1% / +12.3%;
+    |error| 23.0%, signed median +11.2% (too fast), 85% inside, median half-width 45.1%; quantized 28.1% / +12.3%;
     TP 29.5% / +16.9%; MoE 29.5% / +19.1% (19.5% / +11.1% / 84% before a grouped GEMM's waves counted every
     expert's tiles together and the engines' step batching was read from their schedulers: a bug fix and engine
     behaviour that made the too-fast rows faster, docs/planning.md). The 35 rows held out before 2026-12-06
@@ -1021,8 +1066,9 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     rows added with the fp4 formats, gpt-oss and Llama 4 (29.5% / +20.7%: docs/planning.md, "Validation") cannot
     hide a regression on them. Of the issue's targets (10%, +-5%, 80% inside, half-width <= 25%) only the share
     inside is met on all 94 rows; on the 35, the median and the signed median are met too. The calibration split
-    is held too (275 rows: 16.4%, +3.3%, 92% inside, half-width 60.8%; 14.9% before the fp4 GEMMs' call floor, which
-    moved its one fp4 source, DeepSeek-R1 FP4 on B300, from -4.7% to -18.6%)."""
+    is held too (275 rows: 15.5%, +3.1%, 92% inside, half-width 57.1%; 16.4% before dstack's SGLang 0.4 rows took the
+    sglang-0.4 profile; 14.9% before the fp4 GEMMs' call floor, which moved its one fp4 source, DeepSeek-R1 FP4 on
+    B300, from -4.7% to -18.6%)."""
     t_all = _shipped_table()
     s = anchors.summary(t_all)
     t, q, m, c = s["test"]["all"], s["test"]["quantized"], s["test"]["moe"], s["calibration"]["all"]
@@ -1031,14 +1077,14 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     assert t["median_abs_error_pct"] <= 24.0
     assert abs(t["signed_median_fast_pct"]) <= 13.0
     assert t["inside_interval"] >= 0.81
-    assert t["median_half_width_pct"] <= 49.0
+    assert t["median_half_width_pct"] <= 46.5
     assert q["median_abs_error_pct"] <= 29.5 and abs(q["signed_median_fast_pct"]) <= 13.5
     assert tp["median_abs_error_pct"] <= 32.0 and abs(tp["signed_median_fast_pct"]) <= 17.5
     assert m["median_abs_error_pct"] <= 30.5 and abs(m["signed_median_fast_pct"]) <= 20.0
     assert sp["n"] == 2 and sp["median_half_width_pct"] >= 10.0
-    assert c["n"] >= 270 and c["median_abs_error_pct"] <= 19.5 and abs(c["signed_median_fast_pct"]) <= 6.0
+    assert c["n"] >= 270 and c["median_abs_error_pct"] <= 17.0 and abs(c["signed_median_fast_pct"]) <= 5.0
     assert c["inside_interval"] >= 0.88
-    assert c["median_half_width_pct"] <= 61.0
+    assert c["median_half_width_pct"] <= 58.5
     added = ("trtllm_perf_overview_gptoss", "trtllm_perf_fp4_03e27c7", "lmsys_blog_sglang_gptoss_2025_08",
              "vllm_blog_llama4_2025_04", "trtllm_perf_overview_llama4_maverick", "trtllm_perf_v10_llama4_scout")
     before = anchors.summary(t_all[~t_all["source"].isin(added)])["test"]["all"]

@@ -11,7 +11,8 @@ adds, cache writes: launches beyond the layer's matmuls and attention) cost the 
 each, the matmuls and attention their GPU time (roofline.parallel.whatif). Its KV pool (`kv_pool`: the memory
 share it claims) bounds how many sequences of a finite run it keeps running (roofline.parallel.whatif.serve). Each value is a triple (optimistic, typical, pessimistic) with a source and the
 engine version it was read for. No engine named: the what-if runs every profile and its
-interval spans them (roofline.parallel.whatif).
+interval spans them (roofline.parallel.whatif), an earlier release's variant of another profile
+(`release_of`, `spanned`) left out: it is priced when named.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from roofline.io.fields import ConfigError
 from roofline.parallel.kernels import pick
 
 ENGINES_PATH = Path(__file__).resolve().parents[1] / "data" / "engines.yaml"
-ENGINE_NAMES = ("vllm", "vllm-v0", "sglang", "trtllm", "lmdeploy", "llama.cpp", "gpt-fast", "hf-eager", "autoawq")
+ENGINE_NAMES = ("vllm", "vllm-v0", "sglang", "sglang-0.4", "trtllm", "lmdeploy", "llama.cpp", "gpt-fast", "hf-eager", "autoawq")
 
 
 @lru_cache(maxsize=4)
@@ -143,6 +144,18 @@ def tier_value(tiers: tuple, mem_bytes: float | None, device_key: str, client: s
 
 def names(path: str = str(ENGINES_PATH)) -> list[str]:
     return sorted(load_engines(path))
+
+
+def spanned(path: str = str(ENGINES_PATH)) -> list[str]:
+    """The profiles an unnamed engine spans: every one but an earlier release's variant of another
+    (`release_of: <profile>`, e.g. sglang-0.4 of sglang: priced when named, while the span counts each
+    engine once, its median not pulled toward an engine listed twice)."""
+    engines = load_engines(path)
+    for name, e in engines.items():
+        base = (e or {}).get("release_of")
+        if base is not None and (base not in engines or (engines[base] or {}).get("release_of") is not None):
+            raise ConfigError(f"engines.{name}.release_of={base!r}: must name a profile that is no release of another")
+    return sorted(n for n, e in engines.items() if (e or {}).get("release_of") is None)
 
 
 def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:

@@ -77,8 +77,8 @@ def load_bands(path: str = str(BANDS_PATH)) -> tuple[tuple[str, float], ...]:
 
 @dataclass(frozen=True)
 class Setting:
-    """How the step runs: which engine (None: span every profile), CUDA graphs (None: the
-    engine's own), the link inside a node ("" = the device's own), the data files and the measured
+    """How the step runs: which engine (None: span every profile but a release variant, engines.spanned),
+    CUDA graphs (None: the engine's own), the link inside a node ("" = the device's own), the data files and the measured
     error bands that widen the priors' interval (None: roofline/data/bands.yaml; (): none, the priors'
     interval alone; else (category, log half-width) pairs, 'all' the fallback)."""
     graphs: bool | None = None
@@ -101,7 +101,7 @@ class Setting:
         if self.engine is not None:
             engines_mod.profile(self.engine, 1, self.engines_path())  # ConfigError naming engine= when unknown
             return [self.engine]
-        return engines_mod.names(self.engines_path())
+        return engines_mod.spanned(self.engines_path())
 
 
 def intra_node_link(device: Datasheet, setting: Setting, priors: dict) -> str:
