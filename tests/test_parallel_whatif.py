@@ -657,6 +657,15 @@ def test_one_memory_rule_the_engines_kv_pool_for_capacity_the_card_and_a_finite_
     r2 = card_record(CardRequest(model=get_preset("deepseek-r1"), device=get_datasheet("h200_sxm"), engine="vllm",
                                  tp=8, batch=4, context=2048, dtype="bfloat16+weights=fp8_b128"))  # its released fp8
     assert "whatif_note" not in r2 and r2["smallest_layout"].startswith("tp8")
+    # its floor line: the step's bytes over one device (59 ms at batch 16, a device it does not fit) and, over the
+    # 8 devices of its layout, at least an eighth of that, which no engine's what-if on tp8 beats
+    r3 = card_record(CardRequest(model=get_preset("deepseek-r1"), device=get_datasheet("h200_sxm"), engine="sglang",
+                                 tp=8, batch=16, context=4000, dtype="bfloat16+weights=fp8_b128"))
+    spread = r3["decode_floor_s"] / r3["layout_devices"]
+    assert r3["layout_devices"] == 8 and f"over the 8 of tp8 at least {1e3 * spread:.3f} ms/step" in render_card(r3)
+    assert spread <= r3["whatif_itl_ms_optimistic"] * 1e-3 < r3["decode_floor_s"]
+    assert "at least" not in render_card(card_record(CardRequest(model=get_preset("llama-3.1-8b"),
+                                                                 device=get_datasheet("h200_sxm"), batch=16)))
 
 
 def test_vllm_v0_runs_block_fp8_experts_at_its_triton_kernels_measured_share_on_nvidia_parts_only():

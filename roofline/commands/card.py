@@ -212,6 +212,17 @@ def _si(x: float, unit: str) -> str:
     return f"{x:.3g} {unit}"
 
 
+def _spread_floor(rec: dict) -> str:
+    """The floor line's note where the model needs several devices: the one-device floor is the whole step's
+    bytes over one device's bandwidth, and over the n devices of the smallest layout a step takes at least 1/n
+    of it (bytes a layout replicates, norms or an MLA cache, only add to the busiest device)."""
+    n = rec.get("layout_devices") or 1
+    if n <= 1:
+        return ""
+    return (f"; on one device, which it does not fit: over the {n} of {rec['smallest_layout']} at least "
+            f"{1e3 * rec['decode_floor_s'] / n:.3f} ms/step")
+
+
 def render_card(rec: dict) -> str:
     pct = lambda v: "n/a" if v is None else f"{100 * v:+.2f}%"
     pub = lambda v: "n/a" if not v else _si(v, "")
@@ -235,7 +246,7 @@ def render_card(rec: dict) -> str:
         ridge = rec["ridge_flop_per_byte"]
         lines += [
             f"on {rec['device']} datasheet ({rec['device_bw_GBps']:.0f} GB/s): floor {1e3 * rec['decode_floor_s']:.3f} ms/step, "
-            f"ceiling {rec['decode_ceiling_tok_s']:.0f} tok/s (B={rec['batch']})",
+            f"ceiling {rec['decode_ceiling_tok_s']:.0f} tok/s (B={rec['batch']})" + _spread_floor(rec),
             f"ridge point    {ridge:.0f} FLOP/B ({rec['ridge_dtype']} matmuls); this step is "
             f"{'memory' if rec['step_intensity'] < ridge else 'compute'}-bound" if ridge else "ridge point    n/a (no datasheet FLOP/s for this dtype)",
         ]
