@@ -688,7 +688,6 @@ def test_vllm_v0_runs_block_fp8_experts_at_its_triton_kernels_measured_share_on_
     assert experts("mi300x", "vllm-v0") == pytest.approx(experts("mi300x", "vllm"))  # ROCm's own curve, no ratio
 
 
-
 def test_sglang_0_4_is_sglang_with_the_triton_block_fp8_experts_of_early_2025():
     """SGLang 0.4.x before DeepGEMM became its default (PR #5628, 2025-04) ran DeepSeek's block-fp8 experts through
     its Triton fused_moe (vLLM's kernel, the N tile locked to the quant block): the sglang-0.4 profile is `sglang`
