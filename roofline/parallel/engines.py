@@ -27,7 +27,6 @@ from roofline.io.fields import ConfigError
 from roofline.parallel.kernels import pick
 
 ENGINES_PATH = Path(__file__).resolve().parents[1] / "data" / "engines.yaml"
-ENGINE_NAMES = ("vllm", "vllm-v0", "sglang", "sglang-0.4", "trtllm", "lmdeploy", "llama.cpp", "gpt-fast", "hf-eager", "autoawq")
 
 
 @lru_cache(maxsize=4)
@@ -150,12 +149,17 @@ def spanned(path: str = str(ENGINES_PATH)) -> list[str]:
     """The profiles an unnamed engine spans: every one but an earlier release's variant of another
     (`release_of: <profile>`, e.g. sglang-0.4 of sglang: priced when named, while the span counts each
     engine once, its median not pulled toward an engine listed twice)."""
+    return list(_spanned(path))
+
+
+@lru_cache(maxsize=4)
+def _spanned(path: str) -> tuple[str, ...]:  # read once per file: every unnamed what-if asks for it
     engines = load_engines(path)
     for name, e in engines.items():
         base = (e or {}).get("release_of")
         if base is not None and (base not in engines or (engines[base] or {}).get("release_of") is not None):
             raise ConfigError(f"engines.{name}.release_of={base!r}: must name a profile that is no release of another")
-    return sorted(n for n, e in engines.items() if (e or {}).get("release_of") is None)
+    return tuple(sorted(n for n, e in engines.items() if (e or {}).get("release_of") is None))
 
 
 def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
