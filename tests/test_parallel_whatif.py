@@ -715,12 +715,36 @@ def test_sglang_0_4_is_sglang_with_the_triton_block_fp8_experts_of_early_2025():
             assert (a["engine"] == "sglang-0.4") == bool(re.search(r"(?i)sglang 0\.4\.[0-5]", stated)), a["id"]
 
 
+def test_vllm_v0_rocm_is_vllm_v0_with_the_host_time_of_the_rocm_build():
+    """AMD's rocm/vllm-dev containers (vLLM V0, 'Cython to reduce host overhead') pay a fixed host time per step and
+    a small one per sequence, fitted to the one V0 batch sweep of the calibration split (1.17 ms + 58 us a
+    sequence); upstream V0 (vllm-v0) pays 220 us a sequence. Nothing else differs. The anchors whose source states a
+    rocm/vllm-dev image (on an AMD device) take the profile, and only those."""
+    import dataclasses
+    rocm, up = engines.profile("vllm-v0-rocm", 1), engines.profile("vllm-v0", 1)
+    diff = {f.name for f in dataclasses.fields(rocm) if getattr(rocm, f.name) != getattr(up, f.name)}
+    assert diff == {"name", "step_overhead_s", "step_overhead_per_seq_s"}
+    assert (rocm.step_overhead_s, rocm.step_overhead_per_seq_s) == pytest.approx((1.17e-3, 58e-6))
+    w = WhatIf(get_preset("llama-3.1-70b"), get_datasheet("mi300x"), "float16+weights=fp8_e4m3", Layout(tp=8),
+               Setting(bands=()))
+    host = {e: w.pass_detail(Pass(128, 1, 1100), 1, e)["terms"]["step_overhead"] for e in ("vllm-v0-rocm", "vllm-v0")}
+    assert host["vllm-v0-rocm"] == pytest.approx(1.17e-3 + 128 * 58e-6)  # 128 running sequences, no prefill
+    assert host["vllm-v0"] > 3 * host["vllm-v0-rocm"]
+    _, sources, rows = anchors.load()
+    for a in rows:
+        if a["engine"] in ("vllm-v0", "vllm-v0-rocm"):
+            src = sources[a["source"]]
+            stated = " ".join(str(src.get(k, "")) for k in ("engine_version", "date_or_version", "note"))
+            amd_image = a["device"].startswith("mi3") and "rocm/vllm-dev" in stated
+            assert (a["engine"] == "vllm-v0-rocm") == amd_image, a["id"]
+
+
 def test_an_unnamed_engine_spans_each_engine_once_and_a_release_variant_only_when_named(tmp_path):
     """A profile marked `release_of: <profile>` (sglang-0.4 of sglang) is priced when named; the span of an
     unnamed engine leaves it out, so that its median is not pulled toward an engine listed twice. A release_of
     naming no profile (or another variant) is one error naming the field."""
     assert "sglang-0.4" in engines.names() and "sglang-0.4" not in engines.spanned()
-    assert set(engines.names()) - set(engines.spanned()) == {"sglang-0.4"}
+    assert set(engines.names()) - set(engines.spanned()) == {"sglang-0.4", "vllm-v0-rocm"}
     assert Setting().engine_names() == engines.spanned()
     assert Setting(engine="sglang-0.4").engine_names() == ["sglang-0.4"]
     doc = yaml.safe_load(engines.ENGINES_PATH.read_text())
@@ -1066,7 +1090,8 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran, their intervals widened by the
     conformal bands of the calibration anchors no prior cites (each source weighing one): bounds at the level
     measured when this test was last set plus a small margin, so a regression fails. All 94 test rows: median
-    |error| 23.0%, signed median +11.2% (too fast), 85% inside, median half-width 45.1%; quantized 28.1% / +12.3%;
+    |error| 23.0%, signed median +11.2% (too fast), 87% inside, median half-width 52.5% (45.1% before the ROCm blog's
+    page became a prior's source, vllm-v0-rocm, and its 32 rows left the bands); quantized 28.1% / +12.3%;
     TP 29.5% / +16.9%; MoE 29.5% / +19.1% (19.5% / +11.1% / 84% before a grouped GEMM's waves counted every
     expert's tiles together and the engines' step batching was read from their schedulers: a bug fix and engine
     behaviour that made the too-fast rows faster, docs/planning.md). The 35 rows held out before 2026-12-06
@@ -1074,7 +1099,8 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     rows added with the fp4 formats, gpt-oss and Llama 4 (29.5% / +20.7%: docs/planning.md, "Validation") cannot
     hide a regression on them. Of the issue's targets (10%, +-5%, 80% inside, half-width <= 25%) only the share
     inside is met on all 94 rows; on the 35, the median and the signed median are met too. The calibration split
-    is held too (275 rows: 15.5%, +3.1%, 92% inside, half-width 57.1%; 16.4% before dstack's SGLang 0.4 rows took the
+    is held too (275 rows: 15.2%, +2.7%, 95% inside, half-width 62.4%; 15.5% before the ROCm build of vLLM V0 had its
+    own host time; 16.4% before dstack's SGLang 0.4 rows took the
     sglang-0.4 profile; 14.9% before the fp4 GEMMs' call floor, which moved its one fp4 source, DeepSeek-R1 FP4 on
     B300, from -4.7% to -18.6%)."""
     t_all = _shipped_table()
@@ -1085,14 +1111,14 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     assert t["median_abs_error_pct"] <= 24.0
     assert abs(t["signed_median_fast_pct"]) <= 13.0
     assert t["inside_interval"] >= 0.81
-    assert t["median_half_width_pct"] <= 46.5
+    assert t["median_half_width_pct"] <= 53.0
     assert q["median_abs_error_pct"] <= 29.5 and abs(q["signed_median_fast_pct"]) <= 13.5
     assert tp["median_abs_error_pct"] <= 32.0 and abs(tp["signed_median_fast_pct"]) <= 17.5
     assert m["median_abs_error_pct"] <= 30.5 and abs(m["signed_median_fast_pct"]) <= 20.0
     assert sp["n"] == 2 and sp["median_half_width_pct"] >= 10.0
     assert c["n"] >= 270 and c["median_abs_error_pct"] <= 17.0 and abs(c["signed_median_fast_pct"]) <= 5.0
     assert c["inside_interval"] >= 0.88
-    assert c["median_half_width_pct"] <= 58.5
+    assert c["median_half_width_pct"] <= 63.0
     added = ("trtllm_perf_overview_gptoss", "trtllm_perf_fp4_03e27c7", "lmsys_blog_sglang_gptoss_2025_08",
              "vllm_blog_llama4_2025_04", "trtllm_perf_overview_llama4_maverick", "trtllm_perf_v10_llama4_scout")
     before = anchors.summary(t_all[~t_all["source"].isin(added)])["test"]["all"]

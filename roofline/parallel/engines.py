@@ -11,8 +11,8 @@ adds, cache writes: launches beyond the layer's matmuls and attention) cost the 
 each, the matmuls and attention their GPU time (roofline.parallel.whatif). Its KV pool (`kv_pool`: the memory
 share it claims) bounds how many sequences of a finite run it keeps running (roofline.parallel.whatif.serve). Each value is a triple (optimistic, typical, pessimistic) with a source and the
 engine version it was read for. No engine named: the what-if runs every profile and its
-interval spans them (roofline.parallel.whatif), an earlier release's variant of another profile
-(`release_of`, `spanned`) left out: it is priced when named.
+interval spans them (roofline.parallel.whatif), an earlier release's or a vendor build's variant of another
+profile (`release_of`, `spanned`) left out: it is priced when named.
 """
 
 from __future__ import annotations
@@ -146,8 +146,8 @@ def names(path: str = str(ENGINES_PATH)) -> list[str]:
 
 
 def spanned(path: str = str(ENGINES_PATH)) -> list[str]:
-    """The profiles an unnamed engine spans: every one but an earlier release's variant of another
-    (`release_of: <profile>`, e.g. sglang-0.4 of sglang: priced when named, while the span counts each
+    """The profiles an unnamed engine spans: every one but an earlier release's or a vendor build's variant of
+    another (`release_of: <profile>`, e.g. sglang-0.4 of sglang, vllm-v0-rocm of vllm-v0: priced when named, while the span counts each
     engine once, its median not pulled toward an engine listed twice)."""
     return list(_spanned(path))
 
