@@ -273,10 +273,18 @@ def test_an_engine_accumulating_fp16_gemms_in_fp16_gets_the_geforce_double_rate(
     assert bf == pytest.approx(slow)  # bf16 has no fp16 accumulation
 
 
-def test_an_engines_own_quantized_expert_kernel_streams_at_its_ratio_of_the_grouped_curve():
+def _without_pair_io(monkeypatch):
+    """The what-if with no routed-pair activation traffic (accounting.expert_pair_io_bytes): for tests of the
+    expert weights' own streaming."""
+    import roofline.parallel.whatif as whatif_mod
+    monkeypatch.setattr(whatif_mod, "expert_pair_io_bytes", lambda *args: 0.0)
+
+
+def test_an_engines_own_quantized_expert_kernel_streams_at_its_ratio_of_the_grouped_curve(monkeypatch):
     """gpt-fast's int8 experts (Inductor's dequantising reduction) stream at its int8 / bf16 bandwidth
     ratio (0.765 typical, from its README's calibration rows); its bf16 experts and other engines' keep the
     grouped curve."""
+    _without_pair_io(monkeypatch)  # the ratio scales the weights' streaming; the pairs' traffic is not the kernel's
     import dataclasses
     from roofline.parallel import whatif
     kern, priors = kernels.load_kernels(), whatif.load_priors()
@@ -668,11 +676,12 @@ def test_one_memory_rule_the_engines_kv_pool_for_capacity_the_card_and_a_finite_
                                                                  device=get_datasheet("h200_sxm"), batch=16)))
 
 
-def test_vllm_v0_runs_block_fp8_experts_at_its_triton_kernels_measured_share_on_nvidia_parts_only():
+def test_vllm_v0_runs_block_fp8_experts_at_its_triton_kernels_measured_share_on_nvidia_parts_only(monkeypatch):
     """vLLM PR #13932's H100 table (DeepSeek-V3, E = 256, TP 1-8): the Triton fused_moe of early 2025 streamed block-fp8
     experts at 0.22-0.27 of the bandwidth, 0.29 of the grouped curve's typical fraction (engines.yaml vllm-v0
     grouped_weight_only.fp8_block). The ratio is to the NVIDIA-measured curve: an architecture with its own grouped
     curve (CDNA3's ROCm Triton MoE) keeps it, and so does an engine without the entry (vLLM V1, SGLang)."""
+    _without_pair_io(monkeypatch)  # the ratio scales the weights' streaming; the pairs' traffic is not the kernel's
     ds = get_preset("deepseek-v3")
     prec = "bfloat16+weights=fp8_b128"
 
@@ -688,11 +697,12 @@ def test_vllm_v0_runs_block_fp8_experts_at_its_triton_kernels_measured_share_on_
     assert experts("mi300x", "vllm-v0") == pytest.approx(experts("mi300x", "vllm"))  # ROCm's own curve, no ratio
 
 
-def test_sglang_0_4_is_sglang_with_the_triton_block_fp8_experts_of_early_2025():
+def test_sglang_0_4_is_sglang_with_the_triton_block_fp8_experts_of_early_2025(monkeypatch):
     """SGLang 0.4.x before DeepGEMM became its default (PR #5628, 2025-04) ran DeepSeek's block-fp8 experts through
     its Triton fused_moe (vLLM's kernel, the N tile locked to the quant block): the sglang-0.4 profile is `sglang`
     with vllm-v0's measured ratio on those experts, on NVIDIA parts only, and nothing else different. dstack's
     SGLang 0.4.2 / 0.4.3 rows (calibration) are priced with it; no other anchor states a 0.4 release."""
+    _without_pair_io(monkeypatch)  # the ratio scales the weights' streaming; the pairs' traffic is not the kernel's
     import dataclasses
     old, new = engines.profile("sglang-0.4", 1), engines.profile("sglang", 1)
     diff = {f.name for f in dataclasses.fields(old) if getattr(old, f.name) != getattr(new, f.name)}
@@ -753,6 +763,34 @@ def test_an_unnamed_engine_spans_each_engine_once_and_a_release_variant_only_whe
     bad.write_text(yaml.safe_dump(doc))
     with pytest.raises(ConfigError, match=r"engines\.sglang-0\.4\.release_of='sglang-0\.3'"):
         engines.spanned(str(bad))
+
+
+def test_a_routed_pair_moves_its_activations_beside_the_experts_weights(monkeypatch):
+    """vLLM's fused_experts reads each (token, expert) pair's row, writes and reads back its gate/up outputs, the
+    down GEMM's inputs and its outputs (summed over the top-k after): d (a_in + 2a) + F (4a + 2 a_in) bytes a pair,
+    F the rank's shard. DeepSeek-V3 at TP 8 (d 7168, F 256, fp8 w8a8: a_in 1): 38,400 B a pair. At a decode step
+    of 64 sequences that is a few percent of the touched experts' bytes; at an 8192-token prefill chunk it is
+    more than the experts' weights, and the layer's memory term carries it."""
+    from roofline.model.accounting import expert_pair_io_bytes
+    assert expert_pair_io_bytes(7168, 256, 1, 2) == 7168 * 5 + 256 * 10 == 38400
+    assert expert_pair_io_bytes(4096, 14336 // 2, 2, 2) == 4096 * 6 + 7168 * 12
+    ds = get_preset("deepseek-v3")
+    w = WhatIf(ds, get_datasheet("h200_sxm"), "bfloat16+weights=fp8_b128", Layout(tp=8), Setting(bands=()))
+    kern, bw = kernels.load_kernels(), get_datasheet("h200_sxm").bandwidth_Bps()
+    stream = bw * kernels.weight_bw_fraction("dense", 1, 1, kern)
+    decode, chunk = Pass(64, 1, 2000), Pass(0, 1, 0, 8192, 4096)
+    n_moe = sum(ds.layer_is_moe(i) for i in range(ds.layers))
+    t = {p: w.pass_detail(p, 1, "sglang")["terms"]["experts"] for p in (decode, chunk)}
+    io = {p: n_moe * p_pairs * 38400 / stream for p, p_pairs in ((decode, 64 * 8), (chunk, 8192 * 8))}
+    assert io[decode] / t[decode] < 0.05
+    assert io[chunk] / t[chunk] > 0.5
+    _without_pair_io(monkeypatch)
+    w0 = WhatIf(ds, get_datasheet("h200_sxm"), "bfloat16+weights=fp8_b128", Layout(tp=8), Setting(bands=()))
+    t0 = {p: w0.pass_detail(p, 1, "sglang")["terms"]["experts"] for p in (decode, chunk)}
+    for p in (decode, chunk):  # in the memory term (the chunk is memory-bound with it, compute-bound without)
+        assert t0[p] < t[p] <= t0[p] + io[p] * (1 + 1e-9)
+    assert t[decode] == pytest.approx(t0[decode] + io[decode])
+    assert 8192 * 8 * 38400 > 256 * 3 * ds.d * ds.moe_ffn / 8  # the chunk's pairs move more than a layer's experts
 
 
 def test_every_moe_layer_pays_its_router_gemm_and_gating_kernels_under_graphs():
@@ -1090,17 +1128,17 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran, their intervals widened by the
     conformal bands of the calibration anchors no prior cites (each source weighing one): bounds at the level
     measured when this test was last set plus a small margin, so a regression fails. All 94 test rows: median
-    |error| 23.0%, signed median +11.2% (too fast), 87% inside, median half-width 52.5% (45.1% before the ROCm blog's
-    page became a prior's source, vllm-v0-rocm, and its 32 rows left the bands); quantized 28.1% / +12.3%;
-    TP 29.5% / +16.9%; MoE 29.5% / +19.1% (19.5% / +11.1% / 84% before a grouped GEMM's waves counted every
+    |error| 23.0%, signed median +10.2% (too fast), 87% inside, median half-width 51.9% (45.1% before the ROCm blog's
+    page became a prior's source, vllm-v0-rocm, and its 32 rows left the bands); quantized 27.1% / +10.6%;
+    TP 31.5% / +9.8%; MoE 31.0% / +16.9% (29.5% / +19.1% before a routed pair's activation traffic was priced; 19.5% / +11.1% / 84% before a grouped GEMM's waves counted every
     expert's tiles together and the engines' step batching was read from their schedulers: a bug fix and engine
     behaviour that made the too-fast rows faster, docs/planning.md). The 35 rows held out before 2026-12-06
     (sources of dense, int4 / int8, fp8 and MoE deployments of 2023-2025): 9.3% / -2.4%, held apart so that the 59
-    rows added with the fp4 formats, gpt-oss and Llama 4 (29.5% / +20.7%: docs/planning.md, "Validation") cannot
+    rows added with the fp4 formats, gpt-oss and Llama 4 (31.1% / +16.9%: docs/planning.md, "Validation") cannot
     hide a regression on them. Of the issue's targets (10%, +-5%, 80% inside, half-width <= 25%) only the share
     inside is met on all 94 rows; on the 35, the median and the signed median are met too. The calibration split
-    is held too (275 rows: 15.2%, +2.7%, 95% inside, half-width 62.4%; 15.5% before the ROCm build of vLLM V0 had its
-    own host time; 16.4% before dstack's SGLang 0.4 rows took the
+    is held too (275 rows: 15.5%, +2.4%, 95% inside, half-width 61.8%; 15.2% before a routed pair's activations were
+    priced, 15.5% before the ROCm build of vLLM V0 had its own host time; 16.4% before dstack's SGLang 0.4 rows took the
     sglang-0.4 profile; 14.9% before the fp4 GEMMs' call floor, which moved its one fp4 source, DeepSeek-R1 FP4 on
     B300, from -4.7% to -18.6%)."""
     t_all = _shipped_table()
@@ -1114,7 +1152,7 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     assert t["median_half_width_pct"] <= 53.0
     assert q["median_abs_error_pct"] <= 29.5 and abs(q["signed_median_fast_pct"]) <= 13.5
     assert tp["median_abs_error_pct"] <= 32.0 and abs(tp["signed_median_fast_pct"]) <= 17.5
-    assert m["median_abs_error_pct"] <= 30.5 and abs(m["signed_median_fast_pct"]) <= 20.0
+    assert m["median_abs_error_pct"] <= 31.5 and abs(m["signed_median_fast_pct"]) <= 20.0
     assert sp["n"] == 2 and sp["median_half_width_pct"] >= 10.0
     assert c["n"] >= 270 and c["median_abs_error_pct"] <= 17.0 and abs(c["signed_median_fast_pct"]) <= 5.0
     assert c["inside_interval"] >= 0.88

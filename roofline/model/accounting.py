@@ -229,6 +229,19 @@ def expert_bytes(cfg: ModelConfig, prec: Precision) -> int:
     return sum(prec.experts.matrix_bytes(N, K, prec.act_bytes) for _, N, K in expert_matrices(cfg))
 
 
+def expert_pair_io_bytes(d: int, moe_ffn: int, a_in: float, a: int) -> float:
+    """DRAM bytes one routed (token, expert) pair moves beside the expert's weights in a grouped MoE layer, as
+    vLLM's fused_experts runs it (fused_moe.py: intermediate_cache1 (M, top_k, N), intermediate_cache2
+    (M * top_k, N // 2), intermediate_cache3 (M, top_k, K), then moe_sum): the gate/up GEMM reads the token's row
+    (d x a_in: the GEMM's input dtype, 1 B for fp8 w8a8), writes its 2F outputs, which the activation kernel reads
+    (2F x a each way) and writes back as F inputs of the down GEMM (F x a_in each way), whose d outputs are written
+    and read back by the top-k sum (d x a each way). F is the rank's shard of the expert's hidden width. Per token
+    (not per pair, left out): the input's quantization and the summed output. Small beside the experts' weights at
+    decode (a few percent at 64 sequences); at a prefill chunk with a narrow shard (DeepSeek-V3 at TP 8: F = 256,
+    d = 7168) it exceeds them: d x (a_in + 2a) + F x (4a + 2 a_in)."""
+    return d * (a_in + 2 * a) + moe_ffn * (4 * a + 2 * a_in)
+
+
 def head_bytes(cfg: ModelConfig, prec: Precision) -> int:
     """The LM head read by a forward: its format, or the embedding table's dtype when tied."""
     if cfg.tie_embeddings:

@@ -193,13 +193,15 @@ def attention_seconds(kv_bytes: float, attn_flops: float, B: float, context: flo
 def grouped_gemm_seconds(expert_bytes: float, expert_flops: float, tokens_per_expert: float, N: int,
                          bw_Bps: float, flops: float, device_key: str, scenario: int, kern: dict,
                          fmt_kind: str = "dense", fused_moe: bool = True, groups: float = 1.0,
-                         bw_ratio: float = 1.0) -> dict:
+                         bw_ratio: float = 1.0, io_seconds: float = 0.0) -> dict:
     """The touched experts of one MoE layer as one grouped GEMM: bytes at the grouped kernel's
     bandwidth fraction for its tokens per expert (a weight-only format with its own grouped kernel,
     `grouped_gemm.weight_only.<fmt>`, at that kernel's fraction), FLOPs at the tile quantization of
     those tokens, the wave quantization over the tiles of all `groups` (the touched experts: one launch).
     `bw_ratio`: an engine's own expert kernel as a ratio to the NVIDIA-measured curves (engines.yaml
-    grouped_weight_only), not applied where the device's architecture prices with its own curve.
+    grouped_weight_only), not applied where the device's architecture prices with its own curve. `io_seconds`:
+    the routed pairs' activation traffic (accounting.expert_pair_io_bytes) streamed beside the weights, in the
+    memory term.
 
     fused_moe (the engine runs vLLM's Triton fused_moe, the kernel `grouped_gemm` was measured on):
     the layer's fixed cost (`floor_us`, or the architecture's own) is paid beside the bytes, which
@@ -237,7 +239,7 @@ def grouped_gemm_seconds(expert_bytes: float, expert_flops: float, tokens_per_ex
                            "kernels.grouped_gemm.whole_kernel_fraction_vs_tokens_per_expert")
     # the ROCm curve was read as whole-kernel fractions: its floor is inside them
     frac = table_value(rows, max(tokens_per_expert, 1), scenario, field)
-    t_mem = floor + expert_bytes / (bw_Bps * bw_ratio * frac)
+    t_mem = floor + expert_bytes / (bw_Bps * bw_ratio * frac) + io_seconds
     peak = (pick(arch["peak_fraction"], scenario, "kernels.arch_overrides.grouped_gemm.peak_fraction")
             if arch is not None and not own and "peak_fraction" in arch else peak_fraction(fmt_kind, scenario, kern, device_key))
     t_f = expert_flops / (flops * peak * tile_wave_utilisation(tokens_per_expert, N, device_key, kern, groups))

@@ -47,7 +47,7 @@ import yaml
 from roofline.io.fields import ConfigError
 from roofline.model.speculation import DRAFTERS
 from roofline.measure.devices import Datasheet
-from roofline.model.accounting import block_matrices, block_weight_bytes, expert_bytes
+from roofline.model.accounting import block_matrices, block_weight_bytes, expert_bytes, expert_pair_io_bytes
 from roofline.model.config import ModelConfig
 from roofline.model.formats import Precision, activation_dtype, compute_dtype, parse_precision
 from roofline.parallel import engines as engines_mod
@@ -182,6 +182,12 @@ def _ceilings(device: Datasheet, prec: Precision, cls: str = "weights") -> tuple
     return bw, f, fa, f32 or fa / 8
 
 
+def _input_bytes(mm_dtype: str, act_bytes: int) -> float:
+    """Bytes per element of a GEMM's input activations: an fp8 / fp4 tensor-core GEMM reads them quantized (w8a8,
+    w4a4: 1 / 0.5 B), any other GEMM in the activation dtype."""
+    return 1.0 if mm_dtype.startswith("float8") else 0.5 if mm_dtype.startswith("float4") else float(act_bytes)
+
+
 def _fmt_kind(fmt, device: Datasheet) -> str:
     """The kernel family of a weight format on a device: dense (the activation dtype), int8, int4, fp8 (one
     scale per tensor or channel), fp8_block (DeepSeek-style 128 x 128 block scales: its own kernels, kernels.yaml
@@ -259,6 +265,7 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     block_cfg, expert_cfg = _rank_cfgs(cfg, layout)
     wk, dq = _fmt_kind(prec.weights, device), _dequant_ops(prec.weights, device)
     ek, f_e = _fmt_kind(prec.experts, device), _ceilings(device, prec, "experts")[1]
+    a_in_e = _input_bytes(matmul_dtype(device, prec, "experts"), a)  # what the expert GEMMs read per activation
 
     def gemm(M, N, Kd, nbytes, kind=wk, ops=dq):
         return K.gemm_seconds(M, N, Kd, nbytes, kind, ops, bw, f, f32, device.key, scenario, kern)
@@ -275,10 +282,12 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
             pairs = routed * cfg.experts_per_token / layout.ep
             m_e = pairs / touched if touched else 0.0
             w_e = 3 * cfg.d * s.moe_ffn
+            io = pairs * expert_pair_io_bytes(cfg.d, s.moe_ffn, a_in_e, a)  # the pairs' activations (streamed)
             out["experts"] = K.grouped_gemm_seconds(touched * expert_bytes(expert_cfg, prec), 2.0 * pairs * w_e, m_e,
                                                     2 * s.moe_ffn, bw, f_e, device.key, scenario, kern, ek,
                                                     eng.fused_moe, touched,
-                                                    dict(eng.grouped_bw_ratio).get(ek, 1.0))["seconds"]
+                                                    dict(eng.grouped_bw_ratio).get(ek, 1.0),
+                                                    io / (bw * K.weight_bw_fraction("dense", 1, scenario, kern)))["seconds"]
             out["touched"] = touched
         return out
 
