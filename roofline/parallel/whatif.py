@@ -305,7 +305,10 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     pre_r = math.ceil(p.prefill / split)
     if pre_r:
         peak = K.prefill_attention_fraction(scenario, kern, device.key)
-        t_attn += 2 * (d_qk + d_v) * s.heads * n * pre_r * seen.kv_positions(p.prefill_context) / (fa * peak)
+        pf = 2 * (d_qk + d_v) * s.heads * n * pre_r * seen.kv_positions(p.prefill_context)
+        if cfg.is_mla:  # a prompt's MLA runs as multi-head attention over its up-projected latents (mla_prefill_flops)
+            pf = mla_prefill_flops(cfg, s.heads, n, pre_r, seen.kv_positions(p.prefill_context))
+        t_attn += pf / (fa * peak)
         t_attn += n * kv_tok * pre_r / (bw * K.weight_bw_fraction("dense", 1, scenario, kern))  # its cache writes
     # LM head (logits of the decode positions; a prefill chunk's last token is one more row each)
     head_M = Br * p.q
@@ -332,6 +335,21 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
                  comm=comm)
     return dict(seconds=sum(terms.values()), terms=terms,
                 experts_touched=(moe_blk or {}).get("touched", 0.0))
+
+
+def mla_prefill_flops(cfg: ModelConfig, heads: int, layers: int, tokens: int, attended: float) -> float:
+    """FLOPs of `tokens` prompt tokens through `layers` MLA layers of `heads` heads (one rank), each attending
+    `attended` positions on average, as vLLM computes a prefill (attention/backends/mla/common.py: "the compute
+    friendly approach for 'prefill'", "the data-movement friendly approach for 'decode'"): the cached latents
+    up-projected to per-head keys and values (kv_c @ W_UK, W_UV: kv_lora_rank -> heads x (qk_nope + v)), then
+    multi-head attention at the heads' own widths (qk_nope + qk_rope, v_head_dim), not the latent's (kv_lora_rank +
+    qk_rope, kv_lora_rank: the absorbed form decode runs, 3.4x the arithmetic per attended pair for DeepSeek-V3).
+    The up-projection covers the positions the tokens attend: for one prompt of c tokens after a prefix P, P + c =
+    attended + c / 2 (at least the tokens themselves)."""
+    d_qk, d_v = cfg.qk_nope_dim + cfg.qk_rope_dim, cfg.v_head_dim
+    positions = max(tokens, attended + tokens / 2)
+    up = 2 * positions * cfg.kv_lora_rank * heads * (cfg.qk_nope_dim + cfg.v_head_dim)
+    return layers * (2 * (d_qk + d_v) * heads * tokens * attended + up)
 
 
 def interval(fn) -> dict:
