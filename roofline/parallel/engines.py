@@ -147,8 +147,8 @@ def names(path: str = str(ENGINES_PATH)) -> list[str]:
 
 def spanned(path: str = str(ENGINES_PATH)) -> list[str]:
     """The profiles an unnamed engine spans: every one but an earlier release's or a vendor build's variant of
-    another (`release_of: <profile>`, e.g. sglang-0.4 of sglang, vllm-v0-rocm of vllm-v0: priced when named, while the span counts each
-    engine once, its median not pulled toward an engine listed twice)."""
+    another (`release_of: <profile>`, e.g. sglang-0.4 of sglang, vllm-v0-rocm of vllm-v0: priced when named,
+    while the span counts each engine once, its median not pulled toward an engine listed twice)."""
     return list(_spanned(path))
 
 

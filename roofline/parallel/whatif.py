@@ -305,9 +305,9 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     pre_r = math.ceil(p.prefill / split)
     if pre_r:
         peak = K.prefill_attention_fraction(scenario, kern, device.key)
-        pf = 2 * (d_qk + d_v) * s.heads * n * pre_r * seen.kv_positions(p.prefill_context)
-        if cfg.is_mla:  # a prompt's MLA runs as multi-head attention over its up-projected latents (mla_prefill_flops)
-            pf = mla_prefill_flops(cfg, s.heads, n, pre_r, seen.kv_positions(p.prefill_context))
+        attended_pre = seen.kv_positions(p.prefill_context)
+        pf = (mla_prefill_flops(cfg, s.heads, n, pre_r, attended_pre) if cfg.is_mla  # MHA over up-projected latents
+              else 2 * (d_qk + d_v) * s.heads * n * pre_r * attended_pre)
         t_attn += pf / (fa * peak)
         t_attn += n * kv_tok * pre_r / (bw * K.weight_bw_fraction("dense", 1, scenario, kern))  # its cache writes
     # LM head (logits of the decode positions; a prefill chunk's last token is one more row each)
