@@ -49,6 +49,7 @@ from roofline.model.speculation import DRAFTERS
 from roofline.measure.devices import Datasheet
 from roofline.model.accounting import block_matrices, block_weight_bytes, expert_bytes, expert_pair_io_bytes
 from roofline.model.config import ModelConfig
+from roofline.model.dtypes import lookup as lookup_dtype
 from roofline.model.formats import Precision, activation_dtype, compute_dtype, parse_precision
 from roofline.parallel import engines as engines_mod
 from roofline.parallel import kernels as K
@@ -182,12 +183,6 @@ def _ceilings(device: Datasheet, prec: Precision, cls: str = "weights") -> tuple
     return bw, f, fa, f32 or fa / 8
 
 
-def _input_bytes(mm_dtype: str, act_bytes: int) -> float:
-    """Bytes per element of a GEMM's input activations: an fp8 / fp4 tensor-core GEMM reads them quantized (w8a8,
-    w4a4: 1 / 0.5 B), any other GEMM in the activation dtype."""
-    return 1.0 if mm_dtype.startswith("float8") else 0.5 if mm_dtype.startswith("float4") else float(act_bytes)
-
-
 def _fmt_kind(fmt, device: Datasheet) -> str:
     """The kernel family of a weight format on a device: dense (the activation dtype), int8, int4, fp8 (one
     scale per tensor or channel), fp8_block (DeepSeek-style 128 x 128 block scales: its own kernels, kernels.yaml
@@ -265,7 +260,10 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     block_cfg, expert_cfg = _rank_cfgs(cfg, layout)
     wk, dq = _fmt_kind(prec.weights, device), _dequant_ops(prec.weights, device)
     ek, f_e = _fmt_kind(prec.experts, device), _ceilings(device, prec, "experts")[1]
-    a_in_e = _input_bytes(matmul_dtype(device, prec, "experts"), a)  # what the expert GEMMs read per activation
+    # the expert GEMMs' input bytes per element: quantized for an fp8 / fp4 tensor-core GEMM (w8a8, w4a4), else the
+    # activations'
+    a_in_e = lookup_dtype(matmul_dtype(device, prec, "experts")).bytes
+    stream = bw * K.weight_bw_fraction("dense", 1, scenario, kern)  # plain streaming: activations, cache writes
 
     def gemm(M, N, Kd, nbytes, kind=wk, ops=dq):
         return K.gemm_seconds(M, N, Kd, nbytes, kind, ops, bw, f, f32, device.key, scenario, kern)
@@ -287,7 +285,7 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
                                                     2 * s.moe_ffn, bw, f_e, device.key, scenario, kern, ek,
                                                     eng.fused_moe, touched,
                                                     dict(eng.grouped_bw_ratio).get(ek, 1.0),
-                                                    io / (bw * K.weight_bw_fraction("dense", 1, scenario, kern)))["seconds"]
+                                                    io / stream)["seconds"]
             out["touched"] = touched
         return out
 
@@ -309,7 +307,7 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
         pf = (mla_prefill_flops(cfg, s.heads, n, pre_r, attended_pre) if cfg.is_mla  # MHA over up-projected latents
               else 2 * (d_qk + d_v) * s.heads * n * pre_r * attended_pre)
         t_attn += pf / (fa * peak)
-        t_attn += n * kv_tok * pre_r / (bw * K.weight_bw_fraction("dense", 1, scenario, kern))  # its cache writes
+        t_attn += n * kv_tok * pre_r / stream  # its cache writes
     # LM head (logits of the decode positions; a prefill chunk's last token is one more row each)
     head_M = Br * p.q
     hk = _fmt_kind(prec.lm_head, device) if not cfg.tie_embeddings else "dense"
