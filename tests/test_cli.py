@@ -128,6 +128,18 @@ def test_capacity(tmp_path):
     assert (folder / "capacity.csv").exists() and (folder / "throughput_vs_latency.png").stat().st_size > 1000
 
 
+def test_one_value_for_a_list_option_is_the_list_of_it(tmp_path):
+    """`B=16` on the command line (a list option given one number) plans B = 16, as `B=[16]` does; it used to
+    end in a TypeError traceback (exit 1) in capacity and predict."""
+    from roofline.cli.entry import _lists_from_scalars
+    c = dict(B=16, L=None, k="2", nest=dict(q=4, flag=True), model="x")
+    _lists_from_scalars(c, dict(B=[1, 2], L=[128], k=[0], nest=dict(q=[1], flag=False), model="???"))
+    assert c == dict(B=[16], L=None, k=["2"], nest=dict(q=[4], flag=True), model="x")
+    out, r = run_cli("capacity", "model=llama-3.1-8b", "device=h100_sxm", "B=16", f"out_dir={tmp_path}")
+    assert r.returncode == 0, r.stderr
+    assert list(pd.read_csv(next(tmp_path.iterdir()) / "capacity.csv")["B"]) == [16]
+
+
 def test_capacity_layouts_take_the_precision_overrides():
     out, r = run_cli("capacity", "model=llama-3.1-70b", "device=h100_sxm", "weights=int4_g128", "layouts=true")
     assert r.returncode == 0, r.stderr

@@ -63,18 +63,38 @@ OmegaConf.register_new_resolver("roofline_help", _help_text, replace=True)
 _DEVICE_AS = {"torch": devices.run_device, "datasheet": devices.datasheet_row}
 
 
-def _check_flags(composed: dict, defaults, where: str = "") -> None:
-    """A key whose default (the command's schema) is true/false takes only true or false
-    (`force=maybe` is refused, not taken as true)."""
+def _each_key(composed: dict, defaults, visit, where: str = "") -> None:
+    """visit(composed, key, default, where) for every key the command's schema gives a default and the
+    composed config has, nested groups too."""
     if not isinstance(defaults, dict) or not isinstance(composed, dict):
         return
     for key, default in defaults.items():
-        if key not in composed or key == "defaults":
-            continue
-        value = composed[key]
-        if isinstance(default, bool) and not isinstance(value, bool):
-            raise ConfigError(f"{where}{key}={value!r}: allowed true or false")
-        _check_flags(value, default, f"{where}{key}.")
+        if key in composed and key != "defaults":
+            visit(composed, key, default, where)
+            _each_key(composed[key], default, visit, f"{where}{key}.")
+
+
+def _flag(composed: dict, key: str, default, where: str) -> None:
+    if isinstance(default, bool) and not isinstance(composed[key], bool):
+        raise ConfigError(f"{where}{key}={composed[key]!r}: allowed true or false")
+
+
+def _list(composed: dict, key: str, default, where: str) -> None:
+    value = composed[key]
+    if isinstance(default, list) and value is not None and not isinstance(value, (list, dict)):
+        composed[key] = [value]
+
+
+def _check_flags(composed: dict, defaults) -> None:
+    """A key whose default (the command's schema) is true/false takes only true or false
+    (`force=maybe` is refused, not taken as true)."""
+    _each_key(composed, defaults, _flag)
+
+
+def _lists_from_scalars(composed: dict, defaults) -> None:
+    """A key whose default (the command's schema) is a list takes one value as the list of that value
+    (`B=16` is `B=[16]`), where each command would otherwise iterate over a number; in place."""
+    _each_key(composed, defaults, _list)
 
 
 def plain(cfg: DictConfig, device_as: str | None = None) -> dict:
@@ -87,7 +107,9 @@ def plain(cfg: DictConfig, device_as: str | None = None) -> dict:
     c = {k: None if v == MISSING else v for k, v in c.items()}
     c["overrides"] = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     if HydraConfig.initialized():
-        _check_flags(c, schema.defaults(HydraConfig.get().job.config_name))
+        given = schema.defaults(HydraConfig.get().job.config_name)
+        _check_flags(c, given)
+        _lists_from_scalars(c, given)
     if device_as is not None:
         entry = c.get("device")
         c["device"] = None if entry is None else _DEVICE_AS[device_as](entry["torch"], entry["datasheet"])
