@@ -107,9 +107,9 @@ def plain(cfg: DictConfig, device_as: str | None = None) -> dict:
     c = {k: None if v == MISSING else v for k, v in c.items()}
     c["overrides"] = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     if HydraConfig.initialized():
-        given = schema.defaults(HydraConfig.get().job.config_name)
-        _check_flags(c, given)
-        _lists_from_scalars(c, given)
+        defaults = schema.defaults(HydraConfig.get().job.config_name)
+        _check_flags(c, defaults)
+        _lists_from_scalars(c, defaults)
     if device_as is not None:
         entry = c.get("device")
         c["device"] = None if entry is None else _DEVICE_AS[device_as](entry["torch"], entry["datasheet"])
