@@ -1013,6 +1013,22 @@ def test_calibration_rescales_by_batch_and_keeps_the_points_leave_one_out_spread
         calibrated(w, tmp_path / "bad.yaml")
 
 
+@pytest.mark.parametrize("text, match", [
+    ("points: [{B: 1, L: 1024, itl_ms: .nan}]", r"points\[0\].itl_ms=nan: allowed numbers in \(0.0, inf\)"),
+    ("points: [{B: 1, L: 1024, tok_s_per_user: .inf}]", r"points\[0\].tok_s_per_user=inf: allowed numbers in \(0.0, inf\)"),
+    ("points: [{B: 1, L: 1024, itl_ms: -3}]", r"points\[0\].itl_ms=-3: allowed numbers in \(0.0, inf\)"),
+    ("points: [{B: 1, L: 1024, itl_ms: 7, tok_s_per_user: 140}]", r"points\[0\]: give exactly one of"),
+    ("points: []", r"'points' is an empty list"),
+])
+def test_a_points_file_with_a_non_finite_or_empty_measurement_is_one_line_naming_it(tmp_path, text, match):
+    """A NaN or infinite measurement once reached the plots' log axis and ended in 'Data cannot be
+    log-scaled' (exit 2, naming no field); an empty list was called a missing key."""
+    from roofline.analysis.calibrate import load_points
+    (tmp_path / "p.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        load_points(tmp_path / "p.yaml")
+
+
 def test_a_calibrated_interval_widens_back_to_the_priors_away_from_the_points(tmp_path):
     from roofline.analysis.calibrate import calibrated
     w = WhatIf(get_preset("llama-3.1-8b"), get_datasheet("h100_sxm"), "bfloat16", Layout(), S)
@@ -1083,6 +1099,56 @@ def test_user_anchors_file_with_a_missing_key_is_one_line_exit_2(tmp_path):
     r = subprocess.run([sys.executable, "-m", "roofline.cli.anchors", f"anchors={tmp_path / 'a.yaml'}"], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "missing key 'metric'" in r.stderr and "Traceback" not in r.stderr
+
+
+def _one_anchor(**over):
+    a = dict(id="a1", source="s1", engine="vllm", device="h100_sxm", model="llama-3.1-8b", tp=1,
+             workload=dict(B=1, L=1024), metric="itl_ms", value=7.5)
+    a.update(over)
+    return dict(sources=dict(s1=dict(title="t", url="u", split="calibration")), anchors=[a])
+
+
+@pytest.mark.parametrize("doc, match", [
+    (_one_anchor(workload=dict(B=1, context=1024)), r"anchors\[0\] \(a1\): workload: missing key 'L'"),
+    (_one_anchor(workload=[1]), r"\(a1\): workload=\[1\]: expected a mapping"),
+    (_one_anchor(workload=dict(B="x", L=1)), r"\(a1\): workload.B='x': allowed integers >= 1"),
+    (_one_anchor(workload=dict(concurrency=4, input_len=100), metric="output_tok_s"),
+     r"\(a1\): workload .*missing key 'output_len'"),
+    (_one_anchor(workload=dict(concurrency=4, input_len=9, output_len=9, num_prompts="x"), metric="output_tok_s"),
+     r"\(a1\): workload.num_prompts='x'"),
+    (_one_anchor(metric="output_tok_s"), r"\(a1\): metric='output_tok_s' needs a workload \{concurrency"),
+    (_one_anchor(value=float("nan")), r"\(a1\): value=nan: allowed numbers in \(0.0, inf\)"),
+    (_one_anchor(value=-1), r"\(a1\): value=-1: allowed numbers in \(0.0, inf\)"),
+    (_one_anchor(tp="x"), r"\(a1\): tp='x': allowed integers >= 1"),
+    (_one_anchor(dp_attention="yes"), r"\(a1\): dp_attention='yes': allowed true or false"),
+    (_one_anchor(spec=[1]), r"\(a1\): spec=\[1\]: expected a mapping"),
+    (dict(_one_anchor(), models=dict(m=dict(preset="llama-3.1-8b", overrides=dict(foo=1)))),
+     r"models.m.overrides: .*'foo'"),
+    (dict(_one_anchor(), sources=[1]), r"sources: expected a mapping"),
+    (dict(_one_anchor(), sources=dict(s1=dict(split="train"))), r"sources.s1: split='train'"),
+    (dict(_one_anchor(), anchors=[]), r"anchors: expected a non-empty list"),
+    ([1, 2], r"expected a mapping with sources: and anchors:"),
+])
+def test_user_anchors_file_with_a_bad_field_is_one_line_naming_it(tmp_path, doc, match):
+    """Each of these ended in a traceback (KeyError, AttributeError, TypeError: exit 1) or passed silently
+    (a NaN or negative published value)."""
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=match):
+        anchors.table(tmp_path / "a.yaml")
+
+
+def test_a_user_anchors_file_names_the_anchor_of_a_bad_device_or_layout_and_prices_unpriced_ones(tmp_path):
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(_one_anchor(ep=2)))
+    with pytest.raises(ConfigError, match=r"anchors\[0\] \(a1\): layout.ep=2"):
+        anchors.table(tmp_path / "a.yaml")
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(_one_anchor(device="h999")))
+    with pytest.raises(ConfigError, match=r"anchors\[0\] \(a1\): device='h999'"):
+        anchors.table(tmp_path / "a.yaml")
+    # every anchor not priced (a speedup without k): a table of notes, not a KeyError
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(_one_anchor(metric="spec_speedup", value=1.5,
+                                                                spec=dict(drafter="ngram", k="x", acceptance=0.7))))
+    t = anchors.table(tmp_path / "a.yaml")
+    assert t["predicted"].isna().all() and t["note"].iloc[0].startswith("not priced: k='x'")
 
 
 def test_an_anchors_client_that_is_neither_server_nor_offline_names_the_anchor_or_source(tmp_path):

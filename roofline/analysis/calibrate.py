@@ -32,7 +32,7 @@ from pathlib import Path
 
 import yaml
 
-from roofline.io.fields import ConfigError
+from roofline.io.fields import ConfigError, check_number
 from roofline.parallel.whatif import Calibration, Pass
 
 MIN_HALF_WIDTH = 0.05
@@ -76,6 +76,9 @@ def load_points(path, model: str | None = None, dtype: str | None = None) -> lis
             raise ConfigError(f"calibrate={str(path)!r}: a fit.json needs the what-if's model to pick its group")
         return fit_points(doc, model, dtype, path)
     pts = (doc or {}).get("points") if isinstance(doc, dict) else None
+    if isinstance(pts, list) and not pts:
+        raise ConfigError(f"calibrate={str(path)!r}: 'points' is an empty list (give at least one {{B, L, "
+                          f"tok_s_per_user | itl_ms}})")
     if not pts or not isinstance(pts, list):
         raise ConfigError(f"calibrate={str(path)!r}: missing key 'points' (a list of {{B, L, tok_s_per_user | itl_ms}})")
     for i, pt in enumerate(pts):
@@ -86,9 +89,9 @@ def load_points(path, model: str | None = None, dtype: str | None = None) -> lis
                 raise ConfigError(f"calibrate: points[{i}].{key}={pt.get(key)!r}: allowed an integer "
                                   f">= {1 if key == 'B' else 0}")
         have = [k for k in ("tok_s_per_user", "itl_ms") if k in pt]
-        if len(have) != 1 or not isinstance(pt[have[0]], (int, float)) or isinstance(pt[have[0]], bool) \
-                or pt[have[0]] <= 0:
+        if len(have) != 1:
             raise ConfigError(f"calibrate: points[{i}]: give exactly one of tok_s_per_user, itl_ms (a number > 0)")
+        check_number(f"calibrate: points[{i}].{have[0]}", pt[have[0]], 0.0, lo_open=True)
     return pts
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from roofline.io.fields import ConfigError
+from roofline.io.fields import ConfigError, check_int, check_number
 from roofline.measure.devices import get_datasheet
 from roofline.model.config import ModelConfig
 from roofline.model.formats import precision
@@ -39,6 +39,7 @@ ANCHORS_PATH = Path(__file__).resolve().parents[1] / "data" / "deployments.yaml"
 PRIOR_PATHS = tuple(ANCHORS_PATH.parent / n for n in ("priors.yaml", "kernels.yaml", "engines.yaml"))
 METRICS = ("itl_ms", "tpot_ms", "tok_s_per_user", "output_tok_s", "output_tok_s_per_gpu", "ttft_ms", "e2e_latency_s",
            "spec_speedup")
+STEP_METRICS = ("itl_ms", "tpot_ms", "tok_s_per_user", "spec_speedup")  # what one decode step {B, L} gives
 CATEGORIES = ("batch", "quantized", "tp", "moe", "speculative")
 REQUIRED = ("id", "source", "engine", "device", "model", "tp", "workload", "metric", "value")
 VARIABLE_LENGTH_DATASETS = ("sharegpt",)  # a run over a dataset's own lengths: not priced from their means
@@ -51,30 +52,94 @@ def _need(a: dict, key: str, where: str):
     return a[key]
 
 
+def check_workload(wl, metric: str, where: str) -> None:
+    """A workload is one decode step {B, L} (B sequences at L cached tokens: itl_ms, tpot_ms, tok_s_per_user,
+    spec_speedup) or a finite run {concurrency, input_len, output_len[, num_prompts, range_ratio]}."""
+    if not isinstance(wl, dict):
+        raise ConfigError(f"{where}: workload={wl!r}: expected a mapping, {{B, L}} or "
+                          f"{{concurrency, input_len, output_len}}")
+    if "B" in wl or "L" in wl:
+        for key, least in (("B", 1), ("L", 0)):
+            check_int(f"{where}: workload.{key}", _need(wl, key, f"{where}: workload"), least)
+        if metric not in STEP_METRICS:
+            raise ConfigError(f"{where}: metric={metric!r} needs a workload {{concurrency, input_len, output_len}} "
+                              f"(a decode step {{B, L}} gives {', '.join(STEP_METRICS)})")
+        return
+    if metric == "spec_speedup":
+        raise ConfigError(f"{where}: metric='spec_speedup' needs a workload {{B, L}} (one verification step)")
+    for key in ("concurrency", "input_len", "output_len"):
+        v = _need(wl, key, f"{where}: workload (a decode step {{B, L}} or a finite run)")
+        check_int(f"{where}: workload.{key}", v, 1)
+    if wl.get("num_prompts") is not None:
+        check_int(f"{where}: workload.num_prompts", wl["num_prompts"], 1)
+
+
+def check_anchor(a, where: str, sources: dict, seen: set) -> None:
+    """Every field the what-if reads, as a one-line ConfigError naming the anchor and the field."""
+    if not isinstance(a, dict):
+        raise ConfigError(f"{where}={a!r}: expected a mapping with {', '.join(REQUIRED)}")
+    for key in REQUIRED:
+        _need(a, key, where)
+    if a["id"] in seen:
+        raise ConfigError(f"{where}: id={a['id']!r}: given twice (ids name one anchor each)")
+    seen.add(a["id"])
+    if a["metric"] not in METRICS:
+        raise ConfigError(f"{where}: metric={a['metric']!r}: allowed {METRICS}")
+    if a["source"] not in sources:
+        raise ConfigError(f"{where}: source={a['source']!r}: not in sources {sorted(sources)}")
+    check_number(f"{where}: value", a["value"], 0.0, lo_open=True)
+    for key in ("tp", "ep", "n_devices"):
+        if a.get(key) is not None:
+            check_int(f"{where}: {key}", a[key], 1)
+    if not isinstance(a.get("dp_attention", False), bool):
+        raise ConfigError(f"{where}: dp_attention={a['dp_attention']!r}: allowed true or false")
+    if a.get("batching") not in (None, "static", "continuous"):
+        raise ConfigError(f"{where}: batching={a['batching']!r}: allowed static or continuous")
+    cat = a.get("category")
+    if cat is not None and not (isinstance(cat, list) and all(isinstance(c, str) for c in cat)):
+        raise ConfigError(f"{where}: category={cat!r}: allowed a list of names")
+    if a.get("spec") is not None and not isinstance(a["spec"], dict):
+        raise ConfigError(f"{where}: spec={a['spec']!r}: expected a mapping {{drafter, k, acceptance}}")
+    check_workload(a["workload"], a["metric"], where)
+
+
 def load(path=ANCHORS_PATH) -> tuple[dict[str, ModelConfig], dict, list[dict]]:
     """(models, sources, anchors); a missing or bad key is a ConfigError naming the anchor and field."""
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"anchors={str(path)!r}: no such file")
-    doc = yaml.safe_load(p.read_text()) or {}
+    try:
+        doc = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"anchors={str(path)!r}: not YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"anchors={str(path)!r}: expected a mapping with sources: and anchors:")
     sources = doc.get("sources") or {}
+    if not isinstance(sources, dict):
+        raise ConfigError(f"anchors file {p.name}: sources: expected a mapping of source id to {{title, url, split}}")
     models = {}
-    for name, m in (doc.get("models") or {}).items():
-        models[name] = get_preset(_need(m, "preset", f"models.{name}")).scaled(**(m.get("overrides") or {}))
-    anchors = _need(doc, "anchors", f"anchors file {p.name}")
-    for sid, src in sources.items():
+    for name, m in _mapping(doc.get("models") or {}, f"anchors file {p.name}: models").items():
+        where = f"models.{name}"
+        overrides = _mapping((_mapping(m, where).get("overrides") or {}), f"{where}.overrides")
         try:
-            check_client((src if isinstance(src, dict) else {}).get("client", "server"))
+            models[name] = get_preset(_need(m, "preset", where)).scaled(**overrides)
+        except TypeError as e:
+            raise ConfigError(f"{where}.overrides: {e}") from None
+    anchors = _need(doc, "anchors", f"anchors file {p.name}")
+    if not isinstance(anchors, list) or not anchors:
+        raise ConfigError(f"anchors file {p.name}: anchors: expected a non-empty list")
+    for sid, src in sources.items():
+        src = _mapping(src, f"sources.{sid}")
+        if src.get("split", "calibration") not in ("calibration", "test"):
+            raise ConfigError(f"sources.{sid}: split={src['split']!r}: allowed calibration or test")
+        try:
+            check_client(src.get("client", "server"))
         except ConfigError as e:
             raise ConfigError(f"sources.{sid}: {e}") from None
+    seen: set = set()
     for i, a in enumerate(anchors):
         where = f"anchors[{i}]" + (f" ({a['id']})" if isinstance(a, dict) and "id" in a else "")
-        for key in REQUIRED:
-            _need(a, key, where)
-        if a["metric"] not in METRICS:
-            raise ConfigError(f"{where}: metric={a['metric']!r}: allowed {METRICS}")
-        if a["source"] not in sources:
-            raise ConfigError(f"{where}: source={a['source']!r}: not in sources {sorted(sources)}")
+        check_anchor(a, where, sources, seen)
         try:
             check_client(a.get("client", "server"))
             served_precision(a, None)
@@ -86,6 +151,12 @@ def load(path=ANCHORS_PATH) -> tuple[dict[str, ModelConfig], dict, list[dict]]:
             except (ConfigError, KeyError, ValueError):
                 raise ConfigError(f"{where}: model={a['model']!r}: not a preset nor in models:") from None
     return models, sources, anchors
+
+
+def _mapping(x, where: str) -> dict:
+    if not isinstance(x, dict):
+        raise ConfigError(f"{where}={x!r}: expected a mapping")
+    return x
 
 
 def served_precision(a: dict, cfg: ModelConfig) -> str:
@@ -259,6 +330,27 @@ def write_bands(path=ANCHORS_PATH, out=BANDS_PATH) -> dict:
     return b
 
 
+def _row(a: dict, models: dict, sources: dict, text: str, engine_known: bool) -> dict:
+    """One anchor's row of `table`, before its band: the priors' interval (prior_low, prior_high) or a note
+    saying why it is not priced."""
+    cfg = models[a["model"]]
+    base = dict(id=a["id"], split=split_of(a, sources), source=a["source"], engine=a["engine"],
+                prior_cited=cited_by(a["source"], sources[a["source"]], text),
+                device=a["device"], model=a["model"], tp=a["tp"], metric=a["metric"],
+                category=",".join(a.get("category") or []), published=float(a["value"]),
+                predicted_dtype=served_precision(a, cfg), band_categories=",".join(band_categories_of(a, cfg)))
+    src = sources[a["source"]]  # the source's method, unless the anchor says its own
+    a = dict(a, batching=a.get("batching", src.get("batching")), dataset=a.get("dataset", src.get("dataset")),
+             client=a.get("client", src.get("client", "server")))
+    try:
+        p = what_if(a, cfg, Setting(engine=a["engine"] if engine_known else None, bands=()), models)
+    except NotImplementedError as e:
+        return dict(base, predicted=np.nan, low=np.nan, high=np.nan, error_pct=np.nan, inside=False,
+                    note=f"not priced: {e}")
+    return dict(base, predicted=p["typical"], prior_low=min(p.values()), prior_high=max(p.values()),
+                error_pct=100.0 * (p["typical"] / float(a["value"]) - 1.0), note="")
+
+
 def table(path=ANCHORS_PATH, engine_known: bool = True, bands: tuple | None = None) -> pd.DataFrame:
     """One row per anchor: published, predicted (typical), interval, error, split, categories.
     engine_known=False predicts as a user who does not say which engine runs (span of profiles).
@@ -269,25 +361,15 @@ def table(path=ANCHORS_PATH, engine_known: bool = True, bands: tuple | None = No
     models, sources, anchors = load(path)
     text = prior_sources(PRIOR_PATHS)
     rows = []
-    for a in anchors:
-        cfg = models[a["model"]]
-        base = dict(id=a["id"], split=split_of(a, sources), source=a["source"], engine=a["engine"],
-                    prior_cited=cited_by(a["source"], sources[a["source"]], text),
-                    device=a["device"], model=a["model"], tp=a["tp"], metric=a["metric"],
-                    category=",".join(a.get("category") or []), published=float(a["value"]),
-                    predicted_dtype=served_precision(a, cfg), band_categories=",".join(band_categories_of(a, cfg)))
+    for i, a in enumerate(anchors):
         try:
-            src = sources[a["source"]]  # the source's method, unless the anchor says its own
-            a = dict(a, batching=a.get("batching", src.get("batching")), dataset=a.get("dataset", src.get("dataset")),
-                     client=a.get("client", src.get("client", "server")))
-            p = what_if(a, cfg, Setting(engine=a["engine"] if engine_known else None, bands=()), models)
-        except NotImplementedError as e:
-            rows.append(dict(base, predicted=np.nan, low=np.nan, high=np.nan, error_pct=np.nan, inside=False,
-                             note=f"not priced: {e}"))
-            continue
-        rows.append(dict(base, predicted=p["typical"], prior_low=min(p.values()), prior_high=max(p.values()),
-                         error_pct=100.0 * (p["typical"] / float(a["value"]) - 1.0), note=""))
+            rows.append(_row(a, models, sources, text, engine_known))
+        except ConfigError as e:  # the device, layout, engine or spec of this anchor
+            raise ConfigError(f"anchors[{i}] ({a['id']}): {e}") from None
     t = pd.DataFrame(rows)
+    for c in ("prior_low", "prior_high"):  # also when no anchor was priced (each row then has its note alone)
+        if c not in t:
+            t[c] = np.nan
     bands_from = "given" if bands is not None else "this file's calibration anchors"
     table_bands = conformal_bands(t)["bands_log"] if bands is None else dict(bands)
     if not math.isfinite(table_bands.get("all", 0.0)):  # too few kept calibration sources for an 80% quantile
