@@ -17,6 +17,7 @@ import yaml
 
 from roofline.io.fields import ConfigError
 from roofline.measure.devices import get_datasheet
+from roofline.measure.memory import HEADROOM
 from roofline.model.presets import get_preset
 from roofline.parallel import anchors, engines, kernels
 from roofline.parallel.layout import Layout
@@ -532,7 +533,12 @@ def test_the_engines_kv_pool_caps_the_running_sequences_and_a_capped_run_goes_in
     f_t = engines.profile("trtllm", 1).kv_pool_fraction  # of what the weights leave free
     assert w_t.max_running("trtllm", 6000) == int(f_t * (mem - weights) // kv1)
     w_l = WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine="llama.cpp"))
-    assert w_l.max_running("llama.cpp", 6000) is None  # no pool stated: no cap
+    # no pool stated: the memory itself (HEADROOM of it) bounds the sequences at their mean size; it once had no cap,
+    # and the card priced 100000 sequences of 2000 tokens running at once on one H100 (26 TB of KV)
+    _, kv_mean = memory_per_rank(cfg, Layout(), "bfloat16", 1, 5500)
+    assert w_l.max_running("llama.cpp", 6000, 5500) == int((HEADROOM * mem - weights) // kv_mean) < 50
+    assert w_l.max_running("llama.cpp", 6000) == int((HEADROOM * mem - weights) // kv1)
+    assert serve(w_l, 5000, 1000, 1000, 1000)["running"]["typical"] == w_l.max_running("llama.cpp", 6000, 5500)
     cap = w_s.max_running("sglang", 6000)
     capped, fits = serve(w_s, 5000, 1000, 4 * cap, 4 * cap), serve(w_s, 5000, 1000, cap, cap)
     assert capped["running"]["typical"] == cap and fits["running"]["typical"] == cap
@@ -551,6 +557,16 @@ def test_the_engines_kv_pool_caps_the_running_sequences_and_a_capped_run_goes_in
             engines.profile("sglang", 1, str(path))
         finally:
             engines.load_engines.cache_clear()
+
+
+def test_the_cards_finite_run_refuses_a_request_longer_than_the_models_context():
+    """input_len + output_len beyond max_context was priced (a 200k-token prompt on a 128k model), while
+    context= and capacity's context + output were refused."""
+    from roofline.commands.card import CardRequest
+    cfg, dev = get_preset("llama-3.1-8b"), get_datasheet("h100_sxm")
+    with pytest.raises(ConfigError, match="a request of 200010 tokens exceeds the model's max_context 131072"):
+        CardRequest(model=cfg, device=dev, input_len=200000, output_len=10, concurrency=1)
+    CardRequest(model=cfg, device=dev, input_len=131000, output_len=72, concurrency=1)  # exactly the window: priced
 
 
 def test_the_card_prices_a_finite_run_as_the_what_if_serves_it():

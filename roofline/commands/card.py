@@ -78,6 +78,10 @@ class CardRequest:
             raise ConfigError(f"batch={self.batch!r}: must be an integer >= 1")
         if not isinstance(self.context, int) or not 0 <= self.context < self.model.max_context:
             raise ConfigError(f"context={self.context!r}: must be in 0..{self.model.max_context - 1} (model.max_context)")
+        if self.input_len + self.output_len > self.model.max_context:
+            raise ConfigError(f"input_len={self.input_len}, output_len={self.output_len}: a request of "
+                              f"{self.input_len + self.output_len} tokens exceeds the model's max_context "
+                              f"{self.model.max_context}")
 
 
 @dataclass(frozen=True)
@@ -149,9 +153,11 @@ def _what_if_run(req: CardRequest, w) -> dict:
     s = serve(w, req.input_len, req.output_len, C, req.num_prompts or C, staggered=req.staggered, client=req.client)
     out = dict(run_input_len=req.input_len, run_output_len=req.output_len, run_concurrency=C,
                run_num_prompts=req.num_prompts or C, run_staggered=req.staggered, run_client=req.client)
-    full = [e for e in w.setting.engine_names() if w.max_running(e, req.input_len + req.output_len) == 0]
+    full = [e for e in w.setting.engine_names()
+            if w.max_running(e, req.input_len + req.output_len, req.input_len + req.output_len // 2) == 0]
     if full:
-        out["run_note"] = (f"does not fit: on {w.layout.label()} the weights leave {', '.join(full)}'s KV pool no room "
+        out["run_note"] = (f"does not fit: on {w.layout.label()} the weights leave {', '.join(full)}'s KV pool (the "
+                           f"memory, where the engine states none) no room "
                            f"for one sequence of {req.input_len + req.output_len} tokens (priced one at a time); "
                            f"give more devices (tp=) or a smaller format (weights=)")
     for key, name, f in RUN_METRICS:

@@ -47,6 +47,7 @@ import yaml
 from roofline.io.fields import ConfigError
 from roofline.model.speculation import DRAFTERS
 from roofline.measure.devices import Datasheet
+from roofline.measure.memory import HEADROOM
 from roofline.model.accounting import block_matrices, block_weight_bytes, expert_bytes, expert_pair_io_bytes
 from roofline.model.config import ModelConfig
 from roofline.model.dtypes import lookup as lookup_dtype
@@ -471,19 +472,24 @@ class WhatIf:
         eng = engine or self.setting.engine_names()[0]
         return self._scale(B) * self.pass_detail(Pass(B, q, L), scenario, eng, mtp=True)["seconds"]
 
-    def max_running(self, engine: str, tokens_per_seq: int) -> int | None:
+    def max_running(self, engine: str, tokens_per_seq: int, mean_tokens: int | None = None) -> int | None:
         """The most sequences of `tokens_per_seq` tokens whose KV fits the engine's pool on every rank
         (engines.yaml kv_pool: a share of the device memory for weights + KV, or of what the weights leave
-        free for KV); None where the engine states no pool or the device no memory size; 0 where the weights
-        leave no room for one sequence (the layout does not fit: `serve` then runs one at a time, and the card
-        says so)."""
+        free for KV). An engine that states no pool (LMDeploy, llama.cpp, gpt-fast, HF eager: a cache that grows
+        with its sequences, or no pool read) is bounded by the memory itself, HEADROOM of it for weights + KV
+        (`memory_check`'s rule for it), at the sequences' mean size (`mean_tokens`, else tokens_per_seq: their
+        caches grow together, the last steps' overflow left out). None where the device has no memory size; 0
+        where the weights leave no room for one sequence (the layout does not fit: `serve` then runs one at a
+        time, and the card says so)."""
         eng = self._eng(engine, 1)
         mem = self.device.usable_mem_bytes()
-        if eng.kv_pool_fraction is None or not mem:
+        if not mem:
             return None
-        split = self.layout.batch_split
-        w, kv = memory_per_rank(self.cfg, self.layout, self.dtype, split, tokens_per_seq, pool_rule=pool_rule(self.cfg, eng))
-        return max(0, int(kv_pool_bytes(eng, mem, w) // kv) * split) if kv > 0 else None
+        split, own = self.layout.batch_split, eng.kv_pool_fraction is not None
+        w, kv = memory_per_rank(self.cfg, self.layout, self.dtype, split, tokens_per_seq if own else
+                                (mean_tokens or tokens_per_seq), pool_rule=pool_rule(self.cfg, eng))
+        room = kv_pool_bytes(eng, mem, w) if own else HEADROOM * mem - w
+        return max(0, int(room // kv) * split) if kv > 0 else None
 
     def band(self, B: int, spec: bool = False) -> float:
         """The measured error band (log half-width) of a prediction of B sequences (docs/planning.md)."""
@@ -648,7 +654,7 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
         return w.round_seconds(spec.k, B, Lc, s, e, spec.drafter, spec.draft, pre, I / 2)
 
     # the engine's KV pool: the sequences it keeps running (the rest queue); one figure per engine
-    caps = {e: None if static_batch else min((c for c in (w.max_running(e, I + O), engine_default(e, "max_running_tiers"))
+    caps = {e: None if static_batch else min((c for c in (w.max_running(e, I + O, L), engine_default(e, "max_running_tiers"))
                                               if c is not None), default=None)
             for e in w.setting.engine_names()}
 
@@ -798,7 +804,7 @@ def kv_pool_bytes(eng, mem_bytes: float, weight_bytes: float) -> float:
 
 
 def memory_check(cfg: ModelConfig, device: Datasheet, dtype: str, layout: Layout, batch: int, tokens_per_seq: int,
-                 with_mtp: bool = False, draft: ModelConfig | None = None, headroom: float = 0.9,
+                 with_mtp: bool = False, draft: ModelConfig | None = None, headroom: float = HEADROOM,
                  mem_bytes: float | None = None, setting: Setting | None = None) -> dict:
     """Per-device bytes of the plan (weights + KV; the MTP module's and a draft model's weights and
     KV included when they draft) and whether they fit. The memory is `mem_bytes` (a user's) or the device's
@@ -848,7 +854,7 @@ def unfit_note(layout_label: str, mem: dict, at: str = "") -> str:
 
 
 def smallest_layout(cfg: ModelConfig, device: Datasheet, dtype: str, batch: int, tokens_per_seq: int,
-                    with_mtp: bool = False, max_devices: int = 64, headroom: float = 0.9,
+                    with_mtp: bool = False, max_devices: int = 64, headroom: float = HEADROOM,
                     setting: Setting | None = None) -> Layout | None:
     """The layout with the fewest devices whose per-rank weights + KV fit (`memory_check`: the setting's
     engine pool, else headroom × device memory; tp up to a node's 8, then pipeline stages); None when
