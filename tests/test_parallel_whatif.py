@@ -19,7 +19,7 @@ from roofline.io.fields import ConfigError
 from roofline.measure.devices import get_datasheet
 from roofline.measure.memory import HEADROOM
 from roofline.model.presets import get_preset
-from roofline.parallel import anchors, engines, kernels
+from roofline.parallel import anchors, engines, kernels, whatif
 from roofline.parallel.layout import Layout
 from roofline.parallel.whatif import (Pass, Setting, SpecDecode, WhatIf, candidate_layouts, capacity, memory_check,
                                       serve)
@@ -1580,6 +1580,17 @@ def test_predict_what_if_honours_drafter_mode_and_out_dir_and_refuses_what_only_
                       ("mode=fast", "mode"), ("drafter=draft_model", "draft_model")):
         with pytest.raises(ConfigError, match=name):
             run(bad)
+
+
+def test_plain_decode_is_one_row_per_batch_and_context_not_one_per_alpha():
+    """predict's what-if printed k = 0 (plain decode, no draft to accept) once per alpha, the same numbers
+    under four acceptance rates."""
+    rows = whatif.speedup_table(get_preset("llama-3.1-8b"), get_datasheet("h200_sxm"), "bfloat16", Layout(),
+                                (0.6, 0.7, 0.8), (0, 2), (1, 4), (2048,), Setting(engine="vllm"), drafter="ngram")
+    t = pd.DataFrame(rows)
+    plain, spec = t[t["k"] == 0], t[t["k"] == 2]
+    assert len(plain) == 2 and plain["alpha"].isna().all() and (plain["S"] == 1.0).all()
+    assert len(spec) == 6 and sorted(set(spec["alpha"])) == [0.6, 0.7, 0.8]
 
 
 def test_a_tpot_is_priced_as_the_runs_mean_time_per_token_and_a_random_range_ratio_at_its_mean_lengths():

@@ -949,7 +949,7 @@ def speedup_table(cfg: ModelConfig, device: Datasheet, dtype: str, layout: Layou
     """Speculative speedup of `drafter` (mtp: the preset's MTP module; draft_model: `draft`, replicated on
     every rank as vLLM runs it; ngram: lookup on the host) and plain ITL per (alpha, k, B, L), each an
     interval; k = 0 is plain decode and needs no drafter (a model without an MTP module is priced at k = 0
-    only with drafter=mtp)."""
+    only with drafter=mtp): one row per (B, L), its alpha NaN (no draft is accepted or rejected)."""
     if drafter not in DRAFTERS:
         raise ConfigError(f"drafter={drafter!r}: allowed {DRAFTERS}")
     if drafter == "mtp" and cfg.mtp_layers < 1 and any(k for k in ks):
@@ -964,13 +964,12 @@ def speedup_table(cfg: ModelConfig, device: Datasheet, dtype: str, layout: Layou
     for L in Ls:
         for B in Bs:
             itl = w.itl(B, L)
-            for a in alphas:
-                for k in ks:
-                    s = w.spec_speedup((a, a, a), k, B, L, drafter, dw)
-                    rows.append(dict(layout=layout.label(), dtype=parse_precision(dtype).label, drafter=drafter,
-                                     alpha=a, k=k, B=B,
-                                     L=L, S=s["typical"], S_low=min(s.values()), S_high=max(s.values()),
-                                     itl_ms=itl["typical"] * 1e3, itl_ms_low=itl["optimistic"] * 1e3,
-                                     itl_ms_high=itl["pessimistic"] * 1e3,
-                                     experts_touched=w.experts_touched(B)))
+            for a, k in [(math.nan, 0)] * (0 in ks) + [(a, k) for a in alphas for k in ks if k]:
+                s = w.spec_speedup((a, a, a), k, B, L, drafter, dw)
+                rows.append(dict(layout=layout.label(), dtype=parse_precision(dtype).label, drafter=drafter,
+                                 alpha=a, k=k, B=B,
+                                 L=L, S=s["typical"], S_low=min(s.values()), S_high=max(s.values()),
+                                 itl_ms=itl["typical"] * 1e3, itl_ms_low=itl["optimistic"] * 1e3,
+                                 itl_ms_high=itl["pessimistic"] * 1e3,
+                                 experts_touched=w.experts_touched(B)))
     return rows
