@@ -1582,6 +1582,19 @@ def test_predict_what_if_honours_drafter_mode_and_out_dir_and_refuses_what_only_
             run(bad)
 
 
+def test_an_ngram_round_pays_the_hosts_scan_of_every_sequences_tokens():
+    """n-gram drafting was priced 0; vLLM's proposer scans each running sequence's tokens on the host between
+    GPU steps (priors.yaml ngram_lookup_ns_per_token): the round grows by ns x the rank's sequences x context."""
+    from roofline.parallel.whatif import load_priors
+    w = WhatIf(get_preset("llama-3.1-8b"), get_datasheet("h200_sxm"), "bfloat16", Layout(), Setting(engine="vllm"))
+    ns = load_priors()["ngram_lookup_ns_per_token"]["values"]
+    for B, L in ((1, 2048), (64, 32768)):
+        ngram = w.round_seconds(3, B, L, 1, "vllm", "ngram")
+        free = w.forward(Pass(B, 4, L), 1, "vllm") + load_priors()["spec_round_overhead_us"]["values"][1] * 1e-6
+        assert ngram - free == pytest.approx(ns[1] * 1e-9 * B * L)
+    assert ns[0] < ns[1] <= ns[2]
+
+
 def test_plain_decode_is_one_row_per_batch_and_context_not_one_per_alpha():
     """predict's what-if printed k = 0 (plain decode, no draft to accept) once per alpha, the same numbers
     under four acceptance rates."""

@@ -519,7 +519,8 @@ class WhatIf:
         requests chunked into the same pass), the round's overhead (priors.yaml spec_round_overhead_us) and
         k chained drafts, the first re-reading the k+1 verified positions (as roofline.analysis.predict
         prices it): the MTP module (`mtp`), a draft model replicated on every rank (`draft_model`, its
-        WhatIf), or n-gram lookup (`ngram`: host work beside the GPU, priced 0). own_scenario: the scenario
+        WhatIf), or n-gram lookup (`ngram`: the host's scan of each sequence's tokens between GPU steps, priors.yaml
+        ngram_lookup_ns_per_token x the rank's sequences x their context). own_scenario: the scenario
         of the priors only a round carries (its overhead and its drafts), where it differs from the
         verification pass's (a speedup's interval, `spec_speedup`)."""
         eng = engine or self.setting.engine_names()[0]
@@ -534,7 +535,8 @@ class WhatIf:
             Bd = math.ceil(B / self.layout.batch_split)
             return r + sum(draft.target(k + 1 if i == 1 else 1, Bd, L + i - 1, own, eng) for i in range(1, k + 1))
         if drafter == "ngram":
-            return r
+            ns = K.pick(load_priors()["ngram_lookup_ns_per_token"], own, "priors.ngram_lookup_ns_per_token")
+            return r + ns * 1e-9 * math.ceil(B / self.layout.batch_split) * L
         raise ConfigError(f"drafter={drafter!r}: allowed {DRAFTERS}")
 
     def spec_speedup(self, alphas: tuple[float, float, float], k: int, B: int, L: int, drafter: str = "mtp",
