@@ -32,7 +32,7 @@ from pathlib import Path
 
 import yaml
 
-from roofline.io.fields import ConfigError, check_number
+from roofline.io.fields import ConfigError, check_int, check_number
 from roofline.parallel.whatif import Calibration, Pass
 
 MIN_HALF_WIDTH = 0.05
@@ -84,10 +84,8 @@ def load_points(path, model: str | None = None, dtype: str | None = None) -> lis
     for i, pt in enumerate(pts):
         if not isinstance(pt, dict):
             raise ConfigError(f"calibrate: points[{i}]={pt!r}: expected a mapping {{B, L, tok_s_per_user | itl_ms}}")
-        for key in ("B", "L"):
-            if not isinstance(pt.get(key), int) or isinstance(pt.get(key), bool) or pt[key] < (1 if key == "B" else 0):
-                raise ConfigError(f"calibrate: points[{i}].{key}={pt.get(key)!r}: allowed an integer "
-                                  f">= {1 if key == 'B' else 0}")
+        for key, least in (("B", 1), ("L", 0)):
+            check_int(f"calibrate: points[{i}].{key}", pt.get(key), least)
         have = [k for k in ("tok_s_per_user", "itl_ms") if k in pt]
         if len(have) != 1:
             raise ConfigError(f"calibrate: points[{i}]: give exactly one of tok_s_per_user, itl_ms (a number > 0)")

@@ -529,14 +529,14 @@ class WhatIf:
         r += K.pick(load_priors()["spec_round_overhead_us"], own, "priors.spec_round_overhead_us") * 1e-6
         if drafter == "mtp":
             return r + sum(self.mtp(k + 1 if i == 1 else 1, B, L + i - 1, own, eng) for i in range(1, k + 1))
+        Br = math.ceil(B / self.layout.batch_split)  # the sequences one rank drafts for
         if drafter == "draft_model":
             if draft is None:
                 raise ConfigError("drafter=draft_model: no draft model given")
-            Bd = math.ceil(B / self.layout.batch_split)
-            return r + sum(draft.target(k + 1 if i == 1 else 1, Bd, L + i - 1, own, eng) for i in range(1, k + 1))
+            return r + sum(draft.target(k + 1 if i == 1 else 1, Br, L + i - 1, own, eng) for i in range(1, k + 1))
         if drafter == "ngram":
             ns = K.pick(load_priors()["ngram_lookup_ns_per_token"], own, "priors.ngram_lookup_ns_per_token")
-            return r + ns * 1e-9 * math.ceil(B / self.layout.batch_split) * L
+            return r + ns * 1e-9 * Br * L
         raise ConfigError(f"drafter={drafter!r}: allowed {DRAFTERS}")
 
     def spec_speedup(self, alphas: tuple[float, float, float], k: int, B: int, L: int, drafter: str = "mtp",
