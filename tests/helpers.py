@@ -200,10 +200,19 @@ FAMILIES = {
                         rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, beta_fast=32.0,
                                              beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0,
                                              original_max_position_embeddings=32)),
+    # GLM-5: DeepSeek Sparse Attention (as deepseek_v32 below) with interleaved RoPE in the indexer too
+    "glm_moe_dsa": dict(SIGMOID_MOE, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16,
+                        qk_rope_head_dim=8, v_head_dim=16, n_group=1, topk_group=1, routed_scaling_factor=2.5,
+                        num_nextn_predict_layers=1, index_n_heads=8, index_head_dim=16, index_topk=4,
+                        indexer_rope_interleave=True, rope_interleave=True,
+                        rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
     "glm4_moe": dict(SIGMOID_MOE, head_dim=16, attention_bias=True, use_qk_norm=True, n_group=1, topk_group=1,
                      num_nextn_predict_layers=1, routed_scaling_factor=1.5,
                      rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5)),
 }
+# DeepSeek Sparse Attention: 4 of up to 7 keys selected (q = 7 in the parity tests), 8 indexer heads (ties at ReLU's
+# zero across every head are rare)
+FAMILIES["deepseek_v32"] = dict(FAMILIES["deepseek_v3"], index_n_heads=8, index_head_dim=16, index_topk=4)
 
 
 def hf_model(family: str, seed: int = 0, **changes):
@@ -237,8 +246,14 @@ def add_mtp_layer(hf, folder, seed=5) -> dict:
     embed_tokens) to the checkpoint, per-expert names as released checkpoints store them."""
     from safetensors import safe_open
     from safetensors.torch import save_file
+    import copy
     cfg, n = hf.config, hf.config.num_hidden_layers
     torch.manual_seed(seed)
+    typed = [a for a in ("mlp_layer_types", "layer_types", "indexer_types") if len(getattr(cfg, a, None) or []) == n]
+    if typed:  # configs that type each layer (DeepSeek-V3.2's, GLM-5's): the MTP block is one more layer, MoE
+        cfg = copy.copy(cfg)
+        for a in typed:
+            setattr(cfg, a, list(getattr(cfg, a)) + ["sparse" if a == "mlp_layer_types" else getattr(cfg, a)[-1]])
     layer = type(hf.model.layers[-1])(cfg, layer_idx=n).eval()
     randomize(layer)
     d = cfg.hidden_size

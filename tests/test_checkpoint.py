@@ -94,7 +94,7 @@ def mtp_reference(hf, mtp, hidden, next_tokens):
     return rms(out, mtp["shared_head.norm.weight"], eps) @ mtp["shared_head.head.weight"].T
 
 
-@pytest.mark.parametrize("family", ["deepseek_v3", "glm4_moe"])
+@pytest.mark.parametrize("family", ["deepseek_v3", "glm4_moe", "deepseek_v32"])
 def test_mtp_module_matches_the_deepseek_v3_equations(family, tmp_path):
     hf = hf_model(family, seed=6)
     hf.save_pretrained(tmp_path)
@@ -221,6 +221,16 @@ HUB_CONFIGS = {  # the published config.json fields the preset YAMLs cite (older
                           original_max_position_embeddings=4096, type="yarn"),
         quantization_config=dict(activation_scheme="dynamic", fmt="e4m3", quant_method="fp8",
                                  weight_block_size=[128, 128])),
+    "glm-5": dict(
+        architectures=["GlmMoeDsaForCausalLM"], vocab_size=154880, hidden_size=6144, intermediate_size=12288,
+        moe_intermediate_size=2048, num_hidden_layers=78, num_attention_heads=64, num_key_value_heads=64, head_dim=64,
+        n_shared_experts=1, n_routed_experts=256, routed_scaling_factor=2.5, kv_lora_rank=512, q_lora_rank=2048,
+        qk_rope_head_dim=64, qk_nope_head_dim=192, qk_head_dim=256, v_head_dim=256, topk_method="noaux_tc",
+        n_group=1, topk_group=1, num_experts_per_tok=8, moe_layer_freq=1, first_k_dense_replace=3,
+        norm_topk_prob=True, scoring_func="sigmoid", hidden_act="silu", max_position_embeddings=202752,
+        rms_norm_eps=1e-5, num_nextn_predict_layers=1, tie_word_embeddings=False, attention_bias=False,
+        index_head_dim=128, index_n_heads=32, index_topk=2048, indexer_rope_interleave=True, rope_interleave=True,
+        rope_parameters=dict(rope_theta=1000000, rope_type="default")),
     "glm-4.5-air": dict(
         architectures=["Glm4MoeForCausalLM"], vocab_size=151552, hidden_size=4096, num_hidden_layers=46,
         num_attention_heads=96, num_key_value_heads=8, head_dim=128, partial_rotary_factor=0.5, attention_bias=True,
@@ -252,6 +262,11 @@ HUB_CONFIGS = {  # the published config.json fields the preset YAMLs cite (older
         rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, sliding_window=131072,
         use_sliding_window=False),
 }
+
+
+HUB_CONFIGS["deepseek-v3.2"] = dict(  # DeepSeek-V3's fields + its sparse attention
+    HUB_CONFIGS["deepseek-v3"], architectures=["DeepseekV32ForCausalLM"], index_head_dim=128, index_n_heads=64,
+    index_topk=2048, quantization_config=dict(HUB_CONFIGS["deepseek-v3"]["quantization_config"], scale_fmt="ue8m0"))
 
 
 @pytest.mark.parametrize("preset", list(HUB_CONFIGS))

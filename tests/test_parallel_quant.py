@@ -22,6 +22,7 @@ FIELDS = ("weight_bytes", "expert_bytes", "kv_read_bytes", "kv_write_bytes", "em
 
 @pytest.mark.parametrize("name,label", [("llama-3.1-70b", INT4_FP8KV), ("deepseek-v3", FP8_B128),
                                         ("deepseek-v3", FP8_B128 + "+kv=fp8_e4m3"),  # MLA: one latent cache, one scale
+                                        ("deepseek-v3.2", FP8_B128 + "+kv=int8"),  # + the indexer's keys and scales
                                         ("mixtral-8x7b", "bfloat16+weights=int8+kv=int8")])
 def test_tp1_rank_cost_in_a_quantized_precision_is_the_one_device_cost(name, label):
     cfg = get_preset(name)

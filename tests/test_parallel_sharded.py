@@ -17,6 +17,8 @@ CASES = {
     "moe_tp_experts_split_by_width": (scaled_down(get_preset("qwen3-30b-a3b")), Layout(tp=2, ep=1)),
     "mla_moe_ep": (scaled_down(get_preset("deepseek-v3")), Layout(tp=2, ep=2)),
     "mla_dp_attention_all_to_all": (scaled_down(get_preset("deepseek-v3")), Layout(tp=2, ep=2, dp_attention=True)),
+    # DeepSeek Sparse Attention: the indexer and its key cache replicated; 9 positions, 8 selected
+    "mla_sparse_attention_tp": (scaled_down(get_preset("deepseek-v3.2")), Layout(tp=2, ep=2)),
 }
 
 

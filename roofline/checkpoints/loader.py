@@ -51,7 +51,10 @@ from roofline.model.decoder import MOE_IMPLS, Transformer
 from roofline.model.rope import rope_table
 
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
-                 "MistralForCausalLM", "MixtralForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeForCausalLM")
+                 "MistralForCausalLM", "MixtralForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeForCausalLM",
+                 "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")
+MLA_ARCHITECTURES = ("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")  # MLA + DeepSeek MoE
+SPARSE_ARCHITECTURES = ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")  # + DeepSeek Sparse Attention's indexer
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2")
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some older checkpoints saved
@@ -155,7 +158,7 @@ def _config_from_hf(raw: Mapping[str, Any], name: str = "") -> ModelConfig:
     if arch == "MixtralForCausalLM":  # softmax, top-k, renormalised; each expert is intermediate_size wide
         kw.update(experts=raw["num_local_experts"], experts_per_token=raw["num_experts_per_tok"],
                   moe_ffn=raw["intermediate_size"], router_scoring="softmax", norm_topk=True)
-    if arch in ("DeepseekV3ForCausalLM", "Glm4MoeForCausalLM"):
+    if arch in ("Glm4MoeForCausalLM",) + MLA_ARCHITECTURES:
         _require(raw, arch, "scoring_func", ("sigmoid",), "sigmoid")
         _require(raw, arch, "topk_method", ("noaux_tc",), "noaux_tc")
         _require(raw, arch, "moe_layer_freq", (1,), 1)
@@ -164,12 +167,15 @@ def _config_from_hf(raw: Mapping[str, Any], name: str = "") -> ModelConfig:
                   first_dense_layers=raw.get("first_k_dense_replace", 0), router_scoring="sigmoid",
                   norm_topk=bool(raw.get("norm_topk_prob", True)), routed_scale=float(raw.get("routed_scaling_factor", 1.0)),
                   router_groups=raw.get("n_group") or 1, router_topk_groups=raw.get("topk_group") or 1)
-    if arch == "DeepseekV3ForCausalLM":
+    if arch in MLA_ARCHITECTURES:
         _require(raw, arch, "attention_bias", (False,), False)
         nope, rope_d = raw["qk_nope_head_dim"], raw["qk_rope_head_dim"]
         kw.update(attention="mla", kv_heads=heads, head_dim=nope + rope_d, q_lora_rank=raw.get("q_lora_rank") or 0,
                   kv_lora_rank=raw["kv_lora_rank"], qk_nope_dim=nope, qk_rope_dim=rope_d, v_head_dim=raw["v_head_dim"],
                   rope_interleave=bool(raw.get("rope_interleave", True)), partial_rotary=1.0)
+    if arch in SPARSE_ARCHITECTURES:  # the indexer's RoPE: halves in DeepSeek-V3.2, as GLM-5's config says for its own
+        kw.update(index_topk=raw["index_topk"], index_heads=raw["index_n_heads"], index_head_dim=raw["index_head_dim"],
+                  index_rope_interleave=bool(raw.get("indexer_rope_interleave", False)))
     return ModelConfig(**kw)
 
 
@@ -300,6 +306,11 @@ def _block_plan(cfg: ModelConfig, hf: str, ours: str, moe: bool, shapes: dict, k
         whole(f"{a}.kv_a_proj_with_mqa.weight", "attn.kv_a.weight")
         whole(f"{a}.kv_a_layernorm.weight", "attn.kv_a_norm.weight")
         whole(f"{a}.kv_b_proj.weight", "attn.kv_b.weight")
+        if cfg.is_sparse:  # DeepSeek Sparse Attention's indexer (transformers' DeepseekV32Indexer names)
+            for h, o in (("wq_b.weight", "idx_wq_b.weight"), ("wk.weight", "idx_wk.weight"),
+                         ("k_norm.weight", "idx_k_norm.weight"), ("k_norm.bias", "idx_k_norm.bias"),
+                         ("weights_proj.weight", "idx_weights.weight")):
+                whole(f"{a}.indexer.{h}", f"attn.{o}")
     else:
         rows = [cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim]
         start = 0

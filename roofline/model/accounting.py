@@ -11,12 +11,15 @@ Conventions (docs/design.md §2):
   implementation, all E for "dense". MTP modules are not part of the main forward.
 - KV read: B · layers · (cache elements per token) · kv_len · b_kv, kv_len being the cache
   slice attention reads (L + q unless fixed); KV write: the same with q for kv_len. A
-  quantized cache (roofline.model.kvcache) adds its scales: per token, or per layer.
+  quantized cache (roofline.model.kvcache) adds its scales: per token, or per layer. Sparse
+  attention (DeepSeek-V3.2): the indexer's keys at every position, the latents of the
+  selected ones only (ModelConfig.attended_positions).
 - FLOPs: 2 · (matmul weights applied per token) · B · q, plus attention counted causally
   (useful work only): for query i at position L + i, L + i + 1 keys, each costing
   2·(d_qk + d_v) per head, i.e. 2·(d_qk + d_v)·h·layers·B·(q·L + q(q+1)/2).
   MLA in absorbed form has d_qk = kv_lora_rank + qk_rope_dim and d_v = kv_lora_rank; its
-  W_UK/W_UV absorption is matmul work on the kv_b weights.
+  W_UK/W_UV absorption is matmul work on the kv_b weights. Sparse attention caps a query's
+  keys at index_topk and adds its indexer's 2·index_heads·index_head_dim per causal pair.
 - Quantized formats (roofline.model.formats; `dtype` may be a precision label): each matrix
   in `block_matrices` / `expert_matrices` and the LM head costs its format's exact bytes,
   scales and zero points included; norms, biases, router, embedding and MTP's eh_proj stay in
@@ -43,7 +46,7 @@ def attention_params(cfg: ModelConfig) -> int:
         q = (d * cfg.q_lora_rank + cfg.q_lora_rank + cfg.q_lora_rank * h * qk) if cfg.q_lora_rank else d * h * qk
         kv = d * (cfg.kv_lora_rank + cfg.qk_rope_dim) + cfg.kv_lora_rank
         kv += cfg.kv_lora_rank * h * (cfg.qk_nope_dim + cfg.v_head_dim)
-        return q + kv + h * cfg.v_head_dim * d
+        return q + kv + h * cfg.v_head_dim * d + indexer_params(cfg)
     qkv_out = (h + 2 * cfg.kv_heads) * cfg.head_dim
     p = d * qkv_out + h * cfg.head_dim * d
     p += qkv_out if cfg.qkv_bias else 0
@@ -51,11 +54,20 @@ def attention_params(cfg: ModelConfig) -> int:
     return p
 
 
+def indexer_params(cfg: ModelConfig) -> int:
+    """The sparse-attention indexer of one layer (0 without): its query projection from the q latent, its key
+    projection and LayerNorm (weight and bias), and the per-head weights from the hidden state."""
+    if not cfg.is_sparse:
+        return 0
+    hi, di = cfg.index_heads, cfg.index_head_dim
+    return cfg.q_lora_rank * hi * di + cfg.d * di + 2 * di + cfg.d * hi
+
+
 def attention_matmul_params(cfg: ModelConfig) -> int:
     """Attention weights that multiply each token (norm and bias vectors excluded)."""
     p = attention_params(cfg)
     if cfg.is_mla:
-        return p - cfg.kv_lora_rank - cfg.q_lora_rank
+        return p - cfg.kv_lora_rank - cfg.q_lora_rank - (2 * cfg.index_head_dim if cfg.is_sparse else 0)
     p -= (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim if cfg.qkv_bias else 0
     return p - (2 * cfg.head_dim if cfg.qk_norm else 0)
 
@@ -182,13 +194,18 @@ def block_matrices(cfg: ModelConfig, moe: bool) -> list[tuple[str, int, int]]:
     """(name, N, K) of the linears of one block that take the weights format (W[N, K]); routed
     experts apart (`expert_matrices`). Norms, biases and the MoE router stay in the activation
     dtype, and so does MLA's kv_b: the absorbed attention multiplies by its halves directly,
-    which is why serving engines hold it dequantised (vLLM does at load)."""
+    which is why serving engines hold it dequantised (vLLM does at load). A sparse-attention
+    indexer's query and key projections take the format; its head weights do not (DeepSeek-V3.2's
+    release and SGLang's indexer: 'weight_proj is not quantized')."""
     d = cfg.d
     if cfg.is_mla:
         qk = cfg.qk_nope_dim + cfg.qk_rope_dim
         attn = ([("attn.q_a", cfg.q_lora_rank, d), ("attn.q_b", cfg.heads * qk, cfg.q_lora_rank)]
                 if cfg.q_lora_rank else [("attn.q_proj", cfg.heads * qk, d)])
         attn += [("attn.kv_a", cfg.kv_lora_rank + cfg.qk_rope_dim, d), ("attn.wo", d, cfg.heads * cfg.v_head_dim)]
+        if cfg.is_sparse:
+            attn += [("attn.idx_wq_b", cfg.index_heads * cfg.index_head_dim, cfg.q_lora_rank),
+                     ("attn.idx_wk", cfg.index_head_dim, d)]
     else:
         attn = [("attn.wqkv", (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim, d), ("attn.wo", d, cfg.heads * cfg.head_dim)]
     swiglu = lambda p, f: [(f"{p}.w1", f, d), (f"{p}.w3", f, d), (f"{p}.w2", d, f)]  # noqa: E731
@@ -264,9 +281,28 @@ def resident_weight_bytes(cfg: ModelConfig, dtype, with_mtp: bool = True) -> int
 
 
 def kv_token_layer_bytes(cfg: ModelConfig, prec: Precision) -> int:
-    """Bytes one token adds to one layer's cache: GQA keeps K and V per KV head, MLA one latent."""
+    """Bytes one token adds to one layer's cache: GQA keeps K and V per KV head, MLA one latent (+ the
+    sparse-attention indexer's key, a cache tensor of its own: its per-token scale apart)."""
+    if cfg.is_sparse:
+        return sum(kv_split_token_bytes(cfg, prec))
     heads = 1 if cfg.is_mla else 2 * cfg.kv_heads
     return prec.kv.kv_token_bytes(cfg.kv_elems_per_token_layer, heads, prec.act_bytes)
+
+
+def kv_split_token_bytes(cfg: ModelConfig, prec: Precision) -> tuple[int, int]:
+    """(attended, indexed) bytes one token adds to one layer's cache: what attention reads of an attended position
+    (every cache element but the indexer's key) and the indexer's key, which the indexer reads at every position
+    (0 without sparse attention)."""
+    if not cfg.is_sparse:
+        return kv_token_layer_bytes(cfg, prec), 0
+    a = prec.act_bytes
+    return (prec.kv.kv_token_bytes(cfg.kv_lora_rank + cfg.qk_rope_dim, 1, a),
+            prec.kv.kv_token_bytes(cfg.index_head_dim, 1, a))
+
+
+def kv_cache_tensors_per_layer(cfg: ModelConfig) -> int:
+    """Cache tensors of one attention layer (per-tensor scales): K and V; MLA's latent (+ a sparse indexer's keys)."""
+    return (2 if cfg.is_sparse else 1) if cfg.is_mla else 2
 
 
 @dataclass(frozen=True)
@@ -320,6 +356,9 @@ def _linear_io(cfg: ModelConfig, moe: bool) -> int:
         qk, r = cfg.qk_nope_dim + cfg.qk_rope_dim, cfg.kv_lora_rank
         q_io = cfg.d + cfg.q_lora_rank * 2 + cfg.heads * qk if cfg.q_lora_rank else cfg.d + cfg.heads * qk
         attn = q_io + cfg.d + r + cfg.qk_rope_dim + cfg.heads * cfg.v_head_dim + cfg.d
+        if cfg.is_sparse:  # the indexer's projections: q latent -> its queries, hidden -> its key and head weights
+            hi, di = cfg.index_heads, cfg.index_head_dim
+            attn += cfg.q_lora_rank + hi * di + cfg.d + di + cfg.d + hi
     else:
         attn = cfg.d + (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim + cfg.heads * cfg.head_dim + cfg.d
     swiglu = lambda width: 2 * cfg.d + 3 * width + cfg.d  # w1, w3 in; w1, w3 out; w2 in; w2 out
@@ -344,20 +383,22 @@ def _stack_cost(cfg: ModelConfig, layers: int, n_moe: int, B: int, q: int, L: in
     dequant += n_moe * touched * expert_params(cfg) * prec.experts.dequant_ops_per_weight()
     dequant += 0 if cfg.tie_embeddings else cfg.vocab * cfg.d * prec.lm_head.dequant_ops_per_weight()
     d_qk, d_v = _attention_dims(cfg)
-    attended = cfg.attended_pairs(L, q)  # a windowed layer attends at most its window
+    attended = cfg.attended_pairs(L, q)  # a windowed layer attends at most its window; a sparse one index_topk
     flops_attn = 2 * (d_qk + d_v) * cfg.heads * layers * B * attended
+    flops_attn += 2 * cfg.index_heads * cfg.index_head_dim * layers * B * cfg.indexer_pairs(L, q)
     moe_active = cfg.d * cfg.experts + (cfg.experts_per_token + cfg.shared_experts) * expert_params(cfg)
     if moe_impl == "dense":
         moe_active = cfg.d * cfg.experts + (cfg.experts + cfg.shared_experts) * expert_params(cfg)
     matmul = layers * attention_matmul_params(cfg) + n_dense * 3 * cfg.d * cfg.ffn + n_moe * moe_active
     matmul += cfg.vocab * cfg.d  # LM head
     kv_tok = kv_token_layer_bytes(cfg, prec)
-    kv_fixed = layers * prec.kv.kv_layer_fixed_bytes(b, tensors=1 if cfg.is_mla else 2)
+    kv_att, kv_idx = kv_split_token_bytes(cfg, prec)  # a sparse layer reads its index keys at every position
+    kv_fixed = layers * prec.kv.kv_layer_fixed_bytes(b, tensors=kv_cache_tensors_per_layer(cfg))
     act_per_token = (n_dense * _linear_io(cfg, False) + n_moe * _linear_io(cfg, True) + cfg.d + cfg.vocab) * b
     return dict(
         weight_bytes=dense_b + cfg.d * b + head_bytes(cfg, prec) + expert_b,
         expert_bytes=expert_b, experts_touched=touched,
-        kv_read_bytes=B * layers * kv_tok * cfg.kv_positions(kv_len) + kv_fixed,
+        kv_read_bytes=B * layers * (kv_att * cfg.attended_positions(kv_len, q) + kv_idx * kv_len) + kv_fixed,
         kv_write_bytes=B * layers * kv_tok * q,
         embed_bytes=N * cfg.d * b, activation_bytes_est=N * act_per_token,
         flops_matmul=2 * matmul * N, flops_attention=flops_attn, dequant_ops=float(dequant))
@@ -375,11 +416,15 @@ def kv_dequant_bytes(cfg: ModelConfig, prec: Precision, B: int, layers: int, kv_
     return 2 * B * layers * kv_len * cfg.kv_elems_per_token_layer * prec.act_bytes
 
 
-def _with_kv_impl(c: dict, cfg: ModelConfig, prec: Precision, B: int, layers: int, kv_len: int, kv_impl: str) -> dict:
+def _with_kv_impl(c: dict, cfg: ModelConfig, prec: Precision, B: int, layers: int, kv_len: int, kv_impl: str,
+                  q: int = 1) -> dict:
     if kv_impl not in KV_IMPLS:
         raise ValueError(f"kv_impl={kv_impl!r}: allowed {KV_IMPLS}")
-    if kv_impl == "dequant":  # priced as what it moved: the codes, then the dequantised copy
+    if kv_impl == "dequant" and not prec.kv.is_float:  # priced as what it moved: the codes, then the dequantised copy
         c["kv_read_bytes"] += kv_dequant_bytes(cfg, prec, B, layers, kv_len)
+        if cfg.is_sparse:  # which dequantises every position's codes, not only the ones sparse attention gathers
+            c["kv_read_bytes"] += (B * layers * kv_split_token_bytes(cfg, prec)[0]
+                                   * (kv_len - cfg.attended_positions(kv_len, q)))
     return c
 
 
@@ -396,7 +441,7 @@ def forward_cost(cfg: ModelConfig, dtype, B: int, q: int, L: int, kv_len: int | 
     kv_len = L + q if kv_len is None else kv_len
     prec = parse_precision(dtype)
     c = _stack_cost(cfg, cfg.layers, moe_layers(cfg), B, q, L, kv_len, prec, moe_impl, touched)
-    c = _with_kv_impl(c, cfg, prec, B, cfg.layers, kv_len, kv_impl)
+    c = _with_kv_impl(c, cfg, prec, B, cfg.layers, kv_len, kv_impl, q)
     return ForwardCost(B=B, q=q, L=L, kv_len=kv_len, tokens=B * q, **c)
 
 
@@ -405,7 +450,7 @@ def mtp_cost(cfg: ModelConfig, dtype, B: int, q: int, L: int, kv_len: int | None
     """Cost of one `Transformer.mtp_forward` (one MTP module over q positions)."""
     prec, kv_len = mtp_args(cfg, dtype, B, q, L, kv_len)
     c = _with_kv_impl(_stack_cost(cfg, 1, int(cfg.is_moe), B, q, L, kv_len, prec, moe_impl, touched),
-                      cfg, prec, B, 1, kv_len, kv_impl)
+                      cfg, prec, B, 1, kv_len, kv_impl, q)
     return ForwardCost(B=B, q=q, L=L, kv_len=kv_len, tokens=B * q, **add_mtp_own_cost(c, cfg, prec.act_bytes, B * q))
 
 

@@ -59,6 +59,13 @@ class ModelConfig:
     qk_nope_dim: int = 0
     qk_rope_dim: int = 0
     v_head_dim: int = 0
+    # DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5; MLA only): a lightning indexer of index_heads heads of
+    # index_head_dim (its own query from the q_lora latent, one cached key per token) scores every cached token;
+    # each query attends only the index_topk best. 0: dense attention
+    index_topk: int = 0
+    index_heads: int = 0
+    index_head_dim: int = 0
+    index_rope_interleave: bool = False  # the indexer's RoPE pairs (DeepSeek-V3.2: halves; GLM-5: pairs)
     # MoE; experts == 0 means dense
     experts: int = 0
     experts_per_token: int = 0
@@ -106,6 +113,11 @@ class ModelConfig:
     def is_mla(self) -> bool:
         return self.attention == "mla"
 
+    @property
+    def is_sparse(self) -> bool:
+        """DeepSeek Sparse Attention: each query attends the index_topk keys its indexer scores best."""
+        return self.index_topk > 0
+
     def layer_is_moe(self, i: int) -> bool:
         return self.is_moe and i >= self.first_dense_layers and (i + 1) % self.moe_every == 0
 
@@ -123,10 +135,23 @@ class ModelConfig:
 
     @property
     def kv_elems_per_token_layer(self) -> int:
-        """Cache elements one token adds in one layer: K and V for GQA, latent + RoPE key for MLA."""
+        """Cache elements one token adds in one layer: K and V for GQA, latent + RoPE key for MLA (+ the
+        indexer's key with sparse attention)."""
         if self.is_mla:
-            return self.kv_lora_rank + self.qk_rope_dim
+            return self.kv_lora_rank + self.qk_rope_dim + self.index_head_dim
         return 2 * self.kv_heads * self.head_dim
+
+    def attended_positions(self, L: float, q: int = 1) -> float:
+        """Cached positions whose keys and values a step of q queries over L positions reads for its attention
+        (the layers' mean): every held one (kv_positions), or with sparse attention the index_topk each query
+        selects, at most q·index_topk distinct (exact for a decode step, q = 1; the indexer reads the index keys
+        of all L)."""
+        return min(L, q * self.index_topk) if self.is_sparse else self.kv_positions(L)
+
+    def indexer_pairs(self, L: float, q: int) -> float:
+        """(query, key) pairs the indexer scores in one layer for q new tokens after L cached ones (causal: every
+        key up to each query); 0 without sparse attention."""
+        return q * L + q * (q + 1) / 2 if self.is_sparse else 0.0
 
     @property
     def local_span(self) -> int:
@@ -188,7 +213,12 @@ class ModelConfig:
     def attended_pairs(self, L: float, q: int) -> float:
         """(query, key) pairs q new tokens after L cached ones attend in one layer (causal), as the mean
         over the layers: q·L + q(q+1)/2 for full attention; for a windowed one, the sum over the new tokens
-        of the keys each sees (min(L + i, window), or its place in its chunk)."""
+        of the keys each sees (min(L + i, window), or its place in its chunk); with sparse attention the same
+        sum with min(L + i, index_topk) (the indexer's own pairs: indexer_pairs)."""
+        if self.is_sparse:  # each query attends min(its keys, index_topk): a window of index_topk in count
+            k = self.index_topk
+            capped = lambda n: n * (n + 1) / 2 if n <= k else k * (k + 1) / 2 + (n - k) * k  # noqa: E731
+            return capped(L + q) - capped(L)
         full = q * L + q * (q + 1) / 2
         share = self.windowed_share
         if not share:
@@ -204,7 +234,8 @@ class ModelConfig:
                 raise ConfigError(f"model.{f}={v!r}: must be a positive integer")
         nonneg = ["ffn", "q_lora_rank", "kv_lora_rank", "qk_nope_dim", "qk_rope_dim", "v_head_dim",
                   "experts", "experts_per_token", "moe_ffn", "shared_experts", "first_dense_layers",
-                  "mtp_layers", "sliding_window", "global_every", "attention_chunk"]
+                  "mtp_layers", "sliding_window", "global_every", "attention_chunk", "index_topk", "index_heads",
+                  "index_head_dim"]
         for f in nonneg:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -225,6 +256,16 @@ class ModelConfig:
             raise ConfigError(f"model.partial_rotary: rotary dim {self.rotary_dim} must be even")
         if self.is_mla and min(self.kv_lora_rank, self.qk_nope_dim, self.qk_rope_dim, self.v_head_dim) < 1:
             raise ConfigError("model.attention='mla' needs kv_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim >= 1")
+        if self.is_sparse or self.index_heads or self.index_head_dim:
+            if not (self.is_mla and self.q_lora_rank):
+                raise ConfigError("model.index_topk: sparse attention is modelled for MLA with a q_lora_rank (its indexer "
+                                  "reads the q latent)")
+            if min(self.index_topk, self.index_heads) < 1 or self.index_head_dim < self.qk_rope_dim:
+                raise ConfigError(f"model.index_topk={self.index_topk}, index_heads={self.index_heads}, index_head_dim="
+                                  f"{self.index_head_dim}: sparse attention needs all three, index_head_dim >= "
+                                  f"qk_rope_dim={self.qk_rope_dim} (the indexer rotates its first qk_rope_dim dims)")
+            if self.local_span:
+                raise ConfigError("model.index_topk with a sliding window or attention chunk: not modelled together")
         if self.is_moe:
             if not 1 <= self.experts_per_token <= self.experts:
                 raise ConfigError(f"model.experts_per_token={self.experts_per_token}: must be in 1..experts={self.experts}")

@@ -237,12 +237,21 @@ class MLAttention(nn.Module):
         self.wo = nn.Linear(h * cfg.v_head_dim, cfg.d, bias=False)
         self.scale = yarn_softmax_scale(cfg.rope_scaling) / math.sqrt(qk)
         self.register_buffer("kv_cache", torch.zeros(max_batch, max_context, r + cfg.qk_rope_dim), persistent=False)
+        if cfg.is_sparse:  # DeepSeek Sparse Attention's lightning indexer (DeepSeek-V3.2 / GLM-5 `indexer.*`)
+            hi, di = cfg.index_heads, cfg.index_head_dim
+            self.idx_wq_b = nn.Linear(cfg.q_lora_rank, hi * di, bias=False)
+            self.idx_wk = nn.Linear(cfg.d, di, bias=False)
+            self.idx_k_norm = nn.LayerNorm(di, eps=1e-6)
+            self.idx_weights = nn.Linear(cfg.d, hi, bias=False)
+            self.register_buffer("index_cache", torch.zeros(max_batch, max_context, di), persistent=False)
+            self.CACHE_NAMES = ("kv_cache", "index_cache")
 
     def forward(self, x, cos, sin, start_pos, pos, kv_len, mask=_MASK_FROM_POSITIONS):
         cfg = self.cfg
         B, q, _ = x.shape
         h, r, nope, rope_d, vd = cfg.heads, cfg.kv_lora_rank, cfg.qk_nope_dim, cfg.qk_rope_dim, cfg.v_head_dim
-        xq = self.q_b(self.q_a_norm(self.q_a(x))) if cfg.q_lora_rank else self.q_proj(x)
+        q_lat = self.q_a_norm(self.q_a(x)) if cfg.q_lora_rank else None
+        xq = self.q_b(q_lat) if cfg.q_lora_rank else self.q_proj(x)
         xq = xq.view(B, q, h, nope + rope_d)
         q_nope, q_pe = xq.split([nope, rope_d], dim=-1)
         q_pe = apply_rope(q_pe, cos, sin, cfg.rope_interleave)
@@ -251,14 +260,45 @@ class MLAttention(nn.Module):
         latents = kvcache.update(self, "kv_cache", pos, torch.cat((self.kv_a_norm(latent), k_pe), dim=-1), B, kv_len)
         w = self.kv_b.weight.view(h, nope + vd, r)
         w_uk, w_uv = w[:, :nope], w[:, nope:]
-        q_lat = torch.einsum("bqhn,hnr->bhqr", q_nope, w_uk)
-        query = torch.cat((q_lat, q_pe.transpose(1, 2)), dim=-1)  # [B, h, q, r + rope]
-        cache = latents[:, None]  # one latent "head" shared by all heads
-        if mask is _MASK_FROM_POSITIONS:
-            mask = attention_mask(start_pos, q, kv_len, x.device)
-        o_lat = attend(query, cache, cache[..., :r], mask, self.scale, cpu_decode=self.cpu_decode)
+        q_abs = torch.einsum("bqhn,hnr->bhqr", q_nope, w_uk)
+        query = torch.cat((q_abs, q_pe.transpose(1, 2)), dim=-1)  # [B, h, q, r + rope]
+        if cfg.is_sparse:
+            o_lat = self._sparse(x, q_lat, query, latents, cos, sin, start_pos, pos, kv_len)
+        else:
+            cache = latents[:, None]  # one latent "head" shared by all heads
+            if mask is _MASK_FROM_POSITIONS:
+                mask = attention_mask(start_pos, q, kv_len, x.device)
+            o_lat = attend(query, cache, cache[..., :r], mask, self.scale, cpu_decode=self.cpu_decode)
         o = torch.einsum("bhqr,hvr->bqhv", o_lat, w_uv)
         return self.wo(o.reshape(B, q, h * vd))
+
+    def _sparse(self, x, q_lat, query, latents, cos, sin, start_pos, pos, kv_len):
+        """DeepSeek Sparse Attention (DeepSeek-V3.2 §2.1): the lightning indexer scores every visible cached
+        token t for query s, I[s, t] = sum_j w[s, j] · ReLU(q_j[s] · k[t]) (its own small heads j, one cached key
+        per token, w from the hidden state), and each query attends only the index_topk best, gathered from the
+        latent cache: the latent rows it reads are those (accounting: attended_positions), the index keys all.
+        Engines compute the scores in fp8 after a Hadamard rotation of q and k (orthogonal: the same products);
+        this runs them in the activation dtype, as transformers' reference does. Returns [B, h, q, r]."""
+        cfg = self.cfg
+        B, q, _ = x.shape
+        hi, di, r = cfg.index_heads, cfg.index_head_dim, cfg.kv_lora_rank
+        iq = apply_rope(self.idx_wq_b(q_lat).view(B, q, hi, di), cos, sin, cfg.index_rope_interleave)
+        ik = apply_rope(self.idx_k_norm(self.idx_wk(x))[:, :, None], cos, sin, cfg.index_rope_interleave)[:, :, 0]
+        keys = kvcache.update(self, "index_cache", pos, ik, B, kv_len)  # [B, kv_len, di]
+        scores = torch.relu(torch.einsum("bqjd,btd->bqjt", iq.float(), keys.float())) * di ** -0.5
+        w = self.idx_weights(x).float() * hi ** -0.5
+        index = torch.einsum("bqj,bqjt->bqt", w, scores)  # [B, q, kv_len]
+        sp = start_pos if isinstance(start_pos, torch.Tensor) else torch.full((B,), start_pos, device=x.device)
+        visible = _causal_mask(sp, q, kv_len)[:, 0]  # [B, q, kv_len]
+        k = min(cfg.index_topk, kv_len)
+        # the k best, ties (ReLU's zeros) to the earlier position: a stable sort, so a query selects the same keys
+        # whatever the slice's width (a decode step or a longer ragged slice)
+        top = index.masked_fill(~visible, float("-inf")).sort(dim=-1, descending=True, stable=True).indices[..., :k]
+        chosen = visible.gather(-1, top)  # fewer visible keys than k: the rest are padding
+        rows = latents.gather(1, top.reshape(B, q * k, 1).expand(-1, -1, latents.shape[-1])).view(B, q, k, -1)
+        s = torch.einsum("bhqc,bqkc->bhqk", query.float(), rows.float()) * self.scale
+        p = s.masked_fill(~chosen[:, None], float("-inf")).softmax(-1)
+        return torch.einsum("bhqk,bqkr->bhqr", p.to(rows.dtype), rows[..., :r])
 
 
 def attention_modules(model: nn.Module) -> list[nn.Module]:

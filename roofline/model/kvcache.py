@@ -28,7 +28,8 @@ from torch import nn
 from roofline.model.formats import Format
 
 KV_IMPL = "dequant"
-SCALE_RANGE = {"k_cache": 200.0, "v_cache": 100.0, "kv_cache": 200.0}  # vLLM's K_/V_SCALE_CONSTANT
+SCALE_RANGE = {"k_cache": 200.0, "v_cache": 100.0, "kv_cache": 200.0,  # vLLM's K_/V_SCALE_CONSTANT
+               "index_cache": 200.0}  # the sparse-attention indexer's keys: a key cache (K's constant)
 INT8_MAX = 127
 
 

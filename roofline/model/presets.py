@@ -58,8 +58,8 @@ def get_preset(name: str) -> ModelConfig:
 
 def scaled_down(cfg: ModelConfig, *, d: int = 64, layers: int = 3, vocab: int = 256,
                 max_context: int = 128) -> ModelConfig:
-    """A miniature of `cfg` with every feature flag kept (MLA, MoE, shared experts, MTP, QK-norm,
-    biases, partial/interleaved RoPE and its scaling kind): for tests and CPU references."""
+    """A miniature of `cfg` with every feature flag kept (MLA, sparse attention, MoE, shared experts, MTP,
+    QK-norm, biases, partial/interleaved RoPE and its scaling kind): for tests and CPU references."""
     heads = 4
     kv_heads = heads if cfg.kv_heads == cfg.heads else (1 if cfg.kv_heads == 1 else 2)
     ch = dict(name=f"{cfg.name}-mini", vocab=vocab, d=d, layers=min(cfg.layers, layers), heads=heads,
@@ -76,4 +76,6 @@ def scaled_down(cfg: ModelConfig, *, d: int = 64, layers: int = 3, vocab: int = 
     if cfg.is_mla:
         ch.update(q_lora_rank=32 if cfg.q_lora_rank else 0, kv_lora_rank=32, qk_nope_dim=16,
                   qk_rope_dim=8, v_head_dim=16, head_dim=24, kv_heads=heads)
+    if cfg.is_sparse:  # an indexer that selects: fewer keys than a test's contexts
+        ch.update(index_topk=8, index_heads=2, index_head_dim=16)
     return cfg.scaled(**ch)

@@ -30,6 +30,7 @@ from functools import lru_cache
 
 from roofline.model.accounting import ForwardCost, _check_shape, attention_matmul_params, attention_params
 from roofline.model.accounting import add_mtp_own_cost, block_weight_bytes, expert_bytes, head_bytes, mtp_args
+from roofline.model.accounting import kv_cache_tensors_per_layer, kv_split_token_bytes
 from roofline.model.formats import Precision, parse_precision
 from roofline.model.config import ModelConfig
 from roofline.parallel.layout import Layout, experts_touched_busiest_rank, local_shapes
@@ -72,9 +73,10 @@ def params_per_rank(cfg: ModelConfig, layout: Layout, with_mtp: bool = False) ->
 
 
 def kv_elems_per_token_rank(cfg: ModelConfig, layout: Layout) -> int:
-    """Cache elements one token adds in one layer on one rank (heads split or replicated; MLA latent replicated)."""
+    """Cache elements one token adds in one layer on one rank (heads split or replicated; MLA latent replicated, and
+    a sparse-attention indexer's key)."""
     if cfg.is_mla:
-        return cfg.kv_lora_rank + cfg.qk_rope_dim
+        return cfg.kv_elems_per_token_layer
     return 2 * local_shapes(cfg, layout).kv_heads * cfg.head_dim
 
 
@@ -105,9 +107,18 @@ def rank_head_bytes(cfg: ModelConfig, layout: Layout, prec: Precision) -> float:
 
 def kv_token_bytes_rank(cfg: ModelConfig, layout: Layout, prec: Precision) -> int:
     """Cache bytes one token adds to one layer on one rank, in the KV format (per-token scales
-    per cached KV head included; MLA's latent is one head)."""
-    heads = 1 if cfg.is_mla else 2 * local_shapes(cfg, layout).kv_heads
-    return prec.kv.kv_token_bytes(kv_elems_per_token_rank(cfg, layout), heads, prec.act_bytes)
+    per cached KV head included; MLA's latent is one head, a sparse indexer's keys one more)."""
+    return sum(kv_split_bytes_rank(cfg, layout, prec))
+
+
+def kv_split_bytes_rank(cfg: ModelConfig, layout: Layout, prec: Precision) -> tuple[int, int]:
+    """(attended, indexed) cache bytes of one token in one layer on one rank: what attention reads of a position it
+    attends, and a sparse-attention indexer's key, read at every position (0 without; accounting.kv_split_token_bytes;
+    MLA's cache is replicated over the ranks)."""
+    if cfg.is_mla:
+        return kv_split_token_bytes(cfg, prec)
+    heads = 2 * local_shapes(cfg, layout).kv_heads
+    return prec.kv.kv_token_bytes(kv_elems_per_token_rank(cfg, layout), heads, prec.act_bytes), 0
 
 
 def memory_per_rank(cfg: ModelConfig, layout: Layout, dtype: str, batch: int, tokens_per_seq: int,
@@ -207,9 +218,10 @@ def _blocks_cost(cfg, layout, n, n_moe, B, q, L, kv_len, prec: Precision, moe_im
     per_token += n_moe * (cfg.d * cfg.experts + 3 * cfg.d * s.shared_ffn)
     flops_mm = 2 * (Nr * per_token + n_moe * routed_pairs * expert_w)
     d_qk, d_v = (cfg.kv_lora_rank + cfg.qk_rope_dim, cfg.kv_lora_rank) if cfg.is_mla else (cfg.head_dim, cfg.head_dim)
-    attended = cfg.attended_pairs(L, q)  # a windowed layer attends at most its window
+    attended = cfg.attended_pairs(L, q)  # a windowed layer attends at most its window; a sparse one index_topk
     kv = kv_token_bytes_rank(cfg, layout, prec)
-    kv_fixed = n * prec.kv.kv_layer_fixed_bytes(b, tensors=1 if cfg.is_mla else 2)  # MLA: one latent cache
+    kv_att, kv_idx = kv_split_bytes_rank(cfg, layout, prec)  # a sparse layer reads its index keys at every position
+    kv_fixed = n * prec.kv.kv_layer_fixed_bytes(b, tensors=kv_cache_tensors_per_layer(cfg))  # MLA: one latent cache
     coll = []
     if layout.attention_tp > 1:
         coll.append(Collective("all_reduce", Nr * cfg.d * b, 2 * n))
@@ -218,9 +230,12 @@ def _blocks_cost(cfg, layout, n, n_moe, B, q, L, kv_len, prec: Precision, moe_im
         coll += [Collective("all_to_all", layout.ep * ID_BYTES, n_moe), Collective("all_to_all", pairs * ID_BYTES, n_moe),
                  Collective("all_to_all", pairs * cfg.d * b, 2 * n_moe)]
     return dict(weight_bytes=(n - n_moe) * dense_b + n_moe * moe_b + expert_b, expert_bytes=expert_b,
-                experts_touched=touched, kv_read_bytes=Br * n * kv * cfg.kv_positions(kv_len) + kv_fixed,
+                experts_touched=touched,
+                kv_read_bytes=Br * n * (kv_att * cfg.attended_positions(kv_len, q) + kv_idx * kv_len) + kv_fixed,
                 kv_write_bytes=Br * n * kv * q, flops_matmul=flops_mm,
-                flops_attention=2 * (d_qk + d_v) * s.heads * n * Br * attended, collectives=coll, Nr=Nr,
+                flops_attention=(2 * (d_qk + d_v) * s.heads * attended  # the indexer's heads replicated on every rank
+                                 + 2 * cfg.index_heads * cfg.index_head_dim * cfg.indexer_pairs(L, q)) * n * Br,
+                collectives=coll, Nr=Nr,
                 head_rows=s.vocab_head)
 
 

@@ -6,7 +6,8 @@ builds the same one from the same seed) into this rank's part, in place:
 - attention (tp): the query heads [rank·h/tp, (rank+1)·h/tp) and the KV heads they read
   (split, or the one replicated head when kv_heads < tp) in a column-parallel QKV, a
   row-parallel output projection, then an all-reduce. MLA: q_a / kv_a and the latent cache
-  are replicated, q_b, kv_b and the output projection split by heads.
+  are replicated, q_b, kv_b and the output projection split by heads; a sparse-attention indexer and its
+  key cache replicated.
 - dense FFN (tp): w1/w3 column-parallel, w2 row-parallel, then an all-reduce.
 - MoE, tp attention: the router runs everywhere; this rank holds E/ep experts, each cut to
   moe_ffn/(tp/ep) columns, and its slice of the shared experts; every rank sees every token,
@@ -89,6 +90,9 @@ def _mla(full: MLAttention, layout: Layout, rank: int, max_batch: int, max_conte
     local.kv_b.weight = _param(full.kv_b.weight[rank * hl * vo:(rank + 1) * hl * vo])
     v = cfg.v_head_dim
     local.wo.weight = _param(full.wo.weight[:, rank * hl * v:(rank + 1) * hl * v])
+    if cfg.is_sparse:  # the indexer replicated, as vLLM and SGLang hold it (ReplicatedLinear: 'no tensor parallel')
+        for name in ("idx_wq_b", "idx_wk", "idx_k_norm", "idx_weights"):
+            getattr(local, name).load_state_dict(getattr(full, name).state_dict())
     return local
 
 

@@ -55,8 +55,8 @@ from roofline.model.formats import Precision, activation_dtype, compute_dtype, p
 from roofline.parallel import engines as engines_mod
 from roofline.parallel import kernels as K
 from roofline.parallel.collectives import bus_factor
-from roofline.parallel.cost import (_rank_cfgs, _stage_layers, kv_token_bytes_rank, memory_per_rank,
-                                    rank_forward_cost, rank_head_bytes)
+from roofline.parallel.cost import (_rank_cfgs, _stage_layers, kv_split_bytes_rank, kv_token_bytes_rank,
+                                    memory_per_rank, rank_forward_cost, rank_head_bytes)
 from roofline.parallel.layout import Layout, experts_touched_busiest_rank, local_shapes
 
 SCENARIOS = ("optimistic", "typical", "pessimistic")
@@ -295,18 +295,26 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     t_experts = n_moe * (moe_blk["experts"] if moe_blk else 0.0)
     # decode attention (KV traffic and arithmetic overlapped), prefill attention compute-bound
     kv_tok = kv_token_bytes_rank(cfg, layout, prec)
+    kv_att, kv_idx = kv_split_bytes_rank(cfg, layout, prec)  # a sparse layer's indexer reads its keys everywhere
     seen = cfg if cfg.local_kind in eng.local_reads else cfg.attending_all()  # what the engine's decode reads
-    kv_bytes = Br * n * kv_tok * seen.kv_positions(p.L + p.q) + Br * n * kv_tok * p.q  # a windowed layer: its window
+    kv_len = p.L + p.q
+    kv_bytes = (Br * n * (kv_att * seen.attended_positions(kv_len, p.q) + kv_idx * kv_len)  # a windowed layer: its
+                + Br * n * kv_tok * p.q)  # window; a sparse one: the index_topk rows its queries select
     d_qk, d_v = (cfg.kv_lora_rank + cfg.qk_rope_dim, cfg.kv_lora_rank) if cfg.is_mla else (cfg.head_dim, cfg.head_dim)
     attended = seen.attended_pairs(p.L, p.q)
     attn_flops = 2 * (d_qk + d_v) * s.heads * n * Br * attended
-    t_attn = K.attention_seconds(kv_bytes, attn_flops, Br, p.L, bw, fa, scenario, kern, n, eng.attention_bw_fraction)["seconds"]
+    f_idx = device.peak_flops("fp8") if native_rate(device, "fp8") else fa  # the indexer's fp8 logits
+    attn_flops += indexer_flops(cfg, n, Br, p.L, p.q) * fa / f_idx  # (as attention-rate FLOPs)
+    calls = n * (2 if cfg.is_sparse else 1)  # a sparse layer: the indexer's logits kernel and the sparse attention
+    t_attn = K.attention_seconds(kv_bytes, attn_flops, Br, p.L, bw, fa, scenario, kern, calls,
+                                 eng.attention_bw_fraction)["seconds"]
     pre_r = math.ceil(p.prefill / split)
     if pre_r:
         peak = K.prefill_attention_fraction(scenario, kern, device.key)
-        attended_pre = seen.kv_positions(p.prefill_context)
+        attended_pre = seen.attended_positions(p.prefill_context)  # a prompt token's keys (sparse: index_topk at most)
         pf = (mla_prefill_flops(cfg, s.heads, n, pre_r, attended_pre) if cfg.is_mla  # MHA over up-projected latents
               else 2 * (d_qk + d_v) * s.heads * n * pre_r * attended_pre)
+        pf += indexer_flops(cfg, n, pre_r, p.prefill_context, 1) * fa / f_idx  # each prompt token scores its context
         t_attn += pf / (fa * peak)
         t_attn += n * kv_tok * pre_r / stream  # its cache writes
     # LM head (logits of the decode positions; a prefill chunk's last token is one more row each)
@@ -334,6 +342,13 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
                  comm=comm)
     return dict(seconds=sum(terms.values()), terms=terms,
                 experts_touched=(moe_blk or {}).get("touched", 0.0))
+
+
+def indexer_flops(cfg: ModelConfig, layers: int, seqs: float, L: float, q: int) -> float:
+    """FLOPs of a sparse-attention indexer's logits for `seqs` sequences of q new tokens after L cached ones over
+    `layers` layers: 2 x its heads x head dim per scored (query, key) pair, every key up to each query (0 without
+    sparse attention). Its heads are replicated on every rank (vLLM and SGLang hold the indexer whole)."""
+    return 2.0 * cfg.index_heads * cfg.index_head_dim * layers * seqs * cfg.indexer_pairs(L, q)
 
 
 def mla_prefill_flops(cfg: ModelConfig, heads: int, layers: int, tokens: int, attended: float) -> float:
