@@ -206,6 +206,10 @@ FAMILIES = {
                         num_nextn_predict_layers=1, index_n_heads=8, index_head_dim=16, index_topk=4,
                         indexer_rope_interleave=True, rope_interleave=True,
                         rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+    # MiniMax-M2: one QK-norm over all heads (per_layer), sigmoid routing with a selection bias, no shared expert,
+    # partial RoPE (the released configs' rotary_dim)
+    "minimax_m2": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32, head_dim=16,
+                       rope_parameters=dict(rope_type="default", rope_theta=5000000.0, partial_rotary_factor=0.5)),
     "glm4_moe": dict(SIGMOID_MOE, head_dim=16, attention_bias=True, use_qk_norm=True, n_group=1, topk_group=1,
                      num_nextn_predict_layers=1, routed_scaling_factor=1.5,
                      rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5)),

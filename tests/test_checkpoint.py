@@ -231,6 +231,16 @@ HUB_CONFIGS = {  # the published config.json fields the preset YAMLs cite (older
         rms_norm_eps=1e-5, num_nextn_predict_layers=1, tie_word_embeddings=False, attention_bias=False,
         index_head_dim=128, index_n_heads=32, index_topk=2048, indexer_rope_interleave=True, rope_interleave=True,
         rope_parameters=dict(rope_theta=1000000, rope_type="default")),
+    "minimax-m2.5": dict(
+        architectures=["MiniMaxM2ForCausalLM"], model_type="minimax_m2", num_hidden_layers=62, hidden_size=3072,
+        num_attention_heads=48, num_key_value_heads=8, head_dim=128, intermediate_size=1536, vocab_size=200064,
+        num_experts_per_tok=8, num_local_experts=256, max_position_embeddings=196608, rope_theta=5000000,
+        rotary_dim=64, hidden_act="silu", rms_norm_eps=1e-06, tie_word_embeddings=False, use_qk_norm=True,
+        qk_norm_type="per_layer", use_routing_bias=True, use_mtp=True, mtp_transformer_layers=1, num_mtp_modules=3,
+        shared_intermediate_size=0, scoring_func="sigmoid",
+        quantization_config=dict(quant_method="fp8", fmt="float8_e4m3fn", activation_scheme="dynamic",
+                                 weight_block_size=[128, 128],
+                                 modules_to_not_convert=["gate", "e_score_correction_bias", "lm_head"])),
     "glm-4.5-air": dict(
         architectures=["Glm4MoeForCausalLM"], vocab_size=151552, hidden_size=4096, num_hidden_layers=46,
         num_attention_heads=96, num_key_value_heads=8, head_dim=128, partial_rotary_factor=0.5, attention_bias=True,

@@ -19,6 +19,8 @@ CASES = {
     "mla_dp_attention_all_to_all": (scaled_down(get_preset("deepseek-v3")), Layout(tp=2, ep=2, dp_attention=True)),
     # DeepSeek Sparse Attention: the indexer and its key cache replicated; 9 positions, 8 selected
     "mla_sparse_attention_tp": (scaled_down(get_preset("deepseek-v3.2")), Layout(tp=2, ep=2)),
+    # MiniMax-M2's QK-norm over all heads: each rank's sums of squares all-reduced
+    "per_layer_qk_norm_tp": (scaled_down(get_preset("minimax-m2.5")), Layout(tp=2, ep=1)),
 }
 
 

@@ -52,7 +52,7 @@ from roofline.model.rope import rope_table
 
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
                  "MistralForCausalLM", "MixtralForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeForCausalLM",
-                 "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")
+                 "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM", "MiniMaxM2ForCausalLM")
 MLA_ARCHITECTURES = ("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")  # MLA + DeepSeek MoE
 SPARSE_ARCHITECTURES = ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")  # + DeepSeek Sparse Attention's indexer
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
@@ -155,6 +155,17 @@ def _config_from_hf(raw: Mapping[str, Any], name: str = "") -> ModelConfig:
         kw.update(experts=raw.get("num_experts") or raw["num_local_experts"], experts_per_token=raw["num_experts_per_tok"],
                   moe_ffn=raw["moe_intermediate_size"], first_dense_layers=len(dense), router_scoring="softmax",
                   norm_topk=bool(raw.get("norm_topk_prob", False)))
+    if arch == "MiniMaxM2ForCausalLM":  # sigmoid + selection bias, top-k, renormalised; experts intermediate_size wide
+        _require(raw, arch, "scoring_func", ("sigmoid",), "sigmoid")
+        _require(raw, arch, "use_routing_bias", (True,), True)
+        _require(raw, arch, "shared_intermediate_size", (0,), 0)
+        _require(raw, arch, "qk_norm_type", ("per_layer",), "per_layer")
+        if raw.get("rotary_dim") and "partial_rotary_factor" not in (raw.get("rope_parameters") or {}):
+            kw["partial_rotary"] = raw["rotary_dim"] / kw["head_dim"]  # the released configs' legacy field
+        kw.update(experts=raw["num_local_experts"], experts_per_token=raw["num_experts_per_tok"],
+                  moe_ffn=raw["intermediate_size"], ffn=0, router_scoring="sigmoid", norm_topk=True,
+                  qk_norm=bool(raw.get("use_qk_norm", True)))
+        kw["qk_norm_type"] = "per_layer" if kw["qk_norm"] else "per_head"
     if arch == "MixtralForCausalLM":  # softmax, top-k, renormalised; each expert is intermediate_size wide
         kw.update(experts=raw["num_local_experts"], experts_per_token=raw["num_experts_per_tok"],
                   moe_ffn=raw["intermediate_size"], router_scoring="softmax", norm_topk=True)
@@ -185,14 +196,15 @@ def native_format(q: Mapping[str, Any] | None) -> str:
     if not q:
         return ""
     block = list(q.get("weight_block_size") or [])
-    ok = (q.get("quant_method") == "fp8" and q.get("fmt", "e4m3") in ("e4m3", "e5m2") and len(block) == 2
+    fmt = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}.get(q.get("fmt", "e4m3"), q.get("fmt"))  # MiniMax-M2's
+    ok = (q.get("quant_method") == "fp8" and fmt in ("e4m3", "e5m2") and len(block) == 2
           and q.get("activation_scheme", "dynamic") == "dynamic")
     if not ok:
         raise ConfigError(f"config.json quantization_config={dict(q)!r}: not loaded; allowed fp8 block-scaled "
                           "(quant_method 'fp8', fmt e4m3|e5m2, weight_block_size [R, C], activation_scheme "
                           "'dynamic', as DeepSeek-V3)")
     r, c = block
-    return parse_format(f"fp8_{q.get('fmt', 'e4m3')}_b{r}" + (f"x{c}" if c != r else "")).name
+    return parse_format(f"fp8_{fmt}_b{r}" + (f"x{c}" if c != r else "")).name
 
 
 def read_config(folder: str | Path) -> dict:
@@ -330,8 +342,9 @@ def _block_plan(cfg: ModelConfig, hf: str, ours: str, moe: bool, shapes: dict, k
     E, f = cfg.experts, cfg.moe_ffn
     m = "block_sparse_moe" if f"{hf}.block_sparse_moe.gate.weight" in keys else "mlp"
     whole(f"{m}.gate.weight", "ffn.gate.weight")
-    if cfg.router_scoring == "sigmoid":
-        whole(f"{m}.gate.e_score_correction_bias", "ffn.score_bias")
+    if cfg.router_scoring == "sigmoid":  # DeepSeek-V3 keeps the selection bias in the gate, MiniMax-M2 beside it
+        bias = f"{m}.e_score_correction_bias" if f"{hf}.{m}.e_score_correction_bias" in keys else f"{m}.gate.e_score_correction_bias"
+        whole(bias, "ffn.score_bias")
     xp = lambda o: f"{ours}.ffn.{o}" if f"{ours}.ffn.{o}" in shapes else f"{ours}.ffn.{o}.weight"  # noqa: E731  (fp8: a module)
     if f"{hf}.{m}.experts.gate_up_proj" in keys or f"{hf}.{m}.experts.down_proj" in keys:  # fused (transformers 5 in memory)
         w1, w2 = shapes[xp("w1")], shapes[xp("w2")]

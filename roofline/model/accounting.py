@@ -50,8 +50,16 @@ def attention_params(cfg: ModelConfig) -> int:
     qkv_out = (h + 2 * cfg.kv_heads) * cfg.head_dim
     p = d * qkv_out + h * cfg.head_dim * d
     p += qkv_out if cfg.qkv_bias else 0
-    p += 2 * cfg.head_dim if cfg.qk_norm else 0
-    return p
+    return p + qk_norm_params(cfg)
+
+
+def qk_norm_params(cfg: ModelConfig) -> int:
+    """The QK-norm's weights: one head's width each for q and k (per_head), or every head's (per_layer)."""
+    if not cfg.qk_norm:
+        return 0
+    if cfg.qk_norm_type == "per_layer":
+        return (cfg.heads + cfg.kv_heads) * cfg.head_dim
+    return 2 * cfg.head_dim
 
 
 def indexer_params(cfg: ModelConfig) -> int:
@@ -69,7 +77,7 @@ def attention_matmul_params(cfg: ModelConfig) -> int:
     if cfg.is_mla:
         return p - cfg.kv_lora_rank - cfg.q_lora_rank - (2 * cfg.index_head_dim if cfg.is_sparse else 0)
     p -= (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim if cfg.qkv_bias else 0
-    return p - (2 * cfg.head_dim if cfg.qk_norm else 0)
+    return p - qk_norm_params(cfg)
 
 
 def expert_params(cfg: ModelConfig) -> int:

@@ -16,6 +16,7 @@ from roofline.io.fields import ConfigError, check_number, from_dict
 ATTENTION_KINDS = ("gqa", "mla")
 ROPE_SCALING_KINDS = ("none", "llama3", "yarn", "linear")
 ROUTER_SCORING = ("softmax", "sigmoid")
+QK_NORM_TYPES = ("per_head", "per_layer")
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,9 @@ class ModelConfig:
     tie_embeddings: bool = False
     qkv_bias: bool = False
     qk_norm: bool = False
+    # where the QK-norm's RMS is taken: each head's q and k (Qwen3, GLM-4.5: per_head), or all heads' q and all
+    # heads' k at once, one weight per element (MiniMax-M2's qk_norm_type per_layer)
+    qk_norm_type: str = "per_head"
     attention: str = "gqa"
     # MLA (DeepSeek-V3); used when attention == "mla"
     q_lora_rank: int = 0  # 0: plain q projection
@@ -242,6 +246,10 @@ class ModelConfig:
                 raise ConfigError(f"model.{f}={v!r}: must be a non-negative integer")
         for f in ("rope_theta", "norm_eps", "routed_scale"):  # NaN, inf, 0 or a bool: no model has it
             check_number(f"model.{f}", getattr(self, f), 0.0, lo_open=True)
+        if self.qk_norm_type not in QK_NORM_TYPES:
+            raise ConfigError(f"model.qk_norm_type={self.qk_norm_type!r}: allowed {QK_NORM_TYPES}")
+        if self.qk_norm_type != "per_head" and (not self.qk_norm or self.is_mla):
+            raise ConfigError(f"model.qk_norm_type={self.qk_norm_type!r}: needs qk_norm on a GQA model")
         if self.attention not in ATTENTION_KINDS:
             raise ConfigError(f"model.attention={self.attention!r}: allowed {ATTENTION_KINDS}")
         if self.router_scoring not in ROUTER_SCORING:

@@ -190,8 +190,9 @@ class GQAttention(nn.Module):
         self.wqkv = nn.Linear(cfg.d, (h + 2 * hkv) * dh, bias=cfg.qkv_bias)
         self.wo = nn.Linear(h * dh, cfg.d, bias=False)
         if cfg.qk_norm:
-            self.q_norm = RMSNorm(dh, cfg.norm_eps)
-            self.k_norm = RMSNorm(dh, cfg.norm_eps)
+            whole = cfg.qk_norm_type == "per_layer"  # one RMS over all heads (MiniMax-M2), else each head's
+            self.q_norm = RMSNorm(h * dh if whole else dh, cfg.norm_eps)
+            self.k_norm = RMSNorm(hkv * dh if whole else dh, cfg.norm_eps)
         shape = (max_batch, hkv, max_context, dh)
         self.register_buffer("k_cache", torch.zeros(shape), persistent=False)
         self.register_buffer("v_cache", torch.zeros(shape), persistent=False)
@@ -204,7 +205,7 @@ class GQAttention(nn.Module):
         xq, xk, xv = qkv.split([h * dh, hkv * dh, hkv * dh], dim=-1)
         xq, xk, xv = xq.view(B, q, h, dh), xk.view(B, q, hkv, dh), xv.view(B, q, hkv, dh)
         if cfg.qk_norm:
-            xq, xk = self.q_norm(xq), self.k_norm(xk)
+            xq, xk = self.norm_qk(xq, xk)
         xq = apply_rope(xq, cos, sin, cfg.rope_interleave)
         xk = apply_rope(xk, cos, sin, cfg.rope_interleave)
         k = kvcache.update(self, "k_cache", pos, xk, B, kv_len)
@@ -213,6 +214,18 @@ class GQAttention(nn.Module):
             mask = attention_mask(start_pos, q, kv_len, x.device)
         o = attend(xq.transpose(1, 2), k, v, mask, cpu_decode=self.cpu_decode)
         return self.wo(o.transpose(1, 2).reshape(B, q, h * dh))
+
+    def norm_qk(self, xq: torch.Tensor, xk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """QK-norm of xq [B, q, h, dh] and xk [B, q, h_kv, dh]: each head's vector (per_head), or every head's at
+        once (per_layer). A rank of a sharded model that holds some of the heads runs its `qk_norm_tp` submodule
+        instead (roofline.parallel.sharded.TPQKNorm: the RMS over all heads, one all-reduce)."""
+        tp = self._modules.get("qk_norm_tp")
+        if tp is not None:
+            return tp(xq, xk)
+        if self.cfg.qk_norm_type == "per_layer":
+            B, q = xq.shape[:2]
+            return self.q_norm(xq.reshape(B, q, -1)).view_as(xq), self.k_norm(xk.reshape(B, q, -1)).view_as(xk)
+        return self.q_norm(xq), self.k_norm(xk)
 
 
 class MLAttention(nn.Module):

@@ -5,7 +5,8 @@ bytes to the instantiated shards) and reduces to `roofline.model.accounting` at 
 
 Collectives are listed as nccl-tests sizes them (`roofline.parallel.collectives`): all-reduce
 the buffer, all-gather the gathered output, all-to-all the bytes one rank sends in all.
-TP: one all-reduce of B·q·d activations after attention and one after the FFN, per layer; an
+TP: one all-reduce of B·q·d activations after attention and one after the FFN, per layer (and, for a
+QK-norm over all heads, MiniMax-M2's per_layer, one of the q and k sums of squares, 2 fp32 a token); an
 all-gather of the B·q·V logits when the LM head is split. dp_attention + EP, per MoE layer:
 the rows each token sends to its k experts' ranks and back (B_r·q·k·d each way; (n−1)/n of it
 crosses the links), the expert ids, and the counts exchanged first. pp: one send of B·q·d
@@ -225,6 +226,8 @@ def _blocks_cost(cfg, layout, n, n_moe, B, q, L, kv_len, prec: Precision, moe_im
     coll = []
     if layout.attention_tp > 1:
         coll.append(Collective("all_reduce", Nr * cfg.d * b, 2 * n))
+        if cfg.qk_norm and cfg.qk_norm_type == "per_layer":  # the q and k sums of squares over all heads (fp32)
+            coll.append(Collective("all_reduce", Nr * 2 * 4, n))
     elif layout.dp_attention and layout.ep > 1 and n_moe:
         pairs = Nr * cfg.experts_per_token
         coll += [Collective("all_to_all", layout.ep * ID_BYTES, n_moe), Collective("all_to_all", pairs * ID_BYTES, n_moe),

@@ -5,7 +5,8 @@ builds the same one from the same seed) into this rank's part, in place:
 
 - attention (tp): the query heads [rank·h/tp, (rank+1)·h/tp) and the KV heads they read
   (split, or the one replicated head when kv_heads < tp) in a column-parallel QKV, a
-  row-parallel output projection, then an all-reduce. MLA: q_a / kv_a and the latent cache
+  row-parallel output projection, then an all-reduce (a QK-norm over all heads: its sums of squares
+  all-reduced first, TPQKNorm). MLA: q_a / kv_a and the latent cache
   are replicated, q_b, kv_b and the output projection split by heads; a sparse-attention indexer and its
   key cache replicated.
 - dense FFN (tp): w1/w3 column-parallel, w2 row-parallel, then an all-reduce.
@@ -68,10 +69,37 @@ def _gqa(full: GQAttention, layout: Layout, rank: int, max_batch: int, max_conte
     if full.wqkv.bias is not None:
         local.wqkv.bias = _param(_rows(full.wqkv.bias, q_rows + k_rows + v_rows))
     local.wo.weight = _param(full.wo.weight[:, q_rows[0][0]:q_rows[0][1]])
-    if cfg.qk_norm:
+    if cfg.qk_norm and cfg.qk_norm_type == "per_layer":  # this rank's slices of the whole-projection norms
+        k_cols = [(i * dh, (i + 1) * dh) for i in kv]
+        del local.q_norm, local.k_norm
+        local.qk_norm_tp = TPQKNorm(full.q_norm.weight[q_rows[0][0]:q_rows[0][1]], _rows(full.k_norm.weight, k_cols),
+                                 cfg.norm_eps, layout.tp)
+    elif cfg.qk_norm:
         local.q_norm.load_state_dict(full.q_norm.state_dict())
         local.k_norm.load_state_dict(full.k_norm.state_dict())
     return local
+
+
+class TPQKNorm(nn.Module):
+    """A per-layer QK-norm (MiniMax-M2) on a rank that holds some of the heads: the sums of squares of its q and k
+    slices all-reduced in one collective (vLLM's MiniMaxText01RMSNormTP.forward_qk), then each slice scaled by the
+    RMS over all heads and its own weights. KV heads replicated over ranks (kv_heads < tp) are summed once per copy
+    and divided by tp x the local width: every head has the same number of copies, so the mean is exact."""
+
+    def __init__(self, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float, parts: int):
+        super().__init__()
+        self.q_weight, self.k_weight = _param(q_weight), _param(k_weight)
+        self.eps, self.parts = eps, parts
+
+    def forward(self, xq: torch.Tensor, xk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        B, q = xq.shape[:2]
+        fq, fk = xq.reshape(B, q, -1).float(), xk.reshape(B, q, -1).float()
+        ss = _all_reduce(torch.stack((fq.pow(2).sum(-1), fk.pow(2).sum(-1)), -1).contiguous())
+        out = []
+        for x, f, w, i in ((xq, fq, self.q_weight, 0), (xk, fk, self.k_weight, 1)):
+            ms = ss[..., i:i + 1] / (self.parts * f.shape[-1])
+            out.append((f * torch.rsqrt(ms + self.eps) * w.float()).to(x.dtype).view_as(x))
+        return out[0], out[1]
 
 
 def _mla(full: MLAttention, layout: Layout, rank: int, max_batch: int, max_context: int) -> MLAttention:
