@@ -32,6 +32,10 @@ REAL_MODELS = [
     "deepseek-r1",
     "kimi-k2",
     "qwen3-coder-480b-a35b",
+    "deepseek-v3.2",
+    "glm-5",
+    "minimax-m2.5",
+    "kimi-k2.5",
 ]
 
 

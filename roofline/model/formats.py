@@ -14,6 +14,9 @@ Names (`parse_format`):
         (b128 = 128 x 128, DeepSeek-V3's weight_scale_inv)
   int8                  weight-only, symmetric, one scale per output channel
   int4_g<g>             weight-only, asymmetric, a scale and a zero point per g weights along K
+  int4_g<g>_sym         weight-only, symmetric: a scale per g weights, no zero point (compressed-tensors'
+                        pack-quantized W4A16, Kimi-K2.5's released experts: group 32, 4.5 bits a weight);
+                        priced by the what-if, not run here (the decoder's int4 kernel takes a zero point)
   mxfp4                 OCP microscaling fp4 (e2m1): one e8m0 scale (1 B) per 32 weights along K
                         (gpt-oss's released experts): 4.25 bits a weight
   nvfp4                 NVIDIA fp4 (e2m1): one fp8 e4m3 scale per 16 weights along K and one fp32
@@ -43,7 +46,7 @@ from roofline.model.dtypes import dtype_bytes, dtype_name
 KINDS = ("float", "fp8", "int8", "int4", "fp4")
 CLASSES = ("weights", "experts", "kv", "lm_head")
 FP8_SCALE_BYTES = 4  # fp32 scales (DeepSeek-V3's weight_scale_inv, vLLM's k_scale / v_scale)
-NAMES_HELP = ("bf16 | fp16 | fp32 | fp8[_e4m3|_e5m2][_tensor|_channel|_b128|_b<R>x<C>] | int8 | int4_g<g> "
+NAMES_HELP = ("bf16 | fp16 | fp32 | fp8[_e4m3|_e5m2][_tensor|_channel|_b128|_b<R>x<C>] | int8 | int4_g<g>[_sym] "
               "| mxfp4 | nvfp4 (weights, experts); bf16 | fp16 | fp32 | fp8[_e4m3|_e5m2] | int8 (kv)")
 
 
@@ -157,12 +160,13 @@ def parse_format(name: str, tensor_class: str = "weights") -> Format:
         if kv:
             return Format("int8", "int8", 8, "token", scale_bytes=4, storage="int8")
         return Format("int8", "int8", 8, "channel", storage="int8")
-    m = re.fullmatch(r"int4_g(\d+)", raw)
+    m = re.fullmatch(r"int4_g(\d+)(_sym)?", raw)
     if m and not kv:
-        g = int(m.group(1))
+        g, sym = int(m.group(1)), bool(m.group(2))
         if g < 2 or g & (g - 1):
             raise ConfigError(f"{tensor_class}={name!r}: group size {g} must be a power of two >= 2")
-        return Format(f"int4_g{g}", "int4", 4, "group", group=g, zero_point=True, storage="uint8")
+        return Format(f"int4_g{g}" + ("_sym" if sym else ""), "int4", 4, "group", group=g, zero_point=not sym,
+                      storage="uint8")
     raise ConfigError(f"{tensor_class}={name!r}: unknown format; allowed {NAMES_HELP}")
 
 

@@ -137,6 +137,9 @@ def quantize(w: torch.Tensor, fmt: Format, act_dtype: torch.dtype = torch.bfloat
         q = torch.round(w / s.float()[:, None]).clamp(-128, 127).to(torch.int8)
         return Quantized(fmt, q, s)
     if fmt.kind == "int4":
+        if not fmt.zero_point:
+            raise Unsupported(f"weights={fmt.name}: symmetric int4 is priced by the what-if (roofline.parallel.whatif); "
+                              "this code's int4 kernel (torch's tinygemm layout) takes a zero point per group")
         g = fmt.group
         if K % g:
             raise Unsupported(f"weights={fmt.name}: K={K} is not a multiple of the group size {g}")
