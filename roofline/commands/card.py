@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from roofline.io import files
-from roofline.model.accounting import (forward_cost, kv_bytes_per_token, kv_split_token_bytes, param_count,
-                                       resident_weight_bytes)
+from roofline.model.accounting import (forward_cost, kv_bytes_per_token, kv_split_token_bytes,
+                                       linear_state_bytes_per_seq, param_count, resident_weight_bytes)
 from roofline.model.formats import QUALITY_NOTE, parse_precision, precision_columns
 from roofline.io.fields import ConfigError, internal, option
 from roofline.model.config import ModelConfig
@@ -118,7 +118,8 @@ def card_record(req: CardRequest) -> dict:
         rel_diff_active=rel_diff(pc.active, cfg.published_params_active),
         weight_bytes=step.weight_bytes, kv_bytes_per_token=kv_bytes_per_token(cfg, dtype),
         local_kind=cfg.local_kind, local_span=cfg.local_span or None, windowed_layers=cfg.windowed_layers,
-        index_topk=cfg.index_topk or None,
+        index_topk=cfg.index_topk or None, linear_layers=cfg.linear_layers or None,
+        linear_state_bytes_per_seq=linear_state_bytes_per_seq(cfg, dtype) or None,
         index_key_bytes_per_token=cfg.layers * kv_split_token_bytes(cfg, parse_precision(dtype))[1] or None,
         **precision_columns(dtype), native_weights=cfg.native_weights or None,
         resident_weight_bytes=resident_weight_bytes(cfg, dtype, with_mtp=False),
@@ -250,7 +251,10 @@ def render_card(rec: dict) -> str:
            if rec.get("local_kind") else "")
         + (f"; {_si(rec['index_key_bytes_per_token'], 'B')} of it the sparse-attention indexer's keys, which a decode "
            f"step reads at every position; it attends only the {rec['index_topk']} tokens they rank best"
-           if rec.get("index_topk") else ""),
+           if rec.get("index_topk") else "")
+        + (f"; {rec['linear_layers']} of the {rec['layers']} layers are linear attention (Gated DeltaNet), which hold "
+           f"no tokens but {_si(rec['linear_state_bytes_per_seq'], 'B')} of state per sequence, read and written "
+           "back every step" if rec.get("linear_layers") else ""),
         f"decode step at B={rec['batch']}, L={rec['context']}: {_si(rec['step_bytes'], 'B')} moved, "
         f"{_si(rec['step_flops'], 'FLOP')}, intensity {rec['step_intensity']:.2f} FLOP/B",
     ]

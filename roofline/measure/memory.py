@@ -25,7 +25,8 @@ from pathlib import Path
 import psutil
 
 from roofline.measure.devices import parse_device
-from roofline.model.accounting import kv_bytes_per_token, resident_weight_bytes
+from roofline.model.accounting import kv_token_layer_bytes, linear_state_bytes_per_seq, resident_weight_bytes
+from roofline.model.formats import parse_precision
 from roofline.model.config import ModelConfig
 from roofline.model.dtypes import dtype_bytes
 from roofline.model.formats import activation_dtype
@@ -59,8 +60,11 @@ def resident_bytes(cfg: ModelConfig, dtype: str, batch: int, tokens_per_seq: int
     """Weights and KV cache of `batch` sequences of `tokens_per_seq` tokens, in bytes; `dtype` may
     be a precision label (roofline.model.formats): each tensor class in its format, scales included."""
     weights = resident_weight_bytes(cfg, dtype, with_mtp)
-    kv_tok = kv_bytes_per_token(cfg, dtype) * (1 + (cfg.mtp_layers / cfg.layers if with_mtp else 0.0))
-    return Resident(float(weights), float(kv_tok * cfg.kv_positions(tokens_per_seq) * batch))
+    # every layer's cache at the layers' mean positions (windowed and linear-attention layers hold fewer or none),
+    # + the Gated DeltaNet layers' states, whatever the length
+    kv_tok = kv_token_layer_bytes(cfg, parse_precision(dtype)) * (cfg.layers + (cfg.mtp_layers if with_mtp else 0))
+    kv = kv_tok * cfg.kv_positions(tokens_per_seq) * batch + linear_state_bytes_per_seq(cfg, dtype) * batch
+    return Resident(float(weights), float(kv))
 
 
 def largest_parameter(cfg: ModelConfig) -> int:

@@ -47,10 +47,24 @@ def attention_params(cfg: ModelConfig) -> int:
         kv = d * (cfg.kv_lora_rank + cfg.qk_rope_dim) + cfg.kv_lora_rank
         kv += cfg.kv_lora_rank * h * (cfg.qk_nope_dim + cfg.v_head_dim)
         return q + kv + h * cfg.v_head_dim * d + indexer_params(cfg)
-    qkv_out = (h + 2 * cfg.kv_heads) * cfg.head_dim
+    qkv_out = (h * (2 if cfg.attn_output_gate else 1) + 2 * cfg.kv_heads) * cfg.head_dim  # + the output gate
     p = d * qkv_out + h * cfg.head_dim * d
     p += qkv_out if cfg.qkv_bias else 0
     return p + qk_norm_params(cfg)
+
+
+def linear_attention_params(cfg: ModelConfig) -> int:
+    """One Gated DeltaNet layer (transformers' Qwen3NextGatedDeltaNet): in_proj_qkvz [d -> 2 nk dk + 2 nv dv],
+    in_proj_ba [d -> 2 nv], the depthwise causal conv over q, k, v (conv_dim x kernel taps, no bias), A_log and
+    dt_bias (nv each), the gated RMSNorm (dv) and out_proj [nv dv -> d]."""
+    nk, nv, dk, dv = cfg.linear_k_heads, cfg.linear_v_heads, cfg.linear_k_dim, cfg.linear_v_dim
+    return (cfg.d * (2 * nk * dk + 2 * nv * dv) + cfg.d * 2 * nv + cfg.linear_conv_dim * cfg.linear_conv_kernel
+            + 2 * nv + dv + nv * dv * cfg.d)
+
+
+def mixer_params(cfg: ModelConfig, linear: bool = False) -> int:
+    """A layer's token mixer: its attention, or a Gated DeltaNet (`linear`)."""
+    return linear_attention_params(cfg) if linear else attention_params(cfg)
 
 
 def qk_norm_params(cfg: ModelConfig) -> int:
@@ -71,12 +85,15 @@ def indexer_params(cfg: ModelConfig) -> int:
     return cfg.q_lora_rank * hi * di + cfg.d * di + 2 * di + cfg.d * hi
 
 
-def attention_matmul_params(cfg: ModelConfig) -> int:
-    """Attention weights that multiply each token (norm and bias vectors excluded)."""
+def attention_matmul_params(cfg: ModelConfig, linear: bool = False) -> int:
+    """Attention weights that multiply each token (norm and bias vectors excluded); a Gated DeltaNet's (`linear`):
+    its projections and conv taps, not A_log, dt_bias and its norm."""
+    if linear:
+        return linear_attention_params(cfg) - 2 * cfg.linear_v_heads - cfg.linear_v_dim
     p = attention_params(cfg)
     if cfg.is_mla:
         return p - cfg.kv_lora_rank - cfg.q_lora_rank - (2 * cfg.index_head_dim if cfg.is_sparse else 0)
-    p -= (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim if cfg.qkv_bias else 0
+    p -= (cfg.heads * (2 if cfg.attn_output_gate else 1) + 2 * cfg.kv_heads) * cfg.head_dim if cfg.qkv_bias else 0
     return p - qk_norm_params(cfg)
 
 
@@ -87,12 +104,12 @@ def expert_params(cfg: ModelConfig) -> int:
 def moe_fixed_params(cfg: ModelConfig) -> int:
     """Router (+ selection bias) and shared experts: read by every MoE forward."""
     router = cfg.d * cfg.experts + (cfg.experts if cfg.router_scoring == "sigmoid" else 0)
-    return router + 3 * cfg.d * cfg.moe_ffn * cfg.shared_experts
+    return router + 3 * cfg.d * cfg.moe_ffn * cfg.shared_experts + (cfg.d if cfg.shared_expert_gate else 0)
 
 
-def block_params(cfg: ModelConfig, moe: bool) -> int:
+def block_params(cfg: ModelConfig, moe: bool, linear: bool = False) -> int:
     ffn = moe_fixed_params(cfg) + cfg.experts * expert_params(cfg) if moe else 3 * cfg.d * cfg.ffn
-    return 2 * cfg.d + attention_params(cfg) + ffn
+    return 2 * cfg.d + mixer_params(cfg, linear) + ffn
 
 
 def mtp_params(cfg: ModelConfig) -> int:
@@ -125,14 +142,16 @@ class ParamCount:
 
 def param_count(cfg: ModelConfig) -> ParamCount:
     n_moe = moe_layers(cfg)
-    stack = sum(block_params(cfg, cfg.layer_is_moe(i)) for i in range(cfg.layers))
+    kinds = cfg.layer_kinds()
+    stack = sum(n * block_params(cfg, moe, lin) for (moe, lin), n in kinds.items())
     total = embedding_params(cfg) + head_params(cfg) + stack + cfg.d
     unused = n_moe * (cfg.experts - cfg.experts_per_token) * expert_params(cfg)
     mtp = cfg.mtp_layers * mtp_params(cfg)
     mtp_unused = cfg.mtp_layers * (cfg.experts - cfg.experts_per_token) * expert_params(cfg) if cfg.is_moe else 0
     dense_ffn = 3 * cfg.d * cfg.ffn
-    moe_ffn_active = cfg.d * cfg.experts + (cfg.experts_per_token + cfg.shared_experts) * expert_params(cfg)
-    matmul = cfg.layers * attention_matmul_params(cfg) + cfg.vocab * cfg.d
+    moe_ffn_active = (cfg.d * cfg.experts + (cfg.experts_per_token + cfg.shared_experts) * expert_params(cfg)
+                      + (cfg.d if cfg.shared_expert_gate else 0))
+    matmul = sum(n * attention_matmul_params(cfg, lin) for (_, lin), n in kinds.items()) + cfg.vocab * cfg.d
     matmul += (cfg.layers - n_moe) * dense_ffn + n_moe * moe_ffn_active
     return ParamCount(total=total, active=total - unused, mtp=mtp, total_with_mtp=total + mtp,
                       active_with_mtp=total - unused + mtp - mtp_unused, embedding=embedding_params(cfg),
@@ -193,20 +212,56 @@ def experts_touched(cfg: ModelConfig, tokens: int, moe_impl: str = "touched") ->
 def kv_bytes_per_token(cfg: ModelConfig, dtype) -> int:
     """Cache bytes one token adds across all layers of the main stack (scales included when
     the precision's KV format has per-token scales)."""
-    return cfg.layers * kv_token_layer_bytes(cfg, parse_precision(dtype))
+    return (cfg.layers - cfg.linear_layers) * kv_token_layer_bytes(cfg, parse_precision(dtype))
+
+
+def linear_state_layer_bytes(cfg: ModelConfig, act_bytes: int, v_heads: int | None = None) -> int:
+    """Bytes a sequence holds in one Gated DeltaNet layer whatever its length: the recurrent state (v_heads x
+    linear_k_dim x linear_v_dim in linear_state_dtype) and the causal conv's last kernel - 1 inputs (activation
+    dtype); `v_heads`: a rank's share of the heads (its conv channels in proportion). 0 without such layers."""
+    if not cfg.full_attention_interval:
+        return 0
+    nv = cfg.linear_v_heads if v_heads is None else v_heads
+    sb = {"float32": 4, "bfloat16": 2, "float16": 2}.get(cfg.linear_state_dtype, act_bytes)
+    conv = cfg.linear_conv_dim * nv // cfg.linear_v_heads * (cfg.linear_conv_kernel - 1)
+    return nv * cfg.linear_k_dim * cfg.linear_v_dim * sb + conv * act_bytes
+
+
+def linear_state_bytes_per_seq(cfg: ModelConfig, dtype) -> int:
+    """Bytes each sequence holds in the main stack's Gated DeltaNet layers, whatever its length."""
+    return cfg.linear_layers * linear_state_layer_bytes(cfg, parse_precision(dtype).act_bytes)
+
+
+def linear_flops_per_token(cfg: ModelConfig, q: int, v_heads: int | None = None) -> float:
+    """FLOPs of one Gated DeltaNet layer's recurrence per token (its projections and conv are matmul work):
+    a decode step (q = 1, the recurrent form) decays the state, reads k's memory from it, writes the delta and reads
+    the output, ~8 dk dv a head; a longer pass runs the chunked form (FLA's chunk_gated_delta_rule, chunks of
+    C = 64): per head and token 2C(3dk + 2dv) for the intra-chunk products and the WY transform and 6 dk dv for the
+    state's part."""
+    if not cfg.full_attention_interval:
+        return 0.0
+    nv = cfg.linear_v_heads if v_heads is None else v_heads
+    dk, dv = cfg.linear_k_dim, cfg.linear_v_dim
+    per_head = 8 * dk * dv if q == 1 else 2 * 64 * (3 * dk + 2 * dv) + 6 * dk * dv
+    return float(nv * per_head)
 
 
 # ---- quantized formats: which matrices take the weight format, and their exact bytes ---------------
 
-def block_matrices(cfg: ModelConfig, moe: bool) -> list[tuple[str, int, int]]:
+def block_matrices(cfg: ModelConfig, moe: bool, linear: bool = False) -> list[tuple[str, int, int]]:
     """(name, N, K) of the linears of one block that take the weights format (W[N, K]); routed
     experts apart (`expert_matrices`). Norms, biases and the MoE router stay in the activation
     dtype, and so does MLA's kv_b: the absorbed attention multiplies by its halves directly,
     which is why serving engines hold it dequantised (vLLM does at load). A sparse-attention
     indexer's query and key projections take the format; its head weights do not (DeepSeek-V3.2's
-    release and SGLang's indexer: 'weight_proj is not quantized')."""
+    release and SGLang's indexer: 'weight_proj is not quantized'). A Gated DeltaNet layer (`linear`): its in_proj_qkvz,
+    in_proj_ba and out_proj (its conv, A_log, dt_bias and norm in the activation dtype)."""
     d = cfg.d
-    if cfg.is_mla:
+    if linear:
+        nk, nv, dk, dv = cfg.linear_k_heads, cfg.linear_v_heads, cfg.linear_k_dim, cfg.linear_v_dim
+        attn = [("attn.in_proj_qkvz", 2 * nk * dk + 2 * nv * dv, d), ("attn.in_proj_ba", 2 * nv, d),
+                ("attn.out_proj", d, nv * dv)]
+    elif cfg.is_mla:
         qk = cfg.qk_nope_dim + cfg.qk_rope_dim
         attn = ([("attn.q_a", cfg.q_lora_rank, d), ("attn.q_b", cfg.heads * qk, cfg.q_lora_rank)]
                 if cfg.q_lora_rank else [("attn.q_proj", cfg.heads * qk, d)])
@@ -215,7 +270,8 @@ def block_matrices(cfg: ModelConfig, moe: bool) -> list[tuple[str, int, int]]:
             attn += [("attn.idx_wq_b", cfg.index_heads * cfg.index_head_dim, cfg.q_lora_rank),
                      ("attn.idx_wk", cfg.index_head_dim, d)]
     else:
-        attn = [("attn.wqkv", (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim, d), ("attn.wo", d, cfg.heads * cfg.head_dim)]
+        q_out = cfg.heads * (2 if cfg.attn_output_gate else 1)  # + the output gate's rows
+        attn = [("attn.wqkv", (q_out + 2 * cfg.kv_heads) * cfg.head_dim, d), ("attn.wo", d, cfg.heads * cfg.head_dim)]
     swiglu = lambda p, f: [(f"{p}.w1", f, d), (f"{p}.w3", f, d), (f"{p}.w2", d, f)]  # noqa: E731
     if not moe:
         return attn + swiglu("ffn", cfg.ffn)
@@ -230,7 +286,7 @@ def check_weight_format(cfg: ModelConfig, prec: Precision) -> None:
     """ConfigError when the weights format cannot hold this model's matrices: an int4 group
     size that does not divide a linear's K (names the first such matrix). The LM head's format
     is checked the same way against d."""
-    mats = [m for moe in ({False, True} if cfg.is_moe else {False}) for m in block_matrices(cfg, moe)]
+    mats = [m for moe, lin in cfg.layer_kinds() for m in block_matrices(cfg, moe, lin)]
     experts = expert_matrices(cfg) if cfg.is_moe else []
     for cls, fmt, shapes in (("weights", prec.weights, mats), ("experts", prec.experts, experts),
                              ("lm_head", prec.lm_head, [("lm_head", cfg.vocab, cfg.d)])):
@@ -241,10 +297,10 @@ def check_weight_format(cfg: ModelConfig, prec: Precision) -> None:
                                   f"{cfg.name}'s {bad[0][0]} (a group must divide every K; try a smaller group)")
 
 
-def block_weight_bytes(cfg: ModelConfig, moe: bool, prec: Precision) -> int:
-    """Bytes of one block's weights, routed experts excluded."""
-    mats = block_matrices(cfg, moe)
-    params = 2 * cfg.d + attention_params(cfg) + (moe_fixed_params(cfg) if moe else 3 * cfg.d * cfg.ffn)
+def block_weight_bytes(cfg: ModelConfig, moe: bool, prec: Precision, linear: bool = False) -> int:
+    """Bytes of one block's weights, routed experts excluded (`linear`: a Gated DeltaNet block)."""
+    mats = block_matrices(cfg, moe, linear)
+    params = 2 * cfg.d + mixer_params(cfg, linear) + (moe_fixed_params(cfg) if moe else 3 * cfg.d * cfg.ffn)
     a = prec.act_bytes
     return (params - sum(N * K for _, N, K in mats)) * a + sum(prec.weights.matrix_bytes(N, K, a) for _, N, K in mats)
 
@@ -278,7 +334,7 @@ def resident_weight_bytes(cfg: ModelConfig, dtype, with_mtp: bool = True) -> int
     """Every weight held in memory (embedding table included; MTP modules when asked)."""
     prec = parse_precision(dtype)
     a = prec.act_bytes
-    stack = sum(block_weight_bytes(cfg, cfg.layer_is_moe(i), prec) for i in range(cfg.layers))
+    stack = sum(n * block_weight_bytes(cfg, moe, prec, lin) for (moe, lin), n in cfg.layer_kinds().items())
     stack += moe_layers(cfg) * cfg.experts * expert_bytes(cfg, prec)
     total = embedding_params(cfg) * a + (0 if cfg.tie_embeddings else head_bytes(cfg, prec)) + stack + cfg.d * a
     if with_mtp and cfg.mtp_layers:
@@ -358,9 +414,12 @@ def _attention_dims(cfg: ModelConfig) -> tuple[int, int]:
     return cfg.head_dim, cfg.head_dim
 
 
-def _linear_io(cfg: ModelConfig, moe: bool) -> int:
+def _linear_io(cfg: ModelConfig, moe: bool, linear: bool = False) -> int:
     """Elements one token's activations cross the linears of one block: inputs + outputs."""
-    if cfg.is_mla:
+    if linear:  # a Gated DeltaNet: in_proj_qkvz, in_proj_ba, out_proj
+        nk, nv, dk, dv = cfg.linear_k_heads, cfg.linear_v_heads, cfg.linear_k_dim, cfg.linear_v_dim
+        attn = cfg.d + 2 * nk * dk + 2 * nv * dv + cfg.d + 2 * nv + nv * dv + cfg.d
+    elif cfg.is_mla:
         qk, r = cfg.qk_nope_dim + cfg.qk_rope_dim, cfg.kv_lora_rank
         q_io = cfg.d + cfg.q_lora_rank * 2 + cfg.heads * qk if cfg.q_lora_rank else cfg.d + cfg.heads * qk
         attn = q_io + cfg.d + r + cfg.qk_rope_dim + cfg.heads * cfg.v_head_dim + cfg.d
@@ -368,7 +427,8 @@ def _linear_io(cfg: ModelConfig, moe: bool) -> int:
             hi, di = cfg.index_heads, cfg.index_head_dim
             attn += cfg.q_lora_rank + hi * di + cfg.d + di + cfg.d + hi
     else:
-        attn = cfg.d + (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim + cfg.heads * cfg.head_dim + cfg.d
+        q_out = cfg.heads * (2 if cfg.attn_output_gate else 1)
+        attn = cfg.d + (q_out + 2 * cfg.kv_heads) * cfg.head_dim + cfg.heads * cfg.head_dim + cfg.d
     swiglu = lambda width: 2 * cfg.d + 3 * width + cfg.d  # w1, w3 in; w1, w3 out; w2 in; w2 out
     if not moe:
         return attn + swiglu(cfg.ffn)
@@ -376,17 +436,19 @@ def _linear_io(cfg: ModelConfig, moe: bool) -> int:
     return attn + ffn + (swiglu(cfg.moe_ffn * cfg.shared_experts) if cfg.shared_experts else 0)
 
 
-def _stack_cost(cfg: ModelConfig, layers: int, n_moe: int, B: int, q: int, L: int, kv_len: int,
+def _stack_cost(cfg: ModelConfig, kinds: dict[tuple[bool, bool], int], B: int, q: int, L: int, kv_len: int,
                 prec: Precision, moe_impl: str, touched: float | None) -> dict:
-    """Shared by the main forward and an MTP module (a one-block stack)."""
+    """Shared by the main forward and an MTP module (a one-block stack); kinds: {(MoE, linear attention): blocks}."""
     N = B * q
     b = prec.act_bytes
+    layers = sum(kinds.values())
+    n_moe = sum(n for (moe, _), n in kinds.items() if moe)
+    n_lin = sum(n for (_, lin), n in kinds.items() if lin)
     touched = experts_touched(cfg, N, moe_impl) if touched is None else touched
     n_dense = layers - n_moe
-    dense_b = n_dense * block_weight_bytes(cfg, False, prec) + n_moe * block_weight_bytes(cfg, True, prec)
+    dense_b = sum(n * block_weight_bytes(cfg, moe, prec, lin) for (moe, lin), n in kinds.items())
     expert_b = n_moe * touched * expert_bytes(cfg, prec)
-    quantized = n_dense * sum(n * k for _, n, k in block_matrices(cfg, False))
-    quantized += n_moe * sum(n * k for _, n, k in block_matrices(cfg, True))
+    quantized = sum(n * sum(r * k for _, r, k in block_matrices(cfg, moe, lin)) for (moe, lin), n in kinds.items())
     dequant = quantized * prec.weights.dequant_ops_per_weight()
     dequant += n_moe * touched * expert_params(cfg) * prec.experts.dequant_ops_per_weight()
     dequant += 0 if cfg.tie_embeddings else cfg.vocab * cfg.d * prec.lm_head.dequant_ops_per_weight()
@@ -394,20 +456,24 @@ def _stack_cost(cfg: ModelConfig, layers: int, n_moe: int, B: int, q: int, L: in
     attended = cfg.attended_pairs(L, q)  # a windowed layer attends at most its window; a sparse one index_topk
     flops_attn = 2 * (d_qk + d_v) * cfg.heads * layers * B * attended
     flops_attn += 2 * cfg.index_heads * cfg.index_head_dim * layers * B * cfg.indexer_pairs(L, q)
-    moe_active = cfg.d * cfg.experts + (cfg.experts_per_token + cfg.shared_experts) * expert_params(cfg)
+    flops_attn += n_lin * N * linear_flops_per_token(cfg, q)  # Gated DeltaNet recurrences
+    gate = cfg.d if cfg.shared_expert_gate else 0
+    moe_active = cfg.d * cfg.experts + (cfg.experts_per_token + cfg.shared_experts) * expert_params(cfg) + gate
     if moe_impl == "dense":
-        moe_active = cfg.d * cfg.experts + (cfg.experts + cfg.shared_experts) * expert_params(cfg)
-    matmul = layers * attention_matmul_params(cfg) + n_dense * 3 * cfg.d * cfg.ffn + n_moe * moe_active
+        moe_active = cfg.d * cfg.experts + (cfg.experts + cfg.shared_experts) * expert_params(cfg) + gate
+    matmul = sum(n * attention_matmul_params(cfg, lin) for (_, lin), n in kinds.items())
+    matmul += n_dense * 3 * cfg.d * cfg.ffn + n_moe * moe_active
     matmul += cfg.vocab * cfg.d  # LM head
     kv_tok = kv_token_layer_bytes(cfg, prec)
     kv_att, kv_idx = kv_split_token_bytes(cfg, prec)  # a sparse layer reads its index keys at every position
-    kv_fixed = layers * prec.kv.kv_layer_fixed_bytes(b, tensors=kv_cache_tensors_per_layer(cfg))
-    act_per_token = (n_dense * _linear_io(cfg, False) + n_moe * _linear_io(cfg, True) + cfg.d + cfg.vocab) * b
+    kv_fixed = (layers - n_lin) * prec.kv.kv_layer_fixed_bytes(b, tensors=kv_cache_tensors_per_layer(cfg))
+    act_per_token = (sum(n * _linear_io(cfg, moe, lin) for (moe, lin), n in kinds.items()) + cfg.d + cfg.vocab) * b
+    state = B * n_lin * linear_state_layer_bytes(cfg, b)  # read and written back once a pass
     return dict(
         weight_bytes=dense_b + cfg.d * b + head_bytes(cfg, prec) + expert_b,
         expert_bytes=expert_b, experts_touched=touched,
-        kv_read_bytes=B * layers * (kv_att * cfg.attended_positions(kv_len, q) + kv_idx * kv_len) + kv_fixed,
-        kv_write_bytes=B * layers * kv_tok * q,
+        kv_read_bytes=B * layers * (kv_att * cfg.attended_positions(kv_len, q) + kv_idx * kv_len) + kv_fixed + state,
+        kv_write_bytes=B * (layers - n_lin) * kv_tok * q + state,
         embed_bytes=N * cfg.d * b, activation_bytes_est=N * act_per_token,
         flops_matmul=2 * matmul * N, flops_attention=flops_attn, dequant_ops=float(dequant))
 
@@ -448,7 +514,7 @@ def forward_cost(cfg: ModelConfig, dtype, B: int, q: int, L: int, kv_len: int | 
     _check_shape(cfg, B, q, L)
     kv_len = L + q if kv_len is None else kv_len
     prec = parse_precision(dtype)
-    c = _stack_cost(cfg, cfg.layers, moe_layers(cfg), B, q, L, kv_len, prec, moe_impl, touched)
+    c = _stack_cost(cfg, cfg.layer_kinds(), B, q, L, kv_len, prec, moe_impl, touched)
     c = _with_kv_impl(c, cfg, prec, B, cfg.layers, kv_len, kv_impl, q)
     return ForwardCost(B=B, q=q, L=L, kv_len=kv_len, tokens=B * q, **c)
 
@@ -457,7 +523,7 @@ def mtp_cost(cfg: ModelConfig, dtype, B: int, q: int, L: int, kv_len: int | None
              moe_impl: str = "touched", touched: float | None = None, kv_impl: str = "float") -> ForwardCost:
     """Cost of one `Transformer.mtp_forward` (one MTP module over q positions)."""
     prec, kv_len = mtp_args(cfg, dtype, B, q, L, kv_len)
-    c = _with_kv_impl(_stack_cost(cfg, 1, int(cfg.is_moe), B, q, L, kv_len, prec, moe_impl, touched),
+    c = _with_kv_impl(_stack_cost(cfg, {(cfg.is_moe, False): 1}, B, q, L, kv_len, prec, moe_impl, touched),
                       cfg, prec, B, 1, kv_len, kv_impl, q)
     return ForwardCost(B=B, q=q, L=L, kv_len=kv_len, tokens=B * q, **add_mtp_own_cost(c, cfg, prec.act_bytes, B * q))
 

@@ -70,6 +70,19 @@ class ModelConfig:
     index_heads: int = 0
     index_head_dim: int = 0
     index_rope_interleave: bool = False  # the indexer's RoPE pairs (DeepSeek-V3.2: halves; GLM-5: pairs)
+    # hybrid linear attention (Qwen3-Next, Qwen3.5): every full_attention_interval-th layer (1-based) attends with
+    # full attention, the others are Gated DeltaNet layers: linear attention whose memory is a recurrent state per
+    # sequence (linear_v_heads x linear_k_dim x linear_v_dim, in linear_state_dtype) and the last
+    # linear_conv_kernel - 1 inputs of a causal conv over its q, k, v; 0: every layer attends in full
+    full_attention_interval: int = 0
+    linear_k_heads: int = 0
+    linear_v_heads: int = 0
+    linear_k_dim: int = 0
+    linear_v_dim: int = 0
+    linear_conv_kernel: int = 0
+    linear_state_dtype: str = ""  # "": the activations'; Qwen3.5's config: float32 (mamba_ssm_dtype)
+    attn_output_gate: bool = False  # full attention's output times sigmoid(a gate q_proj also emits): q_proj 2x wide
+    shared_expert_gate: bool = False  # the shared expert's output times sigmoid of a [d -> 1] projection
     # MoE; experts == 0 means dense
     experts: int = 0
     experts_per_token: int = 0
@@ -124,6 +137,33 @@ class ModelConfig:
 
     def layer_is_moe(self, i: int) -> bool:
         return self.is_moe and i >= self.first_dense_layers and (i + 1) % self.moe_every == 0
+
+    def layer_is_linear(self, i: int) -> bool:
+        """Layer i is a Gated DeltaNet (linear attention) layer of a hybrid model."""
+        return self.full_attention_interval > 0 and (i + 1) % self.full_attention_interval != 0
+
+    def layer_kinds(self, layers: int | None = None) -> dict[tuple[bool, bool], int]:
+        """{(MoE, linear attention): count} over the first `layers` layers of the main stack (all by default)."""
+        out: dict[tuple[bool, bool], int] = {}
+        for i in range(self.layers if layers is None else layers):
+            key = (self.layer_is_moe(i), self.layer_is_linear(i))
+            out[key] = out.get(key, 0) + 1
+        return out
+
+    @property
+    def linear_layers(self) -> int:
+        """Gated DeltaNet layers of the main stack (0 without hybrid attention)."""
+        return sum(self.layer_is_linear(i) for i in range(self.layers))
+
+    @property
+    def full_share(self) -> float:
+        """The share of the main stack's layers that keep a KV cache (all but the linear-attention ones)."""
+        return 1.0 - self.linear_layers / self.layers
+
+    @property
+    def linear_conv_dim(self) -> int:
+        """Channels of a Gated DeltaNet layer's causal conv: its q, k and v."""
+        return 2 * self.linear_k_heads * self.linear_k_dim + self.linear_v_heads * self.linear_v_dim
 
     @property
     def has_dense_layers(self) -> bool:
@@ -201,8 +241,10 @@ class ModelConfig:
     def kv_positions(self, L: float) -> float:
         """Cached positions a layer holds and a decode step reads for a sequence of L tokens, as the mean
         over the main stack's layers: L for a full-attention layer, min(L, window) for a sliding-window one,
-        the positions of the current chunk for a chunked one."""
+        the positions of the current chunk for a chunked one, none for a linear-attention one."""
         share = self.windowed_share
+        if self.full_attention_interval:  # linear-attention layers hold no positions (a state per sequence instead)
+            return self.full_share * L
         return L if not share or L <= 0 else (1.0 - share) * L + share * self._local_keys(L)
 
     def pool_positions(self, L: float, rule="window") -> float:
@@ -225,6 +267,8 @@ class ModelConfig:
             return capped(L + q) - capped(L)
         full = q * L + q * (q + 1) / 2
         share = self.windowed_share
+        if self.full_attention_interval:  # linear-attention layers attend no pairs (their recurrence: linear_flops)
+            return self.full_share * full
         if not share:
             return full
         return (1.0 - share) * full + share * (self._local_pairs(L + q) - self._local_pairs(L))
@@ -239,7 +283,8 @@ class ModelConfig:
         nonneg = ["ffn", "q_lora_rank", "kv_lora_rank", "qk_nope_dim", "qk_rope_dim", "v_head_dim",
                   "experts", "experts_per_token", "moe_ffn", "shared_experts", "first_dense_layers",
                   "mtp_layers", "sliding_window", "global_every", "attention_chunk", "index_topk", "index_heads",
-                  "index_head_dim"]
+                  "index_head_dim", "full_attention_interval", "linear_k_heads", "linear_v_heads", "linear_k_dim",
+                  "linear_v_dim", "linear_conv_kernel"]
         for f in nonneg:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -274,6 +319,20 @@ class ModelConfig:
                                   f"qk_rope_dim={self.qk_rope_dim} (the indexer rotates its first qk_rope_dim dims)")
             if self.local_span:
                 raise ConfigError("model.index_topk with a sliding window or attention chunk: not modelled together")
+        if self.full_attention_interval:
+            if min(self.linear_k_heads, self.linear_v_heads, self.linear_k_dim, self.linear_v_dim,
+                   self.linear_conv_kernel) < 1 or self.linear_v_heads % self.linear_k_heads:
+                raise ConfigError("model.full_attention_interval: Gated DeltaNet layers need linear_k_heads, "
+                                  "linear_v_heads (a multiple of linear_k_heads), linear_k_dim, linear_v_dim, "
+                                  "linear_conv_kernel >= 1")
+            if self.is_mla or self.local_span or self.is_sparse or self.mtp_layers:
+                raise ConfigError("model.full_attention_interval with MLA, local or sparse attention or MTP modules: "
+                                  "not modelled together")
+        if self.linear_state_dtype not in ("", "float32", "bfloat16", "float16"):
+            raise ConfigError(f"model.linear_state_dtype={self.linear_state_dtype!r}: allowed '', float32, bfloat16, "
+                              "float16")
+        if self.shared_expert_gate and not self.shared_experts:
+            raise ConfigError("model.shared_expert_gate: needs shared_experts >= 1")
         if self.is_moe:
             if not 1 <= self.experts_per_token <= self.experts:
                 raise ConfigError(f"model.experts_per_token={self.experts_per_token}: must be in 1..experts={self.experts}")

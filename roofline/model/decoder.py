@@ -459,6 +459,12 @@ class MTPModule(nn.Module):
         self.norm = RMSNorm(cfg.d, cfg.norm_eps)
 
 
+def runs_here(cfg: ModelConfig) -> bool:
+    """Whether this decoder builds `cfg`: not a hybrid of Gated DeltaNet layers (Qwen3.5), a gated attention output
+    or a gated shared expert, which the byte model counts and the what-if prices."""
+    return not (cfg.full_attention_interval or cfg.attn_output_gate or cfg.shared_expert_gate)
+
+
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig, max_batch: int, max_context: int, moe_impl: str = "touched"):
         super().__init__()
@@ -468,6 +474,10 @@ class Transformer(nn.Module):
             raise ConfigError(f"max_context={max_context}: must be in 1..{cfg.max_context} (model.max_context)")
         if max_batch < 1:
             raise ConfigError(f"max_batch={max_batch}: must be >= 1")
+        if not runs_here(cfg):
+            raise ConfigError(f"model {cfg.name!r}: Gated DeltaNet (linear attention) layers, a gated attention output "
+                              "and a gated shared expert are priced by the what-if (roofline.parallel.whatif) and "
+                              "counted by the byte model, not run by this decoder")
         if cfg.local_span and max_context > cfg.local_span:
             kind = "a sliding window" if cfg.sliding_window else "chunks"
             raise ConfigError(f"max_context={max_context}: {cfg.name!r} attends {kind} of {cfg.local_span} tokens in some "

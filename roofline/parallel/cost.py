@@ -29,9 +29,10 @@ import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from roofline.model.accounting import ForwardCost, _check_shape, attention_matmul_params, attention_params
+from roofline.model.accounting import ForwardCost, _check_shape, attention_matmul_params
 from roofline.model.accounting import add_mtp_own_cost, block_weight_bytes, expert_bytes, head_bytes, mtp_args
-from roofline.model.accounting import kv_cache_tensors_per_layer, kv_split_token_bytes
+from roofline.model.accounting import (kv_cache_tensors_per_layer, kv_split_token_bytes, linear_flops_per_token,
+                                       linear_state_layer_bytes, mixer_params)
 from roofline.model.formats import Precision, parse_precision
 from roofline.model.config import ModelConfig
 from roofline.parallel.layout import Layout, experts_touched_busiest_rank, local_shapes
@@ -43,7 +44,15 @@ ID_BYTES = 8  # int64 expert ids and counts
 @lru_cache(maxsize=256)  # frozen inputs; a what-if asks for the same shard thousands of times
 def _local_attention_cfg(cfg: ModelConfig, layout: Layout) -> ModelConfig:
     s = local_shapes(cfg, layout)
-    return cfg.scaled(heads=s.heads, kv_heads=s.kv_heads)
+    t = layout.attention_tp  # a Gated DeltaNet's heads split like attention's
+    return cfg.scaled(heads=s.heads, kv_heads=s.kv_heads, **_linear_heads(cfg, t))
+
+
+def _linear_heads(cfg: ModelConfig, t: int) -> dict:
+    """A rank's Gated DeltaNet heads (k and v heads split over the attention's tp; {} without such layers)."""
+    if not cfg.full_attention_interval:
+        return {}
+    return dict(linear_k_heads=cfg.linear_k_heads // t, linear_v_heads=cfg.linear_v_heads // t)
 
 
 def _stage_layers(cfg: ModelConfig, layout: Layout) -> tuple[int, int]:
@@ -52,22 +61,27 @@ def _stage_layers(cfg: ModelConfig, layout: Layout) -> tuple[int, int]:
     return n, sum(cfg.layer_is_moe(i) for i in range(n))
 
 
-def block_params_rank(cfg: ModelConfig, layout: Layout, moe: bool) -> int:
+def stage_kinds(cfg: ModelConfig, layout: Layout) -> dict[tuple[bool, bool], int]:
+    """{(MoE, linear attention): blocks} of the largest stage (the first)."""
+    return cfg.layer_kinds(math.ceil(cfg.layers / layout.pp))
+
+
+def block_params_rank(cfg: ModelConfig, layout: Layout, moe: bool, linear: bool = False) -> int:
     s = local_shapes(cfg, layout)
-    p = 2 * cfg.d + attention_params(_local_attention_cfg(cfg, layout))
+    p = 2 * cfg.d + mixer_params(_local_attention_cfg(cfg, layout), linear)
     if not moe:
         return p + 3 * cfg.d * s.ffn
     router = cfg.d * cfg.experts + (cfg.experts if cfg.router_scoring == "sigmoid" else 0)
-    return p + router + s.experts * 3 * cfg.d * s.moe_ffn + 3 * cfg.d * s.shared_ffn
+    gate = cfg.d if cfg.shared_expert_gate else 0  # replicated
+    return p + router + s.experts * 3 * cfg.d * s.moe_ffn + 3 * cfg.d * s.shared_ffn + gate
 
 
 def params_per_rank(cfg: ModelConfig, layout: Layout, with_mtp: bool = False) -> int:
     """Parameters one rank holds: embedding (replicated), its stage's blocks, final norm, its
     LM-head rows (+ MTP modules: eh_proj and norms replicated, the block sharded like the others)."""
     s = local_shapes(cfg, layout)
-    n, n_moe = _stage_layers(cfg, layout)
     p = cfg.vocab * cfg.d + cfg.d + (0 if cfg.tie_embeddings else s.vocab_head * cfg.d)
-    p += (n - n_moe) * block_params_rank(cfg, layout, False) + n_moe * block_params_rank(cfg, layout, True)
+    p += sum(n * block_params_rank(cfg, layout, moe, lin) for (moe, lin), n in stage_kinds(cfg, layout).items())
     if with_mtp:
         p += cfg.mtp_layers * (3 * cfg.d + 2 * cfg.d * cfg.d + block_params_rank(cfg, layout, cfg.is_moe))
     return p
@@ -90,15 +104,17 @@ def _rank_cfgs(cfg: ModelConfig, layout: Layout) -> tuple[ModelConfig, ModelConf
     shard's own shape (as an engine quantises or loads each rank's slice)."""
     s = local_shapes(cfg, layout)
     shared = dict(moe_ffn=s.shared_ffn, shared_experts=1) if cfg.shared_experts else {}
-    block = cfg.scaled(heads=s.heads, kv_heads=s.kv_heads, ffn=s.ffn, **shared)
+    block = cfg.scaled(heads=s.heads, kv_heads=s.kv_heads, ffn=s.ffn, **shared,
+                       **_linear_heads(cfg, layout.attention_tp))
     return block, cfg.scaled(moe_ffn=s.moe_ffn) if cfg.is_moe else cfg
 
 
-def rank_block_bytes(cfg: ModelConfig, layout: Layout, moe: bool, prec: Precision) -> tuple[float, float]:
+def rank_block_bytes(cfg: ModelConfig, layout: Layout, moe: bool, prec: Precision,
+                     linear: bool = False) -> tuple[float, float]:
     """(bytes of one block's shard without its routed experts, bytes of one held routed expert)
-    in precision `prec`."""
+    in precision `prec` (`linear`: a Gated DeltaNet block)."""
     block, expert = _rank_cfgs(cfg, layout)
-    return float(block_weight_bytes(block, moe, prec)), float(expert_bytes(expert, prec) if moe else 0)
+    return float(block_weight_bytes(block, moe, prec, linear)), float(expert_bytes(expert, prec) if moe else 0)
 
 
 def rank_head_bytes(cfg: ModelConfig, layout: Layout, prec: Precision) -> float:
@@ -110,6 +126,13 @@ def kv_token_bytes_rank(cfg: ModelConfig, layout: Layout, prec: Precision) -> in
     """Cache bytes one token adds to one layer on one rank, in the KV format (per-token scales
     per cached KV head included; MLA's latent is one head, a sparse indexer's keys one more)."""
     return sum(kv_split_bytes_rank(cfg, layout, prec))
+
+
+def linear_state_rank_bytes(cfg: ModelConfig, layout: Layout, prec: Precision) -> int:
+    """Bytes one sequence holds in one Gated DeltaNet layer on one rank (its share of the heads; 0 without)."""
+    if not cfg.full_attention_interval:
+        return 0
+    return linear_state_layer_bytes(cfg, prec.act_bytes, cfg.linear_v_heads // layout.attention_tp)
 
 
 def kv_split_bytes_rank(cfg: ModelConfig, layout: Layout, prec: Precision) -> tuple[int, int]:
@@ -131,17 +154,20 @@ def memory_per_rank(cfg: ModelConfig, layout: Layout, dtype: str, batch: int, to
     prec = parse_precision(dtype)
     a, s = prec.act_bytes, local_shapes(cfg, layout)
     n, n_moe = _stage_layers(cfg, layout)
+    kinds = stage_kinds(cfg, layout)
     blocks = n + (cfg.mtp_layers if with_mtp else 0)
     seqs = math.ceil(batch / layout.batch_split)
-    # (per-layer KV scales: bytes, left out); a windowed layer as the engine's pool holds it (window, full, a share)
+    # (per-layer KV scales: bytes, left out); a windowed layer as the engine's pool holds it (window, full, a share);
+    # a Gated DeltaNet layer its state, whatever the length
     kv = seqs * blocks * kv_token_bytes_rank(cfg, layout, prec) * cfg.pool_positions(tokens_per_seq, pool_rule)
+    kv += seqs * sum(n for (_, lin), n in kinds.items() if lin) * linear_state_rank_bytes(cfg, layout, prec)
 
-    def block(moe: bool) -> float:
-        fixed, one = rank_block_bytes(cfg, layout, moe, prec)
+    def block(moe: bool, linear: bool = False) -> float:
+        fixed, one = rank_block_bytes(cfg, layout, moe, prec, linear)
         return fixed + s.experts * one
 
     w = (cfg.vocab * cfg.d + cfg.d) * a + (0 if cfg.tie_embeddings else rank_head_bytes(cfg, layout, prec))
-    w += (n - n_moe) * block(False) + n_moe * block(True)
+    w += sum(n * block(moe, lin) for (moe, lin), n in kinds.items())
     if with_mtp:
         w += cfg.mtp_layers * ((3 * cfg.d + 2 * cfg.d * cfg.d) * a + block(cfg.is_moe))
     return float(w), float(kv)
@@ -201,7 +227,10 @@ def parse_collectives(text: str) -> tuple[Collective, ...]:
     return tuple(out)
 
 
-def _blocks_cost(cfg, layout, n, n_moe, B, q, L, kv_len, prec: Precision, moe_impl, touched):
+def _blocks_cost(cfg, layout, kinds, B, q, L, kv_len, prec: Precision, moe_impl, touched):
+    n = sum(kinds.values())
+    n_moe = sum(c for (moe, _), c in kinds.items() if moe)
+    n_lin = sum(c for (_, lin), c in kinds.items() if lin)
     s = local_shapes(cfg, layout)
     b = prec.act_bytes  # activations: collectives, embedding rows
     Br = math.ceil(B / layout.batch_split)
@@ -211,18 +240,20 @@ def _blocks_cost(cfg, layout, n, n_moe, B, q, L, kv_len, prec: Precision, moe_im
         # the step waits for each layer's busiest rank (its collective ends the layer)
         touched = float(s.experts) if moe_impl == "dense" else experts_touched_busiest_rank(cfg, N, layout.ep)
     expert_w = 3 * cfg.d * s.moe_ffn
-    dense_b, _ = rank_block_bytes(cfg, layout, False, prec) if n > n_moe else (0.0, 0.0)
-    moe_b, one_expert = rank_block_bytes(cfg, layout, True, prec) if n_moe else (0.0, 0.0)
+    block_b = sum(c * rank_block_bytes(cfg, layout, moe, prec, lin)[0] for (moe, lin), c in kinds.items())
+    one_expert = rank_block_bytes(cfg, layout, True, prec)[1] if n_moe else 0.0
     expert_b = n_moe * touched * one_expert
     routed_pairs = N * cfg.experts_per_token / layout.ep if moe_impl == "touched" else N * s.experts
-    per_token = n * attention_matmul_params(lac) + (n - n_moe) * 3 * cfg.d * s.ffn
-    per_token += n_moe * (cfg.d * cfg.experts + 3 * cfg.d * s.shared_ffn)
+    per_token = sum(c * attention_matmul_params(lac, lin) for (_, lin), c in kinds.items())
+    per_token += (n - n_moe) * 3 * cfg.d * s.ffn
+    per_token += n_moe * (cfg.d * cfg.experts + 3 * cfg.d * s.shared_ffn + (cfg.d if cfg.shared_expert_gate else 0))
     flops_mm = 2 * (Nr * per_token + n_moe * routed_pairs * expert_w)
     d_qk, d_v = (cfg.kv_lora_rank + cfg.qk_rope_dim, cfg.kv_lora_rank) if cfg.is_mla else (cfg.head_dim, cfg.head_dim)
     attended = cfg.attended_pairs(L, q)  # a windowed layer attends at most its window; a sparse one index_topk
     kv = kv_token_bytes_rank(cfg, layout, prec)
     kv_att, kv_idx = kv_split_bytes_rank(cfg, layout, prec)  # a sparse layer reads its index keys at every position
-    kv_fixed = n * prec.kv.kv_layer_fixed_bytes(b, tensors=kv_cache_tensors_per_layer(cfg))  # MLA: one latent cache
+    kv_fixed = (n - n_lin) * prec.kv.kv_layer_fixed_bytes(b, tensors=kv_cache_tensors_per_layer(cfg))  # MLA: one
+    state = Br * n_lin * linear_state_rank_bytes(cfg, layout, prec)  # Gated DeltaNet: read and written back
     coll = []
     if layout.attention_tp > 1:
         coll.append(Collective("all_reduce", Nr * cfg.d * b, 2 * n))
@@ -232,12 +263,14 @@ def _blocks_cost(cfg, layout, n, n_moe, B, q, L, kv_len, prec: Precision, moe_im
         pairs = Nr * cfg.experts_per_token
         coll += [Collective("all_to_all", layout.ep * ID_BYTES, n_moe), Collective("all_to_all", pairs * ID_BYTES, n_moe),
                  Collective("all_to_all", pairs * cfg.d * b, 2 * n_moe)]
-    return dict(weight_bytes=(n - n_moe) * dense_b + n_moe * moe_b + expert_b, expert_bytes=expert_b,
+    return dict(weight_bytes=block_b + expert_b, expert_bytes=expert_b,
                 experts_touched=touched,
-                kv_read_bytes=Br * n * (kv_att * cfg.attended_positions(kv_len, q) + kv_idx * kv_len) + kv_fixed,
-                kv_write_bytes=Br * n * kv * q, flops_matmul=flops_mm,
+                kv_read_bytes=(Br * n * (kv_att * cfg.attended_positions(kv_len, q) + kv_idx * kv_len) + kv_fixed
+                               + state),
+                kv_write_bytes=Br * (n - n_lin) * kv * q + state, flops_matmul=flops_mm,
                 flops_attention=(2 * (d_qk + d_v) * s.heads * attended  # the indexer's heads replicated on every rank
-                                 + 2 * cfg.index_heads * cfg.index_head_dim * cfg.indexer_pairs(L, q)) * n * Br,
+                                 + 2 * cfg.index_heads * cfg.index_head_dim * cfg.indexer_pairs(L, q)) * n * Br
+                + n_lin * Nr * linear_flops_per_token(cfg, q, lac.linear_v_heads),
                 collectives=coll, Nr=Nr,
                 head_rows=s.vocab_head)
 
@@ -263,7 +296,8 @@ def rank_forward_cost(cfg: ModelConfig, layout: Layout, dtype, B: int, q: int, L
     prec = parse_precision(dtype)
     kv_len = L + q if kv_len is None else kv_len
     n, n_moe = _stage_layers(cfg, layout)
-    c = _with_head(_blocks_cost(cfg, layout, n, n_moe, B, q, L, kv_len, prec, moe_impl, touched), cfg, layout, prec)
+    c = _with_head(_blocks_cost(cfg, layout, stage_kinds(cfg, layout), B, q, L, kv_len, prec, moe_impl, touched),
+                   cfg, layout, prec)
     if layout.pp > 1:  # this stage's send of its activations to the next one
         c["collectives"] += (Collective("send_recv", B * q * cfg.d * prec.act_bytes, 1),)
     return RankCost(B=B, q=q, L=L, kv_len=kv_len, tokens=B * q, blocks=n, moe_blocks=n_moe, **c)
@@ -273,7 +307,7 @@ def rank_mtp_cost(cfg: ModelConfig, layout: Layout, dtype, B: int, q: int, L: in
                   moe_impl: str = "touched", touched: float | None = None) -> RankCost:
     """One rank's share of one `Transformer.mtp_forward` (one block, eh_proj replicated, the head)."""
     prec, kv_len = mtp_args(cfg, dtype, B, q, L, kv_len)
-    c = _with_head(_blocks_cost(cfg, layout, 1, int(cfg.is_moe), B, q, L, kv_len, prec, moe_impl, touched),
+    c = _with_head(_blocks_cost(cfg, layout, {(cfg.is_moe, False): 1}, B, q, L, kv_len, prec, moe_impl, touched),
                    cfg, layout, prec)
     c = add_mtp_own_cost(c, cfg, prec.act_bytes, math.ceil(B / layout.batch_split) * q)
     return RankCost(B=B, q=q, L=L, kv_len=kv_len, tokens=B * q, blocks=1, moe_blocks=int(cfg.is_moe), **c)

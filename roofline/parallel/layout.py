@@ -89,6 +89,9 @@ class Layout:
         if not cfg.is_mla and t > 1 and (cfg.kv_heads % t if cfg.kv_heads >= t else t % cfg.kv_heads):
             raise ConfigError(f"layout.tp={self.tp}: must divide model.kv_heads={cfg.kv_heads} or be a multiple "
                               "of it (KV heads split, or replicated when kv_heads < tp)")
+        if cfg.full_attention_interval and (cfg.linear_k_heads % t or cfg.linear_v_heads % t):
+            raise ConfigError(f"layout.tp={self.tp}: must divide the Gated DeltaNet heads (linear_k_heads="
+                              f"{cfg.linear_k_heads}, linear_v_heads={cfg.linear_v_heads})")
         if cfg.has_dense_layers and cfg.ffn % t:
             raise ConfigError(f"layout.tp={self.tp}: must divide model.ffn={cfg.ffn}")
         if cfg.is_moe:

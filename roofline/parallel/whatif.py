@@ -48,7 +48,8 @@ from roofline.io.fields import ConfigError
 from roofline.model.speculation import DRAFTERS
 from roofline.measure.devices import Datasheet
 from roofline.measure.memory import HEADROOM
-from roofline.model.accounting import block_matrices, block_weight_bytes, expert_bytes, expert_pair_io_bytes
+from roofline.model.accounting import (block_matrices, block_weight_bytes, expert_bytes, expert_pair_io_bytes,
+                                       linear_flops_per_token)
 from roofline.model.config import ModelConfig
 from roofline.model.dtypes import lookup as lookup_dtype
 from roofline.model.formats import Precision, activation_dtype, compute_dtype, parse_precision
@@ -56,7 +57,8 @@ from roofline.parallel import engines as engines_mod
 from roofline.parallel import kernels as K
 from roofline.parallel.collectives import bus_factor
 from roofline.parallel.cost import (_rank_cfgs, _stage_layers, kv_split_bytes_rank, kv_token_bytes_rank,
-                                    memory_per_rank, rank_forward_cost, rank_head_bytes)
+                                    linear_state_rank_bytes, memory_per_rank, rank_forward_cost, rank_head_bytes,
+                                    stage_kinds)
 from roofline.parallel.layout import Layout, experts_touched_busiest_rank, local_shapes
 
 SCENARIOS = ("optimistic", "typical", "pessimistic")
@@ -255,6 +257,8 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
         f *= K.fp16_accumulate_speedup(kern, device.key)
     a, s = prec.act_bytes, local_shapes(cfg, layout)
     n, n_moe = (1, int(cfg.is_moe)) if mtp else _stage_layers(cfg, layout)
+    kinds = {(cfg.is_moe, False): 1} if mtp else stage_kinds(cfg, layout)
+    n_lin = sum(c for (_, lin), c in kinds.items() if lin)
     split = layout.batch_split
     Br = math.ceil(p.B / split)
     Nr = Br * p.q + math.ceil(p.prefill / split)  # tokens through this rank's attention / dense layers
@@ -269,10 +273,11 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     def gemm(M, N, Kd, nbytes, kind=wk, ops=dq):
         return K.gemm_seconds(M, N, Kd, nbytes, kind, ops, bw, f, f32, device.key, scenario, kern)
 
-    def block(moe: bool) -> dict:
-        mats = block_matrices(block_cfg, moe)
+    def block(moe: bool, linear: bool = False) -> dict:
+        mats = block_matrices(block_cfg, moe, linear)
         g = [gemm(Nr, N, Kd, prec.weights.matrix_bytes(N, Kd, a)) for _, N, Kd in engine_matrices(mats, eng.merged)]
-        rest = block_weight_bytes(block_cfg, moe, prec) - sum(prec.weights.matrix_bytes(N, Kd, a) for _, N, Kd in mats)
+        rest = (block_weight_bytes(block_cfg, moe, prec, linear)
+                - sum(prec.weights.matrix_bytes(N, Kd, a) for _, N, Kd in mats))
         t_rest = rest / (bw * K.weight_bw_fraction("dense", Nr, scenario, kern))  # norms, router in act dtype
         out = dict(dense=sum(x["seconds"] for x in g) + t_rest, experts=0.0)
         if moe:
@@ -290,21 +295,25 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
             out["touched"] = touched
         return out
 
-    dense_blk, moe_blk = (block(False) if n > n_moe else None), (block(True) if n_moe else None)
-    t_dense = (n - n_moe) * (dense_blk["dense"] if dense_blk else 0.0) + n_moe * (moe_blk["dense"] if moe_blk else 0.0)
-    t_experts = n_moe * (moe_blk["experts"] if moe_blk else 0.0)
+    blocks = {kind: block(*kind) for kind in kinds}  # (MoE, linear attention) -> its terms
+    t_dense = sum(c * blocks[kind]["dense"] for kind, c in kinds.items())
+    t_experts = sum(c * blocks[kind]["experts"] for kind, c in kinds.items())
+    moe_blk = next((b for (moe, _), b in blocks.items() if moe), None)
     # decode attention (KV traffic and arithmetic overlapped), prefill attention compute-bound
     kv_tok = kv_token_bytes_rank(cfg, layout, prec)
     kv_att, kv_idx = kv_split_bytes_rank(cfg, layout, prec)  # a sparse layer's indexer reads its keys everywhere
     seen = cfg if cfg.local_kind in eng.local_reads else cfg.attending_all()  # what the engine's decode reads
     kv_len = p.L + p.q
     kv_bytes = (Br * n * (kv_att * seen.attended_positions(kv_len, p.q) + kv_idx * kv_len)  # a windowed layer: its
-                + Br * n * kv_tok * p.q)  # window; a sparse one: the index_topk rows its queries select
+                + Br * (n - n_lin) * kv_tok * p.q)  # window; a sparse one: the index_topk rows its queries select
+    v_heads = block_cfg.linear_v_heads  # this rank's Gated DeltaNet heads: their states read and written back
+    kv_bytes += 2 * Br * n_lin * linear_state_rank_bytes(cfg, layout, prec)
     d_qk, d_v = (cfg.kv_lora_rank + cfg.qk_rope_dim, cfg.kv_lora_rank) if cfg.is_mla else (cfg.head_dim, cfg.head_dim)
     attended = seen.attended_pairs(p.L, p.q)
     attn_flops = 2 * (d_qk + d_v) * s.heads * n * Br * attended
     f_idx = device.peak_flops("fp8") if native_rate(device, "fp8") else fa  # the indexer's fp8 logits
     attn_flops += indexer_flops(cfg, n, Br, p.L, p.q) * fa / f_idx  # (as attention-rate FLOPs)
+    attn_flops += n_lin * Br * p.q * linear_flops_per_token(cfg, p.q, v_heads)  # Gated DeltaNet recurrences
     calls = n * (2 if cfg.is_sparse else 1)  # a sparse layer: the indexer's logits kernel and the sparse attention
     t_attn = K.attention_seconds(kv_bytes, attn_flops, Br, p.L, bw, fa, scenario, kern, calls,
                                  eng.attention_bw_fraction)["seconds"]
@@ -315,8 +324,9 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
         pf = (mla_prefill_flops(cfg, s.heads, n, pre_r, attended_pre) if cfg.is_mla  # MHA over up-projected latents
               else 2 * (d_qk + d_v) * s.heads * n * pre_r * attended_pre)
         pf += indexer_flops(cfg, n, pre_r, p.prefill_context, 1) * fa / f_idx  # each prompt token scores its context
-        t_attn += pf / (fa * peak)
-        t_attn += n * kv_tok * pre_r / stream  # its cache writes
+        pf += n_lin * pre_r * linear_flops_per_token(cfg, pre_r, v_heads)  # the chunked Gated DeltaNet (assumption:
+        t_attn += pf / (fa * peak)  # at the prompt attention's share of the tensor rate)
+        t_attn += (n - n_lin) * kv_tok * pre_r / stream  # its cache writes
     # LM head (logits of the decode positions; a prefill chunk's last token is one more row each)
     head_M = Br * p.q
     hk = _fmt_kind(prec.lm_head, device) if not cfg.tie_embeddings else "dense"
