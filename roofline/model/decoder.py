@@ -291,7 +291,7 @@ class MLAttention(nn.Module):
         per token, w from the hidden state), and each query attends only the index_topk best, gathered from the
         latent cache: the latent rows it reads are those (accounting: attended_positions), the index keys all.
         Engines compute the scores in fp8 after a Hadamard rotation of q and k (orthogonal: the same products);
-        this runs them in the activation dtype, as transformers' reference does. Returns [B, h, q, r]."""
+        this runs them in float32, as transformers' reference does. Returns [B, h, q, r]."""
         cfg = self.cfg
         B, q, _ = x.shape
         hi, di, r = cfg.index_heads, cfg.index_head_dim, cfg.kv_lora_rank
