@@ -210,6 +210,11 @@ FAMILIES = {
     # partial RoPE (the released configs' rotary_dim)
     "minimax_m2": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32, head_dim=16,
                        rope_parameters=dict(rope_type="default", rope_theta=5000000.0, partial_rotary_factor=0.5)),
+    # Qwen3-Next: three Gated DeltaNet layers to one gated full-attention layer, MoE with a gated shared expert
+    "qwen3_next": dict(MOE, num_hidden_layers=4, num_experts=8, shared_expert_intermediate_size=32, head_dim=16,
+                       norm_topk_prob=True, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                       linear_value_head_dim=8, linear_conv_kernel_dim=4, full_attention_interval=4,
+                       rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25)),
     "glm4_moe": dict(SIGMOID_MOE, head_dim=16, attention_bias=True, use_qk_norm=True, n_group=1, topk_group=1,
                      num_nextn_predict_layers=1, routed_scaling_factor=1.5,
                      rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5)),

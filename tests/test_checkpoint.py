@@ -36,7 +36,7 @@ def test_forward_parity_with_transformers(family, tmp_path):
     assert (tmp_path / "model.safetensors").is_file()
     if getattr(hf.config, "num_nextn_predict_layers", 0):
         add_mtp_layer(hf, tmp_path)  # as released: transformers does not save it
-    assert checkpoint_config(tmp_path).layers == BASE["num_hidden_layers"]
+    assert checkpoint_config(tmp_path).layers == FAMILIES[family].get("num_hidden_layers", BASE["num_hidden_layers"])
     cos, err, scale = ours_vs_hf(hf, tmp_path)
     assert cos >= 0.99999 and err < 1e-4, f"{family}: cosine {cos:.8f}, max abs error {err:.2e} (max |logit| {scale:.2f})"
 

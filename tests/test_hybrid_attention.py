@@ -1,16 +1,21 @@
 """Hybrid linear attention (Qwen3.5: three Gated DeltaNet layers to one full-attention layer): what the byte model
-counts (weights, a per-sequence state in place of a KV cache, the recurrences' FLOPs) and what the what-if prices for
-it. This decoder does not run such layers; the byte model is held to the published parameter counts instead."""
+counts (weights, a per-sequence state in place of a KV cache, the recurrences' FLOPs), the published sizes it gives,
+how the decoder carries the state, and what the what-if prices. The decoder's forward against transformers'
+qwen3_next is in tests/test_checkpoint.py; its parameters and state bytes against the byte model in
+tests/test_accounting.py (every preset)."""
 
 import pytest
+import torch
 
 from roofline.io.fields import ConfigError
 from roofline.measure.devices import get_datasheet
 from roofline.measure.memory import resident_bytes
 from roofline.model.accounting import (forward_cost, kv_bytes_per_token, linear_attention_params,
                                        linear_state_bytes_per_seq, param_count)
-from roofline.model.decoder import build_model, runs_here
-from roofline.model.presets import get_preset, list_presets
+from roofline.model.decoder import build_model
+from roofline.model.presets import get_preset, scaled_down
+from roofline.parallel.sharded import shard
+from roofline.spec.engine import SpecEngine
 from roofline.parallel.cost import memory_per_rank, rank_forward_cost
 from roofline.parallel.layout import Layout
 from roofline.parallel.whatif import Pass, Setting, WhatIf
@@ -19,10 +24,28 @@ QWEN35 = {"qwen3.5-27b": (27e9, 27e9), "qwen3.5-35b-a3b": (35e9, 3e9), "qwen3.5-
           "qwen3.5-397b-a17b": (397e9, 17e9)}
 
 
-def test_the_decoder_refuses_only_what_it_cannot_run():
-    assert sorted(p for p in list_presets() if not runs_here(get_preset(p))) == sorted(QWEN35)
-    with pytest.raises(ConfigError, match="not run by this decoder"):
-        build_model(get_preset("qwen3.5-35b-a3b").scaled(layers=4), max_batch=1, max_context=8)
+def test_a_sequence_called_at_position_zero_starts_from_an_empty_state():
+    """The recurrent state takes every token it is fed: a sequence restarted at 0 forgets the old one (a second run of
+    the same prompt gives the same logits), one continued keeps it (the prompt in two calls equals it in one)."""
+    cfg = scaled_down(get_preset("qwen3.5-35b-a3b"))
+    m = build_model(cfg, max_batch=2, max_context=32, seed=1)
+    tokens = torch.randint(0, cfg.vocab, (2, 6), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        once = m(tokens, 0)
+        again = m(tokens, 0)
+        head, tail = m(tokens[:, :4], 0), m(tokens[:, 4:], 4)
+    torch.testing.assert_close(again, once)
+    torch.testing.assert_close(torch.cat((head, tail), 1), once, rtol=1e-4, atol=1e-5)
+    assert m.layers[0].attn.state_cache.dtype == torch.float32  # Qwen3.5's mamba_ssm_dtype, whatever the weights'
+
+
+def test_what_cannot_take_a_recurrent_state_says_so():
+    cfg = scaled_down(get_preset("qwen3.5-35b-a3b"))
+    m = build_model(cfg, max_batch=1, max_context=16)
+    with pytest.raises(ConfigError, match="cannot be rolled back"):
+        SpecEngine(m)
+    with pytest.raises(ConfigError, match="not sharded here"):
+        shard(m, Layout(tp=2), 0)
 
 
 def test_a_hybrid_needs_its_gated_deltanet_shapes_and_no_mla():

@@ -47,12 +47,13 @@ from roofline.model.quant import QuantExperts, QuantLinear, expand_scale, kernel
 from roofline.io import files
 from roofline.io.fields import ConfigError
 from roofline.model.config import ModelConfig, RopeScaling
-from roofline.model.decoder import MOE_IMPLS, Transformer
+from roofline.model.decoder import MOE_IMPLS, RMSNorm, Transformer, keep_state_dtypes
 from roofline.model.rope import rope_table
 
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
                  "MistralForCausalLM", "MixtralForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeForCausalLM",
-                 "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM", "MiniMaxM2ForCausalLM")
+                 "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM", "MiniMaxM2ForCausalLM", "Qwen3NextForCausalLM")
+ZERO_CENTRED_NORMS = ("Qwen3NextForCausalLM",)  # RMSNorms that scale by (1 + w): loaded as w + 1
 MLA_ARCHITECTURES = ("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")  # MLA + DeepSeek MoE
 SPARSE_ARCHITECTURES = ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")  # + DeepSeek Sparse Attention's indexer
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
@@ -166,6 +167,24 @@ def _config_from_hf(raw: Mapping[str, Any], name: str = "") -> ModelConfig:
                   moe_ffn=raw["intermediate_size"], ffn=0, router_scoring="sigmoid", norm_topk=True,
                   qk_norm=bool(raw.get("use_qk_norm", True)))
         kw["qk_norm_type"] = "per_layer" if kw["qk_norm"] else "per_head"
+    if arch == "Qwen3NextForCausalLM":  # Gated DeltaNet layers, 3 to every full (gated) attention layer; MoE with a
+        kinds = raw.get("layer_types") or []  # gated shared expert in every layer
+        every = raw.get("full_attention_interval") or (kinds.index("full_attention") + 1 if kinds else 4)
+        if kinds and kinds != ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(len(kinds))]:
+            raise ConfigError(f"config.json layer_types ({arch}): only every {every}-th layer full attention is modelled")
+        _require(raw, arch, "decoder_sparse_step", (1,), 1)
+        if raw.get("mlp_only_layers"):
+            raise ConfigError(f"config.json mlp_only_layers ({arch}): not modelled")
+        if raw["shared_expert_intermediate_size"] != raw["moe_intermediate_size"]:
+            raise ConfigError(f"config.json shared_expert_intermediate_size ({arch}): modelled equal to "
+                              "moe_intermediate_size")
+        kw.update(full_attention_interval=every, linear_k_heads=raw["linear_num_key_heads"],
+                  linear_v_heads=raw["linear_num_value_heads"], linear_k_dim=raw["linear_key_head_dim"],
+                  linear_v_dim=raw["linear_value_head_dim"], linear_conv_kernel=raw["linear_conv_kernel_dim"],
+                  linear_state_dtype=raw.get("mamba_ssm_dtype") or "", attn_output_gate=True, qk_norm=True,
+                  experts=raw["num_experts"], experts_per_token=raw["num_experts_per_tok"],
+                  moe_ffn=raw["moe_intermediate_size"], shared_experts=1, shared_expert_gate=True, ffn=0,
+                  router_scoring="softmax", norm_topk=bool(raw.get("norm_topk_prob", True)), mtp_layers=0)
     if arch == "MixtralForCausalLM":  # softmax, top-k, renormalised; each expert is intermediate_size wide
         kw.update(experts=raw["num_local_experts"], experts_per_token=raw["num_experts_per_tok"],
                   moe_ffn=raw["intermediate_size"], router_scoring="softmax", norm_topk=True)
@@ -298,7 +317,30 @@ class Entry:
     copies: tuple[Copy, ...]
 
 
-def _block_plan(cfg: ModelConfig, hf: str, ours: str, moe: bool, shapes: dict, keys: set) -> dict[str, Entry]:
+def _linear_attention_plan(cfg: ModelConfig, hf: str, ours: str, plan: dict, whole) -> None:
+    """Qwen3-Next's `linear_attn` -> our GatedDeltaNet: in_proj_qkvz stores each k-head group's [q, k, v, z] rows
+    together and in_proj_ba each group's [b, a]; ours hold all heads' q, then k, v, z (and b, then a)."""
+    nk, nv, dk, dv = cfg.linear_k_heads, cfg.linear_v_heads, cfg.linear_k_dim, cfg.linear_v_dim
+    r, la = nv // nk, f"{hf}.linear_attn"
+    per, qkvz, ba = 2 * dk + 2 * r * dv, f"{ours}.attn.in_proj_qkvz.weight", f"{ours}.attn.in_proj_ba.weight"
+    starts = (0, nk * dk, 2 * nk * dk, 2 * nk * dk + nv * dv)  # ours: q, k, v, z
+    widths = (dk, dk, r * dv, r * dv)
+    copies = []
+    for g in range(nk):
+        src = g * per
+        for start, width in zip(starts, widths):
+            copies.append(Copy(qkvz, (slice(start + g * width, start + (g + 1) * width),), (slice(src, src + width),)))
+            src += width
+    plan[f"{la}.in_proj_qkvz.weight"] = Entry((nk * per, cfg.d), tuple(copies))
+    plan[f"{la}.in_proj_ba.weight"] = Entry((2 * nv, cfg.d), tuple(
+        Copy(ba, (slice(part * nv + g * r, part * nv + (g + 1) * r),), (slice(2 * g * r + part * r, 2 * g * r + (part + 1) * r),))
+        for g in range(nk) for part in (0, 1)))
+    for name in ("conv1d.weight", "dt_bias", "A_log", "norm.weight", "out_proj.weight"):
+        whole(f"linear_attn.{name}", f"attn.{name}")
+
+
+def _block_plan(cfg: ModelConfig, hf: str, ours: str, moe: bool, shapes: dict, keys: set,
+                linear: bool = False) -> dict[str, Entry]:
     """HF tensors of one decoder block (prefix `hf`, e.g. model.layers.3) -> our block `ours`."""
     plan: dict[str, Entry] = {}
 
@@ -308,7 +350,9 @@ def _block_plan(cfg: ModelConfig, hf: str, ours: str, moe: bool, shapes: dict, k
     whole("input_layernorm.weight", "attn_norm.weight")
     whole("post_attention_layernorm.weight", "ffn_norm.weight")
     a = "self_attn"
-    if cfg.is_mla:
+    if linear:
+        _linear_attention_plan(cfg, hf, ours, plan, whole)
+    elif cfg.is_mla:
         if cfg.q_lora_rank:
             whole(f"{a}.q_a_proj.weight", "attn.q_a.weight")
             whole(f"{a}.q_a_layernorm.weight", "attn.q_a_norm.weight")
@@ -324,7 +368,8 @@ def _block_plan(cfg: ModelConfig, hf: str, ours: str, moe: bool, shapes: dict, k
                          ("weights_proj.weight", "idx_weights.weight")):
                 whole(f"{a}.indexer.{h}", f"attn.{o}")
     else:
-        rows = [cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim]
+        q_rows = cfg.heads * cfg.head_dim * (2 if cfg.attn_output_gate else 1)  # + each head's gate rows
+        rows = [q_rows, cfg.kv_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim]
         start = 0
         for proj, n in zip(("q_proj", "k_proj", "v_proj"), rows):
             for kind in ("weight", "bias") if cfg.qkv_bias else ("weight",):
@@ -334,7 +379,8 @@ def _block_plan(cfg: ModelConfig, hf: str, ours: str, moe: bool, shapes: dict, k
         if cfg.qk_norm:
             whole(f"{a}.q_norm.weight", "attn.q_norm.weight")
             whole(f"{a}.k_norm.weight", "attn.k_norm.weight")
-    whole(f"{a}.o_proj.weight", "attn.wo.weight")
+    if not linear:
+        whole(f"{a}.o_proj.weight", "attn.wo.weight")
     if not moe:
         for h, o in (("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")):
             whole(f"mlp.{h}.weight", f"ffn.{o}.weight")
@@ -357,9 +403,12 @@ def _block_plan(cfg: ModelConfig, hf: str, ours: str, moe: bool, shapes: dict, k
         for e in range(E):
             for h, o in names:
                 plan[f"{hf}.{m}.experts.{e}.{h}.weight"] = Entry(shapes[xp(o)][1:], (Copy(xp(o), (e,)),))
-    if cfg.shared_experts:
+    if cfg.shared_experts:  # DeepSeek's shared_experts, Qwen3-Next's shared_expert (+ its gate)
+        sh = "shared_expert" if f"{hf}.{m}.shared_expert.gate_proj.weight" in keys else "shared_experts"
         for h, o in (("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")):
-            whole(f"{m}.shared_experts.{h}.weight", f"ffn.shared.{o}.weight")
+            whole(f"{m}.{sh}.{h}.weight", f"ffn.shared.{o}.weight")
+        if cfg.shared_expert_gate:
+            whole(f"{m}.shared_expert_gate.weight", "ffn.shared_gate.weight")
     return plan
 
 
@@ -383,7 +432,8 @@ def load_plan(cfg: ModelConfig, keys: set, shapes: dict, layers_stored: int) -> 
     if not cfg.tie_embeddings:
         whole("lm_head.weight", "lm_head.weight")
     for i in range(cfg.layers):
-        plan.update(_block_plan(cfg, f"model.layers.{i}", f"layers.{i}", cfg.layer_is_moe(i), shapes, keys))
+        plan.update(_block_plan(cfg, f"model.layers.{i}", f"layers.{i}", cfg.layer_is_moe(i), shapes, keys,
+                                cfg.layer_is_linear(i)))
     dups: dict[str, str] = {}
     if cfg.tie_embeddings and "lm_head.weight" in keys:  # some tied checkpoints store the head anyway
         dups["lm_head.weight"] = "embed"
@@ -512,7 +562,8 @@ def load_checkpoint(folder: str | Path, *, dtype: str | torch.dtype = "bfloat16"
     cfg = full if layers is None else full.scaled(layers=layers)
     max_context = max_context or cfg.max_context
     with torch.device("meta"):
-        meta = Transformer(cfg, max_batch, max_context, moe_impl).to(dtype=torch_dtype(dtype))
+        meta = keep_state_dtypes(Transformer(cfg, max_batch, max_context, moe_impl).to(dtype=torch_dtype(dtype)),
+                                 torch_dtype(dtype))
     fmt = parse_format(cfg.native_weights) if cfg.native_weights else None
     if fmt is not None:  # storage for the checkpoint's fp8 tensors, filled as they are
         store_quantized(meta, fmt, reference=kernel_for(fmt, device) is None)
@@ -556,6 +607,10 @@ def load_checkpoint(folder: str | Path, *, dtype: str | torch.dtype = "bfloat16"
                     for c in plan[k].copies if k in plan else ():
                         params[c.ours].data[c.dst].copy_(t[c.src])
                     del t
+        if (read_config(folder).get("architectures") or [""])[0] in ZERO_CENTRED_NORMS:  # (1 + w) -> w
+            for mod in model.modules():
+                if isinstance(mod, RMSNorm):
+                    mod.weight.add_(1.0)
     for k, what in dups.items():
         if digests[k] != digests[_main_name(what, cfg)]:
             warnings.warn(f"checkpoint tensor {k!r} differs from the main model's {_main_name(what, cfg)!r}: "

@@ -187,7 +187,8 @@ class GQAttention(nn.Module):
         super().__init__()
         self.cfg = cfg
         h, hkv, dh = cfg.heads, cfg.kv_heads, cfg.head_dim
-        self.wqkv = nn.Linear(cfg.d, (h + 2 * hkv) * dh, bias=cfg.qkv_bias)
+        gate = h if cfg.attn_output_gate else 0  # q_proj's per-head gate rows (Qwen3.5: [query, gate] a head)
+        self.wqkv = nn.Linear(cfg.d, (h + gate + 2 * hkv) * dh, bias=cfg.qkv_bias)
         self.wo = nn.Linear(h * dh, cfg.d, bias=False)
         if cfg.qk_norm:
             whole = cfg.qk_norm_type == "per_layer"  # one RMS over all heads (MiniMax-M2), else each head's
@@ -202,8 +203,13 @@ class GQAttention(nn.Module):
         B, q, _ = x.shape
         h, hkv, dh = cfg.heads, cfg.kv_heads, cfg.head_dim
         qkv = self.wqkv(x)
-        xq, xk, xv = qkv.split([h * dh, hkv * dh, hkv * dh], dim=-1)
-        xq, xk, xv = xq.view(B, q, h, dh), xk.view(B, q, hkv, dh), xv.view(B, q, hkv, dh)
+        gated = cfg.attn_output_gate
+        xq, xk, xv = qkv.split([h * dh * (2 if gated else 1), hkv * dh, hkv * dh], dim=-1)
+        gate = None
+        if gated:  # each head's rows: its query, then its gate
+            xq, gate = xq.view(B, q, h, 2 * dh).chunk(2, dim=-1)
+            gate = gate.reshape(B, q, h * dh)
+        xq, xk, xv = xq.reshape(B, q, h, dh), xk.view(B, q, hkv, dh), xv.view(B, q, hkv, dh)
         if cfg.qk_norm:
             xq, xk = self.norm_qk(xq, xk)
         xq = apply_rope(xq, cos, sin, cfg.rope_interleave)
@@ -212,8 +218,10 @@ class GQAttention(nn.Module):
         v = kvcache.update(self, "v_cache", pos, xv, B, kv_len)
         if mask is _MASK_FROM_POSITIONS:
             mask = attention_mask(start_pos, q, kv_len, x.device)
-        o = attend(xq.transpose(1, 2), k, v, mask, cpu_decode=self.cpu_decode)
-        return self.wo(o.transpose(1, 2).reshape(B, q, h * dh))
+        o = attend(xq.transpose(1, 2), k, v, mask, cpu_decode=self.cpu_decode).transpose(1, 2).reshape(B, q, h * dh)
+        if gate is not None:
+            o = o * torch.sigmoid(gate)
+        return self.wo(o)
 
     def norm_qk(self, xq: torch.Tensor, xk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """QK-norm of xq [B, q, h, dh] and xk [B, q, h_kv, dh]: each head's vector (per_head), or every head's at
@@ -314,6 +322,85 @@ class MLAttention(nn.Module):
         return torch.einsum("bhqk,bqkr->bhqr", p.to(rows.dtype), rows[..., :r])
 
 
+class GatedRMSNorm(nn.Module):
+    """RMSNorm of x times silu(gate) (a Gated DeltaNet's output norm): x / rms(x) * w in x's dtype, then times
+    silu(gate) in float32 (transformers' Qwen3NextRMSNormGated)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        y = self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return (y * F.silu(gate.float())).to(x.dtype)
+
+
+class GatedDeltaNet(nn.Module):
+    """A Gated DeltaNet layer (linear attention; Qwen3-Next's and Qwen3.5's `linear_attn`). Its memory is not a
+    cache of positions but, per sequence, the last kernel - 1 inputs of a causal depthwise conv over q, k, v
+    (`conv_cache`) and a recurrent state S [v_heads, dk, dv] (`state_cache`, in linear_state_dtype). Each token:
+    q, k, v from the conv (SiLU), q and k L2-normalised (q also by sqrt(dk)), beta = sigmoid(b), a decay
+    g = -exp(A_log) softplus(a + dt_bias); S <- S e^g; S <- S + k (beta (v - S^T k))^T; out = S^T q; then the
+    gated RMSNorm with z and out_proj. Projections in a canonical order: in_proj_qkvz rows [q; k; v; z] (all heads
+    of each), in_proj_ba rows [b; a] (the loader maps a checkpoint's own layout onto it). A sequence called at
+    position 0 starts from a zero state; later calls continue it, so each position must be fed once, in order."""
+    CACHE_NAMES = ()  # no positions: its state is not read by position (roofline.model.kvcache leaves it)
+
+    def __init__(self, cfg: ModelConfig, max_batch: int, max_context: int):
+        super().__init__()
+        self.cfg = cfg
+        nk, nv, dk, dv = cfg.linear_k_heads, cfg.linear_v_heads, cfg.linear_k_dim, cfg.linear_v_dim
+        conv = cfg.linear_conv_dim
+        self.in_proj_qkvz = nn.Linear(cfg.d, 2 * nk * dk + 2 * nv * dv, bias=False)
+        self.in_proj_ba = nn.Linear(cfg.d, 2 * nv, bias=False)
+        self.conv1d = nn.Conv1d(conv, conv, cfg.linear_conv_kernel, groups=conv, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(nv))
+        self.A_log = nn.Parameter(torch.zeros(nv))
+        self.norm = GatedRMSNorm(dv, cfg.norm_eps)
+        self.out_proj = nn.Linear(nv * dv, cfg.d, bias=False)
+        self.register_buffer("conv_cache", torch.zeros(max_batch, conv, cfg.linear_conv_kernel - 1), persistent=False)
+        self.register_buffer("state_cache", torch.zeros(max_batch, nv, dk, dv), persistent=False)
+
+    def state_dtype(self, act: torch.dtype) -> torch.dtype:
+        return getattr(torch, self.cfg.linear_state_dtype) if self.cfg.linear_state_dtype else act
+
+    def forward(self, x, cos, sin, start_pos, pos, kv_len, mask=None):
+        cfg = self.cfg
+        B, q, _ = x.shape
+        nk, nv, dk, dv = cfg.linear_k_heads, cfg.linear_v_heads, cfg.linear_k_dim, cfg.linear_v_dim
+        fresh = (start_pos == 0) if isinstance(start_pos, torch.Tensor) else torch.full((B,), start_pos == 0,
+                                                                                         device=x.device)
+        keep = (~fresh).to(self.state_cache.dtype)
+        conv_state = self.conv_cache[:B] * keep[:, None, None].to(self.conv_cache.dtype)
+        state = self.state_cache[:B].float() * keep[:, None, None, None].float()
+        qkvz = self.in_proj_qkvz(x)
+        mixed, z = qkvz.split([2 * nk * dk + nv * dv, nv * dv], dim=-1)
+        b, a = self.in_proj_ba(x).split([nv, nv], dim=-1)
+        seq = torch.cat((conv_state.to(mixed.dtype), mixed.transpose(1, 2)), dim=-1)  # [B, conv, k - 1 + q]
+        self.conv_cache[:B] = seq[..., -(cfg.linear_conv_kernel - 1):].to(self.conv_cache.dtype)
+        mixed = F.silu(F.conv1d(seq, self.conv1d.weight, groups=seq.shape[1])).transpose(1, 2)  # [B, q, conv]
+        qh, kh, vh = mixed.split([nk * dk, nk * dk, nv * dv], dim=-1)
+        rep = nv // nk
+        qh = qh.reshape(B, q, nk, dk).float().repeat_interleave(rep, dim=2)
+        kh = kh.reshape(B, q, nk, dk).float().repeat_interleave(rep, dim=2)
+        vh = vh.reshape(B, q, nv, dv).float()
+        qh = qh * torch.rsqrt((qh * qh).sum(-1, keepdim=True) + 1e-6) / dk ** 0.5
+        kh = kh * torch.rsqrt((kh * kh).sum(-1, keepdim=True) + 1e-6)
+        beta = torch.sigmoid(b.float())
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        out = torch.empty(B, q, nv, dv, device=x.device)
+        for t in range(q):  # the recurrence, a token at a time
+            state = state * g[:, t].exp()[..., None, None]
+            mem = (state * kh[:, t, :, :, None]).sum(-2)  # S^T k: [B, nv, dv]
+            state = state + kh[:, t, :, :, None] * ((vh[:, t] - mem) * beta[:, t, :, None])[:, :, None, :]
+            out[:, t] = (state * qh[:, t, :, :, None]).sum(-2)
+        self.state_cache[:B] = state.to(self.state_cache.dtype)
+        o = self.norm(out.to(x.dtype), z.reshape(B, q, nv, dv))
+        return self.out_proj(o.reshape(B, q, nv * dv))
+
+
 def attention_modules(model: nn.Module) -> list[nn.Module]:
     """Every attention module of `model` (main stack and MTP modules)."""
     return [m for m in model.modules() if isinstance(m, (GQAttention, MLAttention))]
@@ -342,6 +429,8 @@ class MoE(nn.Module):
         self.w3 = nn.Parameter(torch.empty(E, f, d))
         self.w2 = nn.Parameter(torch.empty(E, d, f))
         self.shared = SwiGLU(d, f * cfg.shared_experts) if cfg.shared_experts else None
+        if cfg.shared_expert_gate:  # the shared expert's output times sigmoid of [d -> 1] (Qwen2-MoE .. Qwen3.5)
+            self.shared_gate = nn.Linear(d, 1, bias=False)
         self._touched: int | torch.Tensor = 0  # an int, or the grouped path's per-expert counts
 
     @property
@@ -424,15 +513,19 @@ class MoE(nn.Module):
                 out.index_add_(0, tok, self.expert(e, x[tok]).float() * w[tok, slot, None])
         out = out.to(x.dtype)
         if self.shared is not None:
-            out = out + self.shared(x)
+            shared = self.shared(x)
+            if self.cfg.shared_expert_gate:
+                shared = torch.sigmoid(self.shared_gate(x)) * shared
+            out = out + shared
         return out.view(shape)
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, moe: bool, max_batch: int, max_context: int, moe_impl: str):
+    def __init__(self, cfg: ModelConfig, moe: bool, max_batch: int, max_context: int, moe_impl: str,
+                 linear: bool = False):
         super().__init__()
         self.attn_norm = RMSNorm(cfg.d, cfg.norm_eps)
-        attn = MLAttention if cfg.is_mla else GQAttention
+        attn = GatedDeltaNet if linear else MLAttention if cfg.is_mla else GQAttention
         self.attn = attn(cfg, max_batch, max_context)
         self.ffn_norm = RMSNorm(cfg.d, cfg.norm_eps)
         self.ffn = MoE(cfg, moe_impl) if moe else SwiGLU(cfg.d, cfg.ffn)
@@ -459,12 +552,6 @@ class MTPModule(nn.Module):
         self.norm = RMSNorm(cfg.d, cfg.norm_eps)
 
 
-def runs_here(cfg: ModelConfig) -> bool:
-    """Whether this decoder builds `cfg`: not a hybrid of Gated DeltaNet layers (Qwen3.5), a gated attention output
-    or a gated shared expert, which the byte model counts and the what-if prices."""
-    return not (cfg.full_attention_interval or cfg.attn_output_gate or cfg.shared_expert_gate)
-
-
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig, max_batch: int, max_context: int, moe_impl: str = "touched"):
         super().__init__()
@@ -474,10 +561,6 @@ class Transformer(nn.Module):
             raise ConfigError(f"max_context={max_context}: must be in 1..{cfg.max_context} (model.max_context)")
         if max_batch < 1:
             raise ConfigError(f"max_batch={max_batch}: must be >= 1")
-        if not runs_here(cfg):
-            raise ConfigError(f"model {cfg.name!r}: Gated DeltaNet (linear attention) layers, a gated attention output "
-                              "and a gated shared expert are priced by the what-if (roofline.parallel.whatif) and "
-                              "counted by the byte model, not run by this decoder")
         if cfg.local_span and max_context > cfg.local_span:
             kind = "a sliding window" if cfg.sliding_window else "chunks"
             raise ConfigError(f"max_context={max_context}: {cfg.name!r} attends {kind} of {cfg.local_span} tokens in some "
@@ -486,7 +569,8 @@ class Transformer(nn.Module):
         self.cfg, self.max_batch, self.max_context = cfg, max_batch, max_context
         self.embed = nn.Embedding(cfg.vocab, cfg.d)
         self.layers = nn.ModuleList(
-            Block(cfg, cfg.layer_is_moe(i), max_batch, max_context, moe_impl) for i in range(cfg.layers))
+            Block(cfg, cfg.layer_is_moe(i), max_batch, max_context, moe_impl, cfg.layer_is_linear(i))
+            for i in range(cfg.layers))
         self.norm = RMSNorm(cfg.d, cfg.norm_eps)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d, cfg.vocab, bias=False)
         self.mtp = nn.ModuleList(MTPModule(cfg, max_batch, max_context, moe_impl) for _ in range(cfg.mtp_layers))
@@ -538,7 +622,7 @@ class Transformer(nn.Module):
         DeepSeek-V3's MTP module as the target's hidden state), which an MTP module consumes.
         """
         pos, cos, sin, kv_len, mask = self._positions(tokens, start_pos, kv_len)
-        self.last_mask_bytes = mask_bytes(mask, len(self.layers))
+        self.last_mask_bytes = mask_bytes(mask, len(self.layers) - self.cfg.linear_layers)  # Gated DeltaNet: none
         x = self.embed(tokens)
         for layer in self.layers:
             x = layer(x, cos, sin, start_pos, pos, kv_len, mask)
@@ -610,6 +694,15 @@ def init_weights(model: Transformer, seed: int, std: float = 0.02) -> None:
                     del draw
 
 
+def keep_state_dtypes(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """After `model.to(dtype)`: each Gated DeltaNet's recurrent state back in its own dtype (Qwen3.5's config:
+    float32, whatever the weights')."""
+    for m in model.modules():
+        if isinstance(m, GatedDeltaNet):
+            m.state_cache = m.state_cache.to(m.state_dtype(dtype))
+    return model
+
+
 def build_model(cfg: ModelConfig, *, max_batch: int, max_context: int, dtype: torch.dtype = torch.float32,
                 device: str | torch.device = "cpu", seed: int = 0, moe_impl: str = "touched",
                 precision=None) -> Transformer:
@@ -624,7 +717,7 @@ def build_model(cfg: ModelConfig, *, max_batch: int, max_context: int, dtype: to
     """
     with torch.device("meta"):
         model = Transformer(cfg, max_batch, max_context, moe_impl)
-    model = model.to(dtype=dtype)
+    model = keep_state_dtypes(model.to(dtype=dtype), dtype)
     if torch.device(device).type != "meta":
         model = model.to_empty(device=device)
         model.reset_cache()

@@ -78,4 +78,7 @@ def scaled_down(cfg: ModelConfig, *, d: int = 64, layers: int = 3, vocab: int = 
                   qk_rope_dim=8, v_head_dim=16, head_dim=24, kv_heads=heads)
     if cfg.is_sparse:  # an indexer that selects: fewer keys than a test's contexts
         ch.update(index_topk=8, index_heads=2, index_head_dim=16)
+    if cfg.full_attention_interval:  # 3 Gated DeltaNet layers and one full-attention layer
+        ch.update(layers=min(cfg.layers, 4), full_attention_interval=min(cfg.full_attention_interval, 4),
+                  linear_k_heads=2, linear_v_heads=4, linear_k_dim=16, linear_v_dim=8)
     return cfg.scaled(**ch)

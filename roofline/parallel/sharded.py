@@ -256,6 +256,9 @@ def shard(model: Transformer, layout: Layout, rank: int) -> Transformer:
     """This rank's part of `model` (modified in place and returned); see the module docstring."""
     cfg = model.cfg
     layout.check(cfg, world=layout.tp)
+    if cfg.full_attention_interval:
+        raise ConfigError(f"model {cfg.name!r}: Gated DeltaNet layers are not sharded here (the what-if prices them "
+                          "split over tp)")
     if layout.pp != 1:
         raise ConfigError(f"layout.pp={layout.pp}: the sharded forward runs one stage (pp=1); pp is accounting only")
     if not 0 <= rank < layout.tp:

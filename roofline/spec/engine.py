@@ -172,6 +172,10 @@ class Phase:
 
 class SpecEngine:
     def __init__(self, target: Transformer, drafter: Drafter | None = None):
+        if target.cfg.full_attention_interval:
+            raise ConfigError(f"model {target.cfg.name!r}: its Gated DeltaNet layers keep a recurrent state that "
+                              "takes every token it is fed, so a rejected draft cannot be rolled back by position "
+                              "(engines checkpoint the state per draft token; this engine does not)")
         self.target, self.drafter = target, drafter
         self.device = target.embed.weight.device
 
