@@ -379,7 +379,8 @@ class GatedDeltaNet(nn.Module):
         mixed, z = qkvz.split([2 * nk * dk + nv * dv, nv * dv], dim=-1)
         b, a = self.in_proj_ba(x).split([nv, nv], dim=-1)
         seq = torch.cat((conv_state.to(mixed.dtype), mixed.transpose(1, 2)), dim=-1)  # [B, conv, k - 1 + q]
-        self.conv_cache[:B] = seq[..., -(cfg.linear_conv_kernel - 1):].to(self.conv_cache.dtype)
+        if cfg.linear_conv_kernel > 1:  # the last kernel - 1 inputs, for the next call
+            self.conv_cache[:B] = seq[..., seq.shape[-1] - (cfg.linear_conv_kernel - 1):].to(self.conv_cache.dtype)
         mixed = F.silu(F.conv1d(seq, self.conv1d.weight, groups=seq.shape[1])).transpose(1, 2)  # [B, q, conv]
         qh, kh, vh = mixed.split([nk * dk, nk * dk, nv * dv], dim=-1)
         rep = nv // nk
