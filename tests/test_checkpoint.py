@@ -241,6 +241,25 @@ HUB_CONFIGS = {  # the published config.json fields the preset YAMLs cite (older
         quantization_config=dict(quant_method="fp8", fmt="float8_e4m3fn", activation_scheme="dynamic",
                                  weight_block_size=[128, 128],
                                  modules_to_not_convert=["gate", "e_score_correction_bias", "lm_head"])),
+    # Qwen3.5 releases are multimodal: the language model's fields are text_config's
+    "qwen3.5-27b": dict(architectures=["Qwen3_5ForConditionalGeneration"], tie_word_embeddings=False, text_config=dict(
+        model_type="qwen3_5_text", vocab_size=248320, hidden_size=5120, num_hidden_layers=64, num_attention_heads=24,
+        num_key_value_heads=4, head_dim=256, attn_output_gate=True, attention_bias=False, full_attention_interval=4,
+        linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_num_key_heads=16, linear_num_value_heads=48,
+        linear_value_head_dim=128, max_position_embeddings=262144, mlp_only_layers=[], intermediate_size=17408,
+        rms_norm_eps=1e-06, mamba_ssm_dtype="float32", hidden_act="silu", mtp_num_hidden_layers=1,
+        rope_parameters=dict(mrope_interleaved=True, mrope_section=[11, 11, 10], rope_type="default",
+                             rope_theta=10000000, partial_rotary_factor=0.25))),
+    "qwen3.5-35b-a3b": dict(architectures=["Qwen3_5MoeForConditionalGeneration"], tie_word_embeddings=False,
+                            text_config=dict(
+        model_type="qwen3_5_moe_text", vocab_size=248320, hidden_size=2048, num_hidden_layers=40, num_attention_heads=16,
+        num_key_value_heads=2, head_dim=256, attn_output_gate=True, attention_bias=False, full_attention_interval=4,
+        linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_num_key_heads=16, linear_num_value_heads=32,
+        linear_value_head_dim=128, max_position_embeddings=262144, mlp_only_layers=[], moe_intermediate_size=512,
+        shared_expert_intermediate_size=512, num_experts=256, num_experts_per_tok=8, rms_norm_eps=1e-06,
+        mamba_ssm_dtype="float32", hidden_act="silu", mtp_num_hidden_layers=1,
+        rope_parameters=dict(mrope_interleaved=True, mrope_section=[11, 11, 10], rope_type="default",
+                             rope_theta=10000000, partial_rotary_factor=0.25))),
     "glm-4.5-air": dict(
         architectures=["Glm4MoeForCausalLM"], vocab_size=151552, hidden_size=4096, num_hidden_layers=46,
         num_attention_heads=96, num_key_value_heads=8, head_dim=128, partial_rotary_factor=0.5, attention_bias=True,

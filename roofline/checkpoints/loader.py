@@ -16,6 +16,11 @@ as model.layers.{num_hidden_layers + j}: enorm, hnorm, eh_proj, shared_head.norm
 decoder block; their shared_head.head and embed_tokens copies must equal the main model's LM
 head and embedding (checked by content hash, loaded once).
 
+Hybrid models (Qwen3-Next, Qwen3.5's language models): Gated DeltaNet projections mapped onto the decoder's
+order (Qwen3-Next stores each k-head group's q, k, v, z rows together), their RMSNorms, which scale by (1 + w),
+loaded as w + 1. A multimodal release's config (Qwen3.5) is read from its text_config; its checkpoint, with the
+vision encoder, is not loaded.
+
 Sliding-window models (Mistral v0.1, Qwen with use_sliding_window) get max_context = the
 window: within it, sliding-window attention is full causal attention, so the forward is exact.
 
@@ -52,8 +57,14 @@ from roofline.model.rope import rope_table
 
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
                  "MistralForCausalLM", "MixtralForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeForCausalLM",
-                 "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM", "MiniMaxM2ForCausalLM", "Qwen3NextForCausalLM")
-ZERO_CENTRED_NORMS = ("Qwen3NextForCausalLM",)  # RMSNorms that scale by (1 + w): loaded as w + 1
+                 "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM", "MiniMaxM2ForCausalLM", "Qwen3NextForCausalLM",
+                 "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
+HYBRID_ARCHITECTURES = ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")  # Gated DeltaNet
+ZERO_CENTRED_NORMS = HYBRID_ARCHITECTURES  # RMSNorms that scale by (1 + w): loaded as w + 1
+# multimodal releases whose language model is described by text_config (its config read; their checkpoints, which
+# hold the vision encoder too, are not loaded)
+TEXT_CONFIG_OF = {"Qwen3_5ForConditionalGeneration": "Qwen3_5ForCausalLM",
+                  "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeForCausalLM"}
 MLA_ARCHITECTURES = ("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")  # MLA + DeepSeek MoE
 SPARSE_ARCHITECTURES = ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")  # + DeepSeek Sparse Attention's indexer
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
@@ -119,6 +130,11 @@ def config_from_hf(raw: Mapping[str, Any], name: str = "") -> ModelConfig:
 
 def _config_from_hf(raw: Mapping[str, Any], name: str = "") -> ModelConfig:
     archs = raw.get("architectures") or []
+    if len(archs) == 1 and archs[0] in TEXT_CONFIG_OF:  # the language model of a multimodal release
+        raw = {"intermediate_size": 0, **raw["text_config"], "architectures": [TEXT_CONFIG_OF[archs[0]]],  # MoE: none
+               "tie_word_embeddings": raw.get("tie_word_embeddings", raw["text_config"].get("tie_word_embeddings")),
+               "quantization_config": raw.get("quantization_config")}
+        archs = raw["architectures"]
     arch = archs[0] if len(archs) == 1 else None
     if arch not in ARCHITECTURES:
         raise ConfigError(f"config.json architectures={archs!r}: allowed one of {list(ARCHITECTURES)}")
@@ -167,24 +183,26 @@ def _config_from_hf(raw: Mapping[str, Any], name: str = "") -> ModelConfig:
                   moe_ffn=raw["intermediate_size"], ffn=0, router_scoring="sigmoid", norm_topk=True,
                   qk_norm=bool(raw.get("use_qk_norm", True)))
         kw["qk_norm_type"] = "per_layer" if kw["qk_norm"] else "per_head"
-    if arch == "Qwen3NextForCausalLM":  # Gated DeltaNet layers, 3 to every full (gated) attention layer; MoE with a
-        kinds = raw.get("layer_types") or []  # gated shared expert in every layer
+    if arch in HYBRID_ARCHITECTURES:  # Gated DeltaNet layers, 3 to every full (gated) attention layer; MoE with a
+        kinds = raw.get("layer_types") or []  # gated shared expert in every layer (Qwen3.5 also dense)
         every = raw.get("full_attention_interval") or (kinds.index("full_attention") + 1 if kinds else 4)
         if kinds and kinds != ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(len(kinds))]:
             raise ConfigError(f"config.json layer_types ({arch}): only every {every}-th layer full attention is modelled")
         _require(raw, arch, "decoder_sparse_step", (1,), 1)
         if raw.get("mlp_only_layers"):
             raise ConfigError(f"config.json mlp_only_layers ({arch}): not modelled")
-        if raw["shared_expert_intermediate_size"] != raw["moe_intermediate_size"]:
-            raise ConfigError(f"config.json shared_expert_intermediate_size ({arch}): modelled equal to "
-                              "moe_intermediate_size")
         kw.update(full_attention_interval=every, linear_k_heads=raw["linear_num_key_heads"],
                   linear_v_heads=raw["linear_num_value_heads"], linear_k_dim=raw["linear_key_head_dim"],
                   linear_v_dim=raw["linear_value_head_dim"], linear_conv_kernel=raw["linear_conv_kernel_dim"],
-                  linear_state_dtype=raw.get("mamba_ssm_dtype") or "", attn_output_gate=True, qk_norm=True,
-                  experts=raw["num_experts"], experts_per_token=raw["num_experts_per_tok"],
-                  moe_ffn=raw["moe_intermediate_size"], shared_experts=1, shared_expert_gate=True, ffn=0,
-                  router_scoring="softmax", norm_topk=bool(raw.get("norm_topk_prob", True)), mtp_layers=0)
+                  linear_state_dtype=raw.get("mamba_ssm_dtype") or "", qk_norm=True, mtp_layers=0,
+                  attn_output_gate=bool(raw.get("attn_output_gate", True)))
+        if arch != "Qwen3_5ForCausalLM":  # the MoE ones
+            if raw["shared_expert_intermediate_size"] != raw["moe_intermediate_size"]:
+                raise ConfigError(f"config.json shared_expert_intermediate_size ({arch}): modelled equal to "
+                                  "moe_intermediate_size")
+            kw.update(experts=raw["num_experts"], experts_per_token=raw["num_experts_per_tok"],
+                      moe_ffn=raw["moe_intermediate_size"], shared_experts=1, shared_expert_gate=True, ffn=0,
+                      router_scoring="softmax", norm_topk=bool(raw.get("norm_topk_prob", True)))
     if arch == "MixtralForCausalLM":  # softmax, top-k, renormalised; each expert is intermediate_size wide
         kw.update(experts=raw["num_local_experts"], experts_per_token=raw["num_experts_per_tok"],
                   moe_ffn=raw["intermediate_size"], router_scoring="softmax", norm_topk=True)
@@ -317,12 +335,21 @@ class Entry:
     copies: tuple[Copy, ...]
 
 
-def _linear_attention_plan(cfg: ModelConfig, hf: str, ours: str, plan: dict, whole) -> None:
+def _linear_attention_plan(cfg: ModelConfig, hf: str, ours: str, plan: dict, whole, separate: bool) -> None:
     """Qwen3-Next's `linear_attn` -> our GatedDeltaNet: in_proj_qkvz stores each k-head group's [q, k, v, z] rows
-    together and in_proj_ba each group's [b, a]; ours hold all heads' q, then k, v, z (and b, then a)."""
+    together and in_proj_ba each group's [b, a]; ours hold all heads' q, then k, v, z (and b, then a). Qwen3.5's
+    (`separate`) keeps them in four projections in our order."""
     nk, nv, dk, dv = cfg.linear_k_heads, cfg.linear_v_heads, cfg.linear_k_dim, cfg.linear_v_dim
     r, la = nv // nk, f"{hf}.linear_attn"
     per, qkvz, ba = 2 * dk + 2 * r * dv, f"{ours}.attn.in_proj_qkvz.weight", f"{ours}.attn.in_proj_ba.weight"
+    for name in ("conv1d.weight", "dt_bias", "A_log", "norm.weight", "out_proj.weight"):
+        whole(f"linear_attn.{name}", f"attn.{name}")
+    if separate:  # Qwen3.5: in_proj_qkv [q; k; v], in_proj_z, in_proj_b, in_proj_a: our order already
+        qkv = 2 * nk * dk + nv * dv
+        for h, o, rows in (("in_proj_qkv", qkvz, slice(0, qkv)), ("in_proj_z", qkvz, slice(qkv, qkv + nv * dv)),
+                           ("in_proj_b", ba, slice(0, nv)), ("in_proj_a", ba, slice(nv, 2 * nv))):
+            plan[f"{la}.{h}.weight"] = Entry((rows.stop - rows.start, cfg.d), (Copy(o, (rows,)),))
+        return
     starts = (0, nk * dk, 2 * nk * dk, 2 * nk * dk + nv * dv)  # ours: q, k, v, z
     widths = (dk, dk, r * dv, r * dv)
     copies = []
@@ -335,8 +362,6 @@ def _linear_attention_plan(cfg: ModelConfig, hf: str, ours: str, plan: dict, who
     plan[f"{la}.in_proj_ba.weight"] = Entry((2 * nv, cfg.d), tuple(
         Copy(ba, (slice(part * nv + g * r, part * nv + (g + 1) * r),), (slice(2 * g * r + part * r, 2 * g * r + (part + 1) * r),))
         for g in range(nk) for part in (0, 1)))
-    for name in ("conv1d.weight", "dt_bias", "A_log", "norm.weight", "out_proj.weight"):
-        whole(f"linear_attn.{name}", f"attn.{name}")
 
 
 def _block_plan(cfg: ModelConfig, hf: str, ours: str, moe: bool, shapes: dict, keys: set,
@@ -351,7 +376,7 @@ def _block_plan(cfg: ModelConfig, hf: str, ours: str, moe: bool, shapes: dict, k
     whole("post_attention_layernorm.weight", "ffn_norm.weight")
     a = "self_attn"
     if linear:
-        _linear_attention_plan(cfg, hf, ours, plan, whole)
+        _linear_attention_plan(cfg, hf, ours, plan, whole, f"{hf}.linear_attn.in_proj_qkv.weight" in keys)
     elif cfg.is_mla:
         if cfg.q_lora_rank:
             whole(f"{a}.q_a_proj.weight", "attn.q_a.weight")
