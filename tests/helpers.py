@@ -186,6 +186,10 @@ BASE = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_lay
             num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False)
 MOE = dict(num_experts_per_tok=2, moe_intermediate_size=32)
 SIGMOID_MOE = dict(MOE, n_routed_experts=8, n_shared_experts=1, first_k_dense_replace=1, norm_topk_prob=True)
+# a hybrid's miniature: 3 Gated DeltaNet layers (2 k heads, 4 v heads) to one full-attention layer, partial RoPE
+GATED_DELTANET = dict(num_hidden_layers=4, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                      linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4, full_attention_interval=4,
+                      rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25))
 FAMILIES = {
     "llama": dict(rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
                                        high_freq_factor=4.0, original_max_position_embeddings=32)),
@@ -211,20 +215,11 @@ FAMILIES = {
     "minimax_m2": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32, head_dim=16,
                        rope_parameters=dict(rope_type="default", rope_theta=5000000.0, partial_rotary_factor=0.5)),
     # Qwen3-Next: three Gated DeltaNet layers to one gated full-attention layer, MoE with a gated shared expert
-    "qwen3_next": dict(MOE, num_hidden_layers=4, num_experts=8, shared_expert_intermediate_size=32, head_dim=16,
-                       norm_topk_prob=True, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-                       linear_value_head_dim=8, linear_conv_kernel_dim=4, full_attention_interval=4,
-                       rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25)),
+    "qwen3_next": dict(MOE, **GATED_DELTANET, num_experts=8, shared_expert_intermediate_size=32, norm_topk_prob=True),
     # Qwen3.5: the same layers, Gated DeltaNet projections in four (in_proj_qkv, z, b, a), the state in float32
-    "qwen3_5_moe_text": dict(MOE, num_hidden_layers=4, num_experts=8, shared_expert_intermediate_size=32, head_dim=16,
-                             linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-                             linear_value_head_dim=8, linear_conv_kernel_dim=4, full_attention_interval=4,
-                             attn_output_gate=True, mamba_ssm_dtype="float32",
-                             rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25)),
-    "qwen3_5_text": dict(num_hidden_layers=4, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-                         linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4,
-                         full_attention_interval=4, attn_output_gate=True, mamba_ssm_dtype="float32",
-                         rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25)),
+    "qwen3_5_moe_text": dict(MOE, **GATED_DELTANET, num_experts=8, shared_expert_intermediate_size=32,
+                             attn_output_gate=True, mamba_ssm_dtype="float32"),
+    "qwen3_5_text": dict(GATED_DELTANET, attn_output_gate=True, mamba_ssm_dtype="float32"),
     "glm4_moe": dict(SIGMOID_MOE, head_dim=16, attention_bias=True, use_qk_norm=True, n_group=1, topk_group=1,
                      num_nextn_predict_layers=1, routed_scaling_factor=1.5,
                      rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5)),

@@ -261,10 +261,10 @@ def shard_path(folder: Path, name: object, field_name: str = "checkpoint") -> Pa
     return folder / name
 
 
-def checkpoint_config(folder: str | Path) -> ModelConfig:
-    """The ModelConfig of a model folder, named after the folder."""
+def checkpoint_config(folder: str | Path, raw: Mapping[str, Any] | None = None) -> ModelConfig:
+    """The ModelConfig of a model folder, named after the folder (`raw`: its config.json, when already read)."""
     folder = Path(folder)
-    return config_from_hf(read_config(folder), name=folder.resolve().name)
+    return config_from_hf(read_config(folder) if raw is None else raw, name=folder.resolve().name)
 
 
 # ---- the tensors -------------------------------------------------------------------------------
@@ -581,7 +581,8 @@ def load_checkpoint(folder: str | Path, *, dtype: str | torch.dtype = "bfloat16"
     from safetensors import safe_open
     if moe_impl not in MOE_IMPLS:
         raise ConfigError(f"moe_impl={moe_impl!r}: allowed {MOE_IMPLS}")
-    full = checkpoint_config(folder)
+    raw = read_config(folder)
+    full = checkpoint_config(folder, raw)
     if layers is not None and not (isinstance(layers, int) and 1 <= layers <= full.layers):
         raise ConfigError(f"layers={layers!r}: allowed 1..{full.layers} (num_hidden_layers of the checkpoint)")
     cfg = full if layers is None else full.scaled(layers=layers)
@@ -632,7 +633,7 @@ def load_checkpoint(folder: str | Path, *, dtype: str | torch.dtype = "bfloat16"
                     for c in plan[k].copies if k in plan else ():
                         params[c.ours].data[c.dst].copy_(t[c.src])
                     del t
-        if (read_config(folder).get("architectures") or [""])[0] in ZERO_CENTRED_NORMS:  # (1 + w) -> w
+        if (raw.get("architectures") or [""])[0] in ZERO_CENTRED_NORMS:  # (1 + w) -> w
             for mod in model.modules():
                 if isinstance(mod, RMSNorm):
                     mod.weight.add_(1.0)

@@ -33,7 +33,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from roofline.io.fields import ConfigError
-from roofline.model.config import ModelConfig
+from roofline.model.config import ModelConfig, kind_counts
+from roofline.model.dtypes import dtype_bytes
 from roofline.model.formats import Precision, parse_precision
 from roofline.io.fields import ConfigError
 
@@ -222,7 +223,7 @@ def linear_state_layer_bytes(cfg: ModelConfig, act_bytes: int, v_heads: int | No
     if not cfg.full_attention_interval:
         return 0
     nv = cfg.linear_v_heads if v_heads is None else v_heads
-    sb = {"float32": 4, "bfloat16": 2, "float16": 2}.get(cfg.linear_state_dtype, act_bytes)
+    sb = dtype_bytes(cfg.linear_state_dtype) if cfg.linear_state_dtype else act_bytes
     conv = cfg.linear_conv_dim * nv // cfg.linear_v_heads * (cfg.linear_conv_kernel - 1)
     return nv * cfg.linear_k_dim * cfg.linear_v_dim * sb + conv * act_bytes
 
@@ -441,9 +442,7 @@ def _stack_cost(cfg: ModelConfig, kinds: dict[tuple[bool, bool], int], B: int, q
     """Shared by the main forward and an MTP module (a one-block stack); kinds: {(MoE, linear attention): blocks}."""
     N = B * q
     b = prec.act_bytes
-    layers = sum(kinds.values())
-    n_moe = sum(n for (moe, _), n in kinds.items() if moe)
-    n_lin = sum(n for (_, lin), n in kinds.items() if lin)
+    layers, n_moe, n_lin = kind_counts(kinds)
     touched = experts_touched(cfg, N, moe_impl) if touched is None else touched
     n_dense = layers - n_moe
     dense_b = sum(n * block_weight_bytes(cfg, moe, prec, lin) for (moe, lin), n in kinds.items())

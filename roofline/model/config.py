@@ -12,11 +12,18 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from roofline.io.fields import ConfigError, check_number, from_dict
+from roofline.model.dtypes import MODEL_DTYPES
 
 ATTENTION_KINDS = ("gqa", "mla")
 ROPE_SCALING_KINDS = ("none", "llama3", "yarn", "linear")
 ROUTER_SCORING = ("softmax", "sigmoid")
 QK_NORM_TYPES = ("per_head", "per_layer")
+
+
+def kind_counts(kinds: dict[tuple[bool, bool], int]) -> tuple[int, int, int]:
+    """(blocks, MoE blocks, Gated DeltaNet blocks) of a {(MoE, linear attention): count} (ModelConfig.layer_kinds)."""
+    return (sum(kinds.values()), sum(c for (moe, _), c in kinds.items() if moe),
+            sum(c for (_, lin), c in kinds.items() if lin))
 
 
 @dataclass(frozen=True)
@@ -152,8 +159,9 @@ class ModelConfig:
 
     @property
     def linear_layers(self) -> int:
-        """Gated DeltaNet layers of the main stack (0 without hybrid attention)."""
-        return sum(self.layer_is_linear(i) for i in range(self.layers))
+        """Gated DeltaNet layers of the main stack (0 without hybrid attention): all but every interval-th."""
+        k = self.full_attention_interval
+        return self.layers - self.layers // k if k else 0
 
     @property
     def full_share(self) -> float:
@@ -328,9 +336,9 @@ class ModelConfig:
             if self.is_mla or self.local_span or self.is_sparse or self.mtp_layers:
                 raise ConfigError("model.full_attention_interval with MLA, local or sparse attention or MTP modules: "
                                   "not modelled together")
-        if self.linear_state_dtype not in ("", "float32", "bfloat16", "float16"):
-            raise ConfigError(f"model.linear_state_dtype={self.linear_state_dtype!r}: allowed '', float32, bfloat16, "
-                              "float16")
+        if self.linear_state_dtype not in ("",) + MODEL_DTYPES:
+            raise ConfigError(f"model.linear_state_dtype={self.linear_state_dtype!r}: allowed '' (the activations') or "
+                              f"{MODEL_DTYPES}")
         if self.shared_expert_gate and not self.shared_experts:
             raise ConfigError("model.shared_expert_gate: needs shared_experts >= 1")
         if self.is_moe:

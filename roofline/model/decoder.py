@@ -37,6 +37,7 @@ from torch import nn
 
 from roofline.model import kvcache
 from roofline.model.config import ModelConfig
+from roofline.model.dtypes import torch_dtype
 from roofline.model.rope import apply_rope, rope_table, yarn_softmax_scale
 from roofline.io.fields import ConfigError
 
@@ -364,7 +365,7 @@ class GatedDeltaNet(nn.Module):
         self.register_buffer("state_cache", torch.zeros(max_batch, nv, dk, dv), persistent=False)
 
     def state_dtype(self, act: torch.dtype) -> torch.dtype:
-        return getattr(torch, self.cfg.linear_state_dtype) if self.cfg.linear_state_dtype else act
+        return torch_dtype(self.cfg.linear_state_dtype) if self.cfg.linear_state_dtype else act
 
     def forward(self, x, cos, sin, start_pos, pos, kv_len, mask=None):
         cfg = self.cfg

@@ -34,7 +34,7 @@ from roofline.model.accounting import add_mtp_own_cost, block_weight_bytes, expe
 from roofline.model.accounting import (kv_cache_tensors_per_layer, kv_split_token_bytes, linear_flops_per_token,
                                        linear_state_layer_bytes, mixer_params)
 from roofline.model.formats import Precision, parse_precision
-from roofline.model.config import ModelConfig
+from roofline.model.config import ModelConfig, kind_counts
 from roofline.parallel.layout import Layout, experts_touched_busiest_rank, local_shapes
 
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
@@ -153,14 +153,14 @@ def memory_per_rank(cfg: ModelConfig, layout: Layout, dtype: str, batch: int, to
     engine's pool holds for windowed layers (ModelConfig.pool_positions)."""
     prec = parse_precision(dtype)
     a, s = prec.act_bytes, local_shapes(cfg, layout)
-    n, n_moe = _stage_layers(cfg, layout)
     kinds = stage_kinds(cfg, layout)
+    n, _, n_lin = kind_counts(kinds)
     blocks = n + (cfg.mtp_layers if with_mtp else 0)
     seqs = math.ceil(batch / layout.batch_split)
     # (per-layer KV scales: bytes, left out); a windowed layer as the engine's pool holds it (window, full, a share);
     # a Gated DeltaNet layer its state, whatever the length
     kv = seqs * blocks * kv_token_bytes_rank(cfg, layout, prec) * cfg.pool_positions(tokens_per_seq, pool_rule)
-    kv += seqs * sum(n for (_, lin), n in kinds.items() if lin) * linear_state_rank_bytes(cfg, layout, prec)
+    kv += seqs * n_lin * linear_state_rank_bytes(cfg, layout, prec)
 
     def block(moe: bool, linear: bool = False) -> float:
         fixed, one = rank_block_bytes(cfg, layout, moe, prec, linear)
@@ -228,9 +228,7 @@ def parse_collectives(text: str) -> tuple[Collective, ...]:
 
 
 def _blocks_cost(cfg, layout, kinds, B, q, L, kv_len, prec: Precision, moe_impl, touched):
-    n = sum(kinds.values())
-    n_moe = sum(c for (moe, _), c in kinds.items() if moe)
-    n_lin = sum(c for (_, lin), c in kinds.items() if lin)
+    n, n_moe, n_lin = kind_counts(kinds)
     s = local_shapes(cfg, layout)
     b = prec.act_bytes  # activations: collectives, embedding rows
     Br = math.ceil(B / layout.batch_split)

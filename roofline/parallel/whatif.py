@@ -50,7 +50,7 @@ from roofline.measure.devices import Datasheet
 from roofline.measure.memory import HEADROOM
 from roofline.model.accounting import (block_matrices, block_weight_bytes, expert_bytes, expert_pair_io_bytes,
                                        linear_flops_per_token)
-from roofline.model.config import ModelConfig
+from roofline.model.config import ModelConfig, kind_counts
 from roofline.model.dtypes import lookup as lookup_dtype
 from roofline.model.formats import Precision, activation_dtype, compute_dtype, parse_precision
 from roofline.parallel import engines as engines_mod
@@ -256,9 +256,8 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     if eng.fp16_accumulate and compute_dtype(prec.label) == "float16":  # the engine's fp16 GEMMs accumulate in fp16
         f *= K.fp16_accumulate_speedup(kern, device.key)
     a, s = prec.act_bytes, local_shapes(cfg, layout)
-    n, n_moe = (1, int(cfg.is_moe)) if mtp else _stage_layers(cfg, layout)
     kinds = {(cfg.is_moe, False): 1} if mtp else stage_kinds(cfg, layout)
-    n_lin = sum(c for (_, lin), c in kinds.items() if lin)
+    n, n_moe, n_lin = kind_counts(kinds)
     split = layout.batch_split
     Br = math.ceil(p.B / split)
     Nr = Br * p.q + math.ceil(p.prefill / split)  # tokens through this rank's attention / dense layers
