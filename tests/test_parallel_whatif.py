@@ -742,20 +742,22 @@ def test_sglang_0_4_is_sglang_with_the_triton_block_fp8_experts_of_early_2025(mo
 
 
 def test_vllm_v0_rocm_is_vllm_v0_with_the_host_time_of_the_rocm_build():
-    """AMD's rocm/vllm-dev containers (vLLM V0, 'Cython to reduce host overhead') pay a fixed host time per step and
-    a small one per sequence, fitted to the one V0 batch sweep of the calibration split (1.17 ms + 58 us a
-    sequence); upstream V0 (vllm-v0) pays 220 us a sequence. Nothing else differs. The anchors whose source states a
-    rocm/vllm-dev image (on an AMD device) take the profile, and only those."""
+    """AMD's rocm/vllm-dev containers (vLLM V0, 'Cython to reduce host overhead') pay a fixed host time per step
+    (1.17 ms), fitted to the one V0 batch sweep of the calibration split, and no host time per sequence: the sweep's
+    slope (58 us a sequence) is the CDNA3 device's, paid by every engine on it (kernels.yaml arch_overrides.cdna3
+    step_us_per_seq); upstream V0 (vllm-v0) pays 220 us a sequence of host time. Nothing else differs. The anchors
+    whose source states a rocm/vllm-dev image (on an AMD device) take the profile, and only those."""
     import dataclasses
     rocm, up = engines.profile("vllm-v0-rocm", 1), engines.profile("vllm-v0", 1)
     diff = {f.name for f in dataclasses.fields(rocm) if getattr(rocm, f.name) != getattr(up, f.name)}
     assert diff == {"name", "step_overhead_s", "step_overhead_per_seq_s"}
-    assert (rocm.step_overhead_s, rocm.step_overhead_per_seq_s) == pytest.approx((1.17e-3, 58e-6))
+    assert (rocm.step_overhead_s, rocm.step_overhead_per_seq_s) == pytest.approx((1.17e-3, 0.0))
     w = WhatIf(get_preset("llama-3.1-70b"), get_datasheet("mi300x"), "float16+weights=fp8_e4m3", Layout(tp=8),
                Setting(bands=()))
-    host = {e: w.pass_detail(Pass(128, 1, 1100), 1, e)["terms"]["step_overhead"] for e in ("vllm-v0-rocm", "vllm-v0")}
-    assert host["vllm-v0-rocm"] == pytest.approx(1.17e-3 + 128 * 58e-6)  # 128 running sequences, no prefill
-    assert host["vllm-v0"] > 3 * host["vllm-v0-rocm"]
+    terms = {e: w.pass_detail(Pass(128, 1, 1100), 1, e)["terms"] for e in ("vllm-v0-rocm", "vllm-v0")}
+    assert terms["vllm-v0-rocm"]["step_overhead"] == pytest.approx(1.17e-3)
+    assert terms["vllm-v0-rocm"]["per_seq"] == terms["vllm-v0"]["per_seq"] == pytest.approx(128 * 58e-6)
+    assert terms["vllm-v0"]["step_overhead"] > 20 * terms["vllm-v0-rocm"]["step_overhead"]
     _, sources, rows = anchors.load()
     for a in rows:
         if a["engine"] in ("vllm-v0", "vllm-v0-rocm"):
@@ -763,6 +765,34 @@ def test_vllm_v0_rocm_is_vllm_v0_with_the_host_time_of_the_rocm_build():
             stated = " ".join(str(src.get(k, "")) for k in ("engine_version", "date_or_version", "note"))
             amd_image = a["device"].startswith("mi3") and "rocm/vllm-dev" in stated
             assert (a["engine"] == "vllm-v0-rocm") == amd_image, a["id"]
+
+
+def test_cdna3_prices_a_cost_per_running_sequence_for_every_engine_and_nvidia_none():
+    """A decode step on CDNA3 (MI300X, MI325X; MI355X by transfer) costs 58 us (56-60) per sequence of the rank
+    beyond its bytes, FLOPs, launches and host time, under any engine (the slope vLLM V0 and V1 sweeps on MI300X
+    share); an NVIDIA part pays none. It is its own term, outside the engine's host time (a calibration's
+    kernels-only step keeps it), absent from an MTP module's pass, and counts the rank's sequences under DP
+    attention."""
+    from roofline.parallel import kernels as K
+    kern = K.load_kernels()
+    assert [K.step_seconds_per_seq(s, kern, "mi300x") for s in range(3)] == pytest.approx([56e-6, 58e-6, 60e-6])
+    assert K.step_seconds_per_seq(1, kern, "mi325x") == K.step_seconds_per_seq(1, kern, "mi355x") == pytest.approx(58e-6)
+    assert K.step_seconds_per_seq(1, kern, "h100_sxm") == 0.0
+    cfg = get_preset("llama-3.1-8b")
+    for eng in ("vllm", "sglang", "vllm-v0"):
+        amd = WhatIf(cfg, get_datasheet("mi300x"), "bfloat16", Layout(), Setting(bands=()))
+        nv = WhatIf(cfg, get_datasheet("h100_sxm"), "bfloat16", Layout(), Setting(bands=()))
+        one, many = (amd.pass_detail(Pass(B, 1, 1024), 1, eng)["terms"]["per_seq"] for B in (1, 64))
+        assert (one, many) == pytest.approx((58e-6, 64 * 58e-6))
+        assert nv.pass_detail(Pass(64, 1, 1024), 1, eng)["terms"]["per_seq"] == 0.0
+        chunk = amd.pass_detail(Pass(8, 1, 1024, 512, 256), 1, eng)["terms"]["per_seq"]
+        assert chunk == pytest.approx(9 * 58e-6)  # 8 decodes and the prompt whose chunk rides along
+    dsv3 = WhatIf(get_preset("deepseek-v3"), get_datasheet("mi300x"), "bfloat16+weights=fp8_b128",
+                  Layout(tp=8, ep=8, dp_attention=True), Setting(bands=()))
+    d = dsv3.pass_detail(Pass(64, 1, 1024), 1, "sglang")
+    assert d["terms"]["per_seq"] == pytest.approx(8 * 58e-6)  # 64 sequences over 8 attention ranks
+    assert dsv3.pass_detail(Pass(64, 1, 1024), 1, "sglang", mtp=True)["terms"]["per_seq"] == 0.0
+    assert d["seconds"] == pytest.approx(sum(d["terms"].values()))
 
 
 def test_an_unnamed_engine_spans_each_engine_once_and_a_release_variant_only_when_named(tmp_path):
@@ -1232,17 +1262,19 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran, their intervals widened by the
     conformal bands of the calibration anchors no prior cites (each source weighing one): bounds at the level
     measured when this test was last set plus a small margin, so a regression fails. All 94 test rows: median
-    |error| 20.6% (23.0% before an MLA prompt was priced as multi-head attention: one row crossed a gap in the sorted
-    errors), signed median +10.2% (too fast), 87% inside, median half-width 52.3% (45.1% before the ROCm blog's
-    page became a prior's source, vllm-v0-rocm, and its 32 rows left the bands); quantized 25.2% / +10.6%;
-    TP 30.7% / +9.8%; MoE 30.5% / +16.9% (29.5% / +19.1% before a routed pair's activation traffic was priced; 19.5% / +11.1% / 84% before a grouped GEMM's waves counted every
+    |error| 18.5% (20.6% before CDNA3's cost per running sequence moved one MI300X row across the median; 23.0%
+    before an MLA prompt was priced as multi-head attention: one row crossed a gap in the sorted
+    errors), signed median +10.2% (too fast), 88% inside, median half-width 52.1% (45.1% before the ROCm blog's
+    page became a prior's source, vllm-v0-rocm, and its 32 rows left the bands); quantized 23.0% / +10.6%;
+    TP 30.7% / +9.8%; MoE 29.9% / +16.9% (29.5% / +19.1% before a routed pair's activation traffic was priced; 19.5% / +11.1% / 84% before a grouped GEMM's waves counted every
     expert's tiles together and the engines' step batching was read from their schedulers: a bug fix and engine
     behaviour that made the too-fast rows faster, docs/planning.md). The 35 rows held out before 2026-12-06
     (sources of dense, int4 / int8, fp8 and MoE deployments of 2023-2025): 9.3% / -2.4%, held apart so that the 59
     rows added with the fp4 formats, gpt-oss and Llama 4 (30.5% / +16.9%: docs/planning.md, "Validation") cannot
     hide a regression on them. Of the issue's targets (10%, +-5%, 80% inside, half-width <= 25%) only the share
     inside is met on all 94 rows; on the 35, the median and the signed median are met too. The calibration split
-    is held too (275 rows: 15.3%, +3.1%, 95% inside, half-width 62.2%; 15.5% before an MLA prompt was priced as
+    is held too (275 rows: 14.3%, +1.1%, 95% inside, half-width 61.8%; 15.3% before CDNA3's cost per running
+    sequence; 15.5% before an MLA prompt was priced as
     multi-head attention, 15.2% before a routed pair's activations were
     priced, 15.5% before the ROCm build of vLLM V0 had its own host time; 16.4% before dstack's SGLang 0.4 rows took the
     sglang-0.4 profile; 14.9% before the fp4 GEMMs' call floor, which moved its one fp4 source, DeepSeek-R1 FP4 on
@@ -1252,15 +1284,15 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     t, q, m, c = s["test"]["all"], s["test"]["quantized"], s["test"]["moe"], s["calibration"]["all"]
     tp, sp = s["test"]["tp"], s["test"]["speculative"]
     assert t["n"] >= 94
-    assert t["median_abs_error_pct"] <= 22.0
+    assert t["median_abs_error_pct"] <= 20.0
     assert abs(t["signed_median_fast_pct"]) <= 13.0
     assert t["inside_interval"] >= 0.81
     assert t["median_half_width_pct"] <= 53.0
-    assert q["median_abs_error_pct"] <= 29.5 and abs(q["signed_median_fast_pct"]) <= 13.5
+    assert q["median_abs_error_pct"] <= 25.0 and abs(q["signed_median_fast_pct"]) <= 13.5
     assert tp["median_abs_error_pct"] <= 32.0 and abs(tp["signed_median_fast_pct"]) <= 17.5
     assert m["median_abs_error_pct"] <= 31.5 and abs(m["signed_median_fast_pct"]) <= 20.0
     assert sp["n"] == 2 and sp["median_half_width_pct"] >= 10.0
-    assert c["n"] >= 270 and c["median_abs_error_pct"] <= 17.0 and abs(c["signed_median_fast_pct"]) <= 5.0
+    assert c["n"] >= 270 and c["median_abs_error_pct"] <= 16.0 and abs(c["signed_median_fast_pct"]) <= 5.0
     assert c["inside_interval"] >= 0.88
     assert c["median_half_width_pct"] <= 63.0
     added = ("trtllm_perf_overview_gptoss", "trtllm_perf_fp4_03e27c7", "lmsys_blog_sglang_gptoss_2025_08",

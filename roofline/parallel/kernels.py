@@ -129,6 +129,14 @@ def prefill_attention_fraction(scenario: int, kern: dict, device_key: str | None
     return peak_fraction("dense", scenario, kern, device_key)
 
 
+def step_seconds_per_seq(scenario: int, kern: dict, device_key: str | None = None) -> float:
+    """Seconds a decode step costs per running sequence on the device's architecture beyond its bytes, FLOPs,
+    launches and the engine's host time (`arch_overrides.<arch>.step_us_per_seq`, e.g. CDNA3's, measured the same
+    under two vLLM engines and two models), 0 where the NVIDIA-measured curves apply."""
+    own = arch_override(kern, device_key).get("step_us_per_seq")
+    return pick(own, scenario, "kernels.arch_overrides.step_us_per_seq") * 1e-6 if own is not None else 0.0
+
+
 def _like(kern: dict, fmt_kind: str) -> str | None:
     """The format whose curves a weight_only entry borrows (`like:`), e.g. fp8_block streams like fp8."""
     return ((kern.get("weight_only") or {}).get(fmt_kind) or {}).get("like")

@@ -249,7 +249,10 @@ def launch_seconds(eng, setting: Setting, scenario: int, priors: dict, n: int, n
 
 def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datasheet, eng, scenario: int,
                  kern: dict, priors: dict, setting: Setting = Setting(), mtp: bool = False) -> dict:
-    """Seconds of one rank's forward (one pipeline stage; an MTP module's pass with mtp=True), by term."""
+    """Seconds of one rank's forward (one pipeline stage; an MTP module's pass with mtp=True), by term: the GEMMs
+    of the dense part and the experts, attention, the LM head, the per-layer launch floor, the engine's host time
+    per step (step_overhead), the architecture's cost per running sequence (per_seq, kernels.step_seconds_per_seq)
+    and the collectives."""
     prec = parse_precision(dtype)
     bw, f, fa, f32 = _ceilings(device, prec)
     bw *= eng.bw_scale
@@ -348,6 +351,7 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
         comm += count * (lat + c.size_bytes * bus_factor(c.kind, max(layout.tp, 2)) / busbw)
     terms = dict(dense=t_dense, experts=t_experts, attention=t_attn, lm_head=t_head, per_layer=t_launch,
                  step_overhead=0.0 if mtp else eng.step_overhead_s + eng.step_overhead_per_seq_s * (p.B + (p.prefill > 0)),
+                 per_seq=0.0 if mtp else K.step_seconds_per_seq(scenario, kern, device.key) * (Br + (pre_r > 0)),
                  comm=comm)
     return dict(seconds=sum(terms.values()), terms=terms,
                 experts_touched=(moe_blk or {}).get("touched", 0.0))
