@@ -198,6 +198,22 @@ def attention_seconds(kv_bytes: float, attn_flops: float, B: float, context: flo
     return dict(memory=t_mem, compute=t_f, seconds=max(t_mem, t_f))
 
 
+def sm_bound_transfer(own: dict, frac: float, bw_Bps: float, device_key: str | None, kern: dict, cap: float) -> float:
+    """A grouped weight-only kernel's bandwidth fraction on `device_key`, from the part it was measured on
+    (`measured_on`: its architecture, SM count and DRAM bandwidth). A dequantising kernel on a part with few SMs
+    per byte/s of DRAM (the H20: 78 SMs for 4.0 TB/s) is bound by its SMs' work per byte, not by the DRAM: on a part
+    of the same architecture (same SM, assumption: same clocks) its bytes/s go with the SM count, measured
+    fraction x (SMs / measured SMs) x (measured bandwidth / bandwidth), never below the measured fraction and
+    never above `cap`, the same-family kernel without dequantisation at those tokens per expert. Another
+    architecture, an unknown part, or no `measured_on`: the measured fraction as read."""
+    m = own.get("measured_on")
+    dev = ((kern.get("devices") or {}).get(device_key) or {}) if device_key else {}
+    if not m or dev.get("arch") != m["arch"] or not dev.get("sm_count") or bw_Bps <= 0:
+        return frac
+    scaled = frac * dev["sm_count"] / m["sm_count"] * m["mem_bw_GBps"] * 1e9 / bw_Bps
+    return max(frac, min(scaled, cap))
+
+
 def grouped_gemm_seconds(expert_bytes: float, expert_flops: float, tokens_per_expert: float, N: int,
                          bw_Bps: float, flops: float, device_key: str, scenario: int, kern: dict,
                          fmt_kind: str = "dense", fused_moe: bool = True, groups: float = 1.0,
@@ -247,6 +263,11 @@ def grouped_gemm_seconds(expert_bytes: float, expert_flops: float, tokens_per_ex
                            "kernels.grouped_gemm.whole_kernel_fraction_vs_tokens_per_expert")
     # the ROCm curve was read as whole-kernel fractions: its floor is inside them
     frac = table_value(rows, max(tokens_per_expert, 1), scenario, field)
+    if own:  # a dequantising kernel measured on another part of the architecture: its bytes/s go with the SMs
+        same_family = (g["whole_kernel_fraction_vs_tokens_per_expert"]["table"] if field.endswith("whole_kernel_table")
+                       else g["bw_fraction_vs_tokens_per_expert"])
+        frac = sm_bound_transfer(own, frac, bw_Bps, device_key, kern,
+                                 table_value(same_family, max(tokens_per_expert, 1), scenario, field))
     t_mem = floor + expert_bytes / (bw_Bps * bw_ratio * frac) + io_seconds
     peak = (pick(arch["peak_fraction"], scenario, "kernels.arch_overrides.grouped_gemm.peak_fraction")
             if arch is not None and not own and "peak_fraction" in arch else peak_fraction(fmt_kind, scenario, kern, device_key))
