@@ -22,6 +22,7 @@ REAL_MODELS = [
     "qwen3-30b-a3b",
     "deepseek-v3",
     "glm-4.5-air",
+    "glm-4.7",
     "llama-3.1-405b",
     "qwen2.5-72b",
     "qwen2.5-32b",
@@ -145,6 +146,17 @@ def test_glm_4_5_air():
            max_context=131072, rope_theta=1e6)
     assert cfg.rotary_dim == 64
 
+
+def test_glm_4_7():
+    """GLM-4.5 / 4.6 / 4.7's 355B-A32B shapes (two secondary copies of the config: the preset's header), the
+    GLM-4.5-Air architecture with per-head QK-norm, 3 dense layers, 160 experts and a 2.5 routed scale."""
+    cfg = presets.get_preset("glm-4.7")
+    _check(cfg, vocab=151552, d=5120, layers=92, heads=96, kv_heads=8, head_dim=128, ffn=12288,
+           partial_rotary=0.5, rope_interleave=False, qkv_bias=True, qk_norm=True, experts=160,
+           experts_per_token=8, moe_ffn=1536, shared_experts=1, first_dense_layers=3,
+           router_scoring="sigmoid", norm_topk=True, routed_scale=2.5, mtp_layers=1, router_groups=1,
+           max_context=202752, tie_embeddings=False)
+    assert cfg.rotary_dim == 64 and not cfg.layer_is_moe(2) and cfg.layer_is_moe(3)
 
 def test_llama_3_1_405b():
     cfg = presets.get_preset("llama-3.1-405b")
