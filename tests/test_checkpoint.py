@@ -306,6 +306,22 @@ def test_published_config_maps_to_the_preset(preset):
     assert {k: v for k, v in ours.items() if k not in skip} == {k: v for k, v in want.items() if k not in skip}
 
 
+
+def test_a_later_release_of_the_same_architecture_prices_as_its_preset_or_is_refused_by_name():
+    """GLM-5.1's config.json differs from GLM-5's only in transformers_version (ai-dynamo/aiconfigurator's copies):
+    the glm-5 preset. GLM-5.2's adds indexer_types, 3 of every 4 sparse layers reusing another layer's top-k
+    ('shared'), which is not modelled: refused by name, not priced as GLM-5's indexer in every layer."""
+    from roofline.model.presets import get_preset
+    skip = {"name", "source", "published_params_total", "published_params_active", "published_note"}
+    glm51 = dict(HUB_CONFIGS["glm-5"], transformers_version="5.4.0")
+    assert {k: v for k, v in config_from_hf(glm51).to_dict().items() if k not in skip} == {
+        k: v for k, v in get_preset("glm-5").to_dict().items() if k not in skip}
+    shared = (["full"] * 3 + ["full", "shared", "shared", "shared"] * 19)[:78]
+    glm52 = dict(HUB_CONFIGS["glm-5"], indexer_types=shared, index_topk_freq=4, max_position_embeddings=1048576)
+    with pytest.raises(ConfigError, match="indexer_types"):
+        config_from_hf(glm52)
+    assert config_from_hf(dict(glm52, indexer_types=["full"] * 78)).is_sparse
+
 def test_tied_embeddings_load(tmp_path):
     hf = hf_model("qwen3", seed=11, tie_word_embeddings=True)
     hf.save_pretrained(tmp_path)

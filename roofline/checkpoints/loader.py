@@ -222,6 +222,9 @@ def _config_from_hf(raw: Mapping[str, Any], name: str = "") -> ModelConfig:
                   kv_lora_rank=raw["kv_lora_rank"], qk_nope_dim=nope, qk_rope_dim=rope_d, v_head_dim=raw["v_head_dim"],
                   rope_interleave=bool(raw.get("rope_interleave", True)), partial_rotary=1.0)
     if arch in SPARSE_ARCHITECTURES:  # the indexer's RoPE: halves in DeepSeek-V3.2, as GLM-5's config says for its own
+        if any(t != "full" for t in raw.get("indexer_types") or []):  # GLM-5.2: most layers reuse another's top-k
+            raise ConfigError(f"config.json indexer_types ({arch}): layers that share another layer's indexer are not "
+                              "modelled (every sparse layer is priced with its own indexer, keys and logits)")
         kw.update(index_topk=raw["index_topk"], index_heads=raw["index_n_heads"], index_head_dim=raw["index_head_dim"],
                   index_rope_interleave=bool(raw.get("indexer_rope_interleave", False)))
     return ModelConfig(**kw)
