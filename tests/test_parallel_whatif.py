@@ -153,7 +153,7 @@ def test_a_dequantising_moe_kernel_measured_on_an_h20_streams_with_the_sms_of_an
     read = kernels.table_value(w4["table"], 2.0, 1, "")
     cap = kernels.table_value(g["bw_fraction_vs_tokens_per_expert"], 2.0, 1, "")
 
-    def frac(dev, bw, fmt="int4", fused=True, table="table"):
+    def frac(dev, bw, fmt="int4", fused=True):
         floor = kernels.pick(w4["floor_us"], 1) * 1e-6 if fused else 0.0
         t = kernels.grouped_gemm_seconds(1e9, 1e6, 2.0, 4096, bw, 1e15, dev, 1, kern, fmt, fused)["memory"]
         return 1e9 / (bw * (t - floor))
@@ -806,9 +806,8 @@ def test_vllm_v0_rocm_is_vllm_v0_with_the_host_time_of_the_rocm_build():
 def test_cdna3_prices_a_cost_per_running_sequence_for_every_engine_and_nvidia_none():
     """A decode step on CDNA3 (MI300X, MI325X; MI355X by transfer) costs 58 us (56-60) per sequence of the rank
     beyond its bytes, FLOPs, launches and host time, under any engine (the slope vLLM V0 and V1 sweeps on MI300X
-    share); an NVIDIA part pays none. It is its own term, outside the engine's host time (a calibration's
-    kernels-only step keeps it), absent from an MTP module's pass, and counts the rank's sequences under DP
-    attention."""
+    share); an NVIDIA part pays none. It is its own term, outside the engine's host time, absent from an MTP
+    module's pass, and counts the rank's sequences under DP attention."""
     from roofline.parallel import kernels as K
     kern = K.load_kernels()
     assert [K.step_seconds_per_seq(s, kern, "mi300x") for s in range(3)] == pytest.approx([56e-6, 58e-6, 60e-6])
