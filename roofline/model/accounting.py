@@ -365,6 +365,21 @@ def kv_split_token_bytes(cfg: ModelConfig, prec: Precision) -> tuple[int, int]:
             prec.kv.kv_token_bytes(cfg.index_head_dim, 1, a))
 
 
+def kv_read_bytes_per_seq_layer(cfg: ModelConfig, attended: float, indexed: float, kv_len: float, q: int) -> float:
+    """Cache bytes one sequence's step of q tokens reads in one layer (the layers' mean) over kv_len positions:
+    `attended` bytes at each position its attention reads (ModelConfig.attended_positions: every held one, a window,
+    or a sparse layer's selected ones) and a sparse indexer's key (`indexed` bytes) at every position
+    (kv_split_token_bytes gives the two)."""
+    return attended * cfg.attended_positions(kv_len, q) + indexed * kv_len
+
+
+def indexer_flops(cfg: ModelConfig, layers: int, seqs: float, L: float, q: int) -> float:
+    """FLOPs of a sparse-attention indexer's logits for `seqs` sequences of q new tokens after L cached ones over
+    `layers` layers: 2 x its heads x head dim per scored (query, key) pair, every key up to each query (0 without
+    sparse attention). Its heads are replicated on every rank (vLLM and SGLang hold the indexer whole)."""
+    return 2.0 * cfg.index_heads * cfg.index_head_dim * layers * seqs * cfg.indexer_pairs(L, q)
+
+
 def kv_cache_tensors_per_layer(cfg: ModelConfig) -> int:
     """Cache tensors of one attention layer (per-tensor scales): K and V; MLA's latent (+ a sparse indexer's keys)."""
     return (2 if cfg.is_sparse else 1) if cfg.is_mla else 2
@@ -454,7 +469,7 @@ def _stack_cost(cfg: ModelConfig, kinds: dict[tuple[bool, bool], int], B: int, q
     d_qk, d_v = _attention_dims(cfg)
     attended = cfg.attended_pairs(L, q)  # a windowed layer attends at most its window; a sparse one index_topk
     flops_attn = 2 * (d_qk + d_v) * cfg.heads * layers * B * attended
-    flops_attn += 2 * cfg.index_heads * cfg.index_head_dim * layers * B * cfg.indexer_pairs(L, q)
+    flops_attn += indexer_flops(cfg, layers, B, L, q)
     flops_attn += n_lin * N * linear_flops_per_token(cfg, q)  # Gated DeltaNet recurrences
     gate = cfg.d if cfg.shared_expert_gate else 0
     moe_active = cfg.d * cfg.experts + (cfg.experts_per_token + cfg.shared_experts) * expert_params(cfg) + gate
@@ -471,7 +486,7 @@ def _stack_cost(cfg: ModelConfig, kinds: dict[tuple[bool, bool], int], B: int, q
     return dict(
         weight_bytes=dense_b + cfg.d * b + head_bytes(cfg, prec) + expert_b,
         expert_bytes=expert_b, experts_touched=touched,
-        kv_read_bytes=B * layers * (kv_att * cfg.attended_positions(kv_len, q) + kv_idx * kv_len) + kv_fixed + state,
+        kv_read_bytes=B * layers * kv_read_bytes_per_seq_layer(cfg, kv_att, kv_idx, kv_len, q) + kv_fixed + state,
         kv_write_bytes=B * (layers - n_lin) * kv_tok * q + state,
         embed_bytes=N * cfg.d * b, activation_bytes_est=N * act_per_token,
         flops_matmul=2 * matmul * N, flops_attention=flops_attn, dequant_ops=float(dequant))

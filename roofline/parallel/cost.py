@@ -31,8 +31,9 @@ from functools import lru_cache
 
 from roofline.model.accounting import ForwardCost, _check_shape, attention_matmul_params
 from roofline.model.accounting import add_mtp_own_cost, block_weight_bytes, expert_bytes, head_bytes, mtp_args
-from roofline.model.accounting import (kv_cache_tensors_per_layer, kv_split_token_bytes, linear_flops_per_token,
-                                       linear_state_layer_bytes, mixer_params)
+from roofline.model.accounting import (indexer_flops, kv_cache_tensors_per_layer, kv_read_bytes_per_seq_layer,
+                                       kv_split_token_bytes, linear_flops_per_token, linear_state_layer_bytes,
+                                       mixer_params)
 from roofline.model.formats import Precision, parse_precision
 from roofline.model.config import ModelConfig, kind_counts
 from roofline.parallel.layout import Layout, experts_touched_busiest_rank, local_shapes
@@ -263,12 +264,11 @@ def _blocks_cost(cfg, layout, kinds, B, q, L, kv_len, prec: Precision, moe_impl,
                  Collective("all_to_all", pairs * cfg.d * b, 2 * n_moe)]
     return dict(weight_bytes=block_b + expert_b, expert_bytes=expert_b,
                 experts_touched=touched,
-                kv_read_bytes=(Br * n * (kv_att * cfg.attended_positions(kv_len, q) + kv_idx * kv_len) + kv_fixed
-                               + state),
+                kv_read_bytes=Br * n * kv_read_bytes_per_seq_layer(cfg, kv_att, kv_idx, kv_len, q) + kv_fixed + state,
                 kv_write_bytes=Br * (n - n_lin) * kv * q + state, flops_matmul=flops_mm,
-                flops_attention=(2 * (d_qk + d_v) * s.heads * attended  # the indexer's heads replicated on every rank
-                                 + 2 * cfg.index_heads * cfg.index_head_dim * cfg.indexer_pairs(L, q)) * n * Br
-                + n_lin * Nr * linear_flops_per_token(cfg, q, lac.linear_v_heads),
+                flops_attention=(2 * (d_qk + d_v) * s.heads * attended * n * Br
+                                 + indexer_flops(cfg, n, Br, L, q)  # the indexer's heads replicated on every rank
+                                 + n_lin * Nr * linear_flops_per_token(cfg, q, lac.linear_v_heads)),
                 collectives=coll, Nr=Nr,
                 head_rows=s.vocab_head)
 

@@ -49,7 +49,7 @@ from roofline.model.speculation import DRAFTERS
 from roofline.measure.devices import Datasheet
 from roofline.measure.memory import HEADROOM
 from roofline.model.accounting import (block_matrices, block_weight_bytes, expert_bytes, expert_pair_io_bytes,
-                                       linear_flops_per_token)
+                                       indexer_flops, kv_read_bytes_per_seq_layer, linear_flops_per_token)
 from roofline.model.config import ModelConfig, kind_counts
 from roofline.model.dtypes import lookup as lookup_dtype
 from roofline.model.formats import Precision, activation_dtype, compute_dtype, parse_precision
@@ -306,7 +306,7 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     kv_att, kv_idx = kv_split_bytes_rank(cfg, layout, prec)  # a sparse layer's indexer reads its keys everywhere
     seen = cfg if cfg.local_kind in eng.local_reads else cfg.attending_all()  # what the engine's decode reads
     kv_len = p.L + p.q
-    kv_bytes = (Br * n * (kv_att * seen.attended_positions(kv_len, p.q) + kv_idx * kv_len)  # a windowed layer: its
+    kv_bytes = (Br * n * kv_read_bytes_per_seq_layer(seen, kv_att, kv_idx, kv_len, p.q)  # a windowed layer: its
                 + Br * (n - n_lin) * kv_tok * p.q)  # window; a sparse one: the index_topk rows its queries select
     v_heads = block_cfg.linear_v_heads  # this rank's Gated DeltaNet heads: their states read and written back
     kv_bytes += 2 * Br * n_lin * linear_state_rank_bytes(cfg, layout, prec)
@@ -355,13 +355,6 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
                  comm=comm)
     return dict(seconds=sum(terms.values()), terms=terms,
                 experts_touched=(moe_blk or {}).get("touched", 0.0))
-
-
-def indexer_flops(cfg: ModelConfig, layers: int, seqs: float, L: float, q: int) -> float:
-    """FLOPs of a sparse-attention indexer's logits for `seqs` sequences of q new tokens after L cached ones over
-    `layers` layers: 2 x its heads x head dim per scored (query, key) pair, every key up to each query (0 without
-    sparse attention). Its heads are replicated on every rank (vLLM and SGLang hold the indexer whole)."""
-    return 2.0 * cfg.index_heads * cfg.index_head_dim * layers * seqs * cfg.indexer_pairs(L, q)
 
 
 def mla_prefill_flops(cfg: ModelConfig, heads: int, layers: int, tokens: int, attended: float) -> float:
