@@ -91,6 +91,18 @@ def test_a_decode_step_reads_and_writes_every_state_and_the_full_layers_kv(L):
     assert resident_bytes(q, "bfloat16", 4, L).kv == 4 * (kv * L + state)
 
 
+
+def test_a_dequantise_per_step_kv_path_is_charged_for_the_full_attention_layers_only():
+    """A quantized cache read through a dequantising copy (kv_impl 'dequant') costs that copy in the layers that hold
+    a cache: the full-attention ones (1 of 4 here); a Gated DeltaNet layer holds no KV to dequantise."""
+    from roofline.model.accounting import kv_dequant_bytes
+    from roofline.model.formats import parse_precision
+    cfg, dt = scaled_down(get_preset("qwen3.5-35b-a3b")), "bfloat16+kv=int8"
+    assert (cfg.layers, cfg.linear_layers) == (4, 3)
+    extra = forward_cost(cfg, dt, 2, 1, 64, kv_impl="dequant").kv_read_bytes - forward_cost(
+        cfg, dt, 2, 1, 64, kv_impl="float").kv_read_bytes
+    assert extra == kv_dequant_bytes(cfg, parse_precision(dt), 2, 1, 65) > 0
+
 def test_tensor_parallel_ranks_split_the_gated_deltanet_heads_and_their_state():
     q = get_preset("qwen3.5-397b-a17b")
     one, eight = (rank_forward_cost(q, Layout(tp=t), "bfloat16", 2, 1, 0) for t in (1, 8))

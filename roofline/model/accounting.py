@@ -529,7 +529,7 @@ def forward_cost(cfg: ModelConfig, dtype, B: int, q: int, L: int, kv_len: int | 
     kv_len = L + q if kv_len is None else kv_len
     prec = parse_precision(dtype)
     c = _stack_cost(cfg, cfg.layer_kinds(), B, q, L, kv_len, prec, moe_impl, touched)
-    c = _with_kv_impl(c, cfg, prec, B, cfg.layers, kv_len, kv_impl, q)
+    c = _with_kv_impl(c, cfg, prec, B, cfg.layers - cfg.linear_layers, kv_len, kv_impl, q)  # Gated DeltaNet: no KV
     return ForwardCost(B=B, q=q, L=L, kv_len=kv_len, tokens=B * q, **c)
 
 
