@@ -26,10 +26,9 @@ import psutil
 
 from roofline.measure.devices import parse_device
 from roofline.model.accounting import kv_token_layer_bytes, linear_state_bytes_per_seq, resident_weight_bytes
-from roofline.model.formats import parse_precision
 from roofline.model.config import ModelConfig
 from roofline.model.dtypes import dtype_bytes
-from roofline.model.formats import activation_dtype
+from roofline.model.formats import activation_dtype, parse_precision
 
 HEADROOM = 0.9  # share of the available memory a workload may claim (allocator slack)
 CGROUP_ROOT = Path("/sys/fs/cgroup")

@@ -36,7 +36,6 @@ from roofline.io.fields import ConfigError
 from roofline.model.config import ModelConfig, kind_counts
 from roofline.model.dtypes import dtype_bytes
 from roofline.model.formats import Precision, parse_precision
-from roofline.io.fields import ConfigError
 
 # ---- parameter counts, per module, matching roofline.model.decoder exactly ------------------------
 

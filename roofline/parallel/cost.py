@@ -56,14 +56,8 @@ def _linear_heads(cfg: ModelConfig, t: int) -> dict:
     return dict(linear_k_heads=cfg.linear_k_heads // t, linear_v_heads=cfg.linear_v_heads // t)
 
 
-def _stage_layers(cfg: ModelConfig, layout: Layout) -> tuple[int, int]:
-    """(blocks, MoE blocks) of the largest stage (the first stage when they are equal)."""
-    n = math.ceil(cfg.layers / layout.pp)
-    return n, sum(cfg.layer_is_moe(i) for i in range(n))
-
-
 def stage_kinds(cfg: ModelConfig, layout: Layout) -> dict[tuple[bool, bool], int]:
-    """{(MoE, linear attention): blocks} of the largest stage (the first)."""
+    """{(MoE, linear attention): blocks} of the largest stage (the first stage when they are equal)."""
     return cfg.layer_kinds(math.ceil(cfg.layers / layout.pp))
 
 
@@ -293,8 +287,9 @@ def rank_forward_cost(cfg: ModelConfig, layout: Layout, dtype, B: int, q: int, L
     _check_shape(cfg, B, q, L)
     prec = parse_precision(dtype)
     kv_len = L + q if kv_len is None else kv_len
-    n, n_moe = _stage_layers(cfg, layout)
-    c = _with_head(_blocks_cost(cfg, layout, stage_kinds(cfg, layout), B, q, L, kv_len, prec, moe_impl, touched),
+    kinds = stage_kinds(cfg, layout)
+    n, n_moe, _ = kind_counts(kinds)
+    c = _with_head(_blocks_cost(cfg, layout, kinds, B, q, L, kv_len, prec, moe_impl, touched),
                    cfg, layout, prec)
     if layout.pp > 1:  # this stage's send of its activations to the next one
         c["collectives"] += (Collective("send_recv", B * q * cfg.d * prec.act_bytes, 1),)

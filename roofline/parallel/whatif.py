@@ -56,7 +56,7 @@ from roofline.model.formats import Precision, activation_dtype, compute_dtype, p
 from roofline.parallel import engines as engines_mod
 from roofline.parallel import kernels as K
 from roofline.parallel.collectives import bus_factor
-from roofline.parallel.cost import (_rank_cfgs, _stage_layers, kv_split_bytes_rank, kv_token_bytes_rank,
+from roofline.parallel.cost import (_rank_cfgs, kv_split_bytes_rank, kv_token_bytes_rank,
                                     linear_state_rank_bytes, memory_per_rank, rank_forward_cost, rank_head_bytes,
                                     stage_kinds)
 from roofline.parallel.layout import Layout, experts_touched_busiest_rank, local_shapes
@@ -347,7 +347,7 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
         lat = eng.allreduce_latency_s.get(link) if c.kind == "all_reduce" else None
         lat = K.pick(pl["latency_us"], scenario, f"priors.interconnects.{link}.latency_us") * 1e-6 if lat is None else lat
         busbw = K.pick(pl["busbw_GBps"], scenario, f"priors.interconnects.{link}.busbw_GBps") * 1e9
-        count = c.count if not mtp else max(1, round(c.count * n / max(_stage_layers(cfg, layout)[0], 1)))
+        count = c.count if not mtp else max(1, round(c.count * n / max(sum(stage_kinds(cfg, layout).values()), 1)))
         comm += count * (lat + c.size_bytes * bus_factor(c.kind, max(layout.tp, 2)) / busbw)
     terms = dict(dense=t_dense, experts=t_experts, attention=t_attn, lm_head=t_head, per_layer=t_launch,
                  step_overhead=0.0 if mtp else eng.step_overhead_s + eng.step_overhead_per_seq_s * (p.B + (p.prefill > 0)),
