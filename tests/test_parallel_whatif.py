@@ -651,6 +651,22 @@ def test_a_finite_run_prefills_in_the_engines_own_default_chunks_and_caps_its_ru
         run("h100_sxm", "vllm", "batch")
 
 
+def test_a_fixed_length_runs_last_partial_wave_runs_at_its_own_batch():
+    """A fixed-length run of N = C + r requests, r < C, goes in a wave of C and a last wave of the r left, priced at
+    r sequences (its own ramp and steps): the run lasts the two waves as if run apart. It was priced as two full
+    waves of C, so a few requests past a multiple of the cap halved the throughput (TensorRT-LLM's gpt-oss-120b at
+    1024 in / 1024 out on four H100s: 2960 of 3000 requests running, the 40 left priced as a second wave of 2960)."""
+    cfg, dev = get_preset("llama-3.1-8b"), get_datasheet("h100_sxm")
+    w = WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine="vllm"))
+    I, O, C, r = 1024, 256, 64, 8
+    both, full, last = serve(w, I, O, C, C + r), serve(w, I, O, C, C), serve(w, I, O, r, r)
+    seconds = lambda s, n: n * O / s["output_tok_s"]["typical"]  # noqa: E731  (the run's duration)
+    assert seconds(both, C + r) == pytest.approx(seconds(full, C) + seconds(last, r))
+    assert seconds(last, r) < 0.5 * seconds(full, C) and seconds(both, C + r) < 2 * seconds(full, C)
+    whole = serve(w, I, O, C, 2 * C)  # two full waves: no partial one
+    assert seconds(whole, 2 * C) == pytest.approx(2 * seconds(full, C))
+
+
 def test_a_single_requests_first_token_waits_for_every_chunk_of_its_prompt():
     """The median request's TTFT is the ramp steps that complete ITS prompt (the ceil(C/2)-th): all R chunks for one
     request (it was R/2, half the prompt, which priced one 4096-token prompt in 2048-token chunks as one chunk), about
@@ -1297,7 +1313,8 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran, their intervals widened by the
     conformal bands of the calibration anchors no prior cites (each source weighing one): bounds at the level
     measured when this test was last set plus a small margin, so a regression fails. All 94 test rows: median
-    |error| 21.5% (18.5% before the H20-measured Marlin MoE tables were carried to other Hopper parts by their SMs,
+    |error| 25.0%, signed median +16.5%, 86% inside, half-width 52.8% (21.5% / +10.2% / 87% / 52.2% before a run's
+    last partial wave was priced at its own batch, a bug fix that made the capped runs faster; 18.5% before the H20-measured Marlin MoE tables were carried to other Hopper parts by their SMs,
     which made TensorRT-LLM's Hopper gpt-oss rows faster still; 20.6% before CDNA3's cost per running sequence moved
     one MI300X row across the median; 23.0% before an MLA prompt was priced as multi-head attention: one row crossed
     a gap in the sorted errors), signed median +10.2% (too fast), 87% inside, median half-width 52.2% (45.1% before
@@ -1320,13 +1337,13 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     t, q, m, c = s["test"]["all"], s["test"]["quantized"], s["test"]["moe"], s["calibration"]["all"]
     tp, sp = s["test"]["tp"], s["test"]["speculative"]
     assert t["n"] >= 94
-    assert t["median_abs_error_pct"] <= 22.0
-    assert abs(t["signed_median_fast_pct"]) <= 13.0
+    assert t["median_abs_error_pct"] <= 25.5
+    assert abs(t["signed_median_fast_pct"]) <= 17.0
     assert t["inside_interval"] >= 0.81
-    assert t["median_half_width_pct"] <= 53.0
-    assert q["median_abs_error_pct"] <= 29.5 and abs(q["signed_median_fast_pct"]) <= 13.5
-    assert tp["median_abs_error_pct"] <= 32.0 and abs(tp["signed_median_fast_pct"]) <= 17.5
-    assert m["median_abs_error_pct"] <= 31.5 and abs(m["signed_median_fast_pct"]) <= 20.0
+    assert t["median_half_width_pct"] <= 53.5
+    assert q["median_abs_error_pct"] <= 29.0 and abs(q["signed_median_fast_pct"]) <= 18.5
+    assert tp["median_abs_error_pct"] <= 33.0 and abs(tp["signed_median_fast_pct"]) <= 17.5
+    assert m["median_abs_error_pct"] <= 33.0 and abs(m["signed_median_fast_pct"]) <= 31.5
     assert sp["n"] == 2 and sp["median_half_width_pct"] >= 10.0
     assert c["n"] >= 270 and c["median_abs_error_pct"] <= 13.5 and abs(c["signed_median_fast_pct"]) <= 5.0
     assert c["inside_interval"] >= 0.88

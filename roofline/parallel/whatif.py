@@ -650,7 +650,8 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     The engine's KV pool (`WhatIf.max_running`, engines.yaml kv_pool) and its default cap on running
     sequences (engines.yaml max_running_seqs, vLLM's max_num_seqs) bound the sequences it keeps running:
     C = min(concurrency, the cap, the sequences whose KV at input + output tokens fits). A capped run
-    goes in waves of C; the requests beyond them wait in the engine's queue, and the median request's TTFT
+    goes in waves of C (fixed lengths: the last wave the N - (waves - 1)·C requests the full ones leave, its ramp and
+    steps at that batch); the requests beyond them wait in the engine's queue, and the median request's TTFT
     and end-to-end latency include the waves before it. `running` is that C (per engine, the span).
     static_batch=True: a benchmark that allocates the whole batch's KV itself (TensorRT-LLM's
     gptSessionBenchmark static batching) runs every sequence at once: no pool cap."""
@@ -700,7 +701,7 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
         per_decode = spec.k + 1 if spec is not None else 1
         return max(budget - b * per_decode, budget / 8)
 
-    def ramp(e) -> Ramp:
+    def ramp(e, C=None) -> Ramp:
         """A wave's ramp: R steps that each prefill `chunk` prompt tokens (chunk / I prompts a step) beside the decodes
         of the prompts already prefilled; the step `half` that completes the median request's prompt; the ramp steps
         it decodes in after it (`in_ramp`); the (sequences decoding, their context, prompt tokens) of an average ramp
@@ -713,8 +714,9 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
         fewer than one on average prices one sequence at context 0 (the prompt's own first decode). A `shared`
         budget's chunk is the budget less the ramp's mean decodes (`budget_chunk`, from a first pass at the whole
         budget: an approximation of a chunk that shrinks as the ramp fills); `prefill_first` runs the ramp's prompts
-        alone (no decodes beside them), and the median request waits the R - half steps after its first token."""
-        C = running(e)
+        alone (no decodes beside them), and the median request waits the R - half steps after its first token.
+        C: the wave's sequences (the engine's running ones unless given: a fixed-length run's last, partial wave)."""
+        C = running(e) if C is None else C
         n_dec = math.ceil((O - 1) / tau)
 
         def shape(chunk, decoding=True):
@@ -742,13 +744,13 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
         b_mean = b if ctx else 0  # (one sequence at context 0 stands for none decoding)
         return shape(budget_chunk(e, b_mean))
 
-    def steps(e, rp) -> list[tuple[float, ...]]:
+    def steps(e, rp, C=None) -> list[tuple[float, ...]]:
         """Per scenario, the run's step times: plain decode of the C running sequences, the same carrying a prompt
         chunk (`prefill_first`: the chunk's own step, then the decode step), and the three average ramp steps of
         `ramp` (`rp`: a prompt chunk + the decodes of the prompts already prefilled); each at its band-widened end (the
         typical untouched), the plain decode step at a calibration's interval where points of the deployment determine
-        it (Calibration.interval at B = C, L)."""
-        C = running(e)
+        it (Calibration.interval at B = C, L). C: as `ramp`'s."""
+        C = running(e) if C is None else C
         kinds = [(C, L, 0), (C, L, min(budget_chunk(e, C), C * I))] + list(rp.means)
 
         def price(s, b, ctx, pre):
@@ -761,7 +763,9 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
             ivs[0] = w.calibration.interval(ivs[0]["typical"], ivs[0], C, L)
         return [tuple(iv[name] for iv in ivs) for name in SCENARIOS]
 
-    def per(s, e, at, rp):
+    def per(s, e, at, rp, tail=None):
+        """One scenario's figures of the run; `tail` = (ramp, steps) of a fixed-length run's last, partial wave (the
+        N - (waves - 1)·C requests the full waves leave, priced at their own batch), else None."""
         C, budget = running(e), chunks[e]
         chunk = budget_chunk(e, C)  # a decode step's prompt tokens beside the C decodes
         alone = batchings[e] == "prefill_first"
@@ -792,6 +796,9 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
             itl50 = late if in_ramp >= (in_ramp + after) / 2 else plain
             itl90 = late if in_ramp > 0.1 * (in_ramp + after) else plain
             total = waves * wave
+            if tail is not None:  # the last wave runs its own, smaller batch: its ramp and steps, not the full wave's
+                rl, al = tail
+                total += rl.R * al[s][4] + (O - 1) / tau * al[s][0] - wave
         return dict(ttft_s=ttft + queued * wave, itl_s=itl50, itl_p90_s=itl90, itl_mean_s=mean_itl,
                     e2e_s=e2e + queued * wave, output_tok_s=N * O / total, running=float(C),
                     prefill_chunk_tokens=float(budget))
@@ -800,7 +807,13 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     for e in w.setting.engine_names():
         rp = ramp(e)  # once per engine: its means sum over the ramp's steps
         at = steps(e, rp)
-        rows = [per(s, e, at, rp) for s in range(3)]
+        C = running(e)
+        last = N - (math.ceil(N / C) - 1) * C  # a fixed-length run's last wave: what the full waves leave
+        tail = None
+        if not staggered and N > C and last < C:
+            rl = ramp(e, last)
+            tail = (rl, steps(e, rl, last))
+        rows = [per(s, e, at, rp, tail) for s in range(3)]
         out[e] = {k: interval(lambda s: rows[s][k]) for k in rows[0]}
     res = {}
     for k in next(iter(out.values())):
