@@ -667,6 +667,36 @@ def test_a_fixed_length_runs_last_partial_wave_runs_at_its_own_batch():
     assert seconds(whole, 2 * C) == pytest.approx(2 * seconds(full, C))
 
 
+def test_attention_dp_ranks_each_run_the_engines_caps_where_the_engine_schedules_per_rank(tmp_path):
+    """engines.yaml dp_attention_limits: under attention DP TensorRT-LLM's max_batch_size / max_num_tokens and vLLM's
+    max_num_seqs / max_num_batched_tokens bound each rank (every rank schedules its own batch: the deployment runs
+    tp times them), SGLang divides its chunked_prefill_size and max_running_requests among the ranks (once for the
+    deployment). Both were read as the deployment's: TensorRT-LLM's DEP4 runs capped at 2048 sequences and 8192 prompt
+    tokens a step for all four ranks. An unknown value is one error naming the field."""
+    cfg, dev = get_preset("qwen3-30b-a3b"), get_datasheet("h100_sxm")
+
+    def run(engine, dp, C=5000):
+        lay = Layout(tp=4, ep=4, dp_attention=dp)
+        return serve(WhatIf(cfg, dev, "bfloat16", lay, Setting(engine=engine)), 64, 64, C, C, client="offline")
+    val = lambda r, k: r[k]["typical"]  # noqa: E731
+    assert val(run("trtllm", False), "running") == 2048 and val(run("trtllm", True), "running") == 5000
+    assert val(run("trtllm", False), "prefill_chunk_tokens") == 8192
+    assert val(run("trtllm", True), "prefill_chunk_tokens") == 4 * 8192
+    assert val(run("vllm", True), "prefill_chunk_tokens") == 4 * val(run("vllm", False), "prefill_chunk_tokens")
+    assert val(run("vllm", True, 5000), "running") == 4096 and val(run("vllm", False), "running") == 1024
+    assert val(run("sglang", True), "prefill_chunk_tokens") == val(run("sglang", False), "prefill_chunk_tokens")
+    bad = yaml.safe_load((ROOT / "roofline" / "data" / "engines.yaml").read_text())
+    bad["engines"]["sglang"]["dp_attention_limits"] = {"value": "each", "source": "x"}
+    path = tmp_path / "bad_engines.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    engines.load_engines.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match=r"engines.sglang.dp_attention_limits: 'each': allowed"):
+            engines.profile("sglang", 1, str(path))
+    finally:
+        engines.load_engines.cache_clear()
+
+
 def test_a_single_requests_first_token_waits_for_every_chunk_of_its_prompt():
     """The median request's TTFT is the ramp steps that complete ITS prompt (the ceil(C/2)-th): all R chunks for one
     request (it was R/2, half the prompt, which priced one 4096-token prompt in 2048-token chunks as one chunk), about
@@ -1313,7 +1343,9 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran, their intervals widened by the
     conformal bands of the calibration anchors no prior cites (each source weighing one): bounds at the level
     measured when this test was last set plus a small margin, so a regression fails. All 94 test rows: median
-    |error| 25.0%, signed median +16.5%, 86% inside, half-width 52.8% (21.5% / +10.2% / 87% / 52.2% before a run's
+    |error| 20.7%, signed median +16.8%, 84% inside, half-width 52.6% (25.0% / +16.5% / 86% / 52.8% before
+    TensorRT-LLM's caps bounded each attention-DP rank, engine behaviour that made its DEP runs faster; 21.5% /
+    +10.2% / 87% / 52.2% before a run's
     last partial wave was priced at its own batch, a bug fix that made the capped runs faster; 18.5% before the H20-measured Marlin MoE tables were carried to other Hopper parts by their SMs,
     which made TensorRT-LLM's Hopper gpt-oss rows faster still; 20.6% before CDNA3's cost per running sequence moved
     one MI300X row across the median; 23.0% before an MLA prompt was priced as multi-head attention: one row crossed
@@ -1337,13 +1369,13 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     t, q, m, c = s["test"]["all"], s["test"]["quantized"], s["test"]["moe"], s["calibration"]["all"]
     tp, sp = s["test"]["tp"], s["test"]["speculative"]
     assert t["n"] >= 94
-    assert t["median_abs_error_pct"] <= 25.5
-    assert abs(t["signed_median_fast_pct"]) <= 17.0
+    assert t["median_abs_error_pct"] <= 21.5
+    assert abs(t["signed_median_fast_pct"]) <= 17.5
     assert t["inside_interval"] >= 0.81
     assert t["median_half_width_pct"] <= 53.5
-    assert q["median_abs_error_pct"] <= 29.0 and abs(q["signed_median_fast_pct"]) <= 18.5
-    assert tp["median_abs_error_pct"] <= 33.0 and abs(tp["signed_median_fast_pct"]) <= 17.5
-    assert m["median_abs_error_pct"] <= 33.0 and abs(m["signed_median_fast_pct"]) <= 31.5
+    assert q["median_abs_error_pct"] <= 27.5 and abs(q["signed_median_fast_pct"]) <= 18.5
+    assert tp["median_abs_error_pct"] <= 30.5 and abs(tp["signed_median_fast_pct"]) <= 18.0
+    assert m["median_abs_error_pct"] <= 33.5 and abs(m["signed_median_fast_pct"]) <= 31.5
     assert sp["n"] == 2 and sp["median_half_width_pct"] >= 10.0
     assert c["n"] >= 270 and c["median_abs_error_pct"] <= 13.5 and abs(c["signed_median_fast_pct"]) <= 5.0
     assert c["inside_interval"] >= 0.88

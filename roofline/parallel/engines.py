@@ -65,6 +65,7 @@ class Engine:
     local_reads: tuple = LOCAL_KINDS  # engines.yaml local_attention.reads: windowed kinds whose decode reads the window only
     local_pool: tuple = ()  # ((kind, "window" | "full" | fraction), ...): what its KV pool holds for windowed layers
     step_batching: str = "beside"  # engines.yaml step_batching: how a prompt chunk shares a step with the decodes (STEP_BATCHING)
+    dp_limits: str = "whole"  # engines.yaml dp_attention_limits: its chunk and sequence caps bound each attention-DP rank or all
 
 
 def local_attention(e: dict, where: str) -> tuple[tuple, tuple]:
@@ -90,6 +91,18 @@ def local_attention(e: dict, where: str) -> tuple[tuple, tuple]:
 #   prefill_first  a step runs prompts alone, before any decode, while prompts wait (the decodes pause for it)
 #   beside         the chunk whole beside the decodes (absent: the engine's scheduler not read)
 STEP_BATCHING = ("shared", "prefill_first", "beside")
+
+
+# engines.yaml dp_attention_limits: what the engine's prefill_chunk_tokens and max_running_seqs bound under attention
+# data parallelism: each rank's own batch (per_rank) or the deployment's, divided among its ranks (whole)
+DP_LIMITS = ("per_rank", "whole")
+
+
+def dp_attention_limits(e: dict, where: str) -> str:
+    v = (e.get("dp_attention_limits") or {}).get("value", "whole")
+    if v not in DP_LIMITS:
+        raise ConfigError(f"{where}.dp_attention_limits: {v!r}: allowed {list(DP_LIMITS)}")
+    return v
 
 
 def step_batching(e: dict, where: str) -> str:
@@ -202,7 +215,8 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
                       kv_pool_fraction=float(pool["fraction"]) if pool else None, kv_pool_of=pool.get("of", "total"),
                       merged=merged_gemms(e, f), prefill_chunk_tiers=device_tiers(e, "prefill_chunk_tokens", f),
                       max_running_tiers=device_tiers(e, "max_running_seqs", f),
-                      local_reads=local_reads, local_pool=local_pool, step_batching=step_batching(e, f))
+                      local_reads=local_reads, local_pool=local_pool, step_batching=step_batching(e, f),
+                      dp_limits=dp_attention_limits(e, f))
     except KeyError as err:
         raise ConfigError(f"{f}: missing key {err.args[0]!r}") from None
 

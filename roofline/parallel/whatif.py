@@ -649,7 +649,10 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
 
     The engine's KV pool (`WhatIf.max_running`, engines.yaml kv_pool) and its default cap on running
     sequences (engines.yaml max_running_seqs, vLLM's max_num_seqs) bound the sequences it keeps running:
-    C = min(concurrency, the cap, the sequences whose KV at input + output tokens fits). A capped run
+    C = min(concurrency, the cap, the sequences whose KV at input + output tokens fits). Under attention data
+    parallelism an engine whose ranks each schedule their own batch (engines.yaml dp_attention_limits: per_rank,
+    TensorRT-LLM, vLLM) runs its default cap and prefill chunk on every rank, the deployment that many times
+    them; one that divides them among its ranks (whole, SGLang) runs them once. A capped run
     goes in waves of C (fixed lengths: the last wave the N - (waves - 1)·C requests the full ones leave, its ramp and
     steps at that batch); the requests beyond them wait in the engine's queue, and the median request's TTFT
     and end-to-end latency include the waves before it. `running` is that C (per engine, the span).
@@ -663,8 +666,10 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     prior_chunk = int(load_priors()["chunked_prefill_tokens"]["value"])
     mem = w.device.usable_mem_bytes()
 
-    def engine_default(e, tiers: str) -> int | None:
-        return engines_mod.tier_value(getattr(w._eng(e, 1), tiers), mem, w.device.key, client)
+    def engine_default(e, tiers: str) -> int | None:  # the deployment's: a rank's times its ranks where each has its own
+        eng = w._eng(e, 1)
+        v = engines_mod.tier_value(getattr(eng, tiers), mem, w.device.key, client)
+        return v * w.layout.batch_split if v is not None and eng.dp_limits == "per_rank" else v
 
     chunks = {e: chunk_tokens or engine_default(e, "prefill_chunk_tiers") or prior_chunk
               for e in w.setting.engine_names()}
