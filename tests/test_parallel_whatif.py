@@ -544,17 +544,23 @@ def test_sglang_runs_its_prompts_in_steps_of_their_own_before_the_decodes():
     assert static["ttft_s"]["typical"] < mixed["ttft_s"]["typical"]  # no decodes beside its ramp's prompts
 
 
-def test_an_unknown_step_batching_is_one_error_naming_the_field(tmp_path):
+def _refused_engine_entry(tmp_path, engine: str, key: str, value: str) -> None:
+    """The shipped engines.yaml with engines.<engine>.<key> set to {value, source}: loading the profile is one error
+    naming the field and the value."""
     bad = yaml.safe_load((ROOT / "roofline" / "data" / "engines.yaml").read_text())
-    bad["engines"]["sglang"]["step_batching"] = {"value": "mixed", "source": "x"}
+    bad["engines"][engine][key] = {"value": value, "source": "x"}
     path = tmp_path / "bad_engines.yaml"
     path.write_text(yaml.safe_dump(bad))
     engines.load_engines.cache_clear()
     try:
-        with pytest.raises(ConfigError, match=r"engines.sglang.step_batching: 'mixed': allowed"):
-            engines.profile("sglang", 1, str(path))
+        with pytest.raises(ConfigError, match=rf"engines.{engine}.{key}: '{value}': allowed"):
+            engines.profile(engine, 1, str(path))
     finally:
         engines.load_engines.cache_clear()
+
+
+def test_an_unknown_step_batching_is_one_error_naming_the_field(tmp_path):
+    _refused_engine_entry(tmp_path, "sglang", "step_batching", "mixed")
 
 
 def test_the_engines_kv_pool_caps_the_running_sequences_and_a_capped_run_goes_in_waves(tmp_path):
@@ -685,16 +691,7 @@ def test_attention_dp_ranks_each_run_the_engines_caps_where_the_engine_schedules
     assert val(run("vllm", True), "prefill_chunk_tokens") == 4 * val(run("vllm", False), "prefill_chunk_tokens")
     assert val(run("vllm", True, 5000), "running") == 4096 and val(run("vllm", False), "running") == 1024
     assert val(run("sglang", True), "prefill_chunk_tokens") == val(run("sglang", False), "prefill_chunk_tokens")
-    bad = yaml.safe_load((ROOT / "roofline" / "data" / "engines.yaml").read_text())
-    bad["engines"]["sglang"]["dp_attention_limits"] = {"value": "each", "source": "x"}
-    path = tmp_path / "bad_engines.yaml"
-    path.write_text(yaml.safe_dump(bad))
-    engines.load_engines.cache_clear()
-    try:
-        with pytest.raises(ConfigError, match=r"engines.sglang.dp_attention_limits: 'each': allowed"):
-            engines.profile("sglang", 1, str(path))
-    finally:
-        engines.load_engines.cache_clear()
+    _refused_engine_entry(tmp_path, "sglang", "dp_attention_limits", "each")
 
 
 def test_a_single_requests_first_token_waits_for_every_chunk_of_its_prompt():
