@@ -289,7 +289,8 @@ def render_card(rec: dict) -> str:
         lines.append(f"finite run     {rec['run_num_prompts']} requests of {rec['run_input_len']} in / {rec['run_output_len']} out, "
                      f"{rec['run_concurrency']} at a time ({'staggered' if rec['run_staggered'] else 'fixed'} lengths), "
                      f"{rec['run_running_seqs']:.0f} running (the engine's KV pool and sequence cap), "
-                     f"{rec['run_client']} client, prompts in chunks of {rec['run_prefill_chunk_tokens']:.0f} tokens")
+                     f"{rec['run_client']} client, prompts in chunks of {rec['run_prefill_chunk_tokens']:.0f} tokens"
+                     + (" a step over its attention-DP ranks" if "dpattn" in str(rec.get("whatif_layout", "")) else ""))
         for _, name, _ in RUN_METRICS[:-2]:  # the latencies and rates (running sequences and chunk: the line above)
             lines.append(f"  {name:<22} {rec[f'run_{name}']:.4g} ({rec[f'run_{name}_optimistic']:.4g}-"
                          f"{rec[f'run_{name}_pessimistic']:.4g})")
