@@ -694,6 +694,27 @@ def test_attention_dp_ranks_each_run_the_engines_caps_where_the_engine_schedules
     _refused_engine_entry(tmp_path, "sglang", "dp_attention_limits", "each")
 
 
+def test_mxfp4_weights_multiply_at_the_engines_activation_rate_on_fp4_tensor_cores(tmp_path):
+    """mxfp4 (gpt-oss's experts) carries no activation format: on Blackwell's fp4 tensor cores TensorRT-LLM
+    (W4A8_MXFP4_MXFP8 on SM >= 100) and SGLang (mxfp8_quantize at its default precision) multiply them with mxfp8
+    activations at the fp8 rate, vLLM's default FlashInfer path with bf16 ones at the bf16 rate; only nvfp4 (W4A4)
+    runs at the fp4 rate. They were all priced at the fp4 rate: TensorRT-LLM's compute-bound gpt-oss steps on a
+    B200 twice too fast. Without fp4 tensor cores (Hopper) mxfp4 stays weight-only, at the activations' rate."""
+    from roofline.model.formats import parse_precision
+    from roofline.parallel.whatif import _ceilings, matmul_dtype
+    b200, h100 = get_datasheet("b200"), get_datasheet("h100_sxm")
+    mx, nv = parse_precision("bfloat16+experts=mxfp4"), parse_precision("bfloat16+experts=nvfp4")
+    act = {e: engines.profile(e, 1).mxfp4_activations for e in ("trtllm", "sglang", "vllm", "gpt-fast")}
+    assert act == {"trtllm": "fp8", "sglang": "fp8", "vllm": "bf16", "gpt-fast": "bf16"}  # absent: bf16
+    assert matmul_dtype(b200, mx, "experts", "fp8") == "float8_e4m3fn"
+    assert matmul_dtype(b200, mx, "experts", "bf16") == "bfloat16"
+    assert matmul_dtype(b200, nv, "experts", "bf16") == matmul_dtype(b200, nv, "experts", "fp8") == "float4_e2m1"
+    assert matmul_dtype(h100, mx, "experts", "fp8") == matmul_dtype(h100, nv, "experts", "fp8") == "bfloat16"
+    assert _ceilings(b200, mx, "experts", "fp8")[1] == b200.peak_flops("float8_e4m3fn") < b200.peak_flops("float4_e2m1")
+    assert matmul_dtype(b200, mx, "weights", "fp8") == "bfloat16"  # its bf16 attention and dense layers
+    _refused_engine_entry(tmp_path, "trtllm", "mxfp4_activations", "fp4")
+
+
 def test_a_single_requests_first_token_waits_for_every_chunk_of_its_prompt():
     """The median request's TTFT is the ramp steps that complete ITS prompt (the ceil(C/2)-th): all R chunks for one
     request (it was R/2, half the prompt, which priced one 4096-token prompt in 2048-token chunks as one chunk), about
@@ -1340,7 +1361,8 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran, their intervals widened by the
     conformal bands of the calibration anchors no prior cites (each source weighing one): bounds at the level
     measured when this test was last set plus a small margin, so a regression fails. All 94 test rows: median
-    |error| 20.7%, signed median +16.8%, 84% inside, half-width 52.6% (25.0% / +16.5% / 86% / 52.8% before
+    |error| 20.7%, signed median +16.8%, 86% inside, half-width 52.8% (84% / 52.6% before mxfp4 multiplied at the
+    engine's activation rate on Blackwell; 25.0% / +16.5% / 86% / 52.8% before
     TensorRT-LLM's caps bounded each attention-DP rank, engine behaviour that made its DEP runs faster; 21.5% /
     +10.2% / 87% / 52.2% before a run's
     last partial wave was priced at its own batch, a bug fix that made the capped runs faster; 18.5% before the H20-measured Marlin MoE tables were carried to other Hopper parts by their SMs,

@@ -23,7 +23,7 @@ from roofline.io.fields import ConfigError, internal, option
 from roofline.model.config import ModelConfig
 from roofline.commands import FormatKeys, LayoutKeys, not_both, priced_weights, served_label
 from roofline.measure.devices import Datasheet, get_datasheet
-from roofline.parallel.engines import check_client, engine_name
+from roofline.parallel.engines import check_client, engine_name, profile
 from roofline.parallel.whatif import matmul_dtype
 
 
@@ -132,7 +132,9 @@ def card_record(req: CardRequest) -> dict:
     if dev is not None and dev.bandwidth_Bps():
         floor = at.bytes_total / dev.bandwidth_Bps()
         rec.update(device=dev.key, device_bw_GBps=dev.mem_bw_GBps, decode_floor_s=floor,
-                   decode_ceiling_tok_s=req.batch / floor, ridge_dtype=matmul_dtype(dev, parse_precision(dtype)))
+                   decode_ceiling_tok_s=req.batch / floor,
+                   ridge_dtype=matmul_dtype(dev, parse_precision(dtype), "weights",  # mxfp4: the named engine's MMA
+                                            profile(req.engine, 1).mxfp4_activations if req.engine else "bf16"))
         rec["ridge_flop_per_byte"] = dev.ridge(rec["ridge_dtype"])
     if dev is not None and dev.mem_bytes:
         rec.update(_fit_on(cfg, dtype, dev, req.batch, max(req.context, 1), req.engine))

@@ -66,6 +66,7 @@ class Engine:
     local_pool: tuple = ()  # ((kind, "window" | "full" | fraction), ...): what its KV pool holds for windowed layers
     step_batching: str = "beside"  # engines.yaml step_batching: how a prompt chunk shares a step with the decodes (STEP_BATCHING)
     dp_limits: str = "whole"  # engines.yaml dp_attention_limits: its chunk and sequence caps bound each attention-DP rank or all
+    mxfp4_activations: str = "bf16"  # engines.yaml mxfp4_activations: what its fp4 tensor-core kernels multiply mxfp4 weights with
 
 
 def local_attention(e: dict, where: str) -> tuple[tuple, tuple]:
@@ -102,6 +103,16 @@ def dp_attention_limits(e: dict, where: str) -> str:
     v = (e.get("dp_attention_limits") or {}).get("value", "whole")
     if v not in DP_LIMITS:
         raise ConfigError(f"{where}.dp_attention_limits: {v!r}: allowed {list(DP_LIMITS)}")
+    return v
+
+
+MX_ACTS = ("fp8", "bf16")  # engines.yaml mxfp4_activations: mxfp8 activations (W4A8) or the activations' bf16 (W4A16)
+
+
+def mxfp4_activations(e: dict, where: str) -> str:
+    v = (e.get("mxfp4_activations") or {}).get("value", "bf16")
+    if v not in MX_ACTS:
+        raise ConfigError(f"{where}.mxfp4_activations: {v!r}: allowed {list(MX_ACTS)}")
     return v
 
 
@@ -216,7 +227,7 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
                       merged=merged_gemms(e, f), prefill_chunk_tiers=device_tiers(e, "prefill_chunk_tokens", f),
                       max_running_tiers=device_tiers(e, "max_running_seqs", f),
                       local_reads=local_reads, local_pool=local_pool, step_batching=step_batching(e, f),
-                      dp_limits=dp_attention_limits(e, f))
+                      dp_limits=dp_attention_limits(e, f), mxfp4_activations=mxfp4_activations(e, f))
     except KeyError as err:
         raise ConfigError(f"{f}: missing key {err.args[0]!r}") from None
 

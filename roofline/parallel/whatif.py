@@ -171,15 +171,27 @@ def native_rate(device: Datasheet, kind: str) -> bool:
     return device.peak_flops(kind) is not None
 
 
-def matmul_dtype(device: Datasheet, prec: Precision, cls: str = "weights") -> str:
+MX_ACTIVATIONS = {"fp8": "float8_e4m3fn", "bf16": None}  # engines.yaml mxfp4_activations -> the MMA's other operand
+
+
+def matmul_dtype(device: Datasheet, prec: Precision, cls: str = "weights", mx_act: str = "bf16") -> str:
     """The dtype whose datasheet FLOP/s a weight class's GEMMs run at on this device (formats.compute_dtype;
-    fp8 / fp4 weights on a device without such tensor cores are dequantised to the activations)."""
+    fp8 / fp4 weights on a device without such tensor cores are dequantised to the activations). mxfp4 weights
+    (OCP microscaling, gpt-oss's experts) carry no activation format of their own: on fp4 tensor cores an engine
+    multiplies them with its own choice of activations (`mx_act`, engines.yaml mxfp4_activations: fp8, the W4A8
+    MMA at the fp8 rate; bf16, at the bf16 rate), never at the fp4 x fp4 rate of nvfp4's W4A4."""
     mm = compute_dtype(prec.label, cls)
-    return mm if device.peak_flops(mm) is not None else prec.activations
+    if device.peak_flops(mm) is None:
+        return prec.activations
+    if mm == "float4_e2m1" and getattr(prec, cls).name == "mxfp4":
+        mm = MX_ACTIVATIONS[mx_act] or prec.activations
+        return mm if device.peak_flops(mm) is not None else prec.activations
+    return mm
 
 
-def _ceilings(device: Datasheet, prec: Precision, cls: str = "weights") -> tuple[float, float, float, float]:
-    mm, attn = matmul_dtype(device, prec, cls), activation_dtype(prec.label)
+def _ceilings(device: Datasheet, prec: Precision, cls: str = "weights",
+              mx_act: str = "bf16") -> tuple[float, float, float, float]:
+    mm, attn = matmul_dtype(device, prec, cls, mx_act), activation_dtype(prec.label)
     bw, f, fa, f32 = device.bandwidth_Bps(), device.peak_flops(mm), device.peak_flops(attn), device.peak_flops("float32")
     if bw is None or f is None or fa is None:
         raise ConfigError(f"device={device.key!r}: no datasheet bandwidth or {mm} / {attn} FLOP/s for a what-if")
@@ -254,7 +266,7 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     per step (step_overhead), the architecture's cost per running sequence (per_seq, kernels.step_seconds_per_seq)
     and the collectives."""
     prec = parse_precision(dtype)
-    bw, f, fa, f32 = _ceilings(device, prec)
+    bw, f, fa, f32 = _ceilings(device, prec, "weights", eng.mxfp4_activations)
     bw *= eng.bw_scale
     if eng.fp16_accumulate and compute_dtype(prec.label) == "float16":  # the engine's fp16 GEMMs accumulate in fp16
         f *= K.fp16_accumulate_speedup(kern, device.key)
@@ -266,10 +278,10 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     Nr = Br * p.q + math.ceil(p.prefill / split)  # tokens through this rank's attention / dense layers
     block_cfg, expert_cfg = _rank_cfgs(cfg, layout)
     wk, dq = _fmt_kind(prec.weights, device), _dequant_ops(prec.weights, device)
-    ek, f_e = _fmt_kind(prec.experts, device), _ceilings(device, prec, "experts")[1]
+    ek, f_e = _fmt_kind(prec.experts, device), _ceilings(device, prec, "experts", eng.mxfp4_activations)[1]
     # the expert GEMMs' input bytes per element: quantized for an fp8 / fp4 tensor-core GEMM (w8a8, w4a4), else the
     # activations'
-    a_in_e = lookup_dtype(matmul_dtype(device, prec, "experts")).bytes
+    a_in_e = lookup_dtype(matmul_dtype(device, prec, "experts", eng.mxfp4_activations)).bytes
     stream = bw * K.weight_bw_fraction("dense", 1, scenario, kern)  # plain streaming: activations, cache writes
 
     def gemm(M, N, Kd, nbytes, kind=wk, ops=dq):
