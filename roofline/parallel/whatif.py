@@ -279,8 +279,8 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     block_cfg, expert_cfg = _rank_cfgs(cfg, layout)
     wk, dq = _fmt_kind(prec.weights, device), _dequant_ops(prec.weights, device)
     ek, f_e = _fmt_kind(prec.experts, device), _ceilings(device, prec, "experts", eng.mxfp4_activations)[1]
-    # the expert GEMMs' input bytes per element: quantized for an fp8 / fp4 tensor-core GEMM (w8a8, w4a4), else the
-    # activations'
+    # the expert GEMMs' input bytes per element: quantized for an fp8 / fp4 tensor-core GEMM (w8a8, w4a4; mxfp4's w4a8
+    # takes fp8 inputs), else the activations'
     a_in_e = lookup_dtype(matmul_dtype(device, prec, "experts", eng.mxfp4_activations)).bytes
     stream = bw * K.weight_bw_fraction("dense", 1, scenario, kern)  # plain streaming: activations, cache writes
 
