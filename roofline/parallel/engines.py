@@ -99,27 +99,15 @@ STEP_BATCHING = ("shared", "prefill_first", "beside")
 DP_LIMITS = ("per_rank", "whole")
 
 
-def dp_attention_limits(e: dict, where: str) -> str:
-    v = (e.get("dp_attention_limits") or {}).get("value", "whole")
-    if v not in DP_LIMITS:
-        raise ConfigError(f"{where}.dp_attention_limits: {v!r}: allowed {list(DP_LIMITS)}")
-    return v
-
-
 MX_ACTS = ("fp8", "bf16")  # engines.yaml mxfp4_activations: mxfp8 activations (W4A8) or the activations' bf16 (W4A16)
 
 
-def mxfp4_activations(e: dict, where: str) -> str:
-    v = (e.get("mxfp4_activations") or {}).get("value", "bf16")
-    if v not in MX_ACTS:
-        raise ConfigError(f"{where}.mxfp4_activations: {v!r}: allowed {list(MX_ACTS)}")
-    return v
-
-
-def step_batching(e: dict, where: str) -> str:
-    v = (e.get("step_batching") or {}).get("value", "beside")
-    if v not in STEP_BATCHING:
-        raise ConfigError(f"{where}.step_batching: {v!r}: allowed {list(STEP_BATCHING)}")
+def choice(e: dict, key: str, allowed: tuple, default: str, where: str) -> str:
+    """engines.yaml <key>'s `value` of a profile, one of `allowed` (absent: `default`); anything else is one error
+    naming the field (step_batching, dp_attention_limits, mxfp4_activations)."""
+    v = (e.get(key) or {}).get("value", default)
+    if v not in allowed:
+        raise ConfigError(f"{where}.{key}: {v!r}: allowed {list(allowed)}")
     return v
 
 
@@ -226,8 +214,10 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
                       kv_pool_fraction=float(pool["fraction"]) if pool else None, kv_pool_of=pool.get("of", "total"),
                       merged=merged_gemms(e, f), prefill_chunk_tiers=device_tiers(e, "prefill_chunk_tokens", f),
                       max_running_tiers=device_tiers(e, "max_running_seqs", f),
-                      local_reads=local_reads, local_pool=local_pool, step_batching=step_batching(e, f),
-                      dp_limits=dp_attention_limits(e, f), mxfp4_activations=mxfp4_activations(e, f))
+                      local_reads=local_reads, local_pool=local_pool,
+                      step_batching=choice(e, "step_batching", STEP_BATCHING, "beside", f),
+                      dp_limits=choice(e, "dp_attention_limits", DP_LIMITS, "whole", f),
+                      mxfp4_activations=choice(e, "mxfp4_activations", MX_ACTS, "bf16", f))
     except KeyError as err:
         raise ConfigError(f"{f}: missing key {err.args[0]!r}") from None
 

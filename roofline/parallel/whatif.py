@@ -780,6 +780,9 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
             ivs[0] = w.calibration.interval(ivs[0]["typical"], ivs[0], C, L)
         return [tuple(iv[name] for iv in ivs) for name in SCENARIOS]
 
+    def wave_seconds(rp, at_s) -> float:  # a fixed-length wave: its ramp steps, then its plain decode steps
+        return rp.R * at_s[4] + (O - 1) / tau * at_s[0]
+
     def per(s, e, at, rp, tail=None):
         """One scenario's figures of the run; `tail` = (ramp, steps) of a fixed-length run's last, partial wave (the
         N - (waves - 1)·C requests the full waves leave, priced at their own batch), else None."""
@@ -805,17 +808,15 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
             mean_itl = mean / tau
             wave = e2e  # one request's stay: what a queued one waits per wave ahead of it
         else:
-            wave = R * whole + (O - 1) / tau * plain
+            wave = wave_seconds(rp, at[s])
             after = max(O - 1 - in_ramp * tau, 0.0) / tau  # its steps after the ramp
             mean_itl = ((paused + in_ramp) * late + after * plain) / max(O - 1, 1)  # prefill_first: in_ramp 0, paused
             ttft = half * first
             e2e = ttft + (paused + in_ramp) * late + after * plain  # a short output ends inside the ramp
             itl50 = late if in_ramp >= (in_ramp + after) / 2 else plain
             itl90 = late if in_ramp > 0.1 * (in_ramp + after) else plain
-            total = waves * wave
-            if tail is not None:  # the last wave runs its own, smaller batch: its ramp and steps, not the full wave's
-                rl, al = tail
-                total += rl.R * al[s][4] + (O - 1) / tau * al[s][0] - wave
+            # the last wave runs its own, smaller batch: its ramp and steps, not the full wave's
+            total = waves * wave if tail is None else (waves - 1) * wave + wave_seconds(tail[0], tail[1][s])
         return dict(ttft_s=ttft + queued * wave, itl_s=itl50, itl_p90_s=itl90, itl_mean_s=mean_itl,
                     e2e_s=e2e + queued * wave, output_tok_s=N * O / total, running=float(C),
                     prefill_chunk_tokens=float(budget))
