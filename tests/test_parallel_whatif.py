@@ -938,6 +938,48 @@ def test_a_routed_pair_moves_its_activations_beside_the_experts_weights(monkeypa
     assert 8192 * 8 * 38400 > 256 * 3 * ds.d * ds.moe_ffn / 8  # the chunk's pairs move more than a layer's experts
 
 
+def test_a_blocks_norms_rotary_and_gated_activation_move_their_activations_at_every_batch():
+    """The kernels of a block that are neither GEMM nor attention move each token's activations: vLLM's
+    fused_add_rms_norm twice (reads and writes back the hidden state and the residual: 4 d), silu_and_mul (reads
+    the gate/up output 2F, writes F) and rotary_embedding in place on q and k ((heads + kv_heads) x head_dim each
+    way). Llama 3.1 8B: 8 x 4096 + 3 x 14336 + 2 x 40 x 128 = 86,016 elements a token and layer; at TP 8 the FFN's and
+    the heads' shares shrink by 8, the norms' do not. Priced as streaming (the `elementwise` term), they are
+    nothing at batch 1 and a tenth of a 2048-token chunk's GEMMs at TP 8. Before, none of it was priced."""
+    from roofline.model.accounting import block_elementwise_elements
+    from roofline.parallel.cost import _rank_cfgs
+    cfg = get_preset("llama-3.1-8b")
+    assert block_elementwise_elements(cfg, False) == 8 * 4096 + 3 * 14336 + 2 * 40 * 128 == 86016
+    tp8 = _rank_cfgs(cfg, Layout(tp=8))[0]
+    assert block_elementwise_elements(tp8, False) == 8 * 4096 + 3 * 14336 // 8 + 2 * 5 * 128
+    ds = get_preset("deepseek-v3")  # MLA: the rope part of the 128 query heads and the one rope key, the two latents
+    assert block_elementwise_elements(ds, True) == 8 * 7168 + 3 * 2048 + 2 * (128 * 64 + 64) + 2 * (1536 + 512)
+    dev = get_datasheet("h100_sxm")
+    kern, bw = kernels.load_kernels(), dev.bandwidth_Bps()
+    stream = bw * kernels.weight_bw_fraction("dense", 1, 1, kern)
+    w = WhatIf(cfg, dev, "bfloat16", Layout(tp=8), Setting(bands=()))
+    for p, tokens in ((Pass(1, 1, 1000), 1), (Pass(0, 1, 0, 2048, 1024), 2048)):
+        d = w.pass_detail(p, 1, "vllm")["terms"]
+        assert d["elementwise"] == pytest.approx(cfg.layers * tokens * 2 * block_elementwise_elements(tp8, False) / stream)
+    one, chunk = (w.pass_detail(p, 1, "vllm")["terms"] for p in (Pass(1, 1, 1000), Pass(0, 1, 0, 2048, 1024)))
+    assert one["elementwise"] < 0.01 * one["dense"] and 0.05 < chunk["elementwise"] / chunk["dense"] < 0.5
+
+
+def test_a_gemm_moves_its_input_and_output_rows_beside_its_weights():
+    """A GEMM's memory term is its weights plus its M input rows (K elements in the GEMM's input dtype) and M
+    output rows (N in the activations'): at 256 rows they are a tenth of a TP-8 shard's fp8 weights. They stream
+    at the plain (M = 1) fraction, not at the weights' fraction at M, which past M = 64 is a measured GEMM's whole
+    time. Before, only the weights were counted."""
+    kern, dev = kernels.load_kernels(), get_datasheet("h100_sxm")
+    bw, f, f32 = dev.bandwidth_Bps(), dev.peak_flops("float8_e4m3fn"), dev.peak_flops("float32")
+    M, N, K = 256, 7168, 8192
+    bare = kernels.gemm_seconds(M, N, K, N * K, "fp8", 0, bw, f, f32, dev.key, 1, kern)
+    io = M * (K * 1 + N * 2)
+    full = kernels.gemm_seconds(M, N, K, N * K, "fp8", 0, bw, f, f32, dev.key, 1, kern, io)
+    stream = dev.bandwidth_Bps() * kernels.weight_bw_fraction("dense", 1, 1, kern)
+    assert full["memory"] == pytest.approx(bare["memory"] + io / stream)
+    assert full["compute"] == bare["compute"] and 0.05 < io / (N * K) < 0.5
+
+
 def test_an_mla_prompt_is_priced_as_the_multi_head_attention_the_engines_run_for_prefill():
     """vLLM's MLA (attention/backends/mla/common.py) runs a prefill the "compute friendly" way: the cached latents
     up-projected to per-head keys and values, then attention at the heads' own widths (DeepSeek-V3: 192 + 128),
@@ -1361,7 +1403,9 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran, their intervals widened by the
     conformal bands of the calibration anchors no prior cites (each source weighing one): bounds at the level
     measured when this test was last set plus a small margin, so a regression fails. All 94 test rows: median
-    |error| 20.7%, signed median +16.8%, 86% inside, half-width 52.8% (84% / 52.6% before mxfp4 multiplied at the
+    |error| 21.6%, signed median +14.8%, 85% inside, half-width 51.5% (20.7% / +16.8% / 86% / 52.8% before a block's
+    norms, rotary and gated activation and a GEMM's input and output rows moved their activations, physics that
+    slowed the too-fast rows and moved rows near the median across it; 84% / 52.6% before mxfp4 multiplied at the
     engine's activation rate on Blackwell; 25.0% / +16.5% / 86% / 52.8% before
     TensorRT-LLM's caps bounded each attention-DP rank, engine behaviour that made its DEP runs faster; 21.5% /
     +10.2% / 87% / 52.2% before a run's
@@ -1369,15 +1413,14 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     which made TensorRT-LLM's Hopper gpt-oss rows faster still; 20.6% before CDNA3's cost per running sequence moved
     one MI300X row across the median; 23.0% before an MLA prompt was priced as multi-head attention: one row crossed
     a gap in the sorted errors), signed median +10.2% (too fast), 87% inside, median half-width 52.2% (45.1% before
-    the ROCm blog's page became a prior's source, vllm-v0-rocm, and its 32 rows left the bands); quantized 27.1% /
-    +10.6%; TP 29.2% / +9.8%; MoE 31.0% / +16.9% (29.5% / +19.1% before a routed pair's activation traffic was priced; 19.5% / +11.1% / 84% before a grouped GEMM's waves counted every
-    expert's tiles together and the engines' step batching was read from their schedulers: a bug fix and engine
-    behaviour that made the too-fast rows faster, docs/planning.md). The 35 rows held out before 2026-12-06
-    (sources of dense, int4 / int8, fp8 and MoE deployments of 2023-2025): 9.3% / -2.4%, held apart so that the 59
-    rows added with the fp4 formats, gpt-oss and Llama 4 (30.5% / +16.9%: docs/planning.md, "Validation") cannot
-    hide a regression on them. Of the issue's targets (10%, +-5%, 80% inside, half-width <= 25%) only the share
+    the ROCm blog's page became a prior's source, vllm-v0-rocm, and its 32 rows left the bands); now: quantized
+    24.5% / +15.0%, TP 29.0% / +16.0%, MoE 29.9% / +24.9% (their history: docs/planning.md). The 35 rows held out
+    before 2026-12-06 (sources of dense, int4 / int8, fp8 and MoE deployments of 2023-2025): 9.3% / -2.5%, held apart
+    so that the 59 rows added with the fp4 formats, gpt-oss and Llama 4 (33.8% / +28.8%: docs/planning.md,
+    "Validation") cannot hide a regression on them. Of the issue's targets (10%, +-5%, 80% inside, half-width <= 25%) only the share
     inside is met on all 94 rows; on the 35, the median and the signed median are met too. The calibration split
-    is held too (275 rows: 12.0%, +1.7%, 95% inside, half-width 61.9%; 14.3% before the Marlin MoE tables' SM
+    is held too (275 rows: 11.9%, +0.7%, 96% inside, half-width 60.5%; 12.0% / +1.7% before the elementwise traffic;
+    14.3% before the Marlin MoE tables' SM
     transfer, 15.3% before CDNA3's cost per running sequence; 15.5% before an MLA prompt was priced as
     multi-head attention, 15.2% before a routed pair's activations were
     priced, 15.5% before the ROCm build of vLLM V0 had its own host time; 16.4% before dstack's SGLang 0.4 rows took the
@@ -1388,17 +1431,17 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     t, q, m, c = s["test"]["all"], s["test"]["quantized"], s["test"]["moe"], s["calibration"]["all"]
     tp, sp = s["test"]["tp"], s["test"]["speculative"]
     assert t["n"] >= 94
-    assert t["median_abs_error_pct"] <= 21.5
-    assert abs(t["signed_median_fast_pct"]) <= 17.5
+    assert t["median_abs_error_pct"] <= 22.0
+    assert abs(t["signed_median_fast_pct"]) <= 15.5
     assert t["inside_interval"] >= 0.81
-    assert t["median_half_width_pct"] <= 53.5
-    assert q["median_abs_error_pct"] <= 27.5 and abs(q["signed_median_fast_pct"]) <= 18.5
-    assert tp["median_abs_error_pct"] <= 30.5 and abs(tp["signed_median_fast_pct"]) <= 18.0
-    assert m["median_abs_error_pct"] <= 33.5 and abs(m["signed_median_fast_pct"]) <= 31.5
+    assert t["median_half_width_pct"] <= 52.5
+    assert q["median_abs_error_pct"] <= 25.5 and abs(q["signed_median_fast_pct"]) <= 16.0
+    assert tp["median_abs_error_pct"] <= 30.0 and abs(tp["signed_median_fast_pct"]) <= 17.0
+    assert m["median_abs_error_pct"] <= 31.0 and abs(m["signed_median_fast_pct"]) <= 26.0
     assert sp["n"] == 2 and sp["median_half_width_pct"] >= 10.0
-    assert c["n"] >= 270 and c["median_abs_error_pct"] <= 13.5 and abs(c["signed_median_fast_pct"]) <= 5.0
+    assert c["n"] >= 270 and c["median_abs_error_pct"] <= 13.0 and abs(c["signed_median_fast_pct"]) <= 5.0
     assert c["inside_interval"] >= 0.88
-    assert c["median_half_width_pct"] <= 63.0
+    assert c["median_half_width_pct"] <= 62.0
     added = ("trtllm_perf_overview_gptoss", "trtllm_perf_fp4_03e27c7", "lmsys_blog_sglang_gptoss_2025_08",
              "vllm_blog_llama4_2025_04", "trtllm_perf_overview_llama4_maverick", "trtllm_perf_v10_llama4_scout")
     before = anchors.summary(t_all[~t_all["source"].isin(added)])["test"]["all"]

@@ -246,6 +246,29 @@ def linear_flops_per_token(cfg: ModelConfig, q: int, v_heads: int | None = None)
     return float(nv * per_head)
 
 
+def block_elementwise_elements(cfg: ModelConfig, moe: bool, linear: bool = False) -> float:
+    """Elements one token moves through DRAM in one block's kernels that are neither a GEMM nor attention nor a
+    routed expert (expert_pair_io_bytes), as vLLM runs them (csrc/layernorm_kernels.cu, activation_kernels.cu,
+    pos_encoding_kernels.cu through vllm/_custom_ops.py): two fused residual-add + RMSNorms, each reading the
+    hidden state and the residual and writing both back in place (4 d); SiluAndMul over each SwiGLU's gate/up
+    output (silu_and_mul(out [.., F], input [.., 2F]): read 2F, write F; the dense FFN's or the shared expert's);
+    rotary_embedding in place on the query and key heads (read and write (heads + kv_heads) x head_dim; MLA: the
+    rope part of every query head and the one shared rope key, plus the RMSNorms of the q and kv latents). A Gated
+    DeltaNet layer: the norms and its FFN only (its conv and gating are not counted). Multiply by the activation
+    bytes. Assumption: the other engines move the same bytes (TensorRT-LLM, which fuses the rotary into its
+    attention kernel, moves less; the rotary's share is small)."""
+    d = cfg.d
+    n = 2 * 4 * d
+    n += 3 * sum(N for name, N, _ in block_matrices(cfg, moe, linear) if name.endswith(".w1"))
+    if linear:
+        return float(n)
+    if cfg.is_mla:
+        n += 2 * (cfg.heads * cfg.qk_rope_dim + cfg.qk_rope_dim) + 2 * (cfg.q_lora_rank + cfg.kv_lora_rank)
+    else:
+        n += 2 * (cfg.heads + cfg.kv_heads) * cfg.head_dim
+    return float(n)
+
+
 # ---- quantized formats: which matrices take the weight format, and their exact bytes ---------------
 
 def block_matrices(cfg: ModelConfig, moe: bool, linear: bool = False) -> list[tuple[str, int, int]]:

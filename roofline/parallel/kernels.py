@@ -155,11 +155,17 @@ def weight_bw_fraction(fmt_kind: str, M: float, scenario: int, kern: dict) -> fl
 
 
 def gemm_seconds(M: float, N: int, K: int, weight_bytes: float, fmt_kind: str, dequant_ops_per_weight: int,
-                 bw_Bps: float, flops: float, fp32_flops: float, device_key: str, scenario: int, kern: dict) -> dict:
-    """max(weights / bandwidth at this M, FLOPs / tensor rate at this shape + dequantisation)."""
+                 bw_Bps: float, flops: float, fp32_flops: float, device_key: str, scenario: int, kern: dict,
+                 io_bytes: float = 0.0) -> dict:
+    """max(weights / bandwidth at this M + io_bytes / plain streaming, FLOPs / tensor rate at this shape +
+    dequantisation). io_bytes: the M rows of input read and of output written, beside the weights (at 256 rows a
+    tenth of a TP-8 shard's fp8 weights), streamed at the dense M = 1 fraction: the weights' fraction falls with M
+    where the table is a measured GEMM's whole time (weight_only.dense beyond M = 64), which holds its rows' traffic
+    already."""
     if M <= 0:
         return dict(memory=0.0, compute=0.0, seconds=0.0)
-    t_mem = weight_bytes / (bw_Bps * weight_bw_fraction(fmt_kind, M, scenario, kern))
+    t_mem = (weight_bytes / (bw_Bps * weight_bw_fraction(fmt_kind, M, scenario, kern))
+             + io_bytes / (bw_Bps * weight_bw_fraction("dense", 1, scenario, kern)))
     t_mm = 2.0 * M * N * K / (flops * peak_fraction(fmt_kind, scenario, kern, device_key)
                                * tile_wave_utilisation(M, N, device_key, kern))
     tm = _arch(kern, device_key)["tile_m"]

@@ -48,8 +48,9 @@ from roofline.io.fields import ConfigError
 from roofline.model.speculation import DRAFTERS
 from roofline.measure.devices import Datasheet
 from roofline.measure.memory import HEADROOM
-from roofline.model.accounting import (block_matrices, block_weight_bytes, expert_bytes, expert_pair_io_bytes,
-                                       indexer_flops, kv_read_bytes_per_seq_layer, linear_flops_per_token)
+from roofline.model.accounting import (block_elementwise_elements, block_matrices, block_weight_bytes, expert_bytes,
+                                       expert_pair_io_bytes, indexer_flops, kv_read_bytes_per_seq_layer,
+                                       linear_flops_per_token)
 from roofline.model.config import ModelConfig, kind_counts
 from roofline.model.dtypes import lookup as lookup_dtype
 from roofline.model.formats import Precision, activation_dtype, compute_dtype, parse_precision
@@ -262,9 +263,9 @@ def launch_seconds(eng, setting: Setting, scenario: int, priors: dict, n: int, n
 def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datasheet, eng, scenario: int,
                  kern: dict, priors: dict, setting: Setting = Setting(), mtp: bool = False) -> dict:
     """Seconds of one rank's forward (one pipeline stage; an MTP module's pass with mtp=True), by term: the GEMMs
-    of the dense part and the experts, attention, the LM head, the per-layer launch floor, the engine's host time
-    per step (step_overhead), the architecture's cost per running sequence (per_seq, kernels.step_seconds_per_seq)
-    and the collectives."""
+    of the dense part and the experts, the kernels between them (elementwise: norms, rotary, gated activation),
+    attention, the LM head, the per-layer launch floor, the engine's host time per step (step_overhead), the
+    architecture's cost per running sequence (per_seq, kernels.step_seconds_per_seq) and the collectives."""
     prec = parse_precision(dtype)
     bw, f, fa, f32 = _ceilings(device, prec, "weights", eng.mxfp4_activations)
     bw *= eng.bw_scale
@@ -284,8 +285,11 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     a_in_e = lookup_dtype(matmul_dtype(device, prec, "experts", eng.mxfp4_activations)).bytes
     stream = bw * K.weight_bw_fraction("dense", 1, scenario, kern)  # plain streaming: activations, cache writes
 
-    def gemm(M, N, Kd, nbytes, kind=wk, ops=dq):
-        return K.gemm_seconds(M, N, Kd, nbytes, kind, ops, bw, f, f32, device.key, scenario, kern)
+    a_in = lookup_dtype(matmul_dtype(device, prec, "weights", eng.mxfp4_activations)).bytes
+
+    def gemm(M, N, Kd, nbytes, kind=wk, ops=dq, a_in=a_in):  # + its M input rows (the GEMM's dtype), M output rows
+        return K.gemm_seconds(M, N, Kd, nbytes, kind, ops, bw, f, f32, device.key, scenario, kern,
+                              M * (Kd * a_in + N * a))
 
     def block(moe: bool, linear: bool = False) -> dict:
         mats = block_matrices(block_cfg, moe, linear)
@@ -293,7 +297,8 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
         rest = (block_weight_bytes(block_cfg, moe, prec, linear)
                 - sum(prec.weights.matrix_bytes(N, Kd, a) for _, N, Kd in mats))
         t_rest = rest / (bw * K.weight_bw_fraction("dense", Nr, scenario, kern))  # norms, router in act dtype
-        out = dict(dense=sum(x["seconds"] for x in g) + t_rest, experts=0.0)
+        out = dict(dense=sum(x["seconds"] for x in g) + t_rest, experts=0.0,
+                   elementwise=Nr * a * block_elementwise_elements(block_cfg, moe, linear) / stream)
         if moe:
             routed = p.B * p.q + p.prefill
             touched = experts_touched_busiest_rank(cfg, routed, layout.ep)
@@ -312,6 +317,7 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     blocks = {kind: block(*kind) for kind in kinds}  # (MoE, linear attention) -> its terms
     t_dense = sum(c * blocks[kind]["dense"] for kind, c in kinds.items())
     t_experts = sum(c * blocks[kind]["experts"] for kind, c in kinds.items())
+    t_elem = sum(c * blocks[kind]["elementwise"] for kind, c in kinds.items())  # norms, rotary, gated activation
     moe_blk = next((b for (moe, _), b in blocks.items() if moe), None)
     # decode attention (KV traffic and arithmetic overlapped), prefill attention compute-bound
     kv_tok = kv_token_bytes_rank(cfg, layout, prec)
@@ -345,9 +351,9 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     head_M = Br * p.q
     hk = _fmt_kind(prec.lm_head, device) if not cfg.tie_embeddings else "dense"
     t_head = gemm(head_M, s.vocab_head, cfg.d, rank_head_bytes(cfg, layout, prec), hk,
-                  0 if cfg.tie_embeddings else _dequant_ops(prec.lm_head, device))["seconds"]
+                  0 if cfg.tie_embeddings else _dequant_ops(prec.lm_head, device), a)["seconds"]
     if mtp:  # eh_proj (2d -> d, activation dtype)
-        t_head += gemm(Nr, cfg.d, 2 * cfg.d, 2 * cfg.d * cfg.d * a, "dense", 0)["seconds"]
+        t_head += gemm(Nr, cfg.d, 2 * cfg.d, 2 * cfg.d * cfg.d * a, "dense", 0, a)["seconds"]
     t_launch = launch_seconds(eng, setting, scenario, priors, n, n_moe, block_cfg, device.key, kern)
     rc = rank_forward_cost(cfg, layout, prec.label, max(Nr * split, 1), 1, 0)
     comm = 0.0
@@ -361,7 +367,7 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
         busbw = K.pick(pl["busbw_GBps"], scenario, f"priors.interconnects.{link}.busbw_GBps") * 1e9
         count = c.count if not mtp else max(1, round(c.count * n / max(sum(stage_kinds(cfg, layout).values()), 1)))
         comm += count * (lat + c.size_bytes * bus_factor(c.kind, max(layout.tp, 2)) / busbw)
-    terms = dict(dense=t_dense, experts=t_experts, attention=t_attn, lm_head=t_head, per_layer=t_launch,
+    terms = dict(dense=t_dense, experts=t_experts, elementwise=t_elem, attention=t_attn, lm_head=t_head, per_layer=t_launch,
                  step_overhead=0.0 if mtp else eng.step_overhead_s + eng.step_overhead_per_seq_s * (p.B + (p.prefill > 0)),
                  per_seq=0.0 if mtp else K.step_seconds_per_seq(scenario, kern, device.key) * (Br + (pre_r > 0)),
                  comm=comm)
