@@ -2,6 +2,7 @@
 answer behind capacity (with and without layouts) / predict / card, workload pricing, calibration,
 and the anchors' split. Logic tests run on tests/fixtures/whatif (PLACEHOLDER numbers, not priors)."""
 
+import dataclasses
 import functools
 import json
 import math
@@ -559,6 +560,66 @@ def _refused_engine_entry(tmp_path, engine: str, key: str, value: str) -> None:
         engines.load_engines.cache_clear()
 
 
+def test_cuda_graph_sizes_read_as_sizes_and_ranges_and_a_batch_pads_to_the_next_one():
+    """engines.yaml graph_padding sizes: single sizes and inclusive [first, last, step] ranges; a batch pads to the
+    smallest size at least its own, and stays itself above the largest (no graph) or without sizes."""
+    assert engines.graph_sizes([1, 2, 4, [8, 32, 8]], "x") == (1, 2, 4, 8, 16, 24, 32)
+    assert engines.graph_sizes(None, "x") == () and engines.graph_sizes([], "x") == ()
+    for bad in ([0], [[8, 4, 1]], [[1, 2]], "1, 2", [True]):
+        with pytest.raises(ConfigError, match=r"^where: "):
+            engines.graph_sizes(bad, "where")
+    sizes = (1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 1024)
+    assert [engines.padded_batch(b, sizes) for b in (1, 3, 130, 300, 850, 1024, 1500)] == [1, 4, 256, 384, 1024, 1024,
+                                                                                         1500]
+    assert engines.padded_batch(7, ()) == 7
+    assert engines.profile("vllm", 1).graph_sizes[:5] == (1, 2, 4, 8, 16) and engines.profile("vllm", 1).graph_sizes[-1] == 512
+    assert engines.profile("trtllm", 1).graph_sizes == ()  # CudaGraphConfig.enable_padding defaults to false
+
+
+def test_a_decode_only_step_under_padded_cuda_graphs_runs_its_gemms_at_the_captured_batch():
+    """An engine that captures decode batches as CUDA graphs with padding (vLLM: multiples of 8; TensorRT-LLM when a
+    run sets enable_padding with its batch_sizes, as its perf-overview pages do) runs a decode-only step of b
+    sequences at the next captured size: its GEMMs, the activations between them and the LM head at that batch,
+    attention at the b real sequences. A step with a prompt chunk is not padded, nor a batch whose padded size
+    exceeds the engine's cap on running sequences (TensorRT-LLM: 'It would create too many concurrent requests')."""
+    cfg, dev = get_preset("llama-3.1-70b"), get_datasheet("h200_sxm")
+    sizes = (1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 1024, 2048, 4096, 8192)
+    pad = WhatIf(cfg, dev, "bfloat16+weights=fp8+kv=fp8", Layout(), Setting(engine="trtllm", bands=(),
+                                                                              graph_batch_sizes=sizes))
+    raw = WhatIf(cfg, dev, "bfloat16+weights=fp8+kv=fp8", Layout(), Setting(engine="trtllm", bands=()))
+    t = {name: w.pass_detail(Pass(b, 1, 1152), 1, "trtllm")["terms"] for name, w, b in
+         (("padded", pad, 172), ("raw", raw, 172), ("raw256", raw, 256))}
+    for term in ("dense", "elementwise", "lm_head"):
+        assert t["padded"][term] == pytest.approx(t["raw256"][term]) and t["padded"][term] > t["raw"][term]
+    assert t["padded"]["attention"] == pytest.approx(t["raw"]["attention"])
+    assert t["padded"]["dense"] > 1.15 * t["raw"]["dense"]  # compute-bound (172 rows already run as 3 tiles of 64)
+    chunk = Pass(172, 1, 1152, 512, 256)  # a step with a prompt chunk runs unpadded
+    assert pad.pass_detail(chunk, 1, "trtllm")["seconds"] == pytest.approx(raw.pass_detail(chunk, 1, "trtllm")["seconds"])
+    over = Pass(1500, 1, 256)  # 1500 pads to 2048, within TensorRT-LLM's 2048; 2100 would pad to 4096 > 2048
+    assert pad.pass_detail(over, 1, "trtllm")["terms"]["dense"] == pytest.approx(
+        raw.pass_detail(Pass(2048, 1, 256), 1, "trtllm")["terms"]["dense"])
+    beyond = Pass(2100, 1, 256)
+    assert pad.pass_detail(beyond, 1, "trtllm")["seconds"] == pytest.approx(raw.pass_detail(beyond, 1, "trtllm")["seconds"])
+    eager = WhatIf(cfg, dev, "bfloat16+weights=fp8+kv=fp8", Layout(), Setting(engine="trtllm", bands=(), graphs=False,
+                                                                                graph_batch_sizes=sizes))
+    assert eager.pass_detail(Pass(172, 1, 1152), 1, "trtllm")["terms"]["dense"] == pytest.approx(t["raw"]["dense"])
+    vllm = WhatIf(cfg, dev, "bfloat16+weights=fp8+kv=fp8", Layout(), Setting(engine="vllm", bands=()))
+    assert vllm.pass_detail(Pass(300, 1, 1152), 1, "vllm")["terms"]["dense"] == pytest.approx(
+        vllm.pass_detail(Pass(304, 1, 1152), 1, "vllm")["terms"]["dense"])  # vLLM: the multiples of 8
+
+
+def test_an_anchors_graph_batch_sizes_are_the_runs_own(tmp_path):
+    """An anchor whose source prints its engine's CUDA-graph sizes (workload.graph_batch_sizes) is priced with them in
+    place of the engine's default: TensorRT-LLM's perf-overview runs pad to [1, 2, 4, ..., 384, 512, 1024, ...]."""
+    models, _, rows = anchors.load()
+    a = next(r for r in rows if r["id"] == "trt10-h200-llama33-70b-fp8-tp1-128-2048")
+    assert 384 in a["workload"]["graph_batch_sizes"]
+    bare = dict(a, workload={k: v for k, v in a["workload"].items() if k != "graph_batch_sizes"})
+    padded, plain = (anchors.what_if(x, models[a["model"]], Setting(engine="trtllm", bands=()), models)
+                     for x in (a, bare))
+    assert padded["typical"] < plain["typical"]  # 172 running (its KV pool) pad to 256: fewer tokens a second
+
+
 def test_an_unknown_step_batching_is_one_error_naming_the_field(tmp_path):
     _refused_engine_entry(tmp_path, "sglang", "step_batching", "mixed")
 
@@ -816,13 +877,15 @@ def test_vllm_v0_runs_block_fp8_experts_at_its_triton_kernels_measured_share_on_
 def test_sglang_0_4_is_sglang_with_the_triton_block_fp8_experts_of_early_2025(monkeypatch):
     """SGLang 0.4.x before DeepGEMM became its default (PR #5628, 2025-04) ran DeepSeek's block-fp8 experts through
     its Triton fused_moe (vLLM's kernel, the N tile locked to the quant block): the sglang-0.4 profile is `sglang`
-    with vllm-v0's measured ratio on those experts, on NVIDIA parts only, and nothing else different. dstack's
-    SGLang 0.4.2 / 0.4.3 rows (calibration) are priced with it; no other anchor states a 0.4 release."""
+    with vllm-v0's measured ratio on those experts, on NVIDIA parts only, and its release's CUDA-graph batches (1, 2,
+    4 and the multiples of 8 to 160), nothing else different. dstack's SGLang 0.4.2 / 0.4.3 rows (calibration) are
+    priced with it; no other anchor states a 0.4 release."""
     _without_pair_io(monkeypatch)  # the ratio scales the weights' streaming; the pairs' traffic is not the kernel's
     import dataclasses
     old, new = engines.profile("sglang-0.4", 1), engines.profile("sglang", 1)
     diff = {f.name for f in dataclasses.fields(old) if getattr(old, f.name) != getattr(new, f.name)}
-    assert diff == {"name", "grouped_bw_ratio"}
+    assert diff == {"name", "grouped_bw_ratio", "graph_sizes"}
+    assert old.graph_sizes == (1, 2, 4, *range(8, 161, 8))
     assert dict(old.grouped_bw_ratio) == dict(engines.profile("vllm-v0", 1).grouped_bw_ratio) == {"fp8_block": 0.29}
     ds, prec = get_preset("deepseek-r1"), "bfloat16+weights=fp8_b128"
 
@@ -1086,6 +1149,46 @@ def test_capacity_and_layouts_honour_calibrate_with_one_answer(fixture_data, tmp
     assert summary["calibration_scale"] == pytest.approx(1.5)
 
 
+def test_card_capacity_and_predict_honour_graph_batch_sizes():
+    """`graph_batch_sizes=` (roofline.commands.GraphKeys) reaches the what-if of card, capacity (one layout and
+    layouts=true) and predict: a TensorRT-LLM decode step of 172 sequences priced as the 256 it pads to; a bad size
+    is one error naming the key."""
+    from roofline.analysis.capacity import plan_whatif
+    from roofline.commands.capacity import DEVICE_AS, plan_layouts, request_from_config
+    from roofline.commands.card import CardRequest, card_record
+    from roofline.commands.predict import predict_command
+    cfg, dev = get_preset("llama-3.1-70b"), get_datasheet("h200_sxm")
+    sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    keys = ("model=llama-3.1-70b", "device=h200_sxm", "engine=trtllm", "weights=fp8", "kv=fp8", "B=[172]", "context=1024",
+            "output=256", "itl_target_ms=1e4", "out_dir=''")
+
+    def itl(graph_batch_sizes):
+        w = WhatIf(cfg, dev, "bfloat16+weights=fp8+kv=fp8", Layout(),
+                   Setting(engine="trtllm", graph_batch_sizes=graph_batch_sizes))
+        return w.itl(172, 1024 + 128)["typical"]
+    assert itl(tuple(sizes)) > 1.1 * itl(None)
+    for extra, want in (((), itl(None)), ((f"graph_batch_sizes={sizes}".replace(" ", ""),), itl(tuple(sizes)))):
+        c = composed("capacity", *keys, *extra, device_as=DEVICE_AS)
+        c.pop("overrides"), c.pop("layouts")
+        one, _ = plan_whatif(request_from_config(dict(c)))
+        rows, _ = plan_layouts(dict(c))
+        assert float(one.iloc[0]["itl_ms"]) == pytest.approx(1e3 * want)
+        assert float(rows[rows["layout"] == "tp1"].iloc[0]["itl_ms"]) == pytest.approx(1e3 * want)
+    rec = card_record(CardRequest(model=cfg, dtype="bfloat16+weights=fp8+kv=fp8", device=dev, batch=172, context=1152,
+                                  engine="trtllm", graph_sizes=tuple(sizes)))
+    assert rec["whatif_itl_ms"] == pytest.approx(1e3 * itl(tuple(sizes)))
+    base = dict(fit=None, device="h200_sxm", tp=1, ep=1, dp_attention=False, engine="trtllm", calibrate=None,
+                model=dataclasses.asdict(cfg), dtype="bfloat16", weights="fp8", kv="fp8", lm_head=None, alphas=[0.8],
+                k=[0], B=[172], L=[1152], overrides=[])
+    plain, padded = (predict_command(dict(base, graph_batch_sizes=g))[0] for g in (None, sizes))
+    assert f"{1e3 * itl(tuple(sizes)):.3f}"[:5] in padded and plain != padded
+    with pytest.raises(ConfigError, match=r"^graph_batch_sizes: 0: allowed a size >= 1"):
+        predict_command(dict(base, graph_batch_sizes=[0]))
+    with pytest.raises(ConfigError, match=r"graph_batch_sizes: 'x': allowed a size >= 1"):
+        composed_card = composed("card", "model=llama-3.1-70b", "device=h200_sxm", "graph_batch_sizes=[x]")
+        engines.graph_batch_sizes(composed_card)
+
+
 def test_predict_what_if_honours_formats_and_prices_plain_decode_without_mtp(fixture_data):
     from dataclasses import asdict
 
@@ -1304,6 +1407,8 @@ def _one_anchor(**over):
     (_one_anchor(workload=dict(concurrency=4, input_len=9, output_len=9, num_prompts="x"), metric="output_tok_s"),
      r"\(a1\): workload.num_prompts='x'"),
     (_one_anchor(metric="output_tok_s"), r"\(a1\): metric='output_tok_s' needs a workload \{concurrency"),
+    (_one_anchor(workload=dict(B=1, L=1, graph_batch_sizes=[1, "x"])),
+     r"\(a1\): workload.graph_batch_sizes: 'x': allowed a size >= 1 or a range"),
     (_one_anchor(value=float("nan")), r"\(a1\): value=nan: allowed numbers in \(0.0, inf\)"),
     (_one_anchor(value=-1), r"\(a1\): value=-1: allowed numbers in \(0.0, inf\)"),
     (_one_anchor(tp="x"), r"\(a1\): tp='x': allowed integers >= 1"),
@@ -1403,7 +1508,10 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran, their intervals widened by the
     conformal bands of the calibration anchors no prior cites (each source weighing one): bounds at the level
     measured when this test was last set plus a small margin, so a regression fails. All 94 test rows: median
-    |error| 21.6%, signed median +14.8%, 85% inside, half-width 51.5% (20.7% / +16.8% / 86% / 52.8% before a block's
+    |error| 22.4%, signed median +13.5%, 85% inside, half-width 51.5% (21.6% / +14.8% before TensorRT-LLM's
+    perf-overview runs padded their decode batches to the CUDA-graph sizes their pages print, engine behaviour that
+    slowed its 70B rows of the 35 held out before, already too slow, and its too-fast gpt-oss and Scout rows; 20.7% /
+    +16.8% / 86% / 52.8% before a block's
     norms, rotary and gated activation and a GEMM's input and output rows moved their activations, physics that
     slowed the too-fast rows and moved rows near the median across it; 84% / 52.6% before mxfp4 multiplied at the
     engine's activation rate on Blackwell; 25.0% / +16.5% / 86% / 52.8% before
@@ -1414,11 +1522,11 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     one MI300X row across the median; 23.0% before an MLA prompt was priced as multi-head attention: one row crossed
     a gap in the sorted errors), signed median +10.2% (too fast), 87% inside, median half-width 52.2% (45.1% before
     the ROCm blog's page became a prior's source, vllm-v0-rocm, and its 32 rows left the bands); now: quantized
-    24.5% / +15.0%, TP 29.0% / +16.0%, MoE 29.9% / +24.9% (their history: docs/planning.md). The 35 rows held out
-    before 2026-12-06 (sources of dense, int4 / int8, fp8 and MoE deployments of 2023-2025): 9.3% / -2.5%, held apart
-    so that the 59 rows added with the fp4 formats, gpt-oss and Llama 4 (33.8% / +28.8%: docs/planning.md,
-    "Validation") cannot hide a regression on them. Of the issue's targets (10%, +-5%, 80% inside, half-width <= 25%) only the share
-    inside is met on all 94 rows; on the 35, the median and the signed median are met too. The calibration split
+    24.2% / +14.3%, TP 29.0% / +16.0%, MoE 29.2% / +24.3% (their history: docs/planning.md). The 35 rows held out
+    before 2026-12-06 (sources of dense, int4 / int8, fp8 and MoE deployments of 2023-2025): 10.7% / -2.5% (9.3% before
+    the padding), held apart so that the 59 rows added with the fp4 formats, gpt-oss and Llama 4 (33.3% / +26.8%:
+    docs/planning.md, "Validation") cannot hide a regression on them. Of the issue's targets (10%, +-5%, 80% inside, half-width <= 25%) only the share
+    inside is met on all 94 rows; on the 35, the signed median is met too (and the median was, to 9.3%). The calibration split
     is held too (275 rows: 11.9%, +0.7%, 96% inside, half-width 60.5%; 12.0% / +1.7% before the elementwise traffic;
     14.3% before the Marlin MoE tables' SM
     transfer, 15.3% before CDNA3's cost per running sequence; 15.5% before an MLA prompt was priced as
@@ -1431,13 +1539,13 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     t, q, m, c = s["test"]["all"], s["test"]["quantized"], s["test"]["moe"], s["calibration"]["all"]
     tp, sp = s["test"]["tp"], s["test"]["speculative"]
     assert t["n"] >= 94
-    assert t["median_abs_error_pct"] <= 22.0
-    assert abs(t["signed_median_fast_pct"]) <= 15.5
+    assert t["median_abs_error_pct"] <= 23.0
+    assert abs(t["signed_median_fast_pct"]) <= 14.5
     assert t["inside_interval"] >= 0.81
     assert t["median_half_width_pct"] <= 52.5
     assert q["median_abs_error_pct"] <= 25.5 and abs(q["signed_median_fast_pct"]) <= 16.0
     assert tp["median_abs_error_pct"] <= 30.0 and abs(tp["signed_median_fast_pct"]) <= 17.0
-    assert m["median_abs_error_pct"] <= 31.0 and abs(m["signed_median_fast_pct"]) <= 26.0
+    assert m["median_abs_error_pct"] <= 30.5 and abs(m["signed_median_fast_pct"]) <= 25.5
     assert sp["n"] == 2 and sp["median_half_width_pct"] >= 10.0
     assert c["n"] >= 270 and c["median_abs_error_pct"] <= 13.0 and abs(c["signed_median_fast_pct"]) <= 5.0
     assert c["inside_interval"] >= 0.88
@@ -1446,7 +1554,7 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
              "vllm_blog_llama4_2025_04", "trtllm_perf_overview_llama4_maverick", "trtllm_perf_v10_llama4_scout")
     before = anchors.summary(t_all[~t_all["source"].isin(added)])["test"]["all"]
     assert before["n"] == 35
-    assert before["median_abs_error_pct"] <= 10.5 and abs(before["signed_median_fast_pct"]) <= 4.0
+    assert before["median_abs_error_pct"] <= 11.0 and abs(before["signed_median_fast_pct"]) <= 4.0
 
 
 def test_a_speedups_interval_widens_with_its_acceptance_range_and_carries_the_drafts_priors():

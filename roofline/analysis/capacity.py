@@ -177,6 +177,8 @@ class CapacityRequest:
     tp: int = internal(1, "the what-if layout: the tp key (roofline.commands.LayoutKeys)")
     ep: int = internal(1, "the what-if layout: the ep key (roofline.commands.LayoutKeys)")
     dp_attention: bool = internal(False, "the what-if layout: the dp_attention key (roofline.commands.LayoutKeys)")
+    graph_batch_sizes: tuple | None = internal(None, "the what-if's CUDA-graph sizes: the graph_batch_sizes key "
+                                                     "(roofline.commands.GraphKeys)")
     memory_gb: float | None = option(None, "device memory (GB, 1e9 B); null: the datasheet row's, as the driver "
                                            "reports it (an H100's 80 GiB: 85.5 GB); required for CPU fits")
     work: Workload = internal(Workload(), "the context, output, itl_target_ms and target_tok_s keys (Workload)")
@@ -193,13 +195,14 @@ def whatif_of(c: dict, model: ModelConfig, label: str):
     """The one what-if model (roofline.parallel.whatif) for a plain config dict's device, layout,
     engine and calibration."""
     from roofline.parallel import whatif
-    from roofline.parallel.engines import engine_name
+    from roofline.parallel.engines import engine_name, graph_batch_sizes
     from roofline.parallel.layout import Layout
     if not c.get("device"):
         raise ConfigError("device is required for a what-if (a datasheet row of roofline/conf/device/)")
     w = whatif.WhatIf(model, get_datasheet(c["device"]), label,
                       Layout(tp=c.get("tp", 1), ep=c.get("ep", 1), dp_attention=c.get("dp_attention", False)),
-                      whatif.Setting(engine=engine_name(c.get("engine")), graphs=c.get("graphs")))
+                      whatif.Setting(engine=engine_name(c.get("engine")), graphs=c.get("graphs"),
+                                     graph_batch_sizes=graph_batch_sizes(c)))
     w.setting.engine_names()  # an unknown engine fails here, naming engine=
     if c.get("calibrate"):
         from roofline.analysis.calibrate import calibrated
@@ -212,7 +215,7 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
     (each an interval), memory per device with the drafter's weights and KV, on one layout."""
     from roofline.parallel import whatif
     c = dict(device=req.device, tp=req.tp, ep=req.ep, dp_attention=req.dp_attention, engine=req.engine,
-             calibrate=req.calibrate)
+             calibrate=req.calibrate, graph_batch_sizes=req.graph_batch_sizes)
     w = whatif_of(c, req.model, req.dtype)
     spec, work = req.speculation, req.work
     check_inputs(req.memory_gb * 1e9 if req.memory_gb is not None else 1.0, req.B, spec=spec)

@@ -42,6 +42,17 @@ class LayoutKeys:
                                        "by all-to-all (ep = tp)")
 
 
+@dataclass(frozen=True)
+class GraphKeys:
+    """The engine's CUDA-graph batch sizes of a priced deployment (roofline.parallel.whatif.graph_batch)."""
+
+    graph_batch_sizes: list | None = option(None, "the decode batches your engine captures as CUDA graphs with padding "
+                                                  "(sizes or [first, last, step] ranges; TensorRT-LLM's "
+                                                  "cuda_graph_config batch_sizes with enable_padding): a decode-only "
+                                                  "step runs its GEMMs at the next size; null: the engine's default "
+                                                  "(engines.yaml graph_padding)")
+
+
 def priced_weights(c) -> str | None:
     """The `weights` key of a pricing command: as given, else the preset's release format (`native`: a
     deployment serves the checkpoint as released, DeepSeek-V3 / R1 in block-scaled fp8), except where a fit

@@ -18,7 +18,7 @@ from roofline.analysis.capacity import (CapacityRequest, Speculation, Workload, 
                                         plan, plan_whatif, whatif_of)
 from roofline.analysis.predict import DraftCost
 from roofline.io import files
-from roofline.commands import FormatKeys, LayoutKeys, priced_weights, served_label
+from roofline.commands import FormatKeys, GraphKeys, LayoutKeys, priced_weights, served_label
 from roofline.io.fields import ConfigError, from_dict, option
 from roofline.io.results import RUNS_ROOT
 from roofline.measure.devices import detect, get_datasheet
@@ -52,7 +52,7 @@ class CapacityKeys:
 
 
 # the command's keys (their defaults and help): its structured config, roofline/cli/schema.py
-CONFIG = (CapacityRequest, FormatKeys, LayoutKeys, Workload, Speculation, CapacityKeys)
+CONFIG = (CapacityRequest, FormatKeys, LayoutKeys, GraphKeys, Workload, Speculation, CapacityKeys)
 
 
 def plan_request(req: CapacityRequest) -> tuple[pd.DataFrame, dict, Path]:

@@ -19,7 +19,7 @@ from roofline.analysis import costmodel, fitcheck, quality
 from roofline.analysis.capacity import whatif_of
 from roofline.analysis.predict import Costs, DraftCost, breakeven_batch, step_costs, table
 from roofline.io import files
-from roofline.commands import FormatKeys, LayoutKeys, priced_weights, served_label
+from roofline.commands import FormatKeys, GraphKeys, LayoutKeys, priced_weights, served_label
 from roofline.io.fields import ConfigError, from_dict, option
 from roofline.model.config import ModelConfig
 from roofline.model.presets import get_preset
@@ -134,7 +134,8 @@ def predict_command(c: Mapping) -> tuple[str, dict]:
     c = {k: v for k, v in c.items() if k != "overrides"}
     device = c.pop("device")
     what = dict(device=device, tp=c.pop("tp"), ep=c.pop("ep"), dp_attention=c.pop("dp_attention"),
-                engine=c.pop("engine", None), calibrate=c.pop("calibrate", None))
+                engine=c.pop("engine", None), calibrate=c.pop("calibrate", None),
+                graph_batch_sizes=c.pop("graph_batch_sizes", None))
     model = ModelConfig.from_dict(c.pop("model")) if c.get("model") else None
     if c.get("fit") in (None, "") and device:
         if model is None:
@@ -230,7 +231,7 @@ def _save(fig, out_dir: Path, stem: str) -> list[Path]:
 
 
 # the command's keys (their defaults and help): its structured config, roofline/cli/schema.py
-CONFIG = (PredictRequest, FormatKeys, LayoutKeys, WhatIfKeys)
+CONFIG = (PredictRequest, FormatKeys, LayoutKeys, GraphKeys, WhatIfKeys)
 
 
 def run(c: dict) -> None:

@@ -18,6 +18,7 @@ deployments.yaml, which every other what-if prediction reads (`write_bands` rege
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from roofline.measure.devices import get_datasheet
 from roofline.model.config import ModelConfig
 from roofline.model.formats import precision
 from roofline.model.presets import get_preset
-from roofline.parallel.engines import check_client
+from roofline.parallel.engines import check_client, graph_sizes
 from roofline.parallel.layout import Layout
 from roofline.parallel.whatif import (BAND_CATEGORIES, BANDS_PATH, SCENARIOS, Setting, SpecDecode, WhatIf,
                                       band_categories, band_for, load_bands, serve, widen)
@@ -54,10 +55,13 @@ def _need(a: dict, key: str, where: str):
 
 def check_workload(wl, metric: str, where: str) -> None:
     """A workload is one decode step {B, L} (B sequences at L cached tokens: itl_ms, tpot_ms, tok_s_per_user,
-    spec_speedup) or a finite run {concurrency, input_len, output_len[, num_prompts, range_ratio]}."""
+    spec_speedup) or a finite run {concurrency, input_len, output_len[, num_prompts, range_ratio]}; either may name
+    the run's CUDA-graph batch sizes (graph_batch_sizes: the engine's option, which replaces its default)."""
     if not isinstance(wl, dict):
         raise ConfigError(f"{where}: workload={wl!r}: expected a mapping, {{B, L}} or "
                           f"{{concurrency, input_len, output_len}}")
+    if "graph_batch_sizes" in wl:
+        graph_sizes(wl["graph_batch_sizes"], f"{where}: workload.graph_batch_sizes")
     if "B" in wl or "L" in wl:
         for key, least in (("B", 1), ("L", 0)):
             check_int(f"{where}: workload.{key}", _need(wl, key, f"{where}: workload"), least)
@@ -178,8 +182,12 @@ def what_if(a: dict, cfg: ModelConfig, setting: Setting | None = None, models: d
     file's own models, where a draft model may be named)."""
     lay = Layout(tp=a["tp"], ep=a.get("ep", 1), dp_attention=bool(a.get("dp_attention", False)))
     setting = setting or Setting(engine=a["engine"])
+    wl = a["workload"]
+    if "graph_batch_sizes" in wl:  # the run's own CUDA-graph batch sizes (its engine options), padded to
+        setting = dataclasses.replace(setting, graph_batch_sizes=graph_sizes(
+            wl["graph_batch_sizes"], f"anchor {a['id']}: workload.graph_batch_sizes"))
     w = WhatIf(cfg, get_datasheet(a["device"]), served_precision(a, cfg), lay, setting)
-    wl, m = a["workload"], a["metric"]
+    m = a["metric"]
     if a.get("dataset") in VARIABLE_LENGTH_DATASETS:
         raise NotImplementedError(f"dataset={a['dataset']!r}: lengths vary request by request and only their means are "
                                   "known; the fixed-length what-if prices the mean request, not the run (its tail of long "

@@ -67,6 +67,7 @@ class Engine:
     step_batching: str = "beside"  # engines.yaml step_batching: how a prompt chunk shares a step with the decodes (STEP_BATCHING)
     dp_limits: str = "whole"  # engines.yaml dp_attention_limits: its chunk and sequence caps bound each attention-DP rank or all
     mxfp4_activations: str = "bf16"  # engines.yaml mxfp4_activations: what its fp4 tensor-core kernels multiply mxfp4 weights with
+    graph_sizes: tuple = ()  # engines.yaml graph_padding: the decode batches it captures and pads a decode-only step up to
 
 
 def local_attention(e: dict, where: str) -> tuple[tuple, tuple]:
@@ -100,6 +101,39 @@ DP_LIMITS = ("per_rank", "whole")
 
 
 MX_ACTS = ("fp8", "bf16")  # engines.yaml mxfp4_activations: mxfp8 activations (W4A8) or the activations' bf16 (W4A16)
+
+
+def graph_sizes(sizes, where: str) -> tuple[int, ...]:
+    """A list of CUDA-graph batch sizes, sorted: each entry a size or a range [first, last, step] (inclusive);
+    anything else is one error naming `where`."""
+    if sizes is None:
+        return ()
+    if not isinstance(sizes, (list, tuple, str)) and hasattr(sizes, "__iter__"):  # a config's list (OmegaConf)
+        sizes = [list(r) if not isinstance(r, (int, str)) and hasattr(r, "__iter__") else r for r in sizes]
+    if not isinstance(sizes, (list, tuple)):
+        raise ConfigError(f"{where}: {sizes!r}: needs a list of sizes or [first, last, step] ranges")
+    out = set()
+    for r in sizes:
+        ok = lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 1  # noqa: E731
+        if ok(r):
+            out.add(r)
+        elif isinstance(r, (list, tuple)) and len(r) == 3 and all(ok(x) for x in r) and r[0] <= r[1]:
+            out.update(range(r[0], r[1] + 1, r[2]))
+        else:
+            raise ConfigError(f"{where}: {r!r}: allowed a size >= 1 or a range [first, last, step] of them")
+    return tuple(sorted(out))
+
+
+def graph_batch_sizes(c) -> tuple[int, ...] | None:
+    """The `graph_batch_sizes` key of a pricing command's config: None (the engine's default) or the sizes, checked."""
+    v = c.get("graph_batch_sizes")
+    return None if v is None else graph_sizes(v, "graph_batch_sizes")
+
+
+def padded_batch(b: int, sizes: tuple[int, ...]) -> int:
+    """The batch a decode-only step runs at under CUDA graphs captured at `sizes` with padding: the smallest size
+    >= b; b itself above the largest size (no graph, no padding) or without sizes."""
+    return next((s for s in sizes if s >= b), b)
 
 
 def choice(e: dict, key: str, allowed: tuple, default: str, where: str) -> str:
@@ -217,7 +251,8 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
                       local_reads=local_reads, local_pool=local_pool,
                       step_batching=choice(e, "step_batching", STEP_BATCHING, "beside", f),
                       dp_limits=choice(e, "dp_attention_limits", DP_LIMITS, "whole", f),
-                      mxfp4_activations=choice(e, "mxfp4_activations", MX_ACTS, "bf16", f))
+                      mxfp4_activations=choice(e, "mxfp4_activations", MX_ACTS, "bf16", f),
+                      graph_sizes=graph_sizes((e.get("graph_padding") or {}).get("sizes"), f"{f}.graph_padding.sizes"))
     except KeyError as err:
         raise ConfigError(f"{f}: missing key {err.args[0]!r}") from None
 
