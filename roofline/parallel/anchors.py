@@ -183,7 +183,7 @@ def what_if(a: dict, cfg: ModelConfig, setting: Setting | None = None, models: d
     lay = Layout(tp=a["tp"], ep=a.get("ep", 1), dp_attention=bool(a.get("dp_attention", False)))
     setting = setting or Setting(engine=a["engine"])
     wl = a["workload"]
-    if "graph_batch_sizes" in wl:  # the run's own CUDA-graph batch sizes (its engine options), padded to
+    if "graph_batch_sizes" in wl:  # the run's own CUDA-graph batch sizes (its engine options, as its source prints)
         setting = dataclasses.replace(setting, graph_batch_sizes=graph_sizes(
             wl["graph_batch_sizes"], f"anchor {a['id']}: workload.graph_batch_sizes"))
     w = WhatIf(cfg, get_datasheet(a["device"]), served_precision(a, cfg), lay, setting)

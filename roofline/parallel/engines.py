@@ -108,20 +108,28 @@ def graph_sizes(sizes, where: str) -> tuple[int, ...]:
     anything else is one error naming `where`."""
     if sizes is None:
         return ()
-    if not isinstance(sizes, (list, tuple, str)) and hasattr(sizes, "__iter__"):  # a config's list (OmegaConf)
-        sizes = [list(r) if not isinstance(r, (int, str)) and hasattr(r, "__iter__") else r for r in sizes]
-    if not isinstance(sizes, (list, tuple)):
+    sizes = _plain_list(sizes)
+    if not isinstance(sizes, list):
         raise ConfigError(f"{where}: {sizes!r}: needs a list of sizes or [first, last, step] ranges")
     out = set()
+
+    def ok(x) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and x >= 1
     for r in sizes:
-        ok = lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 1  # noqa: E731
         if ok(r):
             out.add(r)
-        elif isinstance(r, (list, tuple)) and len(r) == 3 and all(ok(x) for x in r) and r[0] <= r[1]:
+        elif isinstance(r, list) and len(r) == 3 and all(ok(x) for x in r) and r[0] <= r[1]:
             out.update(range(r[0], r[1] + 1, r[2]))
         else:
             raise ConfigError(f"{where}: {r!r}: allowed a size >= 1 or a range [first, last, step] of them")
     return tuple(sorted(out))
+
+
+def _plain_list(v):
+    """A config's list (a tuple, an OmegaConf ListConfig) as a plain list, nested ones too; anything else as given."""
+    if isinstance(v, (str, bytes, dict)) or not hasattr(v, "__iter__"):
+        return v
+    return [_plain_list(x) for x in v]
 
 
 def graph_batch_sizes(c) -> tuple[int, ...] | None:
