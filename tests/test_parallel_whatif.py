@@ -608,6 +608,33 @@ def test_a_decode_only_step_under_padded_cuda_graphs_runs_its_gemms_at_the_captu
         vllm.pass_detail(Pass(304, 1, 1152), 1, "vllm")["terms"]["dense"])  # vLLM: the multiples of 8
 
 
+def test_an_sglang_prompt_step_of_an_mla_model_takes_the_longer_of_its_gpu_and_its_eager_host_time(tmp_path):
+    """SGLang runs a step carrying a prompt chunk without CUDA graphs: its DeepSeek-V3 forward of one new token took
+    82.6 ms eager and 23.1 ms as a graph (sglang PR #12160; 'prefill latency is similar when new_tokens < 100'), host
+    time of 1355 us a layer. Such a step costs the longer of its GPU time and 61 x that (the `prefill_host` term);
+    a decode step (under its graph), a prompt step whose GPU time is longer, another engine and a layer kind without
+    a measurement (GQA) pay nothing more. Before, a 1024-token prompt of DeepSeek-R1 FP4 on 8x B300 was priced at
+    22 ms against a measured TTFT of 76 ms (InferenceX, calibration, no prior cites it)."""
+    ds, dev = get_preset("deepseek-v3"), get_datasheet("h200_sxm")
+    assert dict(engines.profile("sglang", 1).prefill_host_s_per_layer) == {"mla": pytest.approx(1355e-6)}
+    assert engines.profile("vllm", 1).prefill_host_s_per_layer == ()
+    w = WhatIf(ds, dev, "bfloat16+weights=fp8_b128", Layout(tp=8), Setting(bands=()))
+    small = w.pass_detail(Pass(0, 1, 0, 16, 8), 1, "sglang")
+    assert small["seconds"] == pytest.approx(61 * 1355e-6) and small["terms"]["prefill_host"] > 0
+    big = w.pass_detail(Pass(0, 1, 0, 16384, 8192), 1, "sglang")
+    assert big["terms"]["prefill_host"] == 0.0 and big["seconds"] > 61 * 1355e-6
+    decode = w.pass_detail(Pass(4, 1, 1024), 1, "sglang")
+    assert "prefill_host" not in decode["terms"] and decode["seconds"] < 61 * 1355e-6
+    assert "prefill_host" not in w.pass_detail(Pass(0, 1, 0, 16, 8), 1, "vllm")["terms"]
+    llama = WhatIf(get_preset("llama-3.1-8b"), dev, "bfloat16", Layout(), Setting(bands=()))
+    assert "prefill_host" not in llama.pass_detail(Pass(0, 1, 0, 16, 8), 1, "sglang")["terms"]
+    bad = yaml.safe_load((ROOT / "roofline" / "data" / "engines.yaml").read_text())
+    bad["engines"]["sglang"]["eager_prefill_host_us_per_layer"] = {"gqa": {"values": [1, 2, 3], "source": "x"}}
+    (tmp_path / "e.yaml").write_text(yaml.safe_dump(bad))
+    with pytest.raises(ConfigError, match=r"engines.sglang.eager_prefill_host_us_per_layer: \['gqa'\]: allowed kinds"):
+        engines.profile("sglang", 1, str(tmp_path / "e.yaml"))
+
+
 def test_an_anchors_graph_batch_sizes_are_the_runs_own(tmp_path):
     """An anchor whose source prints its engine's CUDA-graph sizes (workload.graph_batch_sizes) is priced with them in
     place of the engine's default: TensorRT-LLM's perf-overview runs pad to [1, 2, 4, ..., 384, 512, 1024, ...]."""
@@ -1508,7 +1535,8 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran, their intervals widened by the
     conformal bands of the calibration anchors no prior cites (each source weighing one): bounds at the level
     measured when this test was last set plus a small margin, so a regression fails. All 94 test rows: median
-    |error| 22.4%, signed median +13.5%, 85% inside, half-width 51.5% (21.6% / +14.8% before TensorRT-LLM's
+    |error| 22.4%, signed median +13.5%, 82% inside, half-width 42.5% (85% / 51.5% before SGLang's eager prompt
+    steps of MLA models narrowed the TP and quantized bands; 21.6% / +14.8% before TensorRT-LLM's
     perf-overview runs padded their decode batches to the CUDA-graph sizes their pages print, engine behaviour that
     slowed its 70B rows of the 35 held out before, already too slow, and its too-fast gpt-oss and Scout rows; 20.7% /
     +16.8% / 86% / 52.8% before a block's
@@ -1527,7 +1555,8 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     the padding), held apart so that the 59 rows added with the fp4 formats, gpt-oss and Llama 4 (33.3% / +26.8%:
     docs/planning.md, "Validation") cannot hide a regression on them. Of the issue's targets (10%, +-5%, 80% inside, half-width <= 25%) only the share
     inside is met on all 94 rows; on the 35, the signed median is met too (and the median was, to 9.3%). The calibration split
-    is held too (275 rows: 11.9%, +0.7%, 96% inside, half-width 60.5%; 12.0% / +1.7% before the elementwise traffic;
+    is held too (275 rows: 11.6%, +0.6%, 94% inside, half-width 50.7%; 11.9% / 96% / 60.5% before SGLang's eager prompt
+    steps; 12.0% / +1.7% before the elementwise traffic;
     14.3% before the Marlin MoE tables' SM
     transfer, 15.3% before CDNA3's cost per running sequence; 15.5% before an MLA prompt was priced as
     multi-head attention, 15.2% before a routed pair's activations were
@@ -1542,14 +1571,14 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     assert t["median_abs_error_pct"] <= 23.0
     assert abs(t["signed_median_fast_pct"]) <= 14.5
     assert t["inside_interval"] >= 0.81
-    assert t["median_half_width_pct"] <= 52.5
+    assert t["median_half_width_pct"] <= 43.5
     assert q["median_abs_error_pct"] <= 25.5 and abs(q["signed_median_fast_pct"]) <= 16.0
     assert tp["median_abs_error_pct"] <= 30.0 and abs(tp["signed_median_fast_pct"]) <= 17.0
     assert m["median_abs_error_pct"] <= 30.5 and abs(m["signed_median_fast_pct"]) <= 25.5
     assert sp["n"] == 2 and sp["median_half_width_pct"] >= 10.0
-    assert c["n"] >= 270 and c["median_abs_error_pct"] <= 13.0 and abs(c["signed_median_fast_pct"]) <= 5.0
+    assert c["n"] >= 270 and c["median_abs_error_pct"] <= 12.5 and abs(c["signed_median_fast_pct"]) <= 5.0
     assert c["inside_interval"] >= 0.88
-    assert c["median_half_width_pct"] <= 62.0
+    assert c["median_half_width_pct"] <= 51.5
     added = ("trtllm_perf_overview_gptoss", "trtllm_perf_fp4_03e27c7", "lmsys_blog_sglang_gptoss_2025_08",
              "vllm_blog_llama4_2025_04", "trtllm_perf_overview_llama4_maverick", "trtllm_perf_v10_llama4_scout")
     before = anchors.summary(t_all[~t_all["source"].isin(added)])["test"]["all"]

@@ -68,6 +68,7 @@ class Engine:
     dp_limits: str = "whole"  # engines.yaml dp_attention_limits: its chunk and sequence caps bound each attention-DP rank or all
     mxfp4_activations: str = "bf16"  # engines.yaml mxfp4_activations: what its fp4 tensor-core kernels multiply mxfp4 weights with
     graph_sizes: tuple = ()  # engines.yaml graph_padding: the decode batches it captures and pads a decode-only step up to
+    prefill_host_s_per_layer: tuple = ()  # ((layer kind, seconds), ...): engines.yaml eager_prefill_host_us_per_layer
 
 
 def local_attention(e: dict, where: str) -> tuple[tuple, tuple]:
@@ -136,6 +137,19 @@ def graph_batch_sizes(c) -> tuple[int, ...] | None:
     """The `graph_batch_sizes` key of a pricing command's config: None (the engine's default) or the sizes, checked."""
     v = c.get("graph_batch_sizes")
     return None if v is None else graph_sizes(v, "graph_batch_sizes")
+
+
+PREFILL_HOST_KINDS = ("mla",)  # engines.yaml eager_prefill_host_us_per_layer: the layer kinds a figure is read for
+
+
+def prefill_host(e: dict, scenario: int, where: str) -> tuple:
+    """engines.yaml eager_prefill_host_us_per_layer of a profile: ((layer kind, seconds per layer), ...) at the
+    scenario (absent: none priced); an unknown kind is one error naming the field."""
+    entry = e.get("eager_prefill_host_us_per_layer") or {}
+    bad = [k for k in entry if k not in PREFILL_HOST_KINDS]
+    if bad:
+        raise ConfigError(f"{where}.eager_prefill_host_us_per_layer: {bad!r}: allowed kinds {list(PREFILL_HOST_KINDS)}")
+    return tuple((k, pick(v, scenario, f"{where}.eager_prefill_host_us_per_layer.{k}") * 1e-6) for k, v in entry.items())
 
 
 def padded_batch(b: int, sizes: tuple[int, ...]) -> int:
@@ -260,7 +274,8 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
                       step_batching=choice(e, "step_batching", STEP_BATCHING, "beside", f),
                       dp_limits=choice(e, "dp_attention_limits", DP_LIMITS, "whole", f),
                       mxfp4_activations=choice(e, "mxfp4_activations", MX_ACTS, "bf16", f),
-                      graph_sizes=graph_sizes((e.get("graph_padding") or {}).get("sizes"), f"{f}.graph_padding.sizes"))
+                      graph_sizes=graph_sizes((e.get("graph_padding") or {}).get("sizes"), f"{f}.graph_padding.sizes"),
+                      prefill_host_s_per_layer=prefill_host(e, scenario, f))
     except KeyError as err:
         raise ConfigError(f"{f}: missing key {err.args[0]!r}") from None
 

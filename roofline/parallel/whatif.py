@@ -284,7 +284,9 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     """Seconds of one rank's forward (one pipeline stage; an MTP module's pass with mtp=True), by term: the GEMMs
     of the dense part and the experts, the kernels between them (elementwise: norms, rotary, gated activation),
     attention, the LM head, the per-layer launch floor, the engine's host time per step (step_overhead), the
-    architecture's cost per running sequence (per_seq, kernels.step_seconds_per_seq) and the collectives."""
+    architecture's cost per running sequence (per_seq, kernels.step_seconds_per_seq) and the collectives; a step
+    carrying a prompt chunk in an engine that runs it eagerly, where its host time per layer is read for the layer kind
+    (engines.yaml eager_prefill_host_us_per_layer), the host's excess over all of that (prefill_host)."""
     prec = parse_precision(dtype)
     bw, f, fa, f32 = _ceilings(device, prec, "weights", eng.mxfp4_activations)
     bw *= eng.bw_scale
@@ -391,6 +393,9 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
                  step_overhead=0.0 if mtp else eng.step_overhead_s + eng.step_overhead_per_seq_s * (p.B + (p.prefill > 0)),
                  per_seq=0.0 if mtp else K.step_seconds_per_seq(scenario, kern, device.key) * (Br + (pre_r > 0)),
                  comm=comm)
+    host = dict(eng.prefill_host_s_per_layer).get("mla") if cfg.is_mla else None
+    if host is not None and p.prefill and not mtp:  # an eager prompt step: the longer of the GPU's time and the host's
+        terms["prefill_host"] = max(0.0, n * host - sum(terms.values()))
     return dict(seconds=sum(terms.values()), terms=terms,
                 experts_touched=(moe_blk or {}).get("touched", 0.0))
 
