@@ -303,3 +303,23 @@ def test_a_cache_resident_working_set_is_not_bounded_by_the_dram_ceiling():
     large = cm.fit_roofs("bfloat16", ceilings, "some CPU", working_set=4.3e8)
     assert small.bw_Bps is None and small.flops == pytest.approx(0.42e12)
     assert large.bw_Bps == pytest.approx(21e9) and "measured ceiling of 21 GB/s" in large.bw_source
+
+
+def test_a_term_the_training_points_do_not_see_takes_its_bound_not_an_arbitrary_rate():
+    """A knee at or above every training point's tokens leaves the matmul column all zero: the points give
+    that rate nothing. The optimiser left it wherever its start put it (1.34 s/FLOP in a CPU dry run's held-out
+    fold), and the held-out point past the knee was priced 1.5e9 times its measured time (a 5-fold MAPE of
+    1.25e10%). The unseen rate takes its bound, the ceiling's: predictions beyond the knee stay physical."""
+    roofs = cm.Roofs(bw_Bps=BW, flops=F)
+    df = synthetic_rows(noise=0.0, seed=0)
+    train = df[df["tokens"] <= 16]
+    X = cm.features(train, 16.0)
+    assert not X[:, 3].any()  # the knee at the largest training tokens: no training point sees the matmul column
+    names = ["t0", "weights", "matmul", "attention"]
+    D = X[:, [0, 1, 3, 4]]
+    lower = roofs.lower(names)
+    z = cm._solve(D, cm._col(train, "t_median_s"), X[:, 6], lower)
+    assert z[2] == pytest.approx(lower[2]) and z[2] < 1e-11  # the ceiling's rate, s/FLOP
+    big = df[df["tokens"] == 256]
+    pred = cm.features(big, 16.0)[:, [0, 1, 3, 4]] @ z
+    assert np.all(pred < 10 * cm._col(big, "t_median_s"))

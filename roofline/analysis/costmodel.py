@@ -126,10 +126,14 @@ def _solve(X: np.ndarray, y: np.ndarray, offset: np.ndarray | None = None,
     """Bounded fit of relative residuals (columns scaled for conditioning): coefficients >= `lower`
     (0 where not given: no negative bandwidths; a rate's bound where the hardware caps it), nnls of
     the shifted problem for the start, then scipy's least_squares with those bounds and a soft-L1
-    loss, so a few points timed while the machine was busy (shared CPUs) do not drag the physics."""
+    loss, so a few points timed while the machine was busy (shared CPUs) do not drag the physics. A column
+    the points do not see (all zero: a matmul hinge whose knee lies at or above every point's tokens) takes
+    its bound, the hardware's rate: the optimiser would leave it wherever its start put it, and a point
+    beyond the knee (a held-out fold's) would be priced by that arbitrary value."""
     A = X / y[:, None]
     scale = np.abs(A).max(axis=0)
-    scale[scale == 0] = 1.0
+    unseen = scale == 0
+    scale[unseen] = 1.0
     A = A / scale
     lb = np.zeros(X.shape[1]) if lower is None else np.asarray(lower, float) * scale
     target = np.ones(len(y)) if offset is None else 1.0 - offset / y  # a known term (T_comm) moved to the left
@@ -138,6 +142,7 @@ def _solve(X: np.ndarray, y: np.ndarray, offset: np.ndarray | None = None,
     if len(y) > X.shape[1]:
         z = least_squares(lambda v: A @ v - target, np.maximum(z, lb + 1e-9), jac=lambda v: A,
                           bounds=(lb, np.inf), loss="soft_l1", f_scale=ROBUST_SCALE, method="trf").x
+    z[unseen] = lb[unseen]
     return z / scale
 
 
