@@ -635,6 +635,30 @@ def test_an_sglang_prompt_step_of_an_mla_model_takes_the_longer_of_its_gpu_and_i
         engines.profile("sglang", 1, str(tmp_path / "e.yaml"))
 
 
+def test_vllm_pads_a_decode_steps_tokens_and_the_others_its_requests(tmp_path):
+    """vLLM V1 pads a step's tokens (num_scheduled_tokens, drafts included) to its capture sizes and computes the
+    logits on the real rows; TensorRT-LLM and SGLang pad the step's requests, each with its q tokens
+    (engines.yaml graph_padding.unit). Nine sequences with three drafts each (q = 4): vLLM runs 36 tokens as 40,
+    SGLang 9 requests as 12, i.e. 48 tokens. Before, every engine padded requests."""
+    cfg, dev = get_preset("llama-3.1-70b"), get_datasheet("h200_sxm")
+    assert engines.profile("vllm", 1).graph_pad_unit == "tokens"
+    assert {engines.profile(e, 1).graph_pad_unit for e in ("sglang", "trtllm", "vllm-v0")} == {"sequences"}
+    w = WhatIf(cfg, dev, "bfloat16", Layout(tp=8), Setting(bands=()))
+    dense = {(e, B, q): w.pass_detail(Pass(B, q, 1024), 1, e)["terms"]["dense"]
+             for e, B, q in (("vllm", 9, 4), ("vllm", 10, 4), ("sglang", 9, 4), ("sglang", 12, 4))}
+    assert dense[("vllm", 9, 4)] == pytest.approx(dense[("vllm", 10, 4)])  # 36 tokens -> 40 = 10 x 4
+    assert dense[("sglang", 9, 4)] == pytest.approx(dense[("sglang", 12, 4)])  # 9 requests -> 12
+    head = {e: w.pass_detail(Pass(9, 4, 1024), 1, e)["terms"]["lm_head"] for e in ("vllm", "sglang")}
+    raw = WhatIf(cfg, dev, "bfloat16", Layout(tp=8), Setting(bands=(), graph_batch_sizes=()))
+    assert head["vllm"] == pytest.approx(raw.pass_detail(Pass(9, 4, 1024), 1, "vllm")["terms"]["lm_head"])
+    assert head["sglang"] > head["vllm"]  # 48 rows of logits against 36
+    bad = yaml.safe_load((ROOT / "roofline" / "data" / "engines.yaml").read_text())
+    bad["engines"]["vllm"]["graph_padding"]["unit"] = "batches"
+    (tmp_path / "e.yaml").write_text(yaml.safe_dump(bad))
+    with pytest.raises(ConfigError, match=r"engines.vllm.graph_padding.unit: 'batches': allowed"):
+        engines.profile("vllm", 1, str(tmp_path / "e.yaml"))
+
+
 def test_an_anchors_graph_batch_sizes_are_the_runs_own(tmp_path):
     """An anchor whose source prints its engine's CUDA-graph sizes (workload.graph_batch_sizes) is priced with them in
     place of the engine's default: TensorRT-LLM's perf-overview runs pad to [1, 2, 4, ..., 384, 512, 1024, ...]."""

@@ -69,6 +69,7 @@ class Engine:
     mxfp4_activations: str = "bf16"  # engines.yaml mxfp4_activations: what its fp4 tensor-core kernels multiply mxfp4 weights with
     graph_sizes: tuple = ()  # engines.yaml graph_padding: the decode batches it captures and pads a decode-only step up to
     prefill_host_s_per_layer: tuple = ()  # ((layer kind, seconds), ...): engines.yaml eager_prefill_host_us_per_layer
+    graph_pad_unit: str = "sequences"  # engines.yaml graph_padding.unit: what it pads to a captured size (GRAPH_PAD_UNITS)
 
 
 def local_attention(e: dict, where: str) -> tuple[tuple, tuple]:
@@ -137,6 +138,18 @@ def graph_batch_sizes(c) -> tuple[int, ...] | None:
     """The `graph_batch_sizes` key of a pricing command's config: None (the engine's default) or the sizes, checked."""
     v = c.get("graph_batch_sizes")
     return None if v is None else graph_sizes(v, "graph_batch_sizes")
+
+
+GRAPH_PAD_UNITS = ("sequences", "tokens")  # engines.yaml graph_padding.unit: a decode step's requests, or its tokens
+
+
+def graph_pad_unit(e: dict, where: str) -> str:
+    """engines.yaml graph_padding.unit of a profile: sequences (absent: a decode step's requests padded, TensorRT-LLM's
+    and SGLang's batch) or tokens (its tokens, vLLM V1's num_scheduled_tokens); anything else one error naming it."""
+    unit = (e.get("graph_padding") or {}).get("unit", "sequences")
+    if unit not in GRAPH_PAD_UNITS:
+        raise ConfigError(f"{where}.graph_padding.unit: {unit!r}: allowed {list(GRAPH_PAD_UNITS)}")
+    return unit
 
 
 PREFILL_HOST_KINDS = ("mla",)  # engines.yaml eager_prefill_host_us_per_layer: the layer kinds a figure is read for
@@ -275,7 +288,8 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
                       dp_limits=choice(e, "dp_attention_limits", DP_LIMITS, "whole", f),
                       mxfp4_activations=choice(e, "mxfp4_activations", MX_ACTS, "bf16", f),
                       graph_sizes=graph_sizes((e.get("graph_padding") or {}).get("sizes"), f"{f}.graph_padding.sizes"),
-                      prefill_host_s_per_layer=prefill_host(e, scenario, f))
+                      prefill_host_s_per_layer=prefill_host(e, scenario, f),
+                      graph_pad_unit=graph_pad_unit(e, f))
     except KeyError as err:
         raise ConfigError(f"{f}: missing key {err.args[0]!r}") from None
 

@@ -237,18 +237,21 @@ def engine_matrices(mats: list[tuple[str, int, int]], merged: tuple) -> list[tup
     return out
 
 
-def graph_batch(eng, setting: Setting, device: Datasheet, b: int, split: int) -> int:
+def graph_batch(eng, setting: Setting, device: Datasheet, b: int, split: int, requests: bool = True) -> int:
     """The batch a rank's decode-only step runs at: under CUDA graphs captured with padding (engines.yaml graph_padding,
     or the run's own sizes: Setting.graph_batch_sizes) the smallest captured size >= b, unless that exceeds the
-    largest size or the engine's cap on a rank's running sequences (TensorRT-LLM's _get_padded_batch: 'No padding
-    if ... It would create too many concurrent requests'; engines.yaml max_running_seqs); else b. Assumption: the
-    KV blocks the padding requests take are free (TensorRT-LLM pads only then; a fixed-length run's sequences hold
-    a part of their reserved length while they decode)."""
+    largest size or, for b requests, the engine's cap on a rank's running sequences (TensorRT-LLM's
+    _get_padded_batch: 'No padding if ... It would create too many concurrent requests'; engines.yaml
+    max_running_seqs); else b. requests=False: b is the step's tokens (vLLM V1 pads num_scheduled_tokens), no cap.
+    Assumption: the KV blocks the padding requests take are free (TensorRT-LLM pads only then; a fixed-length run's
+    sequences hold a part of their reserved length while they decode)."""
     graphs = eng.graphs if setting.graphs is None else setting.graphs
     sizes = eng.graph_sizes if setting.graph_batch_sizes is None else setting.graph_batch_sizes
     if not graphs or not sizes:
         return b
     padded = engines_mod.padded_batch(b, sizes)
+    if not requests:
+        return padded
     cap = engines_mod.tier_value(eng.max_running_tiers, device.usable_mem_bytes(), device.key, "server")
     if cap is not None and eng.dp_limits != "per_rank":
         cap = math.ceil(cap / split)
@@ -297,8 +300,10 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     n, n_moe, n_lin = kind_counts(kinds)
     split = layout.batch_split
     Br = math.ceil(p.B / split)
-    Bg = graph_batch(eng, setting, device, Br, split) if not p.prefill else Br  # a decode-only step's graph batch
-    Nr = Bg * p.q + math.ceil(p.prefill / split)  # tokens through this rank's dense layers (padding rows included)
+    by_tokens = eng.graph_pad_unit == "tokens"  # a decode-only step's graph rows: its tokens or its requests padded
+    Ng = (Br * p.q if p.prefill else graph_batch(eng, setting, device, Br * p.q, split, requests=False) if by_tokens
+          else graph_batch(eng, setting, device, Br, split) * p.q)
+    Nr = Ng + math.ceil(p.prefill / split)  # tokens through this rank's dense layers (padding rows included)
     block_cfg, expert_cfg = _rank_cfgs(cfg, layout)
     wk, dq = _fmt_kind(prec.weights, device), _dequant_ops(prec.weights, device)
     ek, f_e = _fmt_kind(prec.experts, device), _ceilings(device, prec, "experts", eng.mxfp4_activations)[1]
@@ -370,7 +375,7 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
         t_attn += pf / (fa * peak)  # at the prompt attention's share of the tensor rate)
         t_attn += (n - n_lin) * kv_tok * pre_r / stream  # its cache writes
     # LM head (logits of the decode positions; a prefill chunk's last token is one more row each)
-    head_M = Bg * p.q
+    head_M = Br * p.q if by_tokens else Ng  # vLLM V1 computes the logits on the real rows (compute_logits)
     hk = _fmt_kind(prec.lm_head, device) if not cfg.tie_embeddings else "dense"
     t_head = gemm(head_M, s.vocab_head, cfg.d, rank_head_bytes(cfg, layout, prec), hk,
                   0 if cfg.tie_embeddings else _dequant_ops(prec.lm_head, device), a)["seconds"]
