@@ -110,8 +110,7 @@ def graph_sizes(sizes, where: str) -> tuple[int, ...]:
     anything else is one error naming `where`."""
     if sizes is None:
         return ()
-    sizes = _plain_list(sizes)
-    if not isinstance(sizes, list):
+    if not isinstance(sizes, (list, tuple)):
         raise ConfigError(f"{where}: {sizes!r}: needs a list of sizes or [first, last, step] ranges")
     out = set()
 
@@ -120,18 +119,11 @@ def graph_sizes(sizes, where: str) -> tuple[int, ...]:
     for r in sizes:
         if ok(r):
             out.add(r)
-        elif isinstance(r, list) and len(r) == 3 and all(ok(x) for x in r) and r[0] <= r[1]:
+        elif isinstance(r, (list, tuple)) and len(r) == 3 and all(ok(x) for x in r) and r[0] <= r[1]:
             out.update(range(r[0], r[1] + 1, r[2]))
         else:
             raise ConfigError(f"{where}: {r!r}: allowed a size >= 1 or a range [first, last, step] of them")
     return tuple(sorted(out))
-
-
-def _plain_list(v):
-    """A config's list (a tuple, an OmegaConf ListConfig) as a plain list, nested ones too; anything else as given."""
-    if isinstance(v, (str, bytes, dict)) or not hasattr(v, "__iter__"):
-        return v
-    return [_plain_list(x) for x in v]
 
 
 def graph_batch_sizes(c) -> tuple[int, ...] | None:

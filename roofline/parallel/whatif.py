@@ -301,18 +301,21 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     split = layout.batch_split
     Br = math.ceil(p.B / split)
     by_tokens = eng.graph_pad_unit == "tokens"  # a decode-only step's graph rows: its tokens or its requests padded
-    Ng = (Br * p.q if p.prefill else graph_batch(eng, setting, device, Br * p.q, split, requests=False) if by_tokens
-          else graph_batch(eng, setting, device, Br, split) * p.q)
+    if p.prefill:  # a step carrying a prompt chunk: no graph, no padding
+        Ng = Br * p.q
+    elif by_tokens:
+        Ng = graph_batch(eng, setting, device, Br * p.q, split, requests=False)
+    else:
+        Ng = graph_batch(eng, setting, device, Br, split) * p.q
     Nr = Ng + math.ceil(p.prefill / split)  # tokens through this rank's dense layers (padding rows included)
     block_cfg, expert_cfg = _rank_cfgs(cfg, layout)
     wk, dq = _fmt_kind(prec.weights, device), _dequant_ops(prec.weights, device)
     ek, f_e = _fmt_kind(prec.experts, device), _ceilings(device, prec, "experts", eng.mxfp4_activations)[1]
-    # the expert GEMMs' input bytes per element: quantized for an fp8 / fp4 tensor-core GEMM (w8a8, w4a4; mxfp4's w4a8
-    # takes fp8 inputs), else the activations'
-    a_in_e = lookup_dtype(matmul_dtype(device, prec, "experts", eng.mxfp4_activations)).bytes
+    # the GEMMs' input bytes per element (dense part, experts): quantized for an fp8 / fp4 tensor-core GEMM (w8a8,
+    # w4a4; mxfp4's w4a8 takes fp8 inputs), else the activations'
+    a_in, a_in_e = (lookup_dtype(matmul_dtype(device, prec, cls, eng.mxfp4_activations)).bytes
+                    for cls in ("weights", "experts"))
     stream = bw * K.weight_bw_fraction("dense", 1, scenario, kern)  # plain streaming: activations, cache writes
-
-    a_in = lookup_dtype(matmul_dtype(device, prec, "weights", eng.mxfp4_activations)).bytes
 
     def gemm(M, N, Kd, nbytes, kind=wk, ops=dq, a_in=a_in):  # + its M input rows (the GEMM's dtype), M output rows
         return K.gemm_seconds(M, N, Kd, nbytes, kind, ops, bw, f, f32, device.key, scenario, kern,
