@@ -155,3 +155,28 @@ def test_a_signal_after_the_command_returned_exits_128_plus_signum_and_says_what
     assert p.returncode == 128 + int(sig), p.stderr[-2000:]
     assert p.stdout.strip() == '{"summary": 1}'  # what was printed before stays printed
     assert f"interrupted: 3 points saved in runs/y ({signal.Signals(sig).name})" in p.stderr
+
+
+def test_a_multirun_jobs_file_is_written_whole_so_a_late_signal_can_aggregate_it(tmp_path, monkeypatch):
+    """A fresh-clone run on a loaded machine: SIGINT landed as a multirun's last job ended, and the late handler,
+    which aggregates every job's job.json, printed no 'multirun interrupted' line. The job files were written with
+    write_text (open, write, close: a handler running in between reads a torn file); they go through the atomic
+    writer (a temporary file renamed over it), so a reader sees no file or the whole one."""
+    from types import SimpleNamespace
+
+    from roofline.cli import entry
+    from roofline.io import files
+    written = []
+    real = files.write_atomic
+    monkeypatch.setattr(files, "write_atomic", lambda path, data: written.append(Path(path)) or real(path, data))
+    monkeypatch.setattr(entry, "_multirun", lambda: True)
+    hc = SimpleNamespace(runtime=SimpleNamespace(output_dir=str(tmp_path / "0")), sweep=SimpleNamespace(dir=str(tmp_path)))
+    monkeypatch.setattr(entry.HydraConfig, "get", staticmethod(lambda: hc))
+    entry.job_dir(dict(status="ok", run_dir=str(tmp_path / "runs" / "a"), ok=2, failed=0))
+    assert written == [tmp_path / "0" / entry.JOB_FILE]
+    assert json.loads((tmp_path / "0" / entry.JOB_FILE).read_text())["ok"] == 2
+    monkeypatch.setattr(entry, "aggregate_finished", lambda: None)
+    hc.runtime.output_dir = str(tmp_path / "1")
+    entry.interrupted_multirun(dict(ok=1, failed=0, run_dir="runs/b"))
+    assert written[-1] == tmp_path / "1" / entry.JOB_FILE
+    assert json.loads(written[-1].read_text()) == dict(status="interrupted", ok=1, failed=0, run_dir="runs/b")

@@ -23,6 +23,7 @@ from hydra.types import RunMode
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from roofline.io import files
 from roofline.io.results import RUNS_ROOT, aggregate_jobs
 from roofline.measure import devices
 from roofline.measure.memory import TooBig
@@ -126,7 +127,7 @@ def job_dir(record: dict | None) -> None:
     if record is not None and _multirun():
         out = Path(HydraConfig.get().runtime.output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / JOB_FILE).write_text(json.dumps(record))
+        files.write_json_atomic(out / JOB_FILE, record, indent=None)
 
 
 BAD_INPUT = 2  # exit status of bad input (a field, a path, a file), everywhere
@@ -150,7 +151,7 @@ def interrupted_multirun(saved: dict | None) -> None:
     hc = HydraConfig.get()
     job = Path(hc.runtime.output_dir)
     job.mkdir(parents=True, exist_ok=True)
-    (job / JOB_FILE).write_text(json.dumps(dict(status="interrupted", **(saved or {}))))
+    files.write_json_atomic(job / JOB_FILE, dict(status="interrupted", **(saved or {})), indent=None)
     aggregate_finished()
 
 
