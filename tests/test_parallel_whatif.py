@@ -742,6 +742,25 @@ def test_the_card_prices_a_finite_run_as_the_what_if_serves_it():
     assert big["run_running_seqs"] == 1 and "does not fit" in big["run_note"]
 
 
+def test_the_card_says_where_the_typical_steps_time_goes_term_by_term():
+    """With an engine named the card breaks the typical decode step into pass_seconds' terms, which sum to its
+    what-if ITL: routed experts for an MoE model, none for a dense one, collectives only across devices; with no
+    engine (the span of the profiles) there is no one breakdown."""
+    from roofline.commands.card import CardRequest, card_record, render_card
+    dev = get_datasheet("h100_sxm")
+    moe = card_record(CardRequest(model=get_preset("qwen3-30b-a3b"), device=dev, engine="vllm", batch=64, context=2048))
+    terms = moe["whatif_terms_ms"]
+    assert sum(terms.values()) == pytest.approx(moe["whatif_itl_ms"], rel=1e-9)
+    assert terms["experts"] > terms["dense"] > 0 and terms["attention"] > 0 and terms["comm"] == 0
+    line = next(x for x in render_card(moe).splitlines() if x.strip().startswith("by term"))
+    assert line.index("routed experts") < line.index("attention") and "collectives" not in line
+    dense = card_record(CardRequest(model=get_preset("llama-3.1-70b"), device=dev, engine="trtllm", tp=4, batch=8,
+                                    context=4096))["whatif_terms_ms"]
+    assert dense["experts"] == 0 and dense["comm"] > 0 and dense["dense"] > dense["attention"]
+    span = card_record(CardRequest(model=get_preset("llama-3.1-8b"), device=dev, batch=8, context=4096))
+    assert "whatif_terms_ms" not in span and "by term" not in render_card(span)
+
+
 def test_a_finite_run_prefills_in_the_engines_own_default_chunks_and_caps_its_running_sequences():
     """engines.yaml prefill_chunk_tokens / max_running_seqs: vLLM V1 schedules 8192 tokens per step behind its HTTP
     server and 16384 offline on a >= 70 GiB part that is not an A100 (2048 / 8192 otherwise) and runs at most 1024

@@ -195,6 +195,8 @@ def _what_if_itl(req: CardRequest, w) -> dict:
                whatif_itl_ms=itl["typical"] * 1e3, whatif_itl_ms_optimistic=itl["optimistic"] * 1e3,
                whatif_itl_ms_pessimistic=itl["pessimistic"] * 1e3,
                whatif_experts_touched=w.experts_touched(req.batch))
+    if req.engine:  # where the typical step's time goes (with no engine named the span has no one breakdown)
+        out["whatif_terms_ms"] = {k: v * 1e3 for k, v in w.step_terms(req.batch, req.context, req.engine).items()}
     if w.calibration is not None:
         out["whatif_calibration"] = calibrate.summary(w)
     mem = memory_check(w.cfg, w.device, w.dtype, w.layout, req.batch, max(req.context, 1), setting=w.setting)
@@ -234,6 +236,20 @@ def _spread_floor(rec: dict) -> str:
         return ""
     return (f"; on one device, which it does not fit: over the {n} of {rec['smallest_layout']} at least "
             f"{1e3 * rec['decode_floor_s'] / n:.3f} ms/step")
+
+
+# what each term of the what-if's step (roofline.parallel.whatif.pass_seconds) prices, as the card names it
+TERM_NAMES = dict(dense="dense GEMMs", experts="routed experts", elementwise="norms/activations/rotary",
+                  attention="attention", lm_head="LM head", per_layer="launch floors",
+                  step_overhead="engine host time", per_seq="per-sequence device time", comm="collectives",
+                  prefill_host="eager host time")
+
+
+def _terms_line(terms_ms: dict) -> str:
+    """The typical step's terms, largest first, each in ms and as a share of the step (zero terms left out)."""
+    total = sum(terms_ms.values())
+    parts = sorted(((v, k) for k, v in terms_ms.items() if v > 0), reverse=True)
+    return ", ".join(f"{TERM_NAMES.get(k, k)} {v:.3g} ms ({100 * v / total:.0f}%)" for v, k in parts)
 
 
 def render_card(rec: dict) -> str:
@@ -281,6 +297,8 @@ def render_card(rec: dict) -> str:
         lines.append(f"what-if ITL    {rec['whatif_itl_ms']:.3f} ms ({rec['whatif_itl_ms_optimistic']:.3f}-"
                      f"{rec['whatif_itl_ms_pessimistic']:.3f}) as {rec['whatif_layout']}, engine {rec['whatif_engine']}"
                      + (f", {rec['whatif_experts_touched']:.1f} experts touched per MoE layer" if req_moe(rec) else ""))
+        if rec.get("whatif_terms_ms"):
+            lines.append("  by term       " + _terms_line(rec["whatif_terms_ms"]))
         if rec.get("whatif_calibration"):
             cal = rec["whatif_calibration"]
             lines.append(f"  calibrated: x{cal['scale']:.3g} overall, interval at the points "

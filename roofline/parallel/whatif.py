@@ -584,6 +584,14 @@ class WhatIf:
         """Inter-token latency of plain decode (s), as an interval."""
         return self.over_engines(lambda s, e: self.target(1, B, L, s, e), (B, L))
 
+    def step_terms(self, B: int, L: int, engine: str, scenario: int = 1) -> dict[str, float]:
+        """Where a plain decode step's time goes (s), by term of `pass_seconds` (dense GEMMs, routed experts,
+        elementwise kernels, attention, LM head, launch floors, the engine's host time, the device's cost per
+        sequence, collectives), for one engine at one scenario (typical by default), scaled as `forward` scales
+        the pass (pipeline stages, a calibration): they sum to `target(1, B, L, scenario, engine)`."""
+        f = self._scale(B) * self.layout.pp
+        return {k: f * v for k, v in self.pass_detail(Pass(B, 1, L), scenario, engine)["terms"].items()}
+
     def round_seconds(self, k: int, B: int, L: int, scenario: int, engine: str | None = None, drafter: str = "mtp",
                       draft: "WhatIf | None" = None, prefill: int = 0, prefill_context: float = 0.0,
                       own_scenario: int | None = None) -> float:
