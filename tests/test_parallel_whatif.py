@@ -1277,7 +1277,7 @@ def test_card_capacity_and_predict_honour_graph_batch_sizes():
         assert float(one.iloc[0]["itl_ms"]) == pytest.approx(1e3 * want)
         assert float(rows[rows["layout"] == "tp1"].iloc[0]["itl_ms"]) == pytest.approx(1e3 * want)
     rec = card_record(CardRequest(model=cfg, dtype="bfloat16+weights=fp8+kv=fp8", device=dev, batch=172, context=1152,
-                                  engine="trtllm", graph_sizes=tuple(sizes)))
+                                  engine="trtllm", graph_batch_sizes=tuple(sizes)))
     assert rec["whatif_itl_ms"] == pytest.approx(1e3 * itl(tuple(sizes)))
     base = dict(fit=None, device="h200_sxm", tp=1, ep=1, dp_attention=False, engine="trtllm", calibrate=None,
                 model=dataclasses.asdict(cfg), dtype="bfloat16", weights="fp8", kv="fp8", lm_head=None, alphas=[0.8],

@@ -60,7 +60,7 @@ class CardRequest:
                                    "serve`) or offline (its offline entry point: vLLM's benchmark_throughput / "
                                    "benchmark_latency, the LLM class); picks the engine's default tokens per step and "
                                    "running-sequence cap (engines.yaml prefill_chunk_tokens, max_running_seqs)")
-    graph_sizes: tuple | None = internal(None, "the graph_batch_sizes key (roofline.commands.GraphKeys), checked")
+    graph_batch_sizes: tuple | None = internal(None, "the graph_batch_sizes key (roofline.commands.GraphKeys), checked")
     calibrate: str | None = option(None, "with a device: your deployment's measured points (YAML/JSON {points: "
                                          "[{B, L, tok_s_per_user | itl_ms}]}) or a GPU sweep's fit.json: the what-if "
                                          "rescaled to them, its decode-step interval narrowed where they determine it "
@@ -179,7 +179,7 @@ def _what_if(req: CardRequest, dtype: str):
     from roofline.parallel.layout import Layout
     from roofline.parallel.whatif import Setting, WhatIf
     w = WhatIf(req.model, req.device, dtype, Layout(tp=req.tp, ep=req.ep, dp_attention=req.dp_attention),
-               Setting(engine=req.engine, graph_batch_sizes=req.graph_sizes))
+               Setting(engine=req.engine, graph_batch_sizes=req.graph_batch_sizes))
     if req.calibrate:
         from roofline.analysis.calibrate import calibrated
         w = calibrated(w, req.calibrate)
@@ -355,5 +355,5 @@ def run(c: dict) -> None:
                            batch=c["batch"], context=c["context"], engine=engine_name(c.get("engine")),
                            tp=c["tp"], ep=c["ep"], dp_attention=c["dp_attention"], input_len=c["input_len"],
                            output_len=c["output_len"], concurrency=c["concurrency"], num_prompts=c["num_prompts"],
-                           staggered=c["staggered"], client=c["client"], graph_sizes=graph_batch_sizes(c),
+                           staggered=c["staggered"], client=c["client"], graph_batch_sizes=graph_batch_sizes(c),
                            calibrate=c.get("calibrate") or None))
