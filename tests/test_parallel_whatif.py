@@ -2053,3 +2053,38 @@ def test_an_engine_that_merges_gate_up_and_qkv_a_makes_one_call_of_each_pair_wit
     one, apart = dense(eng, kern), dense(dataclasses.replace(eng, merged=()), kern)
     assert one["dense"] < apart["dense"]
     assert {k: v for k, v in one.items() if k != "dense"} == {k: v for k, v in apart.items() if k != "dense"}
+
+
+def _fused_moe_us(device_key: str, fmt: str, bytes_per_weight: float, flops_key: str, E: int, N: int, Kd: int,
+                  top_k: int, M: int, fused_moe: bool = True) -> float:
+    """One MoE layer of benchmark_moe.py's shape (E experts, shard intermediate N, hidden Kd, top_k, M tokens,
+    uniform routing) priced by the grouped-GEMM curves, in us."""
+    from roofline.parallel import kernels as K
+    from roofline.parallel.anchors import get_datasheet
+    kern = K.load_kernels()
+    dev = get_datasheet(device_key)
+    pairs = M * top_k
+    touched = E * (1 - (1 - top_k / E) ** M)
+    r = K.grouped_gemm_seconds(touched * 3 * N * Kd * bytes_per_weight, 2.0 * pairs * 3 * N * Kd, pairs / touched,
+                               2 * N, dev.mem_bw_GBps * 1e9, dev.dense_tflops[flops_key] * 1e12, device_key, 1, kern,
+                               fmt, fused_moe, touched, 1.0)
+    return r["seconds"] * 1e6
+
+
+def test_triton_fused_moe_is_priced_at_its_own_measured_compute_share_where_it_was_measured():
+    # vLLM PR #44818 (H200, bf16, E=128 N=704 K=2816 top-8, tuned): M = 4096 in 1189.6 us, compute-bound at 0.33 of
+    # the bf16 rate; the dense GEMM's share (0.67) priced it at 593 us. Its memory-bound M = 256 (419.6 us) is the
+    # streaming curve's, which the compute share must leave alone.
+    assert _fused_moe_us("h200_sxm", "dense", 2.0, "bf16", 128, 704, 2816, 8, 4096) == pytest.approx(1189.6, rel=0.10)
+    assert _fused_moe_us("h200_sxm", "dense", 2.0, "bf16", 128, 704, 2816, 8, 256) == pytest.approx(419.6, rel=0.10)
+    # vLLM PR #53710 (L40S, fp8 w8a8, E=128 N=768 K=2048 top-8): M = 8192 in 3195.68 us
+    assert _fused_moe_us("l40s", "fp8", 1.0, "fp8", 128, 768, 2048, 8, 8192) == pytest.approx(3195.68, rel=0.10)
+    # only where measured: an A100 (no Ampere table at large M) and another engine's MoE kernel keep the dense share
+    from roofline.parallel import kernels as K
+    kern = K.load_kernels()
+    dense = K.peak_fraction("dense", 1, kern, "a100_80gb_sxm")
+    a100 = _fused_moe_us("a100_80gb_sxm", "dense", 2.0, "bf16", 128, 704, 2816, 8, 4096)
+    flops = 2.0 * 4096 * 8 * 3 * 704 * 2816
+    assert flops / (a100 * 1e-6) / 312e12 == pytest.approx(dense, rel=0.05)
+    other = _fused_moe_us("h200_sxm", "dense", 2.0, "bf16", 128, 704, 2816, 8, 4096, fused_moe=False)
+    assert other < 0.6 * _fused_moe_us("h200_sxm", "dense", 2.0, "bf16", 128, 704, 2816, 8, 4096)

@@ -275,7 +275,13 @@ def grouped_gemm_seconds(expert_bytes: float, expert_flops: float, tokens_per_ex
         frac = sm_bound_transfer(own, frac, bw_Bps, device_key, kern,
                                  table_value(same_family, max(tokens_per_expert, 1), scenario, field))
     t_mem = floor + expert_bytes / (bw_Bps * bw_ratio * frac) + io_seconds
-    peak = (pick(arch["peak_fraction"], scenario, "kernels.arch_overrides.grouped_gemm.peak_fraction")
-            if arch is not None and not own and "peak_fraction" in arch else peak_fraction(fmt_kind, scenario, kern, device_key))
+    fm = (g.get("fused_moe_peak_fraction") or {}).get(fmt_kind)
+    dev_arch = ((kern.get("devices") or {}).get(device_key) or {}).get("arch")
+    if arch is not None and not own and "peak_fraction" in arch:
+        peak = pick(arch["peak_fraction"], scenario, "kernels.arch_overrides.grouped_gemm.peak_fraction")
+    elif fused_moe and not own and fm is not None and dev_arch in fm["archs"]:  # Triton fused_moe's own share,
+        peak = pick(fm, scenario, f"kernels.grouped_gemm.fused_moe_peak_fraction.{fmt_kind}")  # where measured
+    else:
+        peak = peak_fraction(fmt_kind, scenario, kern, device_key)
     t_f = expert_flops / (flops * peak * tile_wave_utilisation(tokens_per_expert, N, device_key, kern, groups))
     return dict(memory=t_mem, compute=t_f, seconds=max(t_mem, t_f))
