@@ -237,7 +237,11 @@ def grouped_gemm_seconds(expert_bytes: float, expert_flops: float, tokens_per_ex
     the layer's fixed cost (`floor_us`, or the architecture's own) is paid beside the bytes, which
     stream at the floor-free fraction `bw_fraction_vs_tokens_per_expert`. An engine with another MoE
     kernel, which no benchmark read measures, streams at the measured kernel's whole-kernel fraction
-    (`whole_kernel_fraction_vs_tokens_per_expert`, the floor folded in) with no floor of its own."""
+    (`whole_kernel_fraction_vs_tokens_per_expert`, the floor folded in) with no floor of its own.
+
+    The FLOPs run at the architecture's own grouped share (CDNA3), else, for fused_moe on an architecture where
+    its compute-bound rows were measured (`fused_moe_peak_fraction.<fmt>.archs`), at that kernel's own share, else
+    at the dense GEMM's (`peak_fraction`), each times the tile and wave utilisation."""
     if expert_bytes <= 0:
         return dict(memory=0.0, compute=0.0, seconds=0.0)
     g = kern["grouped_gemm"]
