@@ -1610,8 +1610,8 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran, their intervals widened by the
     conformal bands of the calibration anchors no prior cites (each source weighing one): bounds at the level
     measured when this test was last set plus a small margin, so a regression fails. All 94 test rows: median
-    |error| 22.4%, signed median +13.5%, 82% inside, half-width 42.3% (42.5% before the Triton fused_moe kernel's own
-    compute share; 85% / 51.5% before SGLang's eager prompt
+    |error| 20.3%, signed median +12.5%, 82% inside, half-width 42.5% (22.4% / +13.5% before the Triton fused_moe
+    kernel's own compute share; 85% / 51.5% before SGLang's eager prompt
     steps of MLA models narrowed the TP and quantized bands; 21.6% / +14.8% before TensorRT-LLM's
     perf-overview runs padded their decode batches to the CUDA-graph sizes their pages print, engine behaviour that
     slowed its 70B rows of the 35 held out before, already too slow, and its too-fast gpt-oss and Scout rows; 20.7% /
@@ -1626,10 +1626,10 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     one MI300X row across the median; 23.0% before an MLA prompt was priced as multi-head attention: one row crossed
     a gap in the sorted errors), signed median +10.2% (too fast), 87% inside, median half-width 52.2% (45.1% before
     the ROCm blog's page became a prior's source, vllm-v0-rocm, and its 32 rows left the bands); now: quantized
-    24.2% / +14.3%, TP 27.0% / +16.0%, MoE 28.1% / +24.3% (29.0% and 29.2% before the fused_moe compute share; their
-    history: docs/planning.md). The 35 rows held out
+    21.3% / +13.5%, TP 25.1% / +14.8%, MoE 26.8% / +20.3% (24.2%, 29.0% and 29.2% before the fused_moe compute share;
+    their history: docs/planning.md). The 35 rows held out
     before 2026-12-06 (sources of dense, int4 / int8, fp8 and MoE deployments of 2023-2025): 10.7% / -2.5% (9.3% before
-    the padding), held apart so that the 59 rows added with the fp4 formats, gpt-oss and Llama 4 (29.9% / +25.3%:
+    the padding), held apart so that the 59 rows added with the fp4 formats, gpt-oss and Llama 4 (28.1% / +24.3%:
     docs/planning.md, "Validation") cannot hide a regression on them. Of the issue's targets (10%, +-5%, 80% inside, half-width <= 25%) only the share
     inside is met on all 94 rows; on the 35, the signed median is met too (and the median was, to 9.3%). The calibration split
     is held too (275 rows: 11.2%, +0.7%, 94% inside, half-width 51.0%; 11.5% before the fused_moe compute share; 11.9% / 96% / 60.5% before SGLang's eager prompt
@@ -1645,13 +1645,13 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     t, q, m, c = s["test"]["all"], s["test"]["quantized"], s["test"]["moe"], s["calibration"]["all"]
     tp, sp = s["test"]["tp"], s["test"]["speculative"]
     assert t["n"] >= 94
-    assert t["median_abs_error_pct"] <= 23.0
-    assert abs(t["signed_median_fast_pct"]) <= 14.5
+    assert t["median_abs_error_pct"] <= 21.0
+    assert abs(t["signed_median_fast_pct"]) <= 13.5
     assert t["inside_interval"] >= 0.81
     assert t["median_half_width_pct"] <= 43.5
-    assert q["median_abs_error_pct"] <= 25.5 and abs(q["signed_median_fast_pct"]) <= 16.0
-    assert tp["median_abs_error_pct"] <= 28.0 and abs(tp["signed_median_fast_pct"]) <= 17.0
-    assert m["median_abs_error_pct"] <= 29.0 and abs(m["signed_median_fast_pct"]) <= 25.5
+    assert q["median_abs_error_pct"] <= 22.5 and abs(q["signed_median_fast_pct"]) <= 14.5
+    assert tp["median_abs_error_pct"] <= 26.0 and abs(tp["signed_median_fast_pct"]) <= 16.0
+    assert m["median_abs_error_pct"] <= 28.0 and abs(m["signed_median_fast_pct"]) <= 21.5
     assert sp["n"] == 2 and sp["median_half_width_pct"] >= 10.0
     assert c["n"] >= 270 and c["median_abs_error_pct"] <= 12.0 and abs(c["signed_median_fast_pct"]) <= 5.0
     assert c["inside_interval"] >= 0.88
@@ -2081,9 +2081,19 @@ def test_triton_fused_moe_is_priced_at_its_own_measured_compute_share_where_it_w
     assert _fused_moe_us("h200_sxm", "dense", 2.0, "bf16", 128, 704, 2816, 8, 256) == pytest.approx(419.6, rel=0.10)
     # vLLM PR #53710 (L40S, fp8 w8a8, E=128 N=768 K=2048 top-8): M = 8192 in 3195.68 us
     assert _fused_moe_us("l40s", "fp8", 1.0, "fp8", 128, 768, 2048, 8, 8192) == pytest.approx(3195.68, rel=0.10)
-    # only where measured: an A100 (no Ampere table at large M) and another engine's MoE kernel keep the dense share
+    # Hopper fp8: no tuned large-M table read; the H100's default config of before vLLM PR #24700 (Qwen3-30B-A3B fp8,
+    # E=128 N=768 K=2048 top-8, M = 4096: 1647.57 us) is the pessimistic end, the typical about half of it
     from roofline.parallel import kernels as K
-    kern = K.load_kernels()
+    from roofline.parallel.anchors import get_datasheet
+    kern, h100 = K.load_kernels(), get_datasheet("h100_sxm")
+    pairs, flops8 = 4096 * 8, 2.0 * 4096 * 8 * 3 * 768 * 2048
+
+    def h100_fp8(s):
+        return K.grouped_gemm_seconds(128 * 3 * 768 * 2048, flops8, pairs / 128, 2 * 768, h100.mem_bw_GBps * 1e9,
+                                      1979e12, "h100_sxm", s, kern, "fp8", True, 128, 1.0)["seconds"] * 1e6
+    assert h100_fp8(2) == pytest.approx(1647.57, rel=0.10)
+    assert 0.4 * 1647.57 < h100_fp8(1) < 0.7 * 1647.57
+    # only where measured: an A100 (no Ampere table at large M) and another engine's MoE kernel keep the dense share
     dense = K.peak_fraction("dense", 1, kern, "a100_80gb_sxm")
     a100 = _fused_moe_us("a100_80gb_sxm", "dense", 2.0, "bf16", 128, 704, 2816, 8, 4096)
     flops = 2.0 * 4096 * 8 * 3 * 704 * 2816

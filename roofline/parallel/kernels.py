@@ -240,7 +240,7 @@ def grouped_gemm_seconds(expert_bytes: float, expert_flops: float, tokens_per_ex
     (`whole_kernel_fraction_vs_tokens_per_expert`, the floor folded in) with no floor of its own.
 
     The FLOPs run at the architecture's own grouped share (CDNA3), else, for fused_moe on an architecture where
-    its compute-bound rows were measured (`fused_moe_peak_fraction.<fmt>.archs`), at that kernel's own share, else
+    its compute-bound share was read (`fused_moe_peak_fraction.<arch>.<fmt>`), at that kernel's own share, else
     at the dense GEMM's (`peak_fraction`), each times the tile and wave utilisation."""
     if expert_bytes <= 0:
         return dict(memory=0.0, compute=0.0, seconds=0.0)
@@ -279,12 +279,12 @@ def grouped_gemm_seconds(expert_bytes: float, expert_flops: float, tokens_per_ex
         frac = sm_bound_transfer(own, frac, bw_Bps, device_key, kern,
                                  table_value(same_family, max(tokens_per_expert, 1), scenario, field))
     t_mem = floor + expert_bytes / (bw_Bps * bw_ratio * frac) + io_seconds
-    fm = (g.get("fused_moe_peak_fraction") or {}).get(fmt_kind)
     dev_arch = ((kern.get("devices") or {}).get(device_key) or {}).get("arch")
+    fm = ((g.get("fused_moe_peak_fraction") or {}).get(dev_arch) or {}).get(fmt_kind)
     if arch is not None and not own and "peak_fraction" in arch:
         peak = pick(arch["peak_fraction"], scenario, "kernels.arch_overrides.grouped_gemm.peak_fraction")
-    elif fused_moe and not own and fm is not None and dev_arch in fm["archs"]:  # Triton fused_moe's own share,
-        peak = pick(fm, scenario, f"kernels.grouped_gemm.fused_moe_peak_fraction.{fmt_kind}")  # where measured
+    elif fused_moe and not own and fm is not None:  # Triton fused_moe's own share, where read for the architecture
+        peak = pick(fm, scenario, f"kernels.grouped_gemm.fused_moe_peak_fraction.{dev_arch}.{fmt_kind}")
     else:
         peak = peak_fraction(fmt_kind, scenario, kern, device_key)
     t_f = expert_flops / (flops * peak * tile_wave_utilisation(tokens_per_expert, N, device_key, kern, groups))
