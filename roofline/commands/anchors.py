@@ -1,7 +1,9 @@
 """published multi-GPU measurements beside our what-if predictions
 
 `python -m roofline.cli.anchors [out_dir=DIR]`: the table (and trends) on the console, anchors.csv,
-anchors.json and anchors.md (the summaries and the test table as the docs show them) in out_dir."""
+anchors.json and anchors.md (the summaries and the test table as the docs show them) in out_dir; beside them
+the held-out kernel benchmarks priced by the same kernel curves (kernel_checks.csv, kernel_checks.md; their
+summary in anchors.json's `kernel_checks`)."""
 
 import math
 from dataclasses import dataclass
@@ -12,7 +14,7 @@ import pandas as pd
 from roofline.io import files
 from roofline.io.fields import option
 from roofline.io.files import write_atomic, write_csv_atomic, write_json_atomic
-from roofline.parallel import anchors
+from roofline.parallel import anchors, kernel_checks
 
 
 @dataclass(frozen=True)
@@ -24,7 +26,10 @@ class AnchorsKeys:
                                        "profiles)")
     trend: tuple[str, ...] = option((), "anchors whose metric is also printed against batch size")
     trend_B: tuple[int, ...] = option((1, 2, 4, 8, 16, 32, 64), "the batch sizes of the trends")
-    out_dir: str | None = option(None, "write anchors.csv, trend-<id>.csv, anchors.json, anchors.md here")
+    kernel_checks: str | None = option(None, "another held-out kernel-benchmarks file (default: "
+                                             "roofline/data/kernel_checks.yaml)")
+    out_dir: str | None = option(None, "write anchors.csv, trend-<id>.csv, anchors.json, anchors.md, kernel_checks.csv "
+                                       "and kernel_checks.md here")
 
 
 # the command's keys (their defaults and help): its structured config, roofline/cli/schema.py
@@ -40,10 +45,14 @@ def run(c: dict) -> None:
             print(f"\n{aid}: predicted vs batch (optimistic / typical / pessimistic priors)")
             print(anchors.trend(aid, tuple(c["trend_B"]), c["anchors"] or anchors.ANCHORS_PATH).round(3)
                   .to_string(index=False))
+    kt = kernel_checks.table(c["kernel_checks"] or kernel_checks.CHECKS_PATH)
+    print("\nheld-out kernel benchmarks (kernel_checks.yaml) beside the kernel curves' prices")
+    print(kt[["id", "M", "published_us", "predicted_us", "low_us", "high_us", "error_pct", "inside"]].round(1)
+          .to_string(index=False))
     summary = dict(anchors=len(t), not_priced=int(t["predicted"].isna().sum()),
                    error_bands_pct={k: round(100 * (math.exp(v) - 1), 2) for k, v in t.attrs["bands_log"].items()},
                    error_bands_from=t.attrs["bands_from"],
-                   **anchors.summary(t))
+                   **anchors.summary(t), kernel_checks=kernel_checks.summary(kt))
     if c["out_dir"]:
         out = Path(c["out_dir"])
         out.mkdir(parents=True, exist_ok=True)
@@ -53,4 +62,6 @@ def run(c: dict) -> None:
                              out / f"trend-{aid}.csv")
         write_json_atomic(out / "anchors.json", summary)
         write_atomic(out / "anchors.md", anchors.markdown(t))
+        write_csv_atomic(kt, out / "kernel_checks.csv")
+        write_atomic(out / "kernel_checks.md", kernel_checks.markdown(kt))
     print(files.json_text(summary, indent=1))

@@ -1,0 +1,133 @@
+"""Held-out kernel benchmarks (roofline/data/kernel_checks.yaml) beside the what-if's kernel prices.
+
+The deployments' test split checks the whole what-if; these check its kernel curves alone, on published
+kernel times that no prior of kernels.yaml was derived from (`cited_by_priors` is empty). Each check is
+priced by the what-if's own path: a one-layer model of the benchmark's shape (its hidden width K, the
+shard's intermediate width N, the experts and top-k), the rank's share of the experts under expert
+parallelism (its expected share, as a one-rank benchmark runs it), and the routed experts' term of `WhatIf.pass_detail` for the engine whose MoE kernel the
+benchmark ran, at M tokens (optimistic, typical and pessimistic priors). Nothing is fitted to them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from roofline.io.fields import ConfigError
+from roofline.measure.devices import get_datasheet
+from roofline.model.config import ModelConfig
+from roofline.model.formats import precision
+from roofline.model.presets import get_preset
+from roofline.parallel.anchors import PRIOR_PATHS, cited_by, prior_sources
+from roofline.parallel.layout import Layout
+from roofline.parallel.whatif import SCENARIOS, Pass, Setting, WhatIf
+
+CHECKS_PATH = Path(__file__).resolve().parents[1] / "data" / "kernel_checks.yaml"
+REQUIRED = ("id", "source", "engine", "device", "experts", "shape", "config", "timed", "rows", "quote")
+SHAPE = ("experts", "local_experts", "N", "K", "top_k")
+
+
+def load(path=CHECKS_PATH) -> tuple[dict, list[dict]]:
+    """(sources, checks) of a kernel-checks file; a missing or malformed field is one ConfigError naming it."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"kernel_checks={str(path)!r}: no such file")
+    doc = yaml.safe_load(p.read_text()) or {}
+    sources, checks = doc.get("sources") or {}, doc.get("checks") or []
+    if not isinstance(sources, dict) or not isinstance(checks, list) or not checks:
+        raise ConfigError(f"kernel_checks={str(path)!r}: needs a mapping `sources` and a non-empty list `checks`")
+    for i, c in enumerate(checks):
+        where = f"kernel_checks {c.get('id', i) if isinstance(c, dict) else i}"
+        if not isinstance(c, dict):
+            raise ConfigError(f"{where}: a check is a mapping")
+        for k in REQUIRED:
+            if k not in c:
+                raise ConfigError(f"{where}: missing {k!r}")
+        if c["source"] not in sources:
+            raise ConfigError(f"{where}: source={c['source']!r} is not in `sources`")
+        s = c["shape"]
+        for k in SHAPE:
+            v = s.get(k) if isinstance(s, dict) else None
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{where}: shape.{k}={v!r}: allowed an integer >= 1")
+        if s["experts"] % s["local_experts"] or (s["top_k"] * s["local_experts"]) % s["experts"]:
+            raise ConfigError(f"{where}: shape: local_experts must divide experts, and top_k x local_experts / "
+                              "experts (the picks a token makes among the local experts, on average) be an integer")
+        for r in c["rows"]:
+            if (not isinstance(r, list) or len(r) != 2 or isinstance(r[0], bool) or not isinstance(r[0], int)
+                    or r[0] < 1 or not isinstance(r[1], (int, float)) or r[1] <= 0):
+                raise ConfigError(f"{where}: rows entry {r!r}: allowed [tokens >= 1, microseconds > 0]")
+    return sources, checks
+
+
+def layer_model(c: dict) -> ModelConfig:
+    """One MoE layer of the rank's experts (the rest of a small preset: no dense layers, no shared expert). A
+    benchmark that simulates one rank of E / local_experts gives it a uniform share of the routing: its local
+    experts, each token picking top_k x local / E of them, the same expected pairs and touched experts as the
+    whole layer's E and top_k (1 - (1 - top_k / E)^M of each); the what-if's busiest rank of a deployment
+    (`experts_touched_busiest_rank`) is not what such a benchmark times."""
+    s = c["shape"]
+    local, k = s["local_experts"], s["top_k"] * s["local_experts"] // s["experts"]
+    return dataclasses.replace(get_preset("qwen3-30b-a3b"), name=f"kernel-check:{c['id']}", d=s["K"], moe_ffn=s["N"],
+                               experts=local, experts_per_token=k, layers=1, shared_experts=0,
+                               first_dense_layers=0, moe_every=1, mtp_layers=0)
+
+
+def price(c: dict, M: int) -> dict:
+    """The routed experts' time of one layer at M tokens (us), per scenario, as the what-if prices it."""
+    w = WhatIf(layer_model(c), get_datasheet(c["device"]), precision("bfloat16", experts=c["experts"]).label,
+               Layout(), Setting(engine=c["engine"]))
+    return {name: 1e6 * w.pass_detail(Pass(M, 1, 1), i, c["engine"])["terms"]["experts"]
+            for i, name in enumerate(SCENARIOS)}
+
+
+def table(path=CHECKS_PATH) -> pd.DataFrame:
+    """Every row of every check: published and predicted microseconds, the interval, the error of the typical
+    (predicted / published - 1: negative is too fast) and whether the published time is inside."""
+    _, checks = load(path)
+    out = []
+    for c in checks:
+        s = c["shape"]
+        for M, us in c["rows"]:
+            p = price(c, M)
+            lo, hi = sorted((p["optimistic"], p["pessimistic"]))
+            out.append(dict(id=c["id"], source=c["source"], engine=c["engine"], device=c["device"], experts=c["experts"],
+                            config=c["config"], M=M, tokens_per_local_expert=M * s["top_k"] / s["experts"],
+                            published_us=float(us), predicted_us=p["typical"], low_us=lo, high_us=hi,
+                            error_pct=100.0 * (p["typical"] / us - 1.0), inside=bool(lo <= us <= hi)))
+    return pd.DataFrame(out)
+
+
+def summary(t: pd.DataFrame) -> dict:
+    """Median |error|, signed median (negative: too fast) and share inside, over all rows and per check."""
+    def one(x):
+        return dict(n=int(len(x)), median_abs_error_pct=float(np.median(np.abs(x["error_pct"]))),
+                    signed_median_pct=float(np.median(x["error_pct"])), inside=float(x["inside"].mean()))
+    return dict(all=one(t), **{cid: one(g) for cid, g in t.groupby("id", sort=False)})
+
+
+def markdown(t: pd.DataFrame) -> str:
+    """The summary and the rows, as the docs quote them."""
+    s = summary(t)
+    lines = ["| check | n | median abs error | signed median (negative: too fast) | inside interval |",
+             "|---|---|---|---|---|"]
+    for k, v in s.items():
+        lines.append(f"| {k} | {v['n']} | {v['median_abs_error_pct']:.1f}% | {v['signed_median_pct']:+.1f}% | "
+                     f"{100 * v['inside']:.0f}% |")
+    lines += ["", "| check | M | published us | predicted us | interval us | error | inside |",
+              "|---|---|---|---|---|---|---|"]
+    for r in t.itertuples():
+        lines.append(f"| {r.id} | {r.M} | {r.published_us:.1f} | {r.predicted_us:.1f} | {r.low_us:.1f}-{r.high_us:.1f} | "
+                     f"{r.error_pct:+.1f}% | {'yes' if r.inside else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
+def cited_by_priors(path=CHECKS_PATH, prior_paths=PRIOR_PATHS) -> list[str]:
+    """Check sources whose url (or id) a prior's source cites: must be empty (a held-out check)."""
+    sources, _ = load(path)
+    text = prior_sources(prior_paths)
+    return [sid for sid, s in sources.items() if cited_by(sid, s, text)]

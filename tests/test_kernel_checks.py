@@ -1,0 +1,92 @@
+"""Held-out kernel benchmarks (roofline/data/kernel_checks.yaml) priced by the what-if's kernel path."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from roofline.io.fields import ConfigError
+from roofline.parallel import kernel_checks
+
+ROOT = Path(__file__).parents[1]
+
+
+def test_no_kernel_check_source_is_cited_by_a_prior():
+    """A check is held out: no kernels.yaml, priors.yaml or engines.yaml source names its page or id."""
+    assert kernel_checks.cited_by_priors() == []
+    sources, checks = kernel_checks.load()
+    assert {c["source"] for c in checks} <= set(sources)
+
+
+def test_a_one_rank_benchmark_is_priced_at_its_expected_share_of_the_routing():
+    """An EP8 simulation of DeepSeek (256 experts, 32 local, top-8): the one-layer model holds the 32 local experts,
+    each token picking one of them on average, so its expected touched experts are the whole layer's share."""
+    _, checks = kernel_checks.load()
+    c = next(c for c in checks if c["shape"]["local_experts"] < c["shape"]["experts"])
+    m = kernel_checks.layer_model(c)
+    s = c["shape"]
+    assert (m.experts, m.experts_per_token) == (s["local_experts"], s["top_k"] * s["local_experts"] // s["experts"])
+    for M in (1, 16, 512):
+        whole = s["local_experts"] * (1 - (1 - s["top_k"] / s["experts"]) ** M)
+        local = m.experts * (1 - (1 - m.experts_per_token / m.experts) ** M)
+        assert local == pytest.approx(whole)
+
+
+@pytest.mark.slow
+def test_the_committed_kernel_checks_are_what_the_code_prices_now_and_the_docs_quote_them():
+    """results/parallel/kernel_checks.md is what `python -m roofline.cli.anchors ... out_dir=results/parallel` writes
+    from this commit, and docs/planning.md quotes its overall row."""
+    fresh = kernel_checks.table()
+    out = ROOT / "results" / "parallel"
+    shipped = pd.read_csv(out / "kernel_checks.csv")
+    assert list(shipped["id"]) == list(fresh["id"]) and list(shipped["M"]) == list(fresh["M"])
+    assert (out / "kernel_checks.md").read_text() == kernel_checks.markdown(fresh)
+    overall = kernel_checks.markdown(fresh).splitlines()[2]
+    assert overall.startswith("| all |") and overall in (ROOT / "docs" / "planning.md").read_text()
+
+
+@pytest.mark.slow
+def test_held_out_kernel_checks_are_bounded_at_the_measured_level():
+    """All 20 rows: median |error| 15.3%, signed +4.7%, 75% inside; vLLM's tuned fused_moe on an H100 (gpt-oss's
+    shape) 5.6%, within its interval at 4 of 5 batches. A regression of the kernel curves fails this."""
+    s = kernel_checks.summary(kernel_checks.table())
+    a, tuned = s["all"], s["vllm-pr39902-h100-gptoss-bf16-tuned"]
+    assert a["n"] >= 20
+    assert a["median_abs_error_pct"] <= 17.0 and abs(a["signed_median_pct"]) <= 7.0 and a["inside"] >= 0.70
+    assert tuned["median_abs_error_pct"] <= 7.0 and tuned["inside"] >= 0.8
+
+
+def _doc():
+    return yaml.safe_load((ROOT / "roofline" / "data" / "kernel_checks.yaml").read_text())
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d["checks"][0].pop("rows"), "missing 'rows'"),
+    (lambda d: d["checks"][0].update(source="nope"), "source='nope' is not in `sources`"),
+    (lambda d: d["checks"][0]["shape"].update(N=0), r"shape.N=0: allowed an integer >= 1"),
+    (lambda d: d["checks"][0]["shape"].update(local_experts=3), "local_experts must divide experts"),
+    (lambda d: d["checks"][0].update(rows=[[1, -5.0]]), r"rows entry \[1, -5.0\]"),
+    (lambda d: d.update(checks=[]), "non-empty list `checks`"),
+])
+def test_a_bad_kernel_checks_file_is_one_error_naming_the_field(tmp_path, edit, message):
+    doc = _doc()
+    edit(doc)
+    (tmp_path / "k.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=message):
+        kernel_checks.load(tmp_path / "k.yaml")
+
+
+def test_the_anchors_command_refuses_a_bad_kernel_checks_file_in_one_line_exit_2(tmp_path):
+    anchors_doc = dict(sources=dict(s1=dict(title="t", url="u", split="calibration")),
+                       anchors=[dict(id="a1", source="s1", engine="vllm", device="h100_sxm", model="llama-3.1-8b",
+                                     tp=1, workload=dict(B=1, L=1024), metric="itl_ms", value=7.5)])
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(anchors_doc))
+    doc = _doc()
+    del doc["checks"][0]["quote"]
+    (tmp_path / "k.yaml").write_text(yaml.safe_dump(doc))
+    r = subprocess.run([sys.executable, "-m", "roofline.cli.anchors", f"anchors={tmp_path / 'a.yaml'}",
+                        f"kernel_checks={tmp_path / 'k.yaml'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "missing 'quote'" in r.stderr and "Traceback" not in r.stderr
