@@ -50,15 +50,15 @@ def test_the_committed_kernel_checks_are_what_the_code_prices_now_and_the_docs_q
 
 @pytest.mark.slow
 def test_held_out_kernel_checks_are_bounded_at_the_measured_level():
-    """All 35 rows: median |error| 9.9%, signed +2.9%, 74% inside; vLLM's tuned fused_moe on an H100 (gpt-oss's
+    """All 53 rows: median |error| 11.1%, signed +6.3%, 70% inside; vLLM's tuned fused_moe on an H100 (gpt-oss's
     shape) 5.6%, within its interval at 4 of 5 batches; on an L40S (Qwen3.5's fp8 shape) 4.0%, and its compute-bound
     end (16384, 32768 tokens) within 10%: a held-out check of the Ada fp8 fused_moe share, read from another
     shape's table. A regression of the kernel curves fails this."""
     t = kernel_checks.table()
     s = kernel_checks.summary(t)
     a, tuned, l40s = s["all"], s["vllm-pr39902-h100-gptoss-bf16-tuned"], s["vllm-pr53819-l40s-qwen35-fp8-tuned"]
-    assert a["n"] >= 35
-    assert a["median_abs_error_pct"] <= 11.5 and abs(a["signed_median_pct"]) <= 5.0 and a["inside"] >= 0.70
+    assert a["n"] >= 53
+    assert a["median_abs_error_pct"] <= 12.5 and abs(a["signed_median_pct"]) <= 8.0 and a["inside"] >= 0.65
     assert tuned["median_abs_error_pct"] <= 7.0 and tuned["inside"] >= 0.8
     assert l40s["median_abs_error_pct"] <= 5.5
     big = t[(t["id"] == "vllm-pr53819-l40s-qwen35-fp8-tuned") & (t["M"] >= 16384)]
@@ -76,6 +76,9 @@ def _doc():
     (lambda d: d["checks"][0]["shape"].update(local_experts=3), "local_experts must divide experts"),
     (lambda d: d["checks"][0].update(rows=[[1, -5.0]]), r"rows entry \[1, -5.0\]"),
     (lambda d: d.update(checks=[]), "non-empty list `checks`"),
+    (lambda d: d["checks"][0].update(kind="conv"), "kind='conv': allowed"),
+    (lambda d: d["checks"][0].pop("engine"), "missing 'engine' \\(a moe check\\)"),
+    (lambda d: d["checks"][0].update(unit="TFLOP/s"), "a moe check: us"),
 ])
 def test_a_bad_kernel_checks_file_is_one_error_naming_the_field(tmp_path, edit, message):
     doc = _doc()
@@ -96,3 +99,14 @@ def test_the_anchors_command_refuses_a_bad_kernel_checks_file_in_one_line_exit_2
     r = subprocess.run([sys.executable, "-m", "roofline.cli.anchors", f"anchors={tmp_path / 'a.yaml'}",
                         f"kernel_checks={tmp_path / 'k.yaml'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "missing 'quote'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_gemm_check_reads_a_published_rate_as_time_and_prices_one_gemm():
+    """TFLOP/s become 2 M N K / rate; the price is the pass's own pricing of one GEMM (its memory side at M = 1)."""
+    _, checks = kernel_checks.load()
+    c = next(c for c in checks if c["kind"] == "gemm" and c["weights"] == "bf16")
+    N, K = c["shape"]["N"], c["shape"]["K"]
+    assert kernel_checks.published_us(c, 16, 2.0) == pytest.approx(2 * 16 * N * K / 2.0e12 * 1e6)
+    p = kernel_checks.price(c, 1)
+    assert p["optimistic"] < p["typical"] < p["pessimistic"]
+    assert 2 * N * K / p["typical"] * 1e-3 == pytest.approx(3350 * 0.78, rel=0.15)  # GB/s: the bf16 bytes streamed

@@ -2,10 +2,15 @@
 
 The deployments' test split checks the whole what-if; these check its kernel curves alone, on published
 kernel times that no prior of kernels.yaml was derived from (`cited_by_priors` is empty). Each check is
-priced by the what-if's own path: a one-layer model of the benchmark's shape (its hidden width K, the
-shard's intermediate width N, the experts and top-k), the rank's share of the experts under expert
-parallelism (its expected share, as a one-rank benchmark runs it), and the routed experts' term of `WhatIf.pass_detail` for the engine whose MoE kernel the
-benchmark ran, at M tokens (optimistic, typical and pessimistic priors). Nothing is fitted to them.
+priced by the what-if's own path, at M tokens (optimistic, typical and pessimistic priors); nothing is fitted
+to them. Two kinds:
+
+- `moe`: a one-layer model of the benchmark's shape (its hidden width K, the shard's intermediate width N, the
+  experts and top-k), the rank's share of the experts under expert parallelism (its expected share, as a
+  one-rank benchmark runs it), the routed experts' term of `WhatIf.pass_detail` for the engine whose MoE kernel
+  the benchmark ran;
+- `gemm`: one GEMM of M rows by an [N, K] weight matrix in the check's weight format (`whatif.one_gemm_seconds`,
+  the pricing of each GEMM of a pass), a published TFLOP/s read as time by 2 M N K.
 """
 
 from __future__ import annotations
@@ -24,11 +29,14 @@ from roofline.model.formats import precision
 from roofline.model.presets import get_preset
 from roofline.parallel.anchors import PRIOR_PATHS, cited_by, prior_sources
 from roofline.parallel.layout import Layout
-from roofline.parallel.whatif import SCENARIOS, Pass, Setting, WhatIf
+from roofline.parallel.kernels import load_kernels
+from roofline.parallel.whatif import SCENARIOS, Pass, Setting, WhatIf, one_gemm_seconds
 
 CHECKS_PATH = Path(__file__).resolve().parents[1] / "data" / "kernel_checks.yaml"
-REQUIRED = ("id", "source", "engine", "device", "experts", "shape", "config", "timed", "rows", "quote")
-SHAPE = ("experts", "local_experts", "N", "K", "top_k")
+REQUIRED = ("id", "source", "kind", "device", "shape", "config", "timed", "rows", "quote")
+KINDS = {"moe": (("engine", "experts"), ("experts", "local_experts", "N", "K", "top_k")),  # its own keys, its shape
+         "gemm": (("weights",), ("N", "K"))}
+UNITS = ("us", "TFLOP/s")
 
 
 def load(path=CHECKS_PATH) -> tuple[dict, list[dict]]:
@@ -49,18 +57,26 @@ def load(path=CHECKS_PATH) -> tuple[dict, list[dict]]:
                 raise ConfigError(f"{where}: missing {k!r}")
         if c["source"] not in sources:
             raise ConfigError(f"{where}: source={c['source']!r} is not in `sources`")
+        if c["kind"] not in KINDS:
+            raise ConfigError(f"{where}: kind={c['kind']!r}: allowed {sorted(KINDS)}")
+        own, shape_keys = KINDS[c["kind"]]
+        for k in own:
+            if k not in c:
+                raise ConfigError(f"{where}: missing {k!r} (a {c['kind']} check)")
+        if c.get("unit", "us") not in UNITS or (c["kind"] == "moe" and c.get("unit", "us") != "us"):
+            raise ConfigError(f"{where}: unit={c.get('unit')!r}: allowed {UNITS} (a moe check: us)")
         s = c["shape"]
-        for k in SHAPE:
+        for k in shape_keys:
             v = s.get(k) if isinstance(s, dict) else None
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{where}: shape.{k}={v!r}: allowed an integer >= 1")
-        if s["experts"] % s["local_experts"] or (s["top_k"] * s["local_experts"]) % s["experts"]:
+        if c["kind"] == "moe" and (s["experts"] % s["local_experts"] or (s["top_k"] * s["local_experts"]) % s["experts"]):
             raise ConfigError(f"{where}: shape: local_experts must divide experts, and top_k x local_experts / "
                               "experts (the picks a token makes among the local experts, on average) be an integer")
         for r in c["rows"]:
             if (not isinstance(r, list) or len(r) != 2 or isinstance(r[0], bool) or not isinstance(r[0], int)
                     or r[0] < 1 or not isinstance(r[1], (int, float)) or r[1] <= 0):
-                raise ConfigError(f"{where}: rows entry {r!r}: allowed [tokens >= 1, microseconds > 0]")
+                raise ConfigError(f"{where}: rows entry {r!r}: allowed [tokens >= 1, a time or rate > 0]")
     return sources, checks
 
 
@@ -78,11 +94,24 @@ def layer_model(c: dict) -> ModelConfig:
 
 
 def price(c: dict, M: int) -> dict:
-    """The routed experts' time of one layer at M tokens (us), per scenario, as the what-if prices it."""
-    w = WhatIf(layer_model(c), get_datasheet(c["device"]), precision("bfloat16", experts=c["experts"]).label,
-               Layout(), Setting(engine=c["engine"]))
+    """The check's kernel at M tokens (us), per scenario, as the what-if prices it: a moe layer's routed experts,
+    or one GEMM."""
+    dev = get_datasheet(c["device"])
+    if c["kind"] == "gemm":
+        label, kern = precision("bfloat16", weights=c["weights"]).label, load_kernels()
+        return {name: 1e6 * one_gemm_seconds(dev, label, M, c["shape"]["N"], c["shape"]["K"], i, kern)
+                for i, name in enumerate(SCENARIOS)}
+    w = WhatIf(layer_model(c), dev, precision("bfloat16", experts=c["experts"]).label, Layout(),
+               Setting(engine=c["engine"]))
     return {name: 1e6 * w.pass_detail(Pass(M, 1, 1), i, c["engine"])["terms"]["experts"]
             for i, name in enumerate(SCENARIOS)}
+
+
+def published_us(c: dict, M: int, value: float) -> float:
+    """A row's published value as microseconds (a GEMM's TFLOP/s as 2 M N K over it)."""
+    if c.get("unit", "us") == "us":
+        return float(value)
+    return 2.0 * M * c["shape"]["N"] * c["shape"]["K"] / (value * 1e12) * 1e6
 
 
 def table(path=CHECKS_PATH) -> pd.DataFrame:
@@ -91,13 +120,12 @@ def table(path=CHECKS_PATH) -> pd.DataFrame:
     _, checks = load(path)
     out = []
     for c in checks:
-        s = c["shape"]
-        for M, us in c["rows"]:
-            p = price(c, M)
+        for M, value in c["rows"]:
+            us, p = published_us(c, M, value), price(c, M)
             lo, hi = sorted((p["optimistic"], p["pessimistic"]))
-            out.append(dict(id=c["id"], source=c["source"], engine=c["engine"], device=c["device"], experts=c["experts"],
-                            config=c["config"], M=M, tokens_per_local_expert=M * s["top_k"] / s["experts"],
-                            published_us=float(us), predicted_us=p["typical"], low_us=lo, high_us=hi,
+            out.append(dict(id=c["id"], source=c["source"], kind=c["kind"], engine=c.get("engine", ""),
+                            device=c["device"], format=c.get("experts") or c.get("weights"), config=c["config"], M=M,
+                            published_us=us, predicted_us=p["typical"], low_us=lo, high_us=hi,
                             error_pct=100.0 * (p["typical"] / us - 1.0), inside=bool(lo <= us <= hi)))
     return pd.DataFrame(out)
 

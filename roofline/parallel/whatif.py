@@ -220,6 +220,18 @@ def _dequant_ops(fmt, device: Datasheet) -> int:
     return fmt.dequant_ops_per_weight()
 
 
+def one_gemm_seconds(device: Datasheet, dtype: str, M: int, N: int, Kd: int, scenario: int, kern: dict) -> float:
+    """One GEMM of M rows by an [N, Kd] weight matrix in the precision's weight format, as `pass_seconds` prices
+    each of its GEMMs (kernels.gemm_seconds: the weights at the format's streaming fraction for M, the M input and
+    output rows, the tensor rate at its tiles, the call floor), with no engine's bandwidth scale: a kernel alone."""
+    prec = parse_precision(dtype)
+    bw, f, _, f32 = _ceilings(device, prec, "weights")
+    a_in, a = lookup_dtype(matmul_dtype(device, prec, "weights")).bytes, prec.act_bytes
+    return K.gemm_seconds(M, N, Kd, prec.weights.matrix_bytes(N, Kd, a), _fmt_kind(prec.weights, device),
+                          _dequant_ops(prec.weights, device), bw, f, f32, device.key, scenario, kern,
+                          M * (Kd * a_in + N * a))["seconds"]
+
+
 def engine_matrices(mats: list[tuple[str, int, int]], merged: tuple) -> list[tuple[str, int, int]]:
     """The GEMM calls an engine makes for a block's linears (accounting.block_matrices): those it runs as one
     (engines.yaml merged_gemms) concatenated along N, against the same input, so one call with the summed N
