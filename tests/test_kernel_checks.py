@@ -50,7 +50,7 @@ def test_the_committed_kernel_checks_are_what_the_code_prices_now_and_the_docs_q
 
 @pytest.mark.slow
 def test_held_out_kernel_checks_are_bounded_at_the_measured_level():
-    """All 53 rows: median |error| 11.1%, signed +6.3%, 70% inside; vLLM's tuned fused_moe on an H100 (gpt-oss's
+    """All 53 rows: median |error| 10.1%, signed +5.6%, 75% inside; vLLM's tuned fused_moe on an H100 (gpt-oss's
     shape) 5.6%, within its interval at 4 of 5 batches; on an L40S (Qwen3.5's fp8 shape) 4.0%, and its compute-bound
     end (16384, 32768 tokens) within 10%: a held-out check of the Ada fp8 fused_moe share, read from another
     shape's table. A regression of the kernel curves fails this."""
@@ -58,7 +58,7 @@ def test_held_out_kernel_checks_are_bounded_at_the_measured_level():
     s = kernel_checks.summary(t)
     a, tuned, l40s = s["all"], s["vllm-pr39902-h100-gptoss-bf16-tuned"], s["vllm-pr53819-l40s-qwen35-fp8-tuned"]
     assert a["n"] >= 53
-    assert a["median_abs_error_pct"] <= 12.5 and abs(a["signed_median_pct"]) <= 8.0 and a["inside"] >= 0.65
+    assert a["median_abs_error_pct"] <= 11.5 and abs(a["signed_median_pct"]) <= 7.0 and a["inside"] >= 0.70
     assert tuned["median_abs_error_pct"] <= 7.0 and tuned["inside"] >= 0.8
     assert l40s["median_abs_error_pct"] <= 5.5
     big = t[(t["id"] == "vllm-pr53819-l40s-qwen35-fp8-tuned") & (t["M"] >= 16384)]
@@ -110,3 +110,21 @@ def test_a_gemm_check_reads_a_published_rate_as_time_and_prices_one_gemm():
     p = kernel_checks.price(c, 1)
     assert p["optimistic"] < p["typical"] < p["pessimistic"]
     assert 2 * N * K / p["typical"] * 1e-3 == pytest.approx(3350 * 0.78, rel=0.15)  # GB/s: the bf16 bytes streamed
+
+
+def test_a_memory_bound_bf16_gemm_streams_at_one_fraction_and_ampere_keeps_its_measured_skinny_loss():
+    """vLLM PR #49363 (H100, cuBLAS bf16, 43008 x 5376): M = 128 in 162.3 us, M = 256 in 199.5 us, still streaming the
+    weights at 0.82-0.85 of the bandwidth at 128; a streaming fraction that fell with M (read on an A100, where those
+    rows were compute-bound) priced them +47 / +74%. On an A100 the same baseline's loss is on the compute side: a
+    GEMM of its 313M weights at M = 128 is compute-bound (0.5757 ms measured in fp16)."""
+    from roofline.measure.devices import get_datasheet
+    from roofline.parallel import kernels as K
+    from roofline.parallel.whatif import one_gemm_seconds
+    kern, h100, a100 = K.load_kernels(), get_datasheet("h100_sxm"), get_datasheet("a100_80gb_sxm")
+    assert one_gemm_seconds(h100, "bfloat16", 128, 43008, 5376, 1, kern) * 1e6 == pytest.approx(162.3, rel=0.15)
+    assert one_gemm_seconds(h100, "bfloat16", 256, 43008, 5376, 1, kern) * 1e6 == pytest.approx(199.5, rel=0.15)
+    N, Kd = 16384, 19122  # 313.3M weights (the baseline's shape is not stated)
+    r = K.gemm_seconds(128, N, Kd, 2 * N * Kd, "dense", 0, a100.mem_bw_GBps * 1e9, 312e12, 19.5e12, "a100_80gb_sxm",
+                       1, kern)
+    assert r["compute"] > r["memory"]
+    assert r["seconds"] * 1e3 == pytest.approx(0.5757, rel=0.20)

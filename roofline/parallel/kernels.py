@@ -159,14 +159,16 @@ def gemm_seconds(M: float, N: int, K: int, weight_bytes: float, fmt_kind: str, d
                  io_bytes: float = 0.0) -> dict:
     """max(weights / bandwidth at this M + io_bytes / plain streaming, FLOPs / tensor rate at this shape +
     dequantisation). io_bytes: the M rows of input read and of output written, beside the weights (at 256 rows a
-    tenth of a TP-8 shard's fp8 weights), streamed at the dense M = 1 fraction: the weights' fraction falls with M
-    where the table is a measured GEMM's whole time (weight_only.dense beyond M = 64), which holds its rows' traffic
-    already."""
+    tenth of a TP-8 shard's fp8 weights), streamed at the dense M = 1 fraction. A dense GEMM's compute side takes the
+    architecture's measured skinny-GEMM loss where one was read (`arch_overrides.<arch>.gemm_compute_vs_m`)."""
     if M <= 0:
         return dict(memory=0.0, compute=0.0, seconds=0.0)
     t_mem = (weight_bytes / (bw_Bps * weight_bw_fraction(fmt_kind, M, scenario, kern))
              + io_bytes / (bw_Bps * weight_bw_fraction("dense", 1, scenario, kern)))
-    t_mm = 2.0 * M * N * K / (flops * peak_fraction(fmt_kind, scenario, kern, device_key)
+    skinny = arch_override(kern, device_key).get("gemm_compute_vs_m")  # the architecture's measured loss at small M
+    s_m = (table_value(skinny["table"], M, scenario, "kernels.arch_overrides.gemm_compute_vs_m")
+           if skinny is not None and fmt_kind == "dense" else 1.0)
+    t_mm = 2.0 * M * N * K / (flops * peak_fraction(fmt_kind, scenario, kern, device_key) * s_m
                                * tile_wave_utilisation(M, N, device_key, kern))
     tm = _arch(kern, device_key)["tile_m"]
     t_dq = dequant_ops_per_weight * N * K * math.ceil(M / tm) / fp32_flops if dequant_ops_per_weight else 0.0
