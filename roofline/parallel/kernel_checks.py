@@ -28,8 +28,8 @@ from roofline.model.config import ModelConfig
 from roofline.model.formats import precision
 from roofline.model.presets import get_preset
 from roofline.parallel.anchors import PRIOR_PATHS, cited_by, prior_sources
-from roofline.parallel.layout import Layout
 from roofline.parallel.kernels import load_kernels
+from roofline.parallel.layout import Layout
 from roofline.parallel.whatif import SCENARIOS, Pass, Setting, WhatIf, one_gemm_seconds
 
 CHECKS_PATH = Path(__file__).resolve().parents[1] / "data" / "kernel_checks.yaml"

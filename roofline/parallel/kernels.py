@@ -95,13 +95,15 @@ def tile_wave_utilisation(M: float, N: int, device_key: str, kern: dict, groups:
     return tile * wave
 
 
+def arch_name(kern: dict, device_key: str | None) -> str | None:
+    """The device's architecture (kernels.yaml devices: ampere, hopper, ada, cdna3; None where not listed)."""
+    return ((kern.get("devices") or {}).get(device_key) or {}).get("arch") if device_key is not None else None
+
+
 def arch_override(kern: dict, device_key: str | None) -> dict:
     """The device architecture's own entries (`arch_overrides.<arch>`, e.g. AMD CDNA3: its own GEMM
     peak share and grouped-GEMM curve), {} where the NVIDIA-measured curves apply."""
-    if device_key is None:
-        return {}
-    arch = ((kern.get("devices") or {}).get(device_key) or {}).get("arch")
-    return (kern.get("arch_overrides") or {}).get(arch) or {}
+    return (kern.get("arch_overrides") or {}).get(arch_name(kern, device_key)) or {}
 
 
 def peak_fraction(fmt_kind: str, scenario: int, kern: dict, device_key: str | None = None) -> float:
@@ -281,7 +283,7 @@ def grouped_gemm_seconds(expert_bytes: float, expert_flops: float, tokens_per_ex
         frac = sm_bound_transfer(own, frac, bw_Bps, device_key, kern,
                                  table_value(same_family, max(tokens_per_expert, 1), scenario, field))
     t_mem = floor + expert_bytes / (bw_Bps * bw_ratio * frac) + io_seconds
-    dev_arch = ((kern.get("devices") or {}).get(device_key) or {}).get("arch")
+    dev_arch = arch_name(kern, device_key)
     fm = ((g.get("fused_moe_peak_fraction") or {}).get(dev_arch) or {}).get(fmt_kind)
     if arch is not None and not own and "peak_fraction" in arch:
         peak = pick(arch["peak_fraction"], scenario, "kernels.arch_overrides.grouped_gemm.peak_fraction")
