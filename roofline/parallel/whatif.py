@@ -220,16 +220,21 @@ def _dequant_ops(fmt, device: Datasheet) -> int:
     return fmt.dequant_ops_per_weight()
 
 
+def gemm_call(M, N, Kd, nbytes, kind: str, ops: int, a_in: float, a: int, bw: float, f: float, f32: float,
+              device_key: str, scenario: int, kern: dict) -> dict:
+    """One GEMM call as a pass prices it: kernels.gemm_seconds on its weights (nbytes) beside its M input rows (in the
+    GEMM's input dtype, a_in bytes per element) and M output rows (the activations', a)."""
+    return K.gemm_seconds(M, N, Kd, nbytes, kind, ops, bw, f, f32, device_key, scenario, kern, M * (Kd * a_in + N * a))
+
+
 def one_gemm_seconds(device: Datasheet, dtype: str, M: int, N: int, Kd: int, scenario: int, kern: dict) -> float:
     """One GEMM of M rows by an [N, Kd] weight matrix in the precision's weight format, as `pass_seconds` prices
-    each of its GEMMs (kernels.gemm_seconds: the weights at the format's streaming fraction for M, the M input and
-    output rows, the tensor rate at its tiles, the call floor), with no engine's bandwidth scale: a kernel alone."""
+    each of its GEMMs (`gemm_call`), with no engine's bandwidth scale or accumulation: a kernel alone."""
     prec = parse_precision(dtype)
     bw, f, _, f32 = _ceilings(device, prec, "weights")
     a_in, a = lookup_dtype(matmul_dtype(device, prec, "weights")).bytes, prec.act_bytes
-    return K.gemm_seconds(M, N, Kd, prec.weights.matrix_bytes(N, Kd, a), _fmt_kind(prec.weights, device),
-                          _dequant_ops(prec.weights, device), bw, f, f32, device.key, scenario, kern,
-                          M * (Kd * a_in + N * a))["seconds"]
+    return gemm_call(M, N, Kd, prec.weights.matrix_bytes(N, Kd, a), _fmt_kind(prec.weights, device),
+                     _dequant_ops(prec.weights, device), a_in, a, bw, f, f32, device.key, scenario, kern)["seconds"]
 
 
 def engine_matrices(mats: list[tuple[str, int, int]], merged: tuple) -> list[tuple[str, int, int]]:
@@ -329,9 +334,8 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
                     for cls in ("weights", "experts"))
     stream = bw * K.weight_bw_fraction("dense", 1, scenario, kern)  # plain streaming: activations, cache writes
 
-    def gemm(M, N, Kd, nbytes, kind=wk, ops=dq, a_in=a_in):  # + its M input rows (the GEMM's dtype), M output rows
-        return K.gemm_seconds(M, N, Kd, nbytes, kind, ops, bw, f, f32, device.key, scenario, kern,
-                              M * (Kd * a_in + N * a))
+    def gemm(M, N, Kd, nbytes, kind=wk, ops=dq, a_in=a_in):
+        return gemm_call(M, N, Kd, nbytes, kind, ops, a_in, a, bw, f, f32, device.key, scenario, kern)
 
     def block(moe: bool, linear: bool = False) -> dict:
         mats = block_matrices(block_cfg, moe, linear)
