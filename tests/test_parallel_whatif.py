@@ -884,6 +884,21 @@ def test_anchors_name_the_offline_client_where_the_benchmark_ran_the_engine_offl
         assert any(w in text for w in ("benchmark_throughput", "benchmark_latency", "trtllm-bench")), k
 
 
+def test_an_offline_run_queues_every_request_where_its_concurrency_is_assumed():
+    """trtllm-bench throughput (and vLLM's benchmark_throughput.py) feeds every request of its dataset at once:
+    its sources say `client: offline`, and a row whose concurrency the source does not state queues all its
+    requests (concurrency = num_prompts), the engine's cap and KV pool bounding what runs. TensorRT-LLM 1.0's
+    Llama 3.1 / 3.3 rows carried an unsourced 256 beside the same page's Scout rows at num_prompts."""
+    _, sources, rows = anchors.load()
+    bench = [k for k, v in sources.items() if "trtllm-bench throughput" in v.get("engine_version", "")]
+    assert {"trtllm_perf_v10", "trtllm_perf_v10_llama4_scout"} <= set(bench)
+    assert [k for k in bench if sources[k].get("client") != "offline"] == []
+    queued = [a for a in rows if sources[a["source"]].get("client", a.get("client")) == "offline"
+              and "concurrency" in (a["workload"].get("assumed") or [])]
+    assert len(queued) >= 50
+    assert [a["id"] for a in queued if a["workload"]["concurrency"] != a["workload"].get("num_prompts")] == []
+
+
 def test_one_memory_rule_the_engines_kv_pool_for_capacity_the_card_and_a_finite_run():
     """memory_check (capacity, `capacity layouts=true`, the card's layout) fits a plan by the rule that caps a
     finite run (`WhatIf.max_running`): the named engine's KV pool; no engine named, every profile's pool."""
