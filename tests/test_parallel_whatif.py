@@ -1660,13 +1660,13 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     t, q, m, c = s["test"]["all"], s["test"]["quantized"], s["test"]["moe"], s["calibration"]["all"]
     tp, sp = s["test"]["tp"], s["test"]["speculative"]
     assert t["n"] >= 94
-    assert t["median_abs_error_pct"] <= 21.0
-    assert abs(t["signed_median_fast_pct"]) <= 16.0
-    assert t["inside_interval"] >= 0.81
+    assert t["median_abs_error_pct"] <= 20.0
+    assert abs(t["signed_median_fast_pct"]) <= 13.5
+    assert t["inside_interval"] >= 0.82
     assert t["median_half_width_pct"] <= 43.5
-    assert q["median_abs_error_pct"] <= 22.5 and abs(q["signed_median_fast_pct"]) <= 16.5
+    assert q["median_abs_error_pct"] <= 21.5 and abs(q["signed_median_fast_pct"]) <= 14.5
     assert tp["median_abs_error_pct"] <= 26.0 and abs(tp["signed_median_fast_pct"]) <= 16.0
-    assert m["median_abs_error_pct"] <= 29.0 and abs(m["signed_median_fast_pct"]) <= 21.5
+    assert m["median_abs_error_pct"] <= 27.0 and abs(m["signed_median_fast_pct"]) <= 17.5
     assert sp["n"] == 2 and sp["median_half_width_pct"] >= 10.0
     assert c["n"] >= 270 and c["median_abs_error_pct"] <= 12.0 and abs(c["signed_median_fast_pct"]) <= 5.0
     assert c["inside_interval"] >= 0.88
@@ -1675,7 +1675,7 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
              "vllm_blog_llama4_2025_04", "trtllm_perf_overview_llama4_maverick", "trtllm_perf_v10_llama4_scout")
     before = anchors.summary(t_all[~t_all["source"].isin(added)])["test"]["all"]
     assert before["n"] == 35
-    assert before["median_abs_error_pct"] <= 11.0 and abs(before["signed_median_fast_pct"]) <= 4.0
+    assert before["median_abs_error_pct"] <= 11.0 and abs(before["signed_median_fast_pct"]) <= 5.0
 
 
 def test_a_speedups_interval_widens_with_its_acceptance_range_and_carries_the_drafts_priors():
