@@ -371,6 +371,17 @@ def test_vllms_v0_engine_is_its_own_profile_and_the_anchors_that_ran_it_use_it()
             assert (a["engine"] == "vllm-v0") == ("V0" in stated or "2023" in stated or "2024" in stated), a["id"]
 
 
+def test_vllm_on_rocm_with_an_fp8_kv_cache_before_v1_took_it_ran_the_v0_engine():
+    """vLLM's V1 oracle of early 2025 (`_is_v1_supported_oracle`, 'No Fp8 KV cache so far') fell back to V0 for
+    --kv-cache-dtype fp8 on ROCm until vLLM PR #17870 (2025-05-08): PR #17530's MI300X runs (2025-05-01, fp8 KV) are
+    priced with the V0 profile, and their source says why."""
+    _, sources, rows = anchors.load()
+    src = sources["vllm_pr17530_mi300x"]
+    assert src["engine"] == "vllm-v0" and "#17870" in src["engine_version"] and "--kv-cache-dtype fp8" in src["note"]
+    mine = [a for a in rows if a["source"] == "vllm_pr17530_mi300x"]
+    assert len(mine) == 3 and {a["engine"] for a in mine} == {"vllm-v0"} and {a["kv"] for a in mine} == {"fp8"}
+
+
 def test_an_engines_own_attention_kernel_streams_the_kv_at_its_own_fraction():
     """TensorRT-LLM's decode attention (gpt_attention_plugin) streams KV at its own fraction (0.82 typical,
     derived from its calibration throughput rows; 0.78 = FlashAttention-2's kernel figure at the pessimistic
