@@ -93,18 +93,23 @@ def layer_model(c: dict) -> ModelConfig:
                                first_dense_layers=0, moe_every=1, mtp_layers=0)
 
 
-def price(c: dict, M: int) -> dict:
-    """The check's kernel at M tokens (us), per scenario, as the what-if prices it: a moe layer's routed experts,
-    or one GEMM."""
+def pricer(c: dict):
+    """The check's kernel as the what-if prices it, set up once for its rows: M tokens -> {scenario: us}, a moe
+    layer's routed experts or one GEMM."""
     dev = get_datasheet(c["device"])
     if c["kind"] == "gemm":
         label, kern = precision("bfloat16", weights=c["weights"]).label, load_kernels()
-        return {name: 1e6 * one_gemm_seconds(dev, label, M, c["shape"]["N"], c["shape"]["K"], i, kern)
-                for i, name in enumerate(SCENARIOS)}
+        return lambda M: {name: 1e6 * one_gemm_seconds(dev, label, M, c["shape"]["N"], c["shape"]["K"], i, kern)
+                          for i, name in enumerate(SCENARIOS)}
     w = WhatIf(layer_model(c), dev, precision("bfloat16", experts=c["experts"]).label, Layout(),
                Setting(engine=c["engine"]))
-    return {name: 1e6 * w.pass_detail(Pass(M, 1, 1), i, c["engine"])["terms"]["experts"]
-            for i, name in enumerate(SCENARIOS)}
+    return lambda M: {name: 1e6 * w.pass_detail(Pass(M, 1, 1), i, c["engine"])["terms"]["experts"]
+                      for i, name in enumerate(SCENARIOS)}
+
+
+def price(c: dict, M: int) -> dict:
+    """The check's kernel at M tokens (us), per scenario (`pricer`)."""
+    return pricer(c)(M)
 
 
 def published_us(c: dict, M: int, value: float) -> float:
@@ -120,8 +125,9 @@ def table(path=CHECKS_PATH) -> pd.DataFrame:
     _, checks = load(path)
     out = []
     for c in checks:
+        at = pricer(c)
         for M, value in c["rows"]:
-            us, p = published_us(c, M, value), price(c, M)
+            us, p = published_us(c, M, value), at(M)
             lo, hi = sorted((p["optimistic"], p["pessimistic"]))
             out.append(dict(id=c["id"], source=c["source"], kind=c["kind"], engine=c.get("engine", ""),
                             device=c["device"], format=c.get("experts") or c.get("weights"), config=c["config"], M=M,
