@@ -67,6 +67,21 @@ def test_card(tmp_path):
     assert card["model"] == "tiny" and card["device"] == "h200_sxm" and card["decode_floor_s"] > 0
 
 
+def test_card_prices_a_speculative_finite_run_from_the_command_line():
+    """k= and a per-position acceptance list reach the card's finite run through Hydra; a wrong one is one line
+    naming the key, exit 2."""
+    out, r = run_cli("card", "model=deepseek-v3", "device=h200_sxm", "tp=8", "engine=sglang", "input_len=1000",
+                     "output_len=1000", "concurrency=8", "k=3", "acceptance=[0.8,0.6,0.45]")
+    assert r.returncode == 0, r.stderr
+    card = last_json(out)
+    assert card["run_spec_k"] == 3 and card["run_spec_acceptance"] == [0.8, 0.6, 0.45]
+    assert card["run_spec_speedup"] > 1 and "without speculation" in out
+    _, bad = run_cli("card", "model=llama-3.1-8b", "device=h200_sxm", "input_len=100", "output_len=10", "k=2",
+                     "acceptance=[0.8,0.6,0.45]", "drafter=ngram")
+    lines = bad.stderr.strip().splitlines()
+    assert bad.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: acceptance=[0.8, 0.6, 0.45]")
+
+
 def test_sweep(tmp_path):
     out, r = run_cli("sweep", "model=tiny", "q=[1,2]", "B=[1]", "L=[0]", "dtypes=[float32]", "mtp_q=[1]",
                      "timer=quick", f"out_dir={tmp_path}", "progress=false")

@@ -753,6 +753,82 @@ def test_the_card_prices_a_finite_run_as_the_what_if_serves_it():
     assert big["run_running_seqs"] == 1 and "does not fit" in big["run_note"]
 
 
+def test_the_cards_finite_run_prices_speculative_decoding_as_the_what_if_serves_it():
+    """k=, acceptance= (one rate or one per position), drafter= and draft_model= reach whatif.serve's spec: the card's
+    run is serve's with that SpecDecode, beside the same run without it and the ratio of their output rates."""
+    from roofline.commands.card import CardRequest, card_record, render_card
+    dev = get_datasheet("h200_sxm")
+    cfg = get_preset("deepseek-v3")
+    req = CardRequest(model=cfg, device=dev, engine="sglang", tp=8, input_len=1000, output_len=1000, concurrency=8,
+                      k=3, acceptance=(0.8, 0.6, 0.45))
+    rec = card_record(req)
+    w = WhatIf(cfg, dev, "bfloat16", Layout(tp=8), Setting(engine="sglang"))
+    spec = serve(w, 1000, 1000, 8, 8, spec=SpecDecode(3, (0.8, 0.6, 0.45), "mtp"))
+    plain = serve(w, 1000, 1000, 8, 8)
+    assert rec["run_output_tok_s"] == pytest.approx(spec["output_tok_s"]["typical"])
+    assert rec["run_tpot_ms"] == pytest.approx(1e3 * spec["itl_mean_s"]["typical"])
+    assert rec["run_itl_median_ms"] == pytest.approx(1e3 * spec["itl_s"]["typical"])  # the gap between rounds
+    assert rec["run_plain_output_tok_s"] == pytest.approx(plain["output_tok_s"]["typical"])
+    assert rec["run_spec_speedup"] == pytest.approx(spec["output_tok_s"]["typical"] / plain["output_tok_s"]["typical"])
+    assert rec["run_spec_tokens_per_round"] == pytest.approx(1 + 0.8 + 0.8 * 0.6 + 0.8 * 0.6 * 0.45)
+    assert rec["run_spec_speedup"] > 1.2 and "without speculation" in render_card(rec)
+    # one rate: the same at every position; n-gram and a draft model on a model without MTP modules
+    small = get_preset("llama-3.1-8b")
+    ng = card_record(CardRequest(model=small, device=dev, engine="vllm", input_len=1000, output_len=500,
+                                 concurrency=16, k=3, acceptance=0.5, drafter="ngram"))
+    s_ng = serve(WhatIf(small, dev, "bfloat16", Layout(), Setting(engine="vllm")), 1000, 500, 16, 16,
+                 spec=SpecDecode(3, (0.5,), "ngram"))
+    assert ng["run_output_tok_s"] == pytest.approx(s_ng["output_tok_s"]["typical"])
+    big = get_preset("llama-3.1-70b")
+    dm = card_record(CardRequest(model=big, device=dev, engine="vllm", tp=4, input_len=1000, output_len=500,
+                                 concurrency=16, k=4, acceptance=0.7, drafter="draft_model", draft_model=small))
+    w70 = WhatIf(big, dev, "bfloat16", Layout(tp=4), Setting(engine="vllm"))
+    draft = WhatIf(small, dev, "bfloat16", Layout(), Setting(engine="vllm"))
+    s_dm = serve(w70, 1000, 500, 16, 16, spec=SpecDecode(4, (0.7,), "draft_model", draft))
+    assert dm["run_output_tok_s"] == pytest.approx(s_dm["output_tok_s"]["typical"])
+    assert dm["run_spec_draft_model"] == "llama-3.1-8b"
+    assert "run_spec_k" not in card_record(CardRequest(model=small, device=dev, engine="vllm", input_len=100,
+                                                       output_len=10))  # k = 0: plain decoding only
+
+
+def test_a_speculative_runs_kv_pool_holds_its_drafter_as_the_memory_check_does():
+    """The MTP module's weights and KV, or a draft model's (replicated on every rank), come out of the engine's KV
+    pool in a finite run, as memory_check counts them: fewer sequences run; a drafter that leaves no room is said."""
+    from roofline.commands.card import CardRequest, card_record
+    dev = get_datasheet("h200_sxm")
+    w = WhatIf(get_preset("deepseek-v3"), dev, "bfloat16+weights=fp8_e4m3_b128", Layout(tp=8), Setting(engine="vllm"))
+    mtp = SpecDecode(2, (0.8,), "mtp")
+    assert w.max_running("vllm", 9000, 5000, mtp) < w.max_running("vllm", 9000, 5000)
+    plain_run, spec_run = (serve(w, 8000, 1000, 4096, spec=s)["running"]["typical"] for s in (None, mtp))
+    assert spec_run < plain_run
+    big, small, h100 = get_preset("llama-3.1-70b"), get_preset("llama-3.1-8b"), get_datasheet("h100_sxm")
+    w70 = WhatIf(big, h100, "bfloat16+weights=fp8_e4m3", Layout(), Setting(engine="vllm"))
+    draft = WhatIf(small, h100, "bfloat16+weights=fp8_e4m3", Layout(), Setting(engine="vllm"))
+    assert w70.max_running("vllm", 2000, 1500) > 0  # 70 GB of fp8 weights leave the pool a few GB
+    assert w70.max_running("vllm", 2000, 1500, SpecDecode(3, (0.7,), "draft_model", draft)) == 0  # 8 GB more do not
+    rec = card_record(CardRequest(model=big, dtype="bfloat16+weights=fp8_e4m3", device=h100, engine="vllm",
+                                  input_len=1000, output_len=1000, concurrency=4, k=3, acceptance=0.7,
+                                  drafter="draft_model", draft_model=small))
+    assert "no room beside the drafter" in rec["run_note"]
+
+
+@pytest.mark.parametrize("keys, field", [
+    (dict(k=3, acceptance=0.5), "k=3: speculative decoding is priced in a finite run"),
+    (dict(input_len=10, output_len=10, k=3, drafter="ngram"), "k=3: acceptance= is needed"),
+    (dict(acceptance=0.5), "acceptance=0.5 is given with k=0"),
+    (dict(input_len=10, output_len=10, k=3, acceptance=0.5), "drafter=mtp: model 'llama-3.1-8b' has no MTP"),
+    (dict(input_len=10, output_len=10, k=3, acceptance=(0.5, 0.2), drafter="ngram"), "acceptance=(0.5, 0.2)"),
+    (dict(input_len=10, output_len=10, k=3, acceptance=1.5, drafter="ngram"), "acceptance=1.5"),
+    (dict(input_len=10, output_len=10, k=3, acceptance=0.5, drafter="eagle"), "drafter='eagle'"),
+    (dict(input_len=10, output_len=10, k=3, acceptance=0.5, drafter="draft_model"), "needs draft_model="),
+    (dict(input_len=10, output_len=10, k=-1), "k=-1"),
+])
+def test_the_cards_speculative_keys_name_what_is_wrong(keys, field):
+    from roofline.commands.card import CardRequest
+    with pytest.raises(ConfigError, match=re.escape(field)):
+        CardRequest(model=get_preset("llama-3.1-8b"), device=get_datasheet("h100_sxm"), engine="vllm", **keys)
+
+
 def test_the_card_says_where_the_typical_steps_time_goes_term_by_term():
     """With an engine named the card breaks the typical decode step into pass_seconds' terms, which sum to its
     what-if ITL: routed experts for an MoE model, none for a dense one, collectives only across devices; with no

@@ -18,13 +18,16 @@ from dataclasses import dataclass
 from roofline.io import files
 from roofline.model.accounting import (forward_cost, kv_bytes_per_token, kv_split_token_bytes,
                                        linear_state_bytes_per_seq, param_count, resident_weight_bytes)
+from roofline.model.presets import get_preset
 from roofline.model.formats import QUALITY_NOTE, parse_precision, precision_columns
 from roofline.io.fields import ConfigError, internal, option
 from roofline.model.config import ModelConfig
 from roofline.commands import FormatKeys, GraphKeys, LayoutKeys, not_both, priced_weights, served_label
 from roofline.measure.devices import Datasheet, get_datasheet
+from roofline.analysis.fitcheck import check_drafter
+from roofline.model.speculation import DRAFTERS
 from roofline.parallel.engines import check_client, engine_name, graph_batch_sizes, profile
-from roofline.parallel.whatif import matmul_dtype
+from roofline.parallel.whatif import SpecDecode, matmul_dtype
 
 
 # what the `device` entry (roofline/conf/device/) means to this command: the datasheet row priced
@@ -65,6 +68,14 @@ class CardRequest:
                                          "[{B, L, tok_s_per_user | itl_ms}]}) or a GPU sweep's fit.json: the what-if "
                                          "rescaled to them, its decode-step interval narrowed where they determine it "
                                          "(roofline.analysis.calibrate)")
+    k: int = option(0, "the finite run with speculative decoding: k drafts per round (0: plain decoding); priced "
+                       "beside the same run without it")
+    acceptance: float | tuple | None = option(None, "with k: the drafts' conditional acceptance, one rate or k rates "
+                                                    "(position 1..k), each in [0, 1]; yours to give (measure it with "
+                                                    "roofline.cli.acceptance or read vLLM's spec-decode metrics)")
+    drafter: str = option("mtp", "with k: mtp (the model's MTP modules) | draft_model | ngram")
+    draft_model: ModelConfig | None = option(None, "with drafter=draft_model: the draft model's preset (replicated on "
+                                                   "every rank, in the target's precision)")
 
     def __post_init__(self) -> None:
         parse_precision(self.dtype)
@@ -80,10 +91,54 @@ class CardRequest:
             raise ConfigError(f"batch={self.batch!r}: must be an integer >= 1")
         if not isinstance(self.context, int) or not 0 <= self.context < self.model.max_context:
             raise ConfigError(f"context={self.context!r}: must be in 0..{self.model.max_context - 1} (model.max_context)")
+        self._check_spec()
         if self.input_len + self.output_len > self.model.max_context:
             raise ConfigError(f"input_len={self.input_len}, output_len={self.output_len}: a request of "
                               f"{self.input_len + self.output_len} tokens exceeds the model's max_context "
                               f"{self.model.max_context}")
+
+
+    def _check_spec(self) -> None:
+        """k, acceptance, drafter and draft_model: a speculative finite run's, each named where it is wrong."""
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 0:
+            raise ConfigError(f"k={self.k!r}: must be an integer >= 0 (0: plain decoding)")
+        if self.drafter not in DRAFTERS:
+            raise ConfigError(f"drafter={self.drafter!r}: allowed {', '.join(DRAFTERS)}")
+        check_drafter(self.drafter, self.draft_model.name if self.draft_model else None)
+        if not self.k:
+            if self.acceptance is not None:
+                raise ConfigError(f"acceptance={self.acceptance!r} is given with k=0: it prices only speculative "
+                                  "decoding; give k= (drafts per round) or drop acceptance")
+            return
+        if not self.input_len:
+            raise ConfigError(f"k={self.k}: speculative decoding is priced in a finite run; give input_len= and "
+                              "output_len= (and concurrency=)")
+        if self.acceptance is None:
+            raise ConfigError(f"k={self.k}: acceptance= is needed (one rate or {self.k} per-position rates in "
+                              "[0, 1]); it is the workload's, not the model's: measure it with roofline.cli.acceptance")
+        if self.drafter == "mtp" and self.model.mtp_layers < 1:
+            raise ConfigError(f"drafter=mtp: model {self.model.name!r} has no MTP module; use drafter=ngram or "
+                              "drafter=draft_model with draft_model=<preset>")
+        if self.drafter == "draft_model" and self.draft_model is None:
+            raise ConfigError("drafter=draft_model needs draft_model=<preset> (the draft model's preset name)")
+        self._acceptance()
+
+    def _acceptance(self) -> tuple:
+        """The acceptance as a tuple of rates: one, or one per draft position."""
+        acc = self.acceptance
+        acc = (acc,) if isinstance(acc, (int, float)) and not isinstance(acc, bool) else acc
+        if (not isinstance(acc, (list, tuple)) or len(acc) not in (1, self.k)
+                or not all(isinstance(a, (int, float)) and not isinstance(a, bool) and 0 <= a <= 1 for a in acc)):
+            raise ConfigError(f"acceptance={self.acceptance!r}: allowed one rate or k={self.k} rates (position 1..k), "
+                              "each in [0, 1]")
+        return tuple(float(a) for a in acc)
+
+    def spec_decode(self, draft) -> SpecDecode | None:
+        """The run's speculative decoding (roofline.parallel.whatif.SpecDecode; `draft` the draft model's WhatIf for
+        drafter=draft_model), None for plain decoding."""
+        if not self.k:
+            return None
+        return SpecDecode(self.k, self._acceptance(), self.drafter, draft)
 
 
 @dataclass(frozen=True)
@@ -154,24 +209,46 @@ RUN_METRICS = (("ttft_s", "ttft_ms", 1e3), ("itl_s", "itl_median_ms", 1e3), ("it
 
 
 def _what_if_run(req: CardRequest, w) -> dict:
-    """A finite benchmark run priced by the what-if `w` (roofline.parallel.whatif.serve): each metric an interval."""
+    """A finite benchmark run priced by the what-if `w` (roofline.parallel.whatif.serve): each metric an interval.
+    With speculative decoding (k > 0) the same run without it too, and the typical speedup of its rates."""
     from roofline.parallel.whatif import serve
     C = req.concurrency or req.batch
-    s = serve(w, req.input_len, req.output_len, C, req.num_prompts or C, staggered=req.staggered, client=req.client)
+    run = lambda spec: serve(w, req.input_len, req.output_len, C, req.num_prompts or C, staggered=req.staggered,
+                             client=req.client, spec=spec)
+    spec = req.spec_decode(_draft_what_if(req, w))
+    s = run(spec)
     out = dict(run_input_len=req.input_len, run_output_len=req.output_len, run_concurrency=C,
                run_num_prompts=req.num_prompts or C, run_staggered=req.staggered, run_client=req.client)
     full = [e for e in w.setting.engine_names()
-            if w.max_running(e, req.input_len + req.output_len, req.input_len + req.output_len // 2) == 0]
+            if w.max_running(e, req.input_len + req.output_len, req.input_len + req.output_len // 2, spec) == 0]
     if full:
         out["run_note"] = (f"does not fit: on {w.layout.label()} the weights leave {', '.join(full)}'s KV pool (the "
-                           f"memory, where the engine states none) no room "
-                           f"for one sequence of {req.input_len + req.output_len} tokens (priced one at a time); "
-                           f"give more devices (tp=) or a smaller format (weights=)")
+                           "memory, where the engine states none) no room " + ("beside the drafter " if spec else "")
+                           + f"for one sequence of {req.input_len + req.output_len} tokens (priced one at a time); "
+                           "give more devices (tp=) or a smaller format (weights=)")
     for key, name, f in RUN_METRICS:
         iv = s[key]
         out.update({f"run_{name}": iv["typical"] * f, f"run_{name}_optimistic": iv["optimistic"] * f,
                     f"run_{name}_pessimistic": iv["pessimistic"] * f})
+    if spec is not None:
+        plain = run(None)
+        out.update(run_spec_k=spec.k, run_spec_drafter=spec.drafter, run_spec_acceptance=list(spec.acceptance),
+                   run_spec_draft_model=req.draft_model.name if req.draft_model else None,
+                   run_spec_tokens_per_round=spec.tau(), run_plain_output_tok_s=plain["output_tok_s"]["typical"],
+                   run_plain_tpot_ms=plain["itl_mean_s"]["typical"] * 1e3,
+                   run_plain_e2e_latency_s=plain["e2e_s"]["typical"],
+                   run_spec_speedup=s["output_tok_s"]["typical"] / plain["output_tok_s"]["typical"])
     return out
+
+
+def _draft_what_if(req: CardRequest, w):
+    """The draft model's what-if (drafter=draft_model): its preset on the same device and engine, in the target's
+    precision, replicated on every rank (one device each), as the speculative what-if prices it."""
+    if not req.k or req.drafter != "draft_model":
+        return None
+    from roofline.parallel.layout import Layout
+    from roofline.parallel.whatif import WhatIf
+    return WhatIf(req.draft_model, w.device, w.dtype, Layout(), w.setting, w.scale)
 
 
 def _what_if(req: CardRequest, dtype: str):
@@ -312,9 +389,19 @@ def render_card(rec: dict) -> str:
                      f"{rec['run_running_seqs']:.0f} running (the engine's KV pool and sequence cap), "
                      f"{rec['run_client']} client, prompts in chunks of {rec['run_prefill_chunk_tokens']:.0f} tokens"
                      + (" a step over its attention-DP ranks" if "dpattn" in str(rec.get("whatif_layout", "")) else ""))
+        if rec.get("run_spec_k"):
+            acc = ", ".join(f"{a:g}" for a in rec["run_spec_acceptance"])
+            lines.append(f"  speculative: k={rec['run_spec_k']} drafts a round by {rec['run_spec_drafter']}"
+                         + (f" ({rec['run_spec_draft_model']})" if rec.get("run_spec_draft_model") else "")
+                         + f", acceptance {acc}: {rec['run_spec_tokens_per_round']:.3g} tokens a round; ITL is the gap "
+                         "between rounds, TPOT per token")
         for _, name, _ in RUN_METRICS[:-2]:  # the latencies and rates (running sequences and chunk: the line above)
             lines.append(f"  {name:<22} {rec[f'run_{name}']:.4g} ({rec[f'run_{name}_optimistic']:.4g}-"
                          f"{rec[f'run_{name}_pessimistic']:.4g})")
+        if rec.get("run_spec_k"):
+            lines.append(f"  without speculation: output_tok_s {rec['run_plain_output_tok_s']:.4g}, tpot_ms "
+                         f"{rec['run_plain_tpot_ms']:.4g}, e2e_latency_s {rec['run_plain_e2e_latency_s']:.4g}: "
+                         f"speculative x{rec['run_spec_speedup']:.3g} output tok/s (typical priors)")
         if rec.get("run_note"):
             lines.append(f"  {rec['run_note']}")
     if rec.get("quality_note"):
@@ -356,4 +443,6 @@ def run(c: dict) -> None:
                            tp=c["tp"], ep=c["ep"], dp_attention=c["dp_attention"], input_len=c["input_len"],
                            output_len=c["output_len"], concurrency=c["concurrency"], num_prompts=c["num_prompts"],
                            staggered=c["staggered"], client=c["client"], graph_batch_sizes=graph_batch_sizes(c),
-                           calibrate=c.get("calibrate") or None))
+                           calibrate=c.get("calibrate") or None, k=c["k"], acceptance=c["acceptance"],
+                           drafter=c["drafter"],
+                           draft_model=get_preset(c["draft_model"]) if c.get("draft_model") else None))

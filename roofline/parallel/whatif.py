@@ -560,7 +560,8 @@ class WhatIf:
         eng = engine or self.setting.engine_names()[0]
         return self._scale(B) * self.pass_detail(Pass(B, q, L), scenario, eng, mtp=True)["seconds"]
 
-    def max_running(self, engine: str, tokens_per_seq: int, mean_tokens: int | None = None) -> int | None:
+    def max_running(self, engine: str, tokens_per_seq: int, mean_tokens: int | None = None,
+                    spec: "SpecDecode | None" = None) -> int | None:
         """The most sequences of `tokens_per_seq` tokens whose KV fits the engine's pool on every rank
         (engines.yaml kv_pool: a share of the device memory for weights + KV, or of what the weights leave
         free for KV). An engine that states no pool (LMDeploy, llama.cpp, gpt-fast, HF eager: a cache that grows
@@ -568,14 +569,20 @@ class WhatIf:
         (`memory_check`'s rule for it), at the sequences' mean size (`mean_tokens`, else tokens_per_seq: their
         caches grow together, the last steps' overflow left out). None where the device has no memory size; 0
         where the weights leave no room for one sequence (the layout does not fit: `serve` then runs one at a
-        time, and the card says so)."""
+        time, and the card says so). With speculative decoding (`spec`) its drafter is held too, as
+        `memory_check` holds it: the MTP module's weights and KV, or a draft model's, replicated on every rank."""
         eng = self._eng(engine, 1)
         mem = self.device.usable_mem_bytes()
         if not mem:
             return None
         split, own = self.layout.batch_split, eng.kv_pool_fraction is not None
-        w, kv = memory_per_rank(self.cfg, self.layout, self.dtype, split, tokens_per_seq if own else
-                                (mean_tokens or tokens_per_seq), pool_rule=pool_rule(self.cfg, eng))
+        n_tok = tokens_per_seq if own else (mean_tokens or tokens_per_seq)
+        w, kv = memory_per_rank(self.cfg, self.layout, self.dtype, split, n_tok,
+                                spec is not None and spec.drafter == "mtp", pool_rule(self.cfg, eng))
+        if spec is not None and spec.draft is not None:  # one sequence of the rank's, in the draft model's cache
+            dw, dkv = memory_per_rank(spec.draft.cfg, Layout(), spec.draft.dtype, 1, n_tok,
+                                      pool_rule=pool_rule(spec.draft.cfg, eng))
+            w, kv = w + dw, kv + dkv
         room = kv_pool_bytes(eng, mem, w) if own else HEADROOM * mem - w
         return max(0, int(room // kv) * split) if kv > 0 else None
 
@@ -758,7 +765,7 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
         return w.round_seconds(spec.k, B, Lc, s, e, spec.drafter, spec.draft, pre, I / 2)
 
     # the engine's KV pool: the sequences it keeps running (the rest queue); one figure per engine
-    caps = {e: None if static_batch else min((c for c in (w.max_running(e, I + O, L), engine_default(e, "max_running_tiers"))
+    caps = {e: None if static_batch else min((c for c in (w.max_running(e, I + O, L, spec), engine_default(e, "max_running_tiers"))
                                               if c is not None), default=None)
             for e in w.setting.engine_names()}
 
