@@ -791,6 +791,25 @@ def test_the_cards_finite_run_prices_speculative_decoding_as_the_what_if_serves_
                                                        output_len=10))  # k = 0: plain decoding only
 
 
+def test_the_card_prices_a_random_datasets_range_of_lengths_as_an_anchor_does():
+    """range_ratio= (vllm bench serve --random-range-ratio) reaches the card's finite run by the anchors' one rule
+    (whatif.random_dataset_lengths): the mean lengths, staggered; 1 keeps the stated lengths fixed."""
+    from roofline.commands.card import CardRequest, card_record
+    from roofline.parallel.anchors import random_lengths
+    from roofline.parallel.whatif import random_dataset_lengths
+    cfg, dev = get_preset("llama-3.1-8b"), get_datasheet("h100_sxm")
+    rec = card_record(CardRequest(model=cfg, device=dev, engine="vllm", input_len=1024, output_len=1024,
+                                  concurrency=64, num_prompts=640, range_ratio=0.8))
+    assert random_dataset_lengths(1024, 1024, 0.8) == random_lengths(
+        dict(input_len=1024, output_len=1024, range_ratio=0.8)) == (922, 922, True)
+    s = serve(WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine="vllm")), 922, 922, 64, 640, staggered=True)
+    assert rec["run_output_tok_s"] == pytest.approx(s["output_tok_s"]["typical"]) and rec["run_staggered"]
+    assert random_dataset_lengths(1024, 512) == (1024, 512, False)
+    for bad in (0, 1.5, True, "x"):
+        with pytest.raises(ConfigError, match=re.escape(f"range_ratio={bad!r}: allowed a number in (0, 1]")):
+            CardRequest(model=cfg, device=dev, input_len=10, output_len=10, range_ratio=bad)
+
+
 def test_a_speculative_runs_kv_pool_holds_its_drafter_as_the_memory_check_does():
     """The MTP module's weights and KV, or a draft model's (replicated on every rank), come out of the engine's KV
     pool in a finite run, as memory_check counts them: fewer sequences run; a drafter that leaves no room is said."""

@@ -27,7 +27,7 @@ from roofline.measure.devices import Datasheet, get_datasheet
 from roofline.analysis.fitcheck import check_drafter
 from roofline.model.speculation import DRAFTERS
 from roofline.parallel.engines import check_client, engine_name, graph_batch_sizes, profile
-from roofline.parallel.whatif import SpecDecode, matmul_dtype
+from roofline.parallel.whatif import SpecDecode, matmul_dtype, random_dataset_lengths
 
 
 # what the `device` entry (roofline/conf/device/) means to this command: the datasheet row priced
@@ -59,6 +59,9 @@ class CardRequest:
     num_prompts: int = option(0, "the finite run's requests in all (0: concurrency)")
     staggered: bool = option(False, "the finite run's lengths vary (requests finish one by one and their "
                                     "replacements' prompts ride in the decode steps); false: fixed lengths")
+    range_ratio: float = option(1.0, "the finite run's lengths as a random dataset draws them (vllm bench serve "
+                                     "--random-range-ratio r: each request's input and output uniform in [r·L, L]); "
+                                     "< 1 prices their means with staggered requests; 1: fixed lengths")
     client: str = option("server", "how the finite run reaches the engine: server (its HTTP server, as `vllm bench "
                                    "serve`) or offline (its offline entry point: vLLM's benchmark_throughput / "
                                    "benchmark_latency, the LLM class); picks the engine's default tokens per step and "
@@ -84,6 +87,7 @@ class CardRequest:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(f"{name}={v!r}: must be an integer >= 0")
         check_client(self.client)
+        random_dataset_lengths(self.input_len, self.output_len, self.range_ratio)  # the ratio's range, by name
         if bool(self.input_len) != bool(self.output_len):
             raise ConfigError(f"input_len={self.input_len}, output_len={self.output_len}: a finite run needs both "
                               "(or neither)")
@@ -213,12 +217,14 @@ def _what_if_run(req: CardRequest, w) -> dict:
     With speculative decoding (k > 0) the same run without it too, and the typical speedup of its rates."""
     from roofline.parallel.whatif import serve
     C = req.concurrency or req.batch
-    run = lambda spec: serve(w, req.input_len, req.output_len, C, req.num_prompts or C, staggered=req.staggered,
-                             client=req.client, spec=spec)
+    I, O, drawn = random_dataset_lengths(req.input_len, req.output_len, req.range_ratio)
+    staggered = req.staggered or drawn
+    run = lambda spec: serve(w, I, O, C, req.num_prompts or C, staggered=staggered, client=req.client, spec=spec)
     spec = req.spec_decode(_draft_what_if(req, w))
     s = run(spec)
-    out = dict(run_input_len=req.input_len, run_output_len=req.output_len, run_concurrency=C,
-               run_num_prompts=req.num_prompts or C, run_staggered=req.staggered, run_client=req.client)
+    out = dict(run_input_len=req.input_len, run_output_len=req.output_len, run_range_ratio=req.range_ratio,
+               run_mean_input_len=I, run_mean_output_len=O, run_concurrency=C, run_num_prompts=req.num_prompts or C,
+               run_staggered=staggered, run_client=req.client)
     full = [e for e in w.setting.engine_names()
             if w.max_running(e, req.input_len + req.output_len, req.input_len + req.output_len // 2, spec) == 0]
     if full:
@@ -384,7 +390,9 @@ def render_card(rec: dict) -> str:
         if rec.get("whatif_note"):
             lines.append(f"  {rec['whatif_note']}")
     if "run_ttft_ms" in rec:
-        lines.append(f"finite run     {rec['run_num_prompts']} requests of {rec['run_input_len']} in / {rec['run_output_len']} out, "
+        drawn = (f" (random, range ratio {rec['run_range_ratio']:g}: {rec['run_mean_input_len']} / "
+                 f"{rec['run_mean_output_len']} on average)" if rec["run_range_ratio"] < 1 else "")
+        lines.append(f"finite run     {rec['run_num_prompts']} requests of {rec['run_input_len']} in / {rec['run_output_len']} out{drawn}, "
                      f"{rec['run_concurrency']} at a time ({'staggered' if rec['run_staggered'] else 'fixed'} lengths), "
                      f"{rec['run_running_seqs']:.0f} running (the engine's KV pool and sequence cap), "
                      f"{rec['run_client']} client, prompts in chunks of {rec['run_prefill_chunk_tokens']:.0f} tokens"
@@ -442,7 +450,7 @@ def run(c: dict) -> None:
                            batch=c["batch"], context=c["context"], engine=engine_name(c.get("engine")),
                            tp=c["tp"], ep=c["ep"], dp_attention=c["dp_attention"], input_len=c["input_len"],
                            output_len=c["output_len"], concurrency=c["concurrency"], num_prompts=c["num_prompts"],
-                           staggered=c["staggered"], client=c["client"], graph_batch_sizes=graph_batch_sizes(c),
+                           staggered=c["staggered"], range_ratio=c["range_ratio"], client=c["client"], graph_batch_sizes=graph_batch_sizes(c),
                            calibrate=c.get("calibrate") or None, k=c["k"], acceptance=c["acceptance"],
                            drafter=c["drafter"],
                            draft_model=get_preset(c["draft_model"]) if c.get("draft_model") else None))

@@ -34,7 +34,7 @@ from roofline.model.presets import get_preset
 from roofline.parallel.engines import check_client, graph_sizes
 from roofline.parallel.layout import Layout
 from roofline.parallel.whatif import (BAND_CATEGORIES, BANDS_PATH, SCENARIOS, Setting, SpecDecode, WhatIf,
-                                      band_categories, band_for, load_bands, serve, widen)
+                                      band_categories, band_for, load_bands, random_dataset_lengths, serve, widen)
 
 ANCHORS_PATH = Path(__file__).resolve().parents[1] / "data" / "deployments.yaml"
 PRIOR_PATHS = tuple(ANCHORS_PATH.parent / n for n in ("priors.yaml", "kernels.yaml", "engines.yaml"))
@@ -225,17 +225,8 @@ def what_if(a: dict, cfg: ModelConfig, setting: Setting | None = None, models: d
 
 
 def random_lengths(wl: dict) -> tuple[int, int, bool]:
-    """(input, output, staggered) of a finite run's workload. `range_ratio` r < 1 (a random dataset's
-    --random-range-ratio as vLLM's and SGLang's bench_serving of 2025 draw it: each request's lengths uniform
-    integers in [int(r·L), L]): priced at the mean lengths, L·(1 + r)/2, with staggered requests (they finish
-    one by one and their replacements' prompts ride in the running decode steps, whatif.serve); absent or 1:
-    the stated lengths, fixed."""
-    r = wl.get("range_ratio", 1.0)
-    if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 < r <= 1.0:
-        raise ConfigError(f"workload.range_ratio={r!r}: allowed a number in (0, 1]")
-    if r == 1.0:
-        return wl["input_len"], wl["output_len"], False
-    return (max(1, round(wl["input_len"] * (1 + r) / 2)), max(1, round(wl["output_len"] * (1 + r) / 2)), True)
+    """(input, output, staggered) of a finite run's workload (its `range_ratio`: whatif.random_dataset_lengths)."""
+    return random_dataset_lengths(wl["input_len"], wl["output_len"], wl.get("range_ratio", 1.0), "workload.range_ratio")
 
 
 def finite_spec(a: dict, w: WhatIf, models: dict) -> SpecDecode:

@@ -686,6 +686,21 @@ class Ramp(NamedTuple):
     means: tuple
 
 
+def random_dataset_lengths(input_len: int, output_len: int, range_ratio: float = 1.0,
+                           field: str = "range_ratio") -> tuple[int, int, bool]:
+    """(input, output, staggered) that `serve` prices a random dataset's run at. `range_ratio` r < 1 (vLLM's and
+    SGLang's bench_serving --random-range-ratio as they drew lengths in 2025: each request's lengths uniform integers
+    in [int(r·L), L]): the mean lengths, L·(1 + r)/2, with staggered requests (they finish one by one and their
+    replacements' prompts ride in the running decode steps); 1: the stated lengths, fixed. `field` names the key in
+    the error."""
+    r = range_ratio
+    if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 < r <= 1.0:
+        raise ConfigError(f"{field}={r!r}: allowed a number in (0, 1]")
+    if r == 1.0:
+        return input_len, output_len, False
+    return max(1, round(input_len * (1 + r) / 2)), max(1, round(output_len * (1 + r) / 2)), True
+
+
 def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prompts: int | None = None,
           chunk_tokens: int | None = None, staggered: bool = False, spec: SpecDecode | None = None,
           static_batch: bool = False, client: str = "server") -> dict:
