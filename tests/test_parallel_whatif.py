@@ -1542,6 +1542,38 @@ def test_a_points_file_with_a_non_finite_or_empty_measurement_is_one_line_naming
         load_points(tmp_path / "p.yaml")
 
 
+def test_calibrate_takes_a_benchmark_runs_result_priced_as_the_run(tmp_path):
+    """A point may be a finite run as `vllm bench serve` reports it ({concurrency, input_len, output_len} and its
+    TPOT, median ITL or output tokens/s): priced by whatif.serve, placed at the sequences it keeps running and their
+    mean context; a run measured 1.2x slower than priced is priced 1.2x slower after, whichever metric states it."""
+    from roofline.analysis.calibrate import calibrated
+    w = WhatIf(get_preset("llama-3.1-8b"), get_datasheet("h100_sxm"), "bfloat16", Layout(), Setting(engine="vllm"))
+    s = serve(w, 1024, 1024, 64, 640)
+    for metric, value in (("tpot_ms", 1.2e3 * s["itl_mean_s"]["typical"]), ("itl_ms", 1.2e3 * s["itl_s"]["typical"]),
+                          ("output_tok_s", s["output_tok_s"]["typical"] / 1.2)):
+        (tmp_path / "run.yaml").write_text(yaml.safe_dump(dict(points=[
+            {"concurrency": 64, "input_len": 1024, "output_len": 1024, "num_prompts": 640, metric: value}])))
+        c = calibrated(w, tmp_path / "run.yaml")
+        assert c.scale == pytest.approx(1.2)
+        assert c.calibration.B_range == (64, 64) and c.calibration.L_range == (1536, 1536)
+        after = serve(c, 1024, 1024, 64, 640)
+        assert after["itl_mean_s"]["typical"] == pytest.approx(1.2 * s["itl_mean_s"]["typical"], rel=0.02)
+    # a random dataset's range of lengths: priced at its mean lengths, placed at their mean context
+    (tmp_path / "rr.yaml").write_text(yaml.safe_dump(dict(points=[dict(concurrency=8, input_len=1000, output_len=1000,
+                                                                       range_ratio=0.5, output_tok_s=500.0)])))
+    assert calibrated(w, tmp_path / "rr.yaml").calibration.L_range == (1125, 1125)
+    for text, match in (("points: [{concurrency: 8, input_len: 10, tpot_ms: 3}]", r"points\[0\].output_len=None"),
+                        ("points: [{concurrency: 8, input_len: 10, output_len: 10, tok_s_per_user: 3}]",
+                         r"points\[0\]: give exactly one of itl_ms, tpot_ms, output_tok_s"),
+                        ("points: [{concurrency: 8, input_len: 10, output_len: 10, tpot_ms: 3, range_ratio: 2}]",
+                         r"points\[0\].range_ratio=2: allowed a number in \(0, 1\]"),
+                        ("points: [{concurrency: 8, input_len: 10, output_len: 10, tpot_ms: 3, client: cli}]",
+                         "client='cli'")):
+        (tmp_path / "bad.yaml").write_text(text)
+        with pytest.raises(ConfigError, match=match):
+            calibrated(w, tmp_path / "bad.yaml")
+
+
 def test_a_calibrated_interval_widens_back_to_the_priors_away_from_the_points(tmp_path):
     from roofline.analysis.calibrate import calibrated
     w = WhatIf(get_preset("llama-3.1-8b"), get_datasheet("h100_sxm"), "bfloat16", Layout(), S)

@@ -6,6 +6,16 @@
       - {B: 1, L: 1024, tok_s_per_user: 41.0}     # decode tokens/s of one sequence at batch B, context L
       - {B: 32, L: 2048, itl_ms: 38.5}            # or the inter-token latency (ms)
 
+or, for a benchmark run as `vllm bench serve` reports it, a finite run,
+
+      - {concurrency: 64, input_len: 1024, output_len: 1024, tpot_ms: 21.3}   # or itl_ms (median) or output_tok_s
+        # optional: num_prompts, range_ratio (--random-range-ratio), client (server | offline)
+
+priced by `whatif.serve` (its measured / predicted time, the reciprocal for output_tok_s) and placed at the
+sequences it keeps running and their mean context (input + output/2): a run's times are its steps' (decode
+rounds and prompt chunks alike), so their ratio is the steps' (an assumption where the run's prompts are priced
+further off than its decodes);
+
 or a GPU sweep's fit.json (`roofline.fit/*`) of the same model: its measured decode rows (q = 1) of the
 forward group in the what-if's precision are the points. A sweep times the model's forward as a CUDA
 graph with no serving engine around it, so its points are compared with the what-if's kernels and
@@ -33,7 +43,8 @@ from pathlib import Path
 import yaml
 
 from roofline.io.fields import ConfigError, check_int, check_number
-from roofline.parallel.whatif import Calibration, Pass
+from roofline.parallel.engines import check_client
+from roofline.parallel.whatif import Calibration, Pass, random_dataset_lengths, serve
 
 MIN_HALF_WIDTH = 0.05
 REACH_DECADES = 1.0
@@ -83,14 +94,46 @@ def load_points(path, model: str | None = None, dtype: str | None = None) -> lis
         raise ConfigError(f"calibrate={str(path)!r}: missing key 'points' (a list of {{B, L, tok_s_per_user | itl_ms}})")
     for i, pt in enumerate(pts):
         if not isinstance(pt, dict):
-            raise ConfigError(f"calibrate: points[{i}]={pt!r}: expected a mapping {{B, L, tok_s_per_user | itl_ms}}")
-        for key, least in (("B", 1), ("L", 0)):
+            raise ConfigError(f"calibrate: points[{i}]={pt!r}: expected a mapping {{B, L, tok_s_per_user | itl_ms}} "
+                              "or a run {concurrency, input_len, output_len, itl_ms | tpot_ms | output_tok_s}")
+        run = "concurrency" in pt
+        for key, least in ((("concurrency", 1), ("input_len", 1), ("output_len", 1)) if run else (("B", 1), ("L", 0))):
             check_int(f"calibrate: points[{i}].{key}", pt.get(key), least)
-        have = [k for k in ("tok_s_per_user", "itl_ms") if k in pt]
+        metrics = tuple(RUN_METRICS) if run else ("tok_s_per_user", "itl_ms")
+        have = [k for k in metrics if k in pt]
         if len(have) != 1:
-            raise ConfigError(f"calibrate: points[{i}]: give exactly one of tok_s_per_user, itl_ms (a number > 0)")
+            raise ConfigError(f"calibrate: points[{i}]: give exactly one of {', '.join(metrics)} (a number > 0)")
         check_number(f"calibrate: points[{i}].{have[0]}", pt[have[0]], 0.0, lo_open=True)
+        if run and pt.get("num_prompts") is not None:
+            check_int(f"calibrate: points[{i}].num_prompts", pt["num_prompts"], 1)
+        if run:
+            random_dataset_lengths(1, 1, pt.get("range_ratio", 1.0), f"calibrate: points[{i}].range_ratio")
+            check_client(pt.get("client", "server"))
     return pts
+
+
+# a finite run's metric: serve's key, and whether it is a time (the ratio measured / predicted) or a rate (inverse)
+RUN_METRICS = {"itl_ms": ("itl_s", True), "tpot_ms": ("itl_mean_s", True), "output_tok_s": ("output_tok_s", False)}
+
+
+def as_steps(w, points: list[dict]) -> list[dict]:
+    """Each finite-run point priced by `whatif.serve` on the uncalibrated what-if `w`: the step point it stands for,
+    {B: the sequences the run keeps running, L: their mean context, ratio: measured / predicted time}; decode-step
+    points as they are."""
+    out = []
+    for pt in points:
+        if "concurrency" not in pt:
+            out.append(pt)
+            continue
+        I, O, staggered = random_dataset_lengths(pt["input_len"], pt["output_len"], pt.get("range_ratio", 1.0))
+        s = serve(w, I, O, pt["concurrency"], pt.get("num_prompts"), staggered=staggered,
+                  client=pt.get("client", "server"))
+        (metric,) = [k for k in RUN_METRICS if k in pt]
+        key, is_time = RUN_METRICS[metric]
+        predicted = s[key]["typical"]
+        ratio = pt[metric] * 1e-3 / predicted if is_time else predicted / pt[metric]
+        out.append(dict(B=max(1, round(s["running"]["typical"])), L=I + O // 2, ratio=ratio))
+    return out
 
 
 def predicted_s(w, B: int, L: int, kernels_only: bool = False) -> float:
@@ -108,6 +151,9 @@ def ratios(w, points: list[dict]) -> list[float]:
     """measured / predicted step time of each point (the what-if `w` uncalibrated)."""
     out = []
     for pt in points:
+        if "ratio" in pt:  # a finite run, priced already (as_steps)
+            out.append(pt["ratio"])
+            continue
         measured = pt["itl_ms"] / 1e3 if "itl_ms" in pt else 1.0 / pt["tok_s_per_user"]
         out.append(measured / predicted_s(w, pt["B"], pt["L"], bool(pt.get("kernels_only"))))
     return out
@@ -139,7 +185,7 @@ def calibration_of(points: list[dict], r: list[float], reach_decades: float = RE
 def calibrated(w, path):
     """The what-if `w` rescaled to the points of `path` (a points file or a fit.json of the same model)."""
     base = replace(w, scale=1.0, calibration=None)
-    pts = load_points(path, w.cfg.name, w.dtype)
+    pts = as_steps(base, load_points(path, w.cfg.name, w.dtype))
     m, cal = calibration_of(pts, ratios(base, pts))
     return replace(w, scale=w.scale * m, calibration=cal)
 

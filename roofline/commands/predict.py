@@ -41,7 +41,9 @@ class WhatIfKeys:
     engine: str | None = option(None, "what-if: an engine profile (roofline/conf/engine/); null: the interval "
                                       "spans them")
     calibrate: str | None = option(None, "what-if: your deployment's measured points (YAML/JSON {points: [{B, L, "
-                                         "itl_ms | tok_s_per_user}]}) or a GPU sweep's fit.json of this model "
+                                         "itl_ms | tok_s_per_user}, or a benchmark run {concurrency, input_len, "
+                                         "output_len, tpot_ms | itl_ms | output_tok_s}]}) or a GPU sweep's fit.json of "
+                                         "this model "
                                          "(roofline.analysis.calibrate)")
 
 
