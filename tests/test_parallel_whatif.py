@@ -1354,6 +1354,49 @@ def test_a_run_over_a_variable_length_dataset_is_not_priced_and_says_why(tmp_pat
     assert "dataset='sharegpt'" in t.loc["x-sharegpt", "note"]
 
 
+def test_a_deployment_calibrated_to_its_other_published_points_prices_the_one_left_out(tmp_path):
+    """anchors_leave_one_out: each anchor priced calibrated to the other anchors of its deployment (never to
+    itself). Three finite runs published 1.2x slower than priced: each is priced 1.2x slower from the other two; a
+    TTFT is priced from them but is no point itself; another deployment (other device) shares no points."""
+    from roofline.analysis.calibrate import anchors_leave_one_out, leave_one_out_summary
+    doc = yaml.safe_load((ROOT / "roofline" / "data" / "deployments.yaml").read_text())
+    a = next(a for a in doc["anchors"] if a["source"] == "vllm_pr23151_qwen3")
+    cfg = get_preset(a["model"])
+    rows = [dict(a, id=f"x-c{c}", metric="tpot_ms", workload=dict(a["workload"], concurrency=c, num_prompts=10 * c))
+            for c in (1, 8, 32)]
+    rows.append(dict(rows[1], id="x-ttft", metric="ttft_ms"))
+    rows.append(dict(rows[0], id="x-alone", device="h200_sxm"))  # a deployment of one point: left out
+    for r in rows:
+        r["value"] = float(anchors.what_if(r, cfg)["typical"]) * 1.2
+    doc["anchors"] = rows
+    p = tmp_path / "d.yaml"
+    p.write_text(yaml.safe_dump(doc, sort_keys=False))
+    t = anchors_leave_one_out(p).set_index("id")
+    assert sorted(t.index) == ["x-c1", "x-c32", "x-c8", "x-ttft"] and (t.loc[["x-c1", "x-c8", "x-c32"], "points"] == 2).all()
+    assert np.allclose(t.loc[["x-c1", "x-c8", "x-c32"], "error_pct"], 100 * (1 / 1.2 - 1))
+    assert np.allclose(t.loc[["x-c1", "x-c8", "x-c32"], "calibrated_error_pct"], 0.0, atol=2.0)
+    assert t.loc["x-ttft", "points"] == 3 and abs(t.loc["x-ttft", "calibrated_error_pct"]) < 5.0
+    one = anchors_leave_one_out(p, nearest=True).set_index("id")
+    assert (one["points"] == 1).all() and "x-ttft" not in one.index  # a TTFT has no batch or context to be near
+    summary = leave_one_out_summary(t.reset_index())["calibration"]
+    assert summary["n"] == 4 and summary["improved"] == 1.0 and summary["calibrated_median_abs_error_pct"] < 2.0
+
+
+def test_an_anchor_becomes_the_calibrate_point_its_metric_states():
+    """tok/s of one user -> the run's end-to-end latency of its mean request; tok/s per GPU -> the run's tok/s; a
+    TTFT, a speedup, a speculative or static-batch run and a dataset of varying lengths are no points."""
+    run = dict(tp=4, workload=dict(concurrency=8, input_len=1000, output_len=500, range_ratio=0.5), value=50.0)
+    assert anchors.calibration_point(dict(run, metric="tok_s_per_user")) == dict(
+        concurrency=8, input_len=1000, output_len=500, range_ratio=0.5, client="server", e2e_latency_s=375 / 50.0)
+    assert anchors.calibration_point(dict(run, metric="output_tok_s_per_gpu"))["output_tok_s"] == 200.0
+    assert anchors.calibration_point(dict(run, metric="output_tok_s_per_gpu", n_devices=8))["output_tok_s"] == 400.0
+    assert anchors.calibration_point(dict(tp=1, workload=dict(B=4, L=100), metric="itl_ms", value=9.0)) == dict(
+        B=4, L=100, itl_ms=9.0)
+    for other in (dict(metric="ttft_ms"), dict(metric="tpot_ms", spec=dict(k=2)), dict(metric="tpot_ms", batching="static"),
+                  dict(metric="tpot_ms", dataset="sharegpt"), dict(metric="spec_speedup")):
+        assert anchors.calibration_point(dict(run, **other)) is None
+
+
 def test_capacity_and_layouts_honour_calibrate_with_one_answer(fixture_data, tmp_path):
     from roofline.analysis.capacity import plan_whatif
     from roofline.commands.capacity import DEVICE_AS, plan_layouts, request_from_config
@@ -1544,12 +1587,13 @@ def test_a_points_file_with_a_non_finite_or_empty_measurement_is_one_line_naming
 
 def test_calibrate_takes_a_benchmark_runs_result_priced_as_the_run(tmp_path):
     """A point may be a finite run as `vllm bench serve` reports it ({concurrency, input_len, output_len} and its
-    TPOT, median ITL or output tokens/s): priced by whatif.serve, placed at the sequences it keeps running and their
+    TPOT, median ITL, end-to-end latency or output tokens/s): priced by whatif.serve, placed at the sequences it keeps running and their
     mean context; a run measured 1.2x slower than priced is priced 1.2x slower after, whichever metric states it."""
     from roofline.analysis.calibrate import calibrated
     w = WhatIf(get_preset("llama-3.1-8b"), get_datasheet("h100_sxm"), "bfloat16", Layout(), Setting(engine="vllm"))
     s = serve(w, 1024, 1024, 64, 640)
     for metric, value in (("tpot_ms", 1.2e3 * s["itl_mean_s"]["typical"]), ("itl_ms", 1.2e3 * s["itl_s"]["typical"]),
+                          ("e2e_latency_s", 1.2 * s["e2e_s"]["typical"]),
                           ("output_tok_s", s["output_tok_s"]["typical"] / 1.2)):
         (tmp_path / "run.yaml").write_text(yaml.safe_dump(dict(points=[
             {"concurrency": 64, "input_len": 1024, "output_len": 1024, "num_prompts": 640, metric: value}])))
@@ -1564,7 +1608,7 @@ def test_calibrate_takes_a_benchmark_runs_result_priced_as_the_run(tmp_path):
     assert calibrated(w, tmp_path / "rr.yaml").calibration.L_range == (1125, 1125)
     for text, match in (("points: [{concurrency: 8, input_len: 10, tpot_ms: 3}]", r"points\[0\].output_len=None"),
                         ("points: [{concurrency: 8, input_len: 10, output_len: 10, tok_s_per_user: 3}]",
-                         r"points\[0\]: give exactly one of itl_ms, tpot_ms, output_tok_s"),
+                         r"points\[0\]: give exactly one of itl_ms, tpot_ms, e2e_latency_s, output_tok_s"),
                         ("points: [{concurrency: 8, input_len: 10, output_len: 10, tpot_ms: 3, range_ratio: 2}]",
                          r"points\[0\].range_ratio=2: allowed a number in \(0, 1\]"),
                         ("points: [{concurrency: 8, input_len: 10, output_len: 10, tpot_ms: 3, client: cli}]",
@@ -1749,6 +1793,11 @@ def test_the_committed_anchor_results_and_the_docs_are_what_the_code_prices_now(
     assert np.allclose(trend.to_numpy(), anchors.trend("sglang-dsv3-mtp-b1").to_numpy(), rtol=1e-9)
     summary = json.loads((out / "anchors.json").read_text())
     assert summary["test"]["all"]["n"] == anchors.summary(fresh)["test"]["all"]["n"]
+    from roofline.analysis.calibrate import anchors_leave_one_out, leave_one_out_markdown, leave_one_out_summary
+    loo = {m: leave_one_out_summary(anchors_leave_one_out(nearest=n))
+           for m, n in (("all other points", False), ("the nearest point", True))}
+    assert (out / "calibrated.md").read_text().endswith(leave_one_out_markdown(loo))
+    assert summary["calibrated_leave_one_out"] == json.loads(json.dumps(loo))
     planning = (ROOT / "docs" / "planning.md").read_text()
     for line in anchors.markdown(fresh).splitlines()[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]

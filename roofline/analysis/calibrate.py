@@ -8,7 +8,8 @@
 
 or, for a benchmark run as `vllm bench serve` reports it, a finite run,
 
-      - {concurrency: 64, input_len: 1024, output_len: 1024, tpot_ms: 21.3}   # or itl_ms (median) or output_tok_s
+      - {concurrency: 64, input_len: 1024, output_len: 1024, tpot_ms: 21.3}   # or itl_ms (median), e2e_latency_s
+                                                                                # (mean) or output_tok_s
         # optional: num_prompts, range_ratio (--random-range-ratio), client (server | offline)
 
 priced by `whatif.serve` (its measured / predicted time, the reciprocal for output_tok_s) and placed at the
@@ -36,6 +37,7 @@ median of the profiles). What the points determine:
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import replace
 from pathlib import Path
@@ -112,8 +114,10 @@ def load_points(path, model: str | None = None, dtype: str | None = None) -> lis
     return pts
 
 
-# a finite run's metric: serve's key, and whether it is a time (the ratio measured / predicted) or a rate (inverse)
-RUN_METRICS = {"itl_ms": ("itl_s", True), "tpot_ms": ("itl_mean_s", True), "output_tok_s": ("output_tok_s", False)}
+# a finite run's metric: serve's key, and its unit in seconds for a time (the ratio measured / predicted), None for a
+# rate (the inverse ratio)
+RUN_METRICS = {"itl_ms": ("itl_s", 1e-3), "tpot_ms": ("itl_mean_s", 1e-3), "e2e_latency_s": ("e2e_s", 1.0),
+               "output_tok_s": ("output_tok_s", None)}
 
 
 def as_steps(w, points: list[dict]) -> list[dict]:
@@ -129,9 +133,9 @@ def as_steps(w, points: list[dict]) -> list[dict]:
         s = serve(w, I, O, pt["concurrency"], pt.get("num_prompts"), staggered=staggered,
                   client=pt.get("client", "server"))
         (metric,) = [k for k in RUN_METRICS if k in pt]
-        key, is_time = RUN_METRICS[metric]
+        key, unit_s = RUN_METRICS[metric]
         predicted = s[key]["typical"]
-        ratio = pt[metric] * 1e-3 / predicted if is_time else predicted / pt[metric]
+        ratio = pt[metric] * unit_s / predicted if unit_s else predicted / pt[metric]
         out.append(dict(B=max(1, round(s["running"]["typical"])), L=I + O // 2, ratio=ratio))
     return out
 
@@ -182,12 +186,74 @@ def calibration_of(points: list[dict], r: list[float], reach_decades: float = RE
     return m, cal
 
 
+def priced_points(w, points: list[dict]) -> list[dict]:
+    """Every point (a decode step, a finite run, a fit's row) as {B, L, ratio}: measured / predicted time on the
+    what-if `w` uncalibrated."""
+    base = replace(w, scale=1.0, calibration=None)
+    steps = as_steps(base, points)
+    return [dict(B=p["B"], L=p["L"], ratio=r) for p, r in zip(steps, ratios(base, steps))]
+
+
+def rescaled(w, priced: list[dict]):
+    """The what-if `w` rescaled to priced points (`priced_points`)."""
+    m, cal = calibration_of(priced, [p["ratio"] for p in priced])
+    return replace(w, scale=w.scale * m, calibration=cal)
+
+
 def calibrated(w, path):
     """The what-if `w` rescaled to the points of `path` (a points file or a fit.json of the same model)."""
-    base = replace(w, scale=1.0, calibration=None)
-    pts = as_steps(base, load_points(path, w.cfg.name, w.dtype))
-    m, cal = calibration_of(pts, ratios(base, pts))
-    return replace(w, scale=w.scale * m, calibration=cal)
+    return rescaled(w, priced_points(w, load_points(path, w.cfg.name, w.dtype)))
+
+
+def anchors_leave_one_out(path=None, nearest: bool = False):
+    """What calibrating on a deployment's own measurements buys, on published ones: every priced anchor of a
+    deployment (one source, model, device, layout, engine, precision, client) with other anchors that are
+    calibration points (`anchors.calibration_point`) is priced again calibrated to those others (leave-one-out:
+    never to itself), as a user who measured the rest would price it; nearest=True: to the one other point nearest
+    in log batch + log context (a user who measured one point), for the anchors that are points themselves. A table
+    of id, split, source, points (how many), error_pct before and after (predicted / published - 1); deployments of
+    one point are left out."""
+    import pandas as pd
+    from roofline.parallel import anchors as A
+
+    models, sources, rows = A.load(path or A.ANCHORS_PATH)
+    groups: dict[tuple, list] = {}
+    for a in rows:
+        src = sources[a["source"]]
+        a = dict(a, batching=a.get("batching", src.get("batching")), dataset=a.get("dataset", src.get("dataset")),
+                 client=a.get("client", src.get("client", "server")))
+        cfg = models[a["model"]]
+        key = (a["source"], a["model"], a["device"], a["tp"], a.get("ep", 1), bool(a.get("dp_attention")),
+               a["engine"], A.served_precision(a, cfg), a["client"], str(a["workload"].get("graph_batch_sizes")))
+        groups.setdefault(key, []).append(a)
+    out = []
+    for group in groups.values():
+        w = A.deployment(group[0], models[group[0]["model"]])
+        pts = {a["id"]: A.calibration_point(a) for a in group}
+        priced = {i: priced_points(w, [p])[0] for i, p in pts.items() if p is not None}
+        for a in group:
+            others = [p for i, p in priced.items() if i != a["id"]]
+            if nearest and others and a["id"] in priced:
+                me = priced[a["id"]]
+                far = lambda p: abs(math.log(p["B"] / me["B"])) + abs(math.log((p["L"] + 1) / (me["L"] + 1)))  # noqa: E731
+                others = [min(others, key=far)]
+            elif nearest:
+                continue
+            if not others:
+                continue
+            try:
+                before = A.what_if(a, models[a["model"]], models=models)["typical"]
+                after = A.what_if(a, models[a["model"]], models=models, w=rescaled(w, others))
+            except NotImplementedError:  # not priced (a speedup without k, a dataset of varying lengths)
+                continue
+            v, lo, hi = float(a["value"]), min(after.values()), max(after.values())
+            out.append(dict(id=a["id"], split=A.split_of(a, sources), source=a["source"], metric=a["metric"],
+                            points=len(others), published=v, predicted=before, calibrated=after["typical"],
+                            calibrated_low=lo, calibrated_high=hi, error_pct=100.0 * (before / v - 1.0),
+                            calibrated_error_pct=100.0 * (after["typical"] / v - 1.0),
+                            calibrated_inside=bool(lo <= v <= hi),
+                            calibrated_half_width_pct=100.0 * (hi - lo) / 2 / after["typical"]))
+    return pd.DataFrame(out)
 
 
 def summary(w) -> dict | None:
@@ -198,3 +264,41 @@ def summary(w) -> dict | None:
     return dict(scale=w.scale, ratio_by_batch={int(b): w.scale * x for b, x in zip(c.batches, c.ratios)},
                 interval_at_points=[c.low, c.high], B_range=list(c.B_range), L_range=list(c.L_range),
                 reach_decades=c.reach_decades)
+
+
+def leave_one_out_summary(t) -> dict:
+    """Per split of an `anchors_leave_one_out` table: rows, sources, median |error| before and after, the signed
+    median after (too fast > 0, as anchors.summary signs it) and the share of rows whose error shrank."""
+    import numpy as np
+    from roofline.parallel.anchors import speed_error
+    out = {}
+    for split in ("calibration", "test"):
+        x = t[t["split"] == split] if len(t) else t
+        if not len(x):
+            out[split] = dict(n=0)
+            continue
+        after = speed_error(x.assign(error_pct=x["calibrated_error_pct"]))
+        out[split] = dict(n=int(len(x)), sources=int(x["source"].nunique()),
+                          median_abs_error_pct=float(x["error_pct"].abs().median()),
+                          calibrated_median_abs_error_pct=float(x["calibrated_error_pct"].abs().median()),
+                          calibrated_signed_median_fast_pct=float(np.median(after)),
+                          improved=float((x["calibrated_error_pct"].abs() < x["error_pct"].abs()).mean()),
+                          calibrated_inside=float(x["calibrated_inside"].mean()),
+                          calibrated_median_half_width_pct=float(x["calibrated_half_width_pct"].median()))
+    return out
+
+
+def leave_one_out_markdown(summaries: dict) -> str:
+    """The summaries of `anchors_leave_one_out` ({'all other points': ..., 'the nearest point': ...}) as a table."""
+    lines = ["| calibrated to | split | n | sources | median abs error before | after | signed median after "
+             "(fast > 0) | rows improved | inside the calibrated interval | its median half-width |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for mode, summary in summaries.items():
+        for split, x in summary.items():
+            if not x["n"]:
+                continue
+            lines.append(f"| {mode} | {split} | {x['n']} | {x['sources']} | {x['median_abs_error_pct']:.1f}% | "
+                         f"{x['calibrated_median_abs_error_pct']:.1f}% | {x['calibrated_signed_median_fast_pct']:+.1f}% | "
+                         f"{100 * x['improved']:.0f}% | {100 * x['calibrated_inside']:.0f}% | "
+                         f"{x['calibrated_median_half_width_pct']:.1f}% |")
+    return "\n".join(lines) + "\n"

@@ -3,7 +3,8 @@
 `python -m roofline.cli.anchors [out_dir=DIR]`: the table (and trends) on the console, anchors.csv,
 anchors.json and anchors.md (the summaries and the test table as the docs show them) in out_dir; beside them
 the held-out kernel benchmarks priced by the same kernel curves (kernel_checks.csv, kernel_checks.md; their
-summary in anchors.json's `kernel_checks`)."""
+summary in anchors.json's `kernel_checks`), and each deployment's anchors priced calibrated to its other published
+points (calibrated.csv, calibrated.md; anchors.json's `calibrated_leave_one_out`)."""
 
 import math
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ import pandas as pd
 from roofline.io import files
 from roofline.io.fields import option
 from roofline.io.files import write_atomic, write_csv_atomic, write_json_atomic
+from roofline.analysis import calibrate
 from roofline.parallel import anchors, kernel_checks
 
 
@@ -32,6 +34,11 @@ class AnchorsKeys:
                                        "and kernel_checks.md here")
 
 
+CALIBRATED_HEAD = ("Each anchor of a deployment (one source, model, device, layout, engine, precision, client) priced "
+                   "again calibrated to that deployment's other published points (`calibrate=`, never to itself), as a "
+                   "user who measured them would price it (roofline.analysis.calibrate.anchors_leave_one_out); rows: "
+                   "calibrated.csv. Error = predicted / published - 1.\n\n")
+
 # the command's keys (their defaults and help): its structured config, roofline/cli/schema.py
 CONFIG = (AnchorsKeys,)
 
@@ -49,10 +56,15 @@ def run(c: dict) -> None:
     print("\nheld-out kernel benchmarks (kernel_checks.yaml) beside the kernel curves' prices")
     print(kt[["id", "M", "published_us", "predicted_us", "low_us", "high_us", "error_pct", "inside"]].round(1)
           .to_string(index=False))
+    loo = {mode: calibrate.anchors_leave_one_out(c["anchors"], nearest)
+           for mode, nearest in (("all other points", False), ("the nearest point", True))}
+    loo_summary = {mode: calibrate.leave_one_out_summary(x) for mode, x in loo.items()}
+    print("\ncalibrated to the deployment's own other published points (leave-one-out, calibrate=)")
+    print(calibrate.leave_one_out_markdown(loo_summary))
     summary = dict(anchors=len(t), not_priced=int(t["predicted"].isna().sum()),
                    error_bands_pct={k: round(100 * (math.exp(v) - 1), 2) for k, v in t.attrs["bands_log"].items()},
                    error_bands_from=t.attrs["bands_from"],
-                   **anchors.summary(t), kernel_checks=kernel_checks.summary(kt))
+                   **anchors.summary(t), kernel_checks=kernel_checks.summary(kt), calibrated_leave_one_out=loo_summary)
     if c["out_dir"]:
         out = Path(c["out_dir"])
         out.mkdir(parents=True, exist_ok=True)
@@ -62,6 +74,9 @@ def run(c: dict) -> None:
                              out / f"trend-{aid}.csv")
         write_json_atomic(out / "anchors.json", summary)
         write_atomic(out / "anchors.md", anchors.markdown(t))
+        write_csv_atomic(pd.concat([x.assign(calibrated_to=mode) for mode, x in loo.items()], ignore_index=True),
+                         out / "calibrated.csv")
+        write_atomic(out / "calibrated.md", CALIBRATED_HEAD + calibrate.leave_one_out_markdown(loo_summary))
         write_csv_atomic(kt, out / "kernel_checks.csv")
         write_atomic(out / "kernel_checks.md", kernel_checks.markdown(kt))
     print(files.json_text(summary, indent=1))

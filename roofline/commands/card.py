@@ -69,8 +69,8 @@ class CardRequest:
     graph_batch_sizes: tuple | None = internal(None, "the graph_batch_sizes key (roofline.commands.GraphKeys), checked")
     calibrate: str | None = option(None, "with a device: your deployment's measured points (YAML/JSON {points: "
                                          "[{B, L, tok_s_per_user | itl_ms}, or a benchmark run {concurrency, input_len, "
-                                         "output_len, tpot_ms | itl_ms | output_tok_s}]}) or a GPU sweep's fit.json: "
-                                         "the what-if "
+                                         "output_len, tpot_ms | itl_ms | e2e_latency_s | output_tok_s}]}) or a GPU "
+                                         "sweep's fit.json: the what-if "
                                          "rescaled to them, its decode-step interval narrowed where they determine it "
                                          "(roofline.analysis.calibrate)")
     k: int = option(0, "the finite run with speculative decoding: k drafts per round (0: plain decoding); priced "

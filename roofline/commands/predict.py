@@ -42,8 +42,8 @@ class WhatIfKeys:
                                       "spans them")
     calibrate: str | None = option(None, "what-if: your deployment's measured points (YAML/JSON {points: [{B, L, "
                                          "itl_ms | tok_s_per_user}, or a benchmark run {concurrency, input_len, "
-                                         "output_len, tpot_ms | itl_ms | output_tok_s}]}) or a GPU sweep's fit.json of "
-                                         "this model "
+                                         "output_len, tpot_ms | itl_ms | e2e_latency_s | output_tok_s}]}) or a GPU "
+                                         "sweep's fit.json of this model "
                                          "(roofline.analysis.calibrate)")
 
 

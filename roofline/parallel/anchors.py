@@ -177,16 +177,30 @@ def split_of(a: dict, sources: dict) -> str:
     return sources[a["source"]].get("split", "calibration")
 
 
-def what_if(a: dict, cfg: ModelConfig, setting: Setting | None = None, models: dict | None = None) -> dict:
-    """{optimistic, typical, pessimistic} of the anchor's metric, in its unit (models: the anchors
-    file's own models, where a draft model may be named)."""
-    lay = Layout(tp=a["tp"], ep=a.get("ep", 1), dp_attention=bool(a.get("dp_attention", False)))
+def layout_of(a: dict) -> Layout:
+    """The anchor's layout: tp, ep, attention data parallelism."""
+    return Layout(tp=a["tp"], ep=a.get("ep", 1), dp_attention=bool(a.get("dp_attention", False)))
+
+
+def deployment(a: dict, cfg: ModelConfig, setting: Setting | None = None) -> WhatIf:
+    """The anchor's deployment as the what-if prices it: model, device, precision, layout, engine (and its CUDA-graph
+    batch sizes where the run states them), uncalibrated."""
+    lay = layout_of(a)
     setting = setting or Setting(engine=a["engine"])
     wl = a["workload"]
     if "graph_batch_sizes" in wl:  # the run's own CUDA-graph batch sizes (its engine options, as its source prints)
         setting = dataclasses.replace(setting, graph_batch_sizes=graph_sizes(
             wl["graph_batch_sizes"], f"anchor {a['id']}: workload.graph_batch_sizes"))
-    w = WhatIf(cfg, get_datasheet(a["device"]), served_precision(a, cfg), lay, setting)
+    return WhatIf(cfg, get_datasheet(a["device"]), served_precision(a, cfg), lay, setting)
+
+
+def what_if(a: dict, cfg: ModelConfig, setting: Setting | None = None, models: dict | None = None,
+            w: WhatIf | None = None) -> dict:
+    """{optimistic, typical, pessimistic} of the anchor's metric, in its unit (models: the anchors
+    file's own models, where a draft model may be named; w: its deployment's what-if, calibrated, in place of
+    `deployment`'s)."""
+    w = w or deployment(a, cfg, setting)
+    lay, wl = w.layout, a["workload"]
     m = a["metric"]
     if a.get("dataset") in VARIABLE_LENGTH_DATASETS:
         raise NotImplementedError(f"dataset={a['dataset']!r}: lengths vary request by request and only their means are "
@@ -224,6 +238,25 @@ def what_if(a: dict, cfg: ModelConfig, setting: Setting | None = None, models: d
     return conv[m](s)
 
 
+def calibration_point(a: dict) -> dict | None:
+    """The anchor's measurement as a point of a `calibrate=` file (roofline.analysis.calibrate): a decode step {B, L,
+    itl_ms | tok_s_per_user} or a finite run {concurrency, input_len, output_len, itl_ms | tpot_ms | e2e_latency_s |
+    output_tok_s, ...}; None where it says nothing of the steps' time as such a point does (a TTFT, a speculative
+    speedup or run, a static batch, a dataset of varying lengths)."""
+    wl, m, v = a["workload"], a["metric"], float(a["value"])
+    if a.get("spec") or m in ("ttft_ms", "spec_speedup") or a.get("batching") == "static" or a.get("dataset"):
+        return None
+    if "B" in wl:
+        return dict(B=wl["B"], L=wl["L"], **({"tok_s_per_user": v} if m == "tok_s_per_user" else {"itl_ms": v}))
+    run = {k: wl[k] for k in ("concurrency", "input_len", "output_len", "num_prompts", "range_ratio") if k in wl}
+    run["client"] = a.get("client", "server")
+    if m == "tok_s_per_user":  # output / e2e of the run's mean request
+        return dict(run, e2e_latency_s=random_lengths(wl)[1] / v)
+    if m == "output_tok_s_per_gpu":
+        return dict(run, output_tok_s=v * a.get("n_devices", layout_of(a).devices))
+    return dict(run, **{m: v})
+
+
 def random_lengths(wl: dict) -> tuple[int, int, bool]:
     """(input, output, staggered) of a finite run's workload (its `range_ratio`: whatif.random_dataset_lengths)."""
     return random_dataset_lengths(wl["input_len"], wl["output_len"], wl.get("range_ratio", 1.0), "workload.range_ratio")
@@ -254,8 +287,7 @@ def band_categories_of(a: dict, cfg: ModelConfig) -> tuple[str, ...]:
     """The what-if's band categories of an anchor (whatif.band_categories: from its model, precision,
     layout, sequences at a time and speculation, not from its hand-written `category` labels)."""
     wl = a["workload"]
-    lay = Layout(tp=a["tp"], ep=a.get("ep", 1), dp_attention=bool(a.get("dp_attention", False)))
-    return band_categories(cfg, served_precision(a, cfg), lay, wl.get("B", wl.get("concurrency", 1)),
+    return band_categories(cfg, served_precision(a, cfg), layout_of(a), wl.get("B", wl.get("concurrency", 1)),
                            bool(a.get("spec")))
 
 
