@@ -97,7 +97,7 @@ def load_points(path, model: str | None = None, dtype: str | None = None) -> lis
     for i, pt in enumerate(pts):
         if not isinstance(pt, dict):
             raise ConfigError(f"calibrate: points[{i}]={pt!r}: expected a mapping {{B, L, tok_s_per_user | itl_ms}} "
-                              "or a run {concurrency, input_len, output_len, itl_ms | tpot_ms | output_tok_s}")
+                              f"or a run {{concurrency, input_len, output_len, {' | '.join(RUN_METRICS)}}}")
         run = "concurrency" in pt
         for key, least in ((("concurrency", 1), ("input_len", 1), ("output_len", 1)) if run else (("B", 1), ("L", 0))):
             check_int(f"calibrate: points[{i}].{key}", pt.get(key), least)

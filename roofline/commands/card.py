@@ -103,7 +103,6 @@ class CardRequest:
                               f"{self.input_len + self.output_len} tokens exceeds the model's max_context "
                               f"{self.model.max_context}")
 
-
     def _check_spec(self) -> None:
         """k, acceptance, drafter and draft_model: a speculative finite run's, each named where it is wrong."""
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 0:
@@ -394,7 +393,8 @@ def render_card(rec: dict) -> str:
     if "run_ttft_ms" in rec:
         drawn = (f" (random, range ratio {rec['run_range_ratio']:g}: {rec['run_mean_input_len']} / "
                  f"{rec['run_mean_output_len']} on average)" if rec["run_range_ratio"] < 1 else "")
-        lines.append(f"finite run     {rec['run_num_prompts']} requests of {rec['run_input_len']} in / {rec['run_output_len']} out{drawn}, "
+        lines.append(f"finite run     {rec['run_num_prompts']} requests of {rec['run_input_len']} in / "
+                     f"{rec['run_output_len']} out{drawn}, "
                      f"{rec['run_concurrency']} at a time ({'staggered' if rec['run_staggered'] else 'fixed'} lengths), "
                      f"{rec['run_running_seqs']:.0f} running (the engine's KV pool and sequence cap), "
                      f"{rec['run_client']} client, prompts in chunks of {rec['run_prefill_chunk_tokens']:.0f} tokens"
@@ -452,7 +452,7 @@ def run(c: dict) -> None:
                            batch=c["batch"], context=c["context"], engine=engine_name(c.get("engine")),
                            tp=c["tp"], ep=c["ep"], dp_attention=c["dp_attention"], input_len=c["input_len"],
                            output_len=c["output_len"], concurrency=c["concurrency"], num_prompts=c["num_prompts"],
-                           staggered=c["staggered"], range_ratio=c["range_ratio"], client=c["client"], graph_batch_sizes=graph_batch_sizes(c),
-                           calibrate=c.get("calibrate") or None, k=c["k"], acceptance=c["acceptance"],
-                           drafter=c["drafter"],
+                           staggered=c["staggered"], range_ratio=c["range_ratio"], client=c["client"],
+                           graph_batch_sizes=graph_batch_sizes(c), calibrate=c.get("calibrate") or None, k=c["k"],
+                           acceptance=c["acceptance"], drafter=c["drafter"],
                            draft_model=get_preset(c["draft_model"]) if c.get("draft_model") else None))
