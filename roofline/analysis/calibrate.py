@@ -205,18 +205,21 @@ def calibrated(w, path):
     return rescaled(w, priced_points(w, load_points(path, w.cfg.name, w.dtype)))
 
 
-def anchors_leave_one_out(path=None, nearest: bool = False):
+def anchors_leave_one_out(path=None, nearest: bool = False, engine_known: bool = True):
     """What calibrating on a deployment's own measurements buys, on published ones: every priced anchor of a
     deployment (one source, model, device, layout, engine, precision, client) with other anchors that are
     calibration points (`anchors.calibration_point`) is priced again calibrated to those others (leave-one-out:
     never to itself), as a user who measured the rest would price it; nearest=True: to the one other point nearest
-    in log batch + log context (a user who measured one point), for the anchors that are points themselves. A table
+    in log batch + log context (a user who measured one point), for the anchors that are points themselves;
+    engine_known=False: priced as a user who names no engine (the span of the profiles, anchors.table's). A table
     of id, split, source, points (how many), error_pct before and after (predicted / published - 1); deployments of
     one point are left out."""
     import pandas as pd
     from roofline.parallel import anchors as A
+    from roofline.parallel.whatif import Setting
 
     models, sources, rows = A.load(path or A.ANCHORS_PATH)
+    setting = None if engine_known else Setting(engine=None)  # None: each anchor's own engine
     groups: dict[tuple, list] = {}
     for a in rows:
         src = sources[a["source"]]
@@ -228,7 +231,7 @@ def anchors_leave_one_out(path=None, nearest: bool = False):
         groups.setdefault(key, []).append(a)
     out = []
     for group in groups.values():
-        w = A.deployment(group[0], models[group[0]["model"]])
+        w = A.deployment(group[0], models[group[0]["model"]], setting)
         pts = {a["id"]: A.calibration_point(a) for a in group}
         priced = {i: priced_points(w, [p])[0] for i, p in pts.items() if p is not None}
         for a in group:
@@ -242,7 +245,7 @@ def anchors_leave_one_out(path=None, nearest: bool = False):
             if not others:
                 continue
             try:
-                before = A.what_if(a, models[a["model"]], models=models)["typical"]
+                before = A.what_if(a, models[a["model"]], setting, models)["typical"]
                 after = A.what_if(a, models[a["model"]], models=models, w=rescaled(w, others))
             except NotImplementedError:  # not priced (a speedup without k, a dataset of varying lengths)
                 continue
