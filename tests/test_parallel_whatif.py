@@ -1380,6 +1380,9 @@ def test_a_deployment_calibrated_to_its_other_published_points_prices_the_one_le
     assert (one["points"] == 1).all() and "x-ttft" not in one.index  # a TTFT has no batch or context to be near
     summary = leave_one_out_summary(t.reset_index())["calibration"]
     assert summary["n"] == 4 and summary["improved"] == 1.0 and summary["calibrated_median_abs_error_pct"] < 2.0
+    span = anchors_leave_one_out(p, engine_known=False).set_index("id")  # a user who names no engine
+    assert span.loc["x-c8", "predicted"] == pytest.approx(anchors.what_if(rows[1], cfg, Setting(engine=None))["typical"])
+    assert span.loc["x-c8", "predicted"] != pytest.approx(t.loc["x-c8", "predicted"])
 
 
 def test_an_anchor_becomes_the_calibrate_point_its_metric_states():
