@@ -120,24 +120,16 @@ RUN_METRICS = {"itl_ms": ("itl_s", 1e-3), "tpot_ms": ("itl_mean_s", 1e-3), "e2e_
                "output_tok_s": ("output_tok_s", None)}
 
 
-def as_steps(w, points: list[dict]) -> list[dict]:
-    """Each finite-run point priced by `whatif.serve` on the uncalibrated what-if `w`: the step point it stands for,
-    {B: the sequences the run keeps running, L: their mean context, ratio: measured / predicted time}; decode-step
-    points as they are."""
-    out = []
-    for pt in points:
-        if "concurrency" not in pt:
-            out.append(pt)
-            continue
-        I, O, staggered = random_dataset_lengths(pt["input_len"], pt["output_len"], pt.get("range_ratio", 1.0))
-        s = serve(w, I, O, pt["concurrency"], pt.get("num_prompts"), staggered=staggered,
-                  client=pt.get("client", "server"))
-        (metric,) = [k for k in RUN_METRICS if k in pt]
-        key, unit_s = RUN_METRICS[metric]
-        predicted = s[key]["typical"]
-        ratio = pt[metric] * unit_s / predicted if unit_s else predicted / pt[metric]
-        out.append(dict(B=max(1, round(s["running"]["typical"])), L=I + O // 2, ratio=ratio))
-    return out
+def run_point(w, pt: dict) -> dict:
+    """A finite-run point priced by `whatif.serve` on the uncalibrated what-if `w`, as the step point it stands for:
+    {B: the sequences the run keeps running, L: their mean context, ratio: measured / predicted time}."""
+    I, O, staggered = random_dataset_lengths(pt["input_len"], pt["output_len"], pt.get("range_ratio", 1.0))
+    s = serve(w, I, O, pt["concurrency"], pt.get("num_prompts"), staggered=staggered, client=pt.get("client", "server"))
+    (metric,) = [k for k in RUN_METRICS if k in pt]
+    key, unit_s = RUN_METRICS[metric]
+    predicted = s[key]["typical"]
+    ratio = pt[metric] * unit_s / predicted if unit_s else predicted / pt[metric]
+    return dict(B=max(1, round(s["running"]["typical"])), L=I + O // 2, ratio=ratio)
 
 
 def predicted_s(w, B: int, L: int, kernels_only: bool = False) -> float:
@@ -151,16 +143,10 @@ def predicted_s(w, B: int, L: int, kernels_only: bool = False) -> float:
     return statistics.median(per)
 
 
-def ratios(w, points: list[dict]) -> list[float]:
-    """measured / predicted step time of each point (the what-if `w` uncalibrated)."""
-    out = []
-    for pt in points:
-        if "ratio" in pt:  # a finite run, priced already (as_steps)
-            out.append(pt["ratio"])
-            continue
-        measured = pt["itl_ms"] / 1e3 if "itl_ms" in pt else 1.0 / pt["tok_s_per_user"]
-        out.append(measured / predicted_s(w, pt["B"], pt["L"], bool(pt.get("kernels_only"))))
-    return out
+def step_ratio(w, pt: dict) -> float:
+    """measured / predicted step time of a decode-step point (the what-if `w` uncalibrated)."""
+    measured = pt["itl_ms"] / 1e3 if "itl_ms" in pt else 1.0 / pt["tok_s_per_user"]
+    return measured / predicted_s(w, pt["B"], pt["L"], bool(pt.get("kernels_only")))
 
 
 def by_batch(points: list[dict], r: list[float]) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -190,8 +176,8 @@ def priced_points(w, points: list[dict]) -> list[dict]:
     """Every point (a decode step, a finite run, a fit's row) as {B, L, ratio}: measured / predicted time on the
     what-if `w` uncalibrated."""
     base = replace(w, scale=1.0, calibration=None)
-    steps = as_steps(base, points)
-    return [dict(B=p["B"], L=p["L"], ratio=r) for p, r in zip(steps, ratios(base, steps))]
+    return [run_point(base, p) if "concurrency" in p else dict(B=p["B"], L=p["L"], ratio=step_ratio(base, p))
+            for p in points]
 
 
 def rescaled(w, priced: list[dict]):
@@ -205,16 +191,11 @@ def calibrated(w, path):
     return rescaled(w, priced_points(w, load_points(path, w.cfg.name, w.dtype)))
 
 
-def anchors_leave_one_out(path=None, nearest: bool = False, engine_known: bool = True):
-    """What calibrating on a deployment's own measurements buys, on published ones: every priced anchor of a
-    deployment (one source, model, device, layout, engine, precision, client) with other anchors that are
-    calibration points (`anchors.calibration_point`) is priced again calibrated to those others (leave-one-out:
-    never to itself), as a user who measured the rest would price it; nearest=True: to the one other point nearest
-    in log batch + log context (a user who measured one point), for the anchors that are points themselves;
-    engine_known=False: priced as a user who names no engine (the span of the profiles, anchors.table's). A table
-    of id, split, source, points (how many), error_pct before and after (predicted / published - 1); deployments of
-    one point are left out."""
-    import pandas as pd
+def priced_deployments(path=None, engine_known: bool = True) -> dict:
+    """The anchors of a file by deployment (one source, model, device, layout, engine, precision, client), each
+    deployment's what-if and its anchors that are calibration points (`anchors.calibration_point`) priced once
+    (`priced_points`), for `leave_one_out`; engine_known=False: as a user who names no engine (the span of the
+    profiles, anchors.table's)."""
     from roofline.parallel import anchors as A
     from roofline.parallel.whatif import Setting
 
@@ -222,22 +203,38 @@ def anchors_leave_one_out(path=None, nearest: bool = False, engine_known: bool =
     setting = None if engine_known else Setting(engine=None)  # None: each anchor's own engine
     groups: dict[tuple, list] = {}
     for a in rows:
-        src = sources[a["source"]]
-        a = dict(a, batching=a.get("batching", src.get("batching")), dataset=a.get("dataset", src.get("dataset")),
-                 client=a.get("client", src.get("client", "server")))
-        cfg = models[a["model"]]
+        a = A.with_source_defaults(a, sources)
         key = (a["source"], a["model"], a["device"], a["tp"], a.get("ep", 1), bool(a.get("dp_attention")),
-               a["engine"], A.served_precision(a, cfg), a["client"], str(a["workload"].get("graph_batch_sizes")))
+               a["engine"], A.served_precision(a, models[a["model"]]), a["client"],
+               str(a["workload"].get("graph_batch_sizes")))
         groups.setdefault(key, []).append(a)
     out = []
     for group in groups.values():
         w = A.deployment(group[0], models[group[0]["model"]], setting)
-        pts = {a["id"]: A.calibration_point(a) for a in group}
-        priced = {i: priced_points(w, [p])[0] for i, p in pts.items() if p is not None}
-        for a in group:
-            others = [p for i, p in priced.items() if i != a["id"]]
-            if nearest and others and a["id"] in priced:
-                me = priced[a["id"]]
+        points = {a["id"]: A.calibration_point(a) for a in group}
+        out.append(dict(w=w, anchors=group, before={},  # each anchor's uncalibrated prediction, once, when asked
+                        priced={i: priced_points(w, [p])[0] for i, p in points.items() if p is not None}))
+    return dict(models=models, sources=sources, setting=setting, deployments=out)
+
+
+def leave_one_out(priced: dict, nearest: bool = False):
+    """What calibrating on a deployment's own measurements buys, on published ones: every priced anchor of a
+    deployment of `priced_deployments` with other anchors that are calibration points is priced again calibrated to
+    those others (leave-one-out: never to itself), as a user who measured the rest would price it; nearest=True: to
+    the one other point nearest in log batch + log context (a user who measured one point), for the anchors that are
+    points themselves. A table of id, split, source, points (how many), error_pct before and after (predicted /
+    published - 1), the calibrated interval; deployments of one point are left out."""
+    import pandas as pd
+    from roofline.parallel import anchors as A
+
+    models, sources, setting = priced["models"], priced["sources"], priced["setting"]
+    out = []
+    for dep in priced["deployments"]:
+        w, points = dep["w"], dep["priced"]
+        for a in dep["anchors"]:
+            others = [p for i, p in points.items() if i != a["id"]]
+            if nearest and others and a["id"] in points:
+                me = points[a["id"]]
                 far = lambda p: abs(math.log(p["B"] / me["B"])) + abs(math.log((p["L"] + 1) / (me["L"] + 1)))  # noqa: E731
                 others = [min(others, key=far)]
             elif nearest:
@@ -245,7 +242,9 @@ def anchors_leave_one_out(path=None, nearest: bool = False, engine_known: bool =
             if not others:
                 continue
             try:
-                before = A.what_if(a, models[a["model"]], setting, models)["typical"]
+                if a["id"] not in dep["before"]:
+                    dep["before"][a["id"]] = A.what_if(a, models[a["model"]], setting, models)["typical"]
+                before = dep["before"][a["id"]]
                 after = A.what_if(a, models[a["model"]], models=models, w=rescaled(w, others))
             except NotImplementedError:  # not priced (a speedup without k, a dataset of varying lengths)
                 continue
@@ -257,6 +256,11 @@ def anchors_leave_one_out(path=None, nearest: bool = False, engine_known: bool =
                             calibrated_inside=bool(lo <= v <= hi),
                             calibrated_half_width_pct=100.0 * (hi - lo) / 2 / after["typical"]))
     return pd.DataFrame(out)
+
+
+def anchors_leave_one_out(path=None, nearest: bool = False, engine_known: bool = True):
+    """`leave_one_out` of an anchors file's deployments (`priced_deployments`)."""
+    return leave_one_out(priced_deployments(path, engine_known), nearest)
 
 
 def summary(w) -> dict | None:

@@ -227,7 +227,7 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
     draft = spec.drafter.model if spec is not None and spec.drafter.kind == "draft_model" else None
     if mtp and req.model.mtp_layers < 1:
         raise ConfigError(f"drafter=mtp: model {req.model.name!r} has no MTP module (mtp_layers=0)")
-    dw = whatif.WhatIf(draft, w.device, req.dtype, whatif.Layout(), w.setting, w.scale) if draft else None
+    dw = w.draft_what_if(draft) if draft else None
     rows = []
     for B in req.B:
         for sp in ([False, True] if spec is not None else [False]):

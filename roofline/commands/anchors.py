@@ -56,7 +56,8 @@ def run(c: dict) -> None:
     print("\nheld-out kernel benchmarks (kernel_checks.yaml) beside the kernel curves' prices")
     print(kt[["id", "M", "published_us", "predicted_us", "low_us", "high_us", "error_pct", "inside"]].round(1)
           .to_string(index=False))
-    loo = {mode: calibrate.anchors_leave_one_out(c["anchors"], nearest, c["engine_known"])
+    deployments = calibrate.priced_deployments(c["anchors"], c["engine_known"])  # priced once for both
+    loo = {mode: calibrate.leave_one_out(deployments, nearest)
            for mode, nearest in (("all other points", False), ("the nearest point", True))}
     loo_summary = {mode: calibrate.leave_one_out_summary(x) for mode, x in loo.items()}
     print("\ncalibrated to the deployment's own other published points (leave-one-out, calibrate=)")

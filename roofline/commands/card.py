@@ -249,13 +249,9 @@ def _what_if_run(req: CardRequest, w) -> dict:
 
 
 def _draft_what_if(req: CardRequest, w):
-    """The draft model's what-if (drafter=draft_model): its preset on the same device and engine, in the target's
-    precision, replicated on every rank (one device each), as the speculative what-if prices it."""
-    if not req.k or req.drafter != "draft_model":
-        return None
-    from roofline.parallel.layout import Layout
-    from roofline.parallel.whatif import WhatIf
-    return WhatIf(req.draft_model, w.device, w.dtype, Layout(), w.setting, w.scale)
+    """The draft model's what-if (drafter=draft_model), as the speculative what-if prices it
+    (`WhatIf.draft_what_if`); None for another drafter."""
+    return w.draft_what_if(req.draft_model) if req.k and req.drafter == "draft_model" else None
 
 
 def _what_if(req: CardRequest, dtype: str):

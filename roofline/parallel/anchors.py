@@ -199,7 +199,7 @@ def what_if(a: dict, cfg: ModelConfig, setting: Setting | None = None, models: d
     """{optimistic, typical, pessimistic} of the anchor's metric, in its unit (models: the anchors
     file's own models, where a draft model may be named; w: its deployment's what-if, calibrated, in place of
     `deployment`'s)."""
-    w = w or deployment(a, cfg, setting)
+    w = w if w is not None else deployment(a, cfg, setting)
     lay, wl = w.layout, a["workload"]
     m = a["metric"]
     if a.get("dataset") in VARIABLE_LENGTH_DATASETS:
@@ -361,6 +361,13 @@ def write_bands(path=ANCHORS_PATH, out=BANDS_PATH) -> dict:
     return b
 
 
+def with_source_defaults(a: dict, sources: dict) -> dict:
+    """The anchor with its source's method (batching, dataset, client) where it does not state its own."""
+    src = sources[a["source"]]
+    return dict(a, batching=a.get("batching", src.get("batching")), dataset=a.get("dataset", src.get("dataset")),
+                client=a.get("client", src.get("client", "server")))
+
+
 def _row(a: dict, models: dict, sources: dict, text: str, engine_known: bool) -> dict:
     """One anchor's row of `table`, before its band: the priors' interval (prior_low, prior_high) or a note
     saying why it is not priced."""
@@ -370,9 +377,7 @@ def _row(a: dict, models: dict, sources: dict, text: str, engine_known: bool) ->
                 device=a["device"], model=a["model"], tp=a["tp"], metric=a["metric"],
                 category=",".join(a.get("category") or []), published=float(a["value"]),
                 predicted_dtype=served_precision(a, cfg), band_categories=",".join(band_categories_of(a, cfg)))
-    src = sources[a["source"]]  # the source's method, unless the anchor says its own
-    a = dict(a, batching=a.get("batching", src.get("batching")), dataset=a.get("dataset", src.get("dataset")),
-             client=a.get("client", src.get("client", "server")))
+    a = with_source_defaults(a, sources)
     try:
         p = what_if(a, cfg, Setting(engine=a["engine"] if engine_known else None, bands=()), models)
     except NotImplementedError as e:

@@ -670,6 +670,11 @@ class WhatIf:
                      pessimistic=min(v["pessimistic"] for v in s.values()))
         return widen(prior, self.band(B, spec=True))
 
+    def draft_what_if(self, draft: ModelConfig) -> "WhatIf":
+        """A draft model's what-if beside this target: its preset on the same device, precision, engine and
+        calibration scale, replicated on every rank (one device each: vLLM runs it at tp = 1 of the target's)."""
+        return WhatIf(draft, self.device, self.dtype, Layout(), self.setting, self.scale)
+
     def experts_touched(self, B: int, q: int = 1) -> float:
         return experts_touched_busiest_rank(self.cfg, B * q, self.layout.ep) if self.cfg.is_moe else 0.0
 
@@ -1098,7 +1103,7 @@ def speedup_table(cfg: ModelConfig, device: Datasheet, dtype: str, layout: Layou
         raise ConfigError("draft_model: drafter=draft_model needs draft_model=<preset> (the draft model's preset "
                           "name), and another drafter none")
     w = WhatIf(cfg, device, dtype, layout, setting, scale, calibration)
-    dw = WhatIf(draft, device, dtype, Layout(), setting, scale) if draft is not None else None
+    dw = w.draft_what_if(draft) if draft is not None else None
     rows = []
     for L in Ls:
         for B in Bs:
