@@ -23,8 +23,7 @@ import pandas as pd
 from roofline.analysis import fitcheck, quality
 
 from roofline.model import speculation
-from roofline.model.accounting import forward_cost
-from roofline.model.formats import compute_dtype, parse_precision, precision_columns
+from roofline.model.formats import parse_precision, precision_columns
 from roofline.io.fields import ConfigError, internal, option
 from roofline.model.config import ModelConfig
 from roofline.analysis.predict import DraftCost, step_costs
