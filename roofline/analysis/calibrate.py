@@ -48,6 +48,16 @@ from roofline.io.fields import ConfigError, check_int, check_number
 from roofline.parallel.engines import check_client
 from roofline.parallel.whatif import Calibration, Pass, random_dataset_lengths, serve
 
+# what a `calibrate=` key takes, in the help of every command that has one (card, capacity, predict)
+POINTS_FILE = ("your deployment's measured points (YAML/JSON {points: [{B, L, itl_ms | tok_s_per_user}, or a benchmark "
+               "run {concurrency, input_len, output_len, tpot_ms | itl_ms | e2e_latency_s | output_tok_s}]}) or a GPU "
+               "sweep's fit.json")
+
+# a finite run's metric: serve's key, and its unit in seconds for a time (the ratio measured / predicted), None for a
+# rate (the inverse ratio)
+RUN_METRICS = {"itl_ms": ("itl_s", 1e-3), "tpot_ms": ("itl_mean_s", 1e-3), "e2e_latency_s": ("e2e_s", 1.0),
+               "output_tok_s": ("output_tok_s", None)}
+
 MIN_HALF_WIDTH = 0.05
 REACH_DECADES = 1.0
 
@@ -106,18 +116,12 @@ def load_points(path, model: str | None = None, dtype: str | None = None) -> lis
         if len(have) != 1:
             raise ConfigError(f"calibrate: points[{i}]: give exactly one of {', '.join(metrics)} (a number > 0)")
         check_number(f"calibrate: points[{i}].{have[0]}", pt[have[0]], 0.0, lo_open=True)
-        if run and pt.get("num_prompts") is not None:
-            check_int(f"calibrate: points[{i}].num_prompts", pt["num_prompts"], 1)
         if run:
+            if pt.get("num_prompts") is not None:
+                check_int(f"calibrate: points[{i}].num_prompts", pt["num_prompts"], 1)
             random_dataset_lengths(1, 1, pt.get("range_ratio", 1.0), f"calibrate: points[{i}].range_ratio")
             check_client(pt.get("client", "server"))
     return pts
-
-
-# a finite run's metric: serve's key, and its unit in seconds for a time (the ratio measured / predicted), None for a
-# rate (the inverse ratio)
-RUN_METRICS = {"itl_ms": ("itl_s", 1e-3), "tpot_ms": ("itl_mean_s", 1e-3), "e2e_latency_s": ("e2e_s", 1.0),
-               "output_tok_s": ("output_tok_s", None)}
 
 
 def run_point(w, pt: dict) -> dict:

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from roofline.analysis import fitcheck, quality
+from roofline.analysis.calibrate import POINTS_FILE, calibrated
 
 from roofline.model import speculation
 from roofline.model.formats import parse_precision, precision_columns
@@ -168,10 +169,7 @@ class CapacityRequest:
     fit: str | None = option(None, "a fit.json: use its fitted device parameters (measured)")
     device: str = internal("h200_sxm", "the command's `device` key (a roofline/conf/device/ entry): its "
                                        "datasheet row; without fit a what-if flagged extrapolated")
-    calibrate: str | None = option(None, "what-if: your deployment's measured points (YAML/JSON {points: [{B, L, "
-                                         "itl_ms | tok_s_per_user}, or a benchmark run {concurrency, input_len, "
-                                         "output_len, tpot_ms | itl_ms | e2e_latency_s | output_tok_s}]}) or a GPU "
-                                         "sweep's fit.json of this model "
+    calibrate: str | None = option(None, f"what-if: {POINTS_FILE} of this model "
                                          "(roofline.analysis.calibrate)")
     engine: str | None = option(None, "what-if: an engine profile (roofline/conf/engine/: vllm, sglang, trtllm, "
                                       "...); null: the interval spans them")
@@ -206,7 +204,6 @@ def whatif_of(c: dict, model: ModelConfig, label: str):
                                      graph_batch_sizes=graph_batch_sizes(c)))
     w.setting.engine_names()  # an unknown engine fails here, naming engine=
     if c.get("calibrate"):
-        from roofline.analysis.calibrate import calibrated
         w = calibrated(w, c["calibrate"])
     return w
 

@@ -24,6 +24,7 @@ from roofline.io.fields import ConfigError, internal, option
 from roofline.model.config import ModelConfig
 from roofline.commands import FormatKeys, GraphKeys, LayoutKeys, not_both, priced_weights, served_label
 from roofline.measure.devices import Datasheet, get_datasheet
+from roofline.analysis.calibrate import POINTS_FILE
 from roofline.analysis.fitcheck import check_drafter
 from roofline.model.speculation import DRAFTERS
 from roofline.parallel.engines import check_client, engine_name, graph_batch_sizes, profile
@@ -67,11 +68,8 @@ class CardRequest:
                                    "benchmark_latency, the LLM class); picks the engine's default tokens per step and "
                                    "running-sequence cap (engines.yaml prefill_chunk_tokens, max_running_seqs)")
     graph_batch_sizes: tuple | None = internal(None, "the graph_batch_sizes key (roofline.commands.GraphKeys), checked")
-    calibrate: str | None = option(None, "with a device: your deployment's measured points (YAML/JSON {points: "
-                                         "[{B, L, tok_s_per_user | itl_ms}, or a benchmark run {concurrency, input_len, "
-                                         "output_len, tpot_ms | itl_ms | e2e_latency_s | output_tok_s}]}) or a GPU "
-                                         "sweep's fit.json: the what-if "
-                                         "rescaled to them, its decode-step interval narrowed where they determine it "
+    calibrate: str | None = option(None, f"with a device: {POINTS_FILE}: the what-if rescaled to them, its "
+                                         "decode-step interval narrowed where they determine it "
                                          "(roofline.analysis.calibrate)")
     k: int = option(0, "the finite run with speculative decoding: k drafts per round (0: plain decoding); priced "
                        "beside the same run without it")

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from roofline.analysis import costmodel, fitcheck, quality
+from roofline.analysis.calibrate import POINTS_FILE
 from roofline.analysis.capacity import whatif_of
 from roofline.analysis.predict import Costs, DraftCost, breakeven_batch, step_costs, table
 from roofline.io import files
@@ -40,10 +41,7 @@ class WhatIfKeys:
     device: str | None = option(None, "without fit: a datasheet row (roofline/conf/device/) -> the what-if model")
     engine: str | None = option(None, "what-if: an engine profile (roofline/conf/engine/); null: the interval "
                                       "spans them")
-    calibrate: str | None = option(None, "what-if: your deployment's measured points (YAML/JSON {points: [{B, L, "
-                                         "itl_ms | tok_s_per_user}, or a benchmark run {concurrency, input_len, "
-                                         "output_len, tpot_ms | itl_ms | e2e_latency_s | output_tok_s}]}) or a GPU "
-                                         "sweep's fit.json of this model "
+    calibrate: str | None = option(None, f"what-if: {POINTS_FILE} of this model "
                                          "(roofline.analysis.calibrate)")
 
 

@@ -576,13 +576,11 @@ class WhatIf:
         if not mem:
             return None
         split, own = self.layout.batch_split, eng.kv_pool_fraction is not None
-        n_tok = tokens_per_seq if own else (mean_tokens or tokens_per_seq)
-        w, kv = memory_per_rank(self.cfg, self.layout, self.dtype, split, n_tok,
-                                spec is not None and spec.drafter == "mtp", pool_rule(self.cfg, eng))
-        if spec is not None and spec.draft is not None:  # one sequence of the rank's, in the draft model's cache
-            dw, dkv = memory_per_rank(spec.draft.cfg, Layout(), spec.draft.dtype, 1, n_tok,
-                                      pool_rule=pool_rule(spec.draft.cfg, eng))
-            w, kv = w + dw, kv + dkv
+        draft = spec.draft if spec is not None else None
+        w, kv = held_per_rank(self.cfg, self.layout, self.dtype, split, tokens_per_seq if own else
+                              (mean_tokens or tokens_per_seq), spec is not None and spec.drafter == "mtp",
+                              pool_rule(self.cfg, eng), draft.cfg if draft else None, draft.dtype if draft else None,
+                              pool_rule(draft.cfg, eng) if draft else "window")
         room = kv_pool_bytes(eng, mem, w) if own else HEADROOM * mem - w
         return max(0, int(room // kv) * split) if kv > 0 else None
 
@@ -947,6 +945,21 @@ def kv_pool_bytes(eng, mem_bytes: float, weight_bytes: float) -> float:
     return eng.kv_pool_fraction * max(mem_bytes - weight_bytes, 0.0)
 
 
+def held_per_rank(cfg: ModelConfig, layout: Layout, dtype: str, batch: int, tokens_per_seq: int,
+                  with_mtp: bool = False, rule: str = "window", draft: ModelConfig | None = None,
+                  draft_dtype: str | None = None, draft_rule: str = "window") -> tuple[float, float]:
+    """(weight bytes, KV bytes) one rank holds for `batch` sequences of `tokens_per_seq`: the target's (its MTP
+    module's with_mtp, its windowed layers by the pool's `rule`) and a draft model's (in `draft_dtype`, else the
+    target's), replicated on every rank with the rank's share of the batch (vLLM runs it at tp = 1 of the target's
+    tp). One rule for `memory_check` and `WhatIf.max_running`."""
+    w, kv = memory_per_rank(cfg, layout, dtype, batch, tokens_per_seq, with_mtp, rule)
+    if draft is not None:
+        dw, dkv = memory_per_rank(draft, Layout(), draft_dtype or dtype, math.ceil(batch / layout.batch_split),
+                                  tokens_per_seq, pool_rule=draft_rule)
+        w, kv = w + dw, kv + dkv
+    return w, kv
+
+
 def memory_check(cfg: ModelConfig, device: Datasheet, dtype: str, layout: Layout, batch: int, tokens_per_seq: int,
                  with_mtp: bool = False, draft: ModelConfig | None = None, headroom: float = HEADROOM,
                  mem_bytes: float | None = None, setting: Setting | None = None) -> dict:
@@ -962,12 +975,7 @@ def memory_check(cfg: ModelConfig, device: Datasheet, dtype: str, layout: Layout
 
     @lru_cache(maxsize=None)
     def held_by(rule: str, draft_rule: str) -> tuple[float, float]:  # (weights, KV) per rank, pools by their rules
-        w, kv = memory_per_rank(cfg, layout, dtype, batch, tokens_per_seq, with_mtp, rule)
-        if draft is not None:  # a draft model replicated on every rank (vLLM runs it at tp = 1 of the target's tp)
-            dw, dkv = memory_per_rank(draft, Layout(), dtype, math.ceil(batch / layout.batch_split), tokens_per_seq,
-                                      pool_rule=draft_rule)
-            w, kv = w + dw, kv + dkv
-        return w, kv
+        return held_per_rank(cfg, layout, dtype, batch, tokens_per_seq, with_mtp, rule, draft, dtype, draft_rule)
 
     def held(eng=None) -> tuple[float, float]:  # windowed layers as `eng`'s pool holds them (priced once per rule)
         return held_by(pool_rule(cfg, eng), pool_rule(draft, eng) if draft is not None else "window")
