@@ -436,6 +436,53 @@ def test_capacity_with_and_without_layouts_give_one_answer(fixture_data):
     assert summary["engine"] == "vllm"
 
 
+LLAMA31_8B_CONFIG = {  # meta-llama/Llama-3.1-8B's config.json, the fields the preset's header lists
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+    "max_position_embeddings": 131072, "rope_theta": 500000.0,
+    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192},
+    "rms_norm_eps": 1e-05, "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
+    "hidden_act": "silu", "torch_dtype": "bfloat16"}
+
+
+def test_a_model_folder_prices_as_its_preset_in_card_capacity_and_predict(tmp_path, capsys, fixture_data):
+    """`checkpoint=` (a Hugging Face folder's config.json, roofline.commands.CheckpointKeys) replaces the preset in
+    card, capacity (one layout and layouts=true) and predict's what-if, with the same numbers as the preset of the
+    same shapes; with model= on the command line too, or a folder without config.json, one error naming the key."""
+    from roofline.analysis.capacity import plan_whatif
+    from roofline.commands import capacity as capacity_cmd, card as card_cmd
+    from roofline.commands.predict import predict_command
+    folder = tmp_path / "Llama-3.1-8B"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(LLAMA31_8B_CONFIG))
+    keys = ("device=h100_sxm", "engine=vllm", "B=[16]", "itl_target_ms=1e4", "out_dir=''")
+    plans = {}
+    for given in ("model=llama-3.1-8b", f"checkpoint={folder}"):
+        c = composed("capacity", given, *keys, device_as=capacity_cmd.DEVICE_AS)
+        model = capacity_cmd.target_model(c)
+        c.pop("overrides"), c.pop("layouts")
+        one, s = plan_whatif(capacity_cmd.request_from_config(dict(c), model))
+        rows, _ = capacity_cmd.plan_layouts(dict(c), model)
+        _, p = predict_command(composed("predict", given, "device=h100_sxm", "engine=vllm", "drafter=ngram",
+                                        "k=[0,2]", "B=[4]", "L=[1024]", "alphas=[0.8]", device_as="datasheet"))
+        card_cmd.run(composed("card", given, "device=h100_sxm", "engine=vllm", "batch=16", "context=1024",
+                              device_as=card_cmd.DEVICE_AS))
+        card = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        plans[given.split("=")[0]] = (s["model"], float(one.iloc[0]["itl_ms"]),
+                                      float(rows[rows["layout"] == "tp1"].iloc[0]["itl_ms"]), p["rows"],
+                                      card["params_total"], card["whatif_itl_ms"])
+    assert plans["checkpoint"][0] == "Llama-3.1-8B" and plans["model"][0] == "llama-3.1-8b"
+    assert plans["checkpoint"][1:] == pytest.approx(plans["model"][1:], rel=1e-12)
+    assert plans["checkpoint"][4] == 8_030_261_248
+    both = ("model=llama-3.1-8b", f"checkpoint={folder}", *keys)
+    both = dict(composed("capacity", *both, device_as=capacity_cmd.DEVICE_AS), overrides=list(both))  # as the entry's
+    with pytest.raises(ConfigError, match="model= and checkpoint= are both given"):
+        capacity_cmd.run(both)
+    with pytest.raises(ConfigError, match="no config.json"):
+        predict_command(composed("predict", f"checkpoint={tmp_path}", "device=h100_sxm", device_as="datasheet"))
+
+
 def test_a_one_layout_capacity_plan_counts_whole_replicas(fixture_data):
     """A tp8 layout is deployed 8 devices at a time: the plan's device count for the target is whole replicas
     (it was target / tok/s per device rounded up, 6 devices of a tp8 layout), as the layouts plan counts them."""

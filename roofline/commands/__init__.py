@@ -13,6 +13,7 @@ Below this floor the library only computes; roofline/cli/ above it only composes
 from dataclasses import dataclass, fields
 
 from roofline.io.fields import ConfigError, option
+from roofline.model.config import ModelConfig
 from roofline.model.formats import with_overrides
 
 @dataclass(frozen=True)
@@ -88,6 +89,24 @@ def not_both(c: dict, given: str, ignored: str) -> None:
     if c.get(given) and given_on_command_line(c.get("overrides"), ignored):
         raise ConfigError(f"{ignored}= and {given}= are both given: {given} replaces {ignored} "
                           f"(its config is read from {given}); drop one")
+
+
+@dataclass(frozen=True)
+class CheckpointKeys:
+    """A Hugging Face model folder in place of the model preset (card, predict, capacity)."""
+
+    checkpoint: str | None = option(None, "a Hugging Face model folder: its config.json replaces the model preset "
+                                          "(no weights read; the architectures roofline.checkpoints.loader reads)")
+
+
+def target_model(c: dict) -> ModelConfig | None:
+    """The model a command prices: `checkpoint=` (a Hugging Face folder's config.json) or the `model` preset
+    (None where neither is set: predict's fitted model). Both on the command line: ConfigError."""
+    not_both(c, "checkpoint", "model")
+    if c.get("checkpoint"):
+        from roofline.checkpoints.loader import checkpoint_config  # the loader and torch, only for a folder
+        return checkpoint_config(c["checkpoint"])
+    return ModelConfig.from_dict(c["model"]) if c.get("model") else None
 
 
 def axis(value, field: str) -> tuple:

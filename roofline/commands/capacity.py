@@ -18,7 +18,8 @@ from roofline.analysis.capacity import (CapacityRequest, Speculation, Workload, 
                                         plan, plan_whatif, whatif_of)
 from roofline.analysis.predict import DraftCost
 from roofline.io import files
-from roofline.commands import FormatKeys, GraphKeys, LayoutKeys, priced_weights, served_label
+from roofline.commands import (CheckpointKeys, FormatKeys, GraphKeys, LayoutKeys, priced_weights, served_label,
+                               target_model)
 from roofline.io.fields import ConfigError, from_dict, option
 from roofline.io.results import RUNS_ROOT
 from roofline.measure.devices import detect, get_datasheet
@@ -52,7 +53,7 @@ class CapacityKeys:
 
 
 # the command's keys (their defaults and help): its structured config, roofline/cli/schema.py
-CONFIG = (CapacityRequest, FormatKeys, LayoutKeys, GraphKeys, Workload, Speculation, CapacityKeys)
+CONFIG = (CapacityRequest, FormatKeys, LayoutKeys, GraphKeys, Workload, Speculation, CapacityKeys, CheckpointKeys)
 
 
 def plan_request(req: CapacityRequest) -> tuple[pd.DataFrame, dict, Path]:
@@ -98,20 +99,22 @@ def plot(table: pd.DataFrame, summary: dict, path) -> None:
     figures.save(fig, path.parent, path.stem, dpi=110)
 
 
-def request_from_config(c: dict) -> CapacityRequest:
+def request_from_config(c: dict, model: ModelConfig | None = None) -> CapacityRequest:
     """The one-device plan of roofline/conf/capacity.yaml from its plain config dict (its `layouts` and
     `overrides` keys already taken off): the precision overrides applied to `dtype`
-    (weights=native: the preset's released format), the workload and the speculation."""
+    (weights=native: the preset's released format), the workload and the speculation. `model`: the priced
+    model when already resolved (target_model: checkpoint= or the preset)."""
 
     fitcheck.check_capacity_config(c)
     c = dict(c)
+    model = model or target_model(c)
+    c.pop("checkpoint", None)
     c.pop("price_per_device_hour", None)
     c["engine"] = engine_name(c.get("engine"))
     work = Workload(*(c.pop(f) for f in ("context", "output", "itl_target_ms", "target_tok_s")))
     alpha, k, drafter, draft = (c.pop(f) for f in ("alpha", "k", "drafter", "draft_model"))
     spec = Speculation(alpha, k, DraftCost(drafter, get_preset(draft) if draft else None)) \
         if c.pop("speculative") else None
-    model = ModelConfig.from_dict(c["model"])
     c["dtype"] = served_label(c["dtype"], c, model, priced_weights(c), pop=True)
     return from_dict(CapacityRequest, c, "capacity", lists_to_tuples=True, model=model, work=work, speculation=spec)
 
@@ -119,7 +122,7 @@ def request_from_config(c: dict) -> CapacityRequest:
 LAYOUT_SPEC_DRAFTERS = ("mtp",)  # the layouts' what-if prices the preset's own MTP module only
 
 
-def plan_layouts(c: dict) -> tuple[pd.DataFrame, dict]:
+def plan_layouts(c: dict, model: ModelConfig | None = None) -> tuple[pd.DataFrame, dict]:
     """`layouts=true` of roofline/conf/capacity.yaml from its plain config dict: for every layout that fits
     the device, the largest batch meeting the ITL target, tokens/s per replica and the devices
     for the target throughput, each with its interval (optimistic / typical / pessimistic
@@ -133,7 +136,7 @@ def plan_layouts(c: dict) -> tuple[pd.DataFrame, dict]:
     if given:  # the layouts plan would ignore them: it plans every layout from the datasheet and the priors
         raise ConfigError(f"{', '.join(given)}: layouts=true plans every layout (tp, ep, dp_attention, pp) from the "
                           "datasheet and the priors; drop it, or drop layouts=true to plan that one")
-    model = ModelConfig.from_dict(c["model"])
+    model = model or target_model(c)
     label = served_label(c["dtype"], c, model, priced_weights(c))
     work = Workload(c["context"], c["output"], c["itl_target_ms"], c["target_tok_s"])
     spec = bool(c.get("speculative"))
@@ -163,13 +166,14 @@ def plan_layouts(c: dict) -> tuple[pd.DataFrame, dict]:
 
 def run(c: dict) -> None:
     c = dict(c)
+    model = target_model(c)
     c.pop("overrides")
     if c.pop("layouts"):  # how many devices, which layout: an interval from the priors
-        rows, summary = plan_layouts(c)
+        rows, summary = plan_layouts(c, model)
         with pd.option_context("display.width", 250, "display.max_columns", 40):
             print(rows.round(3).to_string(index=False) if not rows.empty else "no layout meets the ITL target")
         print(files.json_text(summary, default=str))
         return
-    table, summary, _ = plan_request(request_from_config(c))
+    table, summary, _ = plan_request(request_from_config(c, model))
     print(table.round(3).to_string(index=False))
     print(files.json_text(summary, default=str))

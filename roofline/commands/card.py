@@ -22,7 +22,8 @@ from roofline.model.presets import get_preset
 from roofline.model.formats import QUALITY_NOTE, parse_precision, precision_columns
 from roofline.io.fields import ConfigError, internal, option
 from roofline.model.config import ModelConfig
-from roofline.commands import FormatKeys, GraphKeys, LayoutKeys, not_both, priced_weights, served_label
+from roofline.commands import (CheckpointKeys, FormatKeys, GraphKeys, LayoutKeys, priced_weights, served_label,
+                               target_model)
 from roofline.measure.devices import Datasheet, get_datasheet
 from roofline.analysis.calibrate import POINTS_FILE
 from roofline.analysis.fitcheck import check_drafter
@@ -146,15 +147,14 @@ class CardRequest:
 
 @dataclass(frozen=True)
 class CardKeys:
-    """The keys that are not fields of the request: the device entry, a checkpoint instead of the preset."""
+    """The keys that are not fields of the request: the device entry."""
 
     device: dict | None = option(None, "the datasheet row of the decode floor (roofline/conf/device/; cuda: the "
                                        "running GPU's); device=null for none")
-    checkpoint: str | None = option(None, "a Hugging Face model folder: its config.json replaces the model preset")
 
 
 # the command's keys (their defaults and help): its structured config, roofline/cli/schema.py
-CONFIG = (CardRequest, FormatKeys, CardKeys, LayoutKeys, GraphKeys)
+CONFIG = (CardRequest, FormatKeys, CardKeys, CheckpointKeys, LayoutKeys, GraphKeys)
 
 
 def rel_diff(ours: float, published: float) -> float | None:
@@ -434,12 +434,7 @@ def print_card(req: CardRequest) -> dict:
 
 
 def run(c: dict) -> None:
-    not_both(c, "checkpoint", "model")
-    if c["checkpoint"]:
-        from roofline.checkpoints.loader import checkpoint_config  # the loader and torch, only for a folder
-        model = checkpoint_config(c["checkpoint"])
-    else:
-        model = ModelConfig.from_dict(c["model"])
+    model = target_model(c)
     dtype = served_label(c["dtype"], c, model, priced_weights(c))
     print_card(CardRequest(model=model, dtype=dtype,
                            device=get_datasheet(c["device"]) if c["device"] else None,

@@ -20,7 +20,8 @@ from roofline.analysis.calibrate import POINTS_FILE
 from roofline.analysis.capacity import whatif_of
 from roofline.analysis.predict import Costs, DraftCost, breakeven_batch, step_costs, table
 from roofline.io import files
-from roofline.commands import FormatKeys, GraphKeys, LayoutKeys, priced_weights, served_label
+from roofline.commands import (CheckpointKeys, FormatKeys, GraphKeys, LayoutKeys, priced_weights, served_label,
+                               target_model)
 from roofline.io.fields import ConfigError, from_dict, option
 from roofline.model.config import ModelConfig
 from roofline.model.presets import get_preset
@@ -131,15 +132,16 @@ def predict_command(c: Mapping) -> tuple[str, dict]:
     datasheet row and roofline/data/priors.yaml (the drafter's speedup: mtp, draft_model or ngram; each number an
     interval of three scenarios; mode: eager prices no CUDA graphs, graph or compiled with them; out_dir: the
     table and summary as files too)."""
-    c = {k: v for k, v in c.items() if k != "overrides"}
+    model = target_model(dict(c))
+    c = {k: v for k, v in c.items() if k not in ("overrides", "model", "checkpoint")}
     device = c.pop("device")
     what = dict(device=device, tp=c.pop("tp"), ep=c.pop("ep"), dp_attention=c.pop("dp_attention"),
                 engine=c.pop("engine", None), calibrate=c.pop("calibrate", None),
                 graph_batch_sizes=c.pop("graph_batch_sizes", None))
-    model = ModelConfig.from_dict(c.pop("model")) if c.get("model") else None
     if c.get("fit") in (None, "") and device:
         if model is None:
-            raise ConfigError("model is required for a what-if (device=... without fit=...)")
+            raise ConfigError("model (a preset) or checkpoint (a Hugging Face model folder) is required for a what-if "
+                              "(device=... without fit=...)")
         c = {**{k: f.default for k, f in PredictRequest.__dataclass_fields__.items() if f.default is not MISSING}, **c}
         check_whatif_keys(c)
         fitcheck.check_drafter(c["drafter"], c.get("draft_model"))
@@ -231,7 +233,7 @@ def _save(fig, out_dir: Path, stem: str) -> list[Path]:
 
 
 # the command's keys (their defaults and help): its structured config, roofline/cli/schema.py
-CONFIG = (PredictRequest, FormatKeys, LayoutKeys, GraphKeys, WhatIfKeys)
+CONFIG = (PredictRequest, FormatKeys, LayoutKeys, GraphKeys, WhatIfKeys, CheckpointKeys)
 
 
 def run(c: dict) -> None:
