@@ -428,6 +428,12 @@ def test_fp8_checkpoint_sweep_rows_say_unsupported_on_cpu(tmp_path):
     assert "weights=fp8_e4m3_b16 on device=cpu" in rows[0]["error"]
 
 
+def test_a_block_fp8_config_without_fmt_loads_as_e4m3():
+    """Qwen3's and DeepSeek's fp8 releases print fmt e4m3; a config without the field was refused as fmt None."""
+    q = dict(quant_method="fp8", activation_scheme="dynamic", weight_block_size=[128, 128])
+    assert config_from_hf(dict(HUB_CONFIGS["llama-3.1-8b"], quantization_config=q)).native_weights == "fp8_e4m3_b128"
+
+
 def test_quantization_config_that_is_not_fp8_block_scaled_is_refused():
     raw = dict(HUB_CONFIGS["llama-3.1-8b"], quantization_config=dict(quant_method="awq", bits=4))
     with pytest.raises(ConfigError, match="quantization_config.*allowed fp8 block-scaled"):

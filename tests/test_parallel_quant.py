@@ -1,6 +1,8 @@
 """Per-rank costs in quantized precisions, the layouts' capacity plan in the served precision,
 the anchors priced in the precision their deployments served."""
 
+import re
+
 import pytest
 
 from roofline.commands.capacity import plan_layouts, request_from_config
@@ -132,6 +134,64 @@ def test_pricing_commands_price_a_preset_as_released_unless_told_and_a_fit_in_it
                  "k=[1]", device_as="datasheet")
     _, summary = predict_command(p)
     assert summary["dtype"] == FP8_B128
+
+
+@pytest.mark.parametrize("q, weights, experts", [
+    (dict(quant_method="awq", bits=4, group_size=128, zero_point=True, version="gemm"), "int4_g128", ""),
+    (dict(quant_method="gptq", bits=4, group_size=128, sym=True, desc_act=False), "int4_g128_sym", ""),
+    (dict(quant_method="gptq", bits=8, group_size=128, sym=True), "int8", ""),
+    (dict(quant_method="fp8", activation_scheme="dynamic", weight_block_size=[128, 128]), "fp8_e4m3_b128", ""),
+    (dict(quant_method="fp8", activation_scheme="static"), "fp8_e4m3", ""),
+    (dict(quant_method="fbgemm_fp8", activation_scale_ub=1200.0), "fp8_e4m3_channel", ""),
+    (dict(quant_method="compressed-tensors", ignore=["lm_head"], config_groups=dict(group_0=dict(
+        targets=["Linear"], weights=dict(num_bits=8, type="float", strategy="channel")))), "fp8_e4m3_channel", ""),
+    (dict(quant_method="compressed-tensors", config_groups=dict(group_0=dict(
+        targets=["Linear"], weights=dict(num_bits=4, type="int", strategy="group", group_size=128,
+                                         symmetric=True)))), "int4_g128_sym", ""),
+    (dict(quant_method="modelopt", quant_algo="NVFP4", group_size=16), "nvfp4", ""),
+    (dict(quant_method="modelopt", quant_algo="FP8"), "fp8_e4m3", ""),
+    (dict(quant_method="mxfp4"), "", "mxfp4"),
+])
+def test_a_quantized_release_config_is_priced_in_its_formats(q, weights, experts):
+    from roofline.checkpoints.quantization import priced_formats
+    assert priced_formats(q) == (weights, experts)
+
+
+@pytest.mark.parametrize("q, says", [
+    (dict(quant_method="bitsandbytes", load_in_4bit=True), "'bitsandbytes'): not priced"),
+    (dict(quant_method="gptq", bits=3, group_size=128), "bits 3"),
+    (dict(quant_method="awq", bits=4, group_size=-1), "group size -1"),
+    (dict(quant_method="modelopt", quant_algo="MIXED_PRECISION"), "quant_algo 'MIXED_PRECISION'"),
+    (dict(quant_method="compressed-tensors", config_groups={}), "0 config_groups"),
+])
+def test_a_quantization_config_not_priced_is_one_error_naming_it(q, says):
+    from roofline.checkpoints.quantization import priced_formats
+    from roofline.io.fields import ConfigError
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        priced_formats(q)
+
+
+def test_a_quantized_model_folder_prices_as_its_preset_with_those_weights(tmp_path):
+    """An AWQ release's folder (checkpoint=, weights=native by default) prices as the base preset with
+    weights=int4_g128 in capacity; the loader, which runs weights, still refuses it (the decoder holds no int4)."""
+    import json
+    from tests.test_parallel_whatif import LLAMA31_8B_CONFIG
+    from roofline.checkpoints.loader import checkpoint_config
+    from roofline.io.fields import ConfigError
+    folder = tmp_path / "Llama-3.1-8B-AWQ"
+    folder.mkdir()
+    awq = dict(quant_method="awq", bits=4, group_size=128, zero_point=True, version="gemm")
+    (folder / "config.json").write_text(json.dumps(dict(LLAMA31_8B_CONFIG, quantization_config=awq)))
+    keys = ("device=h100_sxm", "engine=vllm", "B=[8]", "itl_target_ms=1e4", "out_dir=''")
+    reqs = []
+    for given in ((f"checkpoint={folder}",), ("model=llama-3.1-8b", "weights=int4_g128")):
+        c = composed("capacity", *given, *keys, device_as="datasheet")
+        c.pop("overrides"), c.pop("layouts")  # what the command's run() takes off before it plans
+        reqs.append(request_from_config(c))
+    assert reqs[0].dtype == reqs[1].dtype == "bfloat16+weights=int4_g128"
+    assert reqs[0].model.native_weights == "int4_g128"
+    with pytest.raises(ConfigError, match="not loaded; allowed fp8 block-scaled"):
+        checkpoint_config(folder)
 
 
 def test_anchors_are_priced_in_the_served_precision():

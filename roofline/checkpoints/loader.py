@@ -45,6 +45,7 @@ from typing import Any, Mapping
 
 import torch
 
+from roofline.checkpoints.quantization import priced_formats
 from roofline.model.accounting import block_matrices
 from roofline.model.dtypes import torch_dtype
 from roofline.model.formats import parse_format
@@ -114,11 +115,13 @@ def _require(raw: Mapping[str, Any], arch: str, field: str, allowed: tuple, defa
         raise ConfigError(f"config.json {field}={v!r} ({arch}): not modelled; allowed {list(allowed)}")
 
 
-def config_from_hf(raw: Mapping[str, Any], name: str = "") -> ModelConfig:
+def config_from_hf(raw: Mapping[str, Any], name: str = "", pricing: bool = False) -> ModelConfig:
     """A transformers config.json (as a dict) -> ModelConfig, field by field as roofline/conf/model/*.yaml.
-    A missing required field is bad input naming that field."""
+    A missing required field is bad input naming that field. pricing=True: the release's quantization_config
+    read as the formats a what-if prices (roofline.checkpoints.quantization: AWQ, GPTQ, fp8, compressed-tensors,
+    ModelOpt, mxfp4), where loading runs only the block-scaled fp8 the decoder holds (native_format)."""
     try:
-        return _config_from_hf(raw, name)
+        return _config_from_hf(raw, name, pricing)
     except KeyError as e:
         archs = raw.get("architectures") or ["?"]
         raise ConfigError(f"config.json: missing field {e.args[0]!r} (required for {archs[0]})") from None
@@ -128,7 +131,7 @@ def config_from_hf(raw: Mapping[str, Any], name: str = "") -> ModelConfig:
         raise ConfigError(f"config.json: a field has the wrong type ({e})") from None
 
 
-def _config_from_hf(raw: Mapping[str, Any], name: str = "") -> ModelConfig:
+def _config_from_hf(raw: Mapping[str, Any], name: str = "", pricing: bool = False) -> ModelConfig:
     archs = raw.get("architectures") or []
     if len(archs) == 1 and archs[0] in TEXT_CONFIG_OF:  # the language model of a multimodal release
         raw = {"intermediate_size": 0, **raw["text_config"], "architectures": [TEXT_CONFIG_OF[archs[0]]],  # MoE: none
@@ -153,7 +156,7 @@ def _config_from_hf(raw: Mapping[str, Any], name: str = "") -> ModelConfig:
         ffn=raw["intermediate_size"], max_context=max_ctx, rope_theta=theta, rope_scaling=scaling,
         partial_rotary=partial, norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
         tie_embeddings=bool(raw.get("tie_word_embeddings", False)), source=f"Hugging Face config.json ({arch})",
-        native_weights=native_format(raw.get("quantization_config")),
+        **_released(raw.get("quantization_config"), pricing),
         mtp_layers=raw.get("num_nextn_predict_layers") or 0)  # DeepSeek-V3's field, read for any architecture
     if arch in ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
         _require(raw, arch, "attention_bias", (False,), False)  # would add an o_proj bias too
@@ -230,13 +233,20 @@ def _config_from_hf(raw: Mapping[str, Any], name: str = "") -> ModelConfig:
     return ModelConfig(**kw)
 
 
+def _released(q: Mapping[str, Any] | None, pricing: bool) -> dict[str, str]:
+    """The ModelConfig fields of the release's formats: what the decoder loads, or (pricing) what a what-if prices."""
+    weights, experts = priced_formats(q) if pricing else (native_format(q), "")
+    return dict(native_weights=weights, native_experts=experts)
+
+
 def native_format(q: Mapping[str, Any] | None) -> str:
     """The weight format (roofline.model.formats name) of a quantization_config: "" for none;
     fp8 with weight_block_size [R, C] and dynamic activations (DeepSeek-V3) -> fp8_<fmt>_b<R>[x<C>]."""
     if not q:
         return ""
     block = list(q.get("weight_block_size") or [])
-    fmt = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}.get(q.get("fmt", "e4m3"), q.get("fmt"))  # MiniMax-M2's
+    fmt = q.get("fmt", "e4m3")  # absent: e4m3 (it was refused as fmt None)
+    fmt = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}.get(fmt, fmt)  # MiniMax-M2's spelling
     ok = (q.get("quant_method") == "fp8" and fmt in ("e4m3", "e5m2") and len(block) == 2
           and q.get("activation_scheme", "dynamic") == "dynamic")
     if not ok:
@@ -264,10 +274,11 @@ def shard_path(folder: Path, name: object, field_name: str = "checkpoint") -> Pa
     return folder / name
 
 
-def checkpoint_config(folder: str | Path, raw: Mapping[str, Any] | None = None) -> ModelConfig:
-    """The ModelConfig of a model folder, named after the folder (`raw`: its config.json, when already read)."""
+def checkpoint_config(folder: str | Path, raw: Mapping[str, Any] | None = None, pricing: bool = False) -> ModelConfig:
+    """The ModelConfig of a model folder, named after the folder (`raw`: its config.json, when already read;
+    pricing: as config_from_hf)."""
     folder = Path(folder)
-    return config_from_hf(read_config(folder) if raw is None else raw, name=folder.resolve().name)
+    return config_from_hf(read_config(folder) if raw is None else raw, name=folder.resolve().name, pricing=pricing)
 
 
 # ---- the tensors -------------------------------------------------------------------------------

@@ -105,7 +105,7 @@ def target_model(c: dict) -> ModelConfig | None:
     not_both(c, "checkpoint", "model")
     if c.get("checkpoint"):
         from roofline.checkpoints.loader import checkpoint_config  # the loader and torch, only for a folder
-        return checkpoint_config(c["checkpoint"])
+        return checkpoint_config(c["checkpoint"], pricing=True)
     return ModelConfig.from_dict(c["model"]) if c.get("model") else None
 
 
