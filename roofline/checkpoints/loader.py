@@ -23,6 +23,8 @@ vision encoder, is not loaded.
 
 Sliding-window models (Mistral v0.1, Qwen with use_sliding_window) get max_context = the
 window: within it, sliding-window attention is full causal attention, so the forward is exact.
+Read for pricing (`pricing=True`: card, capacity, predict), they keep their context and price the window
+(`sliding_window`), and a few architectures the decoder does not run are read too (PRICED_ARCHITECTURES).
 
 fp8 block-scaled checkpoints as DeepSeek-V3 releases them (quantization_config quant_method
 fp8, weight_block_size [128, 128]; each quantized `*.weight` has a float32 `*.weight_scale_inv`
@@ -65,7 +67,15 @@ ZERO_CENTRED_NORMS = HYBRID_ARCHITECTURES  # RMSNorms that scale by (1 + w): loa
 # multimodal releases whose language model is described by text_config (its config read; their checkpoints, which
 # hold the vision encoder too, are not loaded)
 TEXT_CONFIG_OF = {"Qwen3_5ForConditionalGeneration": "Qwen3_5ForCausalLM",
-                  "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeForCausalLM"}
+                  "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeForCausalLM",
+                  "Gemma3ForConditionalGeneration": "Gemma3ForCausalLM"}
+# read for pricing only (card, capacity, predict: config_from_hf(pricing=True)); the decoder does not run them.
+# Gemma's GeGLU costs what a SwiGLU of its width does (three matrices, one elementwise product); Phi-3 fuses
+# Llama's q/k/v and gate/up projections into one matrix each (the same shapes); Qwen2-MoE's shared expert is
+# priced as shared_experts experts of moe_intermediate_size; DeepSeek-V2 is V3's MLA with softmax routing.
+GEMMA_ARCHITECTURES = ("GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM")
+PRICED_ARCHITECTURES = GEMMA_ARCHITECTURES + ("Phi3ForCausalLM", "Qwen2MoeForCausalLM", "DeepseekV2ForCausalLM")
+GELU_ACTS = ("gelu_pytorch_tanh", "gelu", "gelu_new")
 MLA_ARCHITECTURES = ("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")  # MLA + DeepSeek MoE
 SPARSE_ARCHITECTURES = ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")  # + DeepSeek Sparse Attention's indexer
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
@@ -139,15 +149,24 @@ def _config_from_hf(raw: Mapping[str, Any], name: str = "", pricing: bool = Fals
                "quantization_config": raw.get("quantization_config")}
         archs = raw["architectures"]
     arch = archs[0] if len(archs) == 1 else None
-    if arch not in ARCHITECTURES:
-        raise ConfigError(f"config.json architectures={archs!r}: allowed one of {list(ARCHITECTURES)}")
-    _require(raw, arch, "hidden_act", ("silu",), "silu")
+    allowed = ARCHITECTURES + (PRICED_ARCHITECTURES if pricing else ())
+    if arch not in allowed:
+        priced = f" (priced, not run: {list(PRICED_ARCHITECTURES)})" if not pricing else ""
+        raise ConfigError(f"config.json architectures={archs!r}: allowed one of {list(allowed)}{priced}")
+    gemma = arch in GEMMA_ARCHITECTURES
+    if gemma:  # GeGLU (transformers: hidden_activation, older configs hidden_act)
+        act = raw.get("hidden_activation") or raw.get("hidden_act") or "gelu_pytorch_tanh"
+        if act not in GELU_ACTS:
+            raise ConfigError(f"config.json hidden_activation={act!r} ({arch}): not modelled; allowed {list(GELU_ACTS)}")
+    else:
+        _require(raw, arch, "hidden_act", ("silu",), "silu")
     _require(raw, arch, "mlp_bias", (False,), False)
     d, heads = raw["hidden_size"], raw["num_attention_heads"]
-    theta, scaling, partial = _rope(raw)
+    theta, scaling, partial = _rope_priced(raw) if pricing else _rope(raw)
     max_ctx = raw["max_position_embeddings"]
     window = raw.get("sliding_window")
-    if window and (raw.get("use_sliding_window", True)) and window < max_ctx:
+    windowed = bool(window and raw.get("use_sliding_window", True) and window < max_ctx and not gemma)
+    if windowed and not pricing:  # the decoder runs it up to its window (exact there); a what-if reads the window
         max_ctx = window
     kw: dict[str, Any] = dict(
         name=name or Path(str(raw.get("_name_or_path") or raw.get("model_type", arch))).name,
@@ -158,8 +177,25 @@ def _config_from_hf(raw: Mapping[str, Any], name: str = "", pricing: bool = Fals
         tie_embeddings=bool(raw.get("tie_word_embeddings", False)), source=f"Hugging Face config.json ({arch})",
         **_released(raw.get("quantization_config"), pricing),
         mtp_layers=raw.get("num_nextn_predict_layers") or 0)  # DeepSeek-V3's field, read for any architecture
-    if arch in ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
+    if windowed and pricing:  # every layer attends (and an engine caches) the last `sliding_window` tokens
+        kw.update(sliding_window=window, global_every=0)
+    if arch in ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Phi3ForCausalLM") + GEMMA_ARCHITECTURES:
         _require(raw, arch, "attention_bias", (False,), False)  # would add an o_proj bias too
+    if gemma:  # tied by default (GemmaConfig); Gemma 2 alternates a windowed and a global layer, Gemma 3 five to one
+        kw["tie_embeddings"] = bool(raw.get("tie_word_embeddings", True) is not False)
+        kw.update(_gemma_windows(raw, arch))
+        kw["qk_norm"] = arch == "Gemma3ForCausalLM"
+    if arch == "Qwen2MoeForCausalLM":
+        _require(raw, arch, "decoder_sparse_step", (1,), 1)
+        if raw.get("mlp_only_layers"):
+            raise ConfigError(f"config.json mlp_only_layers ({arch}): not modelled")
+        moe, shared = raw["moe_intermediate_size"], raw.get("shared_expert_intermediate_size") or 0
+        if shared % moe:
+            raise ConfigError(f"config.json shared_expert_intermediate_size={shared} ({arch}): priced as shared "
+                              f"experts of moe_intermediate_size={moe}; allowed a multiple of it")
+        kw.update(qkv_bias=True, experts=raw["num_experts"], experts_per_token=raw["num_experts_per_tok"], moe_ffn=moe,
+                  shared_experts=shared // moe, shared_expert_gate=bool(shared), router_scoring="softmax",
+                  norm_topk=bool(raw.get("norm_topk_prob", False)))
     if arch == "Qwen2ForCausalLM":
         kw["qkv_bias"] = True  # Qwen2 attention always has q/k/v biases (o_proj none)
     if arch == "Glm4MoeForCausalLM":
@@ -209,6 +245,14 @@ def _config_from_hf(raw: Mapping[str, Any], name: str = "", pricing: bool = Fals
     if arch == "MixtralForCausalLM":  # softmax, top-k, renormalised; each expert is intermediate_size wide
         kw.update(experts=raw["num_local_experts"], experts_per_token=raw["num_experts_per_tok"],
                   moe_ffn=raw["intermediate_size"], router_scoring="softmax", norm_topk=True)
+    if arch == "DeepseekV2ForCausalLM":  # softmax routing, greedy or limited to the topk_group best of n_group groups:
+        _require(raw, arch, "scoring_func", ("softmax",), "softmax")  # the what-if spreads a step's tokens over all
+        _require(raw, arch, "topk_method", ("greedy", "group_limited_greedy"), "greedy")  # experts either way, so
+        _require(raw, arch, "moe_layer_freq", (1,), 1)  # the groups are not carried (the decoder's are V3's rule)
+        kw.update(experts=raw["n_routed_experts"], experts_per_token=raw["num_experts_per_tok"],
+                  moe_ffn=raw["moe_intermediate_size"], shared_experts=raw.get("n_shared_experts") or 0,
+                  first_dense_layers=raw.get("first_k_dense_replace", 0), router_scoring="softmax",
+                  norm_topk=bool(raw.get("norm_topk_prob", False)), routed_scale=float(raw.get("routed_scaling_factor", 1.0)))
     if arch in ("Glm4MoeForCausalLM",) + MLA_ARCHITECTURES:
         _require(raw, arch, "scoring_func", ("sigmoid",), "sigmoid")
         _require(raw, arch, "topk_method", ("noaux_tc",), "noaux_tc")
@@ -218,7 +262,7 @@ def _config_from_hf(raw: Mapping[str, Any], name: str = "", pricing: bool = Fals
                   first_dense_layers=raw.get("first_k_dense_replace", 0), router_scoring="sigmoid",
                   norm_topk=bool(raw.get("norm_topk_prob", True)), routed_scale=float(raw.get("routed_scaling_factor", 1.0)),
                   router_groups=raw.get("n_group") or 1, router_topk_groups=raw.get("topk_group") or 1)
-    if arch in MLA_ARCHITECTURES:
+    if arch in MLA_ARCHITECTURES + ("DeepseekV2ForCausalLM",):
         _require(raw, arch, "attention_bias", (False,), False)
         nope, rope_d = raw["qk_nope_head_dim"], raw["qk_rope_head_dim"]
         kw.update(attention="mla", kv_heads=heads, head_dim=nope + rope_d, q_lora_rank=raw.get("q_lora_rank") or 0,
@@ -237,6 +281,32 @@ def _released(q: Mapping[str, Any] | None, pricing: bool) -> dict[str, str]:
     """The ModelConfig fields of the release's formats: what the decoder loads, or (pricing) what a what-if prices."""
     weights, experts = priced_formats(q) if pricing else (native_format(q), "")
     return dict(native_weights=weights, native_experts=experts)
+
+
+def _rope_priced(raw: Mapping[str, Any]) -> tuple[float, RopeScaling, float]:
+    """_rope, where a scaling the decoder does not run (Phi-3's longrope, dynamic NTK) is priced as none: a
+    rotary embedding's cost does not depend on its frequencies."""
+    try:
+        return _rope(raw)
+    except ConfigError:
+        params = dict(raw.get("rope_parameters") or {})
+        theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
+        return float(theta), RopeScaling(), float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)))
+
+
+def _gemma_windows(raw: Mapping[str, Any], arch: str) -> dict[str, int]:
+    """sliding_window and global_every of a Gemma config: Gemma 2 windows every other layer (the first one);
+    Gemma 3 every layer but each sliding_window_pattern-th (layer_types, where given, must say the same)."""
+    window = raw.get("sliding_window") or 0
+    if arch == "GemmaForCausalLM" or not window:
+        return {}
+    every = 2 if arch == "Gemma2ForCausalLM" else raw.get("sliding_window_pattern") or 6
+    kinds = raw.get("layer_types") or []
+    if kinds and "full_attention" in kinds:
+        every = kinds.index("full_attention") + 1
+    if kinds and kinds != ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(len(kinds))]:
+        raise ConfigError(f"config.json layer_types ({arch}): only every {every}-th layer global is modelled")
+    return dict(sliding_window=window, global_every=every)
 
 
 def native_format(q: Mapping[str, Any] | None) -> str:
