@@ -47,7 +47,7 @@ from typing import Any, Mapping
 
 import torch
 
-from roofline.checkpoints.quantization import priced_formats
+from roofline.checkpoints.quantization import fp8_fmt, fp8_format, priced_formats
 from roofline.model.accounting import block_matrices
 from roofline.model.dtypes import torch_dtype
 from roofline.model.formats import parse_format
@@ -85,17 +85,28 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some older checkpoints sa
 
 # ---- config.json -> ModelConfig --------------------------------------------------------------
 
-def _rope(raw: Mapping[str, Any]) -> tuple[float, RopeScaling, float]:
+def _rope(raw: Mapping[str, Any], pricing: bool = False) -> tuple[float, RopeScaling, float]:
     """(theta, scaling, partial_rotary) from transformers 5 `rope_parameters` or the older
-    top-level rope_theta / rope_scaling / partial_rotary_factor fields."""
+    top-level rope_theta / rope_scaling / partial_rotary_factor fields. pricing: a scaling the decoder does not run
+    (Phi-3's longrope, dynamic NTK) is read as none, since a rotary embedding's cost does not depend on its
+    frequencies."""
     params = dict(raw.get("rope_parameters") or {})
-    scaling = dict(raw.get("rope_scaling") or {})
     theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
     partial = params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
-    p = {**scaling, **params}
+    try:
+        scaling = _rope_scaling(raw, {**dict(raw.get("rope_scaling") or {}), **params})
+    except ConfigError:
+        if not pricing:
+            raise
+        scaling = RopeScaling()
+    return float(theta), scaling, float(partial)
+
+
+def _rope_scaling(raw: Mapping[str, Any], p: Mapping[str, Any]) -> RopeScaling:
+    """The RopeScaling of the merged rope fields `p` (rope_scaling under rope_parameters)."""
     kind = p.get("rope_type", p.get("type", "default"))
     if kind == "default":
-        return float(theta), RopeScaling(), float(partial)
+        return RopeScaling()
     if kind not in ("llama3", "yarn", "linear"):
         raise ConfigError(f"config.json rope type {kind!r}: allowed 'default', 'llama3', 'yarn', 'linear'")
     if p.get("attention_factor") is not None:
@@ -116,7 +127,7 @@ def _rope(raw: Mapping[str, Any]) -> tuple[float, RopeScaling, float]:
         both = bool(mscale) and bool(mscale_all)
         rs.update(beta_fast=float(p.get("beta_fast") or 32), beta_slow=float(p.get("beta_slow") or 1),
                   mscale=float(mscale) if both else 1.0, mscale_all_dim=float(mscale_all) if both else 0.0)
-    return float(theta), RopeScaling(**rs), float(partial)
+    return RopeScaling(**rs)
 
 
 def _require(raw: Mapping[str, Any], arch: str, field: str, allowed: tuple, default: Any) -> None:
@@ -162,7 +173,7 @@ def _config_from_hf(raw: Mapping[str, Any], name: str = "", pricing: bool = Fals
         _require(raw, arch, "hidden_act", ("silu",), "silu")
     _require(raw, arch, "mlp_bias", (False,), False)
     d, heads = raw["hidden_size"], raw["num_attention_heads"]
-    theta, scaling, partial = _rope_priced(raw) if pricing else _rope(raw)
+    theta, scaling, partial = _rope(raw, pricing)
     max_ctx = raw["max_position_embeddings"]
     window = raw.get("sliding_window")
     windowed = bool(window and raw.get("use_sliding_window", True) and window < max_ctx and not gemma)
@@ -182,7 +193,7 @@ def _config_from_hf(raw: Mapping[str, Any], name: str = "", pricing: bool = Fals
     if arch in ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Phi3ForCausalLM") + GEMMA_ARCHITECTURES:
         _require(raw, arch, "attention_bias", (False,), False)  # would add an o_proj bias too
     if gemma:  # tied by default (GemmaConfig); Gemma 2 alternates a windowed and a global layer, Gemma 3 five to one
-        kw["tie_embeddings"] = bool(raw.get("tie_word_embeddings", True) is not False)
+        kw["tie_embeddings"] = raw.get("tie_word_embeddings") is not False
         kw.update(_gemma_windows(raw, arch))
         kw["qk_norm"] = arch == "Gemma3ForCausalLM"
     if arch == "Qwen2MoeForCausalLM":
@@ -283,17 +294,6 @@ def _released(q: Mapping[str, Any] | None, pricing: bool) -> dict[str, str]:
     return dict(native_weights=weights, native_experts=experts)
 
 
-def _rope_priced(raw: Mapping[str, Any]) -> tuple[float, RopeScaling, float]:
-    """_rope, where a scaling the decoder does not run (Phi-3's longrope, dynamic NTK) is priced as none: a
-    rotary embedding's cost does not depend on its frequencies."""
-    try:
-        return _rope(raw)
-    except ConfigError:
-        params = dict(raw.get("rope_parameters") or {})
-        theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
-        return float(theta), RopeScaling(), float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)))
-
-
 def _gemma_windows(raw: Mapping[str, Any], arch: str) -> dict[str, int]:
     """sliding_window and global_every of a Gemma config: Gemma 2 windows every other layer (the first one);
     Gemma 3 every layer but each sliding_window_pattern-th (layer_types, where given, must say the same)."""
@@ -315,16 +315,14 @@ def native_format(q: Mapping[str, Any] | None) -> str:
     if not q:
         return ""
     block = list(q.get("weight_block_size") or [])
-    fmt = q.get("fmt", "e4m3")  # absent: e4m3 (it was refused as fmt None)
-    fmt = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}.get(fmt, fmt)  # MiniMax-M2's spelling
+    fmt = fp8_fmt(q)
     ok = (q.get("quant_method") == "fp8" and fmt in ("e4m3", "e5m2") and len(block) == 2
           and q.get("activation_scheme", "dynamic") == "dynamic")
     if not ok:
         raise ConfigError(f"config.json quantization_config={dict(q)!r}: not loaded; allowed fp8 block-scaled "
                           "(quant_method 'fp8', fmt e4m3|e5m2, weight_block_size [R, C], activation_scheme "
                           "'dynamic', as DeepSeek-V3)")
-    r, c = block
-    return parse_format(f"fp8_{fmt}_b{r}" + (f"x{c}" if c != r else "")).name
+    return fp8_format("block", block, fmt)
 
 
 def read_config(folder: str | Path) -> dict:

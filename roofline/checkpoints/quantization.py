@@ -42,7 +42,14 @@ def _int4(q: Mapping[str, Any], group: Any, sym: bool) -> str:
     return parse_format(f"int4_g{group}" + ("_sym" if sym else "")).name
 
 
-def _fp8(strategy: str, block: list | None = None, fmt: str = "e4m3") -> str:
+def fp8_fmt(q: Mapping[str, Any]) -> str:
+    """An fp8 quantization_config's element format: e4m3 where it names none, MiniMax-M2's float8_* spellings read."""
+    fmt = q.get("fmt", "e4m3")
+    return {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}.get(fmt, fmt)
+
+
+def fp8_format(strategy: str, block: list | None = None, fmt: str = "e4m3") -> str:
+    """The fp8 weight format of a scale strategy: block [R, C] -> fp8_<fmt>_b<R>[x<C>], channel, else per tensor."""
     if strategy == "block" and block:
         r, c = block
         return parse_format(f"fp8_{fmt}_b{r}" + (f"x{c}" if c != r else "")).name
@@ -56,7 +63,7 @@ def _compressed_tensors(q: Mapping[str, Any]) -> str:
     w = groups[0].get("weights") or {}
     bits, kind, strategy = w.get("num_bits"), w.get("type"), w.get("strategy")
     if kind == "float" and bits == 8:
-        return _fp8(strategy, w.get("block_structure"))
+        return fp8_format(strategy, w.get("block_structure"))
     if kind == "int" and bits == 4 and strategy == "group":
         return _int4(q, w.get("group_size"), bool(w.get("symmetric", True)))
     if kind == "int" and bits == 8:
@@ -81,14 +88,13 @@ def priced_formats(q: Mapping[str, Any] | None) -> tuple[str, str]:
             raise _refuse(q, f"bits {q.get('bits')!r} (GPTQ is priced at 4 and 8)")
         return _int4(q, q.get("group_size", 128), bool(q.get("sym", True))), ""
     if method == "fp8":
-        fmt = q.get("fmt", "e4m3")
-        fmt = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}.get(fmt, fmt)  # MiniMax-M2's spelling
+        fmt = fp8_fmt(q)
         if fmt not in ("e4m3", "e5m2"):
             raise _refuse(q, f"fmt {q.get('fmt')!r}")
         block = list(q.get("weight_block_size") or [])
-        return _fp8("block" if len(block) == 2 else "tensor", block, fmt), ""
+        return fp8_format("block" if len(block) == 2 else "tensor", block, fmt), ""
     if method == "fbgemm_fp8":
-        return _fp8("channel"), ""
+        return fp8_format("channel"), ""
     if method == "compressed-tensors":
         return _compressed_tensors(q), ""
     if method == "modelopt":

@@ -132,7 +132,7 @@ def predict_command(c: Mapping) -> tuple[str, dict]:
     datasheet row and roofline/data/priors.yaml (the drafter's speedup: mtp, draft_model or ngram; each number an
     interval of three scenarios; mode: eager prices no CUDA graphs, graph or compiled with them; out_dir: the
     table and summary as files too)."""
-    model = target_model(dict(c))
+    model = target_model(c)
     c = {k: v for k, v in c.items() if k not in ("overrides", "model", "checkpoint")}
     device = c.pop("device")
     what = dict(device=device, tp=c.pop("tp"), ep=c.pop("ep"), dp_attention=c.pop("dp_attention"),
