@@ -21,6 +21,9 @@ CASES = {
     "mla_sparse_attention_tp": (scaled_down(get_preset("deepseek-v3.2")), Layout(tp=2, ep=2)),
     # MiniMax-M2's QK-norm over all heads: each rank's sums of squares all-reduced
     "per_layer_qk_norm_tp": (scaled_down(get_preset("minimax-m2.5")), Layout(tp=2, ep=1)),
+    # a two-matrix MLP in a parallel block (GPT-J; Falcon-180B with grouped KV heads): up column-, down row-parallel
+    "two_matrix_parallel_block_tp": (scaled_down(get_preset("gpt-j-6b")), Layout(tp=2)),
+    "falcon_parallel_block_tp": (scaled_down(get_preset("falcon-180b")), Layout(tp=2)),
 }
 
 

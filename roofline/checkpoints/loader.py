@@ -74,7 +74,14 @@ TEXT_CONFIG_OF = {"Qwen3_5ForConditionalGeneration": "Qwen3_5ForCausalLM",
 # Llama's q/k/v and gate/up projections into one matrix each (the same shapes); Qwen2-MoE's shared expert is
 # priced as shared_experts experts of moe_intermediate_size; DeepSeek-V2 is V3's MLA with softmax routing.
 GEMMA_ARCHITECTURES = ("GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM")
-PRICED_ARCHITECTURES = GEMMA_ARCHITECTURES + ("Phi3ForCausalLM", "Qwen2MoeForCausalLM", "DeepseekV2ForCausalLM")
+# two-matrix MLPs (up, GELU or ReLU, down: ModelConfig.ffn_gated false), their attention and MLP in parallel (GPT-J,
+# GPT-NeoX, Falcon: parallel_block) or one after the other; learned or ALiBi positions priced as a rotary's bytes
+# (their elementwise share is small) and their linear biases left out (under 0.1% of the weights)
+TWO_MATRIX_ARCHITECTURES = ("GPTJForCausalLM", "GPTNeoXForCausalLM", "FalconForCausalLM", "RWForCausalLM",
+                            "GPTBigCodeForCausalLM", "OPTForCausalLM", "BloomForCausalLM")
+PRICED_ARCHITECTURES = GEMMA_ARCHITECTURES + ("Phi3ForCausalLM", "Qwen2MoeForCausalLM",
+                                              "DeepseekV2ForCausalLM") + TWO_MATRIX_ARCHITECTURES
+TWO_MATRIX_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu")
 GELU_ACTS = ("gelu_pytorch_tanh", "gelu", "gelu_new")
 MLA_ARCHITECTURES = ("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")  # MLA + DeepSeek MoE
 SPARSE_ARCHITECTURES = ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")  # + DeepSeek Sparse Attention's indexer
@@ -164,6 +171,8 @@ def _config_from_hf(raw: Mapping[str, Any], name: str = "", pricing: bool = Fals
     if arch not in allowed:
         priced = f" (priced, not run: {list(PRICED_ARCHITECTURES)})" if not pricing else ""
         raise ConfigError(f"config.json architectures={archs!r}: allowed one of {list(allowed)}{priced}")
+    if arch in TWO_MATRIX_ARCHITECTURES:
+        return _two_matrix_config(raw, arch, name, pricing)
     gemma = arch in GEMMA_ARCHITECTURES
     if gemma:  # GeGLU (transformers: hidden_activation, older configs hidden_act)
         act = raw.get("hidden_activation") or raw.get("hidden_act") or "gelu_pytorch_tanh"
@@ -186,6 +195,7 @@ def _config_from_hf(raw: Mapping[str, Any], name: str = "", pricing: bool = Fals
         ffn=raw["intermediate_size"], max_context=max_ctx, rope_theta=theta, rope_scaling=scaling,
         partial_rotary=partial, norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
         tie_embeddings=bool(raw.get("tie_word_embeddings", False)), source=f"Hugging Face config.json ({arch})",
+        architecture=arch,
         **_released(raw.get("quantization_config"), pricing),
         mtp_layers=raw.get("num_nextn_predict_layers") or 0)  # DeepSeek-V3's field, read for any architecture
     if windowed and pricing:  # every layer attends (and an engine caches) the last `sliding_window` tokens
@@ -286,6 +296,57 @@ def _config_from_hf(raw: Mapping[str, Any], name: str = "", pricing: bool = Fals
         kw.update(index_topk=raw["index_topk"], index_heads=raw["index_n_heads"], index_head_dim=raw["index_head_dim"],
                   index_rope_interleave=bool(raw.get("indexer_rope_interleave", False)))
     return ModelConfig(**kw)
+
+
+def _field(raw: Mapping[str, Any], *names: str, default: Any = KeyError) -> Any:
+    """The first of `names` the config sets (older architectures spell hidden_size n_embd, n_embed, ...); a missing
+    required field is a KeyError naming the first spelling."""
+    for n in names:
+        if raw.get(n) is not None:
+            return raw[n]
+    if default is KeyError:
+        raise KeyError(names[0])
+    return default
+
+
+def _two_matrix_config(raw: Mapping[str, Any], arch: str, name: str, pricing: bool) -> ModelConfig:
+    """GPT-J, GPT-NeoX, Falcon, GPT-BigCode (StarCoder), OPT and BLOOM: a two-matrix MLP of intermediate_size /
+    n_inner / ffn_dim / ffn_hidden_size (4 d where unset), read as their transformers configs define them."""
+    d = _field(raw, "hidden_size", "n_embd", "n_embed")
+    heads = _field(raw, "num_attention_heads", "n_head")
+    act = _field(raw, "activation_function", "hidden_act", "activation", default="gelu")
+    if act not in TWO_MATRIX_ACTS:
+        raise ConfigError(f"config.json activation {act!r} ({arch}): not modelled; allowed {list(TWO_MATRIX_ACTS)}")
+    kv, parallel, partial, tie, interleave = heads, False, 1.0, True, False
+    if arch == "GPTJForCausalLM":  # attention and MLP on one ln_1 output; rotate_every_two over rotary_dim
+        parallel, partial, interleave = True, raw.get("rotary_dim", 64) / (d // heads), True
+        tie = bool(raw.get("tie_word_embeddings", False))
+    elif arch == "GPTNeoXForCausalLM":
+        parallel, partial = bool(raw.get("use_parallel_residual", True)), float(raw.get("rotary_pct", 0.25))
+        tie = bool(raw.get("tie_word_embeddings", False))
+    elif arch in ("FalconForCausalLM", "RWForCausalLM"):  # FalconConfig: multi_query, parallel_attn default true
+        new = bool(raw.get("new_decoder_architecture", False))
+        parallel = new or bool(raw.get("parallel_attn", True))
+        kv = _field(raw, "num_kv_heads", "n_head_kv") if new else (1 if raw.get("multi_query", True) else heads)
+        tie = raw.get("tie_word_embeddings") is not False
+    elif arch == "GPTBigCodeForCausalLM":
+        kv = 1 if raw.get("multi_query", True) else heads
+        tie = raw.get("tie_word_embeddings") is not False
+    elif arch == "OPTForCausalLM":
+        _require(raw, arch, "do_layer_norm_before", (True,), True)
+        if raw.get("word_embed_proj_dim", d) != d:
+            raise ConfigError(f"config.json word_embed_proj_dim={raw['word_embed_proj_dim']} ({arch}): a projected "
+                              f"embedding is not modelled; allowed hidden_size={d}")
+        tie = raw.get("tie_word_embeddings") is not False
+    return ModelConfig(
+        name=name or Path(str(raw.get("_name_or_path") or raw.get("model_type", arch))).name,
+        vocab=raw["vocab_size"], d=d, layers=_field(raw, "num_hidden_layers", "n_layer"), heads=heads, kv_heads=kv,
+        head_dim=d // heads, ffn=_field(raw, "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", default=4 * d),
+        max_context=_field(raw, "max_position_embeddings", "n_positions", "seq_length", default=2048),
+        rope_theta=float(raw.get("rope_theta", raw.get("rotary_emb_base", 10000.0))), partial_rotary=float(partial),
+        rope_interleave=interleave, norm_eps=float(_field(raw, "layer_norm_epsilon", "layer_norm_eps", default=1e-5)),
+        tie_embeddings=tie, ffn_gated=False, parallel_block=parallel, architecture=arch,
+        source=f"Hugging Face config.json ({arch})", **_released(raw.get("quantization_config"), pricing))
 
 
 def _released(q: Mapping[str, Any] | None, pricing: bool) -> dict[str, str]:

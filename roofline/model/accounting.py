@@ -107,8 +107,13 @@ def moe_fixed_params(cfg: ModelConfig) -> int:
     return router + 3 * cfg.d * cfg.moe_ffn * cfg.shared_experts + (cfg.d if cfg.shared_expert_gate else 0)
 
 
+def dense_ffn_params(cfg: ModelConfig) -> int:
+    """A dense FFN: gate, up and down of a SwiGLU, or up and down of a two-matrix MLP."""
+    return cfg.ffn_matrices * cfg.d * cfg.ffn
+
+
 def block_params(cfg: ModelConfig, moe: bool, linear: bool = False) -> int:
-    ffn = moe_fixed_params(cfg) + cfg.experts * expert_params(cfg) if moe else 3 * cfg.d * cfg.ffn
+    ffn = moe_fixed_params(cfg) + cfg.experts * expert_params(cfg) if moe else dense_ffn_params(cfg)
     return 2 * cfg.d + mixer_params(cfg, linear) + ffn
 
 
@@ -148,7 +153,7 @@ def param_count(cfg: ModelConfig) -> ParamCount:
     unused = n_moe * (cfg.experts - cfg.experts_per_token) * expert_params(cfg)
     mtp = cfg.mtp_layers * mtp_params(cfg)
     mtp_unused = cfg.mtp_layers * (cfg.experts - cfg.experts_per_token) * expert_params(cfg) if cfg.is_moe else 0
-    dense_ffn = 3 * cfg.d * cfg.ffn
+    dense_ffn = dense_ffn_params(cfg)
     moe_ffn_active = (cfg.d * cfg.experts + (cfg.experts_per_token + cfg.shared_experts) * expert_params(cfg)
                       + (cfg.d if cfg.shared_expert_gate else 0))
     matmul = sum(n * attention_matmul_params(cfg, lin) for (_, lin), n in kinds.items()) + cfg.vocab * cfg.d
@@ -251,7 +256,8 @@ def block_elementwise_elements(cfg: ModelConfig, moe: bool, linear: bool = False
     routed expert (expert_pair_io_bytes), as vLLM runs them (csrc/layernorm_kernels.cu, activation_kernels.cu,
     pos_encoding_kernels.cu through vllm/_custom_ops.py): two fused residual-add + RMSNorms, each reading the
     hidden state and the residual and writing both back in place (4 d); SiluAndMul over each SwiGLU's gate/up
-    output (silu_and_mul(out [.., F], input [.., 2F]): read 2F, write F; the dense FFN's or the shared expert's);
+    output (silu_and_mul(out [.., F], input [.., 2F]): read 2F, write F; the dense FFN's or the shared expert's; a
+    two-matrix MLP's activation (gelu) reads F and writes F);
     rotary_embedding in place on the query and key heads (read and write (heads + kv_heads) x head_dim; MLA: the
     rope part of every query head and the one shared rope key, plus the RMSNorms of the q and kv latents). A Gated
     DeltaNet layer: the norms and its FFN only (its conv and gating are not counted). Multiply by the activation
@@ -259,7 +265,8 @@ def block_elementwise_elements(cfg: ModelConfig, moe: bool, linear: bool = False
     attention kernel, moves less; the rotary's share is small)."""
     d = cfg.d
     n = 2 * 4 * d
-    n += 3 * sum(N for name, N, _ in block_matrices(cfg, moe, linear) if name.endswith(".w1"))
+    act = 3 if cfg.ffn_gated or moe else 2  # a gated activation reads 2F and writes F; GELU reads F and writes F
+    n += act * sum(N for name, N, _ in block_matrices(cfg, moe, linear) if name.endswith(".w1"))
     if linear:
         return float(n)
     if cfg.is_mla:
@@ -297,7 +304,7 @@ def block_matrices(cfg: ModelConfig, moe: bool, linear: bool = False) -> list[tu
         attn = [("attn.wqkv", (q_out + 2 * cfg.kv_heads) * cfg.head_dim, d), ("attn.wo", d, cfg.heads * cfg.head_dim)]
     swiglu = lambda p, f: [(f"{p}.w1", f, d), (f"{p}.w3", f, d), (f"{p}.w2", d, f)]  # noqa: E731
     if not moe:
-        return attn + swiglu("ffn", cfg.ffn)
+        return attn + (swiglu("ffn", cfg.ffn) if cfg.ffn_gated else [("ffn.w1", cfg.ffn, d), ("ffn.w2", d, cfg.ffn)])
     return attn + (swiglu("ffn.shared", cfg.moe_ffn * cfg.shared_experts) if cfg.shared_experts else [])
 
 
@@ -323,7 +330,7 @@ def check_weight_format(cfg: ModelConfig, prec: Precision) -> None:
 def block_weight_bytes(cfg: ModelConfig, moe: bool, prec: Precision, linear: bool = False) -> int:
     """Bytes of one block's weights, routed experts excluded (`linear`: a Gated DeltaNet block)."""
     mats = block_matrices(cfg, moe, linear)
-    params = 2 * cfg.d + mixer_params(cfg, linear) + (moe_fixed_params(cfg) if moe else 3 * cfg.d * cfg.ffn)
+    params = 2 * cfg.d + mixer_params(cfg, linear) + (moe_fixed_params(cfg) if moe else dense_ffn_params(cfg))
     a = prec.act_bytes
     return (params - sum(N * K for _, N, K in mats)) * a + sum(prec.weights.matrix_bytes(N, K, a) for _, N, K in mats)
 
@@ -469,7 +476,7 @@ def _linear_io(cfg: ModelConfig, moe: bool, linear: bool = False) -> int:
         attn = cfg.d + (q_out + 2 * cfg.kv_heads) * cfg.head_dim + cfg.heads * cfg.head_dim + cfg.d
     swiglu = lambda width: 2 * cfg.d + 3 * width + cfg.d  # w1, w3 in; w1, w3 out; w2 in; w2 out
     if not moe:
-        return attn + swiglu(cfg.ffn)
+        return attn + (swiglu(cfg.ffn) if cfg.ffn_gated else cfg.d + 2 * cfg.ffn + cfg.d)  # w1 in, out; w2 in, out
     ffn = cfg.d + cfg.experts + cfg.experts_per_token * swiglu(cfg.moe_ffn)
     return attn + ffn + (swiglu(cfg.moe_ffn * cfg.shared_experts) if cfg.shared_experts else 0)
 
@@ -498,7 +505,7 @@ def _stack_cost(cfg: ModelConfig, kinds: dict[tuple[bool, bool], int], B: int, q
     if moe_impl == "dense":
         moe_active = cfg.d * cfg.experts + (cfg.experts + cfg.shared_experts) * expert_params(cfg) + gate
     matmul = sum(n * attention_matmul_params(cfg, lin) for (_, lin), n in kinds.items())
-    matmul += n_dense * 3 * cfg.d * cfg.ffn + n_moe * moe_active
+    matmul += n_dense * dense_ffn_params(cfg) + n_moe * moe_active
     matmul += cfg.vocab * cfg.d  # LM head
     kv_tok = kv_token_layer_bytes(cfg, prec)
     kv_att, kv_idx = kv_split_token_bytes(cfg, prec)  # a sparse layer reads its index keys at every position

@@ -50,7 +50,7 @@ class ModelConfig:
     heads: int
     kv_heads: int
     head_dim: int
-    ffn: int  # dense SwiGLU width (also the dense layers of an MoE model)
+    ffn: int  # dense FFN width (also the dense layers of an MoE model)
     max_context: int
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
@@ -114,6 +114,15 @@ class ModelConfig:
     # chunked local attention (Llama 4's attention_chunk_size): a windowed layer attends only the tokens of the
     # current chunk of `attention_chunk` positions (the cache holds those); the layers global_every picks attend all
     attention_chunk: int = 0
+    # the dense FFN: a SwiGLU (gate, up, down: ffn_gated) or a two-matrix MLP (up, activation, down: GPT-J,
+    # GPT-NeoX, Falcon, StarCoder); a parallel block (GPT-J, GPT-NeoX, Falcon) runs attention and the FFN on the same
+    # block input and adds both to the residual, each through its own norm (Falcon-40B / 180B, GPT-NeoX; GPT-J and
+    # Falcon-7B share one: d parameters a layer fewer than the decoder holds)
+    ffn_gated: bool = True
+    parallel_block: bool = False
+    # the Hugging Face architecture the shapes were read from ('' unknown): engines key their model code's choices
+    # by it (engines.yaml parallel_block_allreduces)
+    architecture: str = ""
     # the weight format the model is released in (roofline.model.formats name; "" = its float dtype),
     # chosen by `weights=native`; native_experts: its routed experts' own format where the release
     # quantizes only those (gpt-oss: mxfp4 experts, bf16 attention)
@@ -136,6 +145,11 @@ class ModelConfig:
     @property
     def is_mla(self) -> bool:
         return self.attention == "mla"
+
+    @property
+    def ffn_matrices(self) -> int:
+        """Weight matrices of a dense FFN: gate, up and down (SwiGLU) or up and down (a two-matrix MLP)."""
+        return 3 if self.ffn_gated else 2
 
     @property
     def is_sparse(self) -> bool:
@@ -368,6 +382,10 @@ class ModelConfig:
             raise ConfigError(f"model.global_every={self.global_every}: needs a sliding_window or an attention_chunk")
         if isinstance(self.moe_every, bool) or not isinstance(self.moe_every, int) or self.moe_every < 1:
             raise ConfigError(f"model.moe_every={self.moe_every!r}: must be a positive integer")
+        if (not self.ffn_gated or self.parallel_block) and (self.is_moe or self.is_mla or self.full_attention_interval
+                                                             or self.mtp_layers):
+            raise ConfigError("model.ffn_gated=false / parallel_block: modelled for dense GQA models (GPT-J, GPT-NeoX, "
+                              "Falcon, StarCoder), not with MoE, MLA, linear attention or MTP modules")
         if self.has_dense_layers and self.ffn < 1:
             raise ConfigError("model.ffn must be >= 1 for dense layers")
 

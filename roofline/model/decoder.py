@@ -87,6 +87,25 @@ class SwiGLU(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
+class GeluMLP(nn.Module):
+    """A two-matrix FFN (GPT-J, GPT-NeoX, Falcon, StarCoder): down(gelu(up(x))), tanh GELU (GPT-J's gelu_new;
+    Falcon's exact GELU costs the same). The released models' linear biases (GPT-J's MLP, GPT-NeoX's) are not held:
+    d + F parameters a layer, under 0.1% of its weights."""
+
+    def __init__(self, d: int, width: int):
+        super().__init__()
+        self.w1 = nn.Linear(d, width, bias=False)  # up
+        self.w2 = nn.Linear(width, d, bias=False)  # down
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.gelu(self.w1(x), approximate="tanh"))
+
+
+def dense_ffn(cfg: ModelConfig) -> nn.Module:
+    """The dense FFN the config names: a SwiGLU or a two-matrix MLP (ModelConfig.ffn_gated)."""
+    return (SwiGLU if cfg.ffn_gated else GeluMLP)(cfg.d, cfg.ffn)
+
+
 def _causal_mask(start_pos: torch.Tensor, q: int, kv_len: int) -> torch.Tensor:
     """[B, 1, q, kv_len] bool: key j is visible to query i of sequence b iff j <= start_pos[b] + i."""
     qpos = start_pos[:, None] + torch.arange(q, device=start_pos.device)
@@ -530,10 +549,14 @@ class Block(nn.Module):
         attn = GatedDeltaNet if linear else MLAttention if cfg.is_mla else GQAttention
         self.attn = attn(cfg, max_batch, max_context)
         self.ffn_norm = RMSNorm(cfg.d, cfg.norm_eps)
-        self.ffn = MoE(cfg, moe_impl) if moe else SwiGLU(cfg.d, cfg.ffn)
+        self.ffn = MoE(cfg, moe_impl) if moe else dense_ffn(cfg)
+        self.parallel = cfg.parallel_block
 
     def forward(self, x, cos, sin, start_pos, pos, kv_len, mask=_MASK_FROM_POSITIONS):
-        x = x + self.attn(self.attn_norm(x), cos, sin, start_pos, pos, kv_len, mask)
+        a = self.attn(self.attn_norm(x), cos, sin, start_pos, pos, kv_len, mask)
+        if self.parallel:  # attention and the FFN on the same input, both added to the residual
+            return x + a + self.ffn(self.ffn_norm(x))
+        x = x + a
         return x + self.ffn(self.ffn_norm(x))
 
 

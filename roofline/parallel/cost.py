@@ -5,7 +5,8 @@ bytes to the instantiated shards) and reduces to `roofline.model.accounting` at 
 
 Collectives are listed as nccl-tests sizes them (`roofline.parallel.collectives`): all-reduce
 the buffer, all-gather the gathered output, all-to-all the bytes one rank sends in all.
-TP: one all-reduce of B·q·d activations after attention and one after the FFN, per layer (and, for a
+TP: one all-reduce of B·q·d activations after attention and one after the FFN, per layer (one for both where an
+engine sums a parallel block's two partial outputs first: `reduces`; and, for a
 QK-norm over all heads, MiniMax-M2's per_layer, one of the q and k sums of squares, 2 fp32 a token); an
 all-gather of the B·q·V logits when the LM head is split. dp_attention + EP, per MoE layer:
 the rows each token sends to its k experts' ranks and back (B_r·q·k·d each way; (n−1)/n of it
@@ -65,7 +66,7 @@ def block_params_rank(cfg: ModelConfig, layout: Layout, moe: bool, linear: bool 
     s = local_shapes(cfg, layout)
     p = 2 * cfg.d + mixer_params(_local_attention_cfg(cfg, layout), linear)
     if not moe:
-        return p + 3 * cfg.d * s.ffn
+        return p + cfg.ffn_matrices * cfg.d * s.ffn
     router = cfg.d * cfg.experts + (cfg.experts if cfg.router_scoring == "sigmoid" else 0)
     gate = cfg.d if cfg.shared_expert_gate else 0  # replicated
     return p + router + s.experts * 3 * cfg.d * s.moe_ffn + 3 * cfg.d * s.shared_ffn + gate
@@ -222,7 +223,7 @@ def parse_collectives(text: str) -> tuple[Collective, ...]:
     return tuple(out)
 
 
-def _blocks_cost(cfg, layout, kinds, B, q, L, kv_len, prec: Precision, moe_impl, touched):
+def _blocks_cost(cfg, layout, kinds, B, q, L, kv_len, prec: Precision, moe_impl, touched, reduces: int = 2):
     n, n_moe, n_lin = kind_counts(kinds)
     s = local_shapes(cfg, layout)
     b = prec.act_bytes  # activations: collectives, embedding rows
@@ -238,7 +239,7 @@ def _blocks_cost(cfg, layout, kinds, B, q, L, kv_len, prec: Precision, moe_impl,
     expert_b = n_moe * touched * one_expert
     routed_pairs = N * cfg.experts_per_token / layout.ep if moe_impl == "touched" else N * s.experts
     per_token = sum(c * attention_matmul_params(lac, lin) for (_, lin), c in kinds.items())
-    per_token += (n - n_moe) * 3 * cfg.d * s.ffn
+    per_token += (n - n_moe) * cfg.ffn_matrices * cfg.d * s.ffn
     per_token += n_moe * (cfg.d * cfg.experts + 3 * cfg.d * s.shared_ffn + (cfg.d if cfg.shared_expert_gate else 0))
     flops_mm = 2 * (Nr * per_token + n_moe * routed_pairs * expert_w)
     d_qk, d_v = (cfg.kv_lora_rank + cfg.qk_rope_dim, cfg.kv_lora_rank) if cfg.is_mla else (cfg.head_dim, cfg.head_dim)
@@ -249,7 +250,7 @@ def _blocks_cost(cfg, layout, kinds, B, q, L, kv_len, prec: Precision, moe_impl,
     state = Br * n_lin * linear_state_rank_bytes(cfg, layout, prec)  # Gated DeltaNet: read and written back
     coll = []
     if layout.attention_tp > 1:
-        coll.append(Collective("all_reduce", Nr * cfg.d * b, 2 * n))
+        coll.append(Collective("all_reduce", Nr * cfg.d * b, reduces * n))
         if cfg.qk_norm and cfg.qk_norm_type == "per_layer":  # the q and k sums of squares over all heads (fp32)
             coll.append(Collective("all_reduce", Nr * 2 * 4, n))
     elif layout.dp_attention and layout.ep > 1 and n_moe:
@@ -280,16 +281,18 @@ def _with_head(c: dict, cfg: ModelConfig, layout: Layout, prec: Precision) -> di
 
 
 def rank_forward_cost(cfg: ModelConfig, layout: Layout, dtype, B: int, q: int, L: int, kv_len: int | None = None,
-                      moe_impl: str = "touched", touched: float | None = None) -> RankCost:
+                      moe_impl: str = "touched", touched: float | None = None, reduces: int = 2) -> RankCost:
     """One rank's share of `Transformer.forward` (the largest pipeline stage, charged with the
     embedding gather and the LM head; pp > 1 adds the stage's send of its activations).
-    `dtype` may be a precision label: weights, head and KV in their formats (scales included)."""
+    `dtype` may be a precision label: weights, head and KV in their formats (scales included).
+    `reduces`: all-reduces of a block's activations under tp (2: attention's and the FFN's, as the sharded forward
+    runs them; 1: an engine that sums a parallel block's two partial outputs before one, parallel_block_reduces)."""
     _check_shape(cfg, B, q, L)
     prec = parse_precision(dtype)
     kv_len = L + q if kv_len is None else kv_len
     kinds = stage_kinds(cfg, layout)
     n, n_moe, _ = kind_counts(kinds)
-    c = _with_head(_blocks_cost(cfg, layout, kinds, B, q, L, kv_len, prec, moe_impl, touched),
+    c = _with_head(_blocks_cost(cfg, layout, kinds, B, q, L, kv_len, prec, moe_impl, touched, reduces),
                    cfg, layout, prec)
     if layout.pp > 1:  # this stage's send of its activations to the next one
         c["collectives"] += (Collective("send_recv", B * q * cfg.d * prec.act_bytes, 1),)

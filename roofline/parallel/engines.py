@@ -70,6 +70,13 @@ class Engine:
     graph_sizes: tuple = ()  # engines.yaml graph_padding: the decode batches it captures and pads a decode-only step up to
     prefill_host_s_per_layer: tuple = ()  # ((layer kind, seconds), ...): engines.yaml eager_prefill_host_us_per_layer
     graph_pad_unit: str = "sequences"  # engines.yaml graph_padding.unit: what it pads to a captured size (GRAPH_PAD_UNITS)
+    one_reduce_parallel: tuple = ()  # engines.yaml parallel_block_reduces: architectures whose parallel block it reduces once
+
+    def block_reduces(self, cfg) -> int:
+        """All-reduces of one block's activations under tensor parallelism: 2 (attention's and the FFN's row-parallel
+        outputs, each reduced: Megatron's RowParallelLinear default), 1 for a parallel block whose two partial outputs
+        this engine's model code sums before reducing once (engines.yaml parallel_block_reduces, by architecture)."""
+        return 1 if cfg.parallel_block and cfg.architecture in self.one_reduce_parallel else 2
 
 
 def local_attention(e: dict, where: str) -> tuple[tuple, tuple]:
@@ -281,12 +288,23 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
                       mxfp4_activations=choice(e, "mxfp4_activations", MX_ACTS, "bf16", f),
                       graph_sizes=graph_sizes((e.get("graph_padding") or {}).get("sizes"), f"{f}.graph_padding.sizes"),
                       prefill_host_s_per_layer=prefill_host(e, scenario, f),
-                      graph_pad_unit=graph_pad_unit(e, f))
+                      graph_pad_unit=graph_pad_unit(e, f),
+                      one_reduce_parallel=one_reduce_parallel(e, f))
     except KeyError as err:
         raise ConfigError(f"{f}: missing key {err.args[0]!r}") from None
 
 
 MERGEABLE = ("gate_up", "qkv_a")
+
+
+def one_reduce_parallel(e: dict, where: str) -> tuple:
+    """engines.yaml parallel_block_reduces of a profile: the architectures whose parallel block (attention and FFN on
+    one input) it all-reduces once, their partial outputs summed first (a map architecture -> 1 or 2; absent: 2 for
+    every architecture); anything else one error naming the field."""
+    v = (e.get("parallel_block_reduces") or {}).get("value") or {}
+    if not isinstance(v, dict) or any(n not in (1, 2) or isinstance(n, bool) for n in v.values()):
+        raise ConfigError(f"{where}.parallel_block_reduces: {v!r}: needs a map architecture -> 1 or 2")
+    return tuple(sorted(a for a, n in v.items() if n == 1))
 
 
 def merged_gemms(e: dict, where: str) -> tuple:

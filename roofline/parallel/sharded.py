@@ -124,12 +124,14 @@ def _mla(full: MLAttention, layout: Layout, rank: int, max_batch: int, max_conte
     return local
 
 
-def _swiglu(full: SwiGLU, parts: int, part: int) -> SwiGLU:
+def _dense_ffn(full: nn.Module, parts: int, part: int) -> nn.Module:
+    """This rank's columns of a SwiGLU or a two-matrix MLP: up (and gate) column-parallel, down row-parallel."""
     width = full.w1.weight.shape[0] // parts
-    local = SwiGLU(full.w1.weight.shape[1], width)
+    local = type(full)(full.w1.weight.shape[1], width)
     sl = slice(part * width, (part + 1) * width)
     local.w1.weight = _param(full.w1.weight[sl])
-    local.w3.weight = _param(full.w3.weight[sl])
+    if isinstance(full, SwiGLU):
+        local.w3.weight = _param(full.w3.weight[sl])
     local.w2.weight = _param(full.w2.weight[:, sl])
     return local
 
@@ -160,7 +162,7 @@ class ShardedMoE(nn.Module):
         self.w3 = _param(full.w3[e, part * f:(part + 1) * f])
         self.w2 = _param(full.w2[e, :, part * f:(part + 1) * f])
         shared_parts = 1 if layout.dp_attention else layout.tp
-        self.shared = None if full.shared is None else _swiglu(full.shared, shared_parts, rank % shared_parts)
+        self.shared = None if full.shared is None else _dense_ffn(full.shared, shared_parts, rank % shared_parts)
         self.last_touched = 0
 
     def _experts(self, x: torch.Tensor, local_idx: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -249,7 +251,7 @@ def _shard_block(block, layout: Layout, rank: int, max_batch: int, max_context: 
     if isinstance(block.ffn, MoE):
         block.ffn = ShardedMoE(block.ffn, layout, rank)
     elif not layout.dp_attention and layout.tp > 1:
-        block.ffn = AllReduceOut(_swiglu(block.ffn, layout.tp, rank))
+        block.ffn = AllReduceOut(_dense_ffn(block.ffn, layout.tp, rank))
 
 
 def shard(model: Transformer, layout: Layout, rank: int) -> Transformer:

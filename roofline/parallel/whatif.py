@@ -401,7 +401,7 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     if mtp:  # eh_proj (2d -> d, activation dtype)
         t_head += gemm(Nr, cfg.d, 2 * cfg.d, 2 * cfg.d * cfg.d * a, "dense", 0, a)["seconds"]
     t_launch = launch_seconds(eng, setting, scenario, priors, n, n_moe, block_cfg, device.key, kern)
-    rc = rank_forward_cost(cfg, layout, prec.label, max(Nr * split, 1), 1, 0)
+    rc = rank_forward_cost(cfg, layout, prec.label, max(Nr * split, 1), 1, 0, reduces=eng.block_reduces(cfg))
     comm = 0.0
     for c in rc.collectives:
         if mtp and c.kind == "send_recv":
