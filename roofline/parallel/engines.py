@@ -71,6 +71,7 @@ class Engine:
     prefill_host_s_per_layer: tuple = ()  # ((layer kind, seconds), ...): engines.yaml eager_prefill_host_us_per_layer
     graph_pad_unit: str = "sequences"  # engines.yaml graph_padding.unit: what it pads to a captured size (GRAPH_PAD_UNITS)
     one_reduce_parallel: tuple = ()  # engines.yaml parallel_block_reduces: architectures whose parallel block it reduces once
+    kv_repeat_share: float = 0.0  # engines.yaml gqa_decode_kv_reads: a GQA KV head's repeated reads (once per query head) from DRAM
 
     def block_reduces(self, cfg) -> int:
         """All-reduces of one block's activations under tensor parallelism: 2 (attention's and the FFN's row-parallel
@@ -109,7 +110,12 @@ STEP_BATCHING = ("shared", "prefill_first", "beside")
 DP_LIMITS = ("per_rank", "whole")
 
 
-MX_ACTS = ("fp8", "bf16")  # engines.yaml mxfp4_activations: mxfp8 activations (W4A8) or the activations' bf16 (W4A16)
+MX_ACTS = ("fp8", "bf16")
+
+# engines.yaml gqa_decode_kv_reads: whether a GQA model's decode attention reads each KV head once (shared by its query
+# heads: FlashAttention, FlashInfer, XQA) or once per query head (one thread block per query head: TensorRT-LLM's masked
+# multi-head attention kernel before XQA)
+KV_READS = ("shared", "per_query_head")  # engines.yaml mxfp4_activations: mxfp8 activations (W4A8) or the activations' bf16 (W4A16)
 
 
 def graph_sizes(sizes, where: str) -> tuple[int, ...]:
@@ -162,6 +168,18 @@ def prefill_host(e: dict, scenario: int, where: str) -> tuple:
     if bad:
         raise ConfigError(f"{where}.eager_prefill_host_us_per_layer: {bad!r}: allowed kinds {list(PREFILL_HOST_KINDS)}")
     return tuple((k, pick(v, scenario, f"{where}.eager_prefill_host_us_per_layer.{k}") * 1e-6) for k, v in entry.items())
+
+
+def kv_repeat_share(e: dict, scenario: int, where: str) -> float:
+    """engines.yaml gqa_decode_kv_reads of a profile at the scenario: 0 where its decode attention reads each KV head
+    once (shared; absent), else the share of the repeated reads (one per further query head of the group) that reach
+    DRAM (dram_share); anything else one error naming the field."""
+    if choice(e, "gqa_decode_kv_reads", KV_READS, "shared", where) == "shared":
+        return 0.0
+    share = pick(e["gqa_decode_kv_reads"].get("dram_share"), scenario, f"{where}.gqa_decode_kv_reads.dram_share")
+    if not 0.0 <= share <= 1.0:
+        raise ConfigError(f"{where}.gqa_decode_kv_reads.dram_share: {share!r}: must be in [0, 1]")
+    return float(share)
 
 
 def padded_batch(b: int, sizes: tuple[int, ...]) -> int:
@@ -289,7 +307,8 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
                       graph_sizes=graph_sizes((e.get("graph_padding") or {}).get("sizes"), f"{f}.graph_padding.sizes"),
                       prefill_host_s_per_layer=prefill_host(e, scenario, f),
                       graph_pad_unit=graph_pad_unit(e, f),
-                      one_reduce_parallel=one_reduce_parallel(e, f))
+                      one_reduce_parallel=one_reduce_parallel(e, f),
+                      kv_repeat_share=kv_repeat_share(e, scenario, f))
     except KeyError as err:
         raise ConfigError(f"{f}: missing key {err.args[0]!r}") from None
 

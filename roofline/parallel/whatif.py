@@ -370,8 +370,11 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     kv_att, kv_idx = kv_split_bytes_rank(cfg, layout, prec)  # a sparse layer's indexer reads its keys everywhere
     seen = cfg if cfg.local_kind in eng.local_reads else cfg.attending_all()  # what the engine's decode reads
     kv_len = p.L + p.q
-    kv_bytes = (Br * n * kv_read_bytes_per_seq_layer(seen, kv_att, kv_idx, kv_len, p.q)  # a windowed layer: its
-                + Br * (n - n_lin) * kv_tok * p.q)  # window; a sparse one: the index_topk rows its queries select
+    # a kernel with one thread block per query head reads a GQA layer's K and V once per query head it serves, the
+    # repeats' DRAM share (the rest served from L2) from engines.yaml gqa_decode_kv_reads
+    group = 1.0 + (s.heads / s.kv_heads - 1.0) * eng.kv_repeat_share if not cfg.is_mla else 1.0
+    kv_bytes = (Br * n * kv_read_bytes_per_seq_layer(seen, kv_att, kv_idx, kv_len, p.q) * group  # a windowed layer:
+                + Br * (n - n_lin) * kv_tok * p.q)  # its window; a sparse one: the index_topk rows its queries select
     v_heads = block_cfg.linear_v_heads  # this rank's Gated DeltaNet heads: their states read and written back
     kv_bytes += 2 * Br * n_lin * linear_state_rank_bytes(cfg, layout, prec)
     d_qk, d_v = (cfg.kv_lora_rank + cfg.qk_rope_dim, cfg.kv_lora_rank) if cfg.is_mla else (cfg.head_dim, cfg.head_dim)
