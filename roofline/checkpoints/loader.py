@@ -319,7 +319,7 @@ def _two_matrix_config(raw: Mapping[str, Any], arch: str, name: str, pricing: bo
         raise ConfigError(f"config.json activation {act!r} ({arch}): not modelled; allowed {list(TWO_MATRIX_ACTS)}")
     kv, parallel, partial, tie, interleave = heads, False, 1.0, True, False
     if arch == "GPTJForCausalLM":  # attention and MLP on one ln_1 output; rotate_every_two over rotary_dim
-        parallel, partial, interleave = True, raw.get("rotary_dim", 64) / (d // heads), True
+        parallel, partial, interleave = True, (raw.get("rotary_dim") or 64) / (d // heads), True
         tie = bool(raw.get("tie_word_embeddings", False))
     elif arch == "GPTNeoXForCausalLM":
         parallel, partial = bool(raw.get("use_parallel_residual", True)), float(raw.get("rotary_pct", 0.25))

@@ -121,7 +121,7 @@ class ModelConfig:
     ffn_gated: bool = True
     parallel_block: bool = False
     # the Hugging Face architecture the shapes were read from ('' unknown): engines key their model code's choices
-    # by it (engines.yaml parallel_block_allreduces)
+    # by it (engines.yaml parallel_block_reduces)
     architecture: str = ""
     # the weight format the model is released in (roofline.model.formats name; "" = its float dtype),
     # chosen by `weights=native`; native_experts: its routed experts' own format where the release

@@ -110,12 +110,12 @@ STEP_BATCHING = ("shared", "prefill_first", "beside")
 DP_LIMITS = ("per_rank", "whole")
 
 
-MX_ACTS = ("fp8", "bf16")
+MX_ACTS = ("fp8", "bf16")  # engines.yaml mxfp4_activations: mxfp8 activations (W4A8) or the activations' bf16 (W4A16)
 
 # engines.yaml gqa_decode_kv_reads: whether a GQA model's decode attention reads each KV head once (shared by its query
 # heads: FlashAttention, FlashInfer, XQA) or once per query head (one thread block per query head: TensorRT-LLM's masked
 # multi-head attention kernel before XQA)
-KV_READS = ("shared", "per_query_head")  # engines.yaml mxfp4_activations: mxfp8 activations (W4A8) or the activations' bf16 (W4A16)
+KV_READS = ("shared", "per_query_head")
 
 
 def graph_sizes(sizes, where: str) -> tuple[int, ...]:
