@@ -81,8 +81,8 @@ TWO_MATRIX_ARCHITECTURES = ("GPTJForCausalLM", "GPTNeoXForCausalLM", "FalconForC
                             "GPTBigCodeForCausalLM", "OPTForCausalLM", "BloomForCausalLM")
 PRICED_ARCHITECTURES = GEMMA_ARCHITECTURES + ("Phi3ForCausalLM", "Qwen2MoeForCausalLM",
                                               "DeepseekV2ForCausalLM") + TWO_MATRIX_ARCHITECTURES
-TWO_MATRIX_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu")
 GELU_ACTS = ("gelu_pytorch_tanh", "gelu", "gelu_new")
+TWO_MATRIX_ACTS = GELU_ACTS + ("gelu_fast", "relu")
 MLA_ARCHITECTURES = ("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")  # MLA + DeepSeek MoE
 SPARSE_ARCHITECTURES = ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")  # + DeepSeek Sparse Attention's indexer
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
@@ -189,7 +189,7 @@ def _config_from_hf(raw: Mapping[str, Any], name: str = "", pricing: bool = Fals
     if windowed and not pricing:  # the decoder runs it up to its window (exact there); a what-if reads the window
         max_ctx = window
     kw: dict[str, Any] = dict(
-        name=name or Path(str(raw.get("_name_or_path") or raw.get("model_type", arch))).name,
+        name=_model_name(raw, name, arch),
         vocab=raw["vocab_size"], d=d, layers=raw["num_hidden_layers"], heads=heads,
         kv_heads=raw.get("num_key_value_heads") or heads, head_dim=raw.get("head_dim") or d // heads,
         ffn=raw["intermediate_size"], max_context=max_ctx, rope_theta=theta, rope_scaling=scaling,
@@ -298,6 +298,11 @@ def _config_from_hf(raw: Mapping[str, Any], name: str = "", pricing: bool = Fals
     return ModelConfig(**kw)
 
 
+def _model_name(raw: Mapping[str, Any], name: str, arch: str) -> str:
+    """The name given, else the folder the config names (_name_or_path), else its model_type or architecture."""
+    return name or Path(str(raw.get("_name_or_path") or raw.get("model_type", arch))).name
+
+
 def _field(raw: Mapping[str, Any], *names: str, default: Any = KeyError) -> Any:
     """The first of `names` the config sets (older architectures spell hidden_size n_embd, n_embed, ...); a missing
     required field is a KeyError naming the first spelling."""
@@ -339,7 +344,7 @@ def _two_matrix_config(raw: Mapping[str, Any], arch: str, name: str, pricing: bo
                               f"embedding is not modelled; allowed hidden_size={d}")
         tie = raw.get("tie_word_embeddings") is not False
     return ModelConfig(
-        name=name or Path(str(raw.get("_name_or_path") or raw.get("model_type", arch))).name,
+        name=_model_name(raw, name, arch),
         vocab=raw["vocab_size"], d=d, layers=_field(raw, "num_hidden_layers", "n_layer"), heads=heads, kv_heads=kv,
         head_dim=d // heads, ffn=_field(raw, "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", default=4 * d),
         max_context=_field(raw, "max_position_embeddings", "n_positions", "seq_length", default=2048),
