@@ -1176,6 +1176,38 @@ def test_trtllm_0_6_reads_a_gqa_layers_kv_once_per_query_head():
             assert (a["engine"] == "trtllm-0.6") == pre_xqa, a["id"]
 
 
+def test_hf_eager_rewrites_its_cache_each_step_and_copies_a_gqa_layers_kv_per_query_head():
+    """transformers' generate (hf-eager) appends K and V with torch.cat (DynamicCache): each decode step reads the
+    whole cache and writes it again, one token longer, beside attention (kv_copy: 2 x the cache). Before SDPA,
+    repeat_kv copies a GQA layer's KV heads once per query head (read once, write r copies) and SDPA reads the r
+    copies (attention x r); since transformers PR #39412 an unmasked step on torch >= 2.5 skips the copy (the
+    optimistic end). An MHA model has no repeats; an engine writing in place (vLLM) has no kv_copy term."""
+    hf = [engines.profile("hf-eager", j) for j in range(3)]
+    assert all(e.kv_concat and e.kv_repeat_copies for e in hf) and [e.kv_repeat_share for e in hf] == [0.0, 1.0, 1.0]
+    dev = get_datasheet("a100_80gb_sxm")
+
+    def terms(model, engine, scenario=1, B=16, L=2048):
+        cfg = get_preset(model)
+        cache = B * cfg.layers * 2 * cfg.kv_heads * cfg.head_dim * 2 * (L + 1)  # bf16 K and V the step attends to
+        w = WhatIf(cfg, dev, "bfloat16", Layout(), Setting(bands=()))
+        return w.pass_detail(Pass(B, 1, L), scenario, engine)["terms"], cache
+    (mha, c_mha), (gqa, c_gqa) = terms("llama-2-7b", "hf-eager"), terms("llama-3.1-8b", "hf-eager")
+    r = get_preset("llama-3.1-8b").heads / get_preset("llama-3.1-8b").kv_heads
+    assert r == 4
+    per_byte = mha["kv_copy"] / (2 * c_mha)  # seconds per byte copied (the streaming rate)
+    assert gqa["kv_copy"] == pytest.approx(per_byte * (2 + 1 + r) * c_gqa)  # cat + repeat_kv's read and 4 writes
+    assert gqa["kv_copy"] / terms("llama-3.1-8b", "hf-eager", B=16, L=1023)[0]["kv_copy"] == pytest.approx(2049 / 1024)
+    opt, _ = terms("llama-3.1-8b", "hf-eager", scenario=0)
+    assert opt["kv_copy"] == pytest.approx(terms("llama-2-7b", "hf-eager", scenario=0)[0]["kv_copy"] * c_gqa / c_mha)
+    vllm = terms("llama-3.1-8b", "vllm")[0]
+    assert vllm["kv_copy"] == 0.0
+    assert 3.0 < gqa["attention"] / vllm["attention"] <= r  # SDPA reads the 4 copies (the cache write and floor once)
+    assert mha["attention"] == pytest.approx(terms("llama-2-7b", "vllm")[0]["attention"])
+    with pytest.raises(ConfigError, match="kv_cache_update"):
+        engines.choice({"kv_cache_update": {"value": "append"}}, "kv_cache_update", engines.KV_UPDATES, "in_place",
+                       "engines.x")
+
+
 def test_vllm_v0_rocm_is_vllm_v0_with_the_host_time_of_the_rocm_build():
     """AMD's rocm/vllm-dev containers (vLLM V0, 'Cython to reduce host overhead') pay a fixed host time per step
     (1.17 ms), fitted to the one V0 batch sweep of the calibration split, and no host time per sequence: the sweep's

@@ -72,6 +72,8 @@ class Engine:
     graph_pad_unit: str = "sequences"  # engines.yaml graph_padding.unit: what it pads to a captured size (GRAPH_PAD_UNITS)
     one_reduce_parallel: tuple = ()  # engines.yaml parallel_block_reduces: architectures whose parallel block it reduces once
     kv_repeat_share: float = 0.0  # engines.yaml gqa_decode_kv_reads: a GQA KV head's repeated reads (once per query head) from DRAM
+    kv_repeat_copies: bool = False  # engines.yaml gqa_decode_kv_reads materialised: the repeats are copies written first
+    kv_concat: bool = False  # engines.yaml kv_cache_update concat: each step reads the whole cache and writes it anew
 
     def block_reduces(self, cfg) -> int:
         """All-reduces of one block's activations under tensor parallelism: 2 (attention's and the FFN's row-parallel
@@ -113,9 +115,15 @@ DP_LIMITS = ("per_rank", "whole")
 MX_ACTS = ("fp8", "bf16")  # engines.yaml mxfp4_activations: mxfp8 activations (W4A8) or the activations' bf16 (W4A16)
 
 # engines.yaml gqa_decode_kv_reads: whether a GQA model's decode attention reads each KV head once (shared by its query
-# heads: FlashAttention, FlashInfer, XQA) or once per query head (one thread block per query head: TensorRT-LLM's masked
-# multi-head attention kernel before XQA)
-KV_READS = ("shared", "per_query_head")
+# heads: FlashAttention, FlashInfer, XQA), once per query head (one thread block per query head: TensorRT-LLM's masked
+# multi-head attention kernel before XQA), or from a copy per query head written first (materialised: transformers'
+# repeat_kv before SDPA)
+KV_READS = ("shared", "per_query_head", "materialised")
+
+# engines.yaml kv_cache_update: how a decode step adds its tokens' K and V to the cache: written in place (a paged or
+# preallocated cache) or by concatenation (transformers' DynamicCache: torch.cat reads the whole cache and writes it
+# anew, one token longer, every step)
+KV_UPDATES = ("in_place", "concat")
 
 
 def graph_sizes(sizes, where: str) -> tuple[int, ...]:
@@ -173,7 +181,8 @@ def prefill_host(e: dict, scenario: int, where: str) -> tuple:
 def kv_repeat_share(e: dict, scenario: int, where: str) -> float:
     """engines.yaml gqa_decode_kv_reads of a profile at the scenario: 0 where its decode attention reads each KV head
     once (shared; absent), else the share of the repeated reads (one per further query head of the group) that reach
-    DRAM (dram_share); anything else one error naming the field."""
+    DRAM (dram_share; materialised: the share of steps whose repeats are copies, written to DRAM and read back);
+    anything else one error naming the field."""
     if choice(e, "gqa_decode_kv_reads", KV_READS, "shared", where) == "shared":
         return 0.0
     share = pick(e["gqa_decode_kv_reads"].get("dram_share"), scenario, f"{where}.gqa_decode_kv_reads.dram_share")
@@ -190,7 +199,7 @@ def padded_batch(b: int, sizes: tuple[int, ...]) -> int:
 
 def choice(e: dict, key: str, allowed: tuple, default: str, where: str) -> str:
     """engines.yaml <key>'s `value` of a profile, one of `allowed` (absent: `default`); anything else is one error
-    naming the field (step_batching, dp_attention_limits, mxfp4_activations)."""
+    naming the field (step_batching, dp_attention_limits, mxfp4_activations, gqa_decode_kv_reads, kv_cache_update)."""
     v = (e.get(key) or {}).get("value", default)
     if v not in allowed:
         raise ConfigError(f"{where}.{key}: {v!r}: allowed {list(allowed)}")
@@ -308,7 +317,9 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
                       prefill_host_s_per_layer=prefill_host(e, scenario, f),
                       graph_pad_unit=graph_pad_unit(e, f),
                       one_reduce_parallel=one_reduce_parallel(e, f),
-                      kv_repeat_share=kv_repeat_share(e, scenario, f))
+                      kv_repeat_share=kv_repeat_share(e, scenario, f),
+                      kv_repeat_copies=choice(e, "gqa_decode_kv_reads", KV_READS, "shared", f) == "materialised",
+                      kv_concat=choice(e, "kv_cache_update", KV_UPDATES, "in_place", f) == "concat")
     except KeyError as err:
         raise ConfigError(f"{f}: missing key {err.args[0]!r}") from None
 

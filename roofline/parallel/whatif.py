@@ -371,10 +371,16 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     seen = cfg if cfg.local_kind in eng.local_reads else cfg.attending_all()  # what the engine's decode reads
     kv_len = p.L + p.q
     # a kernel with one thread block per query head reads a GQA layer's K and V once per query head it serves, the
-    # repeats' DRAM share (the rest served from L2) from engines.yaml gqa_decode_kv_reads
-    group = 1.0 + (s.heads / s.kv_heads - 1.0) * eng.kv_repeat_share if not cfg.is_mla else 1.0
-    kv_bytes = (Br * n * kv_read_bytes_per_seq_layer(seen, kv_att, kv_idx, kv_len, p.q) * group  # a windowed layer:
-                + Br * (n - n_lin) * kv_tok * p.q)  # its window; a sparse one: the index_topk rows its queries select
+    # repeats' DRAM share (the rest served from L2) from engines.yaml gqa_decode_kv_reads; materialised, the repeats
+    # are copies (transformers' repeat_kv) that a kernel of their own writes first
+    rep = s.heads / s.kv_heads if not cfg.is_mla else 1.0
+    group = 1.0 + (rep - 1.0) * eng.kv_repeat_share
+    cache = Br * n * kv_read_bytes_per_seq_layer(seen, kv_att, kv_idx, kv_len, p.q)  # a windowed layer: its window;
+    kv_bytes = cache * group + Br * (n - n_lin) * kv_tok * p.q  # a sparse one: the index_topk rows its queries select
+    # copies beside the attention kernel, at the streaming rate: torch.cat rewrites the cache (read it, write it one
+    # token longer; engines.yaml kv_cache_update concat), repeat_kv reads each KV head and writes its copies
+    kv_copy = (2.0 * cache * eng.kv_concat
+               + (1.0 + rep) * cache * eng.kv_repeat_share * (eng.kv_repeat_copies and rep > 1.0)) / stream
     v_heads = block_cfg.linear_v_heads  # this rank's Gated DeltaNet heads: their states read and written back
     kv_bytes += 2 * Br * n_lin * linear_state_rank_bytes(cfg, layout, prec)
     d_qk, d_v = (cfg.kv_lora_rank + cfg.qk_rope_dim, cfg.kv_lora_rank) if cfg.is_mla else (cfg.head_dim, cfg.head_dim)
@@ -416,7 +422,8 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
         busbw = K.pick(pl["busbw_GBps"], scenario, f"priors.interconnects.{link}.busbw_GBps") * 1e9
         count = c.count if not mtp else max(1, round(c.count * n / max(sum(stage_kinds(cfg, layout).values()), 1)))
         comm += count * (lat + c.size_bytes * bus_factor(c.kind, max(layout.tp, 2)) / busbw)
-    terms = dict(dense=t_dense, experts=t_experts, elementwise=t_elem, attention=t_attn, lm_head=t_head, per_layer=t_launch,
+    terms = dict(dense=t_dense, experts=t_experts, elementwise=t_elem, attention=t_attn, kv_copy=kv_copy, lm_head=t_head,
+                 per_layer=t_launch,
                  step_overhead=0.0 if mtp else eng.step_overhead_s + eng.step_overhead_per_seq_s * (p.B + (p.prefill > 0)),
                  per_seq=0.0 if mtp else K.step_seconds_per_seq(scenario, kern, device.key) * (Br + (pre_r > 0)),
                  comm=comm)
