@@ -912,6 +912,11 @@ def test_the_card_says_where_the_typical_steps_time_goes_term_by_term():
     assert dense["experts"] == 0 and dense["comm"] > 0 and dense["dense"] > dense["attention"]
     span = card_record(CardRequest(model=get_preset("llama-3.1-8b"), device=dev, batch=8, context=4096))
     assert "whatif_terms_ms" not in span and "by term" not in render_card(span)
+    from roofline.commands.card import TERM_NAMES  # every term has a name on the card (hf-eager's copies included)
+    eager = card_record(CardRequest(model=get_preset("llama-3.1-8b"), device=dev, engine="hf-eager", batch=8,
+                                    context=4096))
+    assert set(eager["whatif_terms_ms"]) <= set(TERM_NAMES) and eager["whatif_terms_ms"]["kv_copy"] > 0
+    assert "KV cache copies" in next(x for x in render_card(eager).splitlines() if x.strip().startswith("by term"))
 
 
 def test_a_finite_run_prefills_in_the_engines_own_default_chunks_and_caps_its_running_sequences():
