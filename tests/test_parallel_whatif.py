@@ -1186,7 +1186,8 @@ def test_hf_eager_rewrites_its_cache_each_step_and_copies_a_gqa_layers_kv_per_qu
     whole cache and writes it again, one token longer, beside attention (kv_copy: 2 x the cache). Before SDPA,
     repeat_kv copies a GQA layer's KV heads once per query head (read once, write r copies) and SDPA reads the r
     copies (attention x r); since transformers PR #39412 an unmasked step on torch >= 2.5 skips the copy (the
-    optimistic end). An MHA model has no repeats; an engine writing in place (vLLM) has no kv_copy term."""
+    optimistic end). An MHA model has no repeats; an engine writing in place (vLLM) has no kv_copy term. gpt-fast
+    writes in place and repeats a GQA layer's K and V every step (repeat_interleave before SDPA)."""
     hf = [engines.profile("hf-eager", j) for j in range(3)]
     assert all(e.kv_concat and e.kv_repeat_copies for e in hf) and [e.kv_repeat_share for e in hf] == [0.0, 1.0, 1.0]
     dev = get_datasheet("a100_80gb_sxm")
@@ -1211,6 +1212,11 @@ def test_hf_eager_rewrites_its_cache_each_step_and_copies_a_gqa_layers_kv_per_qu
     with pytest.raises(ConfigError, match="kv_cache_update"):
         engines.choice({"kv_cache_update": {"value": "append"}}, "kv_cache_update", engines.KV_UPDATES, "in_place",
                        "engines.x")
+    # gpt-fast writes its static cache in place but repeat_interleaves a GQA layer's K and V before SDPA, every step
+    fast = [engines.profile("gpt-fast", j) for j in range(3)]
+    assert not any(e.kv_concat for e in fast) and all(e.kv_repeat_copies and e.kv_repeat_share == 1.0 for e in fast)
+    assert terms("llama-3.1-8b", "gpt-fast")[0]["kv_copy"] == pytest.approx(per_byte * (1 + r) * c_gqa)
+    assert terms("llama-2-7b", "gpt-fast")[0]["kv_copy"] == 0.0
 
 
 def test_vllm_v0_rocm_is_vllm_v0_with_the_host_time_of_the_rocm_build():
