@@ -279,3 +279,29 @@ def test_fp8_block_scales_reach_scaled_mm_in_the_layout_torch_requires(monkeypat
     assert seen == [(True, True)]
     ref = x.float() @ quant.quantize(w, fmt).dequantize().t()
     assert torch.nn.functional.cosine_similarity(y.float().flatten(), ref.flatten(), dim=0) > 0.999
+
+
+def test_llama_cpp_block_formats_price_their_bytes_and_are_not_run_here():
+    """GGUF's block formats by their names, their bytes as ggml-common.h lays the blocks out: q8_0 34 bytes per 32
+    weights (8.5 bits), q4_0 18 (4.5), q4_1 20 (5.0), q4_k 144 per 256 (4.5); int8_g32 is q8_0's bytes; a KV cache in
+    q8_0 / q4_0 holds a scale per 32 elements of a head's row. This decoder quantizes none of them: a sweep is refused
+    naming the format, the what-if prices them."""
+    bits = {n: parse_format(n).matrix_bytes(4096, 4096, 2) * 8 / 4096 ** 2
+            for n in ("q8_0", "q4_0", "q4_1", "q4_k", "int8_g32")}
+    assert bits == {"q8_0": 8.5, "q4_0": 4.5, "q4_1": 5.0, "q4_k": 4.5, "int8_g32": 8.5}
+    assert parse_format("q8_0", "kv").kv_token_bytes(8 * 128, 8, 2) == 8 * (128 + 4 * 2)
+    assert parse_format("q4_0", "kv").kv_token_bytes(8 * 128, 8, 2) == 8 * (64 + 4 * 2)
+    with pytest.raises(ConfigError, match="kv='q4_k'"):
+        parse_format("q4_k", "kv")
+    with pytest.raises(ConfigError, match="group size 24"):
+        parse_format("int8_g24")
+    m = build_model(tiny(), max_batch=1, max_context=16, dtype=torch.bfloat16)
+    for name in ("q4_0", "q4_1", "q8_0", "int8_g32"):
+        assert quant.kernel_for(parse_format(name), "cpu") is None
+        with pytest.raises(quant.Unsupported, match=f"weights={name}: priced by the what-if"):
+            quant.quantize(weight(64, 64), parse_format(name))
+    with pytest.raises(quant.Unsupported, match="weights=q4_0 on device=cpu: no fast kernel"):
+        quant.quantize_model(m, "bfloat16+weights=q4_0", "cpu")
+    q4 = forward_cost(get_preset("llama-2-7b"), "float16+weights=q4_0+lm_head=q8_0", 1, 1, 128)
+    f16 = forward_cost(get_preset("llama-2-7b"), "float16", 1, 1, 128)
+    assert 0.28 < q4.weight_bytes / f16.weight_bytes < 0.29  # 4.5 / 16 of the blocks, 8.5 / 16 of the LM head

@@ -13,6 +13,7 @@ Names (`parse_format`):
         one fp32 scale per tensor (default), per output channel, or per R x C block
         (b128 = 128 x 128, DeepSeek-V3's weight_scale_inv)
   int8                  weight-only, symmetric, one scale per output channel
+  int8_g<g>             weight-only, symmetric, one scale per g weights along K (priced, not run here)
   int4_g<g>             weight-only, asymmetric, a scale and a zero point per g weights along K
   int4_g<g>_sym         weight-only, symmetric: a scale per g weights, no zero point (compressed-tensors'
                         pack-quantized W4A16, Kimi-K2.5's released experts: group 32, 4.5 bits a weight);
@@ -23,8 +24,15 @@ Names (`parse_format`):
                         scale per tensor: 4.5 bits a weight
         fp4 multiplies on fp4 tensor cores where the device has them (a datasheet fp4 rate: Blackwell),
         else a weight-only kernel dequantises it to the activations (Hopper, Ampere, CDNA3)
+  q8_0 | q4_0 | q4_1 | q4_k  llama.cpp's GGUF block formats (ggml-common.h), their bytes exactly, priced by
+                        the what-if and not run here: q8_0 32 int8 + an fp16 scale (8.5 bits a weight),
+                        q4_0 32 int4 + an fp16 scale (4.5), q4_1 + an fp16 minimum as well (5.0), q4_k
+                        super-blocks of 256 with 6-bit scales and minima per 32 and an fp16 pair (144
+                        bytes: 4.5 bits a weight); a mixed file (Q4_K_M: Q6_K for some tensors) has no one
+                        format: price it by the format most of its weights take
   KV cache: fp8 | fp8_e4m3 | fp8_e5m2 (one fp32 scale per layer for K and one for V, as vLLM's
-  fp8 cache; MLA's latent cache: one), int8 (symmetric, one fp32 scale per token per KV head).
+  fp8 cache; MLA's latent cache: one), int8 (symmetric, one fp32 scale per token per KV head),
+  q8_0 | q4_0 (llama.cpp's -ctk / -ctv block formats, a scale per 32 elements; priced, not run here).
 
 A `Precision` gives each tensor class its format: activations (a float dtype; the embedding
 table, norms, biases and the MoE router stay in it), weights (every other linear), the routed
@@ -46,8 +54,9 @@ from roofline.model.dtypes import dtype_bytes, dtype_name
 KINDS = ("float", "fp8", "int8", "int4", "fp4")
 CLASSES = ("weights", "experts", "kv", "lm_head")
 FP8_SCALE_BYTES = 4  # fp32 scales (DeepSeek-V3's weight_scale_inv, vLLM's k_scale / v_scale)
-NAMES_HELP = ("bf16 | fp16 | fp32 | fp8[_e4m3|_e5m2][_tensor|_channel|_b128|_b<R>x<C>] | int8 | int4_g<g>[_sym] "
-              "| mxfp4 | nvfp4 (weights, experts); bf16 | fp16 | fp32 | fp8[_e4m3|_e5m2] | int8 (kv)")
+NAMES_HELP = ("bf16 | fp16 | fp32 | fp8[_e4m3|_e5m2][_tensor|_channel|_b128|_b<R>x<C>] | int8[_g<g>] | int4_g<g>[_sym] "
+              "| mxfp4 | nvfp4 | q8_0 | q4_0 | q4_1 | q4_k (weights, experts); bf16 | fp16 | fp32 | fp8[_e4m3|_e5m2] "
+              "| int8 | q8_0 | q4_0 (kv)")
 
 
 @dataclass(frozen=True)
@@ -66,6 +75,7 @@ class Format:
     zero_point: bool = False
     storage: str = ""  # torch dtype of the stored elements
     tensor_scale_bytes: int = 0  # one more scale per matrix (nvfp4's fp32 global scale)
+    family: str = ""  # "ggml": a llama.cpp GGUF block format (priced by the what-if; no kernel of this code runs it)
 
     @property
     def is_float(self) -> bool:
@@ -96,8 +106,11 @@ class Format:
         return elems + self.scales(N, K) * per + self.tensor_scale_bytes
 
     def kv_token_bytes(self, elems: int, heads: int, act_bytes: int) -> int:
-        """Bytes one token adds to one layer's cache: `elems` elements over `heads` KV heads."""
+        """Bytes one token adds to one layer's cache: `elems` elements over `heads` KV heads (a block format:
+        a scale per `group` elements of each head's row, as llama.cpp quantizes a cache row)."""
         data = elems * self.bits // 8
+        if self.granularity == "group":
+            return data + heads * math.ceil(elems / heads / self.group) * self.scale_size(act_bytes)
         return data + (heads * self.scale_size(act_bytes) if self.granularity == "token" else 0)
 
     def kv_layer_fixed_bytes(self, act_bytes: int, tensors: int = 2) -> int:
@@ -117,6 +130,17 @@ class Format:
 FP4 = {"mxfp4": Format("mxfp4", "fp4", 4, "group", group=32, scale_bytes=1, storage="uint8"),
        "nvfp4": Format("nvfp4", "fp4", 4, "group", group=16, scale_bytes=1, storage="uint8",
                        tensor_scale_bytes=FP8_SCALE_BYTES)}
+
+
+# llama.cpp's GGUF block formats (ggml-common.h block_q8_0, block_q4_0, block_q4_1, block_q4_K): bytes per block of
+# 32 weights along K = the packed quants + fp16 scales (q4_1: a scale and a minimum; q4_k: 144 bytes per 256 weights,
+# 6-bit scales and minima per 32 plus an fp16 pair per 256 = 2 bytes per 32, written as one 2-byte scale per 32)
+GGML = {"q8_0": Format("q8_0", "int8", 8, "group", group=32, scale_bytes=2, storage="int8", family="ggml"),
+        "q4_0": Format("q4_0", "int4", 4, "group", group=32, scale_bytes=2, storage="uint8", family="ggml"),
+        "q4_1": Format("q4_1", "int4", 4, "group", group=32, scale_bytes=2, zero_point=True, storage="uint8",
+                       family="ggml"),
+        "q4_k": Format("q4_k", "int4", 4, "group", group=32, scale_bytes=2, storage="uint8", family="ggml")}
+GGML_KV = ("q8_0", "q4_0")  # llama.cpp's -ctk / -ctv cache types of these families
 
 
 def _fp8(variant: str, gran: str, name: str, kv: bool) -> Format:
@@ -147,7 +171,9 @@ def parse_format(name: str, tensor_class: str = "weights") -> Format:
     kv = tensor_class == "kv"
     if raw in FP4 and not kv:
         return FP4[raw]
-    if not raw.startswith(("fp8", "int")) and raw not in FP4:  # a float dtype of the decoder (roofline.model.dtypes)
+    if raw in GGML and (not kv or raw in GGML_KV):
+        return GGML[raw]
+    if not raw.startswith(("fp8", "int")) and raw not in FP4 and raw not in GGML:  # a float dtype of the decoder
         try:
             short = dtype_name(raw)
         except ConfigError:
@@ -160,6 +186,12 @@ def parse_format(name: str, tensor_class: str = "weights") -> Format:
         if kv:
             return Format("int8", "int8", 8, "token", scale_bytes=4, storage="int8")
         return Format("int8", "int8", 8, "channel", storage="int8")
+    m = re.fullmatch(r"int8_g(\d+)", raw)
+    if m and not kv:
+        g = int(m.group(1))
+        if g < 2 or g & (g - 1):
+            raise ConfigError(f"{tensor_class}={name!r}: group size {g} must be a power of two >= 2")
+        return Format(f"int8_g{g}", "int8", 8, "group", group=g, storage="int8")
     m = re.fullmatch(r"int4_g(\d+)(_sym)?", raw)
     if m and not kv:
         g, sym = int(m.group(1)), bool(m.group(2))

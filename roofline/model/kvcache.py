@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from roofline.io.fields import ConfigError
 from roofline.model.formats import Format
 
 KV_IMPL = "dequant"
@@ -65,6 +66,9 @@ def quantize_caches(model: nn.Module, fmt: Format) -> None:
     their fp32 scales, in place; the float buffers are freed."""
     if fmt.kind not in ("fp8", "int8"):
         raise ValueError(f"quantize_caches: {fmt.name} is not a quantized KV format")
+    if fmt.family == "ggml":
+        raise ConfigError(f"kv={fmt.name}: llama.cpp's block-quantized cache is priced by the what-if, not run here "
+                          "(this code's caches: fp8 per layer, int8 per token)")
     for mod in caching_modules(model):
         for name in mod.CACHE_NAMES:
             old = getattr(mod, name)

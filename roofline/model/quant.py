@@ -69,6 +69,8 @@ def kernel_for(fmt: Format, device) -> str | None:
     kind = device_kind(device)
     if fmt.is_float:
         return "aten.mm"
+    if _priced_only(fmt):
+        return None
     name = KERNELS.get((fmt.kind, kind))
     if name is None:
         return None
@@ -78,6 +80,12 @@ def kernel_for(fmt: Format, device) -> str | None:
     if need and kind == "cuda" and torch.cuda.get_device_capability(torch.device(device)) < need:
         return None
     return name
+
+
+def _priced_only(fmt: Format) -> bool:
+    """A format the what-if prices and this code does not quantize: llama.cpp's GGUF block formats, and int8 with
+    a scale per group (the int8 kernel here takes one scale per output channel)."""
+    return fmt.family == "ggml" or (fmt.kind == "int8" and fmt.granularity == "group")
 
 
 def require_kernel(fmt: Format, device, what: str = "weights") -> str:
@@ -132,6 +140,9 @@ def quantize(w: torch.Tensor, fmt: Format, act_dtype: torch.dtype = torch.bfloat
     if fmt.kind == "fp4":
         raise Unsupported(f"weights={fmt.name}: fp4 is priced by the what-if (roofline.parallel.whatif); this code "
                           "runs no fp4 kernel")
+    if _priced_only(fmt):
+        raise Unsupported(f"weights={fmt.name}: priced by the what-if (roofline.parallel.whatif); this code quantizes "
+                          "no GGUF block format and int8 only per output channel")
     if fmt.kind == "int8":
         s = (w.abs().amax(1) / 127).clamp(min=1e-12).to(act_dtype)
         q = torch.round(w / s.float()[:, None]).clamp(-128, 127).to(torch.int8)

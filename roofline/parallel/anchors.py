@@ -164,11 +164,11 @@ def _mapping(x, where: str) -> dict:
 
 
 def served_precision(a: dict, cfg: ModelConfig) -> str:
-    """The precision label the deployment served: its dtype with its weights / kv formats
+    """The precision label the deployment served: its dtype with its weights / kv / lm_head formats
     (roofline.model.formats names; a float format equal in size to the dtype is the dtype itself)."""
     dtype = a.get("dtype") or "bfloat16"
     plain = lambda f: None if f in (None, "bf16", "fp16", "bfloat16", "float16") else f  # noqa: E731
-    return precision(dtype, plain(a.get("weights")), plain(a.get("kv")), None,
+    return precision(dtype, plain(a.get("weights")), plain(a.get("kv")), plain(a.get("lm_head")),
                      cfg.native_weights if cfg is not None else "", plain(a.get("experts")),
                      cfg.native_experts if cfg is not None else "").label
 
