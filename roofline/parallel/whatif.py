@@ -618,8 +618,9 @@ class WhatIf:
     def step_terms(self, B: int, L: int, engine: str, scenario: int = 1) -> dict[str, float]:
         """Where a plain decode step's time goes (s), by term of `pass_seconds` (dense GEMMs, routed experts,
         elementwise kernels, attention, the KV cache copies of an engine that makes them, LM head, launch floors, the
-        engine's host time, the device's cost per sequence, collectives), for one engine at one scenario (typical by default), scaled as `forward` scales
-        the pass (pipeline stages, a calibration): they sum to `target(1, B, L, scenario, engine)`."""
+        engine's host time, the device's cost per sequence, collectives), for one engine at one scenario (typical by
+        default), scaled as `forward` scales the pass (pipeline stages, a calibration): they sum to
+        `target(1, B, L, scenario, engine)`."""
         f = self._scale(B) * self.layout.pp
         return {k: f * v for k, v in self.pass_detail(Pass(B, 1, L), scenario, engine)["terms"].items()}
 
