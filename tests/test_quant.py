@@ -300,7 +300,7 @@ def test_llama_cpp_block_formats_price_their_bytes_and_are_not_run_here():
         assert quant.kernel_for(parse_format(name), "cpu") is None
         with pytest.raises(quant.Unsupported, match=f"weights={name}: priced by the what-if"):
             quant.quantize(weight(64, 64), parse_format(name))
-    with pytest.raises(quant.Unsupported, match="weights=q4_0 on device=cpu: no fast kernel"):
+    with pytest.raises(quant.Unsupported, match="weights=q4_0 on device=cpu: no kernel here runs it"):
         quant.quantize_model(m, "bfloat16+weights=q4_0", "cpu")
     q4 = forward_cost(get_preset("llama-2-7b"), "float16+weights=q4_0+lm_head=q8_0", 1, 1, 128)
     f16 = forward_cost(get_preset("llama-2-7b"), "float16", 1, 1, 128)

@@ -90,6 +90,9 @@ def _priced_only(fmt: Format) -> bool:
 
 def require_kernel(fmt: Format, device, what: str = "weights") -> str:
     k = kernel_for(fmt, device)
+    if k is None and _priced_only(fmt):
+        raise Unsupported(f"{what}={fmt.name} on device={device}: no kernel here runs it (llama.cpp's GGUF block "
+                          "formats and group-scaled int8 are priced by the what-if, roofline.parallel.whatif)")
     if k is None:
         have = sorted(f"{f} on {d}" for f, d in KERNELS)
         raise Unsupported(f"{what}={fmt.name} on device={device}: no fast kernel (a dequantise-then-matmul "
