@@ -45,7 +45,7 @@ from pathlib import Path
 import yaml
 
 from roofline.io.fields import ConfigError, check_int, check_number
-from roofline.parallel.engines import check_client
+from roofline.parallel.engines import check_client, run_scheduling
 from roofline.parallel.whatif import Calibration, Pass, random_dataset_lengths, serve
 
 # what a `calibrate=` key takes, in the help of every command that has one (card, capacity, predict)
@@ -121,6 +121,7 @@ def load_points(path, model: str | None = None, dtype: str | None = None) -> lis
                 check_int(f"calibrate: points[{i}].num_prompts", pt["num_prompts"], 1)
             random_dataset_lengths(1, 1, pt.get("range_ratio", 1.0), f"calibrate: points[{i}].range_ratio")
             check_client(pt.get("client", "server"))
+            run_scheduling(pt, f"calibrate: points[{i}].")
     return pts
 
 
@@ -128,7 +129,8 @@ def run_point(w, pt: dict) -> dict:
     """A finite-run point priced by `whatif.serve` on the uncalibrated what-if `w`, as the step point it stands for:
     {B: the sequences the run keeps running, L: their mean context, ratio: measured / predicted time}."""
     I, O, staggered = random_dataset_lengths(pt["input_len"], pt["output_len"], pt.get("range_ratio", 1.0))
-    s = serve(w, I, O, pt["concurrency"], pt.get("num_prompts"), staggered=staggered, client=pt.get("client", "server"))
+    s = serve(w, I, O, pt["concurrency"], pt.get("num_prompts"), staggered=staggered, client=pt.get("client", "server"),
+              **run_scheduling(pt, "calibrate: point."))
     (metric,) = [k for k in RUN_METRICS if k in pt]
     key, unit_s = RUN_METRICS[metric]
     predicted = s[key]["typical"]

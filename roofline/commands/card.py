@@ -28,7 +28,7 @@ from roofline.measure.devices import Datasheet, get_datasheet
 from roofline.analysis.calibrate import POINTS_FILE
 from roofline.analysis.fitcheck import check_drafter
 from roofline.model.speculation import DRAFTERS
-from roofline.parallel.engines import check_client, engine_name, graph_batch_sizes, profile
+from roofline.parallel.engines import check_client, engine_name, graph_batch_sizes, profile, run_scheduling
 from roofline.parallel.whatif import SpecDecode, matmul_dtype, random_dataset_lengths
 
 
@@ -68,6 +68,10 @@ class CardRequest:
                                    "serve`) or offline (its offline entry point: vLLM's benchmark_throughput / "
                                    "benchmark_latency, the LLM class); picks the engine's default tokens per step and "
                                    "running-sequence cap (engines.yaml prefill_chunk_tokens, max_running_seqs)")
+    prefill_chunk_tokens: int = option(0, "the finite run's prompt tokens per step (its --max-num-batched-tokens, "
+                                          "chunked_prefill_size or max_num_tokens; 0: the engine's default)")
+    step_batching: str = option("", "how the finite run's prompt chunks share its steps: shared | prefill_first | "
+                                    "beside (empty: the engine's; vLLM V0 with --enable-chunked-prefill: shared)")
     graph_batch_sizes: tuple | None = internal(None, "the graph_batch_sizes key (roofline.commands.GraphKeys), checked")
     calibrate: str | None = option(None, f"with a device: {POINTS_FILE}: the what-if rescaled to them, its "
                                          "decode-step interval narrowed where they determine it "
@@ -88,6 +92,7 @@ class CardRequest:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(f"{name}={v!r}: must be an integer >= 0")
         check_client(self.client)
+        run_scheduling(dict(prefill_chunk_tokens=self.prefill_chunk_tokens, step_batching=self.step_batching), "")
         random_dataset_lengths(self.input_len, self.output_len, self.range_ratio)  # the ratio's range, by name
         if bool(self.input_len) != bool(self.output_len):
             raise ConfigError(f"input_len={self.input_len}, output_len={self.output_len}: a finite run needs both "
@@ -218,7 +223,9 @@ def _what_if_run(req: CardRequest, w) -> dict:
     C = req.concurrency or req.batch
     I, O, drawn = random_dataset_lengths(req.input_len, req.output_len, req.range_ratio)
     staggered = req.staggered or drawn
-    run = lambda spec: serve(w, I, O, C, req.num_prompts or C, staggered=staggered, client=req.client, spec=spec)
+    sched = run_scheduling(dict(prefill_chunk_tokens=req.prefill_chunk_tokens, step_batching=req.step_batching), "")
+    run = lambda spec: serve(w, I, O, C, req.num_prompts or C, staggered=staggered, client=req.client, spec=spec,  # noqa: E731
+                             **sched)
     spec = req.spec_decode(_draft_what_if(req, w))
     s = run(spec)
     out = dict(run_input_len=req.input_len, run_output_len=req.output_len, run_range_ratio=req.range_ratio,
@@ -442,6 +449,7 @@ def run(c: dict) -> None:
                            tp=c["tp"], ep=c["ep"], dp_attention=c["dp_attention"], input_len=c["input_len"],
                            output_len=c["output_len"], concurrency=c["concurrency"], num_prompts=c["num_prompts"],
                            staggered=c["staggered"], range_ratio=c["range_ratio"], client=c["client"],
+                           prefill_chunk_tokens=c["prefill_chunk_tokens"], step_batching=c["step_batching"] or "",
                            graph_batch_sizes=graph_batch_sizes(c), calibrate=c.get("calibrate") or None, k=c["k"],
                            acceptance=c["acceptance"], drafter=c["drafter"],
                            draft_model=get_preset(c["draft_model"]) if c.get("draft_model") else None))

@@ -31,7 +31,7 @@ from roofline.measure.devices import get_datasheet
 from roofline.model.config import ModelConfig
 from roofline.model.formats import precision
 from roofline.model.presets import get_preset
-from roofline.parallel.engines import check_client, graph_sizes
+from roofline.parallel.engines import check_client, graph_sizes, run_scheduling
 from roofline.parallel.layout import Layout
 from roofline.parallel.whatif import (BAND_CATEGORIES, BANDS_PATH, SCENARIOS, Setting, SpecDecode, WhatIf,
                                       band_categories, band_for, load_bands, random_dataset_lengths, serve, widen)
@@ -56,12 +56,14 @@ def _need(a: dict, key: str, where: str):
 def check_workload(wl, metric: str, where: str) -> None:
     """A workload is one decode step {B, L} (B sequences at L cached tokens: itl_ms, tpot_ms, tok_s_per_user,
     spec_speedup) or a finite run {concurrency, input_len, output_len[, num_prompts, range_ratio]}; either may name
-    the run's CUDA-graph batch sizes (graph_batch_sizes: the engine's option, which replaces its default)."""
+    the run's CUDA-graph batch sizes (graph_batch_sizes: the engine's option, which replaces its default) and its
+    scheduler settings (prefill_chunk_tokens, step_batching: engines.run_scheduling)."""
     if not isinstance(wl, dict):
         raise ConfigError(f"{where}: workload={wl!r}: expected a mapping, {{B, L}} or "
                           f"{{concurrency, input_len, output_len}}")
     if "graph_batch_sizes" in wl:
         graph_sizes(wl["graph_batch_sizes"], f"{where}: workload.graph_batch_sizes")
+    run_scheduling(wl, f"{where}: workload.")
     if "B" in wl or "L" in wl:
         for key, least in (("B", 1), ("L", 0)):
             check_int(f"{where}: workload.{key}", _need(wl, key, f"{where}: workload"), least)
@@ -226,7 +228,8 @@ def what_if(a: dict, cfg: ModelConfig, setting: Setting | None = None, models: d
     I, O, staggered = random_lengths(wl)
     s = serve(w, I, O, wl["concurrency"], wl.get("num_prompts"),
               spec=finite_spec(a, w, models or {}) if a.get("spec") else None,
-              static_batch=a.get("batching") == "static", staggered=staggered, client=a.get("client", "server"))
+              static_batch=a.get("batching") == "static", staggered=staggered, client=a.get("client", "server"),
+              **run_scheduling(wl, f"anchor {a['id']}: workload."))
     conv = {"itl_ms": lambda d: {k: v * 1e3 for k, v in d["itl_s"].items()},
             "tpot_ms": lambda d: {k: v * 1e3 for k, v in d["itl_mean_s"].items()},
             "ttft_ms": lambda d: {k: v * 1e3 for k, v in d["ttft_s"].items()},

@@ -74,6 +74,7 @@ class Engine:
     kv_repeat_share: float = 0.0  # engines.yaml gqa_decode_kv_reads: a GQA KV head's repeated reads (once per query head) from DRAM
     kv_repeat_copies: bool = False  # engines.yaml gqa_decode_kv_reads materialised: the repeats are copies written first
     kv_concat: bool = False  # engines.yaml kv_cache_update concat: each step reads the whole cache and writes it anew
+    chunked_prefill_v0: bool = False  # engines.yaml chunked_prefill v0_default: on or off by vLLM V0's default rule
 
     def block_reduces(self, cfg) -> int:
         """All-reduces of one block's activations under tensor parallelism: 2 (attention's and the FFN's row-parallel
@@ -124,6 +125,12 @@ KV_READS = ("shared", "per_query_head", "materialised")
 # preallocated cache) or by concatenation (transformers' DynamicCache: torch.cat reads the whole cache and writes it
 # anew, one token longer, every step)
 KV_UPDATES = ("in_place", "concat")
+
+# engines.yaml chunked_prefill: always (the engine's step_batching and prefill_chunk_tokens as written), or v0_default:
+# vLLM V0's _set_default_args_v0, on for a model of more than 32K tokens of context on CUDA without MLA, sliding
+# windows or speculation (then its steps are `shared`, 2048 tokens), else off: the V0 scheduler's prompt steps alone
+# (`prefill_first`), whole prompts up to max_num_batched_tokens = max(max_model_len, 2048) (whatif.v0_chunked_prefill)
+CHUNKED_PREFILL = ("always", "v0_default")
 
 
 def graph_sizes(sizes, where: str) -> tuple[int, ...]:
@@ -199,7 +206,8 @@ def padded_batch(b: int, sizes: tuple[int, ...]) -> int:
 
 def choice(e: dict, key: str, allowed: tuple, default: str, where: str) -> str:
     """engines.yaml <key>'s `value` of a profile, one of `allowed` (absent: `default`); anything else is one error
-    naming the field (step_batching, dp_attention_limits, mxfp4_activations, gqa_decode_kv_reads, kv_cache_update)."""
+    naming the field (step_batching, dp_attention_limits, mxfp4_activations, gqa_decode_kv_reads, kv_cache_update,
+    chunked_prefill)."""
     v = (e.get(key) or {}).get("value", default)
     if v not in allowed:
         raise ConfigError(f"{where}.{key}: {v!r}: allowed {list(allowed)}")
@@ -229,6 +237,27 @@ def device_tiers(e: dict, key: str, where: str) -> tuple:
     if out[-1][0] != 0 or out[-1][1]:
         raise ConfigError(f"{where}.{key}: the last tier must take every device (min_mem_GiB 0, no exclude_names)")
     return tuple(out)
+
+
+def run_scheduling(d: dict, where: str) -> dict:
+    """A run's own scheduler settings from a mapping (an anchor's workload, a calibration point, the card's keys):
+    prefill_chunk_tokens (its tokens per step: --max-num-batched-tokens, chunked_prefill_size, max_num_tokens) and
+    step_batching (how its prompt chunks share the steps: a vLLM V0 run with --enable-chunked-prefill is `shared`),
+    as serve's keyword arguments; absent or empty: the engine's. Anything else is one error naming the field."""
+    out = {}
+    chunk = d.get("prefill_chunk_tokens")
+    if chunk not in (None, 0):
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise ConfigError(f"{where}prefill_chunk_tokens={chunk!r}: must be an integer >= 1 (0 or absent: the "
+                              "engine's)")
+        out["chunk_tokens"] = chunk
+    batching = d.get("step_batching")
+    if batching not in (None, ""):
+        if batching not in STEP_BATCHING:
+            raise ConfigError(f"{where}step_batching={batching!r}: allowed {list(STEP_BATCHING)} (empty or absent: "
+                              "the engine's)")
+        out["step_batching"] = batching
+    return out
 
 
 def check_client(client) -> str:
@@ -319,7 +348,8 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
                       one_reduce_parallel=one_reduce_parallel(e, f),
                       kv_repeat_share=kv_repeat_share(e, scenario, f),
                       kv_repeat_copies=choice(e, "gqa_decode_kv_reads", KV_READS, "shared", f) == "materialised",
-                      kv_concat=choice(e, "kv_cache_update", KV_UPDATES, "in_place", f) == "concat")
+                      kv_concat=choice(e, "kv_cache_update", KV_UPDATES, "in_place", f) == "concat",
+                      chunked_prefill_v0=choice(e, "chunked_prefill", CHUNKED_PREFILL, "always", f) == "v0_default")
     except KeyError as err:
         raise ConfigError(f"{f}: missing key {err.args[0]!r}") from None
 

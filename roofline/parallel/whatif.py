@@ -715,20 +715,34 @@ def random_dataset_lengths(input_len: int, output_len: int, range_ratio: float =
     return max(1, round(input_len * (1 + r) / 2)), max(1, round(output_len * (1 + r) / 2)), True
 
 
+V0_LONG_CONTEXT = 32768  # vLLM V0's _set_default_args_v0: use_long_context = max_model_len > 32768
+
+
+def v0_chunked_prefill(cfg: ModelConfig, device: Datasheet, spec=None) -> bool:
+    """Whether vLLM V0 runs `cfg` with chunked prefill by default (engines.yaml chunked_prefill v0_default: its
+    _set_default_args_v0): off for an MLA model, on for a context beyond 32K tokens on CUDA (not ROCm) without sliding
+    windows or speculation, else off. A run that sets --enable-chunked-prefill gives its own step_batching."""
+    return (not cfg.is_mla and cfg.max_context > V0_LONG_CONTEXT and device.vendor == "nvidia"
+            and cfg.local_kind != "sliding" and spec is None)
+
+
 def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prompts: int | None = None,
           chunk_tokens: int | None = None, staggered: bool = False, spec: SpecDecode | None = None,
-          static_batch: bool = False, client: str = "server") -> dict:
+          static_batch: bool = False, client: str = "server", step_batching: str | None = None) -> dict:
     """A finite benchmark run as `vllm bench serve --max-concurrency C --num-prompts N` measures it
     (every request ready at t = 0): TTFT, ITL median and p90, end-to-end latency, output tok/s and
     tok/s per GPU, each an interval. Prompts are prefilled in chunks of `chunk_tokens` (chunked
     prefill, compute-bound; None: each engine's default for the device and the `client`, the run reaching
-    it through its HTTP server or its offline entry point, engines.yaml prefill_chunk_tokens, else
+    it through its HTTP server or its offline entry point, engines.yaml prefill_chunk_tokens; an engine without
+    chunked prefill, whole prompts up to the model's context, engines.yaml prefill_step_tokens; else
     priors.yaml chunked_prefill_tokens); C sequences decode at mean context input + output/2.
 
     How a prompt chunk shares a step with the decodes is the engine's (engines.yaml step_batching): `shared` (vLLM
     V1, TensorRT-LLM) one step whose token budget counts both, the chunk beside b decodes the budget less b (1 + k
-    tokens each with k drafts); `prefill_first` (SGLang, and any static batch) the prompts in steps of their own,
-    before the decodes; `beside` (the others) the chunk whole beside the decodes.
+    tokens each with k drafts); `prefill_first` (SGLang, vLLM V0 without chunked prefill, and any static batch) the
+    prompts in steps of their own, before the decodes; `beside` (the others) the chunk whole beside the decodes.
+    `step_batching` (one of those) replaces every engine's: a run configured otherwise than its engine's default
+    (vLLM V0 with chunked prefill on: `shared`).
 
     Fixed lengths (staggered=False, what a random dataset of fixed input / output lengths and a static
     batch run): the C requests of a wave finish together, so every wave is a ramp of R = C·input/chunk
@@ -782,8 +796,15 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
         v = engines_mod.tier_value(getattr(eng, tiers), mem, w.device.key, client)
         return v * w.layout.batch_split if v is not None and eng.dp_limits == "per_rank" else v
 
-    chunks = {e: chunk_tokens or engine_default(e, "prefill_chunk_tiers") or prior_chunk
-              for e in w.setting.engine_names()}
+    v0 = {e: v0_chunked_prefill(w.cfg, w.device, spec) for e in w.setting.engine_names()
+          if w._eng(e, 1).chunked_prefill_v0}  # vLLM V0: chunked prefill on or off by its default rule
+
+    def engine_chunk(e) -> int | None:  # V0 without chunked prefill: whole prompts up to the model's context in a step
+        if e in v0 and not v0[e]:  # (max_num_batched_tokens = max(max_model_len, 2048))
+            return max(w.cfg.max_context, prior_chunk)
+        return engine_default(e, "prefill_chunk_tiers")
+
+    chunks = {e: chunk_tokens or engine_chunk(e) or prior_chunk for e in w.setting.engine_names()}
     I, O = input_len, output_len
     L = I + O // 2
     tau = spec.tau() if spec is not None else 1.0
@@ -805,7 +826,11 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
 
     # how each engine's steps hold a prompt chunk (engines.yaml step_batching); a static batch prefills all its prompts
     # before its first decode step
-    batchings = {e: "prefill_first" if static_batch else w._eng(e, 1).step_batching for e in w.setting.engine_names()}
+    if step_batching is not None and step_batching not in engines_mod.STEP_BATCHING:
+        raise ConfigError(f"step_batching={step_batching!r}: allowed {list(engines_mod.STEP_BATCHING)}")
+    batchings = {e: "prefill_first" if static_batch else step_batching or (
+        ("shared" if v0[e] else "prefill_first") if e in v0 else w._eng(e, 1).step_batching)
+        for e in w.setting.engine_names()}
 
     def budget_chunk(e, b) -> float:
         """Prompt tokens a step carrying b decodes prefills: the engine's budget, less one token per decode (1 + k
