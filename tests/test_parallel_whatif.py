@@ -575,7 +575,7 @@ def test_a_steps_token_budget_holds_its_decodes_where_the_engine_shares_it():
     assert shared["ttft_s"]["typical"] > 1.3 * beside["ttft_s"]["typical"]  # beside: the 128th at step 2
 
 
-def test_vllm_v0_batches_its_prompts_as_its_default_chunked_prefill_rule_says():
+def test_vllm_v0_batches_its_prompts_as_its_default_chunked_prefill_rule_says(tmp_path):
     """vLLM V0 without chunked prefill runs waiting prompts in steps of their own ('Don't schedule decodes if prefills
     are scheduled'), whole prompts up to max_num_batched_tokens = max(max_model_len, 2048); its default turns chunked
     prefill on only for a model of more than 32K tokens on CUDA without MLA or sliding windows (then V1-like `shared`
@@ -606,6 +606,11 @@ def test_vllm_v0_batches_its_prompts_as_its_default_chunked_prefill_rule_says():
         engines.run_scheduling({"step_batching": "mixed"}, "")
     with pytest.raises(ConfigError, match="prefill_chunk_tokens=-1"):
         engines.run_scheduling({"prefill_chunk_tokens": -1}, "")
+    from roofline.analysis import calibrate
+    pts = tmp_path / "pts.yaml"  # a calibration point's run: the same keys, checked where the points are read
+    pts.write_text("points: [{concurrency: 16, input_len: 512, output_len: 128, tpot_ms: 30, step_batching: nope}]\n")
+    with pytest.raises(ConfigError, match=r"points\[0\]\.step_batching='nope'"):
+        calibrate.load_points(pts)
     a = next(a for a in anchors.load()[2] if a["id"] == "vllm-mi300x-qwen3-30b-a3b-fp8-10000-500")
     assert a["workload"]["prefill_chunk_tokens"] == 32768  # its --max-model-len 32768: max(32768, 2048)
 
