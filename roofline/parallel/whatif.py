@@ -733,8 +733,8 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     (every request ready at t = 0): TTFT, ITL median and p90, end-to-end latency, output tok/s and
     tok/s per GPU, each an interval. Prompts are prefilled in chunks of `chunk_tokens` (chunked
     prefill, compute-bound; None: each engine's default for the device and the `client`, the run reaching
-    it through its HTTP server or its offline entry point, engines.yaml prefill_chunk_tokens; an engine without
-    chunked prefill, whole prompts up to the model's context, engines.yaml prefill_step_tokens; else
+    it through its HTTP server or its offline entry point, engines.yaml prefill_chunk_tokens; vLLM V0 without
+    chunked prefill, whole prompts up to the model's context, engines.yaml chunked_prefill; else
     priors.yaml chunked_prefill_tokens); C sequences decode at mean context input + output/2.
 
     How a prompt chunk shares a step with the decodes is the engine's (engines.yaml step_batching): `shared` (vLLM
