@@ -398,8 +398,8 @@ def render_card(rec: dict) -> str:
                      f"{rec['run_output_len']} out{drawn}, "
                      f"{rec['run_concurrency']} at a time ({'staggered' if rec['run_staggered'] else 'fixed'} lengths), "
                      f"{rec['run_running_seqs']:.0f} running (the engine's KV pool and sequence cap), "
-                     f"{rec['run_client']} client, prompts in chunks of {rec['run_prefill_chunk_tokens']:.0f} tokens"
-                     + (" a step over its attention-DP ranks" if "dpattn" in str(rec.get("whatif_layout", "")) else ""))
+                     f"{rec['run_client']} client, up to {rec['run_prefill_chunk_tokens']:.0f} prompt tokens a step"
+                     + (" over its attention-DP ranks" if "dpattn" in str(rec.get("whatif_layout", "")) else ""))
         if rec.get("run_spec_k"):
             acc = ", ".join(f"{a:g}" for a in rec["run_spec_acceptance"])
             lines.append(f"  speculative: k={rec['run_spec_k']} drafts a round by {rec['run_spec_drafter']}"
