@@ -1261,6 +1261,34 @@ def test_hf_eager_rewrites_its_cache_each_step_and_copies_a_gqa_layers_kv_per_qu
     assert terms("llama-2-7b", "gpt-fast")[0]["kv_copy"] == 0.0
 
 
+def test_hf_eager_issues_each_touched_experts_kernels_from_its_python_loop():
+    """transformers' eager MoE blocks loop over the experts their tokens hit, about 10 launches each (a nonzero, the
+    gather, w1 / act / w3 / product / w2, the routing weights, index_add_): hf-eager's host pays them per touched
+    expert of every MoE layer, so a step grows with the experts its batch touches; a dense model and an engine under
+    CUDA graphs pay none of it."""
+    import dataclasses
+    kern, priors = kernels.load_kernels(), whatif.load_priors()
+    cfg, dev = get_preset("qwen3-30b-a3b"), get_datasheet("h100_sxm")
+    eng = engines.profile("hf-eager", 1)
+    assert [engines.profile("hf-eager", j).launches_per_expert for j in range(3)] == [9, 10, 12]
+    assert engines.profile("vllm", 1).launches_per_expert == 0.0
+    no_loop = dataclasses.replace(eng, launches_per_expert=0.0)
+
+    def detail(e, B):
+        return whatif.pass_seconds(cfg, Layout(), "bfloat16", Pass(B, 1, 512), dev, e, 1, kern, priors)
+    for B in (1, 32):
+        d = detail(eng, B)
+        extra = d["terms"]["per_layer"] - detail(no_loop, B)["terms"]["per_layer"]
+        assert extra == pytest.approx(cfg.layers * d["experts_touched"] * 10 * eng.host_s_per_launch)
+    assert detail(eng, 32)["experts_touched"] > 10 * detail(eng, 1)["experts_touched"]  # 8 at B = 1, ~112 at 32
+    dense = get_preset("llama-3.1-8b")
+    d = whatif.pass_seconds(dense, Layout(), "bfloat16", Pass(1, 1, 512), dev, eng, 1, kern, priors)
+    assert d["terms"]["per_layer"] == pytest.approx(
+        whatif.pass_seconds(dense, Layout(), "bfloat16", Pass(1, 1, 512), dev, no_loop, 1, kern, priors)["terms"]["per_layer"])
+    graphs = WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine="hf-eager", graphs=True))
+    assert graphs.pass_detail(Pass(32, 1, 512), 1, "hf-eager")["terms"]["per_layer"] < extra / 10
+
+
 def test_vllm_v0_rocm_is_vllm_v0_with_the_host_time_of_the_rocm_build():
     """AMD's rocm/vllm-dev containers (vLLM V0, 'Cython to reduce host overhead') pay a fixed host time per step
     (1.17 ms), fitted to the one V0 batch sweep of the calibration split, and no host time per sequence: the sweep's

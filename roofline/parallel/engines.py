@@ -52,6 +52,7 @@ class Engine:
     bw_scale: float = 1.0  # reserved: an engine-level weights_bw_fraction (none is published: kernels.yaml decides)
     launches_per_layer: float | None = None  # host_issue: kernels the host launches per decoder layer (no graphs)
     host_s_per_launch: float = 0.0  # host_issue: host (Python + dispatcher + driver) seconds per launch
+    launches_per_expert: float = 0.0  # host_issue: kernels an MoE layer launches per touched expert (a Python loop)
     fp16_accumulate: bool = False  # its fp16 GEMMs accumulate in fp16 (the device's fp16-accumulate tensor rate)
     step_overhead_per_seq_s: float = 0.0  # host time per running sequence per step (the scheduler's loops over the batch)
     attention_bw_fraction: float | None = None  # its own decode-attention kernel's streaming fraction (None: kernels.yaml's)
@@ -318,6 +319,8 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
             per_layer = None
         host = e.get("host_issue")
         launches = None if host is None else pick(host["launches_per_layer"], scenario, f"{f}.host_issue.launches_per_layer")
+        per_expert = (pick(host["launches_per_touched_expert"], scenario, f"{f}.host_issue.launches_per_touched_expert")
+                      if host is not None and host.get("launches_per_touched_expert") is not None else 0.0)
         per_launch = 0.0 if host is None else pick(host["us_per_launch"], scenario, f"{f}.host_issue.us_per_launch") * 1e-6
         pool = e.get("kv_pool") or {}
         if pool and (pool.get("of") not in ("total", "free") or not 0 < float(pool.get("fraction", 0)) <= 1):
@@ -329,6 +332,7 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
                                                if e.get("step_overhead_per_seq_us") is not None else 0.0),
                       per_layer_s=None if per_layer is None else pick(per_layer, scenario, f"{f}.per_layer_us") * 1e-6,
                       allreduce_latency_s=ar, launches_per_layer=launches, host_s_per_launch=per_launch,
+                      launches_per_expert=per_expert,
                       fp16_accumulate=(e.get("gemm_accumulate") or {}).get("value") == "fp16",
                       fused_moe=(e.get("moe_kernel") or {}).get("value") == "fused_moe",
                       attention_bw_fraction=(pick(e["attention_bw_fraction"], scenario, f"{f}.attention_bw_fraction")

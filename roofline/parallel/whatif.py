@@ -276,19 +276,22 @@ def graph_batch(eng, setting: Setting, device: Datasheet, b: int, split: int, re
 
 
 def launch_seconds(eng, setting: Setting, scenario: int, priors: dict, n: int, n_moe: int, block_cfg,
-                   device_key: str, kern: dict) -> float:
+                   device_key: str, kern: dict, touched: float = 0.0) -> float:
     """The launch cost of a stage's n blocks (n_moe of them MoE). CUDA graphs: the graph floor per
     layer (priors.yaml, the device architecture's own where kernels.yaml arch_overrides gives one
     (`launch_floor_us_per_layer_graph`), or the engine's per_layer_us), and per MoE layer its router GEMM and gating
     kernels (priors.yaml moe_routing_us_per_layer: latency-bound at decode sizes). Without graphs, an
     engine whose host issues every kernel (`host_issue`) pays its host time per launch for each light
     kernel of a layer: the launches beyond the layer's matmuls and attention (one grouped GEMM more for
-    MoE), whose GPU time is priced as their bytes and FLOPs and exceeds their issue time at decode sizes."""
+    MoE), whose GPU time is priced as their bytes and FLOPs and exceeds their issue time at decode sizes; an engine
+    that loops over an MoE layer's touched experts in Python (transformers' eager MoE blocks) issues its
+    launches_per_touched_expert for each of the `touched` experts of the rank too."""
     graphs = eng.graphs if setting.graphs is None else setting.graphs
     if not graphs and eng.launches_per_layer is not None:
         heavy = lambda moe: len(engine_matrices(block_matrices(block_cfg, moe), eng.merged)) + 1 + int(moe)  # noqa: E731
         light = lambda moe: max(0.0, eng.launches_per_layer - heavy(moe))  # noqa: E731
-        return ((n - n_moe) * light(False) + n_moe * light(True)) * eng.host_s_per_launch
+        per_moe = light(True) + touched * eng.launches_per_expert
+        return ((n - n_moe) * light(False) + n_moe * per_moe) * eng.host_s_per_launch
     per_layer = eng.per_layer_s
     if per_layer is None or setting.graphs is not None:
         own = K.arch_override(kern, device_key).get("launch_floor_us_per_layer_graph") if graphs else None
@@ -409,7 +412,8 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
                   0 if cfg.tie_embeddings else _dequant_ops(prec.lm_head, device), a)["seconds"]
     if mtp:  # eh_proj (2d -> d, activation dtype)
         t_head += gemm(Nr, cfg.d, 2 * cfg.d, 2 * cfg.d * cfg.d * a, "dense", 0, a)["seconds"]
-    t_launch = launch_seconds(eng, setting, scenario, priors, n, n_moe, block_cfg, device.key, kern)
+    t_launch = launch_seconds(eng, setting, scenario, priors, n, n_moe, block_cfg, device.key, kern,
+                              (moe_blk or {}).get("touched", 0.0))
     rc = rank_forward_cost(cfg, layout, prec.label, max(Nr * split, 1), 1, 0, reduces=eng.block_reduces(cfg))
     comm = 0.0
     for c in rc.collectives:
