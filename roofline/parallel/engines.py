@@ -76,6 +76,7 @@ class Engine:
     kv_repeat_copies: bool = False  # engines.yaml gqa_decode_kv_reads materialised: the repeats are copies written first
     kv_concat: bool = False  # engines.yaml kv_cache_update concat: each step reads the whole cache and writes it anew
     chunked_prefill_v0: bool = False  # engines.yaml chunked_prefill v0_default: on or off by vLLM V0's default rule
+    kv_reads_allocated: bool = False  # engines.yaml kv_cache_reads allocated: decode attends over the whole static cache
 
     def block_reduces(self, cfg) -> int:
         """All-reduces of one block's activations under tensor parallelism: 2 (attention's and the FFN's row-parallel
@@ -132,6 +133,10 @@ KV_UPDATES = ("in_place", "concat")
 # windows or speculation (then its steps are `shared`, 2048 tokens), else off: the V0 scheduler's prompt steps alone
 # (`prefill_first`), whole prompts up to max_num_batched_tokens = max(max_model_len, 2048) (whatif.v0_chunked_prefill)
 CHUNKED_PREFILL = ("always", "v0_default")
+
+# engines.yaml kv_cache_reads: what a decode step's attention reads of a sequence's cache: the tokens so far (filled)
+# or the whole static cache the run allocated, masked (allocated: gpt-fast's prompt + max_new_tokens, a multiple of 8)
+KV_CACHE_READS = ("filled", "allocated")
 
 
 def graph_sizes(sizes, where: str) -> tuple[int, ...]:
@@ -208,7 +213,7 @@ def padded_batch(b: int, sizes: tuple[int, ...]) -> int:
 def choice(e: dict, key: str, allowed: tuple, default: str, where: str) -> str:
     """engines.yaml <key>'s `value` of a profile, one of `allowed` (absent: `default`); anything else is one error
     naming the field (step_batching, dp_attention_limits, mxfp4_activations, gqa_decode_kv_reads, kv_cache_update,
-    chunked_prefill)."""
+    chunked_prefill, kv_cache_reads)."""
     v = (e.get(key) or {}).get("value", default)
     if v not in allowed:
         raise ConfigError(f"{where}.{key}: {v!r}: allowed {list(allowed)}")
@@ -353,7 +358,8 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
                       kv_repeat_share=kv_repeat_share(e, scenario, f),
                       kv_repeat_copies=choice(e, "gqa_decode_kv_reads", KV_READS, "shared", f) == "materialised",
                       kv_concat=choice(e, "kv_cache_update", KV_UPDATES, "in_place", f) == "concat",
-                      chunked_prefill_v0=choice(e, "chunked_prefill", CHUNKED_PREFILL, "always", f) == "v0_default")
+                      chunked_prefill_v0=choice(e, "chunked_prefill", CHUNKED_PREFILL, "always", f) == "v0_default",
+                      kv_reads_allocated=choice(e, "kv_cache_reads", KV_CACHE_READS, "filled", f) == "allocated")
     except KeyError as err:
         raise ConfigError(f"{f}: missing key {err.args[0]!r}") from None
 

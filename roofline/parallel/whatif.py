@@ -813,7 +813,13 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     L = I + O // 2
     tau = spec.tau() if spec is not None else 1.0
 
+    # an engine whose decode attends over the whole static cache it allocated (gpt-fast: prompt + output, and a round's
+    # drafts, rounded up to a multiple of 8) reads and multiplies that length at every step, masked or not
+    alloc = 8 * math.ceil((I + O + (spec.k + 1 if spec is not None else 0)) / 8)
+
     def step(B, Lc, pre, s, e):  # one decode step (a round with spec) of B sequences at context Lc + `pre` prompt tokens
+        if Lc and w._eng(e, 1).kv_reads_allocated:
+            Lc = alloc
         if spec is None:
             return w.forward(Pass(B, 1, Lc, pre, I / 2), s, e)
         return w.round_seconds(spec.k, B, Lc, s, e, spec.drafter, spec.draft, pre, I / 2)
