@@ -92,7 +92,7 @@ class CardRequest:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(f"{name}={v!r}: must be an integer >= 0")
         check_client(self.client)
-        run_scheduling(dict(prefill_chunk_tokens=self.prefill_chunk_tokens, step_batching=self.step_batching), "")
+        self.scheduling()  # the run's own scheduler keys, checked by name
         random_dataset_lengths(self.input_len, self.output_len, self.range_ratio)  # the ratio's range, by name
         if bool(self.input_len) != bool(self.output_len):
             raise ConfigError(f"input_len={self.input_len}, output_len={self.output_len}: a finite run needs both "
@@ -106,6 +106,11 @@ class CardRequest:
             raise ConfigError(f"input_len={self.input_len}, output_len={self.output_len}: a request of "
                               f"{self.input_len + self.output_len} tokens exceeds the model's max_context "
                               f"{self.model.max_context}")
+
+    def scheduling(self) -> dict:
+        """The finite run's own scheduler settings as serve's keyword arguments (engines.run_scheduling; empty: the
+        engine's)."""
+        return run_scheduling(dict(prefill_chunk_tokens=self.prefill_chunk_tokens, step_batching=self.step_batching), "")
 
     def _check_spec(self) -> None:
         """k, acceptance, drafter and draft_model: a speculative finite run's, each named where it is wrong."""
@@ -223,9 +228,8 @@ def _what_if_run(req: CardRequest, w) -> dict:
     C = req.concurrency or req.batch
     I, O, drawn = random_dataset_lengths(req.input_len, req.output_len, req.range_ratio)
     staggered = req.staggered or drawn
-    sched = run_scheduling(dict(prefill_chunk_tokens=req.prefill_chunk_tokens, step_batching=req.step_batching), "")
     run = lambda spec: serve(w, I, O, C, req.num_prompts or C, staggered=staggered, client=req.client, spec=spec,  # noqa: E731
-                             **sched)
+                             **req.scheduling())
     spec = req.spec_decode(_draft_what_if(req, w))
     s = run(spec)
     out = dict(run_input_len=req.input_len, run_output_len=req.output_len, run_range_ratio=req.range_ratio,

@@ -800,11 +800,12 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
         v = engines_mod.tier_value(getattr(eng, tiers), mem, w.device.key, client)
         return v * w.layout.batch_split if v is not None and eng.dp_limits == "per_rank" else v
 
-    v0 = {e: v0_chunked_prefill(w.cfg, w.device, spec) for e in w.setting.engine_names()
-          if w._eng(e, 1).chunked_prefill_v0}  # vLLM V0: chunked prefill on or off by its default rule
+    profiles = {e: w._eng(e, 1) for e in w.setting.engine_names()}  # each engine's profile, read once for the run
+    v0 = {e for e, eng in profiles.items() if eng.chunked_prefill_v0}  # vLLM V0: chunked prefill by its default rule,
+    v0_chunked = v0_chunked_prefill(w.cfg, w.device, spec)  # one answer for the model, device and drafts
 
     def engine_chunk(e) -> int | None:  # V0 without chunked prefill: whole prompts up to the model's context in a step
-        if e in v0 and not v0[e]:  # (max_num_batched_tokens = max(max_model_len, 2048))
+        if e in v0 and not v0_chunked:  # (max_num_batched_tokens = max(max_model_len, 2048))
             return max(w.cfg.max_context, prior_chunk)
         return engine_default(e, "prefill_chunk_tiers")
 
@@ -817,8 +818,10 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     # drafts, rounded up to a multiple of 8) reads and multiplies that length at every step, masked or not
     alloc = 8 * math.ceil((I + O + (spec.k + 1 if spec is not None else 0)) / 8)
 
+    allocated = {e for e, eng in profiles.items() if eng.kv_reads_allocated}
+
     def step(B, Lc, pre, s, e):  # one decode step (a round with spec) of B sequences at context Lc + `pre` prompt tokens
-        if Lc and w._eng(e, 1).kv_reads_allocated:
+        if Lc and e in allocated:
             Lc = alloc
         if spec is None:
             return w.forward(Pass(B, 1, Lc, pre, I / 2), s, e)
@@ -836,11 +839,10 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
 
     # how each engine's steps hold a prompt chunk (engines.yaml step_batching); a static batch prefills all its prompts
     # before its first decode step
-    if step_batching is not None and step_batching not in engines_mod.STEP_BATCHING:
-        raise ConfigError(f"step_batching={step_batching!r}: allowed {list(engines_mod.STEP_BATCHING)}")
+    engines_mod.run_scheduling({"step_batching": step_batching}, "")  # a caller's own batching, checked by name
     batchings = {e: "prefill_first" if static_batch else step_batching or (
-        ("shared" if v0[e] else "prefill_first") if e in v0 else w._eng(e, 1).step_batching)
-        for e in w.setting.engine_names()}
+        ("shared" if v0_chunked else "prefill_first") if e in v0 else eng.step_batching)
+        for e, eng in profiles.items()}
 
     def budget_chunk(e, b) -> float:
         """Prompt tokens a step carrying b decodes prefills: the engine's budget, less one token per decode (1 + k
