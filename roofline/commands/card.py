@@ -27,9 +27,9 @@ from roofline.commands import (CheckpointKeys, FormatKeys, GraphKeys, LayoutKeys
 from roofline.measure.devices import Datasheet, get_datasheet
 from roofline.analysis.calibrate import POINTS_FILE
 from roofline.analysis.fitcheck import check_drafter
-from roofline.model.speculation import DRAFTERS
 from roofline.parallel.engines import check_client, engine_name, graph_batch_sizes, profile, run_scheduling
-from roofline.parallel.whatif import SpecDecode, matmul_dtype, random_dataset_lengths
+from roofline.parallel.whatif import (EAGLE3_DRAFT_VOCAB, WHATIF_DRAFTERS, SpecDecode, check_draft_vocab, matmul_dtype,
+                                      random_dataset_lengths)
 
 
 # what the `device` entry (roofline/conf/device/) means to this command: the datasheet row priced
@@ -81,7 +81,10 @@ class CardRequest:
     acceptance: float | tuple | None = option(None, "with k: the drafts' conditional acceptance, one rate or k rates "
                                                     "(position 1..k), each in [0, 1]; yours to give (measure it with "
                                                     "roofline.cli.acceptance or read vLLM's spec-decode metrics)")
-    drafter: str = option("mtp", "with k: mtp (the model's MTP modules) | draft_model | ngram")
+    drafter: str = option("mtp", "with k: mtp (the model's MTP modules) | eagle | eagle3 (an EAGLE-1/2 or EAGLE-3 head "
+                                 "over the target's hidden states) | draft_model | ngram")
+    draft_vocab: int | None = option(None, "with drafter=eagle3: the head's draft vocabulary (its draft_vocab_size; "
+                                           f"unset: {EAGLE3_DRAFT_VOCAB}, the released heads')")
     draft_model: ModelConfig | None = option(None, "with drafter=draft_model: the draft model's preset (replicated on "
                                                    "every rank, in the target's precision)")
 
@@ -116,9 +119,14 @@ class CardRequest:
         """k, acceptance, drafter and draft_model: a speculative finite run's, each named where it is wrong."""
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 0:
             raise ConfigError(f"k={self.k!r}: must be an integer >= 0 (0: plain decoding)")
-        if self.drafter not in DRAFTERS:
-            raise ConfigError(f"drafter={self.drafter!r}: allowed {', '.join(DRAFTERS)}")
+        if self.drafter not in WHATIF_DRAFTERS:
+            raise ConfigError(f"drafter={self.drafter!r}: allowed {', '.join(WHATIF_DRAFTERS)}")
         check_drafter(self.drafter, self.draft_model.name if self.draft_model else None)
+        if self.draft_vocab is not None:
+            check_draft_vocab(self.draft_vocab)
+            if self.drafter != "eagle3":
+                raise ConfigError(f"draft_vocab={self.draft_vocab!r} is given with drafter={self.drafter!r}: it prices "
+                                  "only an EAGLE-3 head's LM head; drop draft_vocab or set drafter=eagle3")
         if not self.k:
             if self.acceptance is not None:
                 raise ConfigError(f"acceptance={self.acceptance!r} is given with k=0: it prices only speculative "
@@ -152,7 +160,7 @@ class CardRequest:
         drafter=draft_model), None for plain decoding."""
         if not self.k:
             return None
-        return SpecDecode(self.k, self._acceptance(), self.drafter, draft)
+        return SpecDecode(self.k, self._acceptance(), self.drafter, draft, self.draft_vocab or EAGLE3_DRAFT_VOCAB)
 
 
 @dataclass(frozen=True)
@@ -250,6 +258,7 @@ def _what_if_run(req: CardRequest, w) -> dict:
         plain = run(None)
         out.update(run_spec_k=spec.k, run_spec_drafter=spec.drafter, run_spec_acceptance=list(spec.acceptance),
                    run_spec_draft_model=req.draft_model.name if req.draft_model else None,
+                   run_spec_draft_vocab=spec.draft_vocab if spec.drafter == "eagle3" else None,
                    run_spec_tokens_per_round=spec.tau(), run_plain_output_tok_s=plain["output_tok_s"]["typical"],
                    run_plain_tpot_ms=plain["itl_mean_s"]["typical"] * 1e3,
                    run_plain_e2e_latency_s=plain["e2e_s"]["typical"],
@@ -408,6 +417,7 @@ def render_card(rec: dict) -> str:
             acc = ", ".join(f"{a:g}" for a in rec["run_spec_acceptance"])
             lines.append(f"  speculative: k={rec['run_spec_k']} drafts a round by {rec['run_spec_drafter']}"
                          + (f" ({rec['run_spec_draft_model']})" if rec.get("run_spec_draft_model") else "")
+                         + (f" (draft vocabulary {rec['run_spec_draft_vocab']})" if rec.get("run_spec_draft_vocab") else "")
                          + f", acceptance {acc}: {rec['run_spec_tokens_per_round']:.3g} tokens a round; ITL is the gap "
                          "between rounds, TPOT per token")
         for _, name, _ in RUN_METRICS[:-2]:  # the latencies and rates (running sequences and chunk: the line above)
@@ -455,5 +465,5 @@ def run(c: dict) -> None:
                            staggered=c["staggered"], range_ratio=c["range_ratio"], client=c["client"],
                            prefill_chunk_tokens=c["prefill_chunk_tokens"], step_batching=c["step_batching"] or "",
                            graph_batch_sizes=graph_batch_sizes(c), calibrate=c.get("calibrate") or None, k=c["k"],
-                           acceptance=c["acceptance"], drafter=c["drafter"],
+                           acceptance=c["acceptance"], drafter=c["drafter"], draft_vocab=c["draft_vocab"],
                            draft_model=get_preset(c["draft_model"]) if c.get("draft_model") else None))

@@ -55,7 +55,8 @@ class PredictRequest:
                                              "Another = device-fit transfer")
     dtype: str = option("bfloat16", "float32 | bfloat16 | float16: activations (and every class not overridden)")
     mode: str | None = option(None, "eager | graph | compiled; null: the fitted mode")
-    drafter: str = option("mtp", "mtp | draft_model | ngram")
+    drafter: str = option("mtp", "mtp | draft_model | ngram; the what-if (device= without fit=) also eagle | eagle3 "
+                                 "(an EAGLE-1/2 or EAGLE-3 head; EAGLE-3's draft vocabulary 32000)")
     draft_model: ModelConfig | None = option(None, "preset name of the draft model (drafter=draft_model)")
     draft_fit: str | None = option(None, "its own fit.json (default: the target's device fit, transferred)")
     alphas: tuple[float, ...] = option((0.6, 0.7, 0.8, 0.9), "i.i.d. acceptance rates")
@@ -176,6 +177,9 @@ def predict_command(c: Mapping) -> tuple[str, dict]:
             summary["out_dir"] = str(out)
         return pd.DataFrame(rows).round(3).to_string(index=False) + (f"\nwarning: {unfit}" if unfit else ""), summary
     fitcheck.check_drafter(c.get("drafter"), c.get("draft_model"))
+    if c.get("drafter") in whatif.EAGLE_HEADS:
+        raise ConfigError(f"drafter={c['drafter']}: priced by the what-if only (device= without fit=): a fit has "
+                          "measured no EAGLE head")
     draft = get_preset(c.pop("draft_model")) if c.get("draft_model") else None
     c["dtype"] = served_label(c["dtype"], c, model, c.get("weights"), pop=True)  # weights=native needs the target: model=
     best, summary = predict(from_dict(PredictRequest, c, "predict", lists_to_tuples=True, model=model, draft_model=draft))

@@ -31,10 +31,11 @@ from roofline.measure.devices import get_datasheet
 from roofline.model.config import ModelConfig
 from roofline.model.formats import precision
 from roofline.model.presets import get_preset
-from roofline.parallel.engines import check_client, graph_sizes, run_scheduling
+from roofline.parallel.engines import check_client, graph_sizes, profile, run_scheduling
 from roofline.parallel.layout import Layout
-from roofline.parallel.whatif import (BAND_CATEGORIES, BANDS_PATH, SCENARIOS, Setting, SpecDecode, WhatIf,
-                                      band_categories, band_for, load_bands, random_dataset_lengths, serve, widen)
+from roofline.parallel.whatif import (BAND_CATEGORIES, BANDS_PATH, EAGLE3_DRAFT_VOCAB, EAGLE_HEADS, SCENARIOS, Setting,
+                                      SpecDecode, WhatIf, band_categories, band_for, check_draft_vocab, load_bands,
+                                      random_dataset_lengths, serve, widen)
 
 ANCHORS_PATH = Path(__file__).resolve().parents[1] / "data" / "deployments.yaml"
 PRIOR_PATHS = tuple(ANCHORS_PATH.parent / n for n in ("priors.yaml", "kernels.yaml", "engines.yaml"))
@@ -106,6 +107,14 @@ def check_anchor(a, where: str, sources: dict, seen: set) -> None:
         raise ConfigError(f"{where}: category={cat!r}: allowed a list of names")
     if a.get("spec") is not None and not isinstance(a["spec"], dict):
         raise ConfigError(f"{where}: spec={a['spec']!r}: expected a mapping {{drafter, k, acceptance}}")
+    spec = a.get("spec") or {}
+    if spec.get("accepted_length") is not None:
+        check_number(f"{where}: spec.accepted_length", spec["accepted_length"], 1.0)
+    if spec.get("draft_vocab") is not None:
+        try:
+            check_draft_vocab(spec["draft_vocab"])
+        except ConfigError as e:
+            raise ConfigError(f"{where}: spec.{e}") from None
     check_workload(a["workload"], a["metric"], where)
 
 
@@ -210,13 +219,14 @@ def what_if(a: dict, cfg: ModelConfig, setting: Setting | None = None, models: d
                                   "outputs and the prefill burst of requests sent at once)")
     if m == "spec_speedup":
         spec = a.get("spec") or {}
-        acc, k = spec.get("acceptance"), spec.get("k")
-        if not isinstance(k, int) or not isinstance(acc, list):
-            raise NotImplementedError(f"k={k!r}, acceptance={acc!r}: a speedup needs both stated")
-        if spec.get("drafter") != "mtp":
-            raise NotImplementedError(f"drafter={spec.get('drafter')!r}: only MTP drafts are priced per rank")
-        alpha = (max(acc), float(np.mean(acc)), min(acc))
-        return w.spec_speedup(alpha, spec["k"], wl["B"], wl["L"])
+        k = spec.get("k")
+        alpha = spec_alphas(spec)
+        if not isinstance(k, int) or alpha is None:
+            raise NotImplementedError(f"k={k!r}, acceptance={spec.get('acceptance')!r}: a speedup needs both stated")
+        if spec.get("drafter") not in SPEEDUP_DRAFTERS:
+            raise NotImplementedError(f"drafter={spec.get('drafter')!r}: priced per rank: {list(SPEEDUP_DRAFTERS)}")
+        return w.spec_speedup(alpha, k, wl["B"], wl["L"], spec["drafter"],
+                              draft_vocab=spec.get("draft_vocab", EAGLE3_DRAFT_VOCAB))
     if "B" in wl:  # one decode step of B sequences at L cached tokens
         itl = w.itl(wl["B"], wl["L"])
         r = dict(itl_s=itl, tok_s_per_user={k: 1 / v for k, v in itl.items()})
@@ -239,6 +249,64 @@ def what_if(a: dict, cfg: ModelConfig, setting: Setting | None = None, models: d
             "output_tok_s_per_gpu": lambda d: {k: v / a.get("n_devices", lay.devices)
                                                for k, v in d["output_tok_s"].items()}}
     return conv[m](s)
+
+
+SPEEDUP_DRAFTERS = ("mtp",) + EAGLE_HEADS  # a speedup anchor's drafters: heads priced on the target's own ranks
+
+
+def spec_alphas(spec: dict) -> tuple[float, float, float] | None:
+    """(optimistic, typical, pessimistic) i.i.d. acceptance of a speculative anchor: from its per-position `acceptance`
+    (their max, mean, min), or from the `accepted_length` its source states (mean tokens a round emits, the bonus token
+    included, as vLLM and SGLang report it), the one alpha whose tau_iid(alpha, k) is that length: the speedup depends
+    on the acceptance only through tau. None where neither is stated."""
+    acc, k, al = spec.get("acceptance"), spec.get("k"), spec.get("accepted_length")
+    if isinstance(acc, list) and acc:
+        return max(acc), float(np.mean(acc)), min(acc)
+    if al is None or not isinstance(k, int):
+        return None
+    a = alpha_for_tau(float(al), k)
+    return a, a, a
+
+
+def alpha_for_tau(tau: float, k: int) -> float:
+    """The i.i.d. acceptance alpha with tau_iid(alpha, k) = tau (bisection; tau in [1, k + 1])."""
+    from roofline.model.speculation import tau_iid
+    if not 1.0 <= tau <= k + 1:
+        raise ConfigError(f"accepted_length={tau!r}: allowed 1 to k + 1 = {k + 1} tokens a round")
+    if tau in (1.0, k + 1.0):  # nothing accepted, or everything
+        return 0.0 if tau == 1.0 else 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if tau_iid(mid, k) < tau else (lo, mid)
+    return (lo + hi) / 2
+
+
+def spec_round_fit(source: str, engine: str = "vllm", path=ANCHORS_PATH) -> dict[str, tuple[float, float]]:
+    """{drafter: (round us, us per draft pass)}: a source's measured speculative rounds at batch 1 less the rounds as
+    priced without `engine`'s own round and draft-pass times (engines.yaml spec_round_us / spec_draft_pass_us, which
+    this derives), fitted as a line in k per drafter. A round's measured time is the plain step's (the source's tpot_ms
+    anchor at the same B and L) over the speedup, times the accepted length: TPOT x accepted length."""
+    models, sources, anchors = load(path)
+    rows = [a for a in anchors if a["source"] == source]
+    plain = {(a["workload"]["B"], a["workload"]["L"]): a["value"] for a in rows if a["metric"] == "tpot_ms"}
+    fits: dict[str, tuple[list, list]] = {}
+    for a in rows:
+        if a["metric"] != "spec_speedup":
+            continue
+        spec, wl = a["spec"], a["workload"]
+        k, t1 = spec["k"], plain[(wl["B"], wl["L"])] * 1e-3
+        setting = Setting(engine=engine, bands=())
+        w = deployment(a, models.get(a["model"]) or get_preset(a["model"]), setting)
+        prof = profile(engine, 1, setting.engines_path())
+        priced = w.round_seconds(k, wl["B"], wl["L"], 1, engine, spec["drafter"],
+                                 draft_vocab=spec.get("draft_vocab", EAGLE3_DRAFT_VOCAB))
+        priced -= (prof.spec_round_s or 0.0) + k * prof.spec_draft_pass_s
+        measured = t1 / a["value"] * spec["accepted_length"]
+        ks, res = fits.setdefault(spec["drafter"], ([], []))
+        ks.append(k)
+        res.append((measured - priced) * 1e6)
+    return {d: tuple(reversed([float(c) for c in np.polyfit(ks, res, 1)])) for d, (ks, res) in fits.items()}
 
 
 def calibration_point(a: dict) -> dict | None:
@@ -273,6 +341,8 @@ def finite_spec(a: dict, w: WhatIf, models: dict) -> SpecDecode:
     k, acc = spec.get("k"), spec.get("acceptance")
     if isinstance(acc, (int, float)) and not isinstance(acc, bool):
         acc = [acc]
+    if acc is None and spec.get("accepted_length") is not None and isinstance(k, int):
+        acc = [alpha_for_tau(float(spec["accepted_length"]), k)]  # the stated mean length: its i.i.d. alpha
     if not isinstance(k, int) or not isinstance(acc, list):
         raise NotImplementedError(f"k={k!r}, acceptance={spec.get('acceptance')!r}: a finite speculative run needs both")
     draft = None
@@ -283,7 +353,8 @@ def finite_spec(a: dict, w: WhatIf, models: dict) -> SpecDecode:
             raise NotImplementedError(f"draft_model={spec.get('draft_model')!r}: not a preset nor in models:") from None
         d = dict(a, weights=spec.get("draft_weights", a.get("weights")))
         draft = WhatIf(dcfg, w.device, served_precision(d, dcfg), Layout(), w.setting)
-    return SpecDecode(k, tuple(float(x) for x in acc), spec.get("drafter", "mtp"), draft)
+    return SpecDecode(k, tuple(float(x) for x in acc), spec.get("drafter", "mtp"), draft,
+                      spec.get("draft_vocab", EAGLE3_DRAFT_VOCAB))
 
 
 def band_categories_of(a: dict, cfg: ModelConfig) -> tuple[str, ...]:

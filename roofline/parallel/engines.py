@@ -77,6 +77,8 @@ class Engine:
     kv_concat: bool = False  # engines.yaml kv_cache_update concat: each step reads the whole cache and writes it anew
     chunked_prefill_v0: bool = False  # engines.yaml chunked_prefill v0_default: on or off by vLLM V0's default rule
     kv_reads_allocated: bool = False  # engines.yaml kv_cache_reads allocated: decode attends over the whole static cache
+    spec_round_s: float | None = None  # engines.yaml spec_round_us: a speculative round's own time (None: priors.yaml's)
+    spec_draft_pass_s: float = 0.0  # engines.yaml spec_draft_pass_us: each draft pass's time beyond its priced GPU time
 
     def block_reduces(self, cfg) -> int:
         """All-reduces of one block's activations under tensor parallelism: 2 (attention's and the FFN's row-parallel
@@ -359,7 +361,11 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
                       kv_repeat_copies=choice(e, "gqa_decode_kv_reads", KV_READS, "shared", f) == "materialised",
                       kv_concat=choice(e, "kv_cache_update", KV_UPDATES, "in_place", f) == "concat",
                       chunked_prefill_v0=choice(e, "chunked_prefill", CHUNKED_PREFILL, "always", f) == "v0_default",
-                      kv_reads_allocated=choice(e, "kv_cache_reads", KV_CACHE_READS, "filled", f) == "allocated")
+                      kv_reads_allocated=choice(e, "kv_cache_reads", KV_CACHE_READS, "filled", f) == "allocated",
+                      spec_round_s=(pick(e["spec_round_us"], scenario, f"{f}.spec_round_us") * 1e-6
+                                    if e.get("spec_round_us") is not None else None),
+                      spec_draft_pass_s=(pick(e["spec_draft_pass_us"], scenario, f"{f}.spec_draft_pass_us") * 1e-6
+                                         if e.get("spec_draft_pass_us") is not None else 0.0))
     except KeyError as err:
         raise ConfigError(f"{f}: missing key {err.args[0]!r}") from None
 

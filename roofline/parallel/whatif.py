@@ -62,6 +62,16 @@ from roofline.parallel.cost import (_rank_cfgs, kv_split_bytes_rank, kv_token_by
                                     stage_kinds)
 from roofline.parallel.layout import Layout, experts_touched_busiest_rank, local_shapes
 
+# EAGLE heads (a one-layer dense decoder over the target's hidden states, arXiv 2401.15077 / 2503.01840): priced by the
+# what-if only (the fitted cost model has measured no head of theirs). eagle: the EAGLE-1/2 head (an fc over
+# [embedding; the target's last hidden state], the target's LM head); eagle3: the EAGLE-3 head (an fc fusing three of
+# the target's hidden states, q/k/v over [embedding; that feature], its own LM head over a draft vocabulary)
+EAGLE_HEADS = ("eagle", "eagle3")
+WHATIF_DRAFTERS = DRAFTERS + EAGLE_HEADS
+# the draft vocabulary of an EAGLE-3 head unless told (draft_vocab_size of the released heads, e.g.
+# yuhuili/EAGLE3-LLaMA3.1-Instruct-8B: 32000 rows mapped to the target's vocabulary by its d2t table)
+EAGLE3_DRAFT_VOCAB = 32000
+
 SCENARIOS = ("optimistic", "typical", "pessimistic")
 PRIORS_PATH = Path(__file__).resolve().parents[1] / "data" / "priors.yaml"
 BANDS_PATH = Path(__file__).resolve().parents[1] / "data" / "bands.yaml"
@@ -143,11 +153,13 @@ class Pass:
 class SpecDecode:
     """Speculative decoding in a finite run: k drafts per round, their conditional acceptance per position
     (alpha_1..alpha_k; one value: the same at every position), the drafter (`mtp`, `draft_model` with its
-    WhatIf `draft`, or `ngram`). tau = 1 + sum_i prod_{j<=i} alpha_j tokens per round (roofline.model.speculation)."""
+    WhatIf `draft`, `ngram`, or an EAGLE head `eagle` | `eagle3`, the latter's LM head `draft_vocab` rows).
+    tau = 1 + sum_i prod_{j<=i} alpha_j tokens per round (roofline.model.speculation)."""
     k: int
     acceptance: tuple[float, ...]
     drafter: str = "mtp"
     draft: "WhatIf | None" = None
+    draft_vocab: int = EAGLE3_DRAFT_VOCAB
 
     def __post_init__(self) -> None:
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
@@ -155,8 +167,9 @@ class SpecDecode:
         acc = tuple(self.acceptance)
         if len(acc) not in (1, self.k) or not all(isinstance(a, (int, float)) and 0 <= a <= 1 for a in acc):
             raise ConfigError(f"spec.acceptance={list(acc)!r}: allowed one rate or k={self.k} rates, each in [0, 1]")
-        if self.drafter not in DRAFTERS:
-            raise ConfigError(f"spec.drafter={self.drafter!r}: allowed {DRAFTERS}")
+        if self.drafter not in WHATIF_DRAFTERS:
+            raise ConfigError(f"spec.drafter={self.drafter!r}: allowed {WHATIF_DRAFTERS}")
+        check_draft_vocab(self.draft_vocab)
         if self.drafter == "draft_model" and self.draft is None:
             raise ConfigError("spec.draft_model: a draft model is needed for drafter=draft_model")
 
@@ -164,6 +177,13 @@ class SpecDecode:
         from roofline.model.speculation import tau
         acc = tuple(self.acceptance)
         return tau(acc * self.k if len(acc) == 1 else acc)
+
+
+def check_draft_vocab(v) -> int:
+    """An EAGLE-3 head's draft vocabulary: an integer >= 1, else a one-line error naming it."""
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigError(f"draft_vocab={v!r}: allowed an integer >= 1 (an EAGLE-3 head's draft_vocab_size)")
+    return v
 
 
 def native_rate(device: Datasheet, kind: str) -> bool:
@@ -303,20 +323,30 @@ def launch_seconds(eng, setting: Setting, scenario: int, priors: dict, n: int, n
 
 
 def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datasheet, eng, scenario: int,
-                 kern: dict, priors: dict, setting: Setting = Setting(), mtp: bool = False) -> dict:
-    """Seconds of one rank's forward (one pipeline stage; an MTP module's pass with mtp=True), by term: the GEMMs
+                 kern: dict, priors: dict, setting: Setting = Setting(), head: str = "",
+                 draft_vocab: int = EAGLE3_DRAFT_VOCAB) -> dict:
+    """Seconds of one rank's forward (one pipeline stage; a draft head's pass with `head`: the MTP module `mtp`, one
+    layer of the target's kind; an EAGLE head `eagle` | `eagle3`, one dense layer of the target's width and dense
+    FFN, its LM head the target's or `draft_vocab` rows), by term: the GEMMs
     of the dense part and the experts, the kernels between them (elementwise: norms, rotary, gated activation),
     attention, the LM head, the per-layer launch floor, the engine's host time per step (step_overhead), the
     architecture's cost per running sequence (per_seq, kernels.step_seconds_per_seq) and the collectives; a step
     carrying a prompt chunk in an engine that runs it eagerly, where its host time per layer is read for the layer kind
     (engines.yaml eager_prefill_host_us_per_layer), the host's excess over all of that (prefill_host)."""
     prec = parse_precision(dtype)
+    if head in EAGLE_HEADS:  # a released EAGLE head is unquantized (activation dtype) whatever the target's weights; its
+        prec = Precision(prec.activations, kv=prec.kv,  # layer caches in the target's KV format, EAGLE-1 shares its LM head
+                         lm_head=prec.lm_head if head == "eagle" else None)
     bw, f, fa, f32 = _ceilings(device, prec, "weights", eng.mxfp4_activations)
     bw *= eng.bw_scale
     if eng.fp16_accumulate and compute_dtype(prec.label) == "float16":  # the engine's fp16 GEMMs accumulate in fp16
         f *= K.fp16_accumulate_speedup(kern, device.key)
     a, s = prec.act_bytes, local_shapes(cfg, layout)
-    kinds = {(cfg.is_moe, False): 1} if mtp else stage_kinds(cfg, layout)
+    mtp = bool(head)  # any draft head: no engine step of its own, one layer's collectives
+    if head in EAGLE_HEADS and cfg.ffn < 1:
+        raise ConfigError(f"drafter={head}: model {cfg.name!r} has no dense FFN width (ffn) for the head's layer")
+    kinds = ({(False, False): 1} if head in EAGLE_HEADS else {(cfg.is_moe, False): 1}) if mtp \
+        else stage_kinds(cfg, layout)
     n, n_moe, n_lin = kind_counts(kinds)
     split = layout.batch_split
     Br = math.ceil(p.B / split)
@@ -408,10 +438,15 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     # LM head (logits of the decode positions; a prefill chunk's last token is one more row each)
     head_M = Br * p.q if by_tokens else Ng  # vLLM V1 computes the logits on the real rows (compute_logits)
     hk = _fmt_kind(prec.lm_head, device) if not cfg.tie_embeddings else "dense"
-    t_head = gemm(head_M, s.vocab_head, cfg.d, rank_head_bytes(cfg, layout, prec), hk,
-                  0 if cfg.tie_embeddings else _dequant_ops(prec.lm_head, device), a)["seconds"]
-    if mtp:  # eh_proj (2d -> d, activation dtype)
-        t_head += gemm(Nr, cfg.d, 2 * cfg.d, 2 * cfg.d * cfg.d * a, "dense", 0, a)["seconds"]
+    head_cfg = cfg.scaled(vocab=draft_vocab, tie_embeddings=False) if head == "eagle3" else cfg
+    t_head = gemm(head_M, local_shapes(head_cfg, layout).vocab_head, cfg.d, rank_head_bytes(head_cfg, layout, prec), hk,
+                  0 if head_cfg.tie_embeddings else _dequant_ops(prec.lm_head, device), a)["seconds"]
+    if mtp:  # the fc over [embedding; hidden] (MTP's eh_proj, EAGLE's fc: 2d -> d; EAGLE-3's over three hidden states,
+        fc_in = 3 if head == "eagle3" else 2  # 3d -> d), in the activation dtype
+        t_head += gemm(Nr, cfg.d, fc_in * cfg.d, fc_in * cfg.d * cfg.d * a, "dense", 0, a)["seconds"]
+    if head == "eagle3":  # its q/k/v read [embedding; feature] (2d): the second d of their input
+        qkv = (s.heads + 2 * s.kv_heads) * cfg.head_dim
+        t_head += gemm(Nr, qkv, cfg.d, qkv * cfg.d * a, "dense", 0, a)["seconds"]
     t_launch = launch_seconds(eng, setting, scenario, priors, n, n_moe, block_cfg, device.key, kern,
                               (moe_blk or {}).get("touched", 0.0))
     rc = rank_forward_cost(cfg, layout, prec.label, max(Nr * split, 1), 1, 0, reduces=eng.block_reduces(cfg))
@@ -547,15 +582,16 @@ class WhatIf:
     def _kern(self) -> dict:
         return K.load_kernels(self.setting.kernels_path())
 
-    def pass_detail(self, p: Pass, scenario: int, engine: str, mtp: bool = False) -> dict:
+    def pass_detail(self, p: Pass, scenario: int, engine: str, head: str = "",
+                    draft_vocab: int = EAGLE3_DRAFT_VOCAB) -> dict:
         """pass_seconds of this what-if's model, layout, precision, device and setting (not its calibration:
-        that scales the result), computed once per (pass, scenario, engine, mtp): a speedup table or a finite
+        that scales the result), computed once per (pass, scenario, engine, draft head): a speedup table or a finite
         run asks for the same pass many times (read the dict, do not change it)."""
-        key = (p, scenario, engine, mtp)
+        key = (p, scenario, engine, head, draft_vocab if head == "eagle3" else 0)
         if key not in self._passes:
             self._passes[key] = pass_seconds(self.cfg, self.layout, self.dtype, p, self.device,
                                              self._eng(engine, scenario), scenario, self._kern(), load_priors(),
-                                             self.setting, mtp)
+                                             self.setting, head, draft_vocab)
         return self._passes[key]
 
     def forward(self, p: Pass, scenario: int, engine: str) -> float:
@@ -571,8 +607,13 @@ class WhatIf:
     def mtp(self, q: int, B: int, L: int, scenario: int, engine: str | None = None) -> float:
         if self.cfg.mtp_layers < 1:
             raise ConfigError(f"drafter=mtp: model {self.cfg.name!r} has no MTP module (mtp_layers=0)")
+        return self.draft_head("mtp", q, B, L, scenario, engine)
+
+    def draft_head(self, head: str, q: int, B: int, L: int, scenario: int, engine: str | None = None,
+                   draft_vocab: int = EAGLE3_DRAFT_VOCAB) -> float:
+        """One pass of a draft head (`mtp`, `eagle`, `eagle3`) over q tokens of B sequences at context L."""
         eng = engine or self.setting.engine_names()[0]
-        return self._scale(B) * self.pass_detail(Pass(B, q, L), scenario, eng, mtp=True)["seconds"]
+        return self._scale(B) * self.pass_detail(Pass(B, q, L), scenario, eng, head, draft_vocab)["seconds"]
 
     def max_running(self, engine: str, tokens_per_seq: int, mean_tokens: int | None = None,
                     spec: "SpecDecode | None" = None) -> int | None:
@@ -630,11 +671,16 @@ class WhatIf:
 
     def round_seconds(self, k: int, B: int, L: int, scenario: int, engine: str | None = None, drafter: str = "mtp",
                       draft: "WhatIf | None" = None, prefill: int = 0, prefill_context: float = 0.0,
-                      own_scenario: int | None = None) -> float:
+                      own_scenario: int | None = None, draft_vocab: int = EAGLE3_DRAFT_VOCAB) -> float:
         """One speculative round: verify k+1 positions of B sequences (with `prefill` prompt tokens of new
         requests chunked into the same pass), the round's overhead (priors.yaml spec_round_overhead_us) and
         k chained drafts, the first re-reading the k+1 verified positions (as roofline.analysis.predict
-        prices it): the MTP module (`mtp`), a draft model replicated on every rank (`draft_model`, its
+        prices it; an engine that measures its round's own time and its draft passes' beyond their GPU time,
+        engines.yaml spec_round_us / spec_draft_pass_us, in place of priors.yaml spec_round_overhead_us for a round
+        with a drafter's forward passes, not n-gram's): the MTP
+        module (`mtp`), an EAGLE head (`eagle`, `eagle3`: chained as MTP is, the first pass over
+        the k+1 verified positions, as vLLM's EagleProposer and SGLang's EAGLE worker run it; `draft_vocab`: EAGLE-3's
+        LM head rows), a draft model replicated on every rank (`draft_model`, its
         WhatIf), or n-gram lookup (`ngram`: the host's scan of each sequence's tokens between GPU steps, priors.yaml
         ngram_lookup_ns_per_token x the rank's sequences x their context). own_scenario: the scenario
         of the priors only a round carries (its overhead and its drafts), where it differs from the
@@ -642,21 +688,29 @@ class WhatIf:
         eng = engine or self.setting.engine_names()[0]
         own = scenario if own_scenario is None else own_scenario
         r = self.forward(Pass(B, k + 1, L, prefill, prefill_context), scenario, eng)
-        r += K.pick(load_priors()["spec_round_overhead_us"], own, "priors.spec_round_overhead_us") * 1e-6
+        prof = self._eng(eng, own)  # the engine's own round and draft-pass times, where engines.yaml measures them
+        model_drafted = drafter != "ngram"  # (measured with a drafter's forward passes; an n-gram round has none)
+        r += (prof.spec_round_s if prof.spec_round_s is not None and model_drafted else
+              K.pick(load_priors()["spec_round_overhead_us"], own, "priors.spec_round_overhead_us") * 1e-6)
+        passes = k * prof.spec_draft_pass_s  # a drafter's forward passes (not n-gram's lookup)
         if drafter == "mtp":
-            return r + sum(self.mtp(k + 1 if i == 1 else 1, B, L + i - 1, own, eng) for i in range(1, k + 1))
+            return r + passes + sum(self.mtp(k + 1 if i == 1 else 1, B, L + i - 1, own, eng) for i in range(1, k + 1))
+        if drafter in EAGLE_HEADS:
+            return r + passes + sum(self.draft_head(drafter, k + 1 if i == 1 else 1, B, L + i - 1, own, eng, draft_vocab)
+                                    for i in range(1, k + 1))
         Br = math.ceil(B / self.layout.batch_split)  # the sequences one rank drafts for
         if drafter == "draft_model":
             if draft is None:
                 raise ConfigError("drafter=draft_model: no draft model given")
-            return r + sum(draft.target(k + 1 if i == 1 else 1, Br, L + i - 1, own, eng) for i in range(1, k + 1))
+            return r + passes + sum(draft.target(k + 1 if i == 1 else 1, Br, L + i - 1, own, eng)
+                                    for i in range(1, k + 1))
         if drafter == "ngram":
             ns = K.pick(load_priors()["ngram_lookup_ns_per_token"], own, "priors.ngram_lookup_ns_per_token")
             return r + ns * 1e-9 * Br * L
-        raise ConfigError(f"drafter={drafter!r}: allowed {DRAFTERS}")
+        raise ConfigError(f"drafter={drafter!r}: allowed {WHATIF_DRAFTERS}")
 
     def spec_speedup(self, alphas: tuple[float, float, float], k: int, B: int, L: int, drafter: str = "mtp",
-                     draft: "WhatIf | None" = None) -> dict:
+                     draft: "WhatIf | None" = None, draft_vocab: int = EAGLE3_DRAFT_VOCAB) -> dict:
         """tau · T(1) / R for an i.i.d. acceptance alpha per scenario (optimistic alpha first), R the round of
         `drafter` (round_seconds: the MTP module, a draft model's WhatIf `draft`, or n-gram lookup);
         k = 0 is plain decode (1.0 for any model).
@@ -674,7 +728,7 @@ class WhatIf:
 
         def ratio(i, j, e):  # i: the round's own priors' scenario, j: the shared priors'
             return tau_iid(alphas[i], k) * self.target(1, B, L, j, e) / self.round_seconds(
-                k, B, L, j, e, drafter, draft, own_scenario=i)
+                k, B, L, j, e, drafter, draft, own_scenario=i, draft_vocab=draft_vocab)
         s = {e: dict(optimistic=max(ratio(0, j, e) for j in range(3)), typical=ratio(1, 1, e),
                      pessimistic=min(ratio(2, j, e) for j in range(3)))
              for e in self.setting.engine_names()}
@@ -825,7 +879,7 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
             Lc = alloc
         if spec is None:
             return w.forward(Pass(B, 1, Lc, pre, I / 2), s, e)
-        return w.round_seconds(spec.k, B, Lc, s, e, spec.drafter, spec.draft, pre, I / 2)
+        return w.round_seconds(spec.k, B, Lc, s, e, spec.drafter, spec.draft, pre, I / 2, draft_vocab=spec.draft_vocab)
 
     # the engine's KV pool: the sequences it keeps running (the rest queue); one figure per engine
     caps = {e: None if static_batch else min((c for c in (w.max_running(e, I + O, L, spec), engine_default(e, "max_running_tiers"))
@@ -1145,13 +1199,16 @@ def capacity(cfg: ModelConfig, device: Datasheet, dtype: str, context: int, outp
 
 def speedup_table(cfg: ModelConfig, device: Datasheet, dtype: str, layout: Layout, alphas, ks, Bs, Ls,
                   setting: Setting = Setting(), scale: float = 1.0, calibration: Calibration | None = None,
-                  drafter: str = "mtp", draft: ModelConfig | None = None) -> list[dict]:
-    """Speculative speedup of `drafter` (mtp: the preset's MTP module; draft_model: `draft`, replicated on
+                  drafter: str = "mtp", draft: ModelConfig | None = None,
+                  draft_vocab: int = EAGLE3_DRAFT_VOCAB) -> list[dict]:
+    """Speculative speedup of `drafter` (mtp: the preset's MTP module; eagle / eagle3: an EAGLE head over the
+    target's hidden states, EAGLE-3's LM head `draft_vocab` rows; draft_model: `draft`, replicated on
     every rank as vLLM runs it; ngram: lookup on the host) and plain ITL per (alpha, k, B, L), each an
     interval; k = 0 is plain decode and needs no drafter (a model without an MTP module is priced at k = 0
     only with drafter=mtp): one row per (B, L), its alpha NaN (no draft is accepted or rejected)."""
-    if drafter not in DRAFTERS:
-        raise ConfigError(f"drafter={drafter!r}: allowed {DRAFTERS}")
+    if drafter not in WHATIF_DRAFTERS:
+        raise ConfigError(f"drafter={drafter!r}: allowed {WHATIF_DRAFTERS}")
+    check_draft_vocab(draft_vocab)
     if drafter == "mtp" and cfg.mtp_layers < 1 and any(k for k in ks):
         raise ConfigError(f"k={list(ks)}: model {cfg.name!r} has no MTP module (mtp_layers=0); allowed k=[0] "
                           "(plain decode), or another drafter (drafter=ngram | draft_model)")
@@ -1165,7 +1222,7 @@ def speedup_table(cfg: ModelConfig, device: Datasheet, dtype: str, layout: Layou
         for B in Bs:
             itl = w.itl(B, L)
             for a, k in [(math.nan, 0)] * (0 in ks) + [(a, k) for a in alphas for k in ks if k]:
-                s = w.spec_speedup((a, a, a), k, B, L, drafter, dw)
+                s = w.spec_speedup((a, a, a), k, B, L, drafter, dw, draft_vocab)
                 rows.append(dict(layout=layout.label(), dtype=parse_precision(dtype).label, drafter=drafter,
                                  alpha=a, k=k, B=B,
                                  L=L, S=s["typical"], S_low=min(s.values()), S_high=max(s.values()),
