@@ -2604,3 +2604,24 @@ def test_a_stated_acceptance_length_is_the_iid_alpha_with_that_many_tokens_a_rou
     assert anchors.spec_alphas({"k": 3}) is None
     with pytest.raises(ConfigError, match="accepted_length=5.0: allowed 1 to k"):
         anchors.alpha_for_tau(5.0, 3)
+
+
+def test_an_eagle_head_is_held_beside_the_target_and_its_cache_out_of_the_pool():
+    """An EAGLE head's weights (one dense layer in the activation dtype, its fc, EAGLE-3's own LM head) and its one
+    layer's cache are held on every rank as the MTP module's are: about 0.5 GB (EAGLE-1) and 0.85 GB (EAGLE-3, 32000
+    rows) beside Llama-3.1-8B, each sequence's cache one layer in 32 more, so fewer sequences fit the pool."""
+    from roofline.parallel.cost import eagle_head_bytes, memory_per_rank
+    cfg, lay = get_preset("llama-3.1-8b"), Layout()
+    plain_w, plain_kv = memory_per_rank(cfg, lay, "bfloat16", 8, 2048)
+    for head, lo, hi in (("eagle", 0.45e9, 0.55e9), ("eagle3", 0.8e9, 0.9e9)):
+        w, kv = memory_per_rank(cfg, lay, "bfloat16", 8, 2048, eagle=head, draft_vocab=32000)
+        assert lo < w - plain_w < hi
+        assert w - plain_w == pytest.approx(eagle_head_bytes(cfg, lay, "bfloat16", head, 32000))
+        assert kv == pytest.approx(plain_kv * 33 / 32)
+    # an fp8 target's head is still bf16
+    assert eagle_head_bytes(cfg, lay, "bfloat16+weights=fp8", "eagle3", 32000) == \
+        pytest.approx(eagle_head_bytes(cfg, lay, "bfloat16", "eagle3", 32000))
+    w = WhatIf(cfg, get_datasheet("h100_sxm"), "bfloat16", Layout(), Setting(engine="vllm", bands=()))
+    plain = w.max_running("vllm", 4096)
+    eagle = w.max_running("vllm", 4096, spec=SpecDecode(3, (0.6,), "eagle3"))
+    assert eagle < plain and eagle == pytest.approx(plain * 32 / 33, rel=0.03)

@@ -161,7 +161,8 @@ def predict_command(c: Mapping) -> tuple[str, dict]:
         # the card's and capacity's memory rule (the engine's KV pool), at the grid's smallest point
         mem = whatif.memory_check(model, w.device, label, w.layout, min(c["B"]), min(c["L"]) + max(ks) + 1,
                                   with_mtp=bool(drafter == "mtp" and model.mtp_layers and max(ks)),
-                                  draft=draft if max(ks) else None, setting=w.setting)
+                                  draft=draft if max(ks) else None, setting=w.setting,
+                                  eagle=drafter if drafter in whatif.EAGLE_HEADS and max(ks) else "")
         unfit = None if mem["fits"] else whatif.unfit_note(w.layout.label(), mem,
                                                             f" even at B = {min(c['B'])}, L = {min(c['L'])}")
         notes += [unfit] if unfit else []

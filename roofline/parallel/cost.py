@@ -141,17 +141,34 @@ def kv_split_bytes_rank(cfg: ModelConfig, layout: Layout, prec: Precision) -> tu
     return prec.kv.kv_token_bytes(kv_elems_per_token_rank(cfg, layout), heads, prec.act_bytes), 0
 
 
+def eagle_head_bytes(cfg: ModelConfig, layout: Layout, dtype: str, head: str, draft_vocab: int) -> float:
+    """Weight bytes one rank holds for an EAGLE head (`eagle` | `eagle3`, as whatif.pass_seconds prices it): one dense
+    decoder layer of the target's shard in the activation dtype, its fc (2d or, EAGLE-3, 3d -> d, replicated), EAGLE-3's
+    wider q/k/v input and its own LM head of `draft_vocab` rows (EAGLE-1 shares the target's)."""
+    prec = parse_precision(dtype)
+    plain = Precision(prec.activations)
+    a, s = plain.act_bytes, local_shapes(cfg, layout)
+    fixed, _ = rank_block_bytes(cfg, layout, False, plain)
+    w = fixed + (3 if head == "eagle3" else 2) * cfg.d * cfg.d * a
+    if head == "eagle3":
+        w += (s.heads + 2 * s.kv_heads) * cfg.head_dim * cfg.d * a
+        w += rank_head_bytes(cfg.scaled(vocab=draft_vocab, tie_embeddings=False), layout, plain)
+    return float(w)
+
+
 def memory_per_rank(cfg: ModelConfig, layout: Layout, dtype: str, batch: int, tokens_per_seq: int,
-                    with_mtp: bool = False, pool_rule="window") -> tuple[float, float]:
+                    with_mtp: bool = False, pool_rule="window", eagle: str = "",
+                    draft_vocab: int = 0) -> tuple[float, float]:
     """(weight bytes, KV-cache bytes) resident on one rank for `batch` sequences of `tokens_per_seq`.
     `dtype` may be a precision label (roofline.model.formats): each shard in its format, scales
     and zero points included; embedding, norms and MTP's eh_proj in the activation dtype. pool_rule: what the
-    engine's pool holds for windowed layers (ModelConfig.pool_positions)."""
+    engine's pool holds for windowed layers (ModelConfig.pool_positions). An EAGLE head (`eagle`: its kind,
+    `draft_vocab` EAGLE-3's LM head rows) adds its weights (eagle_head_bytes) and one layer's cache of every token."""
     prec = parse_precision(dtype)
     a, s = prec.act_bytes, local_shapes(cfg, layout)
     kinds = stage_kinds(cfg, layout)
     n, _, n_lin = kind_counts(kinds)
-    blocks = n + (cfg.mtp_layers if with_mtp else 0)
+    blocks = n + (cfg.mtp_layers if with_mtp else 0) + (1 if eagle else 0)
     seqs = math.ceil(batch / layout.batch_split)
     # (per-layer KV scales: bytes, left out); a windowed layer as the engine's pool holds it (window, full, a share);
     # a Gated DeltaNet layer its state, whatever the length
@@ -166,6 +183,8 @@ def memory_per_rank(cfg: ModelConfig, layout: Layout, dtype: str, batch: int, to
     w += sum(n * block(moe, lin) for (moe, lin), n in kinds.items())
     if with_mtp:
         w += cfg.mtp_layers * ((3 * cfg.d + 2 * cfg.d * cfg.d) * a + block(cfg.is_moe))
+    if eagle:
+        w += eagle_head_bytes(cfg, layout, dtype, eagle, draft_vocab)
     return float(w), float(kv)
 
 

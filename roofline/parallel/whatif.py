@@ -625,7 +625,8 @@ class WhatIf:
         caches grow together, the last steps' overflow left out). None where the device has no memory size; 0
         where the weights leave no room for one sequence (the layout does not fit: `serve` then runs one at a
         time, and the card says so). With speculative decoding (`spec`) its drafter is held too, as
-        `memory_check` holds it: the MTP module's weights and KV, or a draft model's, replicated on every rank."""
+        `memory_check` holds it: the MTP module's or an EAGLE head's weights and KV, or a draft model's, replicated on
+        every rank."""
         eng = self._eng(engine, 1)
         mem = self.device.usable_mem_bytes()
         if not mem:
@@ -635,7 +636,9 @@ class WhatIf:
         w, kv = held_per_rank(self.cfg, self.layout, self.dtype, split, tokens_per_seq if own else
                               (mean_tokens or tokens_per_seq), spec is not None and spec.drafter == "mtp",
                               pool_rule(self.cfg, eng), draft.cfg if draft else None, draft.dtype if draft else None,
-                              pool_rule(draft.cfg, eng) if draft else "window")
+                              pool_rule(draft.cfg, eng) if draft else "window",
+                              spec.drafter if spec is not None and spec.drafter in EAGLE_HEADS else "",
+                              spec.draft_vocab if spec is not None else EAGLE3_DRAFT_VOCAB)
         room = kv_pool_bytes(eng, mem, w) if own else HEADROOM * mem - w
         return max(0, int(room // kv) * split) if kv > 0 else None
 
@@ -1049,12 +1052,13 @@ def kv_pool_bytes(eng, mem_bytes: float, weight_bytes: float) -> float:
 
 def held_per_rank(cfg: ModelConfig, layout: Layout, dtype: str, batch: int, tokens_per_seq: int,
                   with_mtp: bool = False, rule: str = "window", draft: ModelConfig | None = None,
-                  draft_dtype: str | None = None, draft_rule: str = "window") -> tuple[float, float]:
+                  draft_dtype: str | None = None, draft_rule: str = "window", eagle: str = "",
+                  draft_vocab: int = EAGLE3_DRAFT_VOCAB) -> tuple[float, float]:
     """(weight bytes, KV bytes) one rank holds for `batch` sequences of `tokens_per_seq`: the target's (its MTP
-    module's with_mtp, its windowed layers by the pool's `rule`) and a draft model's (in `draft_dtype`, else the
-    target's), replicated on every rank with the rank's share of the batch (vLLM runs it at tp = 1 of the target's
-    tp). One rule for `memory_check` and `WhatIf.max_running`."""
-    w, kv = memory_per_rank(cfg, layout, dtype, batch, tokens_per_seq, with_mtp, rule)
+    module's with_mtp, an EAGLE head's with `eagle`, its windowed layers by the pool's `rule`) and a draft model's (in
+    `draft_dtype`, else the target's), replicated on every rank with the rank's share of the batch (vLLM runs it at
+    tp = 1 of the target's tp). One rule for `memory_check` and `WhatIf.max_running`."""
+    w, kv = memory_per_rank(cfg, layout, dtype, batch, tokens_per_seq, with_mtp, rule, eagle, draft_vocab)
     if draft is not None:
         dw, dkv = memory_per_rank(draft, Layout(), draft_dtype or dtype, math.ceil(batch / layout.batch_split),
                                   tokens_per_seq, pool_rule=draft_rule)
@@ -1064,8 +1068,9 @@ def held_per_rank(cfg: ModelConfig, layout: Layout, dtype: str, batch: int, toke
 
 def memory_check(cfg: ModelConfig, device: Datasheet, dtype: str, layout: Layout, batch: int, tokens_per_seq: int,
                  with_mtp: bool = False, draft: ModelConfig | None = None, headroom: float = HEADROOM,
-                 mem_bytes: float | None = None, setting: Setting | None = None) -> dict:
-    """Per-device bytes of the plan (weights + KV; the MTP module's and a draft model's weights and
+                 mem_bytes: float | None = None, setting: Setting | None = None, eagle: str = "",
+                 draft_vocab: int = EAGLE3_DRAFT_VOCAB) -> dict:
+    """Per-device bytes of the plan (weights + KV; the MTP module's, an EAGLE head's and a draft model's weights and
     KV included when they draft) and whether they fit. The memory is `mem_bytes` (a user's) or the device's
     as the driver reports it (`Datasheet.usable_mem_bytes`). With a setting, the rule is that of the KV pool
     of its engine (engines.yaml kv_pool, as `WhatIf.max_running` and `serve` cap a run): the KV must fit what
@@ -1077,7 +1082,8 @@ def memory_check(cfg: ModelConfig, device: Datasheet, dtype: str, layout: Layout
 
     @lru_cache(maxsize=None)
     def held_by(rule: str, draft_rule: str) -> tuple[float, float]:  # (weights, KV) per rank, pools by their rules
-        return held_per_rank(cfg, layout, dtype, batch, tokens_per_seq, with_mtp, rule, draft, dtype, draft_rule)
+        return held_per_rank(cfg, layout, dtype, batch, tokens_per_seq, with_mtp, rule, draft, dtype, draft_rule,
+                             eagle, draft_vocab)
 
     def held(eng=None) -> tuple[float, float]:  # windowed layers as `eng`'s pool holds them (priced once per rule)
         return held_by(pool_rule(cfg, eng), pool_rule(draft, eng) if draft is not None else "window")
