@@ -2625,3 +2625,27 @@ def test_an_eagle_head_is_held_beside_the_target_and_its_cache_out_of_the_pool()
     plain = w.max_running("vllm", 4096)
     eagle = w.max_running("vllm", 4096, spec=SpecDecode(3, (0.6,), "eagle3"))
     assert eagle < plain and eagle == pytest.approx(plain * 32 / 33, rel=0.03)
+
+
+def test_capacity_plans_an_eagle_head_on_one_layout_and_on_every_layout_and_a_fit_refuses_it():
+    """capacity prices an EAGLE head where it prices the what-if: its speculative rows are rounds of the head (fewer
+    ms a token than plain decode at batch 1 on a memory-bound step at alpha 0.6, k = 3) and hold its weights; the
+    layouts plan prices it on every rank and names it in the summary; a fit's path refuses it in one line."""
+    from roofline.analysis import capacity
+    from roofline.analysis.predict import DraftCost
+    from roofline.commands.capacity import plan_layouts
+    from tests.test_parallel_quant import _capacity_config
+    req = capacity.CapacityRequest(model=get_preset("llama-3.1-8b"), device="h100_sxm", engine="vllm",
+                                   work=capacity.Workload(1024, 256, 50.0, 1000.0), B=(1, 8),
+                                   speculation=capacity.Speculation(0.6, 3, DraftCost("eagle3")))
+    table, summary = capacity.plan_whatif(req)
+    plain, spec = table[~table["spec"]].set_index("B"), table[table["spec"]].set_index("B")
+    assert spec.loc[1, "itl_ms"] < plain.loc[1, "itl_ms"] and spec.loc[1, "mem_GB"] > plain.loc[1, "mem_GB"]
+    assert summary["speculation"]["drafter"] == "eagle3"
+    t, s = plan_layouts(_capacity_config("llama-3.1-8b", "h100_sxm", drafter="eagle", alpha=0.6, k=3, engine="vllm"))
+    assert s["speculation"] == dict(alpha=0.6, k=3, drafter="eagle") and s["note"] is None
+    assert t["speculative"].any() and (~t["speculative"]).any()
+    with pytest.raises(ConfigError, match="drafter=eagle: priced by the what-if only"):
+        from roofline.analysis.predict import step_costs
+        step_costs(json.loads((ROOT / "results" / "cpu-demo" / "fit.json").read_text()), "float32",
+                   DraftCost("eagle"))

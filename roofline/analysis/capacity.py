@@ -220,6 +220,7 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
     mem_bytes = device_memory_bytes(req.memory_gb, w.device)
     L, tokens = work.context + work.output // 2, work.context + work.output
     mtp = spec is not None and spec.drafter.kind == "mtp"
+    eagle = spec.drafter.kind if spec is not None and spec.drafter.kind in whatif.EAGLE_HEADS else ""
     draft = spec.drafter.model if spec is not None and spec.drafter.kind == "draft_model" else None
     if mtp and req.model.mtp_layers < 1:
         raise ConfigError(f"drafter=mtp: model {req.model.name!r} has no MTP module (mtp_layers=0)")
@@ -236,7 +237,7 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
             else:
                 t = w.itl(B, L)
             mem = whatif.memory_check(req.model, w.device, req.dtype, w.layout, B, tokens, sp and mtp, draft if sp else None,
-                                      mem_bytes=mem_bytes, setting=w.setting)
+                                      mem_bytes=mem_bytes, setting=w.setting, eagle=eagle if sp else "")
             rows.append(dict(B=B, spec=sp, alpha=spec.alpha if sp else np.nan, k=spec.k if sp else 0,
                              itl_ms=t["typical"] * 1e3, itl_ms_optimistic=t["optimistic"] * 1e3,
                              itl_ms_pessimistic=t["pessimistic"] * 1e3, tok_s=B / t["typical"] / w.layout.devices,

@@ -26,7 +26,7 @@ from roofline.analysis import costmodel, fitcheck, quality
 from roofline.model import speculation
 from roofline.io.fields import ConfigError
 from roofline.model.config import ModelConfig
-from roofline.model.speculation import DRAFTERS, StepCosts
+from roofline.model.speculation import WHATIF_DRAFTERS, StepCosts
 
 
 
@@ -35,13 +35,13 @@ class DraftCost:
     """Which drafter a prediction prices, and where its step costs come from (the engine's
     drafters themselves are roofline.spec.drafters)."""
 
-    kind: str = "mtp"  # mtp | draft_model | ngram
+    kind: str = "mtp"  # mtp | draft_model | ngram; eagle | eagle3 (the what-if's: a fit's step_costs refuses them)
     model: ModelConfig | None = None  # the draft preset when kind == "draft_model"
     fit: dict | None = None  # the draft model's own fit (default: the target's device fit)
 
     def __post_init__(self) -> None:
-        if self.kind not in DRAFTERS:
-            raise ConfigError(f"drafter={self.kind!r}: allowed {DRAFTERS}")
+        if self.kind not in WHATIF_DRAFTERS:
+            raise ConfigError(f"drafter={self.kind!r}: allowed {WHATIF_DRAFTERS}")
         if self.kind == "draft_model" and self.model is None:
             raise ConfigError("drafter=draft_model needs draft_model (a preset name)")
 
@@ -59,6 +59,7 @@ class Costs:
 def step_costs(fit: dict, dtype: str, drafter: DraftCost, target: ModelConfig | None = None,
                mode: str | None = None, overhead_share: float = 1.0, overhead: dict | None = None) -> Costs:
     """StepCosts for roofline.model.speculation from a target fit (and optionally a draft fit)."""
+    speculation.refuse_eagle_without_whatif(drafter.kind)
     target = target or costmodel.fitted_model(fit)
     forward = costmodel.step_model(fit, "forward", dtype, mode, target)
     group = costmodel.find_group(fit, "forward", dtype, mode)

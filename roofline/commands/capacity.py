@@ -44,10 +44,11 @@ class CapacityKeys:
                                        "extrapolated")
     speculative: bool = option(False, "also plan with speculative decoding (off unless asked: alpha is yours "
                                       "to give)")
-    drafter: str = option("ngram", "mtp (presets with MTP) | ngram | draft_model")
+    drafter: str = option("ngram", "mtp (presets with MTP) | eagle | eagle3 (an EAGLE head; the what-if only) | ngram "
+                                   "| draft_model")
     draft_model: str | None = option(None, "preset name of the draft model (drafter=draft_model)")
     layouts: bool = option(False, "true: which layout and how many devices (tp/ep/dp-attention/pp) from datasheet "
-                                  "+ priors.yaml, in dtype + weights/kv/lm_head; speculation: drafter=mtp only")
+                                  "+ priors.yaml, in dtype + weights/kv/lm_head; speculation: drafter=mtp | eagle | eagle3")
     price_per_device_hour: float | None = option(None, "with layouts: USD per device-hour, for the cost per "
                                                        "million tokens")
 
@@ -119,7 +120,8 @@ def request_from_config(c: dict, model: ModelConfig | None = None) -> CapacityRe
     return from_dict(CapacityRequest, c, "capacity", lists_to_tuples=True, model=model, work=work, speculation=spec)
 
 
-LAYOUT_SPEC_DRAFTERS = ("mtp",)  # the layouts' what-if prices the preset's own MTP module only
+LAYOUT_SPEC_DRAFTERS = ("mtp", "eagle", "eagle3")  # drafters the layouts' what-if prices on every rank: the
+# preset's own MTP module, an EAGLE head over the target
 
 
 def plan_layouts(c: dict, model: ModelConfig | None = None) -> tuple[pd.DataFrame, dict]:
@@ -127,8 +129,8 @@ def plan_layouts(c: dict, model: ModelConfig | None = None) -> tuple[pd.DataFram
     the device, the largest batch meeting the ITL target, tokens/s per replica and the devices
     for the target throughput, each with its interval (optimistic / typical / pessimistic
     priors), in the precision `dtype` + `weights` / `kv` / `lm_head` give (weights=native: the
-    preset's released format). Speculation: the preset's MTP module chained k times
-    (drafter=mtp); other drafters are not priced per rank and say so in the summary."""
+    preset's released format). Speculation: the preset's MTP module (drafter=mtp) or an EAGLE head (eagle | eagle3)
+    chained k times; other drafters are not priced per rank and say so in the summary."""
 
     fitcheck.check_capacity_config(c)
     given = [f"{k}={c[k]!r}" for k, default in (("tp", 1), ("ep", 1), ("dp_attention", False))
@@ -140,7 +142,8 @@ def plan_layouts(c: dict, model: ModelConfig | None = None) -> tuple[pd.DataFram
     label = served_label(c["dtype"], c, model, priced_weights(c))
     work = Workload(c["context"], c["output"], c["itl_target_ms"], c["target_tok_s"])
     spec = bool(c.get("speculative"))
-    mtp = spec and c.get("drafter") in LAYOUT_SPEC_DRAFTERS and model.mtp_layers > 0
+    drafter = c.get("drafter")
+    mtp = spec and drafter in LAYOUT_SPEC_DRAFTERS and (drafter != "mtp" or model.mtp_layers > 0)
     if mtp:
         check_inputs(1.0, [1], spec=Speculation(c["alpha"], c["k"]))
     device = get_datasheet(c["device"])
@@ -150,14 +153,15 @@ def plan_layouts(c: dict, model: ModelConfig | None = None) -> tuple[pd.DataFram
                                         work.target_tok_s, c.get("price_per_device_hour"),
                                         c["alpha"] if mtp else None, c["k"], w.setting,
                                         batches=tuple(c.get("B") or (1, 2, 4, 8, 16, 32, 64, 128, 256)),
-                                        scale=w.scale, calibration=w.calibration, mem_bytes=mem))
+                                        scale=w.scale, calibration=w.calibration, mem_bytes=mem,
+                                        drafter=drafter if mtp else "mtp"))
     note = None
     if spec and not mtp:
         note = (f"speculation with drafter={c.get('drafter')!r} is not priced per rank (allowed with layouts: "
-                f"{LAYOUT_SPEC_DRAFTERS}, on a preset with an MTP module); plain decode only")
+                f"{LAYOUT_SPEC_DRAFTERS}, mtp on a preset with an MTP module); plain decode only")
     summary = dict(model=model.name, dtype=label, **precision_columns(label), device=device.name,
                    memory_GB=(mem or 0) / 1e9, workload=work.__dict__,
-                   speculation=dict(alpha=c["alpha"], k=c["k"], drafter="mtp") if mtp else None,
+                   speculation=dict(alpha=c["alpha"], k=c["k"], drafter=drafter) if mtp else None,
                    engine=w.setting.engine or "all profiles (span)", calibration_scale=w.scale,
                    what_if="datasheet row + kernels.yaml + engines.yaml + priors.yaml (roofline.parallel.whatif)",
                    layouts=len(rows), note=note)

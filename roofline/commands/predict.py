@@ -178,9 +178,7 @@ def predict_command(c: Mapping) -> tuple[str, dict]:
             summary["out_dir"] = str(out)
         return pd.DataFrame(rows).round(3).to_string(index=False) + (f"\nwarning: {unfit}" if unfit else ""), summary
     fitcheck.check_drafter(c.get("drafter"), c.get("draft_model"))
-    if c.get("drafter") in whatif.EAGLE_HEADS:
-        raise ConfigError(f"drafter={c['drafter']}: priced by the what-if only (device= without fit=): a fit has "
-                          "measured no EAGLE head")
+    speculation.refuse_eagle_without_whatif(c.get("drafter"))
     draft = get_preset(c.pop("draft_model")) if c.get("draft_model") else None
     c["dtype"] = served_label(c["dtype"], c, model, c.get("weights"), pop=True)  # weights=native needs the target: model=
     best, summary = predict(from_dict(PredictRequest, c, "predict", lists_to_tuples=True, model=model, draft_model=draft))

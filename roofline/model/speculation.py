@@ -31,6 +31,20 @@ AlphaOrProfile = Union[float, Sequence[float]]
 
 # the drafters a speculative round can use: one list for the cost model, the planner and the engine
 DRAFTERS = ("mtp", "draft_model", "ngram")
+# EAGLE heads (a one-layer dense decoder over the target's hidden states, arXiv 2401.15077 / 2503.01840): priced by the
+# what-if only (roofline.parallel.whatif; the fitted cost model has measured no head of theirs). eagle: the EAGLE-1/2
+# head (an fc over [embedding; the target's last hidden state], the target's LM head); eagle3: the EAGLE-3 head (an fc
+# fusing three of the target's hidden states, q/k/v over [embedding; that feature], its own LM head over a draft
+# vocabulary)
+EAGLE_HEADS = ("eagle", "eagle3")
+WHATIF_DRAFTERS = DRAFTERS + EAGLE_HEADS
+
+
+def refuse_eagle_without_whatif(kind: str) -> None:
+    """An EAGLE head is priced by the what-if only (device= without fit=): a one-line error for a fit's path."""
+    if kind in EAGLE_HEADS:
+        raise ConfigError(f"drafter={kind}: priced by the what-if only (device= without fit=): a fit has measured no "
+                          "EAGLE head")
 
 TABLE_COLUMNS = ("alpha", "k", "B", "L", "tau", "R_s", "T1_s", "S", "throughput_tok_s",
                  "k_star", "extrapolated")

@@ -45,7 +45,7 @@ import numpy as np
 import yaml
 
 from roofline.io.fields import ConfigError
-from roofline.model.speculation import DRAFTERS
+from roofline.model.speculation import DRAFTERS, EAGLE_HEADS, WHATIF_DRAFTERS  # noqa: F401 (re-exported)
 from roofline.measure.devices import Datasheet
 from roofline.measure.memory import HEADROOM
 from roofline.model.accounting import (block_elementwise_elements, block_matrices, block_weight_bytes, expert_bytes,
@@ -62,12 +62,6 @@ from roofline.parallel.cost import (_rank_cfgs, kv_split_bytes_rank, kv_token_by
                                     stage_kinds)
 from roofline.parallel.layout import Layout, experts_touched_busiest_rank, local_shapes
 
-# EAGLE heads (a one-layer dense decoder over the target's hidden states, arXiv 2401.15077 / 2503.01840): priced by the
-# what-if only (the fitted cost model has measured no head of theirs). eagle: the EAGLE-1/2 head (an fc over
-# [embedding; the target's last hidden state], the target's LM head); eagle3: the EAGLE-3 head (an fc fusing three of
-# the target's hidden states, q/k/v over [embedding; that feature], its own LM head over a draft vocabulary)
-EAGLE_HEADS = ("eagle", "eagle3")
-WHATIF_DRAFTERS = DRAFTERS + EAGLE_HEADS
 # the draft vocabulary of an EAGLE-3 head unless told (draft_vocab_size of the released heads, e.g.
 # yuhuili/EAGLE3-LLaMA3.1-Instruct-8B: 32000 rows mapped to the target's vocabulary by its d2t table)
 EAGLE3_DRAFT_VOCAB = 32000
@@ -1151,11 +1145,13 @@ def capacity(cfg: ModelConfig, device: Datasheet, dtype: str, context: int, outp
              target_tok_s: float, price_per_device_hour: float | None = None, alpha: float | None = None,
              k: int = 1, setting: Setting = Setting(), batches=(1, 2, 4, 8, 16, 32, 64, 128, 256),
              max_devices: int = 64, layouts: list[Layout] | None = None, scale: float = 1.0,
-             calibration: Calibration | None = None, mem_bytes: float | None = None) -> list[dict]:
+             calibration: Calibration | None = None, mem_bytes: float | None = None,
+             drafter: str = "mtp") -> list[dict]:
     """For every layout (default: every candidate): the largest batch of `batches` meeting the ITL
     target (typical priors, with the interval) that fits the device, tokens/s per replica, devices
-    for the target and the price per million tokens. alpha: also plan with the preset's MTP module
-    (k drafts), its weights and KV in the memory check. A layout that fits at no batch is a row
+    for the target and the price per million tokens. alpha: also plan with speculation, k drafts of the preset's
+    MTP module (drafter=mtp, a preset with one) or an EAGLE head (eagle | eagle3), its weights and KV in the memory
+    check. A layout that fits at no batch is a row
     that says so. mem_bytes: the memory of one device (a user's memory_gb; None: the driver-reported size,
     as memory_check reads it)."""
     from roofline.model.speculation import tau_iid
@@ -1163,19 +1159,22 @@ def capacity(cfg: ModelConfig, device: Datasheet, dtype: str, context: int, outp
     rows = []
     for lay in layouts or candidate_layouts(cfg, max_devices):
         w = WhatIf(cfg, device, dtype, lay, setting, scale, calibration)
-        for spec in ([False, True] if alpha is not None and cfg.mtp_layers else [False]):
+        drafts = alpha is not None and (drafter in EAGLE_HEADS or (drafter == "mtp" and cfg.mtp_layers > 0))
+        for spec in ([False, True] if drafts else [False]):
             best, fits_any = None, False
             for B in batches:
                 if B % lay.batch_split:
                     continue
-                mem = memory_check(cfg, device, dtype, lay, B, context + output, spec, mem_bytes=mem_bytes,
-                                   setting=setting)
+                mem = memory_check(cfg, device, dtype, lay, B, context + output, spec and drafter == "mtp",
+                                   mem_bytes=mem_bytes, setting=setting,
+                                   eagle=drafter if spec and drafter in EAGLE_HEADS else "")
                 if not mem["fits"]:
                     break
                 fits_any = True
                 if spec:
                     tau = tau_iid(alpha, k)
-                    per_tok = w.over_engines(lambda s, e: w.round_seconds(k, B, L, s, e) / tau, (B, L), spec=True)
+                    per_tok = w.over_engines(lambda s, e: w.round_seconds(k, B, L, s, e, drafter) / tau, (B, L),
+                                             spec=True)
                 else:
                     per_tok = w.itl(B, L)
                 if per_tok["typical"] * 1e3 <= itl_target_ms:
