@@ -33,8 +33,8 @@ from roofline.model.formats import precision
 from roofline.model.presets import get_preset
 from roofline.parallel.engines import check_client, graph_sizes, profile, run_scheduling
 from roofline.parallel.layout import Layout
-from roofline.parallel.whatif import (BAND_CATEGORIES, BANDS_PATH, EAGLE3_DRAFT_VOCAB, EAGLE_HEADS, SCENARIOS, Setting,
-                                      SpecDecode, WhatIf, band_categories, band_for, check_draft_vocab, load_bands,
+from roofline.parallel.whatif import (BAND_CATEGORIES, BANDS_PATH, EAGLE3_DRAFT_VOCAB, EAGLE_HEADS, SCENARIOS, Pass,
+                                      Setting, SpecDecode, WhatIf, band_categories, band_for, check_draft_vocab, load_bands,
                                       random_dataset_lengths, serve, widen)
 
 ANCHORS_PATH = Path(__file__).resolve().parents[1] / "data" / "deployments.yaml"
@@ -307,6 +307,30 @@ def spec_round_fit(source: str, engine: str = "vllm", path=ANCHORS_PATH) -> dict
         ks.append(k)
         res.append((measured - priced) * 1e6)
     return {d: tuple(reversed([float(c) for c in np.polyfit(ks, res, 1)])) for d, (ks, res) in fits.items()}
+
+
+def allreduce_fit(source: str, engine: str, link: str, path=ANCHORS_PATH) -> tuple[float, float]:
+    """(latency us, bus GB/s) of `engine`'s all-reduce on `link` from a source's decode-step anchors across devices
+    (itl_ms at B, L, tp > 1): each step's measured time less the step as priced without its all-reduces (its other
+    collectives priced), over its all-reduce calls, is one call's time, lat + bus bytes / busbw; a least-squares line in the bus bytes of one call
+    (whatif.pass_seconds' `collectives`). What engines.yaml <engine>.allreduce.<link> is derived by."""
+    models, _, anchors = load(path)
+    xs, ys = [], []
+    for a in anchors:
+        wl = a["workload"]
+        if a["source"] != source or a["metric"] != "itl_ms" or layout_of(a).tp < 2:
+            continue
+        w = deployment(a, models.get(a["model"]) or get_preset(a["model"]), Setting(engine=engine, bands=()))
+        d = w.pass_detail(Pass(wl["B"], 1, wl["L"]), 1, engine)
+        calls = [c for c in d["collectives"] if c[0] == "all_reduce" and c[1] == link]
+        if not calls:
+            continue
+        n = sum(c[2] for c in calls)
+        priced = sum(c[2] * c[4] for c in calls)  # the all-reduces as priced now (the other collectives stay)
+        xs.append(calls[0][3])
+        ys.append((a["value"] * 1e-3 - (d["seconds"] - priced)) / n)
+    slope, lat = np.polyfit(xs, ys, 1)
+    return float(lat * 1e6), float(1 / slope / 1e9)
 
 
 def calibration_point(a: dict) -> dict | None:

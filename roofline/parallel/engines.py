@@ -77,6 +77,7 @@ class Engine:
     kv_concat: bool = False  # engines.yaml kv_cache_update concat: each step reads the whole cache and writes it anew
     chunked_prefill_v0: bool = False  # engines.yaml chunked_prefill v0_default: on or off by vLLM V0's default rule
     kv_reads_allocated: bool = False  # engines.yaml kv_cache_reads allocated: decode attends over the whole static cache
+    allreduce_busbw_Bps: tuple = ()  # ((interconnect key, bytes/s), ...): its own all-reduce's bus bandwidth (engines.yaml)
     spec_round_s: float | None = None  # engines.yaml spec_round_us: a speculative round's own time (None: priors.yaml's)
     spec_draft_pass_s: float = 0.0  # engines.yaml spec_draft_pass_us: each draft pass's time beyond its priced GPU time
 
@@ -317,6 +318,9 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
         ar = {link: pick(v["latency_us"], scenario, f"{f}.allreduce.{link}.latency_us") * 1e-6
               for link, v in (e.get("allreduce") or {}).items()
               if isinstance(v, dict) and isinstance(v.get("latency_us"), (list, dict)) and not link.endswith("_large")}
+        ar_bw = tuple((link, pick(v["busbw_GBps"], scenario, f"{f}.allreduce.{link}.busbw_GBps") * 1e9)
+                      for link, v in (e.get("allreduce") or {}).items()
+                      if isinstance(v, dict) and isinstance(v.get("busbw_GBps"), (list, dict)))
         graphs = e["cuda_graphs"]
         graphs = graphs.get("value") if isinstance(graphs, dict) else graphs
         if not isinstance(graphs, bool):
@@ -338,7 +342,8 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
                                                     f"{f}.step_overhead_per_seq_us") * 1e-6
                                                if e.get("step_overhead_per_seq_us") is not None else 0.0),
                       per_layer_s=None if per_layer is None else pick(per_layer, scenario, f"{f}.per_layer_us") * 1e-6,
-                      allreduce_latency_s=ar, launches_per_layer=launches, host_s_per_launch=per_launch,
+                      allreduce_latency_s=ar, allreduce_busbw_Bps=ar_bw, launches_per_layer=launches,
+                      host_s_per_launch=per_launch,
                       launches_per_expert=per_expert,
                       fp16_accumulate=(e.get("gemm_accumulate") or {}).get("value") == "fp16",
                       fused_moe=(e.get("moe_kernel") or {}).get("value") == "fused_moe",

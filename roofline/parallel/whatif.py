@@ -444,7 +444,7 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     t_launch = launch_seconds(eng, setting, scenario, priors, n, n_moe, block_cfg, device.key, kern,
                               (moe_blk or {}).get("touched", 0.0))
     rc = rank_forward_cost(cfg, layout, prec.label, max(Nr * split, 1), 1, 0, reduces=eng.block_reduces(cfg))
-    comm = 0.0
+    comm, calls = 0.0, []
     for c in rc.collectives:
         if mtp and c.kind == "send_recv":
             continue
@@ -452,9 +452,13 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
         pl = priors["interconnects"][link]
         lat = eng.allreduce_latency_s.get(link) if c.kind == "all_reduce" else None
         lat = K.pick(pl["latency_us"], scenario, f"priors.interconnects.{link}.latency_us") * 1e-6 if lat is None else lat
-        busbw = K.pick(pl["busbw_GBps"], scenario, f"priors.interconnects.{link}.busbw_GBps") * 1e9
+        busbw = dict(eng.allreduce_busbw_Bps).get(link) if c.kind == "all_reduce" else None  # the engine's own, or
+        busbw = K.pick(pl["busbw_GBps"], scenario, f"priors.interconnects.{link}.busbw_GBps") * 1e9 if busbw is None \
+            else busbw  # the link's
         count = c.count if not mtp else max(1, round(c.count * n / max(sum(stage_kinds(cfg, layout).values()), 1)))
-        comm += count * (lat + c.size_bytes * bus_factor(c.kind, max(layout.tp, 2)) / busbw)
+        bus = c.size_bytes * bus_factor(c.kind, max(layout.tp, 2))
+        comm += count * (lat + bus / busbw)
+        calls.append((c.kind, link, count, bus, lat + bus / busbw))
     terms = dict(dense=t_dense, experts=t_experts, elementwise=t_elem, attention=t_attn, kv_copy=kv_copy, lm_head=t_head,
                  per_layer=t_launch,
                  step_overhead=0.0 if mtp else eng.step_overhead_s + eng.step_overhead_per_seq_s * (p.B + (p.prefill > 0)),
@@ -464,7 +468,8 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     if host is not None and p.prefill and not mtp:  # an eager prompt step: the longer of the GPU's time and the host's
         terms["prefill_host"] = max(0.0, n * host - sum(terms.values()))
     return dict(seconds=sum(terms.values()), terms=terms,
-                experts_touched=(moe_blk or {}).get("touched", 0.0))
+                experts_touched=(moe_blk or {}).get("touched", 0.0),
+                collectives=tuple(calls))  # (kind, link, calls, bus bytes of one, seconds of one) of the comm term
 
 
 def mla_prefill_flops(cfg: ModelConfig, heads: int, layers: int, tokens: int, attended: float) -> float:
