@@ -48,7 +48,8 @@ class CapacityKeys:
                                    "| draft_model")
     draft_model: str | None = option(None, "preset name of the draft model (drafter=draft_model)")
     layouts: bool = option(False, "true: which layout and how many devices (tp/ep/dp-attention/pp) from datasheet "
-                                  "+ priors.yaml, in dtype + weights/kv/lm_head; speculation: drafter=mtp | eagle | eagle3")
+                                  "+ priors.yaml, in dtype + weights/kv/lm_head; speculation: drafter=mtp | eagle | "
+                                  "eagle3")
     price_per_device_hour: float | None = option(None, "with layouts: USD per device-hour, for the cost per "
                                                        "million tokens")
 

@@ -417,7 +417,8 @@ def render_card(rec: dict) -> str:
             acc = ", ".join(f"{a:g}" for a in rec["run_spec_acceptance"])
             lines.append(f"  speculative: k={rec['run_spec_k']} drafts a round by {rec['run_spec_drafter']}"
                          + (f" ({rec['run_spec_draft_model']})" if rec.get("run_spec_draft_model") else "")
-                         + (f" (draft vocabulary {rec['run_spec_draft_vocab']})" if rec.get("run_spec_draft_vocab") else "")
+                         + (f" (draft vocabulary {rec['run_spec_draft_vocab']})"
+                            if rec.get("run_spec_draft_vocab") else "")
                          + f", acceptance {acc}: {rec['run_spec_tokens_per_round']:.3g} tokens a round; ITL is the gap "
                          "between rounds, TPOT per token")
         for _, name, _ in RUN_METRICS[:-2]:  # the latencies and rates (running sequences and chunk: the line above)

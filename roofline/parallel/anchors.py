@@ -34,8 +34,8 @@ from roofline.model.presets import get_preset
 from roofline.parallel.engines import check_client, graph_sizes, profile, run_scheduling
 from roofline.parallel.layout import Layout
 from roofline.parallel.whatif import (BAND_CATEGORIES, BANDS_PATH, EAGLE3_DRAFT_VOCAB, EAGLE_HEADS, SCENARIOS, Pass,
-                                      Setting, SpecDecode, WhatIf, band_categories, band_for, check_draft_vocab, load_bands,
-                                      random_dataset_lengths, serve, widen)
+                                      Setting, SpecDecode, WhatIf, band_categories, band_for, check_draft_vocab,
+                                      load_bands, random_dataset_lengths, serve, widen)
 
 ANCHORS_PATH = Path(__file__).resolve().parents[1] / "data" / "deployments.yaml"
 PRIOR_PATHS = tuple(ANCHORS_PATH.parent / n for n in ("priors.yaml", "kernels.yaml", "engines.yaml"))
@@ -312,8 +312,9 @@ def spec_round_fit(source: str, engine: str = "vllm", path=ANCHORS_PATH) -> dict
 def allreduce_fit(source: str, engine: str, link: str, path=ANCHORS_PATH) -> tuple[float, float]:
     """(latency us, bus GB/s) of `engine`'s all-reduce on `link` from a source's decode-step anchors across devices
     (itl_ms at B, L, tp > 1): each step's measured time less the step as priced without its all-reduces (its other
-    collectives priced), over its all-reduce calls, is one call's time, lat + bus bytes / busbw; a least-squares line in the bus bytes of one call
-    (whatif.pass_seconds' `collectives`). What engines.yaml <engine>.allreduce.<link> is derived by."""
+    collectives priced), over its all-reduce calls, is one call's time, lat + bus bytes / busbw; a least-squares
+    line in the bus bytes of one call (whatif.pass_seconds' `collectives`). What engines.yaml
+    <engine>.allreduce.<link> is derived by."""
     models, _, anchors = load(path)
     xs, ys = [], []
     for a in anchors:

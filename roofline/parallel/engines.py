@@ -77,8 +77,8 @@ class Engine:
     kv_concat: bool = False  # engines.yaml kv_cache_update concat: each step reads the whole cache and writes it anew
     chunked_prefill_v0: bool = False  # engines.yaml chunked_prefill v0_default: on or off by vLLM V0's default rule
     kv_reads_allocated: bool = False  # engines.yaml kv_cache_reads allocated: decode attends over the whole static cache
-    allreduce_busbw_Bps: tuple = ()  # ((interconnect key, bytes/s), ...): its own all-reduce's bus bandwidth (engines.yaml)
-    spec_round_s: float | None = None  # engines.yaml spec_round_us: a speculative round's own time (None: priors.yaml's)
+    allreduce_busbw_Bps: tuple = ()  # ((interconnect key, bytes/s), ...): its own all-reduce's bus bandwidth
+    spec_round_s: float | None = None  # engines.yaml spec_round_us: a speculative round's own time (None: the prior)
     spec_draft_pass_s: float = 0.0  # engines.yaml spec_draft_pass_us: each draft pass's time beyond its priced GPU time
 
     def block_reduces(self, cfg) -> int:

@@ -328,9 +328,9 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     carrying a prompt chunk in an engine that runs it eagerly, where its host time per layer is read for the layer kind
     (engines.yaml eager_prefill_host_us_per_layer), the host's excess over all of that (prefill_host)."""
     prec = parse_precision(dtype)
-    if head in EAGLE_HEADS:  # a released EAGLE head is unquantized (activation dtype) whatever the target's weights; its
-        prec = Precision(prec.activations, kv=prec.kv,  # layer caches in the target's KV format, EAGLE-1 shares its LM head
-                         lm_head=prec.lm_head if head == "eagle" else None)
+    if head in EAGLE_HEADS:  # a released EAGLE head is unquantized (activation dtype) whatever the target's weights;
+        # its layer caches in the target's KV format, and EAGLE-1 shares the target's LM head
+        prec = Precision(prec.activations, kv=prec.kv, lm_head=prec.lm_head if head == "eagle" else None)
     bw, f, fa, f32 = _ceilings(device, prec, "weights", eng.mxfp4_activations)
     bw *= eng.bw_scale
     if eng.fp16_accumulate and compute_dtype(prec.label) == "float16":  # the engine's fp16 GEMMs accumulate in fp16
@@ -698,8 +698,8 @@ class WhatIf:
         if drafter == "mtp":
             return r + passes + sum(self.mtp(k + 1 if i == 1 else 1, B, L + i - 1, own, eng) for i in range(1, k + 1))
         if drafter in EAGLE_HEADS:
-            return r + passes + sum(self.draft_head(drafter, k + 1 if i == 1 else 1, B, L + i - 1, own, eng, draft_vocab)
-                                    for i in range(1, k + 1))
+            return r + passes + sum(self.draft_head(drafter, k + 1 if i == 1 else 1, B, L + i - 1, own, eng,
+                                                    draft_vocab) for i in range(1, k + 1))
         Br = math.ceil(B / self.layout.batch_split)  # the sequences one rank drafts for
         if drafter == "draft_model":
             if draft is None:
