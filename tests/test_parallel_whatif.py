@@ -2024,11 +2024,13 @@ def test_the_committed_anchor_results_and_the_docs_are_what_the_code_prices_now(
 def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran, their intervals widened by the
     conformal bands of the calibration anchors no prior cites (each source weighing one): bounds at the level
-    measured when this test was last set plus a small margin, so a regression fails. All 96 test rows: median
-    |error| 20.3%, signed median +12.8%, 76% inside, half-width 37.0%; MoE 28.1% / +19.7%, TP 25.1% / +15.9%,
-    speculative 4 rows 23.2% / +21.2% (94 rows: 20.0% / +12.5% / 78% / 37.1%, MoE 25.9% / +18.2%, TP 23.7% / +14.0%,
-    before SpecForge issue #339's two SGLang EAGLE-3 rows on Qwen3-30B-A3B, whose rounds ran 0.72x and 0.79x of the
-    plain step's speed where 1.34x and 1.12x are priced: a new test source, no prediction moved; 19.0% / +12.6%, MoE +16.5%, before vLLM V0
+    measured when this test was last set plus a small margin, so a regression fails. All 103 test rows: median
+    |error| 21.3%, signed median +15.7%, 73% inside, half-width 36.9%; MoE 29.9% / +25.1%, TP 29.9% / +24.4%,
+    speculative 11 rows 51.1% / +51.1% (94 rows: 20.0% / +12.5% / 78% / 37.1%, MoE 25.9% / +18.2%, TP 23.7% / +14.0%,
+    speculative 2 rows 2.7%, before SGLang's EAGLE-3 rows: SpecForge issue #339's 8 on Qwen3-30B-A3B, whose rounds ran
+    0.72-0.93x of the plain step's speed where 1.08-1.43x are priced, and SGLang PR #4716's Llama-3.3-70B tree,
+    2.65x where 4.18x is priced: new test sources, no earlier prediction moved; SGLang's own round time is not
+    measured in any calibration source, so its rounds keep priors.yaml's 10-60 us; 19.0% / +12.6%, MoE +16.5%, before vLLM V0
     ran its prompts as its scheduler does, in steps of their own up to the model's context unless its default rule
     turns chunked prefill on: six of its seven test rows closer, the MI300X 10000 / 500 row +15 -> +77%, one row
     across the median; 84% / 42.6% before the trtllm-0.6 profile priced
@@ -2074,21 +2076,21 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     s = anchors.summary(t_all)
     t, q, m, c = s["test"]["all"], s["test"]["quantized"], s["test"]["moe"], s["calibration"]["all"]
     tp, sp = s["test"]["tp"], s["test"]["speculative"]
-    assert t["n"] >= 96
-    assert t["median_abs_error_pct"] <= 20.5
-    assert abs(t["signed_median_fast_pct"]) <= 13.5
-    assert t["inside_interval"] >= 0.75
+    assert t["n"] >= 103
+    assert t["median_abs_error_pct"] <= 22.0
+    assert abs(t["signed_median_fast_pct"]) <= 16.5
+    assert t["inside_interval"] >= 0.72
     assert t["median_half_width_pct"] <= 38.0
     assert q["median_abs_error_pct"] <= 21.5 and abs(q["signed_median_fast_pct"]) <= 14.5
-    assert tp["median_abs_error_pct"] <= 26.0 and abs(tp["signed_median_fast_pct"]) <= 16.5
-    assert m["median_abs_error_pct"] <= 28.5 and abs(m["signed_median_fast_pct"]) <= 20.0
-    assert sp["n"] == 4 and sp["median_half_width_pct"] >= 10.0
+    assert tp["median_abs_error_pct"] <= 30.5 and abs(tp["signed_median_fast_pct"]) <= 25.0
+    assert m["median_abs_error_pct"] <= 30.5 and abs(m["signed_median_fast_pct"]) <= 26.0
+    assert sp["n"] == 11 and sp["median_half_width_pct"] >= 10.0 and sp["median_abs_error_pct"] <= 53.0
     assert c["n"] >= 270 and c["median_abs_error_pct"] <= 12.0 and abs(c["signed_median_fast_pct"]) <= 5.0
     assert c["inside_interval"] >= 0.88
     assert c["median_half_width_pct"] <= 44.5
     added = ("trtllm_perf_overview_gptoss", "trtllm_perf_fp4_03e27c7", "lmsys_blog_sglang_gptoss_2025_08",
              "vllm_blog_llama4_2025_04", "trtllm_perf_overview_llama4_maverick", "trtllm_perf_v10_llama4_scout")
-    later = ("specforge_issue339_qwen3_eagle3",)  # 2026-12-07, with the EAGLE heads
+    later = ("specforge_issue339_qwen3_eagle3", "sglang_pr4716_eagle3_70b")  # 2026-12-07, with the EAGLE heads
     before = anchors.summary(t_all[~t_all["source"].isin(added + later)])["test"]["all"]
     assert before["n"] == 35
     assert before["median_abs_error_pct"] <= 11.0 and abs(before["signed_median_fast_pct"]) <= 5.0
@@ -2673,3 +2675,30 @@ def test_lmdeploys_nccl_all_reduce_is_the_fit_of_its_tp4_token_latency_medians()
     assert d["terms"]["comm"] == pytest.approx(sum(c[2] * c[4] for c in d["collectives"]))
     vllm = WhatIf(cfg, get_datasheet("a100_80gb_sxm"), "float16", Layout(tp=4), Setting(engine="vllm", bands=()))
     assert vllm.pass_detail(Pass(64, 1, 64), 1, "vllm")["terms"]["comm"] < d["terms"]["comm"] / 3  # custom all-reduce
+
+
+def test_a_draft_tree_verifies_its_draft_tokens_and_drafts_its_width_in_each_pass_after_the_first():
+    """SGLang's EAGLE with topk > 1 drafts a tree: each pass after the first carries `width` tokens a sequence and the
+    round verifies num_draft_tokens a sequence; a chain is width 1, k + 1 verified (the same round as before). The
+    shape is checked by name (width >= 1; k + 1 <= verified <= 1 + k x width; only a head drafts a tree), and the
+    card prints it."""
+    from roofline.commands.card import CardRequest, card_record, render_card
+    cfg, dev = get_preset("llama-3.1-8b"), get_datasheet("h100_sxm")
+    w = WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine="sglang", bands=()))
+    chain = w.round_seconds(4, 8, 512, 1, "sglang", "eagle3")
+    assert chain == pytest.approx(w.round_seconds(4, 8, 512, 1, "sglang", "eagle3", width=1, verify_tokens=5))
+    tree = w.round_seconds(4, 8, 512, 1, "sglang", "eagle3", width=4, verify_tokens=16)
+    expect = (chain - w.forward(Pass(8, 5, 512), 1, "sglang") + w.forward(Pass(8, 16, 512), 1, "sglang")
+              + sum(w.draft_head("eagle3", 4, 8, 512 + i - 1, 1, "sglang") - w.draft_head("eagle3", 1, 8, 512 + i - 1,
+                                                                                      1, "sglang") for i in (2, 3, 4)))
+    assert tree == pytest.approx(expect, rel=1e-9) and tree > chain
+    for kw, msg in ((dict(width=0), "draft_topk=0"), (dict(width=4, verify_tokens=4), "draft_tokens=4"),
+                    (dict(width=2, verify_tokens=10), "draft_tokens=10")):
+        with pytest.raises(ConfigError, match=msg):
+            w.round_seconds(4, 8, 512, 1, "sglang", "eagle3", **kw)
+    with pytest.raises(ConfigError, match="a draft tree is priced for a head"):
+        SpecDecode(3, (0.6,), "ngram", width=2)
+    rec = card_record(CardRequest(model=cfg, device=dev, engine="sglang", input_len=200, output_len=256, concurrency=1,
+                                  k=4, acceptance=0.7, drafter="eagle3", draft_topk=4, draft_tokens=16))
+    assert rec["run_spec_draft_topk"] == 4 and rec["run_spec_verify_tokens"] == 16
+    assert "a tree of width 4 verifying 16 tokens a sequence" in render_card(rec)

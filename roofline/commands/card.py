@@ -28,8 +28,8 @@ from roofline.measure.devices import Datasheet, get_datasheet
 from roofline.analysis.calibrate import POINTS_FILE
 from roofline.analysis.fitcheck import check_drafter
 from roofline.parallel.engines import check_client, engine_name, graph_batch_sizes, profile, run_scheduling
-from roofline.parallel.whatif import (EAGLE3_DRAFT_VOCAB, WHATIF_DRAFTERS, SpecDecode, check_draft_vocab, matmul_dtype,
-                                      random_dataset_lengths)
+from roofline.parallel.whatif import (EAGLE3_DRAFT_VOCAB, WHATIF_DRAFTERS, SpecDecode, check_draft_vocab, check_tree,
+                                      matmul_dtype, random_dataset_lengths)
 
 
 # what the `device` entry (roofline/conf/device/) means to this command: the datasheet row priced
@@ -85,6 +85,10 @@ class CardRequest:
                                  "over the target's hidden states) | draft_model | ngram")
     draft_vocab: int | None = option(None, "with drafter=eagle3: the head's draft vocabulary (its draft_vocab_size; "
                                            f"unset: {EAGLE3_DRAFT_VOCAB}, the released heads')")
+    draft_topk: int = option(1, "with an MTP or EAGLE head: a draft tree's width, the tokens a sequence drafts in each "
+                                "pass after the first (SGLang's --speculative-eagle-topk; 1: a chain)")
+    draft_tokens: int | None = option(None, "with a draft tree: the tokens a sequence verifies a round (SGLang's "
+                                            "--speculative-num-draft-tokens; unset: k + 1)")
     draft_model: ModelConfig | None = option(None, "with drafter=draft_model: the draft model's preset (replicated on "
                                                    "every rank, in the target's precision)")
 
@@ -143,6 +147,7 @@ class CardRequest:
                               "drafter=draft_model with draft_model=<preset>")
         if self.drafter == "draft_model" and self.draft_model is None:
             raise ConfigError("drafter=draft_model needs draft_model=<preset> (the draft model's preset name)")
+        check_tree(self.k, self.draft_topk, self.draft_tokens, self.drafter)
         self._acceptance()
 
     def _acceptance(self) -> tuple:
@@ -160,7 +165,8 @@ class CardRequest:
         drafter=draft_model), None for plain decoding."""
         if not self.k:
             return None
-        return SpecDecode(self.k, self._acceptance(), self.drafter, draft, self.draft_vocab or EAGLE3_DRAFT_VOCAB)
+        return SpecDecode(self.k, self._acceptance(), self.drafter, draft, self.draft_vocab or EAGLE3_DRAFT_VOCAB,
+                          self.draft_topk, self.draft_tokens)
 
 
 @dataclass(frozen=True)
@@ -259,6 +265,7 @@ def _what_if_run(req: CardRequest, w) -> dict:
         out.update(run_spec_k=spec.k, run_spec_drafter=spec.drafter, run_spec_acceptance=list(spec.acceptance),
                    run_spec_draft_model=req.draft_model.name if req.draft_model else None,
                    run_spec_draft_vocab=spec.draft_vocab if spec.drafter == "eagle3" else None,
+                   run_spec_draft_topk=spec.width, run_spec_verify_tokens=spec.verify_tokens or spec.k + 1,
                    run_spec_tokens_per_round=spec.tau(), run_plain_output_tok_s=plain["output_tok_s"]["typical"],
                    run_plain_tpot_ms=plain["itl_mean_s"]["typical"] * 1e3,
                    run_plain_e2e_latency_s=plain["e2e_s"]["typical"],
@@ -419,6 +426,8 @@ def render_card(rec: dict) -> str:
                          + (f" ({rec['run_spec_draft_model']})" if rec.get("run_spec_draft_model") else "")
                          + (f" (draft vocabulary {rec['run_spec_draft_vocab']})"
                             if rec.get("run_spec_draft_vocab") else "")
+                         + (f", a tree of width {rec['run_spec_draft_topk']} verifying {rec['run_spec_verify_tokens']} "
+                            "tokens a sequence" if rec.get("run_spec_draft_topk", 1) > 1 else "")
                          + f", acceptance {acc}: {rec['run_spec_tokens_per_round']:.3g} tokens a round; ITL is the gap "
                          "between rounds, TPOT per token")
         for _, name, _ in RUN_METRICS[:-2]:  # the latencies and rates (running sequences and chunk: the line above)
@@ -467,4 +476,5 @@ def run(c: dict) -> None:
                            prefill_chunk_tokens=c["prefill_chunk_tokens"], step_batching=c["step_batching"] or "",
                            graph_batch_sizes=graph_batch_sizes(c), calibrate=c.get("calibrate") or None, k=c["k"],
                            acceptance=c["acceptance"], drafter=c["drafter"], draft_vocab=c["draft_vocab"],
+                           draft_topk=c["draft_topk"], draft_tokens=c["draft_tokens"],
                            draft_model=get_preset(c["draft_model"]) if c.get("draft_model") else None))

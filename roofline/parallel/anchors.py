@@ -35,7 +35,7 @@ from roofline.parallel.engines import check_client, graph_sizes, profile, run_sc
 from roofline.parallel.layout import Layout
 from roofline.parallel.whatif import (BAND_CATEGORIES, BANDS_PATH, EAGLE3_DRAFT_VOCAB, EAGLE_HEADS, SCENARIOS, Pass,
                                       Setting, SpecDecode, WhatIf, band_categories, band_for, check_draft_vocab,
-                                      load_bands, random_dataset_lengths, serve, widen)
+                                      check_tree, load_bands, random_dataset_lengths, serve, widen)
 
 ANCHORS_PATH = Path(__file__).resolve().parents[1] / "data" / "deployments.yaml"
 PRIOR_PATHS = tuple(ANCHORS_PATH.parent / n for n in ("priors.yaml", "kernels.yaml", "engines.yaml"))
@@ -108,6 +108,11 @@ def check_anchor(a, where: str, sources: dict, seen: set) -> None:
     if a.get("spec") is not None and not isinstance(a["spec"], dict):
         raise ConfigError(f"{where}: spec={a['spec']!r}: expected a mapping {{drafter, k, acceptance}}")
     spec = a.get("spec") or {}
+    if isinstance(spec.get("k"), int) and (spec.get("topk") is not None or spec.get("num_draft_tokens") is not None):
+        try:
+            check_tree(spec["k"], spec.get("topk", 1), spec.get("num_draft_tokens"), spec.get("drafter", "mtp"))
+        except ConfigError as e:
+            raise ConfigError(f"{where}: spec.{e}") from None
     if spec.get("accepted_length") is not None:
         check_number(f"{where}: spec.accepted_length", spec["accepted_length"], 1.0)
     if spec.get("draft_vocab") is not None:
@@ -226,7 +231,8 @@ def what_if(a: dict, cfg: ModelConfig, setting: Setting | None = None, models: d
         if spec.get("drafter") not in SPEEDUP_DRAFTERS:
             raise NotImplementedError(f"drafter={spec.get('drafter')!r}: priced per rank: {list(SPEEDUP_DRAFTERS)}")
         return w.spec_speedup(alpha, k, wl["B"], wl["L"], spec["drafter"],
-                              draft_vocab=spec.get("draft_vocab", EAGLE3_DRAFT_VOCAB))
+                              draft_vocab=spec.get("draft_vocab", EAGLE3_DRAFT_VOCAB), width=spec.get("topk", 1),
+                              verify_tokens=spec.get("num_draft_tokens"))
     if "B" in wl:  # one decode step of B sequences at L cached tokens
         itl = w.itl(wl["B"], wl["L"])
         r = dict(itl_s=itl, tok_s_per_user={k: 1 / v for k, v in itl.items()})
@@ -379,7 +385,7 @@ def finite_spec(a: dict, w: WhatIf, models: dict) -> SpecDecode:
         d = dict(a, weights=spec.get("draft_weights", a.get("weights")))
         draft = WhatIf(dcfg, w.device, served_precision(d, dcfg), Layout(), w.setting)
     return SpecDecode(k, tuple(float(x) for x in acc), spec.get("drafter", "mtp"), draft,
-                      spec.get("draft_vocab", EAGLE3_DRAFT_VOCAB))
+                      spec.get("draft_vocab", EAGLE3_DRAFT_VOCAB), spec.get("topk", 1), spec.get("num_draft_tokens"))
 
 
 def band_categories_of(a: dict, cfg: ModelConfig) -> tuple[str, ...]:

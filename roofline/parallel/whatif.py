@@ -148,12 +148,16 @@ class SpecDecode:
     """Speculative decoding in a finite run: k drafts per round, their conditional acceptance per position
     (alpha_1..alpha_k; one value: the same at every position), the drafter (`mtp`, `draft_model` with its
     WhatIf `draft`, `ngram`, or an EAGLE head `eagle` | `eagle3`, the latter's LM head `draft_vocab` rows).
-    tau = 1 + sum_i prod_{j<=i} alpha_j tokens per round (roofline.model.speculation)."""
+    tau = 1 + sum_i prod_{j<=i} alpha_j tokens per round (roofline.model.speculation). A draft tree (SGLang's EAGLE
+    with --speculative-eagle-topk > 1): `width` tokens a sequence in each draft pass after the first (its topk),
+    `verify_tokens` verified a sequence (--speculative-num-draft-tokens); a chain: width 1, k + 1 verified."""
     k: int
     acceptance: tuple[float, ...]
     drafter: str = "mtp"
     draft: "WhatIf | None" = None
     draft_vocab: int = EAGLE3_DRAFT_VOCAB
+    width: int = 1
+    verify_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
@@ -164,6 +168,7 @@ class SpecDecode:
         if self.drafter not in WHATIF_DRAFTERS:
             raise ConfigError(f"spec.drafter={self.drafter!r}: allowed {WHATIF_DRAFTERS}")
         check_draft_vocab(self.draft_vocab)
+        check_tree(self.k, self.width, self.verify_tokens, self.drafter)
         if self.drafter == "draft_model" and self.draft is None:
             raise ConfigError("spec.draft_model: a draft model is needed for drafter=draft_model")
 
@@ -171,6 +176,22 @@ class SpecDecode:
         from roofline.model.speculation import tau
         acc = tuple(self.acceptance)
         return tau(acc * self.k if len(acc) == 1 else acc)
+
+
+def check_tree(k: int, width: int, verify_tokens: int | None, drafter: str) -> None:
+    """A draft tree's shape: width (tokens a sequence in each draft pass after the first) an integer >= 1, the verified
+    tokens an integer in k + 1 .. 1 + k x width (None: k + 1, a chain), a tree only from a head (MTP or EAGLE); each a
+    one-line error naming it."""
+    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+        raise ConfigError(f"draft_topk={width!r}: allowed an integer >= 1 (tokens a sequence in each draft pass)")
+    if verify_tokens is not None:
+        if isinstance(verify_tokens, bool) or not isinstance(verify_tokens, int) or \
+                not k + 1 <= verify_tokens <= 1 + k * width:
+            raise ConfigError(f"draft_tokens={verify_tokens!r}: allowed an integer in k + 1 = {k + 1} .. 1 + k x "
+                              f"draft_topk = {1 + k * width} (the tokens a sequence verifies in a round)")
+    if (width > 1 or (verify_tokens or k + 1) > k + 1) and drafter not in ("mtp",) + EAGLE_HEADS:
+        raise ConfigError(f"draft_topk={width}, draft_tokens={verify_tokens}: a draft tree is priced for a head "
+                          f"(mtp, eagle, eagle3), not drafter={drafter!r}")
 
 
 def check_draft_vocab(v) -> int:
@@ -673,7 +694,8 @@ class WhatIf:
 
     def round_seconds(self, k: int, B: int, L: int, scenario: int, engine: str | None = None, drafter: str = "mtp",
                       draft: "WhatIf | None" = None, prefill: int = 0, prefill_context: float = 0.0,
-                      own_scenario: int | None = None, draft_vocab: int = EAGLE3_DRAFT_VOCAB) -> float:
+                      own_scenario: int | None = None, draft_vocab: int = EAGLE3_DRAFT_VOCAB, width: int = 1,
+                      verify_tokens: int | None = None) -> float:
         """One speculative round: verify k+1 positions of B sequences (with `prefill` prompt tokens of new
         requests chunked into the same pass), the round's overhead (priors.yaml spec_round_overhead_us) and
         k chained drafts, the first re-reading the k+1 verified positions (as roofline.analysis.predict
@@ -686,19 +708,24 @@ class WhatIf:
         WhatIf), or n-gram lookup (`ngram`: the host's scan of each sequence's tokens between GPU steps, priors.yaml
         ngram_lookup_ns_per_token x the rank's sequences x their context). own_scenario: the scenario
         of the priors only a round carries (its overhead and its drafts), where it differs from the
-        verification pass's (a speedup's interval, `spec_speedup`)."""
+        verification pass's (a speedup's interval, `spec_speedup`). A draft tree (`width` > 1, SGLang's EAGLE topk,
+        as its EAGLE worker runs one: the head over the accepted positions, then a pass of the top `width` tokens of
+        each sequence for every further step) drafts `width` tokens a sequence in each pass after the first, and the
+        round verifies `verify_tokens` a sequence (its num_draft_tokens; None: k + 1, a chain)."""
         eng = engine or self.setting.engine_names()[0]
         own = scenario if own_scenario is None else own_scenario
-        r = self.forward(Pass(B, k + 1, L, prefill, prefill_context), scenario, eng)
+        check_tree(k, width, verify_tokens, drafter)
+        r = self.forward(Pass(B, verify_tokens or k + 1, L, prefill, prefill_context), scenario, eng)
         prof = self._eng(eng, own)  # the engine's own round and draft-pass times, where engines.yaml measures them
         model_drafted = drafter != "ngram"  # (measured with a drafter's forward passes; an n-gram round has none)
         r += (prof.spec_round_s if prof.spec_round_s is not None and model_drafted else
               K.pick(load_priors()["spec_round_overhead_us"], own, "priors.spec_round_overhead_us") * 1e-6)
         passes = k * prof.spec_draft_pass_s  # a drafter's forward passes (not n-gram's lookup)
         if drafter == "mtp":
-            return r + passes + sum(self.mtp(k + 1 if i == 1 else 1, B, L + i - 1, own, eng) for i in range(1, k + 1))
+            return r + passes + sum(self.mtp(k + 1 if i == 1 else width, B, L + i - 1, own, eng)
+                                    for i in range(1, k + 1))
         if drafter in EAGLE_HEADS:
-            return r + passes + sum(self.draft_head(drafter, k + 1 if i == 1 else 1, B, L + i - 1, own, eng,
+            return r + passes + sum(self.draft_head(drafter, k + 1 if i == 1 else width, B, L + i - 1, own, eng,
                                                     draft_vocab) for i in range(1, k + 1))
         Br = math.ceil(B / self.layout.batch_split)  # the sequences one rank drafts for
         if drafter == "draft_model":
@@ -712,7 +739,8 @@ class WhatIf:
         raise ConfigError(f"drafter={drafter!r}: allowed {WHATIF_DRAFTERS}")
 
     def spec_speedup(self, alphas: tuple[float, float, float], k: int, B: int, L: int, drafter: str = "mtp",
-                     draft: "WhatIf | None" = None, draft_vocab: int = EAGLE3_DRAFT_VOCAB) -> dict:
+                     draft: "WhatIf | None" = None, draft_vocab: int = EAGLE3_DRAFT_VOCAB, width: int = 1,
+                     verify_tokens: int | None = None) -> dict:
         """tau · T(1) / R for an i.i.d. acceptance alpha per scenario (optimistic alpha first), R the round of
         `drafter` (round_seconds: the MTP module, a draft model's WhatIf `draft`, or n-gram lookup);
         k = 0 is plain decode (1.0 for any model).
@@ -730,7 +758,8 @@ class WhatIf:
 
         def ratio(i, j, e):  # i: the round's own priors' scenario, j: the shared priors'
             return tau_iid(alphas[i], k) * self.target(1, B, L, j, e) / self.round_seconds(
-                k, B, L, j, e, drafter, draft, own_scenario=i, draft_vocab=draft_vocab)
+                k, B, L, j, e, drafter, draft, own_scenario=i, draft_vocab=draft_vocab, width=width,
+                verify_tokens=verify_tokens)
         s = {e: dict(optimistic=max(ratio(0, j, e) for j in range(3)), typical=ratio(1, 1, e),
                      pessimistic=min(ratio(2, j, e) for j in range(3)))
              for e in self.setting.engine_names()}
@@ -881,7 +910,8 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
             Lc = alloc
         if spec is None:
             return w.forward(Pass(B, 1, Lc, pre, I / 2), s, e)
-        return w.round_seconds(spec.k, B, Lc, s, e, spec.drafter, spec.draft, pre, I / 2, draft_vocab=spec.draft_vocab)
+        return w.round_seconds(spec.k, B, Lc, s, e, spec.drafter, spec.draft, pre, I / 2, draft_vocab=spec.draft_vocab,
+                               width=spec.width, verify_tokens=spec.verify_tokens)
 
     # the engine's KV pool: the sequences it keeps running (the rest queue); one figure per engine
     caps = {e: None if static_batch else min((c for c in (w.max_running(e, I + O, L, spec), engine_default(e, "max_running_tiers"))
@@ -907,7 +937,7 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
         budget = chunks[e]
         if batchings[e] != "shared":
             return float(budget)
-        per_decode = spec.k + 1 if spec is not None else 1
+        per_decode = (spec.verify_tokens or spec.k + 1) if spec is not None else 1
         return max(budget - b * per_decode, budget / 8)
 
     def ramp(e, C=None) -> Ramp:
