@@ -2542,7 +2542,7 @@ def test_an_eagle_head_is_one_dense_layer_with_its_fc_and_lm_head_unquantized_be
     and logits through the target's LM head; EAGLE-3 fuses three hidden states (its fc 3d -> d), its q/k/v read 2d,
     and its own LM head has draft_vocab rows. For Llama-3.1-8B's 128256-row vocabulary the EAGLE-3 head is the cheaper
     pass; its LM head grows with draft_vocab; a released head is unquantized, so an fp8 target's head costs what a bf16
-    target's does; and a head's layer needs a dense FFN width."""
+    target's does; a target with no dense FFN (every layer MoE) gives its head the width of the experts a token runs."""
     dev, S = get_datasheet("h100_sxm"), Setting(engine="vllm", bands=())
     cfg = get_preset("llama-3.1-8b")
     w = WhatIf(cfg, dev, "bfloat16", Layout(), S)
@@ -2554,9 +2554,12 @@ def test_an_eagle_head_is_one_dense_layer_with_its_fc_and_lm_head_unquantized_be
     fp8 = WhatIf(cfg, dev, "bfloat16+weights=fp8", Layout(), S)
     assert fp8.draft_head("eagle3", 1, 1, 512, 1) == pytest.approx(e3)
     assert fp8.target(1, 1, 512, 1) < w.target(1, 1, 512, 1)
-    nodense = WhatIf(get_preset("qwen3-30b-a3b").scaled(ffn=0), dev, "bfloat16", Layout(), S)
-    with pytest.raises(ConfigError, match="drafter=eagle3: model 'qwen3-30b-a3b' has no dense FFN width"):
-        nodense.round_seconds(3, 1, 512, 1, "vllm", "eagle3")
+    from roofline.parallel.cost import eagle_layer_cfg
+    oss = get_preset("gpt-oss-120b")
+    assert oss.ffn == 0 and eagle_layer_cfg(oss).ffn == 4 * 2880 and eagle_layer_cfg(cfg) is cfg
+    moe = WhatIf(oss, dev, "bfloat16", Layout(), S)
+    dense_twin = WhatIf(oss.scaled(ffn=4 * 2880), dev, "bfloat16", Layout(), S)
+    assert moe.draft_head("eagle3", 1, 1, 512, 1) == pytest.approx(dense_twin.draft_head("eagle3", 1, 1, 512, 1))
 
 
 def test_an_eagle_round_chains_its_heads_passes_and_pays_the_engines_own_round_and_pass_times():

@@ -141,6 +141,16 @@ def kv_split_bytes_rank(cfg: ModelConfig, layout: Layout, prec: Precision) -> tu
     return prec.kv.kv_token_bytes(kv_elems_per_token_rank(cfg, layout), heads, prec.act_bytes), 0
 
 
+def eagle_layer_cfg(cfg: ModelConfig) -> ModelConfig:
+    """The config whose dense block an EAGLE head's layer is: the target's, its FFN the target's dense width; a target
+    with no dense FFN (every layer MoE: gpt-oss, MiniMax) gets the width of the experts a token runs (experts_per_token
+    x moe_ffn, + the shared ones'): assumption, the heads' own configs not read (a released head's intermediate_size
+    is its own)."""
+    if cfg.ffn >= 1:
+        return cfg
+    return cfg.scaled(ffn=(cfg.experts_per_token + cfg.shared_experts) * cfg.moe_ffn)
+
+
 def eagle_head_bytes(cfg: ModelConfig, layout: Layout, dtype: str, head: str, draft_vocab: int) -> float:
     """Weight bytes one rank holds for an EAGLE head (`eagle` | `eagle3`, as whatif.pass_seconds prices it): one dense
     decoder layer of the target's shard in the activation dtype, its fc (2d or, EAGLE-3, 3d -> d, replicated), EAGLE-3's
@@ -148,7 +158,7 @@ def eagle_head_bytes(cfg: ModelConfig, layout: Layout, dtype: str, head: str, dr
     prec = parse_precision(dtype)
     plain = Precision(prec.activations)
     a, s = plain.act_bytes, local_shapes(cfg, layout)
-    fixed, _ = rank_block_bytes(cfg, layout, False, plain)
+    fixed, _ = rank_block_bytes(eagle_layer_cfg(cfg), layout, False, plain)
     w = fixed + (3 if head == "eagle3" else 2) * cfg.d * cfg.d * a
     if head == "eagle3":
         w += (s.heads + 2 * s.kv_heads) * cfg.head_dim * cfg.d * a

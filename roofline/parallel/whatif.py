@@ -57,7 +57,7 @@ from roofline.model.formats import Precision, activation_dtype, compute_dtype, p
 from roofline.parallel import engines as engines_mod
 from roofline.parallel import kernels as K
 from roofline.parallel.collectives import bus_factor
-from roofline.parallel.cost import (_rank_cfgs, kv_split_bytes_rank, kv_token_bytes_rank,
+from roofline.parallel.cost import (_rank_cfgs, eagle_layer_cfg, kv_split_bytes_rank, kv_token_bytes_rank,
                                     linear_state_rank_bytes, memory_per_rank, rank_forward_cost, rank_head_bytes,
                                     stage_kinds)
 from roofline.parallel.layout import Layout, experts_touched_busiest_rank, local_shapes
@@ -342,7 +342,7 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
                  draft_vocab: int = EAGLE3_DRAFT_VOCAB) -> dict:
     """Seconds of one rank's forward (one pipeline stage; a draft head's pass with `head`: the MTP module `mtp`, one
     layer of the target's kind; an EAGLE head `eagle` | `eagle3`, one dense layer of the target's width and dense
-    FFN, its LM head the target's or `draft_vocab` rows), by term: the GEMMs
+    FFN (cost.eagle_layer_cfg), its LM head the target's or `draft_vocab` rows), by term: the GEMMs
     of the dense part and the experts, the kernels between them (elementwise: norms, rotary, gated activation),
     attention, the LM head, the per-layer launch floor, the engine's host time per step (step_overhead), the
     architecture's cost per running sequence (per_seq, kernels.step_seconds_per_seq) and the collectives; a step
@@ -358,8 +358,6 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
         f *= K.fp16_accumulate_speedup(kern, device.key)
     a, s = prec.act_bytes, local_shapes(cfg, layout)
     mtp = bool(head)  # any draft head: no engine step of its own, one layer's collectives
-    if head in EAGLE_HEADS and cfg.ffn < 1:
-        raise ConfigError(f"drafter={head}: model {cfg.name!r} has no dense FFN width (ffn) for the head's layer")
     kinds = ({(False, False): 1} if head in EAGLE_HEADS else {(cfg.is_moe, False): 1}) if mtp \
         else stage_kinds(cfg, layout)
     n, n_moe, n_lin = kind_counts(kinds)
@@ -373,7 +371,7 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     else:
         Ng = graph_batch(eng, setting, device, Br, split) * p.q
     Nr = Ng + math.ceil(p.prefill / split)  # tokens through this rank's dense layers (padding rows included)
-    block_cfg, expert_cfg = _rank_cfgs(cfg, layout)
+    block_cfg, expert_cfg = _rank_cfgs(eagle_layer_cfg(cfg) if head in EAGLE_HEADS else cfg, layout)
     wk, dq = _fmt_kind(prec.weights, device), _dequant_ops(prec.weights, device)
     ek, f_e = _fmt_kind(prec.experts, device), _ceilings(device, prec, "experts", eng.mxfp4_activations)[1]
     # the GEMMs' input bytes per element (dense part, experts): quantized for an fp8 / fp4 tensor-core GEMM (w8a8,
