@@ -2705,3 +2705,16 @@ def test_a_draft_tree_verifies_its_draft_tokens_and_drafts_its_width_in_each_pas
                                   k=4, acceptance=0.7, drafter="eagle3", draft_topk=4, draft_tokens=16))
     assert rec["run_spec_draft_topk"] == 4 and rec["run_spec_verify_tokens"] == 16
     assert "a tree of width 4 verifying 16 tokens a sequence" in render_card(rec)
+
+
+def test_the_card_says_when_a_speculative_rounds_own_time_is_the_unmeasured_prior():
+    """A speculative card names the engines whose round time is priors.yaml's (no engines.yaml spec_round_us: SGLang
+    today), and none where the engine measures its own (vLLM) or the drafter is n-gram lookup (the prior's case)."""
+    from roofline.commands.card import CardRequest, card_record, render_card
+    cfg, dev = get_preset("llama-3.1-8b"), get_datasheet("h100_sxm")
+    kw = dict(model=cfg, device=dev, input_len=200, output_len=256, concurrency=1, k=3, acceptance=0.6)
+    sgl = card_record(CardRequest(engine="sglang", drafter="eagle3", **kw))
+    assert sgl["run_spec_round_unmeasured"] == ["sglang"] and "no measurement of it was read" in render_card(sgl)
+    vllm = card_record(CardRequest(engine="vllm", drafter="eagle3", **kw))
+    assert vllm["run_spec_round_unmeasured"] == [] and "no measurement of it was read" not in render_card(vllm)
+    assert card_record(CardRequest(engine="sglang", drafter="ngram", **kw))["run_spec_round_unmeasured"] == []

@@ -269,7 +269,9 @@ def _what_if_run(req: CardRequest, w) -> dict:
                    run_spec_tokens_per_round=spec.tau(), run_plain_output_tok_s=plain["output_tok_s"]["typical"],
                    run_plain_tpot_ms=plain["itl_mean_s"]["typical"] * 1e3,
                    run_plain_e2e_latency_s=plain["e2e_s"]["typical"],
-                   run_spec_speedup=s["output_tok_s"]["typical"] / plain["output_tok_s"]["typical"])
+                   run_spec_speedup=s["output_tok_s"]["typical"] / plain["output_tok_s"]["typical"],
+                   run_spec_round_unmeasured=[e for e in w.setting.engine_names() if spec.drafter != "ngram"
+                                              and profile(e, 1, w.setting.engines_path()).spec_round_s is None])
     return out
 
 
@@ -434,6 +436,11 @@ def render_card(rec: dict) -> str:
             lines.append(f"  {name:<22} {rec[f'run_{name}']:.4g} ({rec[f'run_{name}_optimistic']:.4g}-"
                          f"{rec[f'run_{name}_pessimistic']:.4g})")
         if rec.get("run_spec_k"):
+            if rec.get("run_spec_round_unmeasured"):
+                lines.append(f"  a round's own time (sampling, verification bookkeeping, the draft passes' host work) "
+                             f"is priors.yaml's spec_round_overhead_us for {', '.join(rec['run_spec_round_unmeasured'])}:"
+                             " no measurement of it was read (engines.yaml spec_round_us, where an engine has one, is "
+                             "a millisecond or more)")
             lines.append(f"  without speculation: output_tok_s {rec['run_plain_output_tok_s']:.4g}, tpot_ms "
                          f"{rec['run_plain_tpot_ms']:.4g}, e2e_latency_s {rec['run_plain_e2e_latency_s']:.4g}: "
                          f"speculative x{rec['run_spec_speedup']:.3g} output tok/s (typical priors)")
