@@ -929,6 +929,7 @@ def test_a_speculative_runs_kv_pool_holds_its_drafter_as_the_memory_check_does()
     (dict(input_len=10, output_len=10, k=3, acceptance=0.5, drafter="eagle", draft_vocab=64000),
      "draft_vocab=64000 is given with drafter='eagle'"),
     (dict(input_len=10, output_len=10, k=3, acceptance=0.5, drafter="draft_model"), "needs draft_model="),
+    (dict(input_len=10, output_len=10, draft_topk=4), "draft_topk=4, draft_tokens=None are given with k=0"),
     (dict(input_len=10, output_len=10, k=-1), "k=-1"),
 ])
 def test_the_cards_speculative_keys_name_what_is_wrong(keys, field):

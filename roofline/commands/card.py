@@ -135,6 +135,9 @@ class CardRequest:
             if self.acceptance is not None:
                 raise ConfigError(f"acceptance={self.acceptance!r} is given with k=0: it prices only speculative "
                                   "decoding; give k= (drafts per round) or drop acceptance")
+            if self.draft_topk != 1 or self.draft_tokens is not None:
+                raise ConfigError(f"draft_topk={self.draft_topk!r}, draft_tokens={self.draft_tokens!r} are given with "
+                                  "k=0: a draft tree prices only speculative decoding; give k= or drop them")
             return
         if not self.input_len:
             raise ConfigError(f"k={self.k}: speculative decoding is priced in a finite run; give input_len= and "
