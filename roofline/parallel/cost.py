@@ -37,6 +37,7 @@ from roofline.model.accounting import (indexer_flops, kv_cache_tensors_per_layer
                                        mixer_params)
 from roofline.model.formats import Precision, parse_precision
 from roofline.model.config import ModelConfig, kind_counts
+from roofline.model.speculation import EAGLE3_DRAFT_VOCAB
 from roofline.parallel.layout import Layout, experts_touched_busiest_rank, local_shapes
 
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
@@ -168,7 +169,7 @@ def eagle_head_bytes(cfg: ModelConfig, layout: Layout, dtype: str, head: str, dr
 
 def memory_per_rank(cfg: ModelConfig, layout: Layout, dtype: str, batch: int, tokens_per_seq: int,
                     with_mtp: bool = False, pool_rule="window", eagle: str = "",
-                    draft_vocab: int = 0) -> tuple[float, float]:
+                    draft_vocab: int = EAGLE3_DRAFT_VOCAB) -> tuple[float, float]:
     """(weight bytes, KV-cache bytes) resident on one rank for `batch` sequences of `tokens_per_seq`.
     `dtype` may be a precision label (roofline.model.formats): each shard in its format, scales
     and zero points included; embedding, norms and MTP's eh_proj in the activation dtype. pool_rule: what the

@@ -307,6 +307,13 @@ def _spanned(path: str) -> tuple[str, ...]:  # read once per file: every unnamed
     return tuple(sorted(n for n, e in engines.items() if (e or {}).get("release_of") is None))
 
 
+def optional_pick(entry: dict | None, key: str, scenario: int, where: str, scale: float = 1.0, default=None):
+    """entry[key]'s triple at the scenario times `scale` (a unit), or `default` where the key is absent or null."""
+    if entry is None or entry.get(key) is None:
+        return default
+    return pick(entry[key], scenario, f"{where}.{key}") * scale
+
+
 def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
     engines = load_engines(path)
     if name not in engines:
@@ -330,17 +337,14 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
             per_layer = None
         host = e.get("host_issue")
         launches = None if host is None else pick(host["launches_per_layer"], scenario, f"{f}.host_issue.launches_per_layer")
-        per_expert = (pick(host["launches_per_touched_expert"], scenario, f"{f}.host_issue.launches_per_touched_expert")
-                      if host is not None and host.get("launches_per_touched_expert") is not None else 0.0)
+        per_expert = optional_pick(host, "launches_per_touched_expert", scenario, f"{f}.host_issue", default=0.0)
         per_launch = 0.0 if host is None else pick(host["us_per_launch"], scenario, f"{f}.host_issue.us_per_launch") * 1e-6
         pool = e.get("kv_pool") or {}
         if pool and (pool.get("of") not in ("total", "free") or not 0 < float(pool.get("fraction", 0)) <= 1):
             raise ConfigError(f"{f}.kv_pool: {pool!r}: needs fraction in (0, 1] and of: total | free")
         return Engine(name=name, graphs=graphs,
                       step_overhead_s=pick(e["step_overhead_us"], scenario, f"{f}.step_overhead_us") * 1e-6,
-                      step_overhead_per_seq_s=(pick(e["step_overhead_per_seq_us"], scenario,
-                                                    f"{f}.step_overhead_per_seq_us") * 1e-6
-                                               if e.get("step_overhead_per_seq_us") is not None else 0.0),
+                      step_overhead_per_seq_s=optional_pick(e, "step_overhead_per_seq_us", scenario, f, 1e-6, 0.0),
                       per_layer_s=None if per_layer is None else pick(per_layer, scenario, f"{f}.per_layer_us") * 1e-6,
                       allreduce_latency_s=ar, allreduce_busbw_Bps=ar_bw, launches_per_layer=launches,
                       host_s_per_launch=per_launch,
@@ -367,10 +371,8 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
                       kv_concat=choice(e, "kv_cache_update", KV_UPDATES, "in_place", f) == "concat",
                       chunked_prefill_v0=choice(e, "chunked_prefill", CHUNKED_PREFILL, "always", f) == "v0_default",
                       kv_reads_allocated=choice(e, "kv_cache_reads", KV_CACHE_READS, "filled", f) == "allocated",
-                      spec_round_s=(pick(e["spec_round_us"], scenario, f"{f}.spec_round_us") * 1e-6
-                                    if e.get("spec_round_us") is not None else None),
-                      spec_draft_pass_s=(pick(e["spec_draft_pass_us"], scenario, f"{f}.spec_draft_pass_us") * 1e-6
-                                         if e.get("spec_draft_pass_us") is not None else 0.0))
+                      spec_round_s=optional_pick(e, "spec_round_us", scenario, f, 1e-6),
+                      spec_draft_pass_s=optional_pick(e, "spec_draft_pass_us", scenario, f, 1e-6, 0.0))
     except KeyError as err:
         raise ConfigError(f"{f}: missing key {err.args[0]!r}") from None
 

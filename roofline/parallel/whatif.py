@@ -45,7 +45,7 @@ import numpy as np
 import yaml
 
 from roofline.io.fields import ConfigError
-from roofline.model.speculation import DRAFTERS, EAGLE_HEADS, WHATIF_DRAFTERS  # noqa: F401 (re-exported)
+from roofline.model.speculation import DRAFTERS, EAGLE3_DRAFT_VOCAB, EAGLE_HEADS, WHATIF_DRAFTERS  # noqa: F401
 from roofline.measure.devices import Datasheet
 from roofline.measure.memory import HEADROOM
 from roofline.model.accounting import (block_elementwise_elements, block_matrices, block_weight_bytes, expert_bytes,
@@ -62,9 +62,6 @@ from roofline.parallel.cost import (_rank_cfgs, eagle_layer_cfg, kv_split_bytes_
                                     stage_kinds)
 from roofline.parallel.layout import Layout, experts_touched_busiest_rank, local_shapes
 
-# the draft vocabulary of an EAGLE-3 head unless told (draft_vocab_size of the released heads, e.g.
-# yuhuili/EAGLE3-LLaMA3.1-Instruct-8B: 32000 rows mapped to the target's vocabulary by its d2t table)
-EAGLE3_DRAFT_VOCAB = 32000
 
 SCENARIOS = ("optimistic", "typical", "pessimistic")
 PRIORS_PATH = Path(__file__).resolve().parents[1] / "data" / "priors.yaml"
@@ -357,8 +354,8 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     if eng.fp16_accumulate and compute_dtype(prec.label) == "float16":  # the engine's fp16 GEMMs accumulate in fp16
         f *= K.fp16_accumulate_speedup(kern, device.key)
     a, s = prec.act_bytes, local_shapes(cfg, layout)
-    mtp = bool(head)  # any draft head: no engine step of its own, one layer's collectives
-    kinds = ({(False, False): 1} if head in EAGLE_HEADS else {(cfg.is_moe, False): 1}) if mtp \
+    is_head = bool(head)  # any draft head: no engine step of its own, one layer's collectives
+    kinds = ({(False, False): 1} if head in EAGLE_HEADS else {(cfg.is_moe, False): 1}) if is_head \
         else stage_kinds(cfg, layout)
     n, n_moe, n_lin = kind_counts(kinds)
     split = layout.batch_split
@@ -454,8 +451,8 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     head_cfg = cfg.scaled(vocab=draft_vocab, tie_embeddings=False) if head == "eagle3" else cfg
     t_head = gemm(head_M, local_shapes(head_cfg, layout).vocab_head, cfg.d, rank_head_bytes(head_cfg, layout, prec), hk,
                   0 if head_cfg.tie_embeddings else _dequant_ops(prec.lm_head, device), a)["seconds"]
-    if mtp:  # the fc over [embedding; hidden] (MTP's eh_proj, EAGLE's fc: 2d -> d; EAGLE-3's over three hidden states,
-        fc_in = 3 if head == "eagle3" else 2  # 3d -> d), in the activation dtype
+    if is_head:  # the fc over [embedding; hidden] (MTP's eh_proj, EAGLE's fc: 2d -> d; EAGLE-3's over three hidden
+        fc_in = 3 if head == "eagle3" else 2  # states, 3d -> d), in the activation dtype
         t_head += gemm(Nr, cfg.d, fc_in * cfg.d, fc_in * cfg.d * cfg.d * a, "dense", 0, a)["seconds"]
     if head == "eagle3":  # its q/k/v read [embedding; feature] (2d): the second d of their input
         qkv = (s.heads + 2 * s.kv_heads) * cfg.head_dim
@@ -465,7 +462,7 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     rc = rank_forward_cost(cfg, layout, prec.label, max(Nr * split, 1), 1, 0, reduces=eng.block_reduces(cfg))
     comm, calls = 0.0, []
     for c in rc.collectives:
-        if mtp and c.kind == "send_recv":
+        if is_head and c.kind == "send_recv":
             continue
         link = collective_link(c.kind, layout, device, setting, priors)
         pl = priors["interconnects"][link]
@@ -474,17 +471,18 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
         busbw = dict(eng.allreduce_busbw_Bps).get(link) if c.kind == "all_reduce" else None  # the engine's own, or
         busbw = K.pick(pl["busbw_GBps"], scenario, f"priors.interconnects.{link}.busbw_GBps") * 1e9 if busbw is None \
             else busbw  # the link's
-        count = c.count if not mtp else max(1, round(c.count * n / max(sum(stage_kinds(cfg, layout).values()), 1)))
+        count = c.count if not is_head else max(1, round(c.count * n / max(sum(stage_kinds(cfg, layout).values()), 1)))
         bus = c.size_bytes * bus_factor(c.kind, max(layout.tp, 2))
         comm += count * (lat + bus / busbw)
         calls.append((c.kind, link, count, bus, lat + bus / busbw))
     terms = dict(dense=t_dense, experts=t_experts, elementwise=t_elem, attention=t_attn, kv_copy=kv_copy, lm_head=t_head,
                  per_layer=t_launch,
-                 step_overhead=0.0 if mtp else eng.step_overhead_s + eng.step_overhead_per_seq_s * (p.B + (p.prefill > 0)),
-                 per_seq=0.0 if mtp else K.step_seconds_per_seq(scenario, kern, device.key) * (Br + (pre_r > 0)),
+                 step_overhead=(0.0 if is_head else
+                                eng.step_overhead_s + eng.step_overhead_per_seq_s * (p.B + (p.prefill > 0))),
+                 per_seq=0.0 if is_head else K.step_seconds_per_seq(scenario, kern, device.key) * (Br + (pre_r > 0)),
                  comm=comm)
     host = dict(eng.prefill_host_s_per_layer).get("mla") if cfg.is_mla else None
-    if host is not None and p.prefill and not mtp:  # an eager prompt step: the longer of the GPU's time and the host's
+    if host is not None and p.prefill and not is_head:  # an eager prompt step: the longer of its GPU and host times
         terms["prefill_host"] = max(0.0, n * host - sum(terms.values()))
     return dict(seconds=sum(terms.values()), terms=terms,
                 experts_touched=(moe_blk or {}).get("touched", 0.0),
@@ -593,9 +591,13 @@ class WhatIf:
         self.layout.check(self.cfg)
         parse_precision(self.dtype)
         object.__setattr__(self, "_passes", {})  # pass_detail's memo: one what-if prices a pass once
+        object.__setattr__(self, "_profiles", {})  # _eng's memo: engines.profile builds its Engine anew at each call
 
     def _eng(self, name: str, scenario: int):
-        return engines_mod.profile(name, scenario, self.setting.engines_path())
+        key = (name, scenario)
+        if key not in self._profiles:
+            self._profiles[key] = engines_mod.profile(name, scenario, self.setting.engines_path())
+        return self._profiles[key]
 
     def _kern(self) -> dict:
         return K.load_kernels(self.setting.kernels_path())
