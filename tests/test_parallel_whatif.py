@@ -279,18 +279,27 @@ def test_unknown_engine_names_the_field_and_no_engine_spans_the_profiles():
     assert one["hf-eager"]["typical"] > one["vllm"]["typical"]  # eager launches + a slower host loop
 
 
-def test_an_eager_engine_pays_the_hosts_issue_time_for_each_light_kernel():
-    """host_issue: each launch beyond a layer's matmuls and attention costs the host's issue time
-    (Llama: 5 matrices + attention, so 50 launches leave 44 light ones at 10 us); forced CUDA graphs
-    replace it by the graph floor."""
-    cfg = get_preset("llama-3.1-8b")
+def test_an_eager_engine_pays_the_host_issue_the_gpu_does_not_hide():
+    """host_issue: eager PyTorch enqueues each kernel and returns, so the host's issue of a step's launches (50 a layer
+    at 10 us, matmuls and attention included) runs beside the GPU's work: the step is the later of the two, and only
+    the host's excess is a term; the LM head, issued last, runs after it. A small model on an H100 is host-bound
+    (the host's 50 x 10 us a layer exceed the GPU's work, which it hides); a 70B model's GEMMs outlast the issue,
+    which costs nothing. Forced CUDA graphs replace it by the graph floor."""
     dev = get_datasheet("h100_sxm")
-    w = WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine="eager-host", engines=S.engines, kernels=S.kernels))
-    terms = w.pass_detail(Pass(1, 1, 128), 1, "eager-host")["terms"]
-    assert terms["per_layer"] == pytest.approx(cfg.layers * 44 * 10e-6)
-    g = WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine="eager-host", engines=S.engines, kernels=S.kernels,
-                                                         graphs=True)).pass_detail(Pass(1, 1, 128), 1, "eager-host")
-    assert g["terms"]["per_layer"] < terms["per_layer"] / 10
+
+    def terms(model, **kw):
+        w = WhatIf(get_preset(model), dev, "bfloat16", Layout(),
+                   Setting(engine="eager-host", engines=S.engines, kernels=S.kernels, **kw))
+        return w.pass_detail(Pass(1, 1, 128), 1, "eager-host")["terms"]
+    small, cfg = terms("llama-3.1-8b"), get_preset("llama-3.1-8b")
+    issue = cfg.layers * 50 * 10e-6
+    gpu = sum(v for k, v in small.items() if k not in ("per_layer", "step_overhead", "experts", "lm_head"))
+    assert 0 < gpu < issue and small["per_layer"] == pytest.approx(issue - gpu)
+    # host-bound: the issue, the LM head after it, then the step's own host time
+    assert sum(small.values()) == pytest.approx(issue + small["lm_head"] + small["step_overhead"])
+    big = terms("llama-3.1-70b")
+    assert big["per_layer"] == 0.0 and big["dense"] > get_preset("llama-3.1-70b").layers * 50 * 10e-6
+    assert terms("llama-3.1-8b", graphs=True)["per_layer"] < small["per_layer"] / 10
 
 
 def test_an_engine_accumulating_fp16_gemms_in_fp16_gets_the_geforce_double_rate():
@@ -1391,7 +1400,8 @@ def test_an_unnamed_engine_spans_each_engine_once_and_a_release_variant_only_whe
     unnamed engine leaves it out, so that its median is not pulled toward an engine listed twice. A release_of
     naming no profile (or another variant) is one error naming the field."""
     assert "sglang-0.4" in engines.names() and "sglang-0.4" not in engines.spanned()
-    assert set(engines.names()) - set(engines.spanned()) == {"sglang-0.4", "vllm-v0-rocm", "trtllm-0.6"}
+    assert set(engines.names()) - set(engines.spanned()) == {"sglang-0.4", "vllm-v0-rocm", "trtllm-0.6",
+                                                             "hf-eager-qwen1"}
     assert Setting().engine_names() == engines.spanned()
     assert Setting(engine="sglang-0.4").engine_names() == ["sglang-0.4"]
     doc = yaml.safe_load(engines.ENGINES_PATH.read_text())
@@ -2026,7 +2036,9 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran, their intervals widened by the
     conformal bands of the calibration anchors no prior cites (each source weighing one): bounds at the level
     measured when this test was last set plus a small margin, so a regression fails. All 103 test rows: median
-    |error| 21.3%, signed median +15.7%, 73% inside, half-width 36.9%; MoE 29.9% / +25.1%, TP 29.9% / +24.4%,
+    |error| 21.3%, signed median +15.4%, 73% inside, half-width 36.9% (+15.7% before an eager engine's host issue ran
+    beside its GPU work at the Qwen 1 runs' measured host time a layer: the AutoAWQ rows -7 / +4 -> -23 / -7%, the
+    eager gpt-fast baseline +43 -> -15%; quantized 21.0 -> 21.2%); MoE 29.9% / +25.1%, TP 29.9% / +24.4%,
     speculative 11 rows 51.1% / +51.1% (94 rows: 20.0% / +12.5% / 78% / 37.1%, MoE 25.9% / +18.2%, TP 23.7% / +14.0%,
     speculative 2 rows 2.7%, before SGLang's EAGLE-3 rows: SpecForge issue #339's 8 on Qwen3-30B-A3B, whose rounds ran
     0.72-0.93x of the plain step's speed where 1.08-1.43x are priced, and SGLang PR #4716's Llama-3.3-70B tree,
@@ -2057,14 +2069,16 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     V0's prompt steps; 21.3% / +15.6% and 28.1% / +20.3% before the MI300X rows'
     engine; 24.2%, 29.0% and 29.2% before the fused_moe compute share;
     their history: docs/planning.md). The 35 rows held out
-    before 2026-12-06 (sources of dense, int4 / int8, fp8 and MoE deployments of 2023-2025): 10.4% / -2.7% (-4.7%
+    before 2026-12-06 (sources of dense, int4 / int8, fp8 and MoE deployments of 2023-2025): 11.1% / -4.9% (10.4% /
+    -2.9% before the eager host queue; -4.7%
     before V0's prompt steps; 10.4% / +0.7% before
     the MI300X rows' engine, 10.7% before TensorRT-LLM 1.0's rows queued every request, -2.5% before the flat bf16
     streaming, 9.3% before the padding), held apart so that the 59 rows added with the fp4 formats, gpt-oss and Llama 4 (29.9% / +24.4%:
     docs/planning.md, "Validation") cannot hide a regression on them. Of the issue's targets (10%, +-5%, 80% inside, half-width <= 25%) only the share
     inside was met on all 94 rows (84%) before stop 59's narrower bands, none is now; on the 35, the signed median is met (and the
     median was, to 9.3%). The calibration split
-    is held too (287 rows: 11.0%, -0.3%, 91% inside, half-width 43.4%; 11.1% before gpt-fast's decode read its whole
+    is held too (311 rows: 10.7%, +0.0%, 92% inside, half-width 43.3%; 308 rows, 10.8% / -0.1%, before the Qwen 1
+    eager runs; 287 rows: 11.0%, -0.3%, 91% inside, half-width 43.4%; 11.1% before gpt-fast's decode read its whole
     static cache; 10.9% / 92% / 43.6% before V0's prompt steps; 275 rows before GPT-J and Falcon-180B: 11.2%, +0.9%, 94%, 51.1%; 11.5% before the fused_moe compute share; 11.9% / 96% / 60.5% before SGLang's eager prompt
     steps; 12.0% / +1.7% before the elementwise traffic;
     14.3% before the Marlin MoE tables' SM
@@ -2082,7 +2096,7 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     assert abs(t["signed_median_fast_pct"]) <= 16.5
     assert t["inside_interval"] >= 0.72
     assert t["median_half_width_pct"] <= 38.0
-    assert q["median_abs_error_pct"] <= 21.5 and abs(q["signed_median_fast_pct"]) <= 14.5
+    assert q["median_abs_error_pct"] <= 21.7 and abs(q["signed_median_fast_pct"]) <= 14.5
     assert tp["median_abs_error_pct"] <= 30.5 and abs(tp["signed_median_fast_pct"]) <= 25.0
     assert m["median_abs_error_pct"] <= 30.5 and abs(m["signed_median_fast_pct"]) <= 26.0
     assert sp["n"] == 11 and sp["median_half_width_pct"] >= 10.0 and sp["median_abs_error_pct"] <= 53.0
@@ -2094,7 +2108,7 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     later = ("specforge_issue339_qwen3_eagle3", "sglang_pr4716_eagle3_70b")  # 2026-12-07, with the EAGLE heads
     before = anchors.summary(t_all[~t_all["source"].isin(added + later)])["test"]["all"]
     assert before["n"] == 35
-    assert before["median_abs_error_pct"] <= 11.0 and abs(before["signed_median_fast_pct"]) <= 5.0
+    assert before["median_abs_error_pct"] <= 11.5 and abs(before["signed_median_fast_pct"]) <= 5.0
 
 
 def test_a_speedups_interval_widens_with_its_acceptance_range_and_carries_the_drafts_priors():
@@ -2679,6 +2693,28 @@ def test_lmdeploys_nccl_all_reduce_is_the_fit_of_its_tp4_token_latency_medians()
     assert d["terms"]["comm"] == pytest.approx(sum(c[2] * c[4] for c in d["collectives"]))
     vllm = WhatIf(cfg, get_datasheet("a100_80gb_sxm"), "float16", Layout(tp=4), Setting(engine="vllm", bands=()))
     assert vllm.pass_detail(Pass(64, 1, 64), 1, "vllm")["terms"]["comm"] < d["terms"]["comm"] / 3  # custom all-reduce
+
+
+def test_hf_eagers_host_time_is_the_fit_of_qwen1s_eager_runs_by_depth():
+    """engines.yaml hf-eager's host_issue.us_per_launch (typical) and step_overhead_us (typical) say they are what
+    anchors.eager_host_fit draws through the Qwen README's BF16 runs (a calibration source: Qwen-1.8B / 7B / 14B, 24 /
+    32 / 40 layers, host-bound on one A100): the host's time a layer over the 26 launches a Qwen 1 block makes
+    (hf-eager-qwen1's count), and the intercept; recomputed here. Host-bound, the three runs grow with the layer count,
+    which a step whose GPU work adds to the host's issue could not give (the 14B's GPU work is 8 times the 1.8B's); the
+    priced runs land within 2%. autoawq's are the same values ("as hf-eager")."""
+    per_layer, step = anchors.eager_host_fit("qwen_readme_inference_performance")
+    doc = yaml.safe_load(engines.ENGINES_PATH.read_text())["engines"]
+    launches = engines.profile("hf-eager-qwen1", 1).launches_per_layer
+    assert launches == 26 and engines.profile("hf-eager", 1).launches_per_layer == 50
+    assert 700 < per_layer < 800 and 0 <= step < 100
+    for name in ("hf-eager", "autoawq"):
+        assert doc[name]["host_issue"]["us_per_launch"]["values"][1] == pytest.approx(per_layer / launches, abs=0.01)
+        assert doc[name]["step_overhead_us"]["values"][1] == pytest.approx(step, abs=0.5)
+    assert engines.profile("hf-eager-qwen1", 1).host_s_per_launch == engines.profile("hf-eager", 1).host_s_per_launch
+    priced = _shipped_table().set_index("id")
+    rows = [r for r in priced.index if r.startswith("qwen-readme-a100-")]
+    assert len(rows) == 3 and (priced.loc[rows, "error_pct"].abs() < 2.0).all()
+    assert (priced.loc[rows, "split"] == "calibration").all() and priced.loc[rows, "prior_cited"].all()
 
 
 def test_a_draft_tree_verifies_its_draft_tokens_and_drafts_its_width_in_each_pass_after_the_first():

@@ -37,6 +37,9 @@ REAL_MODELS = [
     "glm-5",
     "minimax-m2.5",
     "kimi-k2.5",
+    "qwen-1.8b",
+    "qwen-7b",
+    "qwen-14b",
 ]
 
 
@@ -90,6 +93,16 @@ def test_llama_3_1_70b():
     _check(cfg, vocab=128256, d=8192, layers=80, heads=64, kv_heads=8, head_dim=128, ffn=28672,
            max_context=131072, norm_eps=1e-5)
     assert cfg.rope_scaling.kind == "llama3" and cfg.rope_scaling.factor == 8.0
+
+
+def test_qwen1_presets():
+    """Qwen 1 (QWenLMHeadModel): MHA, a q/k/v bias, an untied LM head, and an MLP of intermediate_size // 2 (w1, w2 and
+    c_proj), so Qwen-7B's config intermediate_size 22016 is ffn 11008."""
+    for name, d, layers, heads, ffn, vocab in (("qwen-1.8b", 2048, 24, 16, 5504, 151936),
+                                              ("qwen-7b", 4096, 32, 32, 11008, 151936),
+                                              ("qwen-14b", 5120, 40, 40, 13696, 152064)):
+        _check(presets.get_preset(name), d=d, layers=layers, heads=heads, kv_heads=heads, head_dim=128, ffn=ffn,
+               vocab=vocab, qkv_bias=True, tie_embeddings=False, is_moe=False)
 
 
 def test_qwen2_5_7b():

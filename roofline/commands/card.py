@@ -350,7 +350,8 @@ def _spread_floor(rec: dict) -> str:
 
 # what each term of the what-if's step (roofline.parallel.whatif.pass_seconds) prices, as the card names it
 TERM_NAMES = dict(dense="dense GEMMs", experts="routed experts", elementwise="norms/activations/rotary",
-                  attention="attention", kv_copy="KV cache copies", lm_head="LM head", per_layer="launch floors",
+                  attention="attention", kv_copy="KV cache copies", lm_head="LM head",
+                  per_layer="launch floors (eager: host issue the GPU does not hide)",
                   step_overhead="engine host time", per_seq="per-sequence device time", comm="collectives",
                   prefill_host="eager host time")
 

@@ -35,7 +35,8 @@ from roofline.parallel.engines import check_client, graph_sizes, profile, run_sc
 from roofline.parallel.layout import Layout
 from roofline.parallel.whatif import (BAND_CATEGORIES, BANDS_PATH, EAGLE3_DRAFT_VOCAB, EAGLE_HEADS, SCENARIOS, Pass,
                                       Setting, SpecDecode, WhatIf, band_categories, band_for, check_draft_vocab,
-                                      check_tree, load_bands, random_dataset_lengths, serve, widen)
+                                      check_tree, load_bands, load_priors, pass_seconds, random_dataset_lengths, serve,
+                                      widen)
 
 ANCHORS_PATH = Path(__file__).resolve().parents[1] / "data" / "deployments.yaml"
 PRIOR_PATHS = tuple(ANCHORS_PATH.parent / n for n in ("priors.yaml", "kernels.yaml", "engines.yaml"))
@@ -338,6 +339,35 @@ def allreduce_fit(source: str, engine: str, link: str, path=ANCHORS_PATH) -> tup
         ys.append((a["value"] * 1e-3 - (d["seconds"] - priced)) / n)
     slope, lat = np.polyfit(xs, ys, 1)
     return float(lat * 1e6), float(1 / slope / 1e9)
+
+
+def eager_host_fit(source: str, engine: str = "hf-eager-qwen1", path=ANCHORS_PATH) -> tuple[float, float]:
+    """(host us per decoder layer, serial host us per step) of an eager engine (`host_issue`) from a source's batch-1
+    runs of models of different depths (tok_s_per_user of a finite run): a host-bound eager step takes the host's issue
+    of its layers, then the LM head issued last, then its own host time (whatif.host_issue_seconds), so each run's
+    measured time per token less its priced LM head is n_layers x (host per layer) + (step host time). A least-squares
+    line in the layer count over the runs the host bounds (its issue longer than the GPU's priced work of the layers);
+    a negative intercept is taken as 0 and the slope refitted through the origin. What engines.yaml <engine>'s
+    host_issue.us_per_launch (per layer / launches_per_layer) and step_overhead_us are derived by."""
+    models, _, anchors = load(path)
+    rows = []
+    for a in anchors:
+        wl = a["workload"]
+        if a["source"] != source or a["metric"] != "tok_s_per_user" or "concurrency" not in wl:
+            continue
+        w = deployment(a, models.get(a["model"]) or get_preset(a["model"]), Setting(engine=engine, bands=()))
+        eng = dataclasses.replace(profile(engine, 1), host_s_per_launch=0.0, step_overhead_s=0.0)
+        L = wl["input_len"] + wl["output_len"] // 2  # the run's mean context
+        d = pass_seconds(w.cfg, w.layout, w.dtype, Pass(1, 1, L), w.device, eng, 1, w._kern(), load_priors())
+        gpu = d["seconds"] - d["terms"]["lm_head"]  # the layers' GPU work (no host time: it is zeroed)
+        rows.append((w.cfg.layers, 1.0 / float(a["value"]) - d["terms"]["lm_head"], gpu))
+    n, t, gpu = (np.array(x, dtype=float) for x in zip(*rows))
+    slope, icpt = np.polyfit(n, t, 1)
+    bound = n * slope > gpu
+    slope, icpt = np.polyfit(n[bound], t[bound], 1) if bound.sum() >= 2 else (slope, icpt)
+    if icpt < 0:
+        slope, icpt = float(np.sum(n[bound] * t[bound]) / np.sum(n[bound] ** 2)), 0.0
+    return float(slope * 1e6), float(icpt * 1e6)
 
 
 def calibration_point(a: dict) -> dict | None:

@@ -5,10 +5,10 @@ host and scheduler time not hidden behind the GPU (a fixed part and, where measu
 sequence: the scheduler's loops over the batch), whether it replays CUDA graphs (the per-layer
 launch floor of roofline/data/priors.yaml, graph or eager), and its all-reduce latency per
 interconnect. An engine that launches every kernel from Python without graphs (`host_issue`:
-kernel launches per decoder layer and host microseconds per launch) is priced per kernel as the
-slower of the GPU and the host issuing it: the light kernels of a layer (norms, rotary, residual
-adds, cache writes: launches beyond the layer's matmuls and attention) cost the host's issue time
-each, the matmuls and attention their GPU time (roofline.parallel.whatif). Its KV pool (`kv_pool`: the memory
+kernel launches per decoder layer and host microseconds per launch) is priced as an in-order queue:
+the host issues every launch of a step's layers while the GPU runs what it was given, so the step
+takes the later of the two and only the host's excess over the layers' GPU work is a term
+(roofline.parallel.whatif.host_issue_seconds). Its KV pool (`kv_pool`: the memory
 share it claims) bounds how many sequences of a finite run it keeps running (roofline.parallel.whatif.serve). Each value is a triple (optimistic, typical, pessimistic) with a source and the
 engine version it was read for. No engine named: the what-if runs every profile and its
 interval spans them (roofline.parallel.whatif), an earlier release's or a vendor build's variant of another

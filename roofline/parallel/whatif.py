@@ -307,23 +307,30 @@ def graph_batch(eng, setting: Setting, device: Datasheet, b: int, split: int, re
     return b if cap is not None and padded > cap else padded
 
 
-def launch_seconds(eng, setting: Setting, scenario: int, priors: dict, n: int, n_moe: int, block_cfg,
-                   device_key: str, kern: dict, touched: float = 0.0) -> float:
-    """The launch cost of a stage's n blocks (n_moe of them MoE). CUDA graphs: the graph floor per
+def host_issue_seconds(eng, setting: Setting, n: int, n_moe: int, touched: float = 0.0) -> tuple[float, float] | None:
+    """An engine whose host issues every kernel (`host_issue`, no CUDA graphs): (the host's seconds issuing the n
+    layers' launches, every launch of a layer counted, matmuls and attention included; the seconds of an MoE layer's
+    Python loop over its `touched` experts, launches_per_touched_expert each). Eager PyTorch enqueues a kernel and
+    returns, so the first runs beside the GPU: a step's kernels complete at the later of the host's last issue and
+    the GPU's work (an in-order queue the host stays ahead of, or behind, over a step of many alike layers); the LM
+    head, issued last, runs after either. The loop's launches do not overlap: each expert's torch.where is a nonzero
+    that waits for the GPU, so its issue time adds.
+    None for any other engine (graphs, or no host_issue entry)."""
+    graphs = eng.graphs if setting.graphs is None else setting.graphs
+    if graphs or eng.launches_per_layer is None:
+        return None
+    return n * eng.launches_per_layer * eng.host_s_per_launch, n_moe * touched * eng.launches_per_expert * \
+        eng.host_s_per_launch
+
+
+def launch_seconds(eng, setting: Setting, scenario: int, priors: dict, n: int, n_moe: int,
+                   device_key: str, kern: dict) -> float:
+    """The launch cost of a stage's n blocks (n_moe of them MoE) under CUDA graphs: the graph floor per
     layer (priors.yaml, the device architecture's own where kernels.yaml arch_overrides gives one
     (`launch_floor_us_per_layer_graph`), or the engine's per_layer_us), and per MoE layer its router GEMM and gating
-    kernels (priors.yaml moe_routing_us_per_layer: latency-bound at decode sizes). Without graphs, an
-    engine whose host issues every kernel (`host_issue`) pays its host time per launch for each light
-    kernel of a layer: the launches beyond the layer's matmuls and attention (one grouped GEMM more for
-    MoE), whose GPU time is priced as their bytes and FLOPs and exceeds their issue time at decode sizes; an engine
-    that loops over an MoE layer's touched experts in Python (transformers' eager MoE blocks) issues its
-    launches_per_touched_expert for each of the `touched` experts of the rank too."""
+    kernels (priors.yaml moe_routing_us_per_layer: latency-bound at decode sizes); without graphs, the eager floor
+    per layer (an engine with `host_issue` is priced by host_issue_seconds instead)."""
     graphs = eng.graphs if setting.graphs is None else setting.graphs
-    if not graphs and eng.launches_per_layer is not None:
-        heavy = lambda moe: len(engine_matrices(block_matrices(block_cfg, moe), eng.merged)) + 1 + int(moe)  # noqa: E731
-        light = lambda moe: max(0.0, eng.launches_per_layer - heavy(moe))  # noqa: E731
-        per_moe = light(True) + touched * eng.launches_per_expert
-        return ((n - n_moe) * light(False) + n_moe * per_moe) * eng.host_s_per_launch
     per_layer = eng.per_layer_s
     if per_layer is None or setting.graphs is not None:
         own = K.arch_override(kern, device_key).get("launch_floor_us_per_layer_graph") if graphs else None
@@ -457,8 +464,8 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     if head == "eagle3":  # its q/k/v read [embedding; feature] (2d): the second d of their input
         qkv = (s.heads + 2 * s.kv_heads) * cfg.head_dim
         t_head += gemm(Nr, qkv, cfg.d, qkv * cfg.d * a, "dense", 0, a)["seconds"]
-    t_launch = launch_seconds(eng, setting, scenario, priors, n, n_moe, block_cfg, device.key, kern,
-                              (moe_blk or {}).get("touched", 0.0))
+    host_issue = host_issue_seconds(eng, setting, n, n_moe, (moe_blk or {}).get("touched", 0.0))
+    t_launch = 0.0 if host_issue else launch_seconds(eng, setting, scenario, priors, n, n_moe, device.key, kern)
     rc = rank_forward_cost(cfg, layout, prec.label, max(Nr * split, 1), 1, 0, reduces=eng.block_reduces(cfg))
     comm, calls = 0.0, []
     for c in rc.collectives:
@@ -481,6 +488,10 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
                                 eng.step_overhead_s + eng.step_overhead_per_seq_s * (p.B + (p.prefill > 0))),
                  per_seq=0.0 if is_head else K.step_seconds_per_seq(scenario, kern, device.key) * (Br + (pre_r > 0)),
                  comm=comm)
+    if host_issue:  # eager host issue: what the queue does not hide (the layers' GPU work beside it; the experts apart,
+        issue, loop = host_issue  # the loop's syncs serialise them; the LM head after the last layer's issue), then
+        beside = sum(v for k, v in terms.items() if k not in ("experts", "step_overhead", "lm_head"))  # the loop's
+        terms["per_layer"] = max(0.0, issue - beside) + loop
     host = dict(eng.prefill_host_s_per_layer).get("mla") if cfg.is_mla else None
     if host is not None and p.prefill and not is_head:  # an eager prompt step: the longer of its GPU and host times
         terms["prefill_host"] = max(0.0, n * host - sum(terms.values()))
