@@ -311,7 +311,7 @@ def host_issue_seconds(eng, setting: Setting, n: int, n_moe: int, touched: float
     """An engine whose host issues every kernel (`host_issue`, no CUDA graphs): (the host's seconds issuing the n
     layers' launches, every launch of a layer counted, matmuls and attention included; the seconds of an MoE layer's
     Python loop over its `touched` experts, launches_per_touched_expert each). Eager PyTorch enqueues a kernel and
-    returns, so the first runs beside the GPU: a step's kernels complete at the later of the host's last issue and
+    returns, so the issue runs beside the GPU: a step's kernels complete at the later of the host's last issue and
     the GPU's work (an in-order queue the host stays ahead of, or behind, over a step of many alike layers); the LM
     head, issued last, runs after either. The loop's launches do not overlap: each expert's torch.where is a nonzero
     that waits for the GPU, so its issue time adds.
