@@ -18,7 +18,7 @@ expert on the busiest rank (roofline.parallel.layout.experts_touched_busiest_ran
 are always the TOUCHED ones: serving engines' fused MoE kernels read only the routed experts and
 capture in CUDA graphs, so graph mode prices touched experts too (roofline.model.accounting.
 moe_impl_for_mode is what our own sweep ran). t_layer: the engine's per-layer launch floor
-(or priors.yaml's graph / eager floor), t_step its host and scheduler time per step, t_seq its host time
+(or priors.yaml's graph floor; without graphs the host's issue beside the GPU's work), t_step its host and scheduler time per step, t_seq its host time
 per running sequence per step (the scheduler's loops over the batch, where measured), T_comm =
 Σ calls · (latency + S · factor / busbw) with the engine's all-reduce latency on the link and
 priors.yaml's bus bandwidth; a tensor-parallel group stays inside one node (NVLink), only the
@@ -307,20 +307,28 @@ def graph_batch(eng, setting: Setting, device: Datasheet, b: int, split: int, re
     return b if cap is not None and padded > cap else padded
 
 
-def host_issue_seconds(eng, setting: Setting, n: int, n_moe: int, touched: float = 0.0) -> tuple[float, float] | None:
+def host_issue_seconds(eng, setting: Setting, n: int, n_moe: int, touched: float = 0.0,
+                       priors: dict | None = None, scenario: int = 1) -> tuple[float, float] | None:
     """An engine whose host issues every kernel (`host_issue`, no CUDA graphs): (the host's seconds issuing the n
     layers' launches, every launch of a layer counted, matmuls and attention included; the seconds of an MoE layer's
-    Python loop over its `touched` experts, launches_per_touched_expert each). Eager PyTorch enqueues a kernel and
+    Python loop over its `touched` experts, launches_per_touched_expert each). Any other engine run without graphs
+    (forced: `setting.graphs` false) issues priors.yaml eager_host_us_per_layer a layer (`priors` given; else None). Eager PyTorch enqueues a kernel and
     returns, so the issue runs beside the GPU: a step's kernels complete at the later of the host's last issue and
     the GPU's work (an in-order queue the host stays ahead of, or behind, over a step of many alike layers); the LM
     head, issued last, runs after either. The loop's launches do not overlap: each expert's torch.where is a nonzero
     that waits for the GPU, so its issue time adds.
-    None for any other engine (graphs, or no host_issue entry)."""
+    None for any other engine (graphs, or an engine eager by its profile with a per-layer floor of its own: a C++
+    engine's, lmdeploy's per_layer_us)."""
     graphs = eng.graphs if setting.graphs is None else setting.graphs
-    if graphs or eng.launches_per_layer is None:
+    if graphs:
         return None
-    return n * eng.launches_per_layer * eng.host_s_per_launch, n_moe * touched * eng.launches_per_expert * \
-        eng.host_s_per_launch
+    if eng.launches_per_layer is not None:
+        return n * eng.launches_per_layer * eng.host_s_per_launch, n_moe * touched * eng.launches_per_expert * \
+            eng.host_s_per_launch
+    if (eng.per_layer_s is not None and setting.graphs is None) or priors is None:
+        return None
+    per_layer = K.pick(priors["eager_host_us_per_layer"], scenario, "priors.eager_host_us_per_layer") * 1e-6
+    return n * per_layer, 0.0
 
 
 def launch_seconds(eng, setting: Setting, scenario: int, priors: dict, n: int, n_moe: int,
@@ -328,15 +336,15 @@ def launch_seconds(eng, setting: Setting, scenario: int, priors: dict, n: int, n
     """The launch cost of a stage's n blocks (n_moe of them MoE) under CUDA graphs: the graph floor per
     layer (priors.yaml, the device architecture's own where kernels.yaml arch_overrides gives one
     (`launch_floor_us_per_layer_graph`), or the engine's per_layer_us), and per MoE layer its router GEMM and gating
-    kernels (priors.yaml moe_routing_us_per_layer: latency-bound at decode sizes); without graphs, the eager floor
-    per layer (an engine with `host_issue` is priced by host_issue_seconds instead)."""
+    kernels (priors.yaml moe_routing_us_per_layer: latency-bound at decode sizes); an engine eager by its profile, its
+    own per_layer_us (an engine issuing its kernels from Python is priced by host_issue_seconds instead)."""
     graphs = eng.graphs if setting.graphs is None else setting.graphs
     per_layer = eng.per_layer_s
     if per_layer is None or setting.graphs is not None:
-        own = K.arch_override(kern, device_key).get("launch_floor_us_per_layer_graph") if graphs else None
+        own = K.arch_override(kern, device_key).get("launch_floor_us_per_layer_graph")
         per_layer = (K.pick(own, scenario, "kernels.arch_overrides.launch_floor_us_per_layer_graph") if own is not None
-                     else K.pick(priors["launch_floor_us_per_layer"]["graph" if graphs else "eager"], scenario,
-                                 "priors.launch_floor_us_per_layer")) * 1e-6
+                     else K.pick(priors["launch_floor_us_per_layer"]["graph"], scenario,
+                                 "priors.launch_floor_us_per_layer.graph")) * 1e-6
     routing = K.pick(priors["moe_routing_us_per_layer"], scenario, "priors.moe_routing_us_per_layer") * 1e-6
     return n * per_layer + (n_moe * routing if graphs else 0.0)
 
@@ -464,7 +472,7 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
     if head == "eagle3":  # its q/k/v read [embedding; feature] (2d): the second d of their input
         qkv = (s.heads + 2 * s.kv_heads) * cfg.head_dim
         t_head += gemm(Nr, qkv, cfg.d, qkv * cfg.d * a, "dense", 0, a)["seconds"]
-    host_issue = host_issue_seconds(eng, setting, n, n_moe, (moe_blk or {}).get("touched", 0.0))
+    host_issue = host_issue_seconds(eng, setting, n, n_moe, (moe_blk or {}).get("touched", 0.0), priors, scenario)
     t_launch = 0.0 if host_issue else launch_seconds(eng, setting, scenario, priors, n, n_moe, device.key, kern)
     rc = rank_forward_cost(cfg, layout, prec.label, max(Nr * split, 1), 1, 0, reduces=eng.block_reduces(cfg))
     comm, calls = 0.0, []
