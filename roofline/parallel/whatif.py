@@ -18,10 +18,10 @@ expert on the busiest rank (roofline.parallel.layout.experts_touched_busiest_ran
 are always the TOUCHED ones: serving engines' fused MoE kernels read only the routed experts and
 capture in CUDA graphs, so graph mode prices touched experts too (roofline.model.accounting.
 moe_impl_for_mode is what our own sweep ran). t_layer: the engine's per-layer launch floor
-(or priors.yaml's graph floor; without graphs the host's issue beside the GPU's work), t_step its host and scheduler time per step, t_seq its host time
-per running sequence per step (the scheduler's loops over the batch, where measured), T_comm =
-Σ calls · (latency + S · factor / busbw) with the engine's all-reduce latency on the link and
-priors.yaml's bus bandwidth; a tensor-parallel group stays inside one node (NVLink), only the
+(or priors.yaml's graph floor; without graphs the host's issue beside the GPU's work), t_step its
+host and scheduler time per step, t_seq its host time per running sequence per step (the scheduler's
+loops over the batch, where measured), T_comm = Σ calls · (latency + S · factor / busbw) with the
+engine's all-reduce latency on the link and priors.yaml's bus bandwidth; a tensor-parallel group stays inside one node (NVLink), only the
 stage-to-stage sends of a layout wider than a node cross the inter-node link.
 
 Every prior is a triple; a prediction is computed with all optimistic, all typical, all
@@ -312,11 +312,11 @@ def host_issue_seconds(eng, setting: Setting, n: int, n_moe: int, touched: float
     """An engine whose host issues every kernel (`host_issue`, no CUDA graphs): (the host's seconds issuing the n
     layers' launches, every launch of a layer counted, matmuls and attention included; the seconds of an MoE layer's
     Python loop over its `touched` experts, launches_per_touched_expert each). Any other engine run without graphs
-    (forced: `setting.graphs` false) issues priors.yaml eager_host_us_per_layer a layer (`priors` given; else None). Eager PyTorch enqueues a kernel and
-    returns, so the issue runs beside the GPU: a step's kernels complete at the later of the host's last issue and
-    the GPU's work (an in-order queue the host stays ahead of, or behind, over a step of many alike layers); the LM
-    head, issued last, runs after either. The loop's launches do not overlap: each expert's torch.where is a nonzero
-    that waits for the GPU, so its issue time adds.
+    (forced: `setting.graphs` false) issues priors.yaml eager_host_us_per_layer a layer (`priors` given; else None).
+    Eager PyTorch enqueues a kernel and returns, so the issue runs beside the GPU: a step's kernels complete at the
+    later of the host's last issue and the GPU's work (an in-order queue the host stays ahead of, or behind, over a
+    step of many alike layers); the LM head, issued last, runs after either. The loop's launches do not overlap:
+    each expert's torch.where is a nonzero that waits for the GPU, so its issue time adds.
     None for any other engine (graphs, or an engine eager by its profile with a per-layer floor of its own: a C++
     engine's, lmdeploy's per_layer_us)."""
     graphs = eng.graphs if setting.graphs is None else setting.graphs
