@@ -21,8 +21,9 @@ moe_impl_for_mode is what our own sweep ran). t_layer: the engine's per-layer la
 (or priors.yaml's graph floor; without graphs the host's issue beside the GPU's work), t_step its
 host and scheduler time per step, t_seq its host time per running sequence per step (the scheduler's
 loops over the batch, where measured), T_comm = Σ calls · (latency + S · factor / busbw) with the
-engine's all-reduce latency on the link and priors.yaml's bus bandwidth; a tensor-parallel group stays inside one node (NVLink), only the
-stage-to-stage sends of a layout wider than a node cross the inter-node link.
+engine's all-reduce latency on the link and priors.yaml's bus bandwidth; a tensor-parallel group
+stays inside one node (NVLink), only the stage-to-stage sends of a layout wider than a node cross
+the inter-node link.
 
 Every prior is a triple; a prediction is computed with all optimistic, all typical, all
 pessimistic values. With an engine named, that is the interval; with none, every profile runs and
