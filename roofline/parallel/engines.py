@@ -3,8 +3,8 @@
 A profile says what an engine adds to the kernels of a step and how it runs them: its per-step
 host and scheduler time not hidden behind the GPU (a fixed part and, where measured, a part per running
 sequence: the scheduler's loops over the batch), whether it replays CUDA graphs (the per-layer
-launch floor of roofline/data/priors.yaml, graph or eager), and its all-reduce latency per
-interconnect. An engine that launches every kernel from Python without graphs (`host_issue`:
+launch floor of roofline/data/priors.yaml; without them, the host's issue beside the GPU's work), and
+its all-reduce latency per interconnect. An engine that launches every kernel from Python without graphs (`host_issue`:
 kernel launches per decoder layer and host microseconds per launch) is priced as an in-order queue:
 the host issues every launch of a step's layers while the GPU runs what it was given, so the step
 takes the later of the two and only the host's excess over the layers' GPU work is a term
