@@ -333,14 +333,16 @@ def host_issue_seconds(eng, setting: Setting, n: int, n_moe: int, touched: float
 
 
 def launch_seconds(eng, setting: Setting, scenario: int, priors: dict, n: int, n_moe: int,
-                   device_key: str, kern: dict) -> float:
+                   device_key: str, kern: dict, device_only: bool = False) -> float:
     """The launch cost of a stage's n blocks (n_moe of them MoE) under CUDA graphs: the graph floor per
     layer (priors.yaml, the device architecture's own where kernels.yaml arch_overrides gives one
     (`launch_floor_us_per_layer_graph`), or the engine's per_layer_us), and per MoE layer its router GEMM and gating
     kernels (priors.yaml moe_routing_us_per_layer: latency-bound at decode sizes); an engine eager by its profile, its
-    own per_layer_us (an engine issuing its kernels from Python is priced by host_issue_seconds instead)."""
-    graphs = eng.graphs if setting.graphs is None else setting.graphs
-    per_layer = eng.per_layer_s
+    own per_layer_us. `device_only`: the device's own share, the kernels' launch and drain gaps on the GPU that a
+    graph still pays (the graph floor and the routing kernels), for an engine whose host issues its kernels
+    (host_issue_seconds): eager or not, the GPU runs the same kernels with the same gaps."""
+    graphs = True if device_only else (eng.graphs if setting.graphs is None else setting.graphs)
+    per_layer = None if device_only else eng.per_layer_s
     if per_layer is None or setting.graphs is not None:
         own = K.arch_override(kern, device_key).get("launch_floor_us_per_layer_graph")
         per_layer = (K.pick(own, scenario, "kernels.arch_overrides.launch_floor_us_per_layer_graph") if own is not None
@@ -474,7 +476,8 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
         qkv = (s.heads + 2 * s.kv_heads) * cfg.head_dim
         t_head += gemm(Nr, qkv, cfg.d, qkv * cfg.d * a, "dense", 0, a)["seconds"]
     host_issue = host_issue_seconds(eng, setting, n, n_moe, (moe_blk or {}).get("touched", 0.0), priors, scenario)
-    t_launch = 0.0 if host_issue else launch_seconds(eng, setting, scenario, priors, n, n_moe, device.key, kern)
+    t_launch = launch_seconds(eng, setting, scenario, priors, n, n_moe, device.key, kern,
+                              device_only=bool(host_issue))
     rc = rank_forward_cost(cfg, layout, prec.label, max(Nr * split, 1), 1, 0, reduces=eng.block_reduces(cfg))
     comm, calls = 0.0, []
     for c in rc.collectives:
@@ -497,10 +500,11 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
                                 eng.step_overhead_s + eng.step_overhead_per_seq_s * (p.B + (p.prefill > 0))),
                  per_seq=0.0 if is_head else K.step_seconds_per_seq(scenario, kern, device.key) * (Br + (pre_r > 0)),
                  comm=comm)
-    if host_issue:  # eager host issue: what the queue does not hide (the layers' GPU work beside it; the experts apart,
-        issue, loop = host_issue  # the loop's syncs serialise them; the LM head after the last layer's issue), then
-        beside = sum(v for k, v in terms.items() if k not in ("experts", "step_overhead", "lm_head"))  # the loop's
-        terms["per_layer"] = max(0.0, issue - beside) + loop
+    if host_issue:  # eager host issue: the longer of the issue and the layers' GPU work beside it (the device's own
+        issue, loop = host_issue  # launch gaps, t_launch, in that work; the experts apart, the loop's syncs serialise
+        beside = sum(v for k, v in terms.items() if k not in ("experts", "step_overhead", "lm_head", "per_layer"))
+        terms["per_layer"] = max(issue - beside, t_launch) + loop  # them; the LM head after the last issue), then the
+        # loop's own issue time
     host = dict(eng.prefill_host_s_per_layer).get("mla") if cfg.is_mla else None
     if host is not None and p.prefill and not is_head:  # an eager prompt step: the longer of its GPU and host times
         terms["prefill_host"] = max(0.0, n * host - sum(terms.values()))
