@@ -26,6 +26,7 @@ from roofline.measure.devices import detect, get_datasheet
 from roofline.model.config import ModelConfig
 from roofline.model.formats import precision_columns
 from roofline.model.presets import get_preset
+from roofline.model.speculation import HEAD_DRAFTERS
 from roofline.parallel import whatif
 from roofline.parallel.engines import engine_name
 from roofline.report import figures
@@ -121,7 +122,7 @@ def request_from_config(c: dict, model: ModelConfig | None = None) -> CapacityRe
     return from_dict(CapacityRequest, c, "capacity", lists_to_tuples=True, model=model, work=work, speculation=spec)
 
 
-LAYOUT_SPEC_DRAFTERS = ("mtp", "eagle", "eagle3")  # drafters the layouts' what-if prices on every rank: the
+LAYOUT_SPEC_DRAFTERS = HEAD_DRAFTERS  # drafters the layouts' what-if prices on every rank: the
 # preset's own MTP module, an EAGLE head over the target
 
 

@@ -38,6 +38,8 @@ DRAFTERS = ("mtp", "draft_model", "ngram")
 # vocabulary)
 EAGLE_HEADS = ("eagle", "eagle3")
 WHATIF_DRAFTERS = DRAFTERS + EAGLE_HEADS
+# the drafters that are heads over the target (priced on its own ranks, chained, a draft tree possible)
+HEAD_DRAFTERS = ("mtp",) + EAGLE_HEADS
 # the draft vocabulary of an EAGLE-3 head unless told (draft_vocab_size of the released heads, e.g.
 # yuhuili/EAGLE3-LLaMA3.1-Instruct-8B: 32000 rows mapped to the target's vocabulary by its d2t table)
 EAGLE3_DRAFT_VOCAB = 32000

@@ -31,9 +31,9 @@ from roofline.measure.devices import get_datasheet
 from roofline.model.config import ModelConfig
 from roofline.model.formats import precision
 from roofline.model.presets import get_preset
-from roofline.parallel.engines import check_client, graph_sizes, profile, run_scheduling
+from roofline.parallel.engines import check_client, graph_sizes, run_scheduling
 from roofline.parallel.layout import Layout
-from roofline.parallel.whatif import (BAND_CATEGORIES, BANDS_PATH, EAGLE3_DRAFT_VOCAB, EAGLE_HEADS, SCENARIOS, Pass,
+from roofline.parallel.whatif import (BAND_CATEGORIES, BANDS_PATH, EAGLE3_DRAFT_VOCAB, HEAD_DRAFTERS, SCENARIOS, Pass,
                                       Setting, SpecDecode, WhatIf, band_categories, band_for, check_draft_vocab,
                                       check_tree, load_bands, load_priors, pass_seconds, random_dataset_lengths, serve,
                                       widen)
@@ -258,7 +258,7 @@ def what_if(a: dict, cfg: ModelConfig, setting: Setting | None = None, models: d
     return conv[m](s)
 
 
-SPEEDUP_DRAFTERS = ("mtp",) + EAGLE_HEADS  # a speedup anchor's drafters: heads priced on the target's own ranks
+SPEEDUP_DRAFTERS = HEAD_DRAFTERS  # a speedup anchor's drafters: heads priced on the target's own ranks
 
 
 def spec_alphas(spec: dict) -> tuple[float, float, float] | None:
@@ -289,23 +289,30 @@ def alpha_for_tau(tau: float, k: int) -> float:
     return (lo + hi) / 2
 
 
+def source_deployments(source: str, engine: str, path=ANCHORS_PATH):
+    """Each anchor of `source` with its deployment as the what-if prices it under `engine`, uncalibrated and without
+    bands (deployment): what the fits of an engine's measured times (spec_round_fit, allreduce_fit, eager_host_fit)
+    walk."""
+    models, _, anchors = load(path)
+    for a in anchors:
+        if a["source"] == source:
+            yield a, deployment(a, models.get(a["model"]) or get_preset(a["model"]), Setting(engine=engine, bands=()))
+
+
 def spec_round_fit(source: str, engine: str = "vllm", path=ANCHORS_PATH) -> dict[str, tuple[float, float]]:
     """{drafter: (round us, us per draft pass)}: a source's measured speculative rounds at batch 1 less the rounds as
     priced without `engine`'s own round and draft-pass times (engines.yaml spec_round_us / spec_draft_pass_us, which
     this derives), fitted as a line in k per drafter. A round's measured time is the plain step's (the source's tpot_ms
     anchor at the same B and L) over the speedup, times the accepted length: TPOT x accepted length."""
-    models, sources, anchors = load(path)
-    rows = [a for a in anchors if a["source"] == source]
-    plain = {(a["workload"]["B"], a["workload"]["L"]): a["value"] for a in rows if a["metric"] == "tpot_ms"}
+    rows = list(source_deployments(source, engine, path))
+    plain = {(a["workload"]["B"], a["workload"]["L"]): a["value"] for a, _ in rows if a["metric"] == "tpot_ms"}
     fits: dict[str, tuple[list, list]] = {}
-    for a in rows:
+    for a, w in rows:
         if a["metric"] != "spec_speedup":
             continue
         spec, wl = a["spec"], a["workload"]
         k, t1 = spec["k"], plain[(wl["B"], wl["L"])] * 1e-3
-        setting = Setting(engine=engine, bands=())
-        w = deployment(a, models.get(a["model"]) or get_preset(a["model"]), setting)
-        prof = profile(engine, 1, setting.engines_path())
+        prof = w._eng(engine, 1)
         priced = w.round_seconds(k, wl["B"], wl["L"], 1, engine, spec["drafter"],
                                  draft_vocab=spec.get("draft_vocab", EAGLE3_DRAFT_VOCAB))
         priced -= (prof.spec_round_s or 0.0) + k * prof.spec_draft_pass_s
@@ -322,13 +329,11 @@ def allreduce_fit(source: str, engine: str, link: str, path=ANCHORS_PATH) -> tup
     collectives priced), over its all-reduce calls, is one call's time, lat + bus bytes / busbw; a least-squares
     line in the bus bytes of one call (whatif.pass_seconds' `collectives`). What engines.yaml
     <engine>.allreduce.<link> is derived by."""
-    models, _, anchors = load(path)
     xs, ys = [], []
-    for a in anchors:
+    for a, w in source_deployments(source, engine, path):
         wl = a["workload"]
-        if a["source"] != source or a["metric"] != "itl_ms" or layout_of(a).tp < 2:
+        if a["metric"] != "itl_ms" or layout_of(a).tp < 2:
             continue
-        w = deployment(a, models.get(a["model"]) or get_preset(a["model"]), Setting(engine=engine, bands=()))
         d = w.pass_detail(Pass(wl["B"], 1, wl["L"]), 1, engine)
         calls = [c for c in d["collectives"] if c[0] == "all_reduce" and c[1] == link]
         if not calls:
@@ -349,14 +354,12 @@ def eager_host_fit(source: str, engine: str = "hf-eager-qwen1", path=ANCHORS_PAT
     line in the layer count over the runs the host bounds (its issue longer than the GPU's priced work of the layers);
     a negative intercept is taken as 0 and the slope refitted through the origin. What engines.yaml <engine>'s
     host_issue.us_per_launch (per layer / launches_per_layer) and step_overhead_us are derived by."""
-    models, _, anchors = load(path)
     rows = []
-    for a in anchors:
+    for a, w in source_deployments(source, engine, path):
         wl = a["workload"]
-        if a["source"] != source or a["metric"] != "tok_s_per_user" or "concurrency" not in wl:
+        if a["metric"] != "tok_s_per_user" or "concurrency" not in wl:
             continue
-        w = deployment(a, models.get(a["model"]) or get_preset(a["model"]), Setting(engine=engine, bands=()))
-        eng = dataclasses.replace(profile(engine, 1), host_s_per_launch=0.0, step_overhead_s=0.0)
+        eng = dataclasses.replace(w._eng(engine, 1), host_s_per_launch=0.0, step_overhead_s=0.0)
         L = wl["input_len"] + wl["output_len"] // 2  # the run's mean context
         d = pass_seconds(w.cfg, w.layout, w.dtype, Pass(1, 1, L), w.device, eng, 1, w._kern(), load_priors())
         gpu = d["seconds"] - d["terms"]["lm_head"]  # the layers' GPU work (no host time: it is zeroed)

@@ -46,7 +46,8 @@ import numpy as np
 import yaml
 
 from roofline.io.fields import ConfigError
-from roofline.model.speculation import DRAFTERS, EAGLE3_DRAFT_VOCAB, EAGLE_HEADS, WHATIF_DRAFTERS  # noqa: F401
+from roofline.model.speculation import (DRAFTERS, EAGLE3_DRAFT_VOCAB, EAGLE_HEADS, HEAD_DRAFTERS,  # noqa: F401
+                                        WHATIF_DRAFTERS)
 from roofline.measure.devices import Datasheet
 from roofline.measure.memory import HEADROOM
 from roofline.model.accounting import (block_elementwise_elements, block_matrices, block_weight_bytes, expert_bytes,
@@ -187,7 +188,7 @@ def check_tree(k: int, width: int, verify_tokens: int | None, drafter: str) -> N
                 not k + 1 <= verify_tokens <= 1 + k * width:
             raise ConfigError(f"draft_tokens={verify_tokens!r}: allowed an integer in k + 1 = {k + 1} .. 1 + k x "
                               f"draft_topk = {1 + k * width} (the tokens a sequence verifies in a round)")
-    if (width > 1 or (verify_tokens or k + 1) > k + 1) and drafter not in ("mtp",) + EAGLE_HEADS:
+    if (width > 1 or (verify_tokens or k + 1) > k + 1) and drafter not in HEAD_DRAFTERS:
         raise ConfigError(f"draft_topk={width}, draft_tokens={verify_tokens}: a draft tree is priced for a head "
                           f"(mtp, eagle, eagle3), not drafter={drafter!r}")
 
@@ -500,11 +501,13 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
                                 eng.step_overhead_s + eng.step_overhead_per_seq_s * (p.B + (p.prefill > 0))),
                  per_seq=0.0 if is_head else K.step_seconds_per_seq(scenario, kern, device.key) * (Br + (pre_r > 0)),
                  comm=comm)
-    if host_issue:  # eager host issue: the longer of the issue and the layers' GPU work beside it (the device's own
-        issue, loop = host_issue  # launch gaps, t_launch, in that work; the experts apart, the loop's syncs serialise
+    if host_issue:
+        # eager host issue: the longer of the issue and the layers' GPU work beside it (the device's own launch gaps,
+        # t_launch, in that work; the experts apart, the loop's syncs serialise them; the LM head after the last
+        # issue), then the expert loop's own issue time
+        issue, loop = host_issue
         beside = sum(v for k, v in terms.items() if k not in ("experts", "step_overhead", "lm_head", "per_layer"))
-        terms["per_layer"] = max(issue - beside, t_launch) + loop  # them; the LM head after the last issue), then the
-        # loop's own issue time
+        terms["per_layer"] = max(issue - beside, t_launch) + loop
     host = dict(eng.prefill_host_s_per_layer).get("mla") if cfg.is_mla else None
     if host is not None and p.prefill and not is_head:  # an eager prompt step: the longer of its GPU and host times
         terms["prefill_host"] = max(0.0, n * host - sum(terms.values()))
@@ -649,13 +652,14 @@ class WhatIf:
         return self.forward(Pass(B, q, L), scenario, engine or self.setting.engine_names()[0])
 
     def mtp(self, q: int, B: int, L: int, scenario: int, engine: str | None = None) -> float:
-        if self.cfg.mtp_layers < 1:
-            raise ConfigError(f"drafter=mtp: model {self.cfg.name!r} has no MTP module (mtp_layers=0)")
         return self.draft_head("mtp", q, B, L, scenario, engine)
 
     def draft_head(self, head: str, q: int, B: int, L: int, scenario: int, engine: str | None = None,
                    draft_vocab: int = EAGLE3_DRAFT_VOCAB) -> float:
-        """One pass of a draft head (`mtp`, `eagle`, `eagle3`) over q tokens of B sequences at context L."""
+        """One pass of a draft head (`mtp`: the model's MTP module, which it must have; `eagle`, `eagle3`) over q
+        tokens of B sequences at context L."""
+        if head == "mtp" and self.cfg.mtp_layers < 1:
+            raise ConfigError(f"drafter=mtp: model {self.cfg.name!r} has no MTP module (mtp_layers=0)")
         eng = engine or self.setting.engine_names()[0]
         return self._scale(B) * self.pass_detail(Pass(B, q, L), scenario, eng, head, draft_vocab)["seconds"]
 
@@ -745,10 +749,7 @@ class WhatIf:
         r += (prof.spec_round_s if prof.spec_round_s is not None and model_drafted else
               K.pick(load_priors()["spec_round_overhead_us"], own, "priors.spec_round_overhead_us") * 1e-6)
         passes = k * prof.spec_draft_pass_s  # a drafter's forward passes (not n-gram's lookup)
-        if drafter == "mtp":
-            return r + passes + sum(self.mtp(k + 1 if i == 1 else width, B, L + i - 1, own, eng)
-                                    for i in range(1, k + 1))
-        if drafter in EAGLE_HEADS:
+        if drafter in HEAD_DRAFTERS:
             return r + passes + sum(self.draft_head(drafter, k + 1 if i == 1 else width, B, L + i - 1, own, eng,
                                                     draft_vocab) for i in range(1, k + 1))
         Br = math.ceil(B / self.layout.batch_split)  # the sequences one rank drafts for
