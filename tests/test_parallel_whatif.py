@@ -2049,14 +2049,18 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran, their intervals widened by the
     conformal bands of the calibration anchors no prior cites (each source weighing one): bounds at the level
     measured when this test was last set plus a small margin, so a regression fails. All 103 test rows: median
-    |error| 21.3%, signed median +15.4%, 73% inside, half-width 36.9% (+15.7% before an eager engine's host issue ran
+    |error| 21.2%, signed median +15.0%, 76% inside, half-width 36.9% (21.3% / +15.4% / 73% before SGLang's EAGLE
+    and MTP rounds paid the host time its overlap scheduler, off for them, hides: 1.1-2.0 ms a round, measured with
+    the overlap on and off in SGLang PRs #11398 and #12128; SpecForge's rows +29..+87% -> +14..+54%, PR #4716's +58 ->
+    +42%, the DeepSeek-V3 MTP README's -4.7 / +0.7% -> -16.2 / -4.4%; speculative 51.1% -> 26.8%, MoE 29.9% / +25.1%
+    -> 26.8% / +22.9%, TP 29.9% / +24.4% -> 25.9% / +20.3%; +15.7% before an eager engine's host issue ran
     beside its GPU work at the Qwen 1 runs' measured host time a layer: the AutoAWQ rows -7 / +4 -> -23 / -7%, the
-    eager gpt-fast baseline +43 -> -15%; quantized 21.0 -> 21.2%); MoE 29.9% / +25.1%, TP 29.9% / +24.4%,
-    speculative 11 rows 51.1% / +51.1% (94 rows: 20.0% / +12.5% / 78% / 37.1%, MoE 25.9% / +18.2%, TP 23.7% / +14.0%,
+    eager gpt-fast baseline +43 -> -15%; quantized 21.0 -> 21.2%); MoE 26.8% / +22.9%, TP 25.9% / +20.3%,
+    speculative 11 rows 26.8% / +26.8% (94 rows: 20.0% / +12.5% / 78% / 37.1%, MoE 25.9% / +18.2%, TP 23.7% / +14.0%,
     speculative 2 rows 2.7%, before SGLang's EAGLE-3 rows: SpecForge issue #339's 8 on Qwen3-30B-A3B, whose rounds ran
     0.72-0.93x of the plain step's speed where 1.08-1.43x are priced, and SGLang PR #4716's Llama-3.3-70B tree,
     2.65x where 4.18x is priced: new test sources, no earlier prediction moved; SGLang's own round time is not
-    measured in any calibration source, so its rounds keep priors.yaml's 10-60 us; 19.0% / +12.6%, MoE +16.5%, before vLLM V0
+    measured in any calibration source, so its rounds kept priors.yaml's 10-60 us; 19.0% / +12.6%, MoE +16.5%, before vLLM V0
     ran its prompts as its scheduler does, in steps of their own up to the model's context unless its default rule
     turns chunked prefill on: six of its seven test rows closer, the MI300X 10000 / 500 row +15 -> +77%, one row
     across the median; 84% / 42.6% before the trtllm-0.6 profile priced
@@ -2082,7 +2086,8 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     V0's prompt steps; 21.3% / +15.6% and 28.1% / +20.3% before the MI300X rows'
     engine; 24.2%, 29.0% and 29.2% before the fused_moe compute share;
     their history: docs/planning.md). The 35 rows held out
-    before 2026-12-06 (sources of dense, int4 / int8, fp8 and MoE deployments of 2023-2025): 11.1% / -4.9% (10.4% /
+    before 2026-12-06 (sources of dense, int4 / int8, fp8 and MoE deployments of 2023-2025): 11.2% / -5.4% (11.1% /
+    -4.9% before SGLang's round host time, which slowed the DeepSeek-V3 MTP README's two rows among them; 10.4% /
     -2.9% before the eager host queue; -4.7%
     before V0's prompt steps; 10.4% / +0.7% before
     the MI300X rows' engine, 10.7% before TensorRT-LLM 1.0's rows queued every request, -2.5% before the flat bf16
@@ -2106,13 +2111,13 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     tp, sp = s["test"]["tp"], s["test"]["speculative"]
     assert t["n"] >= 103
     assert t["median_abs_error_pct"] <= 22.0
-    assert abs(t["signed_median_fast_pct"]) <= 16.5
-    assert t["inside_interval"] >= 0.72
+    assert abs(t["signed_median_fast_pct"]) <= 15.5
+    assert t["inside_interval"] >= 0.74
     assert t["median_half_width_pct"] <= 38.0
     assert q["median_abs_error_pct"] <= 21.7 and abs(q["signed_median_fast_pct"]) <= 14.5
-    assert tp["median_abs_error_pct"] <= 30.5 and abs(tp["signed_median_fast_pct"]) <= 25.0
-    assert m["median_abs_error_pct"] <= 30.5 and abs(m["signed_median_fast_pct"]) <= 26.0
-    assert sp["n"] == 11 and sp["median_half_width_pct"] >= 10.0 and sp["median_abs_error_pct"] <= 53.0
+    assert tp["median_abs_error_pct"] <= 27.0 and abs(tp["signed_median_fast_pct"]) <= 21.5
+    assert m["median_abs_error_pct"] <= 28.0 and abs(m["signed_median_fast_pct"]) <= 24.0
+    assert sp["n"] == 11 and sp["median_half_width_pct"] >= 10.0 and sp["median_abs_error_pct"] <= 28.5
     assert c["n"] >= 270 and c["median_abs_error_pct"] <= 12.0 and abs(c["signed_median_fast_pct"]) <= 5.0
     assert c["inside_interval"] >= 0.88
     assert c["median_half_width_pct"] <= 44.5
@@ -2121,7 +2126,7 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     later = ("specforge_issue339_qwen3_eagle3", "sglang_pr4716_eagle3_70b")  # 2026-12-07, with the EAGLE heads
     before = anchors.summary(t_all[~t_all["source"].isin(added + later)])["test"]["all"]
     assert before["n"] == 35
-    assert before["median_abs_error_pct"] <= 11.5 and abs(before["signed_median_fast_pct"]) <= 5.0
+    assert before["median_abs_error_pct"] <= 11.5 and abs(before["signed_median_fast_pct"]) <= 5.5
 
 
 def test_a_speedups_interval_widens_with_its_acceptance_range_and_carries_the_drafts_priors():
@@ -2136,7 +2141,7 @@ def test_a_speedups_interval_widens_with_its_acceptance_range_and_carries_the_dr
         p = anchors.what_if(dict(a, spec=dict(a["spec"], acceptance=acc)), models[a["model"]], raw, models)
         return p["optimistic"] - p["pessimistic"]
     assert 0 < width([0.875]) < width([0.9, 0.85]) < width([0.95, 0.75])
-    # one acceptance: the overhead (10-60 us) and the MTP pass's own kernel priors still span the interval
+    # one acceptance: SGLang's round time (1.1-2.0 ms) and the MTP pass's own kernel priors still span the interval
     w = WhatIf(models[a["model"]], get_datasheet("h200_sxm"), anchors.served_precision(a, models[a["model"]]),
                Layout(tp=8), raw)
     s = w.spec_speedup((0.875,) * 3, 1, 1, 1024)
@@ -2596,12 +2601,12 @@ def test_an_eagle_round_chains_its_heads_passes_and_pays_the_engines_own_round_a
     """A round of k EAGLE drafts: the k+1-token verification, the head over the verified positions, then k-1 single
     passes; an engine that measures its round's own time and its passes' beyond their GPU time (engines.yaml vllm
     spec_round_us / spec_draft_pass_us) pays those in place of priors.yaml's round overhead, and an n-gram round (no
-    drafter forward) keeps that prior. With no such field (sglang) the prior applies."""
+    drafter forward) keeps that prior. With no such field (trtllm) the prior applies."""
     from roofline.parallel.whatif import load_priors
     dev, cfg = get_datasheet("h100_sxm"), get_preset("llama-3.1-8b")
     w = WhatIf(cfg, dev, "bfloat16", Layout(), Setting(bands=()))
     prior = load_priors()["spec_round_overhead_us"]["values"][1] * 1e-6
-    for eng in ("vllm", "sglang"):
+    for eng in ("vllm", "sglang", "trtllm"):
         prof = engines.profile(eng, 1)
         own = prof.spec_round_s if prof.spec_round_s is not None else prior
         for k in (2, 5):
@@ -2613,7 +2618,30 @@ def test_an_eagle_round_chains_its_heads_passes_and_pays_the_engines_own_round_a
                                       + load_priors()["ngram_lookup_ns_per_token"]["values"][1] * 1e-9 * 512)
     vllm = engines.profile("vllm", 1)
     assert vllm.spec_round_s == pytest.approx(1199e-6) and vllm.spec_draft_pass_s == pytest.approx(386e-6)
-    assert engines.profile("sglang", 1).spec_round_s is None and engines.profile("sglang", 1).spec_draft_pass_s == 0.0
+    assert engines.profile("sglang", 1).spec_round_s == pytest.approx(1535e-6)
+    assert engines.profile("sglang", 1).spec_draft_pass_s == 0.0
+    assert engines.profile("trtllm", 1).spec_round_s is None and engines.profile("trtllm", 1).spec_draft_pass_s == 0.0
+
+
+def test_sglangs_spec_round_time_is_the_host_time_its_overlap_hides_in_two_measured_runs():
+    """engines.yaml sglang spec_round_us: SGLang turns its overlap scheduler off for EAGLE / MTP rounds (its
+    server_args, quoted in the source), so each round pays the host time that overlap hides. The triple is recomputed
+    here from the two runs measured with and without the overlap (their numbers as the sources' titles quote them):
+    a round is acceptance length / speed, or the latency over tokens / acceptance length. The 0.4 releases' profile
+    inherits it."""
+    doc = yaml.safe_load(engines.ENGINES_PATH.read_text())
+    src = doc["sources"]
+    assert "overlap scheduler are disabled because of using eagle" in src["sglang_eagle_no_overlap"]["title"]
+    for quote in ("'Beta Eagle: acc_length=3.01 speed=273.43 token/s'", "'Main Eagle: acc_length=2.99 speed=246.80"):
+        assert quote in src["sglang_pr11398_spec_v2"]["title"]
+    for quote in ("'| 3.644 | 512 | 2.296 | 140.52 |'", "'| 3.206 | 512 | 2.296 | 159.71 |'"):
+        assert quote in src["sglang_pr12128_spec_v2_fa3"]["title"]
+    llama = (2.99 / 246.80 - 3.01 / 273.43) * 1e6
+    dsr1 = (3.644 - 3.206) / (512 / 2.296) * 1e6
+    assert doc["engines"]["sglang"]["spec_round_us"]["values"] == pytest.approx([llama, (llama + dsr1) / 2, dsr1],
+                                                                                abs=1.0)
+    for i in range(3):
+        assert engines.profile("sglang-0.4", i).spec_round_s == engines.profile("sglang", i).spec_round_s
 
 
 def test_vllms_spec_round_times_are_the_fit_of_their_calibration_source():
@@ -2760,13 +2788,15 @@ def test_a_draft_tree_verifies_its_draft_tokens_and_drafts_its_width_in_each_pas
 
 
 def test_the_card_says_when_a_speculative_rounds_own_time_is_the_unmeasured_prior():
-    """A speculative card names the engines whose round time is priors.yaml's (no engines.yaml spec_round_us: SGLang
-    today), and none where the engine measures its own (vLLM) or the drafter is n-gram lookup (the prior's case)."""
+    """A speculative card names the engines whose round time is priors.yaml's (no engines.yaml spec_round_us:
+    TensorRT-LLM today), and none where the engine has its own (vLLM, SGLang) or the drafter is n-gram lookup (the
+    prior's case)."""
     from roofline.commands.card import CardRequest, card_record, render_card
     cfg, dev = get_preset("llama-3.1-8b"), get_datasheet("h100_sxm")
     kw = dict(model=cfg, device=dev, input_len=200, output_len=256, concurrency=1, k=3, acceptance=0.6)
-    sgl = card_record(CardRequest(engine="sglang", drafter="eagle3", **kw))
-    assert sgl["run_spec_round_unmeasured"] == ["sglang"] and "no measurement of it was read" in render_card(sgl)
-    vllm = card_record(CardRequest(engine="vllm", drafter="eagle3", **kw))
-    assert vllm["run_spec_round_unmeasured"] == [] and "no measurement of it was read" not in render_card(vllm)
-    assert card_record(CardRequest(engine="sglang", drafter="ngram", **kw))["run_spec_round_unmeasured"] == []
+    trt = card_record(CardRequest(engine="trtllm", drafter="eagle3", **kw))
+    assert trt["run_spec_round_unmeasured"] == ["trtllm"] and "no measurement of it was read" in render_card(trt)
+    for eng in ("vllm", "sglang"):
+        rec = card_record(CardRequest(engine=eng, drafter="eagle3", **kw))
+        assert rec["run_spec_round_unmeasured"] == [] and "no measurement of it was read" not in render_card(rec)
+    assert card_record(CardRequest(engine="trtllm", drafter="ngram", **kw))["run_spec_round_unmeasured"] == []
