@@ -2601,7 +2601,8 @@ def test_an_eagle_round_chains_its_heads_passes_and_pays_the_engines_own_round_a
     """A round of k EAGLE drafts: the k+1-token verification, the head over the verified positions, then k-1 single
     passes; an engine that measures its round's own time and its passes' beyond their GPU time (engines.yaml vllm
     spec_round_us / spec_draft_pass_us) pays those in place of priors.yaml's round overhead, and an n-gram round (no
-    drafter forward) keeps that prior. With no such field (trtllm) the prior applies."""
+    drafter forward) keeps that prior unless the profile's round time is paid by every round (sglang: `rounds: all`,
+    its overlap scheduler off for n-gram too). With no such field (trtllm) the prior applies."""
     from roofline.parallel.whatif import load_priors
     dev, cfg = get_datasheet("h100_sxm"), get_preset("llama-3.1-8b")
     w = WhatIf(cfg, dev, "bfloat16", Layout(), Setting(bands=()))
@@ -2614,7 +2615,8 @@ def test_an_eagle_round_chains_its_heads_passes_and_pays_the_engines_own_round_a
             expect = w.forward(Pass(1, k + 1, 512), 1, eng) + own + k * prof.spec_draft_pass_s + heads
             assert w.round_seconds(k, 1, 512, 1, eng, "eagle3") == pytest.approx(expect, rel=1e-3)
         ngram = w.round_seconds(3, 1, 512, 1, eng, "ngram")
-        assert ngram == pytest.approx(w.forward(Pass(1, 4, 512), 1, eng) + prior
+        assert prof.spec_round_ngram == (eng == "sglang")
+        assert ngram == pytest.approx(w.forward(Pass(1, 4, 512), 1, eng) + (own if prof.spec_round_ngram else prior)
                                       + load_priors()["ngram_lookup_ns_per_token"]["values"][1] * 1e-9 * 512)
     vllm = engines.profile("vllm", 1)
     assert vllm.spec_round_s == pytest.approx(1199e-6) and vllm.spec_draft_pass_s == pytest.approx(386e-6)
@@ -2642,6 +2644,21 @@ def test_sglangs_spec_round_time_is_the_host_time_its_overlap_hides_in_two_measu
                                                                                 abs=1.0)
     for i in range(3):
         assert engines.profile("sglang-0.4", i).spec_round_s == engines.profile("sglang", i).spec_round_s
+    assert "disabled because of using ngram speculative decoding" in src["sglang_eagle_no_overlap"]["title"]
+    assert doc["engines"]["sglang"]["spec_round_us"]["rounds"] == "all"
+
+
+def test_a_profiles_spec_round_rounds_is_drafted_or_all_and_anything_else_one_line(tmp_path):
+    """engines.yaml spec_round_us.rounds: absent, the drafted rounds (vLLM's); `all`, n-gram's too (SGLang's); any
+    other value a one-line error naming the field."""
+    doc = yaml.safe_load(engines.ENGINES_PATH.read_text())
+    assert not engines.profile("vllm", 1).spec_round_ngram and engines.profile("sglang", 1).spec_round_ngram
+    doc["engines"]["sglang"]["spec_round_us"]["rounds"] = "ngram_only"
+    path = tmp_path / "engines.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=r"^engines\.sglang\.spec_round_us\.rounds: 'ngram_only': allowed "
+                                          r"\['drafted', 'all'\]$"):
+        engines.profile("sglang", 1, str(path))
 
 
 def test_vllms_spec_round_times_are_the_fit_of_their_calibration_source():

@@ -80,6 +80,7 @@ class Engine:
     allreduce_busbw_Bps: tuple = ()  # ((interconnect key, bytes/s), ...): its own all-reduce's bus bandwidth
     spec_round_s: float | None = None  # engines.yaml spec_round_us: a speculative round's own time (None: the prior)
     spec_draft_pass_s: float = 0.0  # engines.yaml spec_draft_pass_us: each draft pass's time beyond its priced GPU time
+    spec_round_ngram: bool = False  # engines.yaml spec_round_us.rounds all: n-gram rounds pay spec_round_s too
 
     def block_reduces(self, cfg) -> int:
         """All-reduces of one block's activations under tensor parallelism: 2 (attention's and the FFN's row-parallel
@@ -116,6 +117,11 @@ STEP_BATCHING = ("shared", "prefill_first", "beside")
 # engines.yaml dp_attention_limits: what the engine's prefill_chunk_tokens and max_running_seqs bound under attention
 # data parallelism: each rank's own batch (per_rank) or the deployment's, divided among its ranks (whole)
 DP_LIMITS = ("per_rank", "whole")
+
+
+# engines.yaml spec_round_us.rounds: the rounds its own round time is paid in: those with a drafter's forward passes
+# (drafted: vLLM's, measured with EAGLE heads) or every round, n-gram's too (all: SGLang's overlap is off for all)
+SPEC_ROUNDS = ("drafted", "all")
 
 
 MX_ACTS = ("fp8", "bf16")  # engines.yaml mxfp4_activations: mxfp8 activations (W4A8) or the activations' bf16 (W4A16)
@@ -211,6 +217,15 @@ def padded_batch(b: int, sizes: tuple[int, ...]) -> int:
     """The batch a decode-only step runs at under CUDA graphs captured at `sizes` with padding: the smallest size
     >= b; b itself above the largest size (no graph, no padding) or without sizes."""
     return next((s for s in sizes if s >= b), b)
+
+
+def spec_rounds(e: dict, where: str) -> str:
+    """engines.yaml spec_round_us.rounds of a profile (SPEC_ROUNDS; absent: drafted); anything else is one error
+    naming the field."""
+    v = (e.get("spec_round_us") or {}).get("rounds", "drafted")
+    if v not in SPEC_ROUNDS:
+        raise ConfigError(f"{where}.spec_round_us.rounds: {v!r}: allowed {list(SPEC_ROUNDS)}")
+    return v
 
 
 def choice(e: dict, key: str, allowed: tuple, default: str, where: str) -> str:
@@ -372,7 +387,8 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
                       chunked_prefill_v0=choice(e, "chunked_prefill", CHUNKED_PREFILL, "always", f) == "v0_default",
                       kv_reads_allocated=choice(e, "kv_cache_reads", KV_CACHE_READS, "filled", f) == "allocated",
                       spec_round_s=optional_pick(e, "spec_round_us", scenario, f, 1e-6),
-                      spec_draft_pass_s=optional_pick(e, "spec_draft_pass_us", scenario, f, 1e-6, 0.0))
+                      spec_draft_pass_s=optional_pick(e, "spec_draft_pass_us", scenario, f, 1e-6, 0.0),
+                      spec_round_ngram=spec_rounds(e, f) == "all")
     except KeyError as err:
         raise ConfigError(f"{f}: missing key {err.args[0]!r}") from None
 

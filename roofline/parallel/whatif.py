@@ -729,7 +729,7 @@ class WhatIf:
         k chained drafts, the first re-reading the k+1 verified positions (as roofline.analysis.predict
         prices it; an engine that measures its round's own time and its draft passes' beyond their GPU time,
         engines.yaml spec_round_us / spec_draft_pass_us, in place of priors.yaml spec_round_overhead_us for a round
-        with a drafter's forward passes, not n-gram's): the MTP
+        with a drafter's forward passes, and an n-gram round's too where the profile says so, `rounds: all`): the MTP
         module (`mtp`), an EAGLE head (`eagle`, `eagle3`: chained as MTP is, the first pass over
         the k+1 verified positions, as vLLM's EagleProposer and SGLang's EAGLE worker run it; `draft_vocab`: EAGLE-3's
         LM head rows), a draft model replicated on every rank (`draft_model`, its
@@ -745,8 +745,8 @@ class WhatIf:
         check_tree(k, width, verify_tokens, drafter)
         r = self.forward(Pass(B, verify_tokens or k + 1, L, prefill, prefill_context), scenario, eng)
         prof = self._eng(eng, own)  # the engine's own round and draft-pass times, where engines.yaml measures them
-        model_drafted = drafter != "ngram"  # (measured with a drafter's forward passes; an n-gram round has none)
-        r += (prof.spec_round_s if prof.spec_round_s is not None and model_drafted else
+        own_round = drafter != "ngram" or prof.spec_round_ngram  # (vLLM's measured with a drafter's passes; SGLang's all)
+        r += (prof.spec_round_s if prof.spec_round_s is not None and own_round else
               K.pick(load_priors()["spec_round_overhead_us"], own, "priors.spec_round_overhead_us") * 1e-6)
         passes = k * prof.spec_draft_pass_s  # a drafter's forward passes (not n-gram's lookup)
         if drafter in HEAD_DRAFTERS:
