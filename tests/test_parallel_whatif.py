@@ -1011,6 +1011,28 @@ def test_a_finite_run_prefills_in_the_engines_own_default_chunks_and_caps_its_ru
         run("h100_sxm", "vllm", "batch")
 
 
+def test_sglang_runs_at_most_48_sequences_with_speculative_decoding_unless_its_release_sets_no_cap(tmp_path):
+    """engines.yaml spec_max_running_seqs: SGLang resets max_running_requests to 48 for EAGLE, EAGLE3, STANDALONE and
+    NGRAM where the user sets none, so a speculative run of 128 requests runs 48 at a time; the same run without
+    speculation, or under vLLM (no such cap), runs all 128; the 0.4 releases' profile states none (`tiers: null`
+    with its source); `tiers: null` without a source is a one-line error naming the field."""
+    cfg = get_preset("llama-3.1-8b")
+    spec = SpecDecode(3, (0.6,), "eagle3")
+
+    def running(engine, s=spec):
+        w = WhatIf(cfg, get_datasheet("h100_sxm"), "bfloat16", Layout(), Setting(engine=engine))
+        return serve(w, 512, 128, 128, 128, spec=s)["running"]["typical"]
+    assert running("sglang") == 48 and running("sglang", SpecDecode(3, (0.6,), "ngram")) == 48
+    assert running("sglang", None) == 128 and running("vllm") == 128 and running("sglang-0.4") == 128
+    assert engines.profile("sglang-0.4", 1).spec_max_running_tiers == ()
+    doc = yaml.safe_load(engines.ENGINES_PATH.read_text())
+    doc["engines"]["sglang"]["spec_max_running_seqs"] = {"tiers": None}
+    path = tmp_path / "engines.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=r"^engines\.sglang\.spec_max_running_seqs: needs tiers"):
+        engines.profile("sglang", 1, str(path))
+
+
 def test_a_fixed_length_runs_last_partial_wave_runs_at_its_own_batch():
     """A fixed-length run of N = C + r requests, r < C, goes in a wave of C and a last wave of the r left, priced at
     r sequences (its own ramp and steps): the run lasts the two waves as if run apart. It was priced as two full
@@ -1188,14 +1210,16 @@ def test_vllm_v0_runs_block_fp8_experts_at_its_triton_kernels_measured_share_on_
 def test_sglang_0_4_is_sglang_with_the_triton_block_fp8_experts_of_early_2025(monkeypatch):
     """SGLang 0.4.x before DeepGEMM became its default (PR #5628, 2025-04) ran DeepSeek's block-fp8 experts through
     its Triton fused_moe (vLLM's kernel, the N tile locked to the quant block): the sglang-0.4 profile is `sglang`
-    with vllm-v0's measured ratio on those experts, on NVIDIA parts only, and its release's CUDA-graph batches (1, 2,
-    4 and the multiples of 8 to 160), nothing else different. dstack's SGLang 0.4.2 / 0.4.3 rows (calibration) are
+    with vllm-v0's measured ratio on those experts, on NVIDIA parts only, its release's CUDA-graph batches (1, 2,
+    4 and the multiples of 8 to 160) and no running cap of its own under speculative decoding (the early-2025
+    server_args read sets none; later releases, 48), nothing else different. dstack's SGLang 0.4.2 / 0.4.3 rows (calibration) are
     priced with it; no other anchor states a 0.4 release."""
     _without_pair_io(monkeypatch)  # the ratio scales the weights' streaming; the pairs' traffic is not the kernel's
     import dataclasses
     old, new = engines.profile("sglang-0.4", 1), engines.profile("sglang", 1)
     diff = {f.name for f in dataclasses.fields(old) if getattr(old, f.name) != getattr(new, f.name)}
-    assert diff == {"name", "grouped_bw_ratio", "graph_sizes"}
+    assert diff == {"name", "grouped_bw_ratio", "graph_sizes", "spec_max_running_tiers"}
+    assert old.spec_max_running_tiers == () and new.spec_max_running_tiers == ((0.0, (), 48, 48),)
     assert old.graph_sizes == (1, 2, 4, *range(8, 161, 8))
     assert dict(old.grouped_bw_ratio) == dict(engines.profile("vllm-v0", 1).grouped_bw_ratio) == {"fp8_block": 0.29}
     ds, prec = get_preset("deepseek-r1"), "bfloat16+weights=fp8_b128"

@@ -63,6 +63,8 @@ class Engine:
     merged: tuple = ()  # linears it runs as one GEMM (engines.yaml merged_gemms: "gate_up", "qkv_a")
     prefill_chunk_tiers: tuple = ()  # engines.yaml prefill_chunk_tokens: its default tokens per step, by device (tiers)
     max_running_tiers: tuple = ()  # engines.yaml max_running_seqs: its default cap on running sequences, by device
+    spec_max_running_tiers: tuple = ()  # engines.yaml spec_max_running_seqs: that cap with speculative decoding on,
+    #                                      where the engine sets its own (SGLang's 48)
     local_reads: tuple = LOCAL_KINDS  # engines.yaml local_attention.reads: windowed kinds whose decode reads the window only
     local_pool: tuple = ()  # ((kind, "window" | "full" | fraction), ...): what its KV pool holds for windowed layers
     step_batching: str = "beside"  # engines.yaml step_batching: how a prompt chunk shares a step with the decodes (STEP_BATCHING)
@@ -243,10 +245,11 @@ CLIENTS = ("server", "offline")  # how a run reaches the engine: its HTTP server
 
 def device_tiers(e: dict, key: str, where: str) -> tuple:
     """engines.yaml `key` of a profile: ((min_mem_GiB, excluded name parts, server value, offline value), ...),
-    the first tier a device meets applies (absent: no engine default, the caller's prior)."""
+    the first tier a device meets applies (absent, or `tiers: null` with a source: no engine default, the caller's
+    prior)."""
     entry = e.get(key)
-    if entry is None:
-        return ()
+    if entry is None or (isinstance(entry, dict) and "tiers" in entry and entry["tiers"] is None and entry.get("source")):
+        return ()  # absent, or none stated with its source (a release that sets no such default)
     tiers = entry.get("tiers") if isinstance(entry, dict) else None
     if not isinstance(tiers, list) or not tiers:
         raise ConfigError(f"{where}.{key}: needs tiers: [{{min_mem_GiB, server, offline}}, ...] and a source")
@@ -373,6 +376,7 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
                       kv_pool_fraction=float(pool["fraction"]) if pool else None, kv_pool_of=pool.get("of", "total"),
                       merged=merged_gemms(e, f), prefill_chunk_tiers=device_tiers(e, "prefill_chunk_tokens", f),
                       max_running_tiers=device_tiers(e, "max_running_seqs", f),
+                      spec_max_running_tiers=device_tiers(e, "spec_max_running_seqs", f),
                       local_reads=local_reads, local_pool=local_pool,
                       step_batching=choice(e, "step_batching", STEP_BATCHING, "beside", f),
                       dp_limits=choice(e, "dp_attention_limits", DP_LIMITS, "whole", f),

@@ -938,10 +938,13 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
         return w.round_seconds(spec.k, B, Lc, s, e, spec.drafter, spec.draft, pre, I / 2, draft_vocab=spec.draft_vocab,
                                width=spec.width, verify_tokens=spec.verify_tokens)
 
-    # the engine's KV pool: the sequences it keeps running (the rest queue); one figure per engine
-    caps = {e: None if static_batch else min((c for c in (w.max_running(e, I + O, L, spec), engine_default(e, "max_running_tiers"))
-                                              if c is not None), default=None)
-            for e in w.setting.engine_names()}
+    # the engine's KV pool and its own caps: the sequences it keeps running (the rest queue); one figure per engine
+    # (with speculative decoding an engine's own cap where it sets one: SGLang's 48 unless --max-running-requests)
+    def cap(e) -> int | None:
+        own = (w.max_running(e, I + O, L, spec), engine_default(e, "max_running_tiers"),
+               engine_default(e, "spec_max_running_tiers") if spec else None)
+        return None if static_batch else min((c for c in own if c is not None), default=None)
+    caps = {e: cap(e) for e in w.setting.engine_names()}
 
     q = w.band(concurrency, spec is not None)  # the measured error band of the run's categories
 
