@@ -1025,12 +1025,46 @@ def test_sglang_runs_at_most_48_sequences_with_speculative_decoding_unless_its_r
     assert running("sglang") == 48 and running("sglang", SpecDecode(3, (0.6,), "ngram")) == 48
     assert running("sglang", None) == 128 and running("vllm") == 128 and running("sglang-0.4") == 128
     assert engines.profile("sglang-0.4", 1).spec_max_running_tiers == ()
+    from roofline.commands.card import CardRequest, card_record, render_card
+    kw = dict(model=cfg, device=get_datasheet("h100_sxm"), input_len=512, output_len=128, concurrency=128, k=3,
+              acceptance=0.6, drafter="eagle3")
+    rec = card_record(CardRequest(engine="sglang", **kw))
+    assert rec["run_running_seqs"] == 48 and rec["run_plain_running_seqs"] == 128
+    assert "with speculation 48 run at a time, without it 128" in render_card(rec)
+    assert "run at a time" not in render_card(card_record(CardRequest(engine="vllm", **kw)))
+    own = card_record(CardRequest(engine="sglang", max_running_seqs=100, **kw))  # --max-running-requests 100
+    assert own["run_running_seqs"] == own["run_plain_running_seqs"] == 100
+    assert "100 running (the run's cap of 100 and the engine's KV pool)" in render_card(own)
     doc = yaml.safe_load(engines.ENGINES_PATH.read_text())
     doc["engines"]["sglang"]["spec_max_running_seqs"] = {"tiers": None}
     path = tmp_path / "engines.yaml"
     path.write_text(yaml.safe_dump(doc))
     with pytest.raises(ConfigError, match=r"^engines\.sglang\.spec_max_running_seqs: needs tiers"):
         engines.profile("sglang", 1, str(path))
+
+
+def test_a_runs_own_cap_on_running_sequences_replaces_the_engines_defaults_and_is_read_per_rank_where_it_schedules():
+    """serve(max_running=): a run's own --max-num-seqs / --max-running-requests / max_batch_size replaces the engine's
+    default caps (max_running_seqs, and spec_max_running_seqs when it speculates), the KV pool still binding; under
+    attention DP an engine whose ranks schedule their own batch (vLLM: per_rank) runs it on every rank, one that divides
+    it (SGLang: whole) once. The same key in an anchor's workload, a calibration point or the card; a bad value is one
+    line naming it."""
+    cfg, dev = get_preset("llama-3.1-8b"), get_datasheet("h100_sxm")
+    spec = SpecDecode(3, (0.6,), "eagle3")
+
+    def running(engine, layout=Layout(), model=cfg, **kw):
+        w = WhatIf(model, dev, "bfloat16", layout, Setting(engine=engine))
+        return serve(w, 512, 128, 256, 256, **kw)["running"]["typical"]
+    assert running("vllm", max_running=32) == 32 and running("sglang", spec=spec, max_running=100) == 100
+    assert running("sglang", spec=spec) == 48 and running("vllm") == 256
+    dp, moe = Layout(tp=2, ep=2, dp_attention=True), get_preset("qwen3-30b-a3b")
+    assert running("vllm", dp, moe, max_running=32) == 64 and running("sglang", dp, moe, max_running=32) == 32
+    huge = WhatIf(get_preset("llama-3.1-70b"), dev, "bfloat16", Layout(tp=2), Setting(engine="vllm"))
+    pool = huge.max_running("vllm", 8192 + 8192)
+    assert serve(huge, 8192, 8192, 1024, 1024, max_running=4096)["running"]["typical"] == pool < 1024
+    assert engines.run_scheduling({"max_running_seqs": 64}, "") == {"max_running": 64}
+    with pytest.raises(ConfigError, match=r"^workload\.max_running_seqs=-3: must be an integer >= 1"):
+        engines.run_scheduling({"max_running_seqs": -3}, "workload.")
 
 
 def test_a_fixed_length_runs_last_partial_wave_runs_at_its_own_batch():

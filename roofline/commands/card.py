@@ -70,6 +70,9 @@ class CardRequest:
                                    "running-sequence cap (engines.yaml prefill_chunk_tokens, max_running_seqs)")
     prefill_chunk_tokens: int = option(0, "the finite run's prompt tokens per step (its --max-num-batched-tokens, "
                                           "chunked_prefill_size or max_num_tokens; 0: the engine's default)")
+    max_running_seqs: int = option(0, "the finite run's cap on running sequences (its --max-num-seqs, "
+                                      "--max-running-requests or max_batch_size; 0: the engine's default, SGLang's 48 "
+                                      "when it speculates)")
     step_batching: str = option("", "how the finite run's prompt chunks share its steps: shared | prefill_first | "
                                     "beside (empty: the engine's; vLLM V0 with --enable-chunked-prefill: shared)")
     graph_batch_sizes: tuple | None = internal(None, "the graph_batch_sizes key (roofline.commands.GraphKeys), checked")
@@ -117,7 +120,8 @@ class CardRequest:
     def scheduling(self) -> dict:
         """The finite run's own scheduler settings as serve's keyword arguments (engines.run_scheduling; empty: the
         engine's)."""
-        return run_scheduling(dict(prefill_chunk_tokens=self.prefill_chunk_tokens, step_batching=self.step_batching), "")
+        return run_scheduling(dict(prefill_chunk_tokens=self.prefill_chunk_tokens, step_batching=self.step_batching,
+                                   max_running_seqs=self.max_running_seqs), "")
 
     def _check_spec(self) -> None:
         """k, acceptance, drafter and draft_model: a speculative finite run's, each named where it is wrong."""
@@ -251,7 +255,7 @@ def _what_if_run(req: CardRequest, w) -> dict:
     s = run(spec)
     out = dict(run_input_len=req.input_len, run_output_len=req.output_len, run_range_ratio=req.range_ratio,
                run_mean_input_len=I, run_mean_output_len=O, run_concurrency=C, run_num_prompts=req.num_prompts or C,
-               run_staggered=staggered, run_client=req.client)
+               run_staggered=staggered, run_client=req.client, run_max_running_seqs=req.max_running_seqs or None)
     full = [e for e in w.setting.engine_names()
             if w.max_running(e, req.input_len + req.output_len, req.input_len + req.output_len // 2, spec) == 0]
     if full:
@@ -272,6 +276,7 @@ def _what_if_run(req: CardRequest, w) -> dict:
                    run_spec_tokens_per_round=spec.tau(), run_plain_output_tok_s=plain["output_tok_s"]["typical"],
                    run_plain_tpot_ms=plain["itl_mean_s"]["typical"] * 1e3,
                    run_plain_e2e_latency_s=plain["e2e_s"]["typical"],
+                   run_plain_running_seqs=plain["running"]["typical"],
                    run_spec_speedup=s["output_tok_s"]["typical"] / plain["output_tok_s"]["typical"],
                    run_spec_round_unmeasured=[e for e in w.setting.engine_names() if spec.drafter != "ngram"
                                               and profile(e, 1, w.setting.engines_path()).spec_round_s is None])
@@ -423,7 +428,9 @@ def render_card(rec: dict) -> str:
         lines.append(f"finite run     {rec['run_num_prompts']} requests of {rec['run_input_len']} in / "
                      f"{rec['run_output_len']} out{drawn}, "
                      f"{rec['run_concurrency']} at a time ({'staggered' if rec['run_staggered'] else 'fixed'} lengths), "
-                     f"{rec['run_running_seqs']:.0f} running (the engine's KV pool and sequence cap), "
+                     f"{rec['run_running_seqs']:.0f} running ("
+                     + (f"the run's cap of {rec['run_max_running_seqs']} and the engine's KV pool"
+                        if rec.get("run_max_running_seqs") else "the engine's KV pool and sequence cap") + "), "
                      f"{rec['run_client']} client, up to {rec['run_prefill_chunk_tokens']:.0f} prompt tokens a step"
                      + (" over its attention-DP ranks" if "dpattn" in str(rec.get("whatif_layout", "")) else ""))
         if rec.get("run_spec_k"):
@@ -445,6 +452,11 @@ def render_card(rec: dict) -> str:
                              f"is priors.yaml's spec_round_overhead_us for {', '.join(rec['run_spec_round_unmeasured'])}:"
                              " no measurement of it was read (engines.yaml spec_round_us, where an engine has one, is "
                              "a millisecond or more)")
+            if rec["run_running_seqs"] < rec.get("run_plain_running_seqs", rec["run_running_seqs"]):
+                lines.append(f"  with speculation {rec['run_running_seqs']:.0f} run at a time, without it "
+                             f"{rec['run_plain_running_seqs']:.0f}: the engine's own cap when it speculates "
+                             "(engines.yaml spec_max_running_seqs: SGLang's 48 unless --max-running-requests; "
+                             "max_running_seqs= sets the run's own)")
             lines.append(f"  without speculation: output_tok_s {rec['run_plain_output_tok_s']:.4g}, tpot_ms "
                          f"{rec['run_plain_tpot_ms']:.4g}, e2e_latency_s {rec['run_plain_e2e_latency_s']:.4g}: "
                          f"speculative x{rec['run_spec_speedup']:.3g} output tok/s (typical priors)")
@@ -485,6 +497,7 @@ def run(c: dict) -> None:
                            output_len=c["output_len"], concurrency=c["concurrency"], num_prompts=c["num_prompts"],
                            staggered=c["staggered"], range_ratio=c["range_ratio"], client=c["client"],
                            prefill_chunk_tokens=c["prefill_chunk_tokens"], step_batching=c["step_batching"] or "",
+                           max_running_seqs=c["max_running_seqs"],
                            graph_batch_sizes=graph_batch_sizes(c), calibrate=c.get("calibrate") or None, k=c["k"],
                            acceptance=c["acceptance"], drafter=c["drafter"], draft_vocab=c["draft_vocab"],
                            draft_topk=c["draft_topk"], draft_tokens=c["draft_tokens"],

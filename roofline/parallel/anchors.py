@@ -59,7 +59,7 @@ def check_workload(wl, metric: str, where: str) -> None:
     """A workload is one decode step {B, L} (B sequences at L cached tokens: itl_ms, tpot_ms, tok_s_per_user,
     spec_speedup) or a finite run {concurrency, input_len, output_len[, num_prompts, range_ratio]}; either may name
     the run's CUDA-graph batch sizes (graph_batch_sizes: the engine's option, which replaces its default) and its
-    scheduler settings (prefill_chunk_tokens, step_batching: engines.run_scheduling)."""
+    scheduler settings (prefill_chunk_tokens, step_batching, max_running_seqs: engines.run_scheduling)."""
     if not isinstance(wl, dict):
         raise ConfigError(f"{where}: workload={wl!r}: expected a mapping, {{B, L}} or "
                           f"{{concurrency, input_len, output_len}}")

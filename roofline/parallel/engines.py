@@ -269,9 +269,15 @@ def device_tiers(e: dict, key: str, where: str) -> tuple:
 def run_scheduling(d: dict, where: str) -> dict:
     """A run's own scheduler settings from a mapping (an anchor's workload, a calibration point, the card's keys):
     prefill_chunk_tokens (its tokens per step: --max-num-batched-tokens, chunked_prefill_size, max_num_tokens) and
-    step_batching (how its prompt chunks share the steps: a vLLM V0 run with --enable-chunked-prefill is `shared`),
-    as serve's keyword arguments; absent or empty: the engine's. Anything else is one error naming the field."""
+    step_batching (how its prompt chunks share the steps: a vLLM V0 run with --enable-chunked-prefill is `shared`) and
+    max_running_seqs (its cap on running sequences: --max-num-seqs, --max-running-requests, max_batch_size), as
+    serve's keyword arguments; absent or empty: the engine's. Anything else is one error naming the field."""
     out = {}
+    cap = d.get("max_running_seqs")
+    if cap not in (None, 0):
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            raise ConfigError(f"{where}max_running_seqs={cap!r}: must be an integer >= 1 (0 or absent: the engine's)")
+        out["max_running"] = cap
     chunk = d.get("prefill_chunk_tokens")
     if chunk not in (None, 0):
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:

@@ -842,7 +842,8 @@ def v0_chunked_prefill(cfg: ModelConfig, device: Datasheet, spec=None) -> bool:
 
 def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prompts: int | None = None,
           chunk_tokens: int | None = None, staggered: bool = False, spec: SpecDecode | None = None,
-          static_batch: bool = False, client: str = "server", step_batching: str | None = None) -> dict:
+          static_batch: bool = False, client: str = "server", step_batching: str | None = None,
+          max_running: int | None = None) -> dict:
     """A finite benchmark run as `vllm bench serve --max-concurrency C --num-prompts N` measures it
     (every request ready at t = 0): TTFT, ITL median and p90, end-to-end latency, output tok/s and
     tok/s per GPU, each an interval. Prompts are prefilled in chunks of `chunk_tokens` (chunked
@@ -887,8 +888,10 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     (`Calibration.interval`), while the steps that carry prompt chunks keep the banded priors'.
 
     The engine's KV pool (`WhatIf.max_running`, engines.yaml kv_pool) and its default cap on running
-    sequences (engines.yaml max_running_seqs, vLLM's max_num_seqs) bound the sequences it keeps running:
-    C = min(concurrency, the cap, the sequences whose KV at input + output tokens fits). Under attention data
+    sequences (engines.yaml max_running_seqs, vLLM's max_num_seqs; with `spec` its own cap where it sets one,
+    spec_max_running_seqs: SGLang's 48) bound the sequences it keeps running: C = min(concurrency, the cap, the
+    sequences whose KV at input + output tokens fits); `max_running`, the run's own cap (--max-num-seqs,
+    --max-running-requests, max_batch_size), replaces the engine's default ones. Under attention data
     parallelism an engine whose ranks each schedule their own batch (engines.yaml dp_attention_limits: per_rank,
     TensorRT-LLM, vLLM) runs its default cap and prefill chunk on every rank, the deployment that many times
     them; one that divides them among its ranks (whole, SGLang) runs them once. A capped run
@@ -940,9 +943,13 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
 
     # the engine's KV pool and its own caps: the sequences it keeps running (the rest queue); one figure per engine
     # (with speculative decoding an engine's own cap where it sets one: SGLang's 48 unless --max-running-requests)
+    def run_cap(e) -> int:  # the run's own cap, read as its engine reads it: per attention-DP rank or for them all
+        return max_running * w.layout.batch_split if w._eng(e, 1).dp_limits == "per_rank" else max_running
+
     def cap(e) -> int | None:
-        own = (w.max_running(e, I + O, L, spec), engine_default(e, "max_running_tiers"),
-               engine_default(e, "spec_max_running_tiers") if spec else None)
+        own = (w.max_running(e, I + O, L, spec),
+               *((run_cap(e),) if max_running else (engine_default(e, "max_running_tiers"),
+                                                    engine_default(e, "spec_max_running_tiers") if spec else None)))
         return None if static_batch else min((c for c in own if c is not None), default=None)
     caps = {e: cap(e) for e in w.setting.engine_names()}
 
