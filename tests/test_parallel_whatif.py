@@ -1246,8 +1246,8 @@ def test_sglang_0_4_is_sglang_with_the_triton_block_fp8_experts_of_early_2025(mo
     its Triton fused_moe (vLLM's kernel, the N tile locked to the quant block): the sglang-0.4 profile is `sglang`
     with vllm-v0's measured ratio on those experts, on NVIDIA parts only, its release's CUDA-graph batches (1, 2,
     4 and the multiples of 8 to 160) and no running cap of its own under speculative decoding (the early-2025
-    server_args read sets none; later releases, 48), nothing else different. dstack's SGLang 0.4.2 / 0.4.3 rows (calibration) are
-    priced with it; no other anchor states a 0.4 release."""
+    server_args read sets none; later releases, 48), nothing else different. dstack's SGLang 0.4.2 / 0.4.3 rows
+    (calibration) are priced with it; no other anchor states a 0.4 release."""
     _without_pair_io(monkeypatch)  # the ratio scales the weights' streaming; the pairs' traffic is not the kernel's
     import dataclasses
     old, new = engines.profile("sglang-0.4", 1), engines.profile("sglang", 1)
@@ -2118,10 +2118,10 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     speculative 2 rows 2.7%, before SGLang's EAGLE-3 rows: SpecForge issue #339's 8 on Qwen3-30B-A3B, whose rounds ran
     0.72-0.93x of the plain step's speed where 1.08-1.43x are priced, and SGLang PR #4716's Llama-3.3-70B tree,
     2.65x where 4.18x is priced: new test sources, no earlier prediction moved; SGLang's own round time is not
-    measured in any calibration source, so its rounds kept priors.yaml's 10-60 us; 19.0% / +12.6%, MoE +16.5%, before vLLM V0
-    ran its prompts as its scheduler does, in steps of their own up to the model's context unless its default rule
-    turns chunked prefill on: six of its seven test rows closer, the MI300X 10000 / 500 row +15 -> +77%, one row
-    across the median; 84% / 42.6% before the trtllm-0.6 profile priced
+    measured in any calibration source, so its rounds kept priors.yaml's 10-60 us; 19.0% / +12.6%, MoE +16.5%, before
+    vLLM V0 ran its prompts as its scheduler does, in steps of their own up to the model's context unless its
+    default rule turns chunked prefill on: six of its seven test rows closer, the MI300X 10000 / 500 row +15 -> +77%,
+    one row across the median; 84% / 42.6% before the trtllm-0.6 profile priced
     TensorRT-LLM v0.5 - v0.6.1's GQA decode reads, which brought the H200 launch blog's calibration rows closer and so
     narrowed the TP and batch bands: no test prediction moved; 20.3% / +15.2% / 83% before vLLM PR #17530's
     MI300X rows took the V0 engine they ran, 20.0% before TensorRT-LLM 1.0's rows queued every request; 20.3% / +12.5% before a bf16 GEMM streamed

@@ -248,7 +248,8 @@ def device_tiers(e: dict, key: str, where: str) -> tuple:
     the first tier a device meets applies (absent, or `tiers: null` with a source: no engine default, the caller's
     prior)."""
     entry = e.get(key)
-    if entry is None or (isinstance(entry, dict) and "tiers" in entry and entry["tiers"] is None and entry.get("source")):
+    stated_none = isinstance(entry, dict) and "tiers" in entry and entry["tiers"] is None and entry.get("source")
+    if entry is None or stated_none:
         return ()  # absent, or none stated with its source (a release that sets no such default)
     tiers = entry.get("tiers") if isinstance(entry, dict) else None
     if not isinstance(tiers, list) or not tiers:

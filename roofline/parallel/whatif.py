@@ -745,7 +745,7 @@ class WhatIf:
         check_tree(k, width, verify_tokens, drafter)
         r = self.forward(Pass(B, verify_tokens or k + 1, L, prefill, prefill_context), scenario, eng)
         prof = self._eng(eng, own)  # the engine's own round and draft-pass times, where engines.yaml measures them
-        own_round = drafter != "ngram" or prof.spec_round_ngram  # (vLLM's measured with a drafter's passes; SGLang's all)
+        own_round = drafter != "ngram" or prof.spec_round_ngram  # vLLM's: drafted rounds; SGLang's: all (rounds:)
         r += (prof.spec_round_s if prof.spec_round_s is not None and own_round else
               K.pick(load_priors()["spec_round_overhead_us"], own, "priors.spec_round_overhead_us") * 1e-6)
         passes = k * prof.spec_draft_pass_s  # a drafter's forward passes (not n-gram's lookup)
