@@ -145,25 +145,25 @@ def plan_layouts(c: dict, model: ModelConfig | None = None) -> tuple[pd.DataFram
     work = Workload(c["context"], c["output"], c["itl_target_ms"], c["target_tok_s"])
     spec = bool(c.get("speculative"))
     drafter = c.get("drafter")
-    mtp = spec and drafter in LAYOUT_SPEC_DRAFTERS and (drafter != "mtp" or model.mtp_layers > 0)
-    if mtp:
+    head_spec = spec and drafter in LAYOUT_SPEC_DRAFTERS and (drafter != "mtp" or model.mtp_layers > 0)
+    if head_spec:
         check_inputs(1.0, [1], spec=Speculation(c["alpha"], c["k"]))
     device = get_datasheet(c["device"])
     mem = device_memory_bytes(c.get("memory_gb"), device)
     w = whatif_of(c, model, label)
     rows = pd.DataFrame(whatif.capacity(model, device, label, work.context, work.output, work.itl_target_ms,
                                         work.target_tok_s, c.get("price_per_device_hour"),
-                                        c["alpha"] if mtp else None, c["k"], w.setting,
+                                        c["alpha"] if head_spec else None, c["k"], w.setting,
                                         batches=tuple(c.get("B") or (1, 2, 4, 8, 16, 32, 64, 128, 256)),
                                         scale=w.scale, calibration=w.calibration, mem_bytes=mem,
-                                        drafter=drafter if mtp else "mtp"))
+                                        drafter=drafter if head_spec else "mtp"))
     note = None
-    if spec and not mtp:
+    if spec and not head_spec:
         note = (f"speculation with drafter={c.get('drafter')!r} is not priced per rank (allowed with layouts: "
                 f"{LAYOUT_SPEC_DRAFTERS}, mtp on a preset with an MTP module); plain decode only")
     summary = dict(model=model.name, dtype=label, **precision_columns(label), device=device.name,
                    memory_GB=(mem or 0) / 1e9, workload=work.__dict__,
-                   speculation=dict(alpha=c["alpha"], k=c["k"], drafter=drafter) if mtp else None,
+                   speculation=dict(alpha=c["alpha"], k=c["k"], drafter=drafter) if head_spec else None,
                    engine=w.setting.engine or "all profiles (span)", calibration_scale=w.scale,
                    what_if="datasheet row + kernels.yaml + engines.yaml + priors.yaml (roofline.parallel.whatif)",
                    layouts=len(rows), note=note)

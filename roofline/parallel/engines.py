@@ -221,22 +221,14 @@ def padded_batch(b: int, sizes: tuple[int, ...]) -> int:
     return next((s for s in sizes if s >= b), b)
 
 
-def spec_rounds(e: dict, where: str) -> str:
-    """engines.yaml spec_round_us.rounds of a profile (SPEC_ROUNDS; absent: drafted); anything else is one error
-    naming the field."""
-    v = (e.get("spec_round_us") or {}).get("rounds", "drafted")
-    if v not in SPEC_ROUNDS:
-        raise ConfigError(f"{where}.spec_round_us.rounds: {v!r}: allowed {list(SPEC_ROUNDS)}")
-    return v
-
-
-def choice(e: dict, key: str, allowed: tuple, default: str, where: str) -> str:
-    """engines.yaml <key>'s `value` of a profile, one of `allowed` (absent: `default`); anything else is one error
-    naming the field (step_batching, dp_attention_limits, mxfp4_activations, gqa_decode_kv_reads, kv_cache_update,
-    chunked_prefill, kv_cache_reads)."""
-    v = (e.get(key) or {}).get("value", default)
+def choice(e: dict, key: str, allowed: tuple, default: str, where: str, field: str = "value") -> str:
+    """engines.yaml <key>'s `field` (its `value`) of a profile, one of `allowed` (absent: `default`); anything else is
+    one error naming the field (step_batching, dp_attention_limits, mxfp4_activations, gqa_decode_kv_reads,
+    kv_cache_update, chunked_prefill, kv_cache_reads, spec_round_us.rounds)."""
+    v = (e.get(key) or {}).get(field, default)
     if v not in allowed:
-        raise ConfigError(f"{where}.{key}: {v!r}: allowed {list(allowed)}")
+        name = key if field == "value" else f"{key}.{field}"
+        raise ConfigError(f"{where}.{name}: {v!r}: allowed {list(allowed)}")
     return v
 
 
@@ -399,7 +391,7 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
                       kv_reads_allocated=choice(e, "kv_cache_reads", KV_CACHE_READS, "filled", f) == "allocated",
                       spec_round_s=optional_pick(e, "spec_round_us", scenario, f, 1e-6),
                       spec_draft_pass_s=optional_pick(e, "spec_draft_pass_us", scenario, f, 1e-6, 0.0),
-                      spec_round_ngram=spec_rounds(e, f) == "all")
+                      spec_round_ngram=choice(e, "spec_round_us", SPEC_ROUNDS, "drafted", f, "rounds") == "all")
     except KeyError as err:
         raise ConfigError(f"{f}: missing key {err.args[0]!r}") from None
 

@@ -488,9 +488,9 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
         pl = priors["interconnects"][link]
         lat = eng.allreduce_latency_s.get(link) if c.kind == "all_reduce" else None
         lat = K.pick(pl["latency_us"], scenario, f"priors.interconnects.{link}.latency_us") * 1e-6 if lat is None else lat
-        busbw = dict(eng.allreduce_busbw_Bps).get(link) if c.kind == "all_reduce" else None  # the engine's own, or
-        busbw = K.pick(pl["busbw_GBps"], scenario, f"priors.interconnects.{link}.busbw_GBps") * 1e9 if busbw is None \
-            else busbw  # the link's
+        busbw = dict(eng.allreduce_busbw_Bps).get(link) if c.kind == "all_reduce" else None  # the engine's own
+        if busbw is None:  # else the link's
+            busbw = K.pick(pl["busbw_GBps"], scenario, f"priors.interconnects.{link}.busbw_GBps") * 1e9
         count = c.count if not is_head else max(1, round(c.count * n / max(sum(stage_kinds(cfg, layout).values()), 1)))
         bus = c.size_bytes * bus_factor(c.kind, max(layout.tp, 2))
         comm += count * (lat + bus / busbw)
@@ -908,10 +908,11 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     prior_chunk = int(load_priors()["chunked_prefill_tokens"]["value"])
     mem = w.device.usable_mem_bytes()
 
-    def engine_default(e, tiers: str) -> int | None:  # the deployment's: a rank's times its ranks where each has its own
-        eng = w._eng(e, 1)
-        v = engines_mod.tier_value(getattr(eng, tiers), mem, w.device.key, client)
-        return v * w.layout.batch_split if v is not None and eng.dp_limits == "per_rank" else v
+    def deployment_wide(e, v: int | None) -> int | None:  # a rank's times its ranks where each schedules its own batch
+        return v * w.layout.batch_split if v is not None and w._eng(e, 1).dp_limits == "per_rank" else v
+
+    def engine_default(e, tiers: str) -> int | None:  # the engine's default for the device and client, deployment-wide
+        return deployment_wide(e, engines_mod.tier_value(getattr(w._eng(e, 1), tiers), mem, w.device.key, client))
 
     profiles = {e: w._eng(e, 1) for e in w.setting.engine_names()}  # each engine's profile, read once for the run
     v0 = {e for e, eng in profiles.items() if eng.chunked_prefill_v0}  # vLLM V0: chunked prefill by its default rule,
@@ -943,13 +944,11 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
 
     # the engine's KV pool and its own caps: the sequences it keeps running (the rest queue); one figure per engine
     # (with speculative decoding an engine's own cap where it sets one: SGLang's 48 unless --max-running-requests)
-    def run_cap(e) -> int:  # the run's own cap, read as its engine reads it: per attention-DP rank or for them all
-        return max_running * w.layout.batch_split if w._eng(e, 1).dp_limits == "per_rank" else max_running
-
-    def cap(e) -> int | None:
-        own = (w.max_running(e, I + O, L, spec),
-               *((run_cap(e),) if max_running else (engine_default(e, "max_running_tiers"),
-                                                    engine_default(e, "spec_max_running_tiers") if spec else None)))
+    def cap(e) -> int | None:  # the KV pool's, and the run's own cap (read as its engine reads it) or else the engine's
+        spec_default = engine_default(e, "spec_max_running_tiers") if spec else None
+        caps_of = ((deployment_wide(e, max_running),) if max_running else
+                   (engine_default(e, "max_running_tiers"), spec_default))
+        own = (w.max_running(e, I + O, L, spec), *caps_of)
         return None if static_batch else min((c for c in own if c is not None), default=None)
     caps = {e: cap(e) for e in w.setting.engine_names()}
 
