@@ -984,6 +984,25 @@ def test_the_card_says_where_the_typical_steps_time_goes_term_by_term():
     assert "KV cache copies" in next(x for x in render_card(eager).splitlines() if x.strip().startswith("by term"))
 
 
+def test_the_cards_launch_term_says_what_it_holds_for_the_engine_named():
+    """The launch term is the GPU's gaps under CUDA graphs (and an MoE layer's routing kernels), the host issue the
+    GPU does not hide for an engine that issues its kernels eagerly (hf-eager), and an eager engine's own per-layer
+    floor (lmdeploy): the card names which, never an eager label for a graph engine."""
+    from roofline.commands.card import LAUNCH_NAMES, CardRequest, card_record, launch_kind, render_card
+    from roofline.parallel.engines import profile
+    dev = get_datasheet("h100_sxm")
+    by_term = lambda rec: next(x for x in render_card(rec).splitlines() if x.strip().startswith("by term"))  # noqa
+    seen = {}
+    for model, engine in (("llama-3.1-8b", "vllm"), ("qwen3-30b-a3b", "sglang"), ("llama-3.1-8b", "hf-eager"),
+                          ("llama-3.1-8b", "lmdeploy")):
+        rec = card_record(CardRequest(model=get_preset(model), device=dev, engine=engine, batch=4, context=1024))
+        seen[engine] = rec["whatif_launch"]
+        assert LAUNCH_NAMES[rec["whatif_launch"]] in by_term(rec)
+    assert seen == dict(vllm="graph", sglang="graph_moe", **{"hf-eager": "host_issue", "lmdeploy": "engine_floor"})
+    assert launch_kind(profile("vllm", 1), Setting(graphs=False)) == "host_issue"  # graphs forced off
+    assert "eager" not in LAUNCH_NAMES["graph"] + LAUNCH_NAMES["graph_moe"]
+
+
 def test_a_finite_run_prefills_in_the_engines_own_default_chunks_and_caps_its_running_sequences():
     """engines.yaml prefill_chunk_tokens / max_running_seqs: vLLM V1 schedules 8192 tokens per step behind its HTTP
     server and 16384 offline on a >= 70 GiB part that is not an A100 (2048 / 8192 otherwise) and runs at most 1024

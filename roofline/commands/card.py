@@ -312,6 +312,7 @@ def _what_if_itl(req: CardRequest, w) -> dict:
                whatif_experts_touched=w.experts_touched(req.batch))
     if req.engine:  # where the typical step's time goes (with no engine named the span has no one breakdown)
         out["whatif_terms_ms"] = {k: v * 1e3 for k, v in w.step_terms(req.batch, req.context, req.engine).items()}
+        out["whatif_launch"] = launch_kind(profile(req.engine, 1), w.setting, moe=w.cfg.experts > 0)
     if w.calibration is not None:
         out["whatif_calibration"] = calibrate.summary(w)
     mem = memory_check(w.cfg, w.device, w.dtype, w.layout, req.batch, max(req.context, 1), setting=w.setting)
@@ -355,17 +356,36 @@ def _spread_floor(rec: dict) -> str:
 
 # what each term of the what-if's step (roofline.parallel.whatif.pass_seconds) prices, as the card names it
 TERM_NAMES = dict(dense="dense GEMMs", experts="routed experts", elementwise="norms/activations/rotary",
-                  attention="attention", kv_copy="KV cache copies", lm_head="LM head",
-                  per_layer="launch floors (eager: host issue the GPU does not hide)",
+                  attention="attention", kv_copy="KV cache copies", lm_head="LM head", per_layer="launch floors",
                   step_overhead="engine host time", per_seq="per-sequence device time", comm="collectives",
                   prefill_host="eager host time")
+# what the launch term holds, by how the engine launches its kernels (launch_kind)
+LAUNCH_NAMES = dict(graph="launch floors (CUDA graphs: the GPU's gaps between kernels)",
+                    graph_moe="launch floors (CUDA graphs: the GPU's gaps between kernels, the MoE routing kernels)",
+                    host_issue="launch floors (eager: host issue the GPU does not hide)",
+                    engine_floor="launch floors (eager: the engine's own per-layer floor)")
 
 
-def _terms_line(terms_ms: dict) -> str:
-    """The typical step's terms, largest first, each in ms and as a share of the step (zero terms left out)."""
+def launch_kind(eng, setting, moe: bool = False) -> str:
+    """What pass_seconds' launch term (`per_layer`) prices for engine `eng` under `setting`: `graph` (the graph
+    floor per layer; `graph_moe` for an MoE model, its routing kernels too), `host_issue` (an eager engine whose host issues each kernel: the
+    issue time the GPU's work does not hide), `engine_floor` (an engine eager by its profile with a per-layer floor
+    of its own)."""
+    graphs = eng.graphs if setting.graphs is None else setting.graphs
+    if graphs:
+        return "graph_moe" if moe else "graph"
+    if eng.launches_per_layer is not None or eng.per_layer_s is None or setting.graphs is not None:
+        return "host_issue"
+    return "engine_floor"
+
+
+def _terms_line(terms_ms: dict, launch: str | None = None) -> str:
+    """The typical step's terms, largest first, each in ms and as a share of the step (zero terms left out); the
+    launch term named by what it holds (`launch`: launch_kind's answer)."""
+    names = dict(TERM_NAMES, **({"per_layer": LAUNCH_NAMES[launch]} if launch else {}))
     total = sum(terms_ms.values())
     parts = sorted(((v, k) for k, v in terms_ms.items() if v > 0), reverse=True)
-    return ", ".join(f"{TERM_NAMES.get(k, k)} {v:.3g} ms ({100 * v / total:.0f}%)" for v, k in parts)
+    return ", ".join(f"{names.get(k, k)} {v:.3g} ms ({100 * v / total:.0f}%)" for v, k in parts)
 
 
 def render_card(rec: dict) -> str:
@@ -414,7 +434,7 @@ def render_card(rec: dict) -> str:
                      f"{rec['whatif_itl_ms_pessimistic']:.3f}) as {rec['whatif_layout']}, engine {rec['whatif_engine']}"
                      + (f", {rec['whatif_experts_touched']:.1f} experts touched per MoE layer" if req_moe(rec) else ""))
         if rec.get("whatif_terms_ms"):
-            lines.append("  by term       " + _terms_line(rec["whatif_terms_ms"]))
+            lines.append("  by term       " + _terms_line(rec["whatif_terms_ms"], rec.get("whatif_launch")))
         if rec.get("whatif_calibration"):
             cal = rec["whatif_calibration"]
             lines.append(f"  calibrated: x{cal['scale']:.3g} overall, interval at the points "
