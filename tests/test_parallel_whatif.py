@@ -458,6 +458,51 @@ def test_capacity_with_and_without_layouts_give_one_answer(fixture_data):
     assert summary["engine"] == "vllm"
 
 
+def test_capacity_plans_no_batch_above_the_engines_cap_on_running_sequences():
+    """SGLang keeps at most 48 sequences running with speculative decoding (engines.yaml spec_max_running_seqs), so
+    neither capacity plan gives a speculative replica more: the cap itself is planned as a batch (48, between the
+    grid's 32 and 64), the larger ones are marked out of it; plain decode, which SGLang does not cap, still plans
+    256. A deployment's own max_running_seqs= caps both plans (and a fit's plan), and a bad one is an error naming
+    the key."""
+    from roofline.analysis.capacity import plan_whatif
+    from roofline.commands.capacity import DEVICE_AS, plan_layouts, request_from_config
+    c = composed("capacity", "model=deepseek-v3", "device=h200_sxm", "engine=sglang", "weights=native",
+                 "itl_target_ms=1e4", "speculative=true", "drafter=mtp", "alpha=0.7", "k=1", "out_dir=''",
+                 device_as=DEVICE_AS)
+    c.pop("overrides"), c.pop("layouts")
+    one, s = plan_whatif(request_from_config(dict(c, tp=8)))
+    assert s["max_running_seqs"] == dict(plain=None, spec=48)
+    assert s["spec"]["best_batch"] == 48 and s["plain"]["best_batch"] == 256
+    spec = one[one["spec"]]
+    assert 48 in set(spec["B"]) and (spec["within_cap"] == (spec["B"] <= 48)).all()
+    assert one[~one["spec"]]["within_cap"].all()
+    rows, _ = plan_layouts(dict(c))
+    tp8 = rows[rows["layout"] == "tp8"].set_index("speculative")
+    assert int(tp8.loc[True, "batch"]) == 48 == int(tp8.loc[True, "seq_cap"]) and int(tp8.loc[False, "batch"]) == 256
+    own = dict(c, speculative=False, max_running_seqs=24)
+    _, s = plan_whatif(request_from_config(dict(own, tp=8)))
+    assert s["plain"]["best_batch"] == 24 == s["max_running_seqs"]["plain"]
+    rows, _ = plan_layouts(dict(own))
+    assert (rows["batch"].dropna() <= 24).all() and 24 in set(rows["batch"].dropna())
+    for bad in (-1, "x"):
+        with pytest.raises(ConfigError, match="max_running_seqs="):
+            plan_whatif(request_from_config(dict(own, tp=8, max_running_seqs=bad)))
+        with pytest.raises(ConfigError, match="max_running_seqs="):
+            plan_layouts(dict(own, max_running_seqs=bad))
+
+
+def test_a_fits_capacity_plan_honours_the_deployments_cap_on_running_sequences(monkeypatch):
+    from roofline.analysis import capacity as cap_mod
+    t = pd.DataFrame(dict(B=[1, 8, 64], spec=[False] * 3, alpha=[math.nan] * 3, k=[0] * 3, step_s=[0.01] * 3,
+                          itl_ms=[10.0] * 3, tok_s=[100.0, 800.0, 6400.0], L_priced=[100] * 3))
+    monkeypatch.setattr(cap_mod, "batch_table", lambda *a, **k: t.copy())
+    fit = dict(provenance=dict(what_if="test", device_name="x"), groups=[])
+    work = cap_mod.Workload(64, 64, 20.0, 1000.0)
+    for cap, best in ((None, 64), (8, 8)):
+        _, s = cap_mod.plan(fit, get_preset("llama-3.1-8b"), "bfloat16", work, 1e12, (1, 8, 64), max_running=cap)
+        assert s["plain"]["best_batch"] == best and s["max_running_seqs"] == cap
+
+
 LLAMA31_8B_CONFIG = {  # meta-llama/Llama-3.1-8B's config.json, the fields the preset's header lists
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
     "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,

@@ -106,8 +106,10 @@ def batch_table(fit: dict, cfg: ModelConfig, dtype: str, work: Workload, Bs, spe
 
 
 def plan(fit: dict, cfg: ModelConfig, dtype: str, work: Workload, mem_bytes: float, Bs,
-         spec: Speculation | None = None, extrapolated: bool = False, mode: str | None = None) -> tuple[pd.DataFrame, dict]:
-    """(per-batch table, summary): largest batch meeting the ITL target and memory, devices needed."""
+         spec: Speculation | None = None, extrapolated: bool = False, mode: str | None = None,
+         max_running: int | None = None) -> tuple[pd.DataFrame, dict]:
+    """(per-batch table, summary): largest batch meeting the ITL target and memory (and `max_running`, the
+    deployment's cap on running sequences, where given: `within_cap`), devices needed."""
     check_inputs(mem_bytes, Bs, spec=spec)
     if not fit["provenance"].get("what_if"):
         bad = fitcheck.unusable_groups(fit, {"forward"} | ({"mtp"} if spec and spec.drafter.kind == "mtp" else set()))
@@ -130,13 +132,14 @@ def plan(fit: dict, cfg: ModelConfig, dtype: str, work: Workload, mem_bytes: flo
     t["mem_GB"] = [resident(b, s).total / 1e9 for b, s in zip(t["B"], t["spec"])]
     t["fits_memory"] = t["mem_GB"] * 1e9 <= mem_bytes
     t["meets_itl"] = t["itl_ms"] <= work.itl_target_ms
+    t["within_cap"] = t["B"] <= max_running if max_running else True
     t["extrapolated"] = extrapolated
     summary = dict(model=cfg.name, dtype=parse_precision(dtype).label, **precision_columns(dtype),
                    device=fit["provenance"].get("device_name"),
                    memory_GB=mem_bytes / 1e9, weights_GB=weights / 1e9, workload=work.__dict__,
                    speculation=None if spec is None else dict(alpha=spec.alpha, k=spec.k, drafter=spec.drafter.kind),
                    extrapolated=extrapolated, extrapolation=why, fit_problems=quality.fit_warnings(fit),
-                   what_if=fit["provenance"].get("what_if"))
+                   what_if=fit["provenance"].get("what_if"), max_running_seqs=max_running or None)
     if weights > mem_bytes:
         summary["fits_one_device"] = False
         summary["note"] = (f"weights alone need {weights / 1e9:.1f} GB > {mem_bytes / 1e9:.1f} GB on one device; "
@@ -148,7 +151,7 @@ def plan(fit: dict, cfg: ModelConfig, dtype: str, work: Workload, mem_bytes: flo
             continue
         one = resident(1, label == "spec")
         b_mem = max(0, int((mem_bytes - one.weights) // one.kv)) if one.kv > 0 else 0
-        ok = sub[sub["fits_memory"] & sub["meets_itl"]]
+        ok = sub[sub["fits_memory"] & sub["meets_itl"] & sub["within_cap"]]
         best = ok.loc[ok["tok_s"].idxmax()] if not ok.empty else None
         summary[label] = dict(
             max_batch_by_memory=b_mem,
@@ -182,12 +185,20 @@ class CapacityRequest:
                                            "reports it (an H100's 80 GiB: 85.5 GB); required for CPU fits")
     work: Workload = internal(Workload(), "the context, output, itl_target_ms and target_tok_s keys (Workload)")
     B: tuple[int, ...] = option((1, 2, 4, 8, 16, 32, 64, 128, 256), "batch sizes planned")
+    max_running_seqs: int = option(0, "the deployment's cap on running sequences (--max-num-seqs, "
+                                      "--max-running-requests, max_batch_size): no larger batch is planned; 0: the "
+                                      "engine's defaults (what-if: engines.yaml max_running_seqs, "
+                                      "spec_max_running_seqs), none with a fit")
     speculation: Speculation | None = internal(None, "the speculative, alpha, k, drafter and draft_model keys "
                                                      "(Speculation, roofline.commands.capacity.CapacityKeys)")
     out_dir: str = option("", "the plans' root folder (a <model>-<device>-<dtype> folder in it); "
                               "empty: <results root>/capacity")
     allow_other_model: bool = option(False, "true: apply a fit of one model to another (a device-fit transfer, "
                                             "marked extrapolated)")
+
+    def __post_init__(self) -> None:
+        from roofline.parallel.engines import run_scheduling
+        run_scheduling(dict(max_running_seqs=self.max_running_seqs), "")  # an integer >= 1, or 0: the engine's
 
 
 def whatif_of(c: dict, model: ModelConfig, label: str):
@@ -225,8 +236,10 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
     if mtp and req.model.mtp_layers < 1:
         raise ConfigError(f"drafter=mtp: model {req.model.name!r} has no MTP module (mtp_layers=0)")
     dw = w.draft_what_if(draft) if draft else None
+    # the engine's cap on running sequences (the deployment's own, else its defaults; SGLang's 48 with speculation)
+    caps = {sp: whatif.planned_cap(w, sp, req.max_running_seqs or None) for sp in (False, True)}
     rows = []
-    for B in req.B:
+    for B in sorted(set(req.B) | {c for c in caps.values() if c and c < max(req.B)}):  # a cap inside the grid: planned
         for sp in ([False, True] if spec is not None else [False]):
             if sp:
                 tau = speculation.tau_iid(spec.alpha, spec.k)
@@ -242,7 +255,8 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
                              itl_ms=t["typical"] * 1e3, itl_ms_optimistic=t["optimistic"] * 1e3,
                              itl_ms_pessimistic=t["pessimistic"] * 1e3, tok_s=B / t["typical"] / w.layout.devices,
                              mem_GB=mem["mem_per_device_GB"], fits_memory=mem["fits"],
-                             meets_itl=t["typical"] * 1e3 <= work.itl_target_ms, extrapolated=True, L_priced=L))
+                             meets_itl=t["typical"] * 1e3 <= work.itl_target_ms,
+                             within_cap=caps[sp] is None or B <= caps[sp], extrapolated=True, L_priced=L))
     table = pd.DataFrame(rows)
     summary = dict(model=req.model.name, dtype=parse_precision(req.dtype).label, **precision_columns(req.dtype),
                    device=w.device.name, layout=w.layout.label(), engine=req.engine or "all profiles (span)",
@@ -250,6 +264,7 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
                    workload=work.__dict__,
                    speculation=None if spec is None else dict(alpha=spec.alpha, k=spec.k, drafter=spec.drafter.kind),
                    extrapolated=True, calibration_scale=w.scale,
+                   max_running_seqs=dict(plain=caps[False], **({"spec": caps[True]} if spec is not None else {})),
                    what_if="datasheet row + kernels.yaml + engines.yaml + priors.yaml (roofline.parallel.whatif)")
     fits = table[table["fits_memory"]]
     summary["fits_device"] = bool(len(fits))
@@ -258,7 +273,7 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
                            f"{table['mem_GB'].min():.1f} GB per device needed of {summary['memory_GB']:.0f} GB; "
                            "give more devices (tp=, or layouts=true to plan every layout) or a smaller format (weights=)")
     for label, sub in (("plain", table[~table["spec"]]), ("spec", table[table["spec"]])):
-        ok = sub[sub["fits_memory"] & sub["meets_itl"]]
+        ok = sub[sub["fits_memory"] & sub["meets_itl"] & sub["within_cap"]]
         if sub.empty:
             continue
         best = ok.loc[ok["tok_s"].idxmax()] if not ok.empty else None

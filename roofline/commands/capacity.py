@@ -28,7 +28,7 @@ from roofline.model.formats import precision_columns
 from roofline.model.presets import get_preset
 from roofline.model.speculation import HEAD_DRAFTERS
 from roofline.parallel import whatif
-from roofline.parallel.engines import engine_name
+from roofline.parallel.engines import engine_name, run_scheduling
 from roofline.report import figures
 
 
@@ -71,7 +71,8 @@ def plan_request(req: CapacityRequest) -> tuple[pd.DataFrame, dict, Path]:
     mem = device_memory_bytes(req.memory_gb, sheet)
     if not mem:
         raise ConfigError("memory_gb is required: the device has no datasheet memory size (a CPU)")
-    table, summary = plan(fit, req.model, req.dtype, req.work, mem, req.B, req.speculation, extrapolated)
+    table, summary = plan(fit, req.model, req.dtype, req.work, mem, req.B, req.speculation, extrapolated,
+                          max_running=req.max_running_seqs or None)
     return _write(req, table, summary)
 
 
@@ -151,12 +152,14 @@ def plan_layouts(c: dict, model: ModelConfig | None = None) -> tuple[pd.DataFram
     device = get_datasheet(c["device"])
     mem = device_memory_bytes(c.get("memory_gb"), device)
     w = whatif_of(c, model, label)
+    own_cap = run_scheduling({"max_running_seqs": c.get("max_running_seqs")}, "").get("max_running")
     rows = pd.DataFrame(whatif.capacity(model, device, label, work.context, work.output, work.itl_target_ms,
                                         work.target_tok_s, c.get("price_per_device_hour"),
                                         c["alpha"] if head_spec else None, c["k"], w.setting,
                                         batches=tuple(c.get("B") or (1, 2, 4, 8, 16, 32, 64, 128, 256)),
                                         scale=w.scale, calibration=w.calibration, mem_bytes=mem,
-                                        drafter=drafter if head_spec else "mtp"))
+                                        drafter=drafter if head_spec else "mtp",
+                                        max_running=own_cap))
     note = None
     if spec and not head_spec:
         note = (f"speculation with drafter={c.get('drafter')!r} is not priced per rank (allowed with layouts: "

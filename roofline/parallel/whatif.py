@@ -840,6 +840,36 @@ def v0_chunked_prefill(cfg: ModelConfig, device: Datasheet, spec=None) -> bool:
             and cfg.local_kind != "sliding" and spec is None)
 
 
+def deployment_wide(w: WhatIf, e: str, v: int | None) -> int | None:
+    """A cap of engine `e` (on running sequences, on a step's prompt tokens) for the whole deployment of `w`: a rank's
+    times its attention-DP ranks where each schedules its own batch (engines.yaml dp_attention_limits: per_rank), else
+    as it is (the engine divides it among its ranks)."""
+    return v * w.layout.batch_split if v is not None and w._eng(e, 1).dp_limits == "per_rank" else v
+
+
+def sequence_cap(w: WhatIf, e: str, spec: bool = False, max_running: int | None = None,
+                 client: str = "server") -> int | None:
+    """The most sequences engine `e` keeps running on `w`'s deployment by its caps alone (its KV pool apart:
+    WhatIf.max_running): the run's own cap `max_running` (--max-num-seqs, --max-running-requests, max_batch_size)
+    where given, else the engine's defaults for the device and client (engines.yaml max_running_seqs; with
+    speculative decoding `spec` also spec_max_running_seqs, SGLang's 48), each read deployment-wide
+    (deployment_wide); None: no cap."""
+    if max_running:
+        return deployment_wide(w, e, max_running)
+    eng, mem = w._eng(e, 1), w.device.usable_mem_bytes()
+    own = [engines_mod.tier_value(t, mem, w.device.key, client)
+           for t in (eng.max_running_tiers, eng.spec_max_running_tiers if spec else ())]
+    return min((deployment_wide(w, e, c) for c in own if c is not None), default=None)
+
+
+def planned_cap(w: WhatIf, spec: bool = False, max_running: int | None = None) -> int | None:
+    """The most sequences a plan may give one replica of `w` (capacity's batches, an HTTP server's deployment):
+    the named engine's sequence_cap, with no engine named the largest of the spanned profiles' (None where one sets
+    none: some engine runs any batch)."""
+    caps = [sequence_cap(w, e, spec, max_running) for e in w.setting.engine_names()]
+    return None if any(c is None for c in caps) else max(caps)
+
+
 def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prompts: int | None = None,
           chunk_tokens: int | None = None, staggered: bool = False, spec: SpecDecode | None = None,
           static_batch: bool = False, client: str = "server", step_batching: str | None = None,
@@ -908,11 +938,8 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     prior_chunk = int(load_priors()["chunked_prefill_tokens"]["value"])
     mem = w.device.usable_mem_bytes()
 
-    def deployment_wide(e, v: int | None) -> int | None:  # a rank's times its ranks where each schedules its own batch
-        return v * w.layout.batch_split if v is not None and w._eng(e, 1).dp_limits == "per_rank" else v
-
     def engine_default(e, tiers: str) -> int | None:  # the engine's default for the device and client, deployment-wide
-        return deployment_wide(e, engines_mod.tier_value(getattr(w._eng(e, 1), tiers), mem, w.device.key, client))
+        return deployment_wide(w, e, engines_mod.tier_value(getattr(w._eng(e, 1), tiers), mem, w.device.key, client))
 
     profiles = {e: w._eng(e, 1) for e in w.setting.engine_names()}  # each engine's profile, read once for the run
     v0 = {e for e, eng in profiles.items() if eng.chunked_prefill_v0}  # vLLM V0: chunked prefill by its default rule,
@@ -945,10 +972,7 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     # the engine's KV pool and its own caps: the sequences it keeps running (the rest queue); one figure per engine
     # (with speculative decoding an engine's own cap where it sets one: SGLang's 48 unless --max-running-requests)
     def cap(e) -> int | None:  # the KV pool's, and the run's own cap (read as its engine reads it) or else the engine's
-        spec_default = engine_default(e, "spec_max_running_tiers") if spec else None
-        caps_of = ((deployment_wide(e, max_running),) if max_running else
-                   (engine_default(e, "max_running_tiers"), spec_default))
-        own = (w.max_running(e, I + O, L, spec), *caps_of)
+        own = (w.max_running(e, I + O, L, spec), sequence_cap(w, e, spec is not None, max_running, client))
         return None if static_batch else min((c for c in own if c is not None), default=None)
     caps = {e: cap(e) for e in w.setting.engine_names()}
 
@@ -1215,14 +1239,15 @@ def capacity(cfg: ModelConfig, device: Datasheet, dtype: str, context: int, outp
              k: int = 1, setting: Setting = Setting(), batches=(1, 2, 4, 8, 16, 32, 64, 128, 256),
              max_devices: int = 64, layouts: list[Layout] | None = None, scale: float = 1.0,
              calibration: Calibration | None = None, mem_bytes: float | None = None,
-             drafter: str = "mtp") -> list[dict]:
+             drafter: str = "mtp", max_running: int | None = None) -> list[dict]:
     """For every layout (default: every candidate): the largest batch of `batches` meeting the ITL
-    target (typical priors, with the interval) that fits the device, tokens/s per replica, devices
-    for the target and the price per million tokens. alpha: also plan with speculation, k drafts of the preset's
-    MTP module (drafter=mtp, a preset with one) or an EAGLE head (eagle | eagle3), its weights and KV in the memory
-    check. A layout that fits at no batch is a row
-    that says so. mem_bytes: the memory of one device (a user's memory_gb; None: the driver-reported size,
-    as memory_check reads it)."""
+    target (typical priors, with the interval) that fits the device and the engine's cap on running sequences
+    (planned_cap: `max_running`, the deployment's own --max-num-seqs, else the engine's defaults, SGLang's 48 with
+    speculation; its `seq_cap`; a cap inside the batches' range is planned as a batch too), tokens/s per replica,
+    devices for the target and the price per million tokens. alpha: also plan with speculation, k drafts of the
+    preset's MTP module (drafter=mtp, a preset with one) or an EAGLE head (eagle | eagle3), its weights and KV in the
+    memory check. A layout that fits at no batch is a row that says so. mem_bytes: the memory of one device (a
+    user's memory_gb; None: the driver-reported size, as memory_check reads it)."""
     from roofline.model.speculation import tau_iid
     L = context + output // 2
     rows = []
@@ -1230,9 +1255,12 @@ def capacity(cfg: ModelConfig, device: Datasheet, dtype: str, context: int, outp
         w = WhatIf(cfg, device, dtype, lay, setting, scale, calibration)
         drafts = alpha is not None and (drafter in EAGLE_HEADS or (drafter == "mtp" and cfg.mtp_layers > 0))
         for spec in ([False, True] if drafts else [False]):
-            best, fits_any = None, False
-            for B in batches:
+            best, fits_any, cap, capped = None, False, planned_cap(w, spec, max_running), False
+            for B in sorted(set(batches) | ({cap} if cap and cap < max(batches) else set())):  # the cap: planned too
                 if B % lay.batch_split:
+                    continue
+                if cap is not None and B > cap:  # the engine keeps no more running: the rest queue
+                    capped = True
                     continue
                 mem = memory_check(cfg, device, dtype, lay, B, context + output, spec and drafter == "mtp",
                                    mem_bytes=mem_bytes, setting=setting,
@@ -1249,14 +1277,15 @@ def capacity(cfg: ModelConfig, device: Datasheet, dtype: str, context: int, outp
                 if per_tok["typical"] * 1e3 <= itl_target_ms:
                     best = (B, per_tok, mem)
             if best is None:
+                within = f" within the engine's cap of {cap} running sequences" if capped else ""
                 rows.append(dict(layout=lay.label(), devices_per_replica=lay.devices, speculative=spec, batch=None,
-                                 note="does not fit the device at any batch" if not fits_any
-                                 else "no batch meets the ITL target"))
+                                 seq_cap=cap, note=f"does not fit the device at any batch{within}" if not fits_any
+                                 else f"no batch{within} meets the ITL target"))
                 continue
             B, per_tok, mem = best
             tok_s = {name: B / t for name, t in per_tok.items()}  # generated tokens/s of one replica
             devices = {name: math.ceil(target_tok_s / v) * lay.devices for name, v in tok_s.items()}
-            row = dict(layout=lay.label(), devices_per_replica=lay.devices, speculative=spec, batch=B,
+            row = dict(layout=lay.label(), devices_per_replica=lay.devices, speculative=spec, batch=B, seq_cap=cap,
                        itl_ms=per_tok["typical"] * 1e3, itl_ms_optimistic=per_tok["optimistic"] * 1e3,
                        itl_ms_pessimistic=per_tok["pessimistic"] * 1e3, tok_s_per_replica=tok_s["typical"],
                        tok_s_per_replica_optimistic=tok_s["optimistic"],
