@@ -491,6 +491,36 @@ def test_capacity_plans_no_batch_above_the_engines_cap_on_running_sequences():
             plan_layouts(dict(own, max_running_seqs=bad))
 
 
+def test_capacity_prices_a_sustained_service_its_prompts_prefill_included():
+    """A capacity plan's tokens/s and mean ITL are a sustained service's (whatif.sustained: every finished request's
+    successor prefilled in the running steps), not a decode step's B / ITL: 2048-token prompts on a Llama-3.1-70B TP4
+    replica at B = 64 take most of its time (it planned 2.5x the tokens/s), while 16-token prompts cost little. Both
+    plans give that one answer; the ITL median is the decode step, the TPOT above it."""
+    from roofline.analysis.capacity import plan_whatif
+    from roofline.commands.capacity import DEVICE_AS, plan_layouts, request_from_config
+    cfg, dev = get_preset("llama-3.1-70b"), get_datasheet("h100_sxm")
+    w = WhatIf(cfg, dev, "bfloat16", Layout(tp=4), Setting(engine="vllm"))
+    share = {}
+    for context, output in ((2048, 256), (16, 1024)):
+        c = composed("capacity", "model=llama-3.1-70b", "device=h100_sxm", "engine=vllm", "B=[64]",
+                     f"context={context}", f"output={output}", "itl_target_ms=1e4", "out_dir=''", device_as=DEVICE_AS)
+        c.pop("overrides"), c.pop("layouts")
+        one, s = plan_whatif(request_from_config(dict(c, tp=4)))
+        rows, _ = plan_layouts(dict(c))
+        tp4 = rows[rows["layout"] == "tp4"].iloc[0]
+        row = one.iloc[0]
+        run = whatif.sustained(w, 64, context, output)
+        assert float(row["tok_s"]) == pytest.approx(run["tok_s_per_gpu"]["typical"], rel=1e-12)
+        assert float(tp4["tok_s_per_replica"]) == pytest.approx(4 * float(row["tok_s"]), rel=1e-12)
+        assert float(tp4["itl_ms"]) == pytest.approx(float(row["itl_ms"]), rel=1e-12)
+        decode_only = 64 / w.itl(64, context + output // 2)["typical"] / 4
+        assert float(row["itl_median_ms"]) == pytest.approx(1e3 * w.itl(64, context + output // 2)["typical"])
+        assert float(row["itl_ms"]) >= float(row["itl_median_ms"]) and float(row["ttft_ms"]) > 0
+        share[context] = float(row["tok_s"]) / decode_only
+        assert "sustained service" in s["priced"]
+    assert share[2048] < 0.5 and 0.9 < share[16] <= 1.0
+
+
 def test_a_fits_capacity_plan_honours_the_deployments_cap_on_running_sequences(monkeypatch):
     from roofline.analysis import capacity as cap_mod
     t = pd.DataFrame(dict(B=[1, 8, 64], spec=[False] * 3, alpha=[math.nan] * 3, k=[0] * 3, step_s=[0.01] * 3,
@@ -1763,9 +1793,16 @@ def test_capacity_and_layouts_honour_calibrate_with_one_answer(fixture_data, tmp
     one, summary = plan_whatif(request_from_config(dict(c)))
     rows, _ = plan_layouts(dict(c))
     tp1 = rows[rows["layout"] == "tp1"].iloc[0]
-    assert float(one.iloc[0]["itl_ms"]) == pytest.approx(1.5e3 * w.itl(16, L)["typical"], rel=1e-9)
-    assert float(tp1["itl_ms"]) == pytest.approx(float(one.iloc[0]["itl_ms"]), rel=1e-12)
-    assert float(one.iloc[0]["itl_ms_pessimistic"]) == pytest.approx(1.05 * float(one.iloc[0]["itl_ms"]), rel=1e-9)
+    # the sustained service's decode steps (its ITL median) are the calibrated step; its TPOT and interval are the
+    # calibrated what-if's sustained run, prompts' steps included, in both plans
+    assert float(one.iloc[0]["itl_median_ms"]) == pytest.approx(1.5e3 * w.itl(16, L)["typical"], rel=1e-9)
+    from roofline.analysis.calibrate import calibrated
+    run = whatif.sustained(calibrated(w, str(tmp_path / "cal.yaml")), 16, 1024, 256)["itl_mean_s"]
+    for k in ("typical", "optimistic", "pessimistic"):
+        col = "itl_ms" + ("" if k == "typical" else f"_{k}")
+        assert float(one.iloc[0][col]) == pytest.approx(1e3 * run[k], rel=1e-12)
+        assert float(tp1[col]) == pytest.approx(float(one.iloc[0][col]), rel=1e-12)
+    assert float(one.iloc[0]["itl_ms"]) > float(one.iloc[0]["itl_median_ms"])  # the prompts' steps count in the TPOT
     assert summary["calibration_scale"] == pytest.approx(1.5)
 
 
@@ -1792,8 +1829,8 @@ def test_card_capacity_and_predict_honour_graph_batch_sizes():
         c.pop("overrides"), c.pop("layouts")
         one, _ = plan_whatif(request_from_config(dict(c)))
         rows, _ = plan_layouts(dict(c))
-        assert float(one.iloc[0]["itl_ms"]) == pytest.approx(1e3 * want)
-        assert float(rows[rows["layout"] == "tp1"].iloc[0]["itl_ms"]) == pytest.approx(1e3 * want)
+        assert float(one.iloc[0]["itl_median_ms"]) == pytest.approx(1e3 * want)  # a sustained run's decode steps
+        assert float(rows[rows["layout"] == "tp1"].iloc[0]["itl_median_ms"]) == pytest.approx(1e3 * want)
     rec = card_record(CardRequest(model=cfg, dtype="bfloat16+weights=fp8+kv=fp8", device=dev, batch=172, context=1152,
                                   engine="trtllm", graph_batch_sizes=tuple(sizes)))
     assert rec["whatif_itl_ms"] == pytest.approx(1e3 * itl(tuple(sizes)))

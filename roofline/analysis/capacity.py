@@ -1,15 +1,16 @@
 """Capacity planning: tokens/s and inter-token latency per device vs batch, the largest batch that
 meets an ITL target and fits in memory, and the devices needed for an aggregate tokens/s.
 
-Step times come from a fitted cost model (a fit.json: t0, BW_eff, F_eff, knee applied to the
-preset's accounting) or, as a clearly flagged what-if (`extrapolated=true`), from a datasheet
-row scaled by assumed efficiencies: T = t0 + bytes/(eff_bw·BW) + FLOPs past the ridge/(eff_f·F),
-the hinge form of roofline.analysis.costmodel with the knee at the roofline ridge.
-A decode step is priced at mid-generation context L = context + output/2. Memory per device =
-all weights (the MTP module too when it drafts) + KV cache of every sequence at context + output.
-`plan` is one device per replica (a model whose weights do not fit is reported as such);
-`plan_layouts` plans devices and layouts (tp / ep / dp-attention / pp) per rank from the
-datasheet row + roofline/data/priors.yaml (roofline.parallel.whatif), in the served precision.
+Two sources of step times. A fitted cost model (`plan`, a fit.json: t0, BW_eff, F_eff, knee applied to the
+preset's accounting) prices decode alone: a step at mid-generation context L = context + output/2, tokens/s
+B / ITL (the fit has no prompt term). The what-if (`plan_whatif`, flagged `extrapolated=true`: a datasheet row +
+roofline/data/kernels.yaml, engines.yaml and priors.yaml, roofline.parallel.whatif) prices a sustained service at
+B running sequences (`whatif.sustained`): the requests' prompts prefilled in the running steps, so the mean
+inter-token latency (TPOT, `itl_ms`) and the tokens/s carry the prefill's share of the replica's time, the ITL
+median and TTFT beside them. Memory per device = all weights (the MTP module too when it drafts) + KV cache of
+every sequence at context + output. `plan` is one device per replica (a model whose weights do not fit is
+reported as such); `plan_layouts` (roofline.commands.capacity) plans devices and layouts (tp / ep / dp-attention /
+pp) per rank from the same what-if, in the served precision.
 """
 
 from __future__ import annotations
@@ -32,11 +33,19 @@ from roofline.measure import memory
 from roofline.measure.devices import Datasheet, get_datasheet
 
 
+# what a plan's ITL and tokens/s hold, by the source of its step times (the summaries' `priced`)
+PRICED_FIT = "decode steps at context + output/2 (a fit has no prompt term): ITL the step, tokens/s B / ITL"
+PRICED_WHATIF = ("a sustained service at B running sequences (whatif.sustained): itl_ms the mean inter-token latency "
+                 "(TPOT) with the steps that carry the prompts' chunks, tokens/s with the prefill's share of the time")
+
+
 @dataclass(frozen=True)
 class Workload:
-    context: int = option(1024, "prompt tokens per sequence (already cached when it decodes)")
+    context: int = option(1024, "prompt tokens per sequence (the what-if prefills them in the running steps; a fit: "
+                                "already cached)")
     output: int = option(256, "generated tokens per sequence")
-    itl_target_ms: float = option(50.0, "inter-token latency target (ms)")
+    itl_target_ms: float = option(50.0, "mean inter-token latency target (ms; TPOT: the what-if's includes the steps "
+                                        "that carry the prompts)")
     target_tok_s: float = option(10000.0, "aggregate generated tokens/s wanted")
 
     def __post_init__(self) -> None:
@@ -139,7 +148,8 @@ def plan(fit: dict, cfg: ModelConfig, dtype: str, work: Workload, mem_bytes: flo
                    memory_GB=mem_bytes / 1e9, weights_GB=weights / 1e9, workload=work.__dict__,
                    speculation=None if spec is None else dict(alpha=spec.alpha, k=spec.k, drafter=spec.drafter.kind),
                    extrapolated=extrapolated, extrapolation=why, fit_problems=quality.fit_warnings(fit),
-                   what_if=fit["provenance"].get("what_if"), max_running_seqs=max_running or None)
+                   what_if=fit["provenance"].get("what_if"), max_running_seqs=max_running or None,
+                   priced=PRICED_FIT)
     if weights > mem_bytes:
         summary["fits_one_device"] = False
         summary["note"] = (f"weights alone need {weights / 1e9:.1f} GB > {mem_bytes / 1e9:.1f} GB on one device; "
@@ -229,7 +239,7 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
     spec, work = req.speculation, req.work
     check_inputs(req.memory_gb * 1e9 if req.memory_gb is not None else 1.0, req.B, spec=spec)
     mem_bytes = device_memory_bytes(req.memory_gb, w.device)
-    L, tokens = work.context + work.output // 2, work.context + work.output
+    L, tokens = work.context + work.output // 2, work.context + work.output  # the mean context a decode step sees
     mtp = spec is not None and spec.drafter.kind == "mtp"
     eagle = spec.drafter.kind if spec is not None and spec.drafter.kind in whatif.EAGLE_HEADS else ""
     draft = spec.drafter.model if spec is not None and spec.drafter.kind == "draft_model" else None
@@ -241,19 +251,16 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
     rows = []
     for B in sorted(set(req.B) | {c for c in caps.values() if c and c < max(req.B)}):  # a cap inside the grid: planned
         for sp in ([False, True] if spec is not None else [False]):
-            if sp:
-                tau = speculation.tau_iid(spec.alpha, spec.k)
-
-                def per_tok(s, e, B=B):
-                    return w.round_seconds(spec.k, B, L, s, e, spec.drafter.kind, dw) / tau
-                t = w.over_engines(per_tok, (B, L), spec=True)
-            else:
-                t = w.itl(B, L)
+            sd = whatif.SpecDecode(spec.k, (spec.alpha,), spec.drafter.kind, dw) if sp else None
+            run = whatif.sustained(w, B, work.context, work.output, sd, req.max_running_seqs or None)
+            t, out = run["itl_mean_s"], run["tok_s_per_gpu"]
             mem = whatif.memory_check(req.model, w.device, req.dtype, w.layout, B, tokens, sp and mtp, draft if sp else None,
                                       mem_bytes=mem_bytes, setting=w.setting, eagle=eagle if sp else "")
             rows.append(dict(B=B, spec=sp, alpha=spec.alpha if sp else np.nan, k=spec.k if sp else 0,
                              itl_ms=t["typical"] * 1e3, itl_ms_optimistic=t["optimistic"] * 1e3,
-                             itl_ms_pessimistic=t["pessimistic"] * 1e3, tok_s=B / t["typical"] / w.layout.devices,
+                             itl_ms_pessimistic=t["pessimistic"] * 1e3, itl_median_ms=run["itl_s"]["typical"] * 1e3,
+                             ttft_ms=run["ttft_s"]["typical"] * 1e3, tok_s=out["typical"],
+                             tok_s_optimistic=out["optimistic"], tok_s_pessimistic=out["pessimistic"],
                              mem_GB=mem["mem_per_device_GB"], fits_memory=mem["fits"],
                              meets_itl=t["typical"] * 1e3 <= work.itl_target_ms,
                              within_cap=caps[sp] is None or B <= caps[sp], extrapolated=True, L_priced=L))
@@ -265,6 +272,7 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
                    speculation=None if spec is None else dict(alpha=spec.alpha, k=spec.k, drafter=spec.drafter.kind),
                    extrapolated=True, calibration_scale=w.scale,
                    max_running_seqs=dict(plain=caps[False], **({"spec": caps[True]} if spec is not None else {})),
+                   priced=PRICED_WHATIF,
                    what_if="datasheet row + kernels.yaml + engines.yaml + priors.yaml (roofline.parallel.whatif)")
     fits = table[table["fits_memory"]]
     summary["fits_device"] = bool(len(fits))

@@ -14,8 +14,8 @@ from pathlib import Path
 import pandas as pd
 
 from roofline.analysis import costmodel, fitcheck, quality
-from roofline.analysis.capacity import (CapacityRequest, Speculation, Workload, check_inputs, device_memory_bytes,
-                                        plan, plan_whatif, whatif_of)
+from roofline.analysis.capacity import (PRICED_WHATIF, CapacityRequest, Speculation, Workload, check_inputs,
+                                        device_memory_bytes, plan, plan_whatif, whatif_of)
 from roofline.analysis.predict import DraftCost
 from roofline.io import files
 from roofline.commands import (CheckpointKeys, FormatKeys, GraphKeys, LayoutKeys, priced_weights, served_label,
@@ -167,7 +167,7 @@ def plan_layouts(c: dict, model: ModelConfig | None = None) -> tuple[pd.DataFram
     summary = dict(model=model.name, dtype=label, **precision_columns(label), device=device.name,
                    memory_GB=(mem or 0) / 1e9, workload=work.__dict__,
                    speculation=dict(alpha=c["alpha"], k=c["k"], drafter=drafter) if head_spec else None,
-                   engine=w.setting.engine or "all profiles (span)", calibration_scale=w.scale,
+                   engine=w.setting.engine or "all profiles (span)", calibration_scale=w.scale, priced=PRICED_WHATIF,
                    what_if="datasheet row + kernels.yaml + engines.yaml + priors.yaml (roofline.parallel.whatif)",
                    layouts=len(rows), note=note)
     return rows, summary

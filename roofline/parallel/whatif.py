@@ -1123,6 +1123,22 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     return res
 
 
+SUSTAINED_REQUESTS_PER_SLOT = 100  # a sustained service's requests per running slot: its first wave's share < 1%
+
+
+def sustained(w: WhatIf, B: int, context: int, output: int, spec: SpecDecode | None = None,
+              max_running: int | None = None) -> dict:
+    """A replica serving requests of `context` prompt and `output` generated tokens, B at a time, without end: a
+    `serve` run of staggered lengths and many requests (SUSTAINED_REQUESTS_PER_SLOT a slot), each finished request's
+    successor prefilled in the running steps (chunked, compute-bound) as the engine batches them. What a capacity
+    plan prices: its mean inter-token latency (TPOT, `itl_mean_s`: the decode steps and the steps that carry a prompt
+    chunk), ITL median, TTFT and output tokens/s per device, each an interval; the prompts' prefill takes its share
+    of the replica's time (decode-only B / ITL over-counts a prompt-heavy workload: 2048 + 256 tokens on a
+    Llama-3.1-70B TP4 replica at B = 64, 2.5x). A prompt of 0 tokens is priced as 1."""
+    return serve(w, max(context, 1), output, B, SUSTAINED_REQUESTS_PER_SLOT * B, staggered=True, spec=spec,
+                 max_running=max_running)
+
+
 def pool_rule(cfg: ModelConfig, eng=None):
     """What an engine's KV pool holds for the model's windowed layers (engines.yaml local_attention.pool: window, full
     or a fraction; not stated: full); 'window' for a model without such layers or without an engine named."""
@@ -1240,16 +1256,16 @@ def capacity(cfg: ModelConfig, device: Datasheet, dtype: str, context: int, outp
              max_devices: int = 64, layouts: list[Layout] | None = None, scale: float = 1.0,
              calibration: Calibration | None = None, mem_bytes: float | None = None,
              drafter: str = "mtp", max_running: int | None = None) -> list[dict]:
-    """For every layout (default: every candidate): the largest batch of `batches` meeting the ITL
-    target (typical priors, with the interval) that fits the device and the engine's cap on running sequences
+    """For every layout (default: every candidate): the largest batch of `batches` whose mean inter-token latency
+    meets the ITL target (typical priors, with the interval) in a sustained service (`sustained`: the requests'
+    prompts prefilled in the running steps, their time in the TPOT and the throughput; the ITL median and TTFT beside
+    them) that fits the device and the engine's cap on running sequences
     (planned_cap: `max_running`, the deployment's own --max-num-seqs, else the engine's defaults, SGLang's 48 with
     speculation; its `seq_cap`; a cap inside the batches' range is planned as a batch too), tokens/s per replica,
     devices for the target and the price per million tokens. alpha: also plan with speculation, k drafts of the
     preset's MTP module (drafter=mtp, a preset with one) or an EAGLE head (eagle | eagle3), its weights and KV in the
     memory check. A layout that fits at no batch is a row that says so. mem_bytes: the memory of one device (a
     user's memory_gb; None: the driver-reported size, as memory_check reads it)."""
-    from roofline.model.speculation import tau_iid
-    L = context + output // 2
     rows = []
     for lay in layouts or candidate_layouts(cfg, max_devices):
         w = WhatIf(cfg, device, dtype, lay, setting, scale, calibration)
@@ -1268,26 +1284,22 @@ def capacity(cfg: ModelConfig, device: Datasheet, dtype: str, context: int, outp
                 if not mem["fits"]:
                     break
                 fits_any = True
-                if spec:
-                    tau = tau_iid(alpha, k)
-                    per_tok = w.over_engines(lambda s, e: w.round_seconds(k, B, L, s, e, drafter) / tau, (B, L),
-                                             spec=True)
-                else:
-                    per_tok = w.itl(B, L)
-                if per_tok["typical"] * 1e3 <= itl_target_ms:
-                    best = (B, per_tok, mem)
+                run = sustained(w, B, context, output, SpecDecode(k, (alpha,), drafter) if spec else None, max_running)
+                if run["itl_mean_s"]["typical"] * 1e3 <= itl_target_ms:
+                    best = (B, run, mem)
             if best is None:
                 within = f" within the engine's cap of {cap} running sequences" if capped else ""
                 rows.append(dict(layout=lay.label(), devices_per_replica=lay.devices, speculative=spec, batch=None,
                                  seq_cap=cap, note=f"does not fit the device at any batch{within}" if not fits_any
                                  else f"no batch{within} meets the ITL target"))
                 continue
-            B, per_tok, mem = best
-            tok_s = {name: B / t for name, t in per_tok.items()}  # generated tokens/s of one replica
+            B, run, mem = best
+            per_tok, tok_s = run["itl_mean_s"], run["output_tok_s"]  # generated tokens/s of one replica
             devices = {name: math.ceil(target_tok_s / v) * lay.devices for name, v in tok_s.items()}
             row = dict(layout=lay.label(), devices_per_replica=lay.devices, speculative=spec, batch=B, seq_cap=cap,
                        itl_ms=per_tok["typical"] * 1e3, itl_ms_optimistic=per_tok["optimistic"] * 1e3,
-                       itl_ms_pessimistic=per_tok["pessimistic"] * 1e3, tok_s_per_replica=tok_s["typical"],
+                       itl_ms_pessimistic=per_tok["pessimistic"] * 1e3, itl_median_ms=run["itl_s"]["typical"] * 1e3,
+                       ttft_ms=run["ttft_s"]["typical"] * 1e3, tok_s_per_replica=tok_s["typical"],
                        tok_s_per_replica_optimistic=tok_s["optimistic"],
                        tok_s_per_replica_pessimistic=tok_s["pessimistic"],
                        replicas=devices["typical"] // lay.devices, devices=devices["typical"],
