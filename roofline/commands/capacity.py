@@ -94,8 +94,10 @@ def plot(table: pd.DataFrame, summary: dict, path) -> None:
         for _, r in g.iterrows():
             ax.annotate(f"B={r['B']}", (r["itl_ms"], r["tok_s"]), fontsize=6)
     ax.axvline(summary["workload"]["itl_target_ms"], color="k", ls=":", lw=0.8, label="ITL target")
-    flag = " (WHAT-IF, extrapolated)" if summary["extrapolated"] else ""
-    ax.set(xscale="log", yscale="log", xlabel="inter-token latency (ms)", ylabel="tokens/s per device",
+    flag = "\n(WHAT-IF, extrapolated)" if summary["extrapolated"] else ""
+    tpot = summary.get("priced") == PRICED_WHATIF  # a sustained service's mean ITL, its prompts' steps in it
+    ax.set(xscale="log", yscale="log", xlabel="mean inter-token latency, TPOT (ms)" if tpot else
+           "inter-token latency, decode step (ms)", ylabel="tokens/s per device",
            title=f"{summary['model']} on {summary['device']}{flag}")
     ax.legend(fontsize=8, title="x: does not fit in memory", title_fontsize=7)
     fig.tight_layout()
