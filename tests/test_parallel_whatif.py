@@ -521,6 +521,48 @@ def test_capacity_prices_a_sustained_service_its_prompts_prefill_included():
     assert share[2048] < 0.5 and 0.9 < share[16] <= 1.0
 
 
+def test_a_sustained_services_decode_step_carries_the_prompts_that_arrived_not_a_full_budget():
+    """In a staggered run's steady state a request's prompt rides in the next decode step with those that arrived
+    beside it (C·tau/O a step): at 8 requests of 2048 + 256 tokens that is one prompt, so its TTFT is about the
+    single request's (it was a step of vLLM's whole 8192-token budget, 3.9x); where the arrivals fill the budget
+    (prefill-bound) the step carries it whole. The steps carrying prompts are then more, each smaller: the TPOT keeps
+    the prompts' tokens."""
+    w = WhatIf(get_preset("llama-3.1-70b"), get_datasheet("h100_sxm"), "bfloat16", Layout(tp=4), Setting(engine="vllm"))
+    one, eight = (whatif.sustained(w, B, 2048, 256) for B in (1, 8))
+    assert eight["ttft_s"]["typical"] < 1.1 * one["ttft_s"]["typical"]
+    assert eight["itl_mean_s"]["typical"] > eight["itl_s"]["typical"]  # the prompts' steps are in the TPOT
+    busy = whatif.sustained(w, 256, 2048, 16)  # 256 x 2048 / 16 tokens arrive a step: full budgets
+    budget = busy["prefill_chunk_tokens"]["typical"]
+    full = w.forward(Pass(int(busy["running"]["typical"]), 1, 2048 + 8, budget - busy["running"]["typical"], 1024),
+                     1, "vllm")
+    assert busy["ttft_s"]["typical"] >= 0.9 * full
+
+
+def test_capacity_honours_a_ttft_target_on_the_what_if_and_refuses_it_with_a_fit():
+    from roofline.analysis import capacity as cap_mod
+    from roofline.analysis.capacity import plan_whatif
+    from roofline.commands.capacity import DEVICE_AS, plan_layouts, request_from_config
+    c = composed("capacity", "model=llama-3.1-70b", "device=h100_sxm", "engine=vllm", "B=[1,8,64]", "context=8192",
+                 "output=256", "itl_target_ms=1e4", "out_dir=''", device_as=DEVICE_AS)
+    c.pop("overrides"), c.pop("layouts")
+    free, _ = plan_whatif(request_from_config(dict(c, tp=4)))
+    ttft = dict(zip(free["B"], free["ttft_ms"]))
+    target = (ttft[1] + ttft[64]) / 2  # between the smallest and largest batch's TTFT
+    one, s = plan_whatif(request_from_config(dict(c, tp=4, ttft_target_ms=target)))
+    assert s["plain"]["best_batch"] == max(B for B, t in ttft.items() if t <= target) < 64
+    assert list(one["meets_ttft"]) == [t <= target for t in one["ttft_ms"]]
+    rows, _ = plan_layouts(dict(c, ttft_target_ms=target))
+    tp4 = rows[rows["layout"] == "tp4"].iloc[0]
+    assert int(tp4["batch"]) == s["plain"]["best_batch"] and float(tp4["ttft_ms"]) <= target
+    for bad in (-1, "x"):
+        with pytest.raises(ConfigError, match="ttft_target_ms="):
+            plan_whatif(request_from_config(dict(c, tp=4, ttft_target_ms=bad)))
+    fit = dict(provenance=dict(what_if="test", device_name="x"), groups=[])
+    with pytest.raises(ConfigError, match="ttft_target_ms=100.*a fit's plan prices decode steps alone"):
+        cap_mod.plan(fit, get_preset("llama-3.1-8b"), "bfloat16", cap_mod.Workload(64, 64, 20.0, 1000.0, 100.0), 1e12,
+                     (1,))
+
+
 def test_a_fits_capacity_plan_honours_the_deployments_cap_on_running_sequences(monkeypatch):
     from roofline.analysis import capacity as cap_mod
     t = pd.DataFrame(dict(B=[1, 8, 64], spec=[False] * 3, alpha=[math.nan] * 3, k=[0] * 3, step_s=[0.01] * 3,
@@ -1816,8 +1858,10 @@ def test_card_capacity_and_predict_honour_graph_batch_sizes():
     from roofline.commands.predict import predict_command
     cfg, dev = get_preset("llama-3.1-70b"), get_datasheet("h200_sxm")
     sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256]
-    keys = ("model=llama-3.1-70b", "device=h200_sxm", "engine=trtllm", "weights=fp8", "kv=fp8", "B=[172]", "context=1024",
-            "output=256", "itl_target_ms=1e4", "out_dir=''")
+    # outputs twice the prompts: a sixth of the sustained run's steps carry a prompt, its ITL median is the decode
+    # step at context 576 + 1152 / 2 = 1152 (all 172 sequences in the KV pool)
+    keys = ("model=llama-3.1-70b", "device=h200_sxm", "engine=trtllm", "weights=fp8", "kv=fp8", "B=[172]", "context=576",
+            "output=1152", "itl_target_ms=1e4", "out_dir=''")
 
     def itl(graph_batch_sizes):
         w = WhatIf(cfg, dev, "bfloat16+weights=fp8+kv=fp8", Layout(),

@@ -47,6 +47,8 @@ class Workload:
     itl_target_ms: float = option(50.0, "mean inter-token latency target (ms; TPOT: the what-if's includes the steps "
                                         "that carry the prompts)")
     target_tok_s: float = option(10000.0, "aggregate generated tokens/s wanted")
+    ttft_target_ms: float | None = option(None, "what-if: a median time-to-first-token target (ms) of the sustained "
+                                                "service too; null: none")
 
     def __post_init__(self) -> None:
         for name, lo in (("context", 0), ("output", 1)):
@@ -57,6 +59,9 @@ class Workload:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
                 raise ConfigError(f"{name}={v!r}: allowed a number > 0")
+        v = self.ttft_target_ms
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf):
+            raise ConfigError(f"ttft_target_ms={v!r}: allowed a number > 0, or null (no TTFT target)")
 
 
 def device_memory_bytes(memory_gb: float | None, device) -> float | None:
@@ -120,6 +125,9 @@ def plan(fit: dict, cfg: ModelConfig, dtype: str, work: Workload, mem_bytes: flo
     """(per-batch table, summary): largest batch meeting the ITL target and memory (and `max_running`, the
     deployment's cap on running sequences, where given: `within_cap`), devices needed."""
     check_inputs(mem_bytes, Bs, spec=spec)
+    if work.ttft_target_ms is not None:
+        raise ConfigError(f"ttft_target_ms={work.ttft_target_ms!r}: a fit's plan prices decode steps alone, no prompt; "
+                          "a TTFT target needs the what-if (drop fit=)")
     if not fit["provenance"].get("what_if"):
         bad = fitcheck.unusable_groups(fit, {"forward"} | ({"mtp"} if spec and spec.drafter.kind == "mtp" else set()))
         if bad:
@@ -161,7 +169,7 @@ def plan(fit: dict, cfg: ModelConfig, dtype: str, work: Workload, mem_bytes: flo
             continue
         one = resident(1, label == "spec")
         b_mem = max(0, int((mem_bytes - one.weights) // one.kv)) if one.kv > 0 else 0
-        ok = sub[sub["fits_memory"] & sub["meets_itl"] & sub["within_cap"]]
+        ok = sub[sub["fits_memory"] & sub["meets_itl"] & sub["within_cap"] & sub.get("meets_ttft", True)]
         best = ok.loc[ok["tok_s"].idxmax()] if not ok.empty else None
         summary[label] = dict(
             max_batch_by_memory=b_mem,
@@ -247,7 +255,7 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
         raise ConfigError(f"drafter=mtp: model {req.model.name!r} has no MTP module (mtp_layers=0)")
     dw = w.draft_what_if(draft) if draft else None
     # the engine's cap on running sequences (the deployment's own, else its defaults; SGLang's 48 with speculation)
-    caps = {sp: whatif.planned_cap(w, sp, req.max_running_seqs or None) for sp in (False, True)}
+    caps = {sp: whatif.planned_cap(w, sp, req.max_running_seqs or None) for sp in ([False, True] if spec else [False])}
     rows = []
     for B in sorted(set(req.B) | {c for c in caps.values() if c and c < max(req.B)}):  # a cap inside the grid: planned
         for sp in ([False, True] if spec is not None else [False]):
@@ -263,6 +271,8 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
                              tok_s_optimistic=out["optimistic"], tok_s_pessimistic=out["pessimistic"],
                              mem_GB=mem["mem_per_device_GB"], fits_memory=mem["fits"],
                              meets_itl=t["typical"] * 1e3 <= work.itl_target_ms,
+                             meets_ttft=(work.ttft_target_ms is None
+                                         or run["ttft_s"]["typical"] * 1e3 <= work.ttft_target_ms),
                              within_cap=caps[sp] is None or B <= caps[sp], extrapolated=True, L_priced=L))
     table = pd.DataFrame(rows)
     summary = dict(model=req.model.name, dtype=parse_precision(req.dtype).label, **precision_columns(req.dtype),
@@ -281,7 +291,7 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
                            f"{table['mem_GB'].min():.1f} GB per device needed of {summary['memory_GB']:.0f} GB; "
                            "give more devices (tp=, or layouts=true to plan every layout) or a smaller format (weights=)")
     for label, sub in (("plain", table[~table["spec"]]), ("spec", table[table["spec"]])):
-        ok = sub[sub["fits_memory"] & sub["meets_itl"] & sub["within_cap"]]
+        ok = sub[sub["fits_memory"] & sub["meets_itl"] & sub["within_cap"] & sub.get("meets_ttft", True)]
         if sub.empty:
             continue
         best = ok.loc[ok["tok_s"].idxmax()] if not ok.empty else None

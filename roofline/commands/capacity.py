@@ -117,7 +117,7 @@ def request_from_config(c: dict, model: ModelConfig | None = None) -> CapacityRe
     c.pop("checkpoint", None)
     c.pop("price_per_device_hour", None)
     c["engine"] = engine_name(c.get("engine"))
-    work = Workload(*(c.pop(f) for f in ("context", "output", "itl_target_ms", "target_tok_s")))
+    work = Workload(*(c.pop(f) for f in ("context", "output", "itl_target_ms", "target_tok_s", "ttft_target_ms")))
     alpha, k, drafter, draft = (c.pop(f) for f in ("alpha", "k", "drafter", "draft_model"))
     spec = Speculation(alpha, k, DraftCost(drafter, get_preset(draft) if draft else None)) \
         if c.pop("speculative") else None
@@ -145,7 +145,7 @@ def plan_layouts(c: dict, model: ModelConfig | None = None) -> tuple[pd.DataFram
                           "datasheet and the priors; drop it, or drop layouts=true to plan that one")
     model = model or target_model(c)
     label = served_label(c["dtype"], c, model, priced_weights(c))
-    work = Workload(c["context"], c["output"], c["itl_target_ms"], c["target_tok_s"])
+    work = Workload(c["context"], c["output"], c["itl_target_ms"], c["target_tok_s"], c.get("ttft_target_ms"))
     spec = bool(c.get("speculative"))
     drafter = c.get("drafter")
     head_spec = spec and drafter in LAYOUT_SPEC_DRAFTERS and (drafter != "mtp" or model.mtp_layers > 0)
@@ -161,7 +161,7 @@ def plan_layouts(c: dict, model: ModelConfig | None = None) -> tuple[pd.DataFram
                                         batches=tuple(c.get("B") or (1, 2, 4, 8, 16, 32, 64, 128, 256)),
                                         scale=w.scale, calibration=w.calibration, mem_bytes=mem,
                                         drafter=drafter if head_spec else "mtp",
-                                        max_running=own_cap))
+                                        max_running=own_cap, ttft_target_ms=work.ttft_target_ms))
     note = None
     if spec and not head_spec:
         note = (f"speculation with drafter={c.get('drafter')!r} is not priced per rank (allowed with layouts: "

@@ -901,8 +901,11 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     (output − 1) plain ones.
     Staggered lengths (staggered=True): after the first wave, requests finish one by one and their
     replacements' prompts ride in the running decode steps (`prefill_first`: in steps of their own beside them),
-    C·input·tau/output·(N − C)/N prompt tokens per step on average; the ITL median is the mixed step when at
-    least half the steps carry a chunk. Where the
+    C·input·tau/output·(N − C)/N prompt tokens per step on average. A decode step that carries prompts holds those
+    that arrived since the step before (C·tau/output a step), at least one whole prompt (a longer one: a budget's
+    chunk of it) and at most the budget, so the share of the steps that carry one is the tokens over that; a
+    request's TTFT is that step, and the ITL median (p90) the mixed step when at least half (a tenth) of the steps
+    carry a prompt (`prefill_first`: prompt steps of min(budget, C·input) tokens; steady_chunk says why). Where the
     prompts need more steps than the decodes ((N − C)·input/chunk > N·output/(C·tau): prefill-bound), the run
     lasts the prompts' steps, each carrying a chunk (priced beside all C sequences decoding, where fewer do: an
     upper bound on the step), and a new request's first token waits for the
@@ -998,6 +1001,21 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
         per_decode = (spec.verify_tokens or spec.k + 1) if spec is not None else 1
         return max(budget - b * per_decode, budget / 8)
 
+    def steady_chunk(e, C) -> float:
+        """Prompt tokens a decode step of a staggered run's steady state carries where it carries any: the prompts
+        that arrived since the step before (C·tau/O requests finish a step and are replaced, I tokens each), at least
+        one prompt (a longer one: a budget's chunk of it), at most the budget (prefill-bound: every step a full
+        chunk). An engine that runs prompts in steps of their own (`prefill_first`) keeps them batched, min(budget,
+        C·I) tokens a step (as its mixed step was priced before; its share of the steps now counts those tokens, not a
+        whole budget's): priced one prompt a step, SGLang's DeepSeek-R1 calibration rows (InferenceX,
+        1024 / 1024, 4-64 requests) come out up to 20% slow on TPOT and 48% fast on TTFT at once, so the eager
+        prefill host floor a prompt step pays there (engines.yaml eager_prefill_host_us_per_layer, read from a 2025
+        PR) is not what those 2026 releases pay; not settled, not changed."""
+        budget = budget_chunk(e, C)
+        if batchings[e] == "prefill_first":
+            return min(budget, C * I)
+        return min(budget, max(min(I, budget), C * tau * I / O))
+
     def ramp(e, C=None) -> Ramp:
         """A wave's ramp: R steps that each prefill `chunk` prompt tokens (chunk / I prompts a step) beside the decodes
         of the prompts already prefilled; the step `half` that completes the median request's prompt; the ramp steps
@@ -1048,7 +1066,8 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
         typical untouched), the plain decode step at a calibration's interval where points of the deployment determine
         it (Calibration.interval at B = C, L). C: as `ramp`'s."""
         C = running(e) if C is None else C
-        kinds = [(C, L, 0), (C, L, min(budget_chunk(e, C), C * I))] + list(rp.means)
+        mixed = steady_chunk(e, C) if staggered else min(budget_chunk(e, C), C * I)  # a decode step's prompt tokens
+        kinds = [(C, L, 0), (C, L, mixed)] + list(rp.means)
 
         def price(s, b, ctx, pre):
             if pre and batchings[e] == "prefill_first" and ctx:  # the prompts' step alone, then the decodes'
@@ -1072,7 +1091,8 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
         waves = math.ceil(N / C)
         R, half, in_ramp, paused = rp.R, rp.half, rp.in_ramp, rp.paused
         refill = max(N - C, 0) * I / chunk  # steps the refills' prompts need, one chunk a step
-        frac = min(1.0, refill / (N * O / (C * tau))) if staggered else 0.0  # decode steps (rounds) carrying a chunk
+        carrying = max(N - C, 0) * I / steady_chunk(e, C) if staggered else 0.0  # steps carrying them, as they arrive
+        frac = min(1.0, carrying / (N * O / (C * tau)))  # decode steps (rounds) carrying a prompt
         plain, mixed, first, late, whole = at[s]  # ramp steps: to the median's first token, after it, the wave's
         queued = (math.ceil(concurrency / 2) - 1) // C  # waves the median request of a capped run waits in the queue
         if staggered and waves > 1:
@@ -1255,11 +1275,13 @@ def capacity(cfg: ModelConfig, device: Datasheet, dtype: str, context: int, outp
              k: int = 1, setting: Setting = Setting(), batches=(1, 2, 4, 8, 16, 32, 64, 128, 256),
              max_devices: int = 64, layouts: list[Layout] | None = None, scale: float = 1.0,
              calibration: Calibration | None = None, mem_bytes: float | None = None,
-             drafter: str = "mtp", max_running: int | None = None) -> list[dict]:
+             drafter: str = "mtp", max_running: int | None = None,
+             ttft_target_ms: float | None = None) -> list[dict]:
     """For every layout (default: every candidate): the largest batch of `batches` whose mean inter-token latency
     meets the ITL target (typical priors, with the interval) in a sustained service (`sustained`: the requests'
     prompts prefilled in the running steps, their time in the TPOT and the throughput; the ITL median and TTFT beside
-    them) that fits the device and the engine's cap on running sequences
+    them; and its median TTFT within `ttft_target_ms` where given) that fits the device and the engine's cap on
+    running sequences
     (planned_cap: `max_running`, the deployment's own --max-num-seqs, else the engine's defaults, SGLang's 48 with
     speculation; its `seq_cap`; a cap inside the batches' range is planned as a batch too), tokens/s per replica,
     devices for the target and the price per million tokens. alpha: also plan with speculation, k drafts of the
@@ -1285,13 +1307,15 @@ def capacity(cfg: ModelConfig, device: Datasheet, dtype: str, context: int, outp
                     break
                 fits_any = True
                 run = sustained(w, B, context, output, SpecDecode(k, (alpha,), drafter) if spec else None, max_running)
-                if run["itl_mean_s"]["typical"] * 1e3 <= itl_target_ms:
+                if run["itl_mean_s"]["typical"] * 1e3 <= itl_target_ms and (
+                        ttft_target_ms is None or run["ttft_s"]["typical"] * 1e3 <= ttft_target_ms):
                     best = (B, run, mem)
             if best is None:
                 within = f" within the engine's cap of {cap} running sequences" if capped else ""
                 rows.append(dict(layout=lay.label(), devices_per_replica=lay.devices, speculative=spec, batch=None,
                                  seq_cap=cap, note=f"does not fit the device at any batch{within}" if not fits_any
-                                 else f"no batch{within} meets the ITL target"))
+                                 else f"no batch{within} meets the ITL target"
+                                 + (" and the TTFT target" if ttft_target_ms is not None else "")))
                 continue
             B, run, mem = best
             per_tok, tok_s = run["itl_mean_s"], run["output_tok_s"]  # generated tokens/s of one replica
