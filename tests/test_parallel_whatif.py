@@ -1860,8 +1860,8 @@ def test_card_capacity_and_predict_honour_graph_batch_sizes():
     sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256]
     # outputs twice the prompts: a sixth of the sustained run's steps carry a prompt, its ITL median is the decode
     # step at context 576 + 1152 / 2 = 1152 (all 172 sequences in the KV pool)
-    keys = ("model=llama-3.1-70b", "device=h200_sxm", "engine=trtllm", "weights=fp8", "kv=fp8", "B=[172]", "context=576",
-            "output=1152", "itl_target_ms=1e4", "out_dir=''")
+    keys = ("model=llama-3.1-70b", "device=h200_sxm", "engine=trtllm", "weights=fp8", "kv=fp8", "B=[172]",
+            "context=576", "output=1152", "itl_target_ms=1e4", "out_dir=''")
 
     def itl(graph_batch_sizes):
         w = WhatIf(cfg, dev, "bfloat16+weights=fp8+kv=fp8", Layout(),

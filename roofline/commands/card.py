@@ -368,9 +368,9 @@ LAUNCH_NAMES = dict(graph="launch floors (CUDA graphs: the GPU's gaps between ke
 
 def launch_kind(eng, setting, moe: bool = False) -> str:
     """What pass_seconds' launch term (`per_layer`) prices for engine `eng` under `setting`: `graph` (the graph
-    floor per layer; `graph_moe` for an MoE model, its routing kernels too), `host_issue` (an eager engine whose host issues each kernel: the
-    issue time the GPU's work does not hide), `engine_floor` (an engine eager by its profile with a per-layer floor
-    of its own)."""
+    floor per layer; `graph_moe` for an MoE model, its routing kernels too), `host_issue` (an eager engine whose
+    host issues each kernel: the issue time the GPU's work does not hide), `engine_floor` (an engine eager by its
+    profile with a per-layer floor of its own)."""
     graphs = eng.graphs if setting.graphs is None else setting.graphs
     if graphs:
         return "graph_moe" if moe else "graph"

@@ -1281,9 +1281,9 @@ def capacity(cfg: ModelConfig, device: Datasheet, dtype: str, context: int, outp
     meets the ITL target (typical priors, with the interval) in a sustained service (`sustained`: the requests'
     prompts prefilled in the running steps, their time in the TPOT and the throughput; the ITL median and TTFT beside
     them; and its median TTFT within `ttft_target_ms` where given) that fits the device and the engine's cap on
-    running sequences
-    (planned_cap: `max_running`, the deployment's own --max-num-seqs, else the engine's defaults, SGLang's 48 with
-    speculation; its `seq_cap`; a cap inside the batches' range is planned as a batch too), tokens/s per replica,
+    running sequences (planned_cap: `max_running`, the deployment's own --max-num-seqs, else the engine's defaults,
+    SGLang's 48 with speculation; its `seq_cap`; a cap inside the batches' range is planned as a batch too), tokens/s
+    per replica,
     devices for the target and the price per million tokens. alpha: also plan with speculation, k drafts of the
     preset's MTP module (drafter=mtp, a preset with one) or an EAGLE head (eagle | eagle3), its weights and KV in the
     memory check. A layout that fits at no batch is a row that says so. mem_bytes: the memory of one device (a
