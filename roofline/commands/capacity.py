@@ -117,7 +117,8 @@ def request_from_config(c: dict, model: ModelConfig | None = None) -> CapacityRe
     c.pop("checkpoint", None)
     c.pop("price_per_device_hour", None)
     c["engine"] = engine_name(c.get("engine"))
-    work = Workload(*(c.pop(f) for f in ("context", "output", "itl_target_ms", "target_tok_s", "ttft_target_ms")))
+    work = Workload(*(c.pop(f) for f in ("context", "output", "itl_target_ms", "target_tok_s")),
+                    c.pop("ttft_target_ms", None))  # a config composed before the key: no TTFT target
     alpha, k, drafter, draft = (c.pop(f) for f in ("alpha", "k", "drafter", "draft_model"))
     spec = Speculation(alpha, k, DraftCost(drafter, get_preset(draft) if draft else None)) \
         if c.pop("speculative") else None
