@@ -64,6 +64,12 @@ class Workload:
             raise ConfigError(f"ttft_target_ms={v!r}: allowed a number > 0, or null (no TTFT target)")
 
 
+def planned_rows(t: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a plan's table a plan may pick: they fit the memory, meet the ITL target (and the TTFT target, a
+    what-if's `meets_ttft`) and stay within the deployment's cap on running sequences."""
+    return t[t["fits_memory"] & t["meets_itl"] & t["within_cap"] & t.get("meets_ttft", True)]
+
+
 def device_memory_bytes(memory_gb: float | None, device) -> float | None:
     """The memory of one device a plan uses: a user's memory_gb (GB), else the datasheet row's as the driver
     reports it (Datasheet.usable_mem_bytes, what whatif.memory_check reads by default); None without either."""
@@ -169,7 +175,7 @@ def plan(fit: dict, cfg: ModelConfig, dtype: str, work: Workload, mem_bytes: flo
             continue
         one = resident(1, label == "spec")
         b_mem = max(0, int((mem_bytes - one.weights) // one.kv)) if one.kv > 0 else 0
-        ok = sub[sub["fits_memory"] & sub["meets_itl"] & sub["within_cap"] & sub.get("meets_ttft", True)]
+        ok = planned_rows(sub)
         best = ok.loc[ok["tok_s"].idxmax()] if not ok.empty else None
         summary[label] = dict(
             max_batch_by_memory=b_mem,
@@ -255,10 +261,11 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
         raise ConfigError(f"drafter=mtp: model {req.model.name!r} has no MTP module (mtp_layers=0)")
     dw = w.draft_what_if(draft) if draft else None
     # the engine's cap on running sequences (the deployment's own, else its defaults; SGLang's 48 with speculation)
-    caps = {sp: whatif.planned_cap(w, sp, req.max_running_seqs or None) for sp in ([False, True] if spec else [False])}
+    modes = [False, True] if spec is not None else [False]  # plain decode, and speculative where asked
+    caps = {sp: whatif.planned_cap(w, sp, req.max_running_seqs or None) for sp in modes}
     rows = []
     for B in sorted(set(req.B) | {c for c in caps.values() if c and c < max(req.B)}):  # a cap inside the grid: planned
-        for sp in ([False, True] if spec is not None else [False]):
+        for sp in modes:
             sd = whatif.SpecDecode(spec.k, (spec.alpha,), spec.drafter.kind, dw) if sp else None
             run = whatif.sustained(w, B, work.context, work.output, sd, req.max_running_seqs or None)
             t, out = run["itl_mean_s"], run["tok_s_per_gpu"]
@@ -281,7 +288,7 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
                    workload=work.__dict__,
                    speculation=None if spec is None else dict(alpha=spec.alpha, k=spec.k, drafter=spec.drafter.kind),
                    extrapolated=True, calibration_scale=w.scale,
-                   max_running_seqs=dict(plain=caps[False], **({"spec": caps[True]} if spec is not None else {})),
+                   max_running_seqs=dict(plain=caps[False], **({"spec": caps[True]} if True in caps else {})),
                    priced=PRICED_WHATIF,
                    what_if="datasheet row + kernels.yaml + engines.yaml + priors.yaml (roofline.parallel.whatif)")
     fits = table[table["fits_memory"]]
@@ -291,7 +298,7 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
                            f"{table['mem_GB'].min():.1f} GB per device needed of {summary['memory_GB']:.0f} GB; "
                            "give more devices (tp=, or layouts=true to plan every layout) or a smaller format (weights=)")
     for label, sub in (("plain", table[~table["spec"]]), ("spec", table[table["spec"]])):
-        ok = sub[sub["fits_memory"] & sub["meets_itl"] & sub["within_cap"] & sub.get("meets_ttft", True)]
+        ok = planned_rows(sub)
         if sub.empty:
             continue
         best = ok.loc[ok["tok_s"].idxmax()] if not ok.empty else None

@@ -30,6 +30,7 @@ from roofline.analysis.fitcheck import check_drafter
 from roofline.parallel.engines import check_client, engine_name, graph_batch_sizes, profile, run_scheduling
 from roofline.parallel.whatif import (EAGLE3_DRAFT_VOCAB, WHATIF_DRAFTERS, SpecDecode, check_draft_vocab, check_tree,
                                       matmul_dtype, random_dataset_lengths)
+from roofline.parallel.whatif import launch_kind as engine_launch_kind
 
 
 # what the `device` entry (roofline/conf/device/) means to this command: the datasheet row priced
@@ -367,16 +368,11 @@ LAUNCH_NAMES = dict(graph="launch floors (CUDA graphs: the GPU's gaps between ke
 
 
 def launch_kind(eng, setting, moe: bool = False) -> str:
-    """What pass_seconds' launch term (`per_layer`) prices for engine `eng` under `setting`: `graph` (the graph
-    floor per layer; `graph_moe` for an MoE model, its routing kernels too), `host_issue` (an eager engine whose
-    host issues each kernel: the issue time the GPU's work does not hide), `engine_floor` (an engine eager by its
-    profile with a per-layer floor of its own)."""
-    graphs = eng.graphs if setting.graphs is None else setting.graphs
-    if graphs:
-        return "graph_moe" if moe else "graph"
-    if eng.launches_per_layer is not None or eng.per_layer_s is None or setting.graphs is not None:
-        return "host_issue"
-    return "engine_floor"
+    """The card's name (LAUNCH_NAMES) for what pass_seconds' launch term holds for engine `eng` under `setting`:
+    roofline.parallel.whatif.launch_kind's answer, `graph_moe` for a graph engine's MoE model (its routing kernels
+    in the term too)."""
+    k = engine_launch_kind(eng, setting)
+    return "graph_moe" if k == "graph" and moe else k
 
 
 def _terms_line(terms_ms: dict, launch: str | None = None) -> str:

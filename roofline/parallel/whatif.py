@@ -309,6 +309,21 @@ def graph_batch(eng, setting: Setting, device: Datasheet, b: int, split: int, re
     return b if cap is not None and padded > cap else padded
 
 
+def launch_kind(eng, setting: Setting) -> str:
+    """How engine `eng` launches a step's kernels under `setting`, which decides what pass_seconds' launch term
+    (`per_layer`) prices: `graph` (CUDA graphs: the graph floor per layer and the MoE routing kernels), `host_issue`
+    (no graphs and its host issues each kernel: host_issue_seconds, the issue time the GPU's work does not hide;
+    every engine run without graphs by force, `setting.graphs` false, whose profile counts no launches issues the
+    priors' eager host time a layer), `engine_floor` (an engine eager by its profile with a per-layer floor of its
+    own: a C++ engine's, lmdeploy's per_layer_us)."""
+    graphs = eng.graphs if setting.graphs is None else setting.graphs
+    if graphs:
+        return "graph"
+    if eng.launches_per_layer is not None or eng.per_layer_s is None or setting.graphs is not None:
+        return "host_issue"
+    return "engine_floor"
+
+
 def host_issue_seconds(eng, setting: Setting, n: int, n_moe: int, touched: float = 0.0,
                        priors: dict | None = None, scenario: int = 1) -> tuple[float, float] | None:
     """An engine whose host issues every kernel (`host_issue`, no CUDA graphs): (the host's seconds issuing the n
@@ -319,15 +334,14 @@ def host_issue_seconds(eng, setting: Setting, n: int, n_moe: int, touched: float
     later of the host's last issue and the GPU's work (an in-order queue the host stays ahead of, or behind, over a
     step of many alike layers); the LM head, issued last, runs after either. The loop's launches do not overlap:
     each expert's torch.where is a nonzero that waits for the GPU, so its issue time adds.
-    None for any other engine (graphs, or an engine eager by its profile with a per-layer floor of its own: a C++
-    engine's, lmdeploy's per_layer_us)."""
-    graphs = eng.graphs if setting.graphs is None else setting.graphs
-    if graphs:
+    None for any other engine (launch_kind: graphs, or an engine eager by its profile with a per-layer floor of its
+    own), and without `priors` for an engine that counts no launches."""
+    if launch_kind(eng, setting) != "host_issue":
         return None
     if eng.launches_per_layer is not None:
         return n * eng.launches_per_layer * eng.host_s_per_launch, n_moe * touched * eng.launches_per_expert * \
             eng.host_s_per_launch
-    if (eng.per_layer_s is not None and setting.graphs is None) or priors is None:
+    if priors is None:
         return None
     per_layer = K.pick(priors["eager_host_us_per_layer"], scenario, "priors.eager_host_us_per_layer") * 1e-6
     return n * per_layer, 0.0
@@ -847,6 +861,14 @@ def deployment_wide(w: WhatIf, e: str, v: int | None) -> int | None:
     return v * w.layout.batch_split if v is not None and w._eng(e, 1).dp_limits == "per_rank" else v
 
 
+def engine_default(w: WhatIf, e: str, tiers: str, client: str = "server") -> int | None:
+    """Engine `e`'s default setting `tiers` (an Engine field read from engines.yaml device tiers: prefill_chunk_tiers,
+    max_running_tiers, spec_max_running_tiers) for `w`'s device and the client, deployment-wide (deployment_wide);
+    None where the engine states none."""
+    tier = engines_mod.tier_value(getattr(w._eng(e, 1), tiers), w.device.usable_mem_bytes(), w.device.key, client)
+    return deployment_wide(w, e, tier)
+
+
 def sequence_cap(w: WhatIf, e: str, spec: bool = False, max_running: int | None = None,
                  client: str = "server") -> int | None:
     """The most sequences engine `e` keeps running on `w`'s deployment by its caps alone (its KV pool apart:
@@ -856,10 +878,8 @@ def sequence_cap(w: WhatIf, e: str, spec: bool = False, max_running: int | None 
     (deployment_wide); None: no cap."""
     if max_running:
         return deployment_wide(w, e, max_running)
-    eng, mem = w._eng(e, 1), w.device.usable_mem_bytes()
-    own = [engines_mod.tier_value(t, mem, w.device.key, client)
-           for t in (eng.max_running_tiers, eng.spec_max_running_tiers if spec else ())]
-    return min((deployment_wide(w, e, c) for c in own if c is not None), default=None)
+    own = [engine_default(w, e, t, client) for t in ("max_running_tiers",) + (("spec_max_running_tiers",) * spec)]
+    return min((c for c in own if c is not None), default=None)
 
 
 def planned_cap(w: WhatIf, spec: bool = False, max_running: int | None = None) -> int | None:
@@ -939,10 +959,6 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     engines_mod.check_client(client)
     N = num_prompts or concurrency
     prior_chunk = int(load_priors()["chunked_prefill_tokens"]["value"])
-    mem = w.device.usable_mem_bytes()
-
-    def engine_default(e, tiers: str) -> int | None:  # the engine's default for the device and client, deployment-wide
-        return deployment_wide(w, e, engines_mod.tier_value(getattr(w._eng(e, 1), tiers), mem, w.device.key, client))
 
     profiles = {e: w._eng(e, 1) for e in w.setting.engine_names()}  # each engine's profile, read once for the run
     v0 = {e for e, eng in profiles.items() if eng.chunked_prefill_v0}  # vLLM V0: chunked prefill by its default rule,
@@ -951,7 +967,7 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     def engine_chunk(e) -> int | None:  # V0 without chunked prefill: whole prompts up to the model's context in a step
         if e in v0 and not v0_chunked:  # (max_num_batched_tokens = max(max_model_len, 2048))
             return max(w.cfg.max_context, prior_chunk)
-        return engine_default(e, "prefill_chunk_tiers")
+        return engine_default(w, e, "prefill_chunk_tiers", client)
 
     chunks = {e: chunk_tokens or engine_chunk(e) or prior_chunk for e in w.setting.engine_names()}
     I, O = input_len, output_len
