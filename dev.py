@@ -92,7 +92,9 @@ def test() -> None:
     """The whole suite, in one pytest worker per core (pytest-xdist, at most 4; work-stealing, so that the
     few long end-to-end tests do not end up queued behind each other), the slowest tests named in every log.
     Most of the suite's time is commands run as a user runs them, each its own interpreter (a torch import
-    is about 3 s of each): on the 2-core CI machine two workers take the run from about 13 to 10 minutes."""
+    is about 3 s of each). Each worker, and each command its tests start, runs torch on its share of the cores
+    (tests/conftest.py): on a 2-core machine two workers take the run to about 9 minutes (14 with every worker on
+    every core, whose spinning OpenMP threads took the CPU from each other)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     workers = ["-n", str(min(4, cores)), "--dist", "worksteal"] if cores > 1 else []
     run(PY, "-m", "pytest", "-q", "--durations=15", *workers)
