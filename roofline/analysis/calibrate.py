@@ -45,6 +45,7 @@ from pathlib import Path
 import yaml
 
 from roofline.io.fields import ConfigError, check_int, check_number
+from roofline.io.yamltext import load_yaml
 from roofline.parallel.engines import check_client, run_scheduling
 from roofline.parallel.whatif import Calibration, Pass, random_dataset_lengths, serve
 
@@ -67,7 +68,7 @@ def _doc(path):
     if not p.exists():
         raise ConfigError(f"calibrate={str(path)!r}: no such file")
     try:
-        return json.loads(p.read_text()) if p.suffix == ".json" else yaml.safe_load(p.read_text())
+        return json.loads(p.read_text()) if p.suffix == ".json" else load_yaml(p.read_text())
     except (json.JSONDecodeError, yaml.YAMLError) as e:
         raise ConfigError(f"calibrate={str(path)!r}: not YAML/JSON ({str(e).splitlines()[0]})") from None
 

@@ -27,6 +27,7 @@ import yaml
 
 from roofline.io import files
 from roofline.io.fields import ConfigError, option
+from roofline.io.yamltext import load_yaml
 from roofline.model.speculation import tau
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -222,7 +223,7 @@ def load_rename_map(path) -> dict[str, str]:
     if not p.is_file():
         raise ConfigError(f"rename_map={str(path)!r}: no such file")
     try:
-        mapping = yaml.safe_load(p.read_text())
+        mapping = load_yaml(p.read_text())
     except yaml.YAMLError as e:
         raise ConfigError(f"rename_map: {p.name} is neither YAML nor JSON ({e})") from e
     if not isinstance(mapping, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in mapping.items()):

@@ -23,9 +23,8 @@ from importlib import resources
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-import yaml
-
 from roofline.io.fields import ConfigError, check_fields
+from roofline.io.yamltext import load_yaml
 from roofline.model.dtypes import DATASHEET_COLUMNS, datasheet_column
 
 if TYPE_CHECKING:
@@ -141,7 +140,7 @@ def _row(raw: dict) -> Datasheet:
 @lru_cache(maxsize=1)
 def _table() -> dict[str, Datasheet]:
     text = resources.files("roofline").joinpath("data/devices.yaml").read_text()
-    rows = [_row(r) for r in yaml.safe_load(text)["devices"]]
+    rows = [_row(r) for r in load_yaml(text)["devices"]]
     table = {r.key: r for r in rows}
     if len(table) != len(rows):
         raise ValueError("devices.yaml: duplicate keys")

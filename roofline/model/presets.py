@@ -13,10 +13,9 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-import yaml
-
 from roofline.io.fields import ConfigError
 from roofline.io.files import REPO_ROOT  # noqa: F401 (the tests find the checkout through it)
+from roofline.io.yamltext import load_yaml
 from roofline.model.config import ModelConfig
 
 PRESET_DIR = Path(__file__).resolve().parents[1] / "conf" / "model"
@@ -41,7 +40,7 @@ def list_presets() -> list[str]:
 
 @lru_cache(maxsize=None)
 def _load(path: Path) -> ModelConfig:
-    raw = yaml.safe_load(path.read_text())
+    raw = load_yaml(path.read_text())
     if not isinstance(raw, dict):
         raise ConfigError(f"preset file {path.name}: expected a mapping of model fields")
     raw = {k: v for k, v in raw.items() if not k.startswith("_")}

@@ -27,6 +27,7 @@ import pandas as pd
 import yaml
 
 from roofline.io.fields import ConfigError, check_int, check_number
+from roofline.io.yamltext import load_yaml
 from roofline.measure.devices import get_datasheet
 from roofline.model.config import ModelConfig
 from roofline.model.formats import precision
@@ -130,7 +131,7 @@ def load(path=ANCHORS_PATH) -> tuple[dict[str, ModelConfig], dict, list[dict]]:
     if not p.exists():
         raise ConfigError(f"anchors={str(path)!r}: no such file")
     try:
-        doc = yaml.safe_load(p.read_text()) or {}
+        doc = load_yaml(p.read_text()) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"anchors={str(path)!r}: not YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(doc, dict):
@@ -431,7 +432,7 @@ def band_categories_of(a: dict, cfg: ModelConfig) -> tuple[str, ...]:
 
 def band_settings(path=BANDS_PATH) -> tuple[float, int]:
     """(coverage, min_sources) of the conformal bands, as bands.yaml states them."""
-    doc = yaml.safe_load(Path(path).read_text())
+    doc = load_yaml(Path(path).read_text())
     return float(doc["coverage"]), int(doc["min_sources"])
 
 
@@ -634,7 +635,7 @@ def prior_sources(paths) -> str:
         elif isinstance(x, list):
             for v in x:
                 yield from walk(v)
-    return "\n".join(s for p in paths if Path(p).exists() for s in walk(yaml.safe_load(Path(p).read_text())))
+    return "\n".join(s for p in paths if Path(p).exists() for s in walk(load_yaml(Path(p).read_text())))
 
 
 def cited_by(sid: str, source: dict, text: str) -> bool:

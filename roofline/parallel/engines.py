@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-import yaml
-
 from roofline.io.fields import ConfigError
+from roofline.io.yamltext import load_yaml
 from roofline.parallel.kernels import pick
 
 ENGINES_PATH = Path(__file__).resolve().parents[1] / "data" / "engines.yaml"
@@ -34,7 +33,7 @@ def load_engines(path: str = str(ENGINES_PATH)) -> dict:
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"engines={path!r}: no such file (the engine profiles)")
-    doc = yaml.safe_load(p.read_text()) or {}
+    doc = load_yaml(p.read_text()) or {}
     return doc.get("engines", doc)
 
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from roofline.io.fields import ConfigError
+from roofline.io.yamltext import load_yaml
 from roofline.measure.devices import get_datasheet
 from roofline.model.config import ModelConfig
 from roofline.model.formats import precision
@@ -44,7 +44,7 @@ def load(path=CHECKS_PATH) -> tuple[dict, list[dict]]:
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"kernel_checks={str(path)!r}: no such file")
-    doc = yaml.safe_load(p.read_text()) or {}
+    doc = load_yaml(p.read_text()) or {}
     sources, checks = doc.get("sources") or {}, doc.get("checks") or []
     if not isinstance(sources, dict) or not isinstance(checks, list) or not checks:
         raise ConfigError(f"kernel_checks={str(path)!r}: needs a mapping `sources` and a non-empty list `checks`")

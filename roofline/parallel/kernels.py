@@ -34,9 +34,9 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 from roofline.io.fields import ConfigError
+from roofline.io.yamltext import load_yaml
 
 KERNELS_PATH = Path(__file__).resolve().parents[1] / "data" / "kernels.yaml"
 
@@ -46,7 +46,7 @@ def load_kernels(path: str = str(KERNELS_PATH)) -> dict:
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"kernels={path!r}: no such file (the kernel-efficiency priors)")
-    return yaml.safe_load(p.read_text())
+    return load_yaml(p.read_text())
 
 
 def pick(entry, scenario: int, field: str = "") -> float:

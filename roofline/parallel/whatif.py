@@ -43,9 +43,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-import yaml
 
 from roofline.io.fields import ConfigError
+from roofline.io.yamltext import load_yaml
 from roofline.model.speculation import (DRAFTERS, EAGLE3_DRAFT_VOCAB, EAGLE_HEADS, HEAD_DRAFTERS,  # noqa: F401
                                         WHATIF_DRAFTERS)
 from roofline.measure.devices import Datasheet
@@ -73,13 +73,13 @@ BAND_CATEGORIES = ("batch", "quantized", "tp", "moe", "speculative")
 
 @lru_cache(maxsize=4)
 def load_priors(path: str = str(PRIORS_PATH)) -> dict:
-    return yaml.safe_load(Path(path).read_text())
+    return load_yaml(Path(path).read_text())
 
 
 @lru_cache(maxsize=4)
 def load_bands(path: str = str(BANDS_PATH)) -> tuple[tuple[str, float], ...]:
     """The measured error bands (log ratio, >= 0) by category ('all' among them) of bands.yaml."""
-    doc = yaml.safe_load(Path(path).read_text()) or {}
+    doc = load_yaml(Path(path).read_text()) or {}
     return tuple((k, float(v)) for k, v in (doc.get("bands_log") or {}).items())
 
 
