@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Mapping
 
 from roofline.io.fields import ConfigError, check_number, from_dict
@@ -164,12 +165,17 @@ class ModelConfig:
         return self.full_attention_interval > 0 and (i + 1) % self.full_attention_interval != 0
 
     def layer_kinds(self, layers: int | None = None) -> dict[tuple[bool, bool], int]:
-        """{(MoE, linear attention): count} over the first `layers` layers of the main stack (all by default)."""
-        out: dict[tuple[bool, bool], int] = {}
-        for i in range(self.layers if layers is None else layers):
-            key = (self.layer_is_moe(i), self.layer_is_linear(i))
-            out[key] = out.get(key, 0) + 1
-        return out
+        """{(MoE, linear attention): count} over the first `layers` layers of the main stack (all by default), counted
+        once per config and length (the what-if asks for it on every pass it prices; the config is frozen)."""
+        n = self.layers if layers is None else layers
+        memo = self.__dict__.setdefault("_layer_kinds_memo", {})  # beside the fields: not compared, not replaced
+        if n not in memo:
+            out: dict[tuple[bool, bool], int] = {}
+            for i in range(n):
+                key = (self.layer_is_moe(i), self.layer_is_linear(i))
+                out[key] = out.get(key, 0) + 1
+            memo[n] = tuple(out.items())
+        return dict(memo[n])
 
     @property
     def linear_layers(self) -> int:
@@ -187,7 +193,7 @@ class ModelConfig:
         """Channels of a Gated DeltaNet layer's causal conv: its q, k and v."""
         return 2 * self.linear_k_heads * self.linear_k_dim + self.linear_v_heads * self.linear_v_dim
 
-    @property
+    @cached_property
     def has_dense_layers(self) -> bool:
         """Any layer with a dense FFN (a dense model, leading dense layers, or interleaved ones)."""
         return any(not self.layer_is_moe(i) for i in range(self.layers))

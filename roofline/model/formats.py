@@ -47,6 +47,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from roofline.io.fields import ConfigError
 from roofline.model.dtypes import dtype_bytes, dtype_name
@@ -164,7 +165,20 @@ def _fp8(variant: str, gran: str, name: str, kv: bool) -> Format:
 
 
 def parse_format(name: str, tensor_class: str = "weights") -> Format:
-    """A format from its name (module docstring); ConfigError naming the field and what is allowed."""
+    """A format from its name (module docstring); ConfigError naming the field and what is allowed. A name given as
+    text is parsed once (the what-if asks for the same few formats hundreds of thousands of times in one table of
+    anchors); anything else (a list from the command line) is parsed, and refused, as it comes."""
+    if isinstance(name, str) and isinstance(tensor_class, str):
+        return _format_of_text(name, tensor_class)
+    return _parse_format(name, tensor_class)
+
+
+@lru_cache(maxsize=512)
+def _format_of_text(name: str, tensor_class: str) -> Format:
+    return _parse_format(name, tensor_class)  # a Format is frozen: one object may serve every caller
+
+
+def _parse_format(name, tensor_class: str) -> Format:
     if tensor_class not in CLASSES:
         raise ValueError(f"tensor_class={tensor_class!r}: allowed {CLASSES}")
     raw = str(name).strip().lower()
@@ -264,7 +278,12 @@ def parse_precision(p) -> Precision:
     """Precision from a Precision, a torch dtype, a dtype name or a label `act+cls=fmt+...`."""
     if isinstance(p, Precision):
         return p
-    text = str(p).removeprefix("torch.")
+    return _precision_of_text(str(p).removeprefix("torch."))
+
+
+@lru_cache(maxsize=512)
+def _precision_of_text(text: str) -> Precision:
+    """parse_precision of a label, parsed once (a Precision is frozen)."""
     act, *rest = text.split("+")
     kw = {}
     for part in rest:
