@@ -12,6 +12,11 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the OS says, else the machine's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def _share_the_cores_among_workers() -> int | None:
     """Under pytest-xdist, each worker (and every command its tests start, which inherits the environment) runs
     torch on its share of the cores, cores // workers threads, unless OMP_NUM_THREADS is set already. Left at
@@ -21,8 +26,7 @@ def _share_the_cores_among_workers() -> int | None:
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers <= 1 or "OMP_NUM_THREADS" in os.environ:
         return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    threads = max(1, cores // workers)
+    threads = max(1, usable_cores() // workers)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
     return threads

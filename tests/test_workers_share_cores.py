@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from tests.conftest import _share_the_cores_among_workers
+from tests.conftest import _share_the_cores_among_workers, usable_cores
 
 
 @pytest.fixture
@@ -16,14 +16,10 @@ def threads_restored(monkeypatch):
     torch.set_num_threads(before)
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def test_two_workers_take_half_the_cores_each_and_pass_it_to_their_commands(threads_restored):
     threads_restored.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
     threads_restored.delenv("OMP_NUM_THREADS", raising=False)
-    want = max(1, _cores() // 2)
+    want = max(1, usable_cores() // 2)
     assert _share_the_cores_among_workers() == want
     assert os.environ["OMP_NUM_THREADS"] == str(want) and torch.get_num_threads() == want
 

@@ -269,6 +269,7 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
             sd = whatif.SpecDecode(spec.k, (spec.alpha,), spec.drafter.kind, dw) if sp else None
             run = whatif.sustained(w, B, work.context, work.output, sd, req.max_running_seqs or None)
             t, out = run["itl_mean_s"], run["tok_s_per_gpu"]
+            meets_itl, meets_ttft = whatif.meets_targets(run, work.itl_target_ms, work.ttft_target_ms)
             mem = whatif.memory_check(req.model, w.device, req.dtype, w.layout, B, tokens, sp and mtp, draft if sp else None,
                                       mem_bytes=mem_bytes, setting=w.setting, eagle=eagle if sp else "")
             rows.append(dict(B=B, spec=sp, alpha=spec.alpha if sp else np.nan, k=spec.k if sp else 0,
@@ -277,9 +278,7 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
                              ttft_ms=run["ttft_s"]["typical"] * 1e3, tok_s=out["typical"],
                              tok_s_optimistic=out["optimistic"], tok_s_pessimistic=out["pessimistic"],
                              mem_GB=mem["mem_per_device_GB"], fits_memory=mem["fits"],
-                             meets_itl=t["typical"] * 1e3 <= work.itl_target_ms,
-                             meets_ttft=(work.ttft_target_ms is None
-                                         or run["ttft_s"]["typical"] * 1e3 <= work.ttft_target_ms),
+                             meets_itl=meets_itl, meets_ttft=meets_ttft,
                              within_cap=caps[sp] is None or B <= caps[sp], extrapolated=True, L_priced=L))
     table = pd.DataFrame(rows)
     summary = dict(model=req.model.name, dtype=parse_precision(req.dtype).label, **precision_columns(req.dtype),

@@ -105,6 +105,15 @@ def plot(table: pd.DataFrame, summary: dict, path) -> None:
     figures.save(fig, path.parent, path.stem, dpi=110)
 
 
+WORKLOAD_KEYS = ("context", "output", "itl_target_ms", "target_tok_s", "ttft_target_ms")  # Workload's, in order
+
+
+def workload_of(c: dict) -> Workload:
+    """The workload of a capacity config dict, for both plans (ttft_target_ms optional: a config dict built without
+    the key has no TTFT target)."""
+    return Workload(*(c[f] for f in WORKLOAD_KEYS[:-1]), c.get("ttft_target_ms"))
+
+
 def request_from_config(c: dict, model: ModelConfig | None = None) -> CapacityRequest:
     """The one-device plan of roofline/conf/capacity.yaml from its plain config dict (its `layouts` and
     `overrides` keys already taken off): the precision overrides applied to `dtype`
@@ -117,8 +126,9 @@ def request_from_config(c: dict, model: ModelConfig | None = None) -> CapacityRe
     c.pop("checkpoint", None)
     c.pop("price_per_device_hour", None)
     c["engine"] = engine_name(c.get("engine"))
-    work = Workload(*(c.pop(f) for f in ("context", "output", "itl_target_ms", "target_tok_s")),
-                    c.pop("ttft_target_ms", None))  # a config composed before the key: no TTFT target
+    work = workload_of(c)
+    for f in WORKLOAD_KEYS:
+        c.pop(f, None)
     alpha, k, drafter, draft = (c.pop(f) for f in ("alpha", "k", "drafter", "draft_model"))
     spec = Speculation(alpha, k, DraftCost(drafter, get_preset(draft) if draft else None)) \
         if c.pop("speculative") else None
@@ -146,7 +156,7 @@ def plan_layouts(c: dict, model: ModelConfig | None = None) -> tuple[pd.DataFram
                           "datasheet and the priors; drop it, or drop layouts=true to plan that one")
     model = model or target_model(c)
     label = served_label(c["dtype"], c, model, priced_weights(c))
-    work = Workload(c["context"], c["output"], c["itl_target_ms"], c["target_tok_s"], c.get("ttft_target_ms"))
+    work = workload_of(c)
     spec = bool(c.get("speculative"))
     drafter = c.get("drafter")
     head_spec = spec and drafter in LAYOUT_SPEC_DRAFTERS and (drafter != "mtp" or model.mtp_layers > 0)

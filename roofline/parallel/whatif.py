@@ -1159,6 +1159,13 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     return res
 
 
+def meets_targets(run: dict, itl_target_ms: float, ttft_target_ms: float | None = None) -> tuple[bool, bool]:
+    """(meets the ITL target, meets the TTFT target) of a `sustained` run at its typical priors: its mean inter-token
+    latency (TPOT) and its median TTFT (no TTFT target: met). What both capacity plans ask of a batch."""
+    return (run["itl_mean_s"]["typical"] * 1e3 <= itl_target_ms,
+            ttft_target_ms is None or run["ttft_s"]["typical"] * 1e3 <= ttft_target_ms)
+
+
 SUSTAINED_REQUESTS_PER_SLOT = 100  # a sustained service's requests per running slot: its first wave's share < 1%
 
 
@@ -1323,8 +1330,7 @@ def capacity(cfg: ModelConfig, device: Datasheet, dtype: str, context: int, outp
                     break
                 fits_any = True
                 run = sustained(w, B, context, output, SpecDecode(k, (alpha,), drafter) if spec else None, max_running)
-                if run["itl_mean_s"]["typical"] * 1e3 <= itl_target_ms and (
-                        ttft_target_ms is None or run["ttft_s"]["typical"] * 1e3 <= ttft_target_ms):
+                if all(meets_targets(run, itl_target_ms, ttft_target_ms)):
                     best = (B, run, mem)
             if best is None:
                 within = f" within the engine's cap of {cap} running sequences" if capped else ""
