@@ -510,13 +510,13 @@ def test_capacity_prices_a_sustained_service_its_prompts_prefill_included():
         tp4 = rows[rows["layout"] == "tp4"].iloc[0]
         row = one.iloc[0]
         run = whatif.sustained(w, 64, context, output)
-        assert float(row["tok_s"]) == pytest.approx(run["tok_s_per_gpu"]["typical"], rel=1e-12)
-        assert float(tp4["tok_s_per_replica"]) == pytest.approx(4 * float(row["tok_s"]), rel=1e-12)
+        assert float(row["tok_s_per_device"]) == pytest.approx(run["tok_s_per_gpu"]["typical"], rel=1e-12)
+        assert float(tp4["tok_s_per_replica"]) == pytest.approx(4 * float(row["tok_s_per_device"]), rel=1e-12)
         assert float(tp4["itl_ms"]) == pytest.approx(float(row["itl_ms"]), rel=1e-12)
         decode_only = 64 / w.itl(64, context + output // 2)["typical"] / 4
         assert float(row["itl_median_ms"]) == pytest.approx(1e3 * w.itl(64, context + output // 2)["typical"])
         assert float(row["itl_ms"]) >= float(row["itl_median_ms"]) and float(row["ttft_ms"]) > 0
-        share[context] = float(row["tok_s"]) / decode_only
+        share[context] = float(row["tok_s_per_device"]) / decode_only
         assert "sustained service" in s["priced"]
     assert share[2048] < 0.5 and 0.9 < share[16] <= 1.0
 
@@ -566,7 +566,7 @@ def test_capacity_honours_a_ttft_target_on_the_what_if_and_refuses_it_with_a_fit
 def test_a_fits_capacity_plan_honours_the_deployments_cap_on_running_sequences(monkeypatch):
     from roofline.analysis import capacity as cap_mod
     t = pd.DataFrame(dict(B=[1, 8, 64], spec=[False] * 3, alpha=[math.nan] * 3, k=[0] * 3, step_s=[0.01] * 3,
-                          itl_ms=[10.0] * 3, tok_s=[100.0, 800.0, 6400.0], L_priced=[100] * 3))
+                          itl_ms=[10.0] * 3, tok_s_per_device=[100.0, 800.0, 6400.0], L_priced=[100] * 3))
     monkeypatch.setattr(cap_mod, "batch_table", lambda *a, **k: t.copy())
     fit = dict(provenance=dict(what_if="test", device_name="x"), groups=[])
     work = cap_mod.Workload(64, 64, 20.0, 1000.0)

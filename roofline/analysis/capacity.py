@@ -115,13 +115,14 @@ def batch_table(fit: dict, cfg: ModelConfig, dtype: str, work: Workload, Bs, spe
     rows = []
     for B in Bs:
         t1 = plain.steps.target(1, B, L)
-        rows.append(dict(B=B, spec=False, alpha=np.nan, k=0, step_s=t1, itl_ms=t1 * 1e3, tok_s=B / t1))
+        rows.append(dict(B=B, spec=False, alpha=np.nan, k=0, step_s=t1, itl_ms=t1 * 1e3,
+                         tok_s_per_device=B / t1))
         if spec is not None:
             c = step_costs(fit, dtype, spec.drafter, cfg, mode)
             r = speculation.round_time(spec.k, B, L, c.steps)
             tau = speculation.tau_iid(spec.alpha, spec.k)
             rows.append(dict(B=B, spec=True, alpha=spec.alpha, k=spec.k, step_s=r, itl_ms=r / tau * 1e3,
-                             tok_s=B * tau / r))
+                             tok_s_per_device=B * tau / r))
     return pd.DataFrame(rows).assign(L_priced=L)
 
 
@@ -176,14 +177,14 @@ def plan(fit: dict, cfg: ModelConfig, dtype: str, work: Workload, mem_bytes: flo
         one = resident(1, label == "spec")
         b_mem = max(0, int((mem_bytes - one.weights) // one.kv)) if one.kv > 0 else 0
         ok = planned_rows(sub)
-        best = ok.loc[ok["tok_s"].idxmax()] if not ok.empty else None
+        best = ok.loc[ok["tok_s_per_device"].idxmax()] if not ok.empty else None
         summary[label] = dict(
             max_batch_by_memory=b_mem,
             max_batch_meeting_itl_in_grid=None if best is None else int(ok["B"].max()),
             best_batch=None if best is None else int(best["B"]),
-            tok_s_per_device=None if best is None else float(best["tok_s"]),
+            tok_s_per_device=None if best is None else float(best["tok_s_per_device"]),
             itl_ms=None if best is None else float(best["itl_ms"]),
-            devices_for_target=None if best is None else math.ceil(work.target_tok_s / best["tok_s"]))
+            devices_for_target=None if best is None else math.ceil(work.target_tok_s / best["tok_s_per_device"]))
     return t, summary
 
 
@@ -275,8 +276,9 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
             rows.append(dict(B=B, spec=sp, alpha=spec.alpha if sp else np.nan, k=spec.k if sp else 0,
                              itl_ms=t["typical"] * 1e3, itl_ms_optimistic=t["optimistic"] * 1e3,
                              itl_ms_pessimistic=t["pessimistic"] * 1e3, itl_median_ms=run["itl_s"]["typical"] * 1e3,
-                             ttft_ms=run["ttft_s"]["typical"] * 1e3, tok_s=out["typical"],
-                             tok_s_optimistic=out["optimistic"], tok_s_pessimistic=out["pessimistic"],
+                             ttft_ms=run["ttft_s"]["typical"] * 1e3, tok_s_per_device=out["typical"],
+                             tok_s_per_device_optimistic=out["optimistic"],
+                             tok_s_per_device_pessimistic=out["pessimistic"],
                              mem_GB=mem["mem_per_device_GB"], fits_memory=mem["fits"],
                              meets_itl=meets_itl, meets_ttft=meets_ttft,
                              within_cap=caps[sp] is None or B <= caps[sp], extrapolated=True, L_priced=L))
@@ -300,11 +302,11 @@ def plan_whatif(req: "CapacityRequest") -> tuple[pd.DataFrame, dict]:
         ok = planned_rows(sub)
         if sub.empty:
             continue
-        best = ok.loc[ok["tok_s"].idxmax()] if not ok.empty else None
+        best = ok.loc[ok["tok_s_per_device"].idxmax()] if not ok.empty else None
         per_replica = w.layout.devices  # a layout is deployed whole: a tp8 replica is 8 devices
-        replicas = None if best is None else math.ceil(work.target_tok_s / (best["tok_s"] * per_replica))
+        replicas = None if best is None else math.ceil(work.target_tok_s / (best["tok_s_per_device"] * per_replica))
         summary[label] = dict(best_batch=None if best is None else int(best["B"]),
-                              tok_s_per_device=None if best is None else float(best["tok_s"]),
+                              tok_s_per_device=None if best is None else float(best["tok_s_per_device"]),
                               itl_ms=None if best is None else float(best["itl_ms"]),
                               devices_per_replica=per_replica, replicas_for_target=replicas,
                               devices_for_target=None if best is None else replicas * per_replica)

@@ -87,12 +87,13 @@ def _write(req: CapacityRequest, table: pd.DataFrame, summary: dict) -> tuple[pd
 
 def plot(table: pd.DataFrame, summary: dict, path) -> None:
     fig, ax = figures.subplots(figsize=(6, 4.2))
+    y = "tok_s_per_device"
     for spec, g in table.groupby("spec"):
         ok = g["fits_memory"]
-        ax.plot(g["itl_ms"], g["tok_s"], "-o" if spec else "-s", label="speculative" if spec else "plain decode")
-        ax.scatter(g.loc[~ok, "itl_ms"], g.loc[~ok, "tok_s"], marker="x", color="r", zorder=3)
+        ax.plot(g["itl_ms"], g[y], "-o" if spec else "-s", label="speculative" if spec else "plain decode")
+        ax.scatter(g.loc[~ok, "itl_ms"], g.loc[~ok, y], marker="x", color="r", zorder=3)
         for _, r in g.iterrows():
-            ax.annotate(f"B={r['B']}", (r["itl_ms"], r["tok_s"]), fontsize=6)
+            ax.annotate(f"B={r['B']}", (r["itl_ms"], r[y]), fontsize=6)
     ax.axvline(summary["workload"]["itl_target_ms"], color="k", ls=":", lw=0.8, label="ITL target")
     flag = "\n(WHAT-IF, extrapolated)" if summary["extrapolated"] else ""
     tpot = summary.get("priced") == PRICED_WHATIF  # a sustained service's mean ITL, its prompts' steps in it
