@@ -2,6 +2,8 @@
 round-to-nearest stays within each format's bound, the packed int8/int4 kernels compute the
 dequantised matmul, and combinations without a fast kernel fail naming format and device."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -305,3 +307,26 @@ def test_llama_cpp_block_formats_price_their_bytes_and_are_not_run_here():
     q4 = forward_cost(get_preset("llama-2-7b"), "float16+weights=q4_0+lm_head=q8_0", 1, 1, 128)
     f16 = forward_cost(get_preset("llama-2-7b"), "float16", 1, 1, 128)
     assert 0.28 < q4.weight_bytes / f16.weight_bytes < 0.29  # 4.5 / 16 of the blocks, 8.5 / 16 of the LM head
+
+
+def test_gguf_weights_bring_the_output_tensor_llama_cpp_writes():
+    """llama.cpp's quantizer writes a file's output tensor (the LM head) in Q6_K unless the file is Q8_0, the model
+    is Falcon or its row length d is not a multiple of Q6_K's 256-weight super-block (then Q8_0): weights=q4_0
+    without lm_head= prices that head (210 bytes per 256 weights), not a float16 one; lm_head= still decides, and a
+    label is read as it says."""
+    llama, falcon = get_preset("llama-3.1-8b"), get_preset("falcon-180b")
+    assert parse_format("q6_k").matrix_bytes(4096, 4096, 2) * 8 / 4096 ** 2 == 6.5625
+    with pytest.raises(ConfigError, match="kv='q6_k'"):
+        parse_format("q6_k", "kv")
+    label = lambda w, model=llama, **kw: precision("float16", w, model=model, **kw).label  # noqa: E731
+    assert label("q4_0") == "float16+weights=q4_0+lm_head=q6_k"
+    assert label("q4_k") == "float16+weights=q4_k+lm_head=q6_k"
+    assert label("q8_0") == "float16+weights=q8_0+lm_head=q8_0"
+    assert label("q4_0", falcon) == "float16+weights=q4_0+lm_head=q8_0"
+    assert label("q4_0", dataclasses.replace(llama, d=4160)) == "float16+weights=q4_0+lm_head=q8_0"  # 4160 % 256
+    assert label("q4_0", lm_head="fp16") == "float16+weights=q4_0"  # given: kept
+    assert label("int4_g128") == "float16+weights=int4_g128"  # not a GGUF format
+    assert precision("float16+weights=q4_0").label == "float16+weights=q4_0"  # a label as it says
+    head = lambda p: forward_cost(llama, p, 1, 1, 128).weight_bytes  # noqa: E731
+    assert head(label("q4_0")) - head("float16+weights=q4_0") == pytest.approx(
+        llama.vocab * llama.d * (6.5625 - 16) / 8, rel=1e-6)

@@ -69,7 +69,8 @@ def served_label(dtype: str, c: dict, model, weights: str | None, pop: bool = Fa
     FormatKeys from c (a request that takes the label alone)."""
     native = model.native_weights if model is not None else ""
     native_experts = model.native_experts if model is not None else ""
-    label = with_overrides([dtype], weights, c.get("kv"), c.get("lm_head"), native, c.get("experts"), native_experts)[0]
+    label = with_overrides([dtype], weights, c.get("kv"), c.get("lm_head"), native, c.get("experts"), native_experts,
+                           model)[0]
     for k in (FORMAT_KEYS if pop else ()):
         c.pop(k, None)
     return label

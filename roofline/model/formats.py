@@ -24,12 +24,14 @@ Names (`parse_format`):
                         scale per tensor: 4.5 bits a weight
         fp4 multiplies on fp4 tensor cores where the device has them (a datasheet fp4 rate: Blackwell),
         else a weight-only kernel dequantises it to the activations (Hopper, Ampere, CDNA3)
-  q8_0 | q4_0 | q4_1 | q4_k  llama.cpp's GGUF block formats (ggml-common.h), their bytes exactly, priced by
-                        the what-if and not run here: q8_0 32 int8 + an fp16 scale (8.5 bits a weight),
+  q8_0 | q4_0 | q4_1 | q4_k | q6_k  llama.cpp's GGUF block formats (ggml-common.h), their bytes exactly, priced
+                        by the what-if and not run here: q8_0 32 int8 + an fp16 scale (8.5 bits a weight),
                         q4_0 32 int4 + an fp16 scale (4.5), q4_1 + an fp16 minimum as well (5.0), q4_k
                         super-blocks of 256 with 6-bit scales and minima per 32 and an fp16 pair (144
-                        bytes: 4.5 bits a weight); a mixed file (Q4_K_M: Q6_K for some tensors) has no one
-                        format: price it by the format most of its weights take
+                        bytes: 4.5 bits a weight), q6_k 210 bytes per 256 (6.5625 bits); a mixed file (Q4_K_M:
+                        Q6_K for some tensors) has no one format: price it by the format most of its weights
+                        take. Its LM head, unless lm_head= says otherwise, is the output tensor llama.cpp's
+                        quantizer writes (gguf_output_format: Q6_K, Q8_0 in a Q8_0 file)
   KV cache: fp8 | fp8_e4m3 | fp8_e5m2 (one fp32 scale per layer for K and one for V, as vLLM's
   fp8 cache; MLA's latent cache: one), int8 (symmetric, one fp32 scale per token per KV head),
   q8_0 | q4_0 (llama.cpp's -ctk / -ctv block formats, a scale per 32 elements; priced, not run here).
@@ -56,8 +58,8 @@ KINDS = ("float", "fp8", "int8", "int4", "fp4")
 CLASSES = ("weights", "experts", "kv", "lm_head")
 FP8_SCALE_BYTES = 4  # fp32 scales (DeepSeek-V3's weight_scale_inv, vLLM's k_scale / v_scale)
 NAMES_HELP = ("bf16 | fp16 | fp32 | fp8[_e4m3|_e5m2][_tensor|_channel|_b128|_b<R>x<C>] | int8[_g<g>] | int4_g<g>[_sym] "
-              "| mxfp4 | nvfp4 | q8_0 | q4_0 | q4_1 | q4_k (weights, experts); bf16 | fp16 | fp32 | fp8[_e4m3|_e5m2] "
-              "| int8 | q8_0 | q4_0 (kv)")
+              "| mxfp4 | nvfp4 | q8_0 | q4_0 | q4_1 | q4_k | q6_k (weights, experts); "
+              "bf16 | fp16 | fp32 | fp8[_e4m3|_e5m2] | int8 | q8_0 | q4_0 (kv)")
 
 
 @dataclass(frozen=True)
@@ -140,8 +142,23 @@ GGML = {"q8_0": Format("q8_0", "int8", 8, "group", group=32, scale_bytes=2, stor
         "q4_0": Format("q4_0", "int4", 4, "group", group=32, scale_bytes=2, storage="uint8", family="ggml"),
         "q4_1": Format("q4_1", "int4", 4, "group", group=32, scale_bytes=2, zero_point=True, storage="uint8",
                        family="ggml"),
-        "q4_k": Format("q4_k", "int4", 4, "group", group=32, scale_bytes=2, storage="uint8", family="ggml")}
+        "q4_k": Format("q4_k", "int4", 4, "group", group=32, scale_bytes=2, storage="uint8", family="ggml"),
+        # block_q6_K: 256 weights in 210 bytes (ql[128] + qh[64] = 6 bits a weight, 16 int8 scales and an fp16 d),
+        # written as 6-bit quants and 18 bytes of scales per 256; a sub-byte format unpacked in registers as q4_k
+        "q6_k": Format("q6_k", "int4", 6, "group", group=256, scale_bytes=18, storage="uint8", family="ggml")}
 GGML_KV = ("q8_0", "q4_0")  # llama.cpp's -ctk / -ctv cache types of these families
+Q6_K_BLOCK = 256  # QK_K: a K-quant's super-block along a row
+
+
+def gguf_output_format(weights: Format, d: int | None = None, model_name: str = "") -> Format:
+    """The format llama.cpp's quantizer gives a GGUF file's output tensor (the LM head) when the file's main type is
+    `weights` and no --output-tensor-type is given (src/llama-quant.cpp, llama_tensor_get_type: 'else if
+    (new_type != GGML_TYPE_Q8_0) new_type = GGML_TYPE_Q6_K', after 'arch == LLM_ARCH_FALCON || nx % qk_k != 0'
+    gives Q8_0): Q8_0 in a Q8_0 file, on Falcon, or where the row length d is not a multiple of Q6_K's
+    256-weight super-block; else Q6_K. d None: not known, taken as a multiple."""
+    if weights.name == "q8_0" or (d is not None and d % Q6_K_BLOCK) or model_name.lower().startswith("falcon"):
+        return GGML["q8_0"]
+    return GGML["q6_k"]
 
 
 def _fp8(variant: str, gran: str, name: str, kv: bool) -> Format:
@@ -255,12 +272,15 @@ class Precision:
 
 
 def precision(dtype="bfloat16", weights: str | None = None, kv: str | None = None, lm_head: str | None = None,
-              native: str = "", experts: str | None = None, native_experts: str = "") -> Precision:
+              native: str = "", experts: str | None = None, native_experts: str = "", model=None) -> Precision:
     """A precision from a dtype (or an existing label) and per-class overrides; None keeps what
     the label says. weights='native': the format the preset or checkpoint is released in (its experts
     in `native_experts` where the release quantizes only those, as gpt-oss); experts='native' the
     release's expert format. New weights without experts= move the experts with them, unless the
-    label gave the experts their own format."""
+    label gave the experts their own format. New GGUF weights (weights=q8_0, q4_0, ...) with the LM head left
+    unsaid (no lm_head=, a float LM head in the label) bring the output tensor llama.cpp's quantizer writes beside
+    them (`gguf_output_format`: Q6_K, or Q8_0; `model`, where given, its d and name decide); a label is read as it
+    says."""
     base = parse_precision(dtype)
     own_experts = base.experts.name != base.weights.name
     if weights == "native":
@@ -271,7 +291,10 @@ def precision(dtype="bfloat16", weights: str | None = None, kv: str | None = Non
     pick = lambda v, cls, cur: cur if v in (None, "") else parse_format(v, cls)  # noqa: E731
     w = pick(weights, "weights", base.weights)
     e = pick(experts, "experts", base.experts if own_experts else w)
-    return Precision(base.activations, w, pick(kv, "kv", base.kv), pick(lm_head, "lm_head", base.lm_head), e)
+    head = pick(lm_head, "lm_head", base.lm_head)
+    if lm_head in (None, "") and weights not in (None, "") and head.is_float and w.family == "ggml":
+        head = gguf_output_format(w, getattr(model, "d", None), getattr(model, "name", ""))
+    return Precision(base.activations, w, pick(kv, "kv", base.kv), head, e)
 
 
 def parse_precision(p) -> Precision:
@@ -308,9 +331,10 @@ def precision_columns(p) -> dict:
 
 
 def with_overrides(dtypes, weights: str | None = None, kv: str | None = None, lm_head: str | None = None,
-                   native: str = "", experts: str | None = None, native_experts: str = "") -> tuple[str, ...]:
+                   native: str = "", experts: str | None = None, native_experts: str = "",
+                   model=None) -> tuple[str, ...]:
     """The precision labels of a list of dtypes under the `weights= kv= lm_head= experts=` overrides."""
-    return tuple(precision(d, weights, kv, lm_head, native, experts, native_experts).label for d in dtypes)
+    return tuple(precision(d, weights, kv, lm_head, native, experts, native_experts, model).label for d in dtypes)
 
 
 def compute_dtype(p, cls: str = "weights") -> str:

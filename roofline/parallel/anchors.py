@@ -188,7 +188,7 @@ def served_precision(a: dict, cfg: ModelConfig) -> str:
     plain = lambda f: None if f in (None, "bf16", "fp16", "bfloat16", "float16") else f  # noqa: E731
     return precision(dtype, plain(a.get("weights")), plain(a.get("kv")), plain(a.get("lm_head")),
                      cfg.native_weights if cfg is not None else "", plain(a.get("experts")),
-                     cfg.native_experts if cfg is not None else "").label
+                     cfg.native_experts if cfg is not None else "", cfg).label
 
 
 def split_of(a: dict, sources: dict) -> str:
