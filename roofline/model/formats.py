@@ -147,18 +147,19 @@ GGML = {"q8_0": Format("q8_0", "int8", 8, "group", group=32, scale_bytes=2, stor
         # written as 6-bit quants and 18 bytes of scales per 256; a sub-byte format unpacked in registers as q4_k
         "q6_k": Format("q6_k", "int4", 6, "group", group=256, scale_bytes=18, storage="uint8", family="ggml")}
 GGML_KV = ("q8_0", "q4_0")  # llama.cpp's -ctk / -ctv cache types of these families
-Q6_K_BLOCK = 256  # QK_K: a K-quant's super-block along a row
+GGUF_FALCON = ("FalconForCausalLM", "RWForCausalLM")  # Hugging Face architectures llama.cpp reads as LLM_ARCH_FALCON
 
 
-def gguf_output_format(weights: Format, d: int | None = None, model_name: str = "") -> Format:
+def gguf_output_format(weights: Format, d: int | None = None, architecture: str = "") -> Format:
     """The format llama.cpp's quantizer gives a GGUF file's output tensor (the LM head) when the file's main type is
     `weights` and no --output-tensor-type is given (src/llama-quant.cpp, llama_tensor_get_type: 'else if
     (new_type != GGML_TYPE_Q8_0) new_type = GGML_TYPE_Q6_K', after 'arch == LLM_ARCH_FALCON || nx % qk_k != 0'
     gives Q8_0): Q8_0 in a Q8_0 file, on Falcon, or where the row length d is not a multiple of Q6_K's
-    256-weight super-block; else Q6_K. d None: not known, taken as a multiple."""
-    if weights.name == "q8_0" or (d is not None and d % Q6_K_BLOCK) or model_name.lower().startswith("falcon"):
+    256-weight super-block (its group); else Q6_K. d None: not known, taken as a multiple."""
+    q6 = GGML["q6_k"]
+    if weights.name == "q8_0" or (d is not None and d % q6.group) or architecture in GGUF_FALCON:
         return GGML["q8_0"]
-    return GGML["q6_k"]
+    return q6
 
 
 def _fp8(variant: str, gran: str, name: str, kv: bool) -> Format:
@@ -279,8 +280,8 @@ def precision(dtype="bfloat16", weights: str | None = None, kv: str | None = Non
     release's expert format. New weights without experts= move the experts with them, unless the
     label gave the experts their own format. New GGUF weights (weights=q8_0, q4_0, ...) with the LM head left
     unsaid (no lm_head=, a float LM head in the label) bring the output tensor llama.cpp's quantizer writes beside
-    them (`gguf_output_format`: Q6_K, or Q8_0; `model`, where given, its d and name decide); a label is read as it
-    says."""
+    them (`gguf_output_format`: Q6_K, or Q8_0; `model`, where given, its d and architecture decide); a label is
+    read as it says."""
     base = parse_precision(dtype)
     own_experts = base.experts.name != base.weights.name
     if weights == "native":
@@ -293,7 +294,7 @@ def precision(dtype="bfloat16", weights: str | None = None, kv: str | None = Non
     e = pick(experts, "experts", base.experts if own_experts else w)
     head = pick(lm_head, "lm_head", base.lm_head)
     if lm_head in (None, "") and weights not in (None, "") and head.is_float and w.family == "ggml":
-        head = gguf_output_format(w, getattr(model, "d", None), getattr(model, "name", ""))
+        head = gguf_output_format(w, getattr(model, "d", None), getattr(model, "architecture", ""))
     return Precision(base.activations, w, pick(kv, "kv", base.kv), head, e)
 
 
