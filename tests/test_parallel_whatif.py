@@ -925,9 +925,11 @@ def test_the_engines_kv_pool_caps_the_running_sequences_and_a_capped_run_goes_in
     w_l = WhatIf(cfg, dev, "bfloat16", Layout(), Setting(engine="llama.cpp"))
     # no pool stated: the memory itself (HEADROOM of it) bounds the sequences at their mean size; it once had no cap,
     # and the card priced 100000 sequences of 2000 tokens running at once on one H100 (26 TB of KV)
-    _, kv_mean = memory_per_rank(cfg, Layout(), "bfloat16", 1, 5500)
-    assert w_l.max_running("llama.cpp", 6000, 5500) == int((HEADROOM * mem - weights) // kv_mean) < 50
-    assert w_l.max_running("llama.cpp", 6000) == int((HEADROOM * mem - weights) // kv1)
+    # (llama.cpp keeps the embedding table in host memory: engines.yaml input_embedding)
+    w_lcpp, kv_mean = memory_per_rank(cfg, Layout(), "bfloat16", 1, 5500, embedding_held=False)
+    assert w_lcpp == weights - cfg.vocab * cfg.d * 2
+    assert w_l.max_running("llama.cpp", 6000, 5500) == int((HEADROOM * mem - w_lcpp) // kv_mean) < 50
+    assert w_l.max_running("llama.cpp", 6000) == int((HEADROOM * mem - w_lcpp) // kv1)
     assert serve(w_l, 5000, 1000, 1000, 1000)["running"]["typical"] == w_l.max_running("llama.cpp", 6000, 5500)
     cap = w_s.max_running("sglang", 6000)
     capped, fits = serve(w_s, 5000, 1000, 4 * cap, 4 * cap), serve(w_s, 5000, 1000, cap, cap)

@@ -330,3 +330,36 @@ def test_gguf_weights_bring_the_output_tensor_llama_cpp_writes():
     head = lambda p: forward_cost(llama, p, 1, 1, 128).weight_bytes  # noqa: E731
     assert head(label("q4_0")) - head("float16+weights=q4_0") == pytest.approx(
         llama.vocab * llama.d * (6.5625 - 16) / 8, rel=1e-6)
+
+
+def test_a_gguf_embedding_table_is_held_as_llama_cpp_writes_and_keeps_it():
+    """A GGUF file's token_embd is in the file's type (an untied model) or the output tensor's (a tied one: llama.cpp
+    quantizes it by the output's rules); llama.cpp keeps the table in host memory (its input layer always on the
+    CPU), so its device holds the blocks and the LM head only, while an engine without that rule holds the table
+    too. Llama-2-7B in Q4_0: 3.56 GiB of tensors (the table in Q4_0, the head in Q6_K), not the 3.74 GiB a float16
+    table gave; a non-GGUF format leaves the table in the activation dtype."""
+    from roofline.measure.devices import get_datasheet
+    from roofline.model.accounting import embedding_bytes, embedding_format, head_bytes
+    from roofline.parallel.layout import Layout
+    from roofline.parallel.whatif import Setting, WhatIf, memory_check
+    cfg = get_preset("llama-2-7b")
+    q4 = precision("float16", "q4_0", model=cfg)
+    table = cfg.vocab * cfg.d
+    assert embedding_format(cfg, q4).name == "q4_0" and embedding_bytes(cfg, q4) == table // 32 * 18
+    assert resident_weight_bytes(cfg, q4.label) / 2 ** 30 == pytest.approx(3.5619, abs=1e-4)
+    assert embedding_format(cfg, parse_precision("float16+weights=int4_g128")).name == "float16"
+    tied = dataclasses.replace(cfg, tie_embeddings=True)
+    qt = precision("float16", "q4_0", model=tied)
+    assert embedding_format(tied, qt).name == "q6_k"
+    assert head_bytes(tied, qt) == embedding_bytes(tied, qt) == table // 256 * 210  # the tied head read in Q6_K
+    assert forward_cost(tied, qt, 1, 1, 128).embed_bytes == cfg.d // 256 * 210  # one gathered row, in its format
+    dev = get_datasheet("rtx4090")
+    held = {e: memory_check(cfg, dev, q4.label, Layout(), 1, 4096, setting=Setting(engine=e))["weights_GB"]
+            for e in ("llama.cpp", "vllm")}
+    assert (held["vllm"] - held["llama.cpp"]) * 1e9 == pytest.approx(embedding_bytes(cfg, q4), rel=1e-9)
+    tied_held = {e: memory_check(tied, dev, qt.label, Layout(), 1, 4096, setting=Setting(engine=e))["weights_GB"]
+                 for e in ("llama.cpp", "vllm")}
+    assert tied_held["llama.cpp"] == tied_held["vllm"]  # a tied table is held once, as the LM head, either way
+    kv = memory_check(cfg, dev, q4.label, Layout(), 1, 4096)["kv_GB"] * 1e9  # one sequence's cache
+    room = WhatIf(cfg, dev, q4.label, Layout(), Setting(engine="llama.cpp")).max_running("llama.cpp", 4096)
+    assert room == int((0.9 * dev.usable_mem_bytes() - held["llama.cpp"] * 1e9) // kv)  # the table's room is KV's

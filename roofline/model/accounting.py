@@ -23,7 +23,8 @@ Conventions (docs/design.md §2):
 - Quantized formats (roofline.model.formats; `dtype` may be a precision label): each matrix
   in `block_matrices` / `expert_matrices` and the LM head costs its format's exact bytes,
   scales and zero points included; norms, biases, router, embedding and MTP's eh_proj stay in
-  the activation dtype. FLOPs do not change; dequantisation is reported as `dequant_ops`.
+  the activation dtype, but a GGUF file's embedding table (`embedding_format`: quantized as
+  llama.cpp writes it). FLOPs do not change; dequantisation is reported as `dequant_ops`.
 - Activation bytes are an ESTIMATE (every linear's input read and output written once,
   logits included) and are reported apart: they are not in the roofline's denominator.
 """
@@ -35,7 +36,7 @@ from dataclasses import asdict, dataclass
 from roofline.io.fields import ConfigError
 from roofline.model.config import ModelConfig, kind_counts
 from roofline.model.dtypes import dtype_bytes
-from roofline.model.formats import Precision, parse_precision
+from roofline.model.formats import Format, Precision, parse_format, parse_precision
 
 # ---- parameter counts, per module, matching roofline.model.decoder exactly ------------------------
 
@@ -353,10 +354,26 @@ def expert_pair_io_bytes(d: int, moe_ffn: int, a_in: float, a: int) -> float:
     return d * (a_in + 2 * a) + moe_ffn * (4 * a + 2 * a_in)
 
 
+def embedding_format(cfg: ModelConfig, prec: Precision) -> Format:
+    """The embedding table's format: the activation dtype, except in a GGUF file (weights in a ggml format), whose
+    token_embd llama.cpp's quantizer writes in the file's own type, or by the output tensor's rules where the model
+    ties the two (src/llama-quant.cpp, llama_tensor_get_type: '!qs.has_output && name == token_embd' takes the
+    output's branch; untied, token_embd keeps the default type but for the IQ1/IQ2/IQ3/TQ file types, not priced):
+    the precision's LM-head format then (formats.gguf_output_format, Q6_K or Q8_0, or lm_head= as given)."""
+    if prec.weights.family == "ggml":
+        return prec.lm_head if cfg.tie_embeddings else prec.weights
+    return parse_format(prec.activations)
+
+
+def embedding_bytes(cfg: ModelConfig, prec: Precision, rows: int | None = None) -> int:
+    """Bytes of `rows` rows of the embedding table (None: the whole table, cfg.vocab rows) in its format."""
+    return embedding_format(cfg, prec).matrix_bytes(cfg.vocab if rows is None else rows, cfg.d, prec.act_bytes)
+
+
 def head_bytes(cfg: ModelConfig, prec: Precision) -> int:
-    """The LM head read by a forward: its format, or the embedding table's dtype when tied."""
+    """The LM head read by a forward: its format, or the embedding table's (embedding_format) when tied."""
     if cfg.tie_embeddings:
-        return cfg.vocab * cfg.d * prec.act_bytes
+        return embedding_bytes(cfg, prec)
     return prec.lm_head.matrix_bytes(cfg.vocab, cfg.d, prec.act_bytes)
 
 
@@ -366,7 +383,7 @@ def resident_weight_bytes(cfg: ModelConfig, dtype, with_mtp: bool = True) -> int
     a = prec.act_bytes
     stack = sum(n * block_weight_bytes(cfg, moe, prec, lin) for (moe, lin), n in cfg.layer_kinds().items())
     stack += moe_layers(cfg) * cfg.experts * expert_bytes(cfg, prec)
-    total = embedding_params(cfg) * a + (0 if cfg.tie_embeddings else head_bytes(cfg, prec)) + stack + cfg.d * a
+    total = embedding_bytes(cfg, prec) + (0 if cfg.tie_embeddings else head_bytes(cfg, prec)) + stack + cfg.d * a
     if with_mtp and cfg.mtp_layers:
         one = (3 * cfg.d + 2 * cfg.d * cfg.d) * a + block_weight_bytes(cfg, cfg.is_moe, prec)
         one += cfg.experts * expert_bytes(cfg, prec) if cfg.is_moe else 0
@@ -494,7 +511,8 @@ def _stack_cost(cfg: ModelConfig, kinds: dict[tuple[bool, bool], int], B: int, q
     quantized = sum(n * sum(r * k for _, r, k in block_matrices(cfg, moe, lin)) for (moe, lin), n in kinds.items())
     dequant = quantized * prec.weights.dequant_ops_per_weight()
     dequant += n_moe * touched * expert_params(cfg) * prec.experts.dequant_ops_per_weight()
-    dequant += 0 if cfg.tie_embeddings else cfg.vocab * cfg.d * prec.lm_head.dequant_ops_per_weight()
+    head_fmt = embedding_format(cfg, prec) if cfg.tie_embeddings else prec.lm_head
+    dequant += cfg.vocab * cfg.d * head_fmt.dequant_ops_per_weight()
     d_qk, d_v = _attention_dims(cfg)
     attended = cfg.attended_pairs(L, q)  # a windowed layer attends at most its window; a sparse one index_topk
     flops_attn = 2 * (d_qk + d_v) * cfg.heads * layers * B * attended
@@ -517,7 +535,7 @@ def _stack_cost(cfg: ModelConfig, kinds: dict[tuple[bool, bool], int], B: int, q
         expert_bytes=expert_b, experts_touched=touched,
         kv_read_bytes=B * layers * kv_read_bytes_per_seq_layer(cfg, kv_att, kv_idx, kv_len, q) + kv_fixed + state,
         kv_write_bytes=B * (layers - n_lin) * kv_tok * q + state,
-        embed_bytes=N * cfg.d * b, activation_bytes_est=N * act_per_token,
+        embed_bytes=embedding_bytes(cfg, prec, N), activation_bytes_est=N * act_per_token,
         flops_matmul=2 * matmul * N, flops_attention=flops_attn, dequant_ops=float(dequant))
 
 

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from roofline.model.accounting import ForwardCost, _check_shape, attention_matmul_params
-from roofline.model.accounting import add_mtp_own_cost, block_weight_bytes, expert_bytes, head_bytes, mtp_args
+from roofline.model.accounting import (add_mtp_own_cost, block_weight_bytes, embedding_bytes, expert_bytes, head_bytes,
+                                       mtp_args)
 from roofline.model.accounting import (indexer_flops, kv_cache_tensors_per_layer, kv_read_bytes_per_seq_layer,
                                        kv_split_token_bytes, linear_flops_per_token, linear_state_layer_bytes,
                                        mixer_params)
@@ -169,10 +170,12 @@ def eagle_head_bytes(cfg: ModelConfig, layout: Layout, dtype: str, head: str, dr
 
 def memory_per_rank(cfg: ModelConfig, layout: Layout, dtype: str, batch: int, tokens_per_seq: int,
                     with_mtp: bool = False, pool_rule="window", eagle: str = "",
-                    draft_vocab: int = EAGLE3_DRAFT_VOCAB) -> tuple[float, float]:
+                    draft_vocab: int = EAGLE3_DRAFT_VOCAB, embedding_held: bool = True) -> tuple[float, float]:
     """(weight bytes, KV-cache bytes) resident on one rank for `batch` sequences of `tokens_per_seq`.
     `dtype` may be a precision label (roofline.model.formats): each shard in its format, scales
-    and zero points included; embedding, norms and MTP's eh_proj in the activation dtype. pool_rule: what the
+    and zero points included; norms and MTP's eh_proj in the activation dtype, the embedding table in its format
+    (accounting.embedding_format), or not at all where the engine keeps it in host memory (`embedding_held` False:
+    engines.yaml input_embedding host; a tied table is then held once, as the LM head). pool_rule: what the
     engine's pool holds for windowed layers (ModelConfig.pool_positions). An EAGLE head (`eagle`: its kind,
     `draft_vocab` EAGLE-3's LM head rows) adds its weights (eagle_head_bytes) and one layer's cache of every token."""
     prec = parse_precision(dtype)
@@ -190,7 +193,8 @@ def memory_per_rank(cfg: ModelConfig, layout: Layout, dtype: str, batch: int, to
         fixed, one = rank_block_bytes(cfg, layout, moe, prec, linear)
         return fixed + s.experts * one
 
-    w = (cfg.vocab * cfg.d + cfg.d) * a + (0 if cfg.tie_embeddings else rank_head_bytes(cfg, layout, prec))
+    table = embedding_bytes(cfg, prec) if embedding_held or cfg.tie_embeddings else 0
+    w = table + cfg.d * a + (0 if cfg.tie_embeddings else rank_head_bytes(cfg, layout, prec))
     w += sum(n * block(moe, lin) for (moe, lin), n in kinds.items())
     if with_mtp:
         w += cfg.mtp_layers * ((3 * cfg.d + 2 * cfg.d * cfg.d) * a + block(cfg.is_moe))
@@ -303,7 +307,7 @@ def _with_head(c: dict, cfg: ModelConfig, layout: Layout, prec: Precision) -> di
     b = prec.act_bytes
     c["weight_bytes"] += cfg.d * b + rank_head_bytes(cfg, layout, prec)  # final norm + this rank's LM-head rows
     c["flops_matmul"] += 2 * Nr * rows * cfg.d
-    c["embed_bytes"] = Nr * cfg.d * b
+    c["embed_bytes"] = embedding_bytes(cfg, prec, Nr)
     if rows < cfg.vocab:
         c["collectives"].append(Collective("all_gather", Nr * cfg.vocab * b, 1))
     c["collectives"] = tuple(c["collectives"])

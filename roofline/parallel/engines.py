@@ -78,6 +78,7 @@ class Engine:
     kv_concat: bool = False  # engines.yaml kv_cache_update concat: each step reads the whole cache and writes it anew
     chunked_prefill_v0: bool = False  # engines.yaml chunked_prefill v0_default: on or off by vLLM V0's default rule
     kv_reads_allocated: bool = False  # engines.yaml kv_cache_reads allocated: decode attends over the whole static cache
+    embedding_on_host: bool = False  # engines.yaml input_embedding host: the embedding table stays in host memory
     allreduce_busbw_Bps: tuple = ()  # ((interconnect key, bytes/s), ...): its own all-reduce's bus bandwidth
     spec_round_s: float | None = None  # engines.yaml spec_round_us: a speculative round's own time (None: the prior)
     spec_draft_pass_s: float = 0.0  # engines.yaml spec_draft_pass_us: each draft pass's time beyond its priced GPU time
@@ -147,6 +148,7 @@ CHUNKED_PREFILL = ("always", "v0_default")
 # engines.yaml kv_cache_reads: what a decode step's attention reads of a sequence's cache: the tokens so far (filled)
 # or the whole static cache the run allocated, masked (allocated: gpt-fast's prompt + max_new_tokens, a multiple of 8)
 KV_CACHE_READS = ("filled", "allocated")
+INPUT_EMBEDDING = ("device", "host")  # engines.yaml input_embedding: where the engine keeps the embedding table
 
 
 def graph_sizes(sizes, where: str) -> tuple[int, ...]:
@@ -223,7 +225,7 @@ def padded_batch(b: int, sizes: tuple[int, ...]) -> int:
 def choice(e: dict, key: str, allowed: tuple, default: str, where: str, field: str = "value") -> str:
     """engines.yaml <key>'s `field` (its `value`) of a profile, one of `allowed` (absent: `default`); anything else is
     one error naming the field (step_batching, dp_attention_limits, mxfp4_activations, gqa_decode_kv_reads,
-    kv_cache_update, chunked_prefill, kv_cache_reads, spec_round_us.rounds)."""
+    kv_cache_update, chunked_prefill, kv_cache_reads, input_embedding, spec_round_us.rounds)."""
     v = (e.get(key) or {}).get(field, default)
     if v not in allowed:
         name = key if field == "value" else f"{key}.{field}"
@@ -388,6 +390,7 @@ def profile(name: str, scenario: int, path: str = str(ENGINES_PATH)) -> Engine:
                       kv_concat=choice(e, "kv_cache_update", KV_UPDATES, "in_place", f) == "concat",
                       chunked_prefill_v0=choice(e, "chunked_prefill", CHUNKED_PREFILL, "always", f) == "v0_default",
                       kv_reads_allocated=choice(e, "kv_cache_reads", KV_CACHE_READS, "filled", f) == "allocated",
+                      embedding_on_host=choice(e, "input_embedding", INPUT_EMBEDDING, "device", f) == "host",
                       spec_round_s=optional_pick(e, "spec_round_us", scenario, f, 1e-6),
                       spec_draft_pass_s=optional_pick(e, "spec_draft_pass_us", scenario, f, 1e-6, 0.0),
                       spec_round_ngram=choice(e, "spec_round_us", SPEC_ROUNDS, "drafted", f, "rounds") == "all")

@@ -700,7 +700,7 @@ class WhatIf:
                               pool_rule(self.cfg, eng), draft.cfg if draft else None, draft.dtype if draft else None,
                               pool_rule(draft.cfg, eng) if draft else "window",
                               spec.drafter if spec is not None and spec.drafter in EAGLE_HEADS else "",
-                              spec.draft_vocab if spec is not None else EAGLE3_DRAFT_VOCAB)
+                              spec.draft_vocab if spec is not None else EAGLE3_DRAFT_VOCAB, not eng.embedding_on_host)
         room = kv_pool_bytes(eng, mem, w) if own else HEADROOM * mem - w
         return max(0, int(room // kv) * split) if kv > 0 else None
 
@@ -1199,15 +1199,17 @@ def kv_pool_bytes(eng, mem_bytes: float, weight_bytes: float) -> float:
 def held_per_rank(cfg: ModelConfig, layout: Layout, dtype: str, batch: int, tokens_per_seq: int,
                   with_mtp: bool = False, rule: str = "window", draft: ModelConfig | None = None,
                   draft_dtype: str | None = None, draft_rule: str = "window", eagle: str = "",
-                  draft_vocab: int = EAGLE3_DRAFT_VOCAB) -> tuple[float, float]:
+                  draft_vocab: int = EAGLE3_DRAFT_VOCAB, embedding_held: bool = True) -> tuple[float, float]:
     """(weight bytes, KV bytes) one rank holds for `batch` sequences of `tokens_per_seq`: the target's (its MTP
-    module's with_mtp, an EAGLE head's with `eagle`, its windowed layers by the pool's `rule`) and a draft model's (in
-    `draft_dtype`, else the target's), replicated on every rank with the rank's share of the batch (vLLM runs it at
-    tp = 1 of the target's tp). One rule for `memory_check` and `WhatIf.max_running`."""
-    w, kv = memory_per_rank(cfg, layout, dtype, batch, tokens_per_seq, with_mtp, rule, eagle, draft_vocab)
+    module's with_mtp, an EAGLE head's with `eagle`, its windowed layers by the pool's `rule`, its embedding table
+    unless the engine keeps it in host memory, `embedding_held` False) and a draft model's (in `draft_dtype`, else
+    the target's), replicated on every rank with the rank's share of the batch (vLLM runs it at tp = 1 of the
+    target's tp). One rule for `memory_check` and `WhatIf.max_running`."""
+    w, kv = memory_per_rank(cfg, layout, dtype, batch, tokens_per_seq, with_mtp, rule, eagle, draft_vocab,
+                            embedding_held)
     if draft is not None:
         dw, dkv = memory_per_rank(draft, Layout(), draft_dtype or dtype, math.ceil(batch / layout.batch_split),
-                                  tokens_per_seq, pool_rule=draft_rule)
+                                  tokens_per_seq, pool_rule=draft_rule, embedding_held=embedding_held)
         w, kv = w + dw, kv + dkv
     return w, kv
 
@@ -1227,12 +1229,13 @@ def memory_check(cfg: ModelConfig, device: Datasheet, dtype: str, layout: Layout
         raise ConfigError(f"device={device.key!r}: no datasheet memory size (give memory_gb)")
 
     @lru_cache(maxsize=None)
-    def held_by(rule: str, draft_rule: str) -> tuple[float, float]:  # (weights, KV) per rank, pools by their rules
+    def held_by(rule: str, draft_rule: str, embedding_held: bool) -> tuple[float, float]:  # (weights, KV) per rank
         return held_per_rank(cfg, layout, dtype, batch, tokens_per_seq, with_mtp, rule, draft, dtype, draft_rule,
-                             eagle, draft_vocab)
+                             eagle, draft_vocab, embedding_held)
 
-    def held(eng=None) -> tuple[float, float]:  # windowed layers as `eng`'s pool holds them (priced once per rule)
-        return held_by(pool_rule(cfg, eng), pool_rule(draft, eng) if draft is not None else "window")
+    def held(eng=None) -> tuple[float, float]:  # as `eng` holds them: windowed layers by its pool, the embedding table
+        return held_by(pool_rule(cfg, eng), pool_rule(draft, eng) if draft is not None else "window",
+                       eng is None or not eng.embedding_on_host)
 
     named = engines_mod.profile(setting.engine, 1, setting.engines_path()) if setting is not None and setting.engine else None
     w, kv = held(named)
@@ -1241,8 +1244,8 @@ def memory_check(cfg: ModelConfig, device: Datasheet, dtype: str, layout: Layout
         eng = engines_mod.profile(name, 1, setting.engines_path())
         if eng.kv_pool_fraction is not None:
             of = "the memory" if eng.kv_pool_of == "total" else "what the weights leave free"
-            _, kv_e = held(eng)
-            rules[f"{name}'s KV pool, {eng.kv_pool_fraction:g} of {of}"] = kv_e <= kv_pool_bytes(eng, mem_bytes, w)
+            w_e, kv_e = held(eng)
+            rules[f"{name}'s KV pool, {eng.kv_pool_fraction:g} of {of}"] = kv_e <= kv_pool_bytes(eng, mem_bytes, w_e)
     if not rules or (setting is not None and setting.engine is None and len(rules) < len(setting.engine_names())):
         rules[f"{headroom:g} of the memory"] = w + kv <= headroom * mem_bytes
     rule = ("every engine profile's KV pool" if setting is not None and setting.engine is None
