@@ -363,3 +363,29 @@ def test_a_gguf_embedding_table_is_held_as_llama_cpp_writes_and_keeps_it():
     kv = memory_check(cfg, dev, q4.label, Layout(), 1, 4096)["kv_GB"] * 1e9  # one sequence's cache
     room = WhatIf(cfg, dev, q4.label, Layout(), Setting(engine="llama.cpp")).max_running("llama.cpp", 4096)
     assert room == int((0.9 * dev.usable_mem_bytes() - held["llama.cpp"] * 1e9) // kv)  # the table's room is KV's
+
+
+def test_a_gguf_k_m_file_gives_attn_v_and_ffn_down_more_bits_as_llama_cpp_quantizes():
+    """Q4_K_M / Q5_K_M are file types, not one tensor format: llama.cpp's quantizer writes attn_v and ffn_down in
+    Q6_K in its use_more_bits layers (16 of 32), a 70B model's other attn_v in Q5_K, and an 8-expert model's
+    attn_k / attn_v in Q8_0 whatever the type; the rest in Q4_K / Q5_K. The sizes are what llama-bench prints for
+    such files (Llama-2-7B Q4_K_M 3.80 GiB, Q5_K_M 4.45 GiB; Llama-3-70B Q4_K_M 39.59 GiB), and a decode step
+    reads the extra bytes too."""
+    from roofline.model.formats import GGML, gguf_more_bits, gguf_tensor_formats
+    assert sum(gguf_more_bits(i, 32) for i in range(32)) == 16 and sum(gguf_more_bits(i, 80) for i in range(80)) == 40
+    assert parse_format("q5_k").matrix_bytes(256, 256, 2) == 256 * 176  # block_q5_K: 176 bytes per 256 weights
+    gib = lambda name, w: resident_weight_bytes(get_preset(name), precision(  # noqa: E731
+        "float16", w, model=get_preset(name)).label) / 2 ** 30
+    assert round(gib("llama-2-7b", "q4_k_m"), 2) == 3.80 and round(gib("llama-2-7b", "q5_k_m"), 2) == 4.45
+    assert round(gib("llama-3.1-70b", "q4_k_m"), 2) == 39.59
+    assert gib("llama-2-7b", "q4_k") < gib("llama-2-7b", "q4_k_m")
+    llama70, mixtral = get_preset("llama-3.1-70b"), get_preset("mixtral-8x7b")
+    v70 = dict((f.name, x) for f, x in gguf_tensor_formats(GGML["q4_k_m"], "attn_v", llama70))
+    assert v70 == {"q6_k": 0.5, "q5_k": 0.5}
+    assert gguf_tensor_formats(GGML["q4_0"], "attn_k", mixtral) == ((GGML["q8_0"], 1.0),)
+    assert gguf_tensor_formats(GGML["q4_0"], "ffn_down", get_preset("llama-2-7b")) == ((GGML["q4_0"], 1.0),)
+    cfg = get_preset("llama-2-7b")  # one decode step reads the Q6_K halves of attn_v and ffn_down
+    step = lambda w: forward_cost(cfg, precision("float16", w, model=cfg).label, 1, 1, 128).weight_bytes  # noqa
+    v, down = cfg.kv_heads * cfg.head_dim * cfg.d, cfg.d * cfg.ffn
+    assert step("q4_k_m") - step("q4_k") == pytest.approx(cfg.layers / 2 * (v + down) * (210 / 256 - 144 / 256),
+                                                          rel=1e-9)

@@ -21,7 +21,8 @@ Conventions (docs/design.md §2):
   W_UK/W_UV absorption is matmul work on the kv_b weights. Sparse attention caps a query's
   keys at index_topk and adds its indexer's 2·index_heads·index_head_dim per causal pair.
 - Quantized formats (roofline.model.formats; `dtype` may be a precision label): each matrix
-  in `block_matrices` / `expert_matrices` and the LM head costs its format's exact bytes,
+  in `block_matrices` / `expert_matrices` and the LM head costs its format's exact bytes (a
+  GGUF file's, by the tensor role llama.cpp's quantizer reads: `weight_matrix_bytes`),
   scales and zero points included; norms, biases, router, embedding and MTP's eh_proj stay in
   the activation dtype, but a GGUF file's embedding table (`embedding_format`: quantized as
   llama.cpp writes it). FLOPs do not change; dequantisation is reported as `dequant_ops`.
@@ -36,7 +37,7 @@ from dataclasses import asdict, dataclass
 from roofline.io.fields import ConfigError
 from roofline.model.config import ModelConfig, kind_counts
 from roofline.model.dtypes import dtype_bytes
-from roofline.model.formats import Format, Precision, parse_format, parse_precision
+from roofline.model.formats import GGUF_FALCON, Format, Precision, gguf_tensor_formats, parse_format, parse_precision
 
 # ---- parameter counts, per module, matching roofline.model.decoder exactly ------------------------
 
@@ -328,17 +329,40 @@ def check_weight_format(cfg: ModelConfig, prec: Precision) -> None:
                                   f"{cfg.name}'s {bad[0][0]} (a group must divide every K; try a smaller group)")
 
 
+GGUF_ROLES = {"attn.wo": "attn_output", "attn.q_proj": "attn_q", "attn.q_a": "attn_q", "attn.q_b": "attn_q",
+              "ffn.w2": "ffn_down", "ffn.shared.w2": "ffn_down"}  # a matrix's tensor role in a GGUF file
+
+
+def weight_matrix_bytes(cfg: ModelConfig, fmt: Format, name: str, N: int, K: int, act_bytes: int) -> int:
+    """Bytes of the block (or routed expert) matrix `name` ([N, K], accounting.block_matrices' names, or an engine's
+    merged pair) of `cfg` in the weights format `fmt`: fmt.matrix_bytes, except in a GGUF file, whose quantizer gives
+    some tensor roles more bits (formats.gguf_tensor_formats: Q4_K_M's attn_v and ffn_down, Mixtral's attn_k and
+    attn_v), each priced at its formats' shares of the layers; a fused wqkv by its q, k and v rows (one attn_qkv
+    tensor on Falcon)."""
+    if fmt.family != "ggml":
+        return fmt.matrix_bytes(N, K, act_bytes)
+
+    def role_bytes(role: str, rows: int) -> float:
+        return sum(share * f.matrix_bytes(rows, K, act_bytes) for f, share in gguf_tensor_formats(fmt, role, cfg))
+    if name == "attn.wqkv" and cfg.architecture not in GGUF_FALCON:
+        kv = cfg.kv_heads * cfg.head_dim
+        return round(role_bytes("attn_q", N - 2 * kv) + role_bytes("attn_k", kv) + role_bytes("attn_v", kv))
+    role = "attn_qkv" if name == "attn.wqkv" else GGUF_ROLES.get(name, "other")
+    return round(role_bytes(role, N))
+
+
 def block_weight_bytes(cfg: ModelConfig, moe: bool, prec: Precision, linear: bool = False) -> int:
     """Bytes of one block's weights, routed experts excluded (`linear`: a Gated DeltaNet block)."""
     mats = block_matrices(cfg, moe, linear)
     params = 2 * cfg.d + mixer_params(cfg, linear) + (moe_fixed_params(cfg) if moe else dense_ffn_params(cfg))
     a = prec.act_bytes
-    return (params - sum(N * K for _, N, K in mats)) * a + sum(prec.weights.matrix_bytes(N, K, a) for _, N, K in mats)
+    return (params - sum(N * K for _, N, K in mats)) * a + sum(weight_matrix_bytes(cfg, prec.weights, name, N, K, a)
+                                                              for name, N, K in mats)
 
 
 def expert_bytes(cfg: ModelConfig, prec: Precision) -> int:
     """Bytes of one routed expert."""
-    return sum(prec.experts.matrix_bytes(N, K, prec.act_bytes) for _, N, K in expert_matrices(cfg))
+    return sum(weight_matrix_bytes(cfg, prec.experts, name, N, K, prec.act_bytes) for name, N, K in expert_matrices(cfg))
 
 
 def expert_pair_io_bytes(d: int, moe_ffn: int, a_in: float, a: int) -> float:

@@ -58,7 +58,7 @@ KINDS = ("float", "fp8", "int8", "int4", "fp4")
 CLASSES = ("weights", "experts", "kv", "lm_head")
 FP8_SCALE_BYTES = 4  # fp32 scales (DeepSeek-V3's weight_scale_inv, vLLM's k_scale / v_scale)
 NAMES_HELP = ("bf16 | fp16 | fp32 | fp8[_e4m3|_e5m2][_tensor|_channel|_b128|_b<R>x<C>] | int8[_g<g>] | int4_g<g>[_sym] "
-              "| mxfp4 | nvfp4 | q8_0 | q4_0 | q4_1 | q4_k | q6_k (weights, experts); "
+              "| mxfp4 | nvfp4 | q8_0 | q4_0 | q4_1 | q4_k | q5_k | q6_k | q4_k_m | q5_k_m (weights, experts); "
               "bf16 | fp16 | fp32 | fp8[_e4m3|_e5m2] | int8 | q8_0 | q4_0 (kv)")
 
 
@@ -145,9 +145,56 @@ GGML = {"q8_0": Format("q8_0", "int8", 8, "group", group=32, scale_bytes=2, stor
         "q4_k": Format("q4_k", "int4", 4, "group", group=32, scale_bytes=2, storage="uint8", family="ggml"),
         # block_q6_K: 256 weights in 210 bytes (ql[128] + qh[64] = 6 bits a weight, 16 int8 scales and an fp16 d),
         # written as 6-bit quants and 18 bytes of scales per 256; a sub-byte format unpacked in registers as q4_k
-        "q6_k": Format("q6_k", "int4", 6, "group", group=256, scale_bytes=18, storage="uint8", family="ggml")}
+        "q6_k": Format("q6_k", "int4", 6, "group", group=256, scale_bytes=18, storage="uint8", family="ggml"),
+        # block_q5_K: 176 bytes per 256 weights (5.5 bits), written as q4_k is: 5-bit quants and 2 bytes per 32
+        "q5_k": Format("q5_k", "int4", 5, "group", group=32, scale_bytes=2, storage="uint8", family="ggml"),
+        # llama.cpp's mixed file types (LLAMA_FTYPE_MOSTLY_Q4_K_M / Q5_K_M): the base type's bytes, with the tensors
+        # its quantizer gives more bits priced by `gguf_tensor_formats` (accounting.weight_matrix_bytes)
+        "q4_k_m": Format("q4_k_m", "int4", 4, "group", group=32, scale_bytes=2, storage="uint8", family="ggml"),
+        "q5_k_m": Format("q5_k_m", "int4", 5, "group", group=32, scale_bytes=2, storage="uint8", family="ggml")}
 GGML_KV = ("q8_0", "q4_0")  # llama.cpp's -ctk / -ctv cache types of these families
 GGUF_FALCON = ("FalconForCausalLM", "RWForCausalLM")  # Hugging Face architectures llama.cpp reads as LLM_ARCH_FALCON
+GGUF_K_M = {"q4_k_m": "q4_k", "q5_k_m": "q5_k"}  # a mixed file type and the type most of its tensors take
+
+
+def gguf_more_bits(i: int, n_layer: int) -> bool:
+    """Whether llama.cpp's quantizer gives layer i of n_layer more bits in a _M file (src/llama-quant.cpp,
+    use_more_bits: 'i_layer < n_layers/8 || i_layer >= 7*n_layers/8 || (i_layer - n_layers/8)%3 == 2')."""
+    return i < n_layer // 8 or i >= 7 * n_layer // 8 or (i - n_layer // 8) % 3 == 2
+
+
+def gguf_tensor_formats(weights: Format, role: str, cfg) -> tuple[tuple[Format, float], ...]:
+    """The formats (with the share of the model's layers in each) that llama.cpp's quantizer writes one tensor role
+    of a decoder layer in, in a file of type `weights` (src/llama-quant.cpp, llama_tensor_get_type, for the file
+    types priced here): role attn_q, attn_k, attn_v, attn_output, attn_qkv (a fused projection), ffn_down (dense,
+    shared or routed experts') or other. Q4_K_M / Q5_K_M: attn_v and ffn_down in Q6_K in the use_more_bits layers
+    (gguf_more_bits, half of them or so); a 70B model's (llama.cpp's LLM_TYPE_70B: 80 layers) Q4_K attn_v taken to
+    Q5_K; a fused attn_qkv in Q5_K (Q4_K_M) or Q6_K (Q5_K_M); Falcon's Q4_K_M ffn_down in Q6_K in the first n/16
+    layers, Q5_K in the use_more_bits ones. Any file type of an 8-expert model (Mixtral): attn_k and attn_v in Q8_0,
+    and Q4_K_M's attn_output in Q5_K. Every other tensor: the file's base type. `cfg`: the model (its layers, experts
+    and architecture)."""
+    base = GGML[GGUF_K_M.get(weights.name, weights.name)]
+    n, falcon, mix = cfg.layers, cfg.architecture in GGUF_FALCON, weights.name in GGUF_K_M
+    if cfg.experts == 8 and role in ("attn_k", "attn_v"):
+        return ((GGML["q8_0"], 1.0),)
+    if cfg.experts == 8 and role == "attn_output" and weights.name == "q4_k_m" and not falcon:
+        return ((GGML["q5_k"], 1.0),)
+    if not mix:
+        return ((base, 1.0),)
+
+    def layer(i: int) -> str:  # the type of layer i's tensor of this role
+        more = gguf_more_bits(i, n)
+        if role == "attn_v":
+            return "q6_k" if more else ("q5_k" if base.name == "q4_k" and n == 80 else base.name)
+        if role == "attn_qkv":
+            return "q5_k" if base.name == "q4_k" else "q6_k"
+        if role == "ffn_down" and falcon and base.name == "q4_k":
+            return "q6_k" if i < n // 16 else ("q5_k" if more else base.name)
+        if role == "ffn_down":
+            return "q6_k" if more else base.name
+        return base.name
+    names = [layer(i) for i in range(n)]
+    return tuple((GGML[t], names.count(t) / n) for t in dict.fromkeys(names))
 
 
 def gguf_output_format(weights: Format, d: int | None = None, architecture: str = "") -> Format:

@@ -52,7 +52,7 @@ from roofline.measure.devices import Datasheet
 from roofline.measure.memory import HEADROOM
 from roofline.model.accounting import (block_elementwise_elements, block_matrices, block_weight_bytes, expert_bytes,
                                        expert_pair_io_bytes, indexer_flops, kv_read_bytes_per_seq_layer,
-                                       linear_flops_per_token)
+                                       linear_flops_per_token, weight_matrix_bytes)
 from roofline.model.config import ModelConfig, kind_counts
 from roofline.model.dtypes import lookup as lookup_dtype
 from roofline.model.formats import Precision, activation_dtype, compute_dtype, parse_precision
@@ -415,9 +415,10 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
 
     def block(moe: bool, linear: bool = False) -> dict:
         mats = block_matrices(block_cfg, moe, linear)
-        g = [gemm(Nr, N, Kd, prec.weights.matrix_bytes(N, Kd, a)) for _, N, Kd in engine_matrices(mats, eng.merged)]
+        g = [gemm(Nr, N, Kd, weight_matrix_bytes(block_cfg, prec.weights, name, N, Kd, a))
+             for name, N, Kd in engine_matrices(mats, eng.merged)]
         rest = (block_weight_bytes(block_cfg, moe, prec, linear)
-                - sum(prec.weights.matrix_bytes(N, Kd, a) for _, N, Kd in mats))
+                - sum(weight_matrix_bytes(block_cfg, prec.weights, name, N, Kd, a) for name, N, Kd in mats))
         t_rest = rest / (bw * K.weight_bw_fraction("dense", Nr, scenario, kern))  # norms, router in act dtype
         out = dict(dense=sum(x["seconds"] for x in g) + t_rest, experts=0.0,
                    elementwise=Nr * a * block_elementwise_elements(block_cfg, moe, linear) / stream)
