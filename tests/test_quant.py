@@ -389,3 +389,20 @@ def test_a_gguf_k_m_file_gives_attn_v_and_ffn_down_more_bits_as_llama_cpp_quanti
     v, down = cfg.kv_heads * cfg.head_dim * cfg.d, cfg.d * cfg.ffn
     assert step("q4_k_m") - step("q4_k") == pytest.approx(cfg.layers / 2 * (v + down) * (210 / 256 - 144 / 256),
                                                           rel=1e-9)
+
+
+def test_llama_server_runs_its_four_default_slots_unless_a_run_says_more():
+    """llama-server decodes at most its slots' sequences (-np; 4 by default since its unified KV cache): a plan for
+    llama.cpp with no cap of its own stops at B = 4 however much memory is left, and max_running= lifts it."""
+    from roofline.measure.devices import get_datasheet
+    from roofline.parallel.layout import Layout
+    from roofline.parallel.whatif import Setting, WhatIf, capacity, sequence_cap
+    cfg, dev = get_preset("llama-3.1-8b"), get_datasheet("rtx4090")
+    label = precision("float16", "q4_k_m", model=cfg).label
+    w = WhatIf(cfg, dev, label, Layout(), Setting(engine="llama.cpp"))
+    assert sequence_cap(w, "llama.cpp") == 4 and sequence_cap(w, "llama.cpp", max_running=16) == 16
+    assert w.max_running("llama.cpp", 4608) > 4  # the memory alone would hold more
+    plan = lambda **kw: capacity(cfg, dev, label, 4096, 512, 50.0, 1e4, setting=Setting(engine="llama.cpp"),  # noqa
+                                 layouts=[Layout()], **kw)[0]
+    assert (plan()["batch"], plan()["seq_cap"]) == (4, 4)
+    assert plan(max_running=16)["batch"] == 16  # a run with -np 16: its ITL still meets the 50 ms target
