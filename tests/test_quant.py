@@ -406,3 +406,17 @@ def test_llama_server_runs_its_four_default_slots_unless_a_run_says_more():
                                  layouts=[Layout()], **kw)[0]
     assert (plan()["batch"], plan()["seq_cap"]) == (4, 4)
     assert plan(max_running=16)["batch"] == 16  # a run with -np 16: its ITL still meets the 50 ms target
+
+
+def test_gguf_files_weigh_what_llama_bench_prints_for_them():
+    """The byte model of a GGUF file, its embedding table and mixed types included, against the model sizes llama-bench
+    prints (geerlingguy/ai-benchmarks issue #43, an RTX 4090, 2025-12): TinyLlama-1.1B Q4_K_M 636.18 MiB (the 0.18 is
+    its float32 norms, held here in float16), Llama-3.2-3B Q4_K_M 1.87 GiB (a tied table: Q6_K, as the head; a
+    float16 table gave 2.45 GiB)."""
+    base = get_preset("llama-3.1-8b")
+    tiny = base.scaled(d=2048, layers=22, heads=32, kv_heads=4, head_dim=64, ffn=5632, vocab=32000)
+    l3b = dataclasses.replace(base.scaled(d=3072, layers=28, heads=24, kv_heads=8, head_dim=128, ffn=8192),
+                              tie_embeddings=True)
+    size = lambda cfg: resident_weight_bytes(cfg, precision("float16", "q4_k_m", model=cfg).label)  # noqa: E731
+    assert size(tiny) / 2 ** 20 == pytest.approx(636.18, abs=0.2)
+    assert round(size(l3b) / 2 ** 30, 2) == 1.87
