@@ -357,6 +357,8 @@ def test_a_gguf_embedding_table_is_held_as_llama_cpp_writes_and_keeps_it():
     held = {e: memory_check(cfg, dev, q4.label, Layout(), 1, 4096, setting=Setting(engine=e))["weights_GB"]
             for e in ("llama.cpp", "vllm")}
     assert (held["vllm"] - held["llama.cpp"]) * 1e9 == pytest.approx(embedding_bytes(cfg, q4), rel=1e-9)
+    rule = memory_check(cfg, dev, q4.label, Layout(), 1, 4096, setting=Setting(engine="llama.cpp"))["memory_rule"]
+    assert rule.endswith("llama.cpp keeps the embedding table in host memory")  # the card says where it went
     tied_held = {e: memory_check(tied, dev, qt.label, Layout(), 1, 4096, setting=Setting(engine=e))["weights_GB"]
                  for e in ("llama.cpp", "vllm")}
     assert tied_held["llama.cpp"] == tied_held["vllm"]  # a tied table is held once, as the LM head, either way

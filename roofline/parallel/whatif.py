@@ -1251,6 +1251,8 @@ def memory_check(cfg: ModelConfig, device: Datasheet, dtype: str, layout: Layout
         rules[f"{headroom:g} of the memory"] = w + kv <= headroom * mem_bytes
     rule = ("every engine profile's KV pool" if setting is not None and setting.engine is None
             else next(iter(rules)))
+    if named is not None and named.embedding_on_host and not cfg.tie_embeddings:
+        rule += f"; {named.name} keeps the embedding table in host memory"
     return dict(weights_GB=w / 1e9, kv_GB=kv / 1e9, mem_per_device_GB=(w + kv) / 1e9,
                 device_mem_GB=mem_bytes / 1e9, fits=all(rules.values()), memory_rule=rule)
 
