@@ -371,7 +371,7 @@ def test_a_gguf_k_m_file_gives_attn_v_and_ffn_down_more_bits_as_llama_cpp_quanti
     """Q4_K_M / Q5_K_M are file types, not one tensor format: llama.cpp's quantizer writes attn_v and ffn_down in
     Q6_K in its use_more_bits layers (16 of 32), a 70B model's other attn_v in Q5_K, and an 8-expert model's
     attn_k / attn_v in Q8_0 whatever the type; the rest in Q4_K / Q5_K. The sizes are what llama-bench prints for
-    such files (Llama-2-7B Q4_K_M 3.80 GiB, Q5_K_M 4.45 GiB; Llama-3-70B Q4_K_M 39.59 GiB), and a decode step
+    such files (Llama-2-7B Q4_K_M 3.80 GiB, Q5_K_M 4.45 GiB; Llama-3.1-70B Q4_K_M 39.59 GiB), and a decode step
     reads the extra bytes too."""
     from roofline.model.formats import GGML, gguf_more_bits, gguf_tensor_formats
     assert sum(gguf_more_bits(i, 32) for i in range(32)) == 16 and sum(gguf_more_bits(i, 80) for i in range(80)) == 40

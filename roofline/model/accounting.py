@@ -362,7 +362,8 @@ def block_weight_bytes(cfg: ModelConfig, moe: bool, prec: Precision, linear: boo
 
 def expert_bytes(cfg: ModelConfig, prec: Precision) -> int:
     """Bytes of one routed expert."""
-    return sum(weight_matrix_bytes(cfg, prec.experts, name, N, K, prec.act_bytes) for name, N, K in expert_matrices(cfg))
+    return sum(weight_matrix_bytes(cfg, prec.experts, name, N, K, prec.act_bytes)
+               for name, N, K in expert_matrices(cfg))
 
 
 def expert_pair_io_bytes(d: int, moe_ffn: int, a_in: float, a: int) -> float:
