@@ -182,7 +182,8 @@ def test_device_cuda_without_a_gpu_is_one_line_and_writes_nothing(tmp_path):
     r = subprocess.run([sys.executable, "-m", "roofline.cli.sweep", "model=tiny", "device=cuda", "L=[0]",
                         f"out_dir={tmp_path / 'x'}"], cwd=REPO_ROOT, capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        "error: device='cuda': CUDA is not available here; allowed ('cpu',)"]
+        "error: device='cuda': CUDA is not available here (every GPU entry runs on cuda: cuda, cuda:N or a datasheet "
+        "GPU row such as h100_sxm); allowed ('cpu',)"]
     assert not (tmp_path / "x").exists()
 
 

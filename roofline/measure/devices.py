@@ -102,7 +102,8 @@ def parse_device(device: str | torch.device, *, need_available: bool = True) -> 
     if dev is None or dev.type not in ("cpu", "cuda") or (dev.type == "cpu" and dev.index not in (None, 0)):
         raise ConfigError(f"device={text!r}: allowed 'cpu', 'cuda', 'cuda:N'")
     if dev.type == "cuda" and need_available and not torch.cuda.is_available():
-        raise ConfigError(f"device={text!r}: CUDA is not available here; allowed ('cpu',)")
+        raise ConfigError(f"device={text!r}: CUDA is not available here (every GPU entry runs on cuda: cuda, cuda:N "
+                          "or a datasheet GPU row such as h100_sxm); allowed ('cpu',)")
     return dev
 
 
