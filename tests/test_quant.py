@@ -7,12 +7,16 @@ import dataclasses
 import pytest
 import torch
 
-from roofline.model.accounting import forward_cost, param_count, resident_weight_bytes
+from roofline.model.accounting import (embedding_bytes, embedding_format, forward_cost, head_bytes, param_count,
+                                       resident_weight_bytes)
 from roofline.io.fields import ConfigError
+from roofline.measure.devices import get_datasheet
 from roofline.model.decoder import build_model
-from roofline.model.formats import parse_format, parse_precision, precision
+from roofline.model.formats import GGML, gguf_more_bits, gguf_tensor_formats, parse_format, parse_precision, precision
 from roofline.model.presets import get_preset, scaled_down
 from roofline.model import quant
+from roofline.parallel.layout import Layout
+from roofline.parallel.whatif import Setting, WhatIf, capacity, memory_check, sequence_cap
 
 WEIGHT_FORMATS = ["int8", "int4_g32", "int4_g64", "fp8", "fp8_channel", "fp8_e4m3_b128", "fp8_e5m2_b128",
                   "fp8_e4m3_b64x32"]
@@ -338,10 +342,6 @@ def test_a_gguf_embedding_table_is_held_as_llama_cpp_writes_and_keeps_it():
     CPU), so its device holds the blocks and the LM head only, while an engine without that rule holds the table
     too. Llama-2-7B in Q4_0: 3.56 GiB of tensors (the table in Q4_0, the head in Q6_K), not the 3.74 GiB a float16
     table gave; a non-GGUF format leaves the table in the activation dtype."""
-    from roofline.measure.devices import get_datasheet
-    from roofline.model.accounting import embedding_bytes, embedding_format, head_bytes
-    from roofline.parallel.layout import Layout
-    from roofline.parallel.whatif import Setting, WhatIf, memory_check
     cfg = get_preset("llama-2-7b")
     q4 = precision("float16", "q4_0", model=cfg)
     table = cfg.vocab * cfg.d
@@ -373,7 +373,6 @@ def test_a_gguf_k_m_file_gives_attn_v_and_ffn_down_more_bits_as_llama_cpp_quanti
     attn_k / attn_v in Q8_0 whatever the type; the rest in Q4_K / Q5_K. The sizes are what llama-bench prints for
     such files (Llama-2-7B Q4_K_M 3.80 GiB, Q5_K_M 4.45 GiB; Llama-3.1-70B Q4_K_M 39.59 GiB), and a decode step
     reads the extra bytes too."""
-    from roofline.model.formats import GGML, gguf_more_bits, gguf_tensor_formats
     assert sum(gguf_more_bits(i, 32) for i in range(32)) == 16 and sum(gguf_more_bits(i, 80) for i in range(80)) == 40
     assert parse_format("q5_k").matrix_bytes(256, 256, 2) == 256 * 176  # block_q5_K: 176 bytes per 256 weights
     gib = lambda name, w: resident_weight_bytes(get_preset(name), precision(  # noqa: E731
@@ -396,9 +395,6 @@ def test_a_gguf_k_m_file_gives_attn_v_and_ffn_down_more_bits_as_llama_cpp_quanti
 def test_llama_server_runs_its_four_default_slots_unless_a_run_says_more():
     """llama-server decodes at most its slots' sequences (-np; 4 by default since its unified KV cache): a plan for
     llama.cpp with no cap of its own stops at B = 4 however much memory is left, and max_running= lifts it."""
-    from roofline.measure.devices import get_datasheet
-    from roofline.parallel.layout import Layout
-    from roofline.parallel.whatif import Setting, WhatIf, capacity, sequence_cap
     cfg, dev = get_preset("llama-3.1-8b"), get_datasheet("rtx4090")
     label = precision("float16", "q4_k_m", model=cfg).label
     w = WhatIf(cfg, dev, label, Layout(), Setting(engine="llama.cpp"))

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from roofline.io.fields import ConfigError
@@ -147,14 +147,14 @@ GGML = {"q8_0": Format("q8_0", "int8", 8, "group", group=32, scale_bytes=2, stor
         # written as 6-bit quants and 18 bytes of scales per 256; a sub-byte format unpacked in registers as q4_k
         "q6_k": Format("q6_k", "int4", 6, "group", group=256, scale_bytes=18, storage="uint8", family="ggml"),
         # block_q5_K: 176 bytes per 256 weights (5.5 bits), written as q4_k is: 5-bit quants and 2 bytes per 32
-        "q5_k": Format("q5_k", "int4", 5, "group", group=32, scale_bytes=2, storage="uint8", family="ggml"),
-        # llama.cpp's mixed file types (LLAMA_FTYPE_MOSTLY_Q4_K_M / Q5_K_M): the base type's bytes, with the tensors
-        # its quantizer gives more bits priced by `gguf_tensor_formats` (accounting.weight_matrix_bytes)
-        "q4_k_m": Format("q4_k_m", "int4", 4, "group", group=32, scale_bytes=2, storage="uint8", family="ggml"),
-        "q5_k_m": Format("q5_k_m", "int4", 5, "group", group=32, scale_bytes=2, storage="uint8", family="ggml")}
+        "q5_k": Format("q5_k", "int4", 5, "group", group=32, scale_bytes=2, storage="uint8", family="ggml")}
+# llama.cpp's mixed file types (LLAMA_FTYPE_MOSTLY_Q4_K_M / Q5_K_M) and the type most of their tensors take: each is
+# its base type's format under its own name, the tensors its quantizer gives more bits priced by
+# `gguf_tensor_formats` (accounting.weight_matrix_bytes)
+GGUF_K_M = {"q4_k_m": "q4_k", "q5_k_m": "q5_k"}
+GGML.update({mix: replace(GGML[base], name=mix) for mix, base in GGUF_K_M.items()})
 GGML_KV = ("q8_0", "q4_0")  # llama.cpp's -ctk / -ctv cache types of these families
 GGUF_FALCON = ("FalconForCausalLM", "RWForCausalLM")  # Hugging Face architectures llama.cpp reads as LLM_ARCH_FALCON
-GGUF_K_M = {"q4_k_m": "q4_k", "q5_k_m": "q5_k"}  # a mixed file type and the type most of its tensors take
 
 
 def gguf_more_bits(i: int, n_layer: int) -> bool:
@@ -163,6 +163,7 @@ def gguf_more_bits(i: int, n_layer: int) -> bool:
     return i < n_layer // 8 or i >= 7 * n_layer // 8 or (i - n_layer // 8) % 3 == 2
 
 
+@lru_cache(maxsize=1024)  # asked for each matrix of every priced pass
 def gguf_tensor_formats(weights: Format, role: str, cfg) -> tuple[tuple[Format, float], ...]:
     """The formats (with the share of the model's layers in each) that llama.cpp's quantizer writes one tensor role
     of a decoder layer in, in a file of type `weights` (src/llama-quant.cpp, llama_tensor_get_type, for the file
