@@ -108,6 +108,23 @@ def test_int4_experts_stream_at_their_own_grouped_kernel_curve():
     assert kernels.grouped_gemm_seconds(*args, "int8")["memory"] == pytest.approx(dense)  # no int8 curve: the dense one
 
 
+def test_a_kernel_table_is_prepared_once_per_table_object_and_never_read_for_another():
+    """table_value prepares a table (sorted log x, one scenario's y) once per table object: the same object gives
+    the same answer from the prepared copy, another object (a copy with other values, a table built on the fly,
+    a mapping or a {table: ...} entry) its own, whatever order its rows come in."""
+    rows = [[1, [0.9, 0.8, 0.7]], [100, [0.5, 0.4, 0.3]]]
+    mid = math.exp((math.log(1) + math.log(100)) / 2)  # halfway in log x
+    assert kernels.table_value(rows, mid, 1, "t") == pytest.approx(0.6)
+    assert kernels.table_value(rows, mid, 1, "t") == pytest.approx(0.6) and kernels.table_value(rows, 1, 0, "t") == 0.9
+    for i in range(50):  # tables built and dropped: none is answered from another's preparation
+        other = [[100, [0.1, 0.2 + i / 1000, 0.3]], [1, [0.9, 0.6, 0.7]]]
+        assert kernels.table_value(other, 100, 1, "t") == pytest.approx(0.2 + i / 1000)
+    assert kernels.table_value({1: [1, 1, 1], 10: [3, 3, 3]}, 10, 2, "t") == 3.0
+    assert kernels.table_value({"table": rows}, 1000, 1, "t") == pytest.approx(0.4)  # clamped at the last row
+    with pytest.raises(ConfigError, match="empty table"):
+        kernels.table_value([], 1, 1, "t")
+
+
 def test_the_fused_moe_kernel_pays_its_layer_floor_beside_streaming_its_touched_bytes():
     """vLLM's fused_moe (benchmark_moe.py: a line through its kernel times, ~31 us per layer on H100, ~58 on
     A100) pays its floor once per MoE layer beside the touched bytes at the floor-free streaming fraction: time

@@ -115,6 +115,7 @@ def rank_block_bytes(cfg: ModelConfig, layout: Layout, moe: bool, prec: Precisio
     return float(block_weight_bytes(block, moe, prec, linear)), float(expert_bytes(expert, prec) if moe else 0)
 
 
+@lru_cache(maxsize=256)  # frozen inputs (as _rank_cfgs): every priced pass asks for it, and each ask built a config
 def rank_head_bytes(cfg: ModelConfig, layout: Layout, prec: Precision) -> float:
     """This rank's LM-head rows in the head's format (the embedding rows when tied)."""
     return float(head_bytes(cfg.scaled(vocab=local_shapes(cfg, layout).vocab_head), prec))

@@ -59,14 +59,30 @@ def pick(entry, scenario: int, field: str = "") -> float:
 
 def table_value(rows, x: float, scenario: int, field: str) -> float:
     """Interpolate a table [[x, [opt, typ, pess]], ...] (or {x: triple}) at x, linear in log x."""
-    if isinstance(rows, dict) and "table" in rows:
-        rows = rows["table"]
-    items = sorted(rows.items()) if isinstance(rows, dict) else sorted((r[0], r[1]) for r in rows)
+    xs, ys = _prepared_table(rows, scenario, field)
+    return float(np.interp(math.log(max(x, 1e-9)), xs, ys))
+
+
+_TABLES: dict = {}  # id(table), scenario -> (the table, its log x, its y): a what-if reads the same tables 1e5 times
+
+
+def _prepared_table(rows, scenario: int, field: str):
+    """A table's sorted log x and its scenario's y, prepared once per table object (the entry keeps the object, so
+    its id is not reused while cached; a table rebuilt or copied is a new object, prepared anew). Tables are read
+    as data: one changed in place would be answered from its first preparation."""
+    hit = _TABLES.get((id(rows), scenario))
+    if hit is not None and hit[0] is rows:
+        return hit[1], hit[2]
+    table = rows["table"] if isinstance(rows, dict) and "table" in rows else rows
+    items = sorted(table.items()) if isinstance(table, dict) else sorted((r[0], r[1]) for r in table)
     if not items:
         raise ConfigError(f"{field}: empty table")
     xs = np.log([max(float(a), 1e-9) for a, _ in items])
-    ys = [pick(t, scenario, field) for _, t in items]
-    return float(np.interp(math.log(max(x, 1e-9)), xs, ys))
+    ys = np.array([pick(t, scenario, field) for _, t in items])
+    if len(_TABLES) > 4096:  # tables built on the fly (tests) do not pile up
+        _TABLES.clear()
+    _TABLES[(id(rows), scenario)] = (rows, xs, ys)
+    return xs, ys
 
 
 def fp16_accumulate_speedup(kern: dict, device_key: str) -> float:
