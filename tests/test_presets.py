@@ -289,3 +289,18 @@ def test_preset_dir_from_env(tmp_path, monkeypatch):
     assert "my-extra" not in presets.list_presets()
     with pytest.raises(ConfigError):
         presets.get_preset("my-extra")
+
+
+def test_a_card_whose_count_is_far_from_the_published_one_prints_how_the_preset_counts():
+    """The published counts of some releases are nominal or leave the embedding or LM head out (gpt-oss: its model
+    card's 3.61B active leaves out the 0.58B table this count includes); a card 5% or more off the published count
+    prints the preset's published_note beside it, one within prints none (the record carries the note either way)."""
+    from roofline.commands.card import CardRequest, card_record, render_card
+    far = card_record(CardRequest(model=presets.get_preset("gpt-oss-20b"), device=None))
+    assert abs(far["rel_diff_active"]) >= 0.05 and far["published_note"]
+    lines = render_card(far).splitlines()
+    i = next(n for n, line in enumerate(lines) if line.startswith("params active"))
+    assert lines[i + 1] == f"published      {far['published_note']}"
+    near = card_record(CardRequest(model=presets.get_preset("llama-3.1-8b"), device=None))
+    assert near["published_note"] and abs(near["rel_diff_active"]) < 0.05 and abs(near["rel_diff_total"]) < 0.05
+    assert not any(line.startswith("published ") for line in render_card(near).splitlines())

@@ -207,6 +207,7 @@ def card_record(req: CardRequest) -> dict:
         published_params_active=cfg.published_params_active or None,
         rel_diff_total=rel_diff(pc.total, cfg.published_params_total),
         rel_diff_active=rel_diff(pc.active, cfg.published_params_active),
+        published_note=cfg.published_note or None,
         weight_bytes=step.weight_bytes, kv_bytes_per_token=kv_bytes_per_token(cfg, dtype),
         local_kind=cfg.local_kind, local_span=cfg.local_span or None, windowed_layers=cfg.windowed_layers,
         index_topk=cfg.index_topk or None, linear_layers=cfg.linear_layers or None,
@@ -384,6 +385,9 @@ def _terms_line(terms_ms: dict, launch: str | None = None) -> str:
     return ", ".join(f"{names.get(k, k)} {v:.3g} ms ({100 * v / total:.0f}%)" for v, k in parts)
 
 
+NOTE_DIFF = 0.05  # a published count this far from ours: the card prints the preset's note on how it counts
+
+
 def render_card(rec: dict) -> str:
     pct = lambda v: "n/a" if v is None else f"{100 * v:+.2f}%"
     pub = lambda v: "n/a" if not v else _si(v, "")
@@ -392,6 +396,8 @@ def render_card(rec: dict) -> str:
         f"layers {rec['layers']}, attention {rec['attention']}, experts {rec['experts']} (top-{rec['experts_per_token']}), MTP modules {rec['mtp_layers']}",
         f"params total   {_si(rec['params_total'], '')}  (published {pub(rec['published_params_total'])}, diff {pct(rec['rel_diff_total'])})",
         f"params active  {_si(rec['params_active'], '')}  per token (published {pub(rec['published_params_active'])}, diff {pct(rec['rel_diff_active'])})",
+        *([f"published      {rec['published_note']}"] if rec.get("published_note") and any(
+            v is not None and abs(v) >= NOTE_DIFF for v in (rec["rel_diff_total"], rec["rel_diff_active"])) else []),
         f"params MTP     {_si(rec['params_mtp'], '')}  (own weights; embedding and LM head shared)",
         f"weight bytes   {_si(rec['weight_bytes'], 'B')} read per decode step (B=1, q=1; LM head in, embedding table out)",
         f"weights held   {_si(rec['resident_weight_bytes'], 'B')} (main model, embedding included; "
