@@ -351,13 +351,18 @@ def weight_matrix_bytes(cfg: ModelConfig, fmt: Format, name: str, N: int, K: int
     return round(role_bytes(role, N))
 
 
+def block_vector_bytes(cfg: ModelConfig, moe: bool, act_bytes: int, linear: bool = False) -> int:
+    """Bytes of one block's weights outside its matrices (block_matrices): norms, biases, the router and the like,
+    in the activation dtype."""
+    params = 2 * cfg.d + mixer_params(cfg, linear) + (moe_fixed_params(cfg) if moe else dense_ffn_params(cfg))
+    return (params - sum(N * K for _, N, K in block_matrices(cfg, moe, linear))) * act_bytes
+
+
 def block_weight_bytes(cfg: ModelConfig, moe: bool, prec: Precision, linear: bool = False) -> int:
     """Bytes of one block's weights, routed experts excluded (`linear`: a Gated DeltaNet block)."""
-    mats = block_matrices(cfg, moe, linear)
-    params = 2 * cfg.d + mixer_params(cfg, linear) + (moe_fixed_params(cfg) if moe else dense_ffn_params(cfg))
     a = prec.act_bytes
-    return (params - sum(N * K for _, N, K in mats)) * a + sum(weight_matrix_bytes(cfg, prec.weights, name, N, K, a)
-                                                              for name, N, K in mats)
+    return block_vector_bytes(cfg, moe, a, linear) + sum(weight_matrix_bytes(cfg, prec.weights, name, N, K, a)
+                                                         for name, N, K in block_matrices(cfg, moe, linear))
 
 
 def expert_bytes(cfg: ModelConfig, prec: Precision) -> int:

@@ -50,7 +50,7 @@ from roofline.model.speculation import (DRAFTERS, EAGLE3_DRAFT_VOCAB, EAGLE_HEAD
                                         WHATIF_DRAFTERS)
 from roofline.measure.devices import Datasheet
 from roofline.measure.memory import HEADROOM
-from roofline.model.accounting import (block_elementwise_elements, block_matrices, block_weight_bytes, expert_bytes,
+from roofline.model.accounting import (block_elementwise_elements, block_matrices, block_vector_bytes, expert_bytes,
                                        expert_pair_io_bytes, indexer_flops, kv_read_bytes_per_seq_layer,
                                        linear_flops_per_token, weight_matrix_bytes)
 from roofline.model.config import ModelConfig, kind_counts
@@ -417,9 +417,8 @@ def pass_seconds(cfg: ModelConfig, layout: Layout, dtype, p: Pass, device: Datas
         mats = block_matrices(block_cfg, moe, linear)
         g = [gemm(Nr, N, Kd, weight_matrix_bytes(block_cfg, prec.weights, name, N, Kd, a))
              for name, N, Kd in engine_matrices(mats, eng.merged)]
-        rest = (block_weight_bytes(block_cfg, moe, prec, linear)
-                - sum(weight_matrix_bytes(block_cfg, prec.weights, name, N, Kd, a) for name, N, Kd in mats))
-        t_rest = rest / (bw * K.weight_bw_fraction("dense", Nr, scenario, kern))  # norms, router in act dtype
+        rest = block_vector_bytes(block_cfg, moe, a, linear)  # norms, router in act dtype
+        t_rest = rest / (bw * K.weight_bw_fraction("dense", Nr, scenario, kern))
         out = dict(dense=sum(x["seconds"] for x in g) + t_rest, experts=0.0,
                    elementwise=Nr * a * block_elementwise_elements(block_cfg, moe, linear) / stream)
         if moe:
