@@ -180,3 +180,26 @@ def test_a_multirun_jobs_file_is_written_whole_so_a_late_signal_can_aggregate_it
     entry.interrupted_multirun(dict(ok=1, failed=0, run_dir="runs/b"))
     assert written[-1] == tmp_path / "1" / entry.JOB_FILE
     assert json.loads(written[-1].read_text()) == dict(status="interrupted", ok=1, failed=0, run_dir="runs/b")
+
+
+def test_a_late_signal_whose_aggregation_fails_says_why_instead_of_nothing(tmp_path):
+    """A fresh-clone run (stop 68) ended a multirun interrupted by SIGINT with exit 130, the job's 'interrupted: 8
+    points saved' line and no 'multirun interrupted' line. The late handler exits with os._exit in a finally: an
+    error in its aggregation was dropped without a word. It now says what stopped the aggregation."""
+    script = (
+        "import os, signal, sys, time\n"
+        "from roofline.cli import entry\n"
+        "entry._multirun = lambda: True\n"
+        "def broken():\n"
+        "    raise OSError(2, 'No such file or directory', 'sweep/1/job.json')\n"
+        "entry.aggregate_finished = broken\n"
+        "entry.hold_signals_to_the_end()\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "time.sleep(5)\n"
+        "sys.exit(0)\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    p = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 130, p.stderr[-2000:]
+    assert ("multirun interrupted: the finished jobs were not aggregated (FileNotFoundError: No such file or "
+            "directory: sweep/1/job.json); the same command resumes") in p.stderr

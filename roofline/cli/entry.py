@@ -185,7 +185,11 @@ def _late_signal(signum, frame) -> None:
     try:
         print(_interrupted_line(_LAST.summary, signum), file=sys.stderr)
         if _multirun():  # between two jobs: the finished jobs are aggregated, as after an interrupt in one
-            aggregate_finished()
+            try:
+                aggregate_finished()
+            except Exception as e:  # os._exit below would drop it without a word: say what stopped it
+                print(f"multirun interrupted: the finished jobs were not aggregated ({type(e).__name__}: "
+                      f"{_one_line(e)}); the same command resumes", file=sys.stderr)
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:
