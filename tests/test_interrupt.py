@@ -22,6 +22,13 @@ GRID = ["model=tiny", "'q=[1,2,4]'", "'B=[1,2]'", "'L=[16,64]'", "timer.warmup=1
 TOTAL = 16  # 12 forward points + 4 of tiny's MTP module (mtp_q=[1])
 
 
+def _python(script: str, cwd: Path, timeout: int) -> subprocess.CompletedProcess:
+    """`script` run by a fresh interpreter that imports this checkout's roofline."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-c", script], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
 def _start(args: list[str], cwd: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("TRITON_INTERPRET", None)
@@ -149,9 +156,7 @@ def test_a_signal_after_the_command_returned_exits_128_plus_signum_and_says_what
         f"os.kill(os.getpid(), {int(sig)})\n"
         "time.sleep(5)\n"
         "sys.exit(0)\n")
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    p = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
-                       timeout=60)
+    p = _python(script, cwd=REPO, timeout=60)
     assert p.returncode == 128 + int(sig), p.stderr[-2000:]
     assert p.stdout.strip() == '{"summary": 1}'  # what was printed before stays printed
     assert f"interrupted: 3 points saved in runs/y ({signal.Signals(sig).name})" in p.stderr
@@ -197,9 +202,34 @@ def test_a_late_signal_whose_aggregation_fails_says_why_instead_of_nothing(tmp_p
         "os.kill(os.getpid(), signal.SIGINT)\n"
         "time.sleep(5)\n"
         "sys.exit(0)\n")
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    p = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                       timeout=60)
+    p = _python(script, cwd=tmp_path, timeout=60)
     assert p.returncode == 130, p.stderr[-2000:]
     assert ("multirun interrupted: the finished jobs were not aggregated (FileNotFoundError: No such file or "
             "directory: sweep/1/job.json); the same command resumes") in p.stderr
+
+
+def test_a_signal_between_two_jobs_of_a_multirun_still_aggregates_the_finished_ones(tmp_path):
+    """The root cause of the stop-68 fresh-clone failure (exit 130, the job's 'interrupted: 8 points saved' line, no
+    'multirun interrupted' line): Hydra's run_job puts back the config it found when a job returns (none, in a
+    multirun), so between two jobs `_multirun()` was false and the late handler did not aggregate. A real two-job
+    Hydra multirun here, signalled once its jobs have returned: the same state as between two jobs."""
+    script = (
+        "import os, signal, sys, time\n"
+        "import hydra\n"
+        "from roofline.cli import entry\n"
+        "@hydra.main(config_path=None, version_base='1.3')\n"
+        "def task(cfg):\n"
+        "    with entry.fail_fast() as done:\n"
+        "        done.summary = dict(ok=0, failed=0, run_dir='runs/x')\n"
+        "        entry.job_dir(dict(status='ok', ok=0, failed=0, run_dir=f'runs/x{cfg.x}'))\n"
+        "entry.hold_signals_to_the_end()\n"
+        "sys.argv[1:] = ['-m', '+x=1,2', 'hydra.sweep.dir=sweep']\n"
+        "task()\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "time.sleep(5)\n"
+        "sys.exit(0)\n")
+    p = _python(script, cwd=tmp_path, timeout=120)
+    assert p.returncode == 130, p.stderr[-2000:]
+    assert "interrupted: 0 points saved in runs/x (SIGINT)" in p.stderr
+    assert "multirun interrupted: 0 points saved across 2 job(s)" in p.stderr, p.stderr[-2000:]
+    assert (tmp_path / "sweep" / "aggregate.csv").exists()

@@ -155,9 +155,29 @@ def interrupted_multirun(saved: dict | None) -> None:
     aggregate_finished()
 
 
+class _Sweep:
+    """The running multirun's sweep folder, as its jobs saw it. Hydra clears its config when a job
+    returns (run_job puts back the one it found: none), so between two jobs `_multirun()` is
+    false; a signal that lands there still aggregates the finished jobs."""
+    dir: Path | None = None
+
+
+_SWEEP = _Sweep()
+
+
+def _remember_sweep() -> None:
+    if _multirun():
+        _SWEEP.dir = Path(HydraConfig.get().sweep.dir).absolute()
+
+
+def _sweep_dir() -> Path:
+    _remember_sweep()
+    return _SWEEP.dir
+
+
 def aggregate_finished() -> None:
     """Every finished point of every job so far, aggregated, and said on stderr."""
-    summary = aggregate_jobs(Path(HydraConfig.get().sweep.dir), JOB_FILE)
+    summary = aggregate_jobs(_sweep_dir(), JOB_FILE)
     print(f"multirun interrupted: {summary['rows']} points saved across {summary['jobs']} job(s), "
           f"aggregated in {summary['aggregate']}", file=sys.stderr)
 
@@ -184,7 +204,8 @@ def _late_signal(signum, frame) -> None:
     once; the interpreter's teardown has nothing left to save."""
     try:
         print(_interrupted_line(_LAST.summary, signum), file=sys.stderr)
-        if _multirun():  # between two jobs: the finished jobs are aggregated, as after an interrupt in one
+        # between two jobs (or after the last): the finished jobs are aggregated, as after an interrupt in one
+        if _multirun() or _SWEEP.dir is not None:
             try:
                 aggregate_finished()
             except Exception as e:  # os._exit below would drop it without a word: say what stopped it
@@ -224,6 +245,7 @@ def fail_fast():
     `done.summary`, and an interrupt after that point reports it."""
     global _LAST
     done = _LAST = _Saved()
+    _remember_sweep()
     try:
         with Signals():
             yield done
