@@ -433,7 +433,8 @@ def render_card(rec: dict) -> str:
                      f"{rec['memory_rule']})")
     if "whatif_itl_ms" in rec:
         lines.append(f"what-if ITL    {rec['whatif_itl_ms']:.3f} ms ({rec['whatif_itl_ms_optimistic']:.3f}-"
-                     f"{rec['whatif_itl_ms_pessimistic']:.3f}) as {rec['whatif_layout']}, engine {rec['whatif_engine']}"
+                     f"{rec['whatif_itl_ms_pessimistic']:.3f}) at B={rec['batch']}, L={rec['context']} as "
+                     f"{rec['whatif_layout']}, engine {rec['whatif_engine']}"
                      + (f", {rec['whatif_experts_touched']:.1f} experts touched per MoE layer" if req_moe(rec) else ""))
         if rec.get("whatif_terms_ms"):
             lines.append("  by term       " + _terms_line(rec["whatif_terms_ms"], rec.get("whatif_launch")))
