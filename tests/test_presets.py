@@ -304,3 +304,19 @@ def test_a_card_whose_count_is_far_from_the_published_one_prints_how_the_preset_
     near = card_record(CardRequest(model=presets.get_preset("llama-3.1-8b"), device=None))
     assert near["published_note"] and abs(near["rel_diff_active"]) < 0.05 and abs(near["rel_diff_total"]) < 0.05
     assert not any(line.startswith("published ") for line in render_card(near).splitlines())
+
+
+def test_the_card_what_if_line_names_the_batch_and_context_it_prices():
+    """The what-if ITL line priced the card's batch and context without saying so: read beside a finite run's ITL
+    (64 running) it looked like a contradiction. It names them, as the decode-step line above it does, and a larger
+    batch or context prices a slower step."""
+    from roofline.commands.card import CardRequest, card_record, render_card
+    from roofline.measure.devices import get_datasheet
+    recs = {}
+    for batch, context in ((1, 0), (16, 4096)):
+        rec = card_record(CardRequest(model=presets.get_preset("llama-3.1-8b"), device=get_datasheet("h100_sxm"),
+                                      engine="vllm", batch=batch, context=context))
+        line = next(line for line in render_card(rec).splitlines() if line.startswith("what-if ITL"))
+        assert f") at B={batch}, L={context} as tp1, engine vllm" in line, line
+        recs[batch] = rec["whatif_itl_ms"]
+    assert recs[16] > recs[1]
