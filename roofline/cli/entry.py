@@ -170,7 +170,7 @@ def _remember_sweep() -> None:
         _SWEEP.dir = Path(HydraConfig.get().sweep.dir).absolute()
 
 
-def _sweep_dir() -> Path:
+def _sweep_dir() -> Path | None:
     _remember_sweep()
     return _SWEEP.dir
 
