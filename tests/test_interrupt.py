@@ -22,6 +22,10 @@ GRID = ["model=tiny", "'q=[1,2,4]'", "'B=[1,2]'", "'L=[16,64]'", "timer.warmup=1
 TOTAL = 16  # 12 forward points + 4 of tiny's MTP module (mtp_q=[1])
 
 
+# the end of a script that signals itself: the handler exits 130 before the sleep ends (exit 0: not handled)
+_SIGINT_ITSELF = "os.kill(os.getpid(), signal.SIGINT)\ntime.sleep(5)\nsys.exit(0)\n"
+
+
 def _python(script: str, cwd: Path, timeout: int) -> subprocess.CompletedProcess:
     """`script` run by a fresh interpreter that imports this checkout's roofline."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
@@ -199,9 +203,7 @@ def test_a_late_signal_whose_aggregation_fails_says_why_instead_of_nothing(tmp_p
         "    raise OSError(2, 'No such file or directory', 'sweep/1/job.json')\n"
         "entry.aggregate_finished = broken\n"
         "entry.hold_signals_to_the_end()\n"
-        "os.kill(os.getpid(), signal.SIGINT)\n"
-        "time.sleep(5)\n"
-        "sys.exit(0)\n")
+        + _SIGINT_ITSELF)
     p = _python(script, cwd=tmp_path, timeout=60)
     assert p.returncode == 130, p.stderr[-2000:]
     assert ("multirun interrupted: the finished jobs were not aggregated (FileNotFoundError: No such file or "
@@ -225,9 +227,7 @@ def test_a_signal_between_two_jobs_of_a_multirun_still_aggregates_the_finished_o
         "entry.hold_signals_to_the_end()\n"
         "sys.argv[1:] = ['-m', '+x=1,2', 'hydra.sweep.dir=sweep']\n"
         "task()\n"
-        "os.kill(os.getpid(), signal.SIGINT)\n"
-        "time.sleep(5)\n"
-        "sys.exit(0)\n")
+        + _SIGINT_ITSELF)
     p = _python(script, cwd=tmp_path, timeout=120)
     assert p.returncode == 130, p.stderr[-2000:]
     assert "interrupted: 0 points saved in runs/x (SIGINT)" in p.stderr
