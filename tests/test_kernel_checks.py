@@ -50,19 +50,24 @@ def test_the_committed_kernel_checks_are_what_the_code_prices_now_and_the_docs_q
 
 @pytest.mark.slow
 def test_held_out_kernel_checks_are_bounded_at_the_measured_level():
-    """All 68 rows: median |error| 11.7%, signed +2.3%, 65% inside; vLLM's tuned fused_moe on an H100 (gpt-oss's
-    shape) 5.6%, within its interval at 4 of 5 batches; on an L40S (Qwen3.5's fp8 shape) 4.0%, and its compute-bound
-    end (16384, 32768 tokens) within 10%: a held-out check of the Ada fp8 fused_moe share, read from another
-    shape's table. A regression of the kernel curves fails this."""
+    """All 68 rows: median |error| 9.6%, signed +1.4%, 66% inside (11.7%, +2.3%, 65% before stop 70); vLLM's tuned
+    fused_moe on an H100 (gpt-oss's shape) 5.6%, within its interval at 4 of 5 batches; on an L40S (Qwen3.5's fp8
+    shape) 4.0%, and its compute-bound end (16384, 32768 tokens) within 10%: a held-out check of the Ada fp8
+    fused_moe share, read from another shape's table. SGLang PR #34682's Marlin MXFP4 MoE on an H20 (1k-128k
+    tokens) 7.5%, every row within 12%: a held-out check of the Marlin MoE kernel's compute share read from FlagGems'
+    tables of other shapes (26.7%, 24-35% too fast from 2k tokens, at the dense GEMM's share before stop 70). A
+    regression of the kernel curves fails this."""
     t = kernel_checks.table()
     s = kernel_checks.summary(t)
     a, tuned, l40s = s["all"], s["vllm-pr39902-h100-gptoss-bf16-tuned"], s["vllm-pr53819-l40s-qwen35-fp8-tuned"]
     assert a["n"] >= 68
-    assert a["median_abs_error_pct"] <= 13.0 and abs(a["signed_median_pct"]) <= 7.0 and a["inside"] >= 0.62
+    assert a["median_abs_error_pct"] <= 11.0 and abs(a["signed_median_pct"]) <= 7.0 and a["inside"] >= 0.62
     assert tuned["median_abs_error_pct"] <= 7.0 and tuned["inside"] >= 0.8
     assert l40s["median_abs_error_pct"] <= 5.5
     big = t[(t["id"] == "vllm-pr53819-l40s-qwen35-fp8-tuned") & (t["M"] >= 16384)]
     assert len(big) == 2 and (big["error_pct"].abs() <= 10.0).all()
+    marlin = t[t["id"] == "sglang-pr34682-h20-mxfp4-marlin"]
+    assert len(marlin) == 8 and (marlin["error_pct"].abs() <= 12.0).all()
 
 
 def _doc():

@@ -2273,7 +2273,11 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran, their intervals widened by the
     conformal bands of the calibration anchors no prior cites (each source weighing one): bounds at the level
     measured when this test was last set plus a small margin, so a regression fails. All 103 test rows: median
-    |error| 21.2%, signed median +15.0%, 76% inside, half-width 36.9% (21.3% / +15.4% / 73% before SGLang's EAGLE
+    |error| 21.3%, signed median +15.0%, 76% inside, half-width 36.9% (stop 70: a weight-only MoE kernel's
+    compute-bound end at its own measured share, vLLM's Marlin MoE on an H20, moved TensorRT-LLM's Hopper gpt-oss rows
+    0-19 points closer and the median row, DeepSeek-V3 AWQ at 32 requests of 4K on 4 H200s, -21.2 -> -23.2%, its
+    prompts' experts slower: the median 21.2 -> 21.3%, quantized 21.2 -> 22.1%, its bound 21.7 -> 22.5; the held-out
+    Marlin MoE kernel check 26.7 -> 7.5%. 21.2% / +15.0% / 76% before it; 21.3% / +15.4% / 73% before SGLang's EAGLE
     and MTP rounds paid the host time its overlap scheduler, off for them, hides: 1.1-2.0 ms a round, measured with
     the overlap on and off in SGLang PRs #11398 and #12128; SpecForge's rows +29..+87% -> +14..+54%, PR #4716's +58 ->
     +42%, the DeepSeek-V3 MTP README's -4.7 / +0.7% -> -16.2 / -4.4%; speculative 51.1% -> 26.8%, MoE 29.9% / +25.1%
@@ -2338,7 +2342,7 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     assert abs(t["signed_median_fast_pct"]) <= 15.5
     assert t["inside_interval"] >= 0.74
     assert t["median_half_width_pct"] <= 38.0
-    assert q["median_abs_error_pct"] <= 21.7 and abs(q["signed_median_fast_pct"]) <= 14.5
+    assert q["median_abs_error_pct"] <= 22.5 and abs(q["signed_median_fast_pct"]) <= 14.5
     assert tp["median_abs_error_pct"] <= 27.0 and abs(tp["signed_median_fast_pct"]) <= 21.5
     assert m["median_abs_error_pct"] <= 28.0 and abs(m["signed_median_fast_pct"]) <= 24.0
     assert sp["n"] == 11 and sp["median_half_width_pct"] >= 10.0 and sp["median_abs_error_pct"] <= 28.5
@@ -2792,6 +2796,28 @@ def test_triton_fused_moe_is_priced_at_its_own_measured_compute_share_where_it_w
     assert flops / (a100 * 1e-6) / 312e12 == pytest.approx(dense, rel=0.05)
     other = _fused_moe_us("h200_sxm", "dense", 2.0, "bf16", 128, 704, 2816, 8, 4096, fused_moe=False)
     assert other < 0.6 * _fused_moe_us("h200_sxm", "dense", 2.0, "bf16", 128, 704, 2816, 8, 4096)
+
+
+def test_weight_only_experts_are_priced_at_their_own_kernels_measured_compute_share():
+    """vLLM's Marlin MoE (W4A16, int4 + a bf16 scale per 128) on an H20, FlagGems PR #4350's Mixtral rows (E 8, top 2,
+    4096 x 14336): compute-bound from 64 tokens at 0.25-0.55 of the bf16 rate, which the dense GEMM's share (0.67
+    times Hopper's 64-row tiles) priced up to 1.5x too fast; its memory-bound rows (16 tokens: 4 per expert) keep the
+    streaming curve. The same share on an H100 (989 TFLOPS), and the architecture's own kernel on CDNA3."""
+    from roofline.parallel import kernels as K
+    bpw = 0.5 + 2 / 128
+    for M, ms in ((16, 0.444231), (64, 1.189485), (256, 3.362423), (1024, 10.31), (4096, 36.741793)):
+        assert _fused_moe_us("h20", "int4", bpw, "bf16", 8, 14336, 4096, 2, M) == pytest.approx(ms * 1e3, rel=0.10)
+    kern = K.load_kernels()
+    share = kern["grouped_gemm"]["weight_only"]["int4"]["compute_share_vs_tokens_per_expert"]
+    flops = 2.0 * 4096 * 2 * 3 * 4096 * 14336  # M = 4096 tokens, top 2: 2048 tokens per expert
+    h100 = _fused_moe_us("h100_sxm", "int4", bpw, "bf16", 8, 14336, 4096, 2, 4096) * 1e-6
+    assert flops / h100 / 989.5e12 == pytest.approx(K.table_value(share, 2048, 1, ""), rel=0.02)
+    assert flops / h100 / 989.5e12 < 0.85 * K.peak_fraction("int4", 1, kern, "h100_sxm")  # not the dense GEMM's share
+    fp4 = K.grouped_gemm_seconds(1e9, flops, 2048, 2 * 14336, 3.35e12, 989.5e12, "h100_sxm", 1, kern, "fp4_weight_only")
+    assert fp4["compute"] == pytest.approx(h100, rel=0.02)  # mxfp4 experts on Hopper borrow the int4 kernel's shares
+    mi300x = K.grouped_gemm_seconds(1e9, flops, 2048, 2 * 14336, 5.3e12, 1307e12, "mi300x", 1, kern, "int4")
+    assert mi300x["compute"] == pytest.approx(flops / (1307e12 * K.peak_fraction("int4", 1, kern, "mi300x")
+                                                       * K.tile_wave_utilisation(2048, 2 * 14336, "mi300x", kern)))
 
 
 # ---- EAGLE heads ------------------------------------------------------------------------------------------------------

@@ -259,9 +259,11 @@ def grouped_gemm_seconds(expert_bytes: float, expert_flops: float, tokens_per_ex
     kernel, which no benchmark read measures, streams at the measured kernel's whole-kernel fraction
     (`whole_kernel_fraction_vs_tokens_per_expert`, the floor folded in) with no floor of its own.
 
-    The FLOPs run at the architecture's own grouped share (CDNA3), else, for fused_moe on an architecture where
-    its compute-bound share was read (`fused_moe_peak_fraction.<arch>.<fmt>`), at that kernel's own share, else
-    at the dense GEMM's (`peak_fraction`), each times the tile and wave utilisation."""
+    The FLOPs run at the architecture's own grouped share (CDNA3), else, for weight-only experts whose kernel's
+    compute-bound share was read (`grouped_gemm.weight_only.<fmt>.compute_share_vs_tokens_per_expert`, whole-kernel
+    shares at those tokens per expert), at that share, else, for fused_moe on an architecture where its
+    compute-bound share was read (`fused_moe_peak_fraction.<arch>.<fmt>`), at that kernel's own share, else at the
+    dense GEMM's (`peak_fraction`), each of the last two times the tile and wave utilisation."""
     if expert_bytes <= 0:
         return dict(memory=0.0, compute=0.0, seconds=0.0)
     g = kern["grouped_gemm"]
@@ -301,6 +303,12 @@ def grouped_gemm_seconds(expert_bytes: float, expert_flops: float, tokens_per_ex
     t_mem = floor + expert_bytes / (bw_Bps * bw_ratio * frac) + io_seconds
     dev_arch = arch_name(kern, device_key)
     fm = ((g.get("fused_moe_peak_fraction") or {}).get(dev_arch) or {}).get(fmt_kind)
+    share = own.get("compute_share_vs_tokens_per_expert") if own else None
+    if share is not None and arch is None:  # a weight-only grouped kernel's own measured compute-bound share
+        s_f = table_value(share["table"], max(tokens_per_expert, 1), scenario,
+                          f"kernels.grouped_gemm.weight_only.{fmt_kind}.compute_share_vs_tokens_per_expert")
+        t_f = expert_flops / (flops * s_f)  # whole-kernel shares: the tile and wave losses are inside them
+        return dict(memory=t_mem, compute=t_f, seconds=max(t_mem, t_f))
     if arch is not None and not own and "peak_fraction" in arch:
         peak = pick(arch["peak_fraction"], scenario, "kernels.arch_overrides.grouped_gemm.peak_fraction")
     elif fused_moe and not own and fm is not None:  # Triton fused_moe's own share, where read for the architecture
