@@ -2273,7 +2273,9 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran, their intervals widened by the
     conformal bands of the calibration anchors no prior cites (each source weighing one): bounds at the level
     measured when this test was last set plus a small margin, so a regression fails. All 103 test rows: median
-    |error| 21.3%, signed median +15.0%, 76% inside, half-width 36.9% (stop 70: a weight-only MoE kernel's
+    |error| 21.3%, signed median +15.0%, 83% inside, half-width 37.4% (stop 70: the Marlin MoE kernel's compute share
+    has the H20's FLOP/s per SM as its pessimistic end on another Hopper part, which put seven of TensorRT-LLM's Hopper
+    gpt-oss rows inside their intervals, 76% -> 83%, half-width 36.9 -> 37.4%, no prediction moved; a weight-only MoE kernel's
     compute-bound end at its own measured share, vLLM's Marlin MoE on an H20, moved TensorRT-LLM's Hopper gpt-oss rows
     0-19 points closer and the median row, DeepSeek-V3 AWQ at 32 requests of 4K on 4 H200s, -21.2 -> -23.2%, its
     prompts' experts slower: the median 21.2 -> 21.3%, quantized 21.2 -> 22.1%, its bound 21.7 -> 22.5; the held-out
@@ -2340,7 +2342,7 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     assert t["n"] >= 103
     assert t["median_abs_error_pct"] <= 22.0
     assert abs(t["signed_median_fast_pct"]) <= 15.5
-    assert t["inside_interval"] >= 0.74
+    assert t["inside_interval"] >= 0.80
     assert t["median_half_width_pct"] <= 38.0
     assert q["median_abs_error_pct"] <= 22.5 and abs(q["signed_median_fast_pct"]) <= 14.5
     assert tp["median_abs_error_pct"] <= 27.0 and abs(tp["signed_median_fast_pct"]) <= 21.5
@@ -2818,6 +2820,27 @@ def test_weight_only_experts_are_priced_at_their_own_kernels_measured_compute_sh
     mi300x = K.grouped_gemm_seconds(1e9, flops, 2048, 2 * 14336, 5.3e12, 1307e12, "mi300x", 1, kern, "int4")
     assert mi300x["compute"] == pytest.approx(flops / (1307e12 * K.peak_fraction("int4", 1, kern, "mi300x")
                                                        * K.tile_wave_utilisation(2048, 2 * 14336, "mi300x", kern)))
+
+
+def test_a_weight_only_moe_kernels_pessimistic_share_on_a_larger_hopper_part_is_the_h20s_flops_per_sm():
+    """The Marlin MoE share was read on an H20 (148 TFLOPS on 78 SMs); on an H100 (989.5 on 132) its pessimistic end is
+    the H20's FLOP/s per SM on the H100's SMs (0.253 x the share), the typical the share as read; the H20 itself, and
+    a part of another architecture (an A100), keep the share at every end."""
+    from roofline.parallel import kernels as K
+    kern = K.load_kernels()
+    own = kern["grouped_gemm"]["weight_only"]["int4"]
+    table = own["compute_share_vs_tokens_per_expert"]
+    f = (148 / 78) / (989.5 / 132)
+    assert K.per_sm_share(own, 0.5, 989.5e12, "h100_sxm", kern) == pytest.approx(0.5 * f)
+    assert K.per_sm_share(own, 0.5, 148e12, "h20", kern) == pytest.approx(0.5)
+    assert K.per_sm_share(own, 0.5, 312e12, "a100_80gb_sxm", kern) == 0.5
+    flops = 2.0 * 4096 * 2 * 3 * 4096 * 14336
+
+    def t(dev, rate, scenario):
+        return K.grouped_gemm_seconds(1e9, flops, 2048, 2 * 14336, 3.35e12, rate, dev, scenario, kern, "int4")["compute"]
+    assert t("h100_sxm", 989.5e12, 1) == pytest.approx(flops / (989.5e12 * K.table_value(table, 2048, 1, "")))
+    assert t("h100_sxm", 989.5e12, 2) == pytest.approx(flops / (989.5e12 * f * K.table_value(table, 2048, 2, "")))
+    assert t("h20", 148e12, 2) == pytest.approx(flops / (148e12 * K.table_value(table, 2048, 2, "")))
 
 
 # ---- EAGLE heads ------------------------------------------------------------------------------------------------------

@@ -240,6 +240,19 @@ def sm_bound_transfer(own: dict, frac: float, bw_Bps: float, device_key: str | N
     return max(frac, min(scaled, cap))
 
 
+def per_sm_share(own: dict, share: float, flops: float, device_key: str | None, kern: dict) -> float:
+    """The pessimistic end of a weight-only grouped kernel's compute share on another part of the architecture it was
+    measured on (`measured_on`: its SMs and dense bf16 rate): the measured part's FLOP/s per SM at that share, on this
+    part's SMs, where that is below the share. A part with more tensor FLOP/s per SM (an H100 / H200 against the
+    H20) may leave the kernel bound by its SMs' other work (dequantisation, issue), as sm_bound_transfer takes its
+    streaming side to be; the share as read is the typical. Another architecture, an unknown part: the share."""
+    m = own.get("measured_on") or {}
+    dev = ((kern.get("devices") or {}).get(device_key) or {}) if device_key else {}
+    if not m.get("dense_tflops_bf16") or dev.get("arch") != m.get("arch") or not dev.get("sm_count") or flops <= 0:
+        return share
+    return min(share, share * m["dense_tflops_bf16"] * 1e12 / m["sm_count"] * dev["sm_count"] / flops)
+
+
 def grouped_gemm_seconds(expert_bytes: float, expert_flops: float, tokens_per_expert: float, N: int,
                          bw_Bps: float, flops: float, device_key: str, scenario: int, kern: dict,
                          fmt_kind: str = "dense", fused_moe: bool = True, groups: float = 1.0,
@@ -307,6 +320,8 @@ def grouped_gemm_seconds(expert_bytes: float, expert_flops: float, tokens_per_ex
     if share is not None and arch is None:  # a weight-only grouped kernel's own measured compute-bound share
         s_f = table_value(share["table"], max(tokens_per_expert, 1), scenario,
                           f"kernels.grouped_gemm.weight_only.{fmt_kind}.compute_share_vs_tokens_per_expert")
+        if scenario == 2:  # the pessimistic end: the measured part's FLOP/s per SM, where lower
+            s_f = per_sm_share(own, s_f, flops, device_key, kern)
         t_f = expert_flops / (flops * s_f)  # whole-kernel shares: the tile and wave losses are inside them
         return dict(memory=t_mem, compute=t_f, seconds=max(t_mem, t_f))
     if arch is not None and not own and "peak_fraction" in arch:
