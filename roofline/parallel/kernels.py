@@ -224,6 +224,16 @@ def attention_seconds(kv_bytes: float, attn_flops: float, B: float, context: flo
     return dict(memory=t_mem, compute=t_f, seconds=max(t_mem, t_f))
 
 
+def _same_arch_part(own: dict, device_key: str | None, kern: dict) -> tuple[dict, dict] | None:
+    """(`measured_on`, the device's kernels.yaml row) of a kernel entry measured on one part, where `device_key` is
+    a part of that architecture with a known SM count; None otherwise (the measured values are read as they are)."""
+    m = own.get("measured_on")
+    dev = ((kern.get("devices") or {}).get(device_key) or {}) if device_key else {}
+    if not m or dev.get("arch") != m.get("arch") or not dev.get("sm_count"):
+        return None
+    return m, dev
+
+
 def sm_bound_transfer(own: dict, frac: float, bw_Bps: float, device_key: str | None, kern: dict, cap: float) -> float:
     """A grouped weight-only kernel's bandwidth fraction on `device_key`, from the part it was measured on
     (`measured_on`: its architecture, SM count and DRAM bandwidth). A dequantising kernel on a part with few SMs
@@ -232,10 +242,10 @@ def sm_bound_transfer(own: dict, frac: float, bw_Bps: float, device_key: str | N
     fraction x (SMs / measured SMs) x (measured bandwidth / bandwidth), never below the measured fraction and
     never above `cap`, the same-family kernel without dequantisation at those tokens per expert. Another
     architecture, an unknown part, or no `measured_on`: the measured fraction as read."""
-    m = own.get("measured_on")
-    dev = ((kern.get("devices") or {}).get(device_key) or {}) if device_key else {}
-    if not m or dev.get("arch") != m["arch"] or not dev.get("sm_count") or bw_Bps <= 0:
+    part = _same_arch_part(own, device_key, kern)
+    if part is None or bw_Bps <= 0:
         return frac
+    m, dev = part
     scaled = frac * dev["sm_count"] / m["sm_count"] * m["mem_bw_GBps"] * 1e9 / bw_Bps
     return max(frac, min(scaled, cap))
 
@@ -246,10 +256,10 @@ def per_sm_share(own: dict, share: float, flops: float, device_key: str | None, 
     part's SMs, where that is below the share. A part with more tensor FLOP/s per SM (an H100 / H200 against the
     H20) may leave the kernel bound by its SMs' other work (dequantisation, issue), as sm_bound_transfer takes its
     streaming side to be; the share as read is the typical. Another architecture, an unknown part: the share."""
-    m = own.get("measured_on") or {}
-    dev = ((kern.get("devices") or {}).get(device_key) or {}) if device_key else {}
-    if not m.get("dense_tflops_bf16") or dev.get("arch") != m.get("arch") or not dev.get("sm_count") or flops <= 0:
+    part = _same_arch_part(own, device_key, kern)
+    if part is None or not part[0].get("dense_tflops_bf16") or flops <= 0:
         return share
+    m, dev = part
     return min(share, share * m["dense_tflops_bf16"] * 1e12 / m["sm_count"] * dev["sm_count"] / flops)
 
 
