@@ -290,6 +290,30 @@ HUB_CONFIGS = {  # the published config.json fields the preset YAMLs cite (older
         num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=131072,
         rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, sliding_window=131072,
         use_sliding_window=False),
+    # the four below: the configs as github.com/citsjtu2020/LLM-Prof sglang/Model_Config.md copies them (the presets'
+    # headers), every field that names a shape, a norm or a position encoding
+    "qwen3-14b": dict(
+        architectures=["Qwen3ForCausalLM"], attention_bias=False, head_dim=128, hidden_act="silu", hidden_size=5120,
+        intermediate_size=17408, max_position_embeddings=40960, num_attention_heads=40, num_hidden_layers=40,
+        num_key_value_heads=8, rms_norm_eps=1e-6, rope_scaling=None, rope_theta=1000000, sliding_window=None,
+        tie_word_embeddings=False, use_sliding_window=False, vocab_size=151936),
+    "qwen3-4b": dict(
+        architectures=["Qwen3ForCausalLM"], attention_bias=False, head_dim=128, hidden_act="silu", hidden_size=2560,
+        intermediate_size=9728, max_position_embeddings=40960, num_attention_heads=32, num_hidden_layers=36,
+        num_key_value_heads=8, rms_norm_eps=0.000001, rope_scaling=None, rope_theta=1000000, sliding_window=None,
+        tie_word_embeddings=True, use_sliding_window=False, vocab_size=151936),
+    "qwen2.5-14b": dict(
+        architectures=["Qwen2ForCausalLM"], hidden_act="silu", hidden_size=5120, intermediate_size=13824,
+        max_position_embeddings=131072, num_attention_heads=40, num_hidden_layers=48, num_key_value_heads=8,
+        rms_norm_eps=1e-05, rope_theta=1000000.0, sliding_window=131072, tie_word_embeddings=False,
+        use_sliding_window=False, vocab_size=152064),
+    "llama-3.2-3b": dict(
+        architectures=["LlamaForCausalLM"], attention_bias=False, head_dim=128, hidden_act="silu", hidden_size=3072,
+        intermediate_size=8192, max_position_embeddings=131072, mlp_bias=False, num_attention_heads=24,
+        num_hidden_layers=28, num_key_value_heads=8, rms_norm_eps=1e-05, rope_theta=500000.0,
+        rope_scaling=dict(factor=32.0, high_freq_factor=4.0, low_freq_factor=1.0, original_max_position_embeddings=8192,
+                          rope_type="llama3"),
+        tie_word_embeddings=True, vocab_size=128256),
 }
 
 

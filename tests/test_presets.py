@@ -40,6 +40,10 @@ REAL_MODELS = [
     "qwen-1.8b",
     "qwen-7b",
     "qwen-14b",
+    "qwen3-14b",
+    "qwen3-4b",
+    "qwen2.5-14b",
+    "llama-3.2-3b",
 ]
 
 
@@ -203,6 +207,26 @@ def test_qwen3_8b():
            max_context=40960, rope_theta=1e6, norm_eps=1e-6, qk_norm=True, qkv_bias=False,
            tie_embeddings=False, is_moe=False)
     assert cfg.rope_scaling.kind == "none"
+
+
+def test_qwen3_14b_and_4b():
+    _check(presets.get_preset("qwen3-14b"), vocab=151936, d=5120, layers=40, heads=40, kv_heads=8, head_dim=128,
+           ffn=17408, max_context=40960, rope_theta=1e6, norm_eps=1e-6, qk_norm=True, qkv_bias=False,
+           tie_embeddings=False, is_moe=False)
+    small = presets.get_preset("qwen3-4b")
+    _check(small, vocab=151936, d=2560, layers=36, heads=32, kv_heads=8, head_dim=128, ffn=9728, max_context=40960,
+           qk_norm=True, tie_embeddings=True, is_moe=False)
+    assert small.heads * small.head_dim != small.d  # explicit head_dim, not hidden / heads
+
+
+def test_qwen2_5_14b_and_llama_3_2_3b():
+    _check(presets.get_preset("qwen2.5-14b"), vocab=152064, d=5120, layers=48, heads=40, kv_heads=8, head_dim=128,
+           ffn=13824, max_context=131072, rope_theta=1e6, norm_eps=1e-5, qkv_bias=True, tie_embeddings=False)
+    cfg = presets.get_preset("llama-3.2-3b")
+    _check(cfg, vocab=128256, d=3072, layers=28, heads=24, kv_heads=8, head_dim=128, ffn=8192, max_context=131072,
+           rope_theta=500000.0, tie_embeddings=True, qkv_bias=False)
+    rs = cfg.rope_scaling
+    assert (rs.kind, rs.factor, rs.original_max_position) == ("llama3", 32.0, 8192)
 
 
 def test_qwen3_32b():
