@@ -2272,7 +2272,12 @@ def test_the_committed_anchor_results_and_the_docs_are_what_the_code_prices_now(
 def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     """The held-out (test-split) anchors, priced with the engine each ran, their intervals widened by the
     conformal bands of the calibration anchors no prior cites (each source weighing one): bounds at the level
-    measured when this test was last set plus a small margin, so a regression fails. All 103 test rows: median
+    measured when this test was last set plus a small margin, so a regression fails. All 109 test rows: median
+    |error| 23.0%, signed median +16.1%, 83% inside, half-width 38.2%; quantized 23.3% / +15.9%, TP and MoE 28.1% /
+    +24.9% (stop 71: a new test source, the first multi-node deployment, DeepSeek-R1-0528 with TP16 over two 8-GPU H100
+    nodes joined by InfiniBand, SGLang and vLLM, tenstorrent/tt-inference-server issue #356: its 6 TPOT rows are
+    priced 26-52% too fast, all inside their wide intervals; no earlier prediction moved, and the 103 rows before it are
+    held at their own bounds below). All 103 test rows before it: median
     |error| 21.3%, signed median +15.0%, 83% inside, half-width 37.4% (stop 70: the Marlin MoE kernel's compute share
     has the H20's FLOP/s per SM as its pessimistic end on another Hopper part, which put seven of TensorRT-LLM's Hopper
     gpt-oss rows inside their intervals, 76% -> 83%, half-width 36.9 -> 37.4%, no prediction moved; a weight-only MoE kernel's
@@ -2339,14 +2344,23 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     s = anchors.summary(t_all)
     t, q, m, c = s["test"]["all"], s["test"]["quantized"], s["test"]["moe"], s["calibration"]["all"]
     tp, sp = s["test"]["tp"], s["test"]["speculative"]
-    assert t["n"] >= 103
-    assert t["median_abs_error_pct"] <= 22.0
-    assert abs(t["signed_median_fast_pct"]) <= 15.5
+    assert t["n"] >= 109
+    assert t["median_abs_error_pct"] <= 23.5
+    assert abs(t["signed_median_fast_pct"]) <= 16.5
     assert t["inside_interval"] >= 0.80
-    assert t["median_half_width_pct"] <= 38.0
-    assert q["median_abs_error_pct"] <= 22.5 and abs(q["signed_median_fast_pct"]) <= 14.5
-    assert tp["median_abs_error_pct"] <= 27.0 and abs(tp["signed_median_fast_pct"]) <= 21.5
-    assert m["median_abs_error_pct"] <= 28.0 and abs(m["signed_median_fast_pct"]) <= 24.0
+    assert t["median_half_width_pct"] <= 38.5
+    assert q["median_abs_error_pct"] <= 23.5 and abs(q["signed_median_fast_pct"]) <= 16.5
+    assert tp["median_abs_error_pct"] <= 28.5 and abs(tp["signed_median_fast_pct"]) <= 25.5
+    assert m["median_abs_error_pct"] <= 28.5 and abs(m["signed_median_fast_pct"]) <= 25.5
+    multinode = ("tt_inference_server_issue356_dsr1",)  # 2026-12-08: TP16 across two nodes
+    prior = anchors.summary(t_all[~t_all["source"].isin(multinode)])["test"]
+    assert prior["all"]["n"] == 103 and prior["all"]["median_abs_error_pct"] <= 22.0
+    assert abs(prior["all"]["signed_median_fast_pct"]) <= 15.5 and prior["all"]["inside_interval"] >= 0.80
+    assert prior["all"]["median_half_width_pct"] <= 38.0
+    pq = prior["quantized"]
+    assert pq["median_abs_error_pct"] <= 22.5 and abs(pq["signed_median_fast_pct"]) <= 14.5
+    assert prior["tp"]["median_abs_error_pct"] <= 27.0 and abs(prior["tp"]["signed_median_fast_pct"]) <= 21.5
+    assert prior["moe"]["median_abs_error_pct"] <= 28.0 and abs(prior["moe"]["signed_median_fast_pct"]) <= 24.0
     assert sp["n"] == 11 and sp["median_half_width_pct"] >= 10.0 and sp["median_abs_error_pct"] <= 28.5
     assert c["n"] >= 270 and c["median_abs_error_pct"] <= 12.0 and abs(c["signed_median_fast_pct"]) <= 5.0
     assert c["inside_interval"] >= 0.88
@@ -2354,7 +2368,7 @@ def test_test_set_error_and_bias_are_bounded_at_the_measured_level():
     added = ("trtllm_perf_overview_gptoss", "trtllm_perf_fp4_03e27c7", "lmsys_blog_sglang_gptoss_2025_08",
              "vllm_blog_llama4_2025_04", "trtllm_perf_overview_llama4_maverick", "trtllm_perf_v10_llama4_scout")
     later = ("specforge_issue339_qwen3_eagle3", "sglang_pr4716_eagle3_70b")  # 2026-12-07, with the EAGLE heads
-    before = anchors.summary(t_all[~t_all["source"].isin(added + later)])["test"]["all"]
+    before = anchors.summary(t_all[~t_all["source"].isin(added + later + multinode)])["test"]["all"]
     assert before["n"] == 35
     assert before["median_abs_error_pct"] <= 11.5 and abs(before["signed_median_fast_pct"]) <= 5.5
 
