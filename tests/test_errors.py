@@ -160,6 +160,13 @@ HYDRA_CASES = {
     "an override that does not parse": (["roofline.cli.sweep", "q=[1,2"], "q=[1,2"),
     "a group option that does not exist": (["roofline.cli.sweep", "model=nope"], "model=nope"),
     "a device the group does not hold": (["roofline.cli.card", "device=foo"], "device=foo"),
+    "a key another command spells otherwise": (["roofline.cli.card", "B=8"],
+                                                "B: card has no such key; did you mean batch="),
+    "a key appended with + that nothing reads": (["roofline.cli.card", "+B=8"],
+                                                  "B: card has no such key; did you mean batch="),
+    "a key appended to a device entry": (["roofline.cli.card", "+device.foo=1"], "device.foo: card has no such key"),
+    "a misspelt nested key": (["roofline.cli.sweep", "timer.min_rep=3"], "did you mean timer.min_reps="),
+    "a plan's batch given as a step's": (["roofline.cli.capacity", "batch=8"], "did you mean B="),
 }
 _DRIVER = """
 import contextlib, io, json, runpy, sys

@@ -1,6 +1,6 @@
 """docs/reliability.md holds one row per reliability finding, and each names tests that exist.
 
-The ids are the three audits' (H1-H5, M1-M11, L1-L15, N1-N21) and the issue's own list (I1-I7).
+The ids are the three audits' (H1-H5, M1-M11, L1-L15, N1-N22) and the issue's own list (I1-I7).
 A test is named by its pytest node id, `tests/<file>.py::<test>` (a parametrized test without
 its parameters, a method as `<Class>::<test>`); it exists when the file, parsed with `ast`,
 defines it."""
@@ -12,7 +12,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PAGE = REPO / "docs" / "reliability.md"
 IDS = ([f"H{i}" for i in range(1, 6)] + [f"M{i}" for i in range(1, 12)] + [f"L{i}" for i in range(1, 16)]
-       + [f"N{i}" for i in range(1, 22)] + [f"I{i}" for i in range(1, 8)])
+       + [f"N{i}" for i in range(1, 23)] + [f"I{i}" for i in range(1, 8)])
 NODE = re.compile(r"`(tests/[\w/]+\.py)::([\w:]+)`")
 ROW_ID = re.compile(r"^\|\s*([HMLNI]\d+)\s*\|")
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import difflib
 import errno
 import functools
 import hashlib
 import importlib
 import inspect
+import importlib.util
 import json
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -21,7 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException, MissingConfigException
 from hydra.types import RunMode
 from omegaconf import MISSING, DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from roofline.io import files
 from roofline.io.results import RUNS_ROOT, aggregate_jobs
@@ -86,6 +89,49 @@ def _list(composed: dict, key: str, default, where: str) -> None:
         composed[key] = [value]
 
 
+# keys that mean the same thing in commands that spell them differently (a single step's `batch` and
+# `context`, a sweep's or a plan's `B` and `L`)
+_SAME_MEANING = {"B": ("batch",), "batch": ("B",), "L": ("context",), "context": ("L",)}
+
+
+# config groups whose entries are records this adapter reads key by key (a device's torch device and
+# datasheet row, an engine's profile name): a key appended to one would be composed and then not read
+_RECORD_GROUPS = ("device", "engine")
+
+
+@functools.cache
+def _record_keys(group: str) -> frozenset[str]:
+    return frozenset(k for f in (CONF_DIR / group).glob("*.yaml") for k in OmegaConf.load(f))
+
+
+def unknown_key_line(name: str, key: str) -> str:
+    """One line for a key (dotted: a nested one) the command `name` does not have: the key, the keys it may
+    have meant (the same meaning under another name in this command, or a near spelling), where they are listed."""
+    *path, last = key.split(".")
+    keys = schema.keys(name)
+    for part in path:
+        node = keys.get(part)
+        keys = (node.default if node is not None and isinstance(node.default, dict)
+                else dict.fromkeys(_record_keys(part)) if part in _RECORD_GROUPS and len(path) == 1 else {})
+    meant = [k for k in _SAME_MEANING.get(last, ()) if k in keys] if not path else []
+    meant += [k for k in difflib.get_close_matches(last, list(keys), n=3, cutoff=0.75) if k not in meant]
+    prefix = "".join(f"{p}." for p in path)
+    hint = f"; did you mean {' or '.join(f'{prefix}{k}=' for k in meant)}" if meant else ""
+    return f"{key}: {name} has no such key{hint} (`--help` lists its keys)"
+
+
+def _refuse_appended_keys(name: str, composed: dict) -> None:
+    """A key the schema lacks, appended with Hydra's `+key=value`, would be composed and then silently
+    not read (`card +B=8` priced batch 1): refused as the key without `+` is, and so is a key appended
+    to a device or engine entry (the model and timer entries are checked field by field by the library)."""
+    extra = [k for k in composed if k not in schema.keys(name) and k != "overrides"]
+    for group in _RECORD_GROUPS:
+        if isinstance(composed.get(group), dict):
+            extra += [f"{group}.{k}" for k in composed[group] if k not in _record_keys(group)]
+    if extra:
+        raise ConfigError(unknown_key_line(name, extra[0]))
+
+
 def _check_flags(composed: dict, defaults) -> None:
     """A key whose default (the command's schema) is true/false takes only true or false
     (`force=maybe` is refused, not taken as true)."""
@@ -108,7 +154,9 @@ def plain(cfg: DictConfig, device_as: str | None = None) -> dict:
     c = {k: None if v == MISSING else v for k, v in c.items()}
     c["overrides"] = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     if HydraConfig.initialized():
-        defaults = schema.defaults(HydraConfig.get().job.config_name)
+        name = HydraConfig.get().job.config_name
+        _refuse_appended_keys(name, c)
+        defaults = schema.defaults(name)
         _check_flags(c, defaults)
         _lists_from_scalars(c, defaults)
     if device_as is not None:
@@ -274,9 +322,13 @@ def hydra_error_line(e: BaseException) -> str:
         group, _, option = e.missing_cfg_file.rpartition("/")
         hint = "; a GPU by index: device=cuda device.torch=cuda:N" if group == "device" else ""
         return f"{group}={option}: unknown; allowed {sorted(e.options)}{hint}"
+    cause = e.__cause__
+    schema_key = re.match(r"Key '[^']+' not in '(\w+?)_schema(_\w+)?'", str(cause or ""))
+    if (isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and schema_key and getattr(cause, "full_key", None)
+            and importlib.util.find_spec(f"roofline.commands.{schema_key.group(1)}")):
+        return unknown_key_line(schema_key.group(1), cause.full_key)
     text = str(e).split("\nConfig search path:")[0]
     parts = [line.strip().rstrip(".") for line in text.splitlines() if line.strip()]
-    cause = e.__cause__
     if isinstance(cause, OmegaConfBaseException) and str(cause).strip():
         parts.insert(1, str(cause).strip().splitlines()[0].rstrip("."))
     line = "; ".join(parts) or type(e).__name__
