@@ -13,6 +13,7 @@ those bytes, the floor on a chosen device's datasheet bandwidth, and the ridge p
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from roofline.io import files
@@ -58,8 +59,13 @@ class CardRequest:
     input_len: int = option(0, "with a device and output_len: price a finite run as `vllm bench serve` measures it "
                                "(roofline.parallel.whatif.serve): prompt tokens per request")
     output_len: int = option(0, "the finite run's output tokens per request")
-    concurrency: int = option(0, "the finite run's requests in flight (0: batch)")
-    num_prompts: int = option(0, "the finite run's requests in all (0: concurrency)")
+    concurrency: int = option(0, "the finite run's requests in flight (0: batch); with request_rate: the client's "
+                                 "--max-concurrency (0: none)")
+    num_prompts: int = option(0, "the finite run's requests in all (0: concurrency; with request_rate: 1000, bench "
+                                 "serve's default)")
+    request_rate: float = option(0.0, "the finite run's requests a second, arriving as vllm bench serve --request-rate "
+                                      "sends them (roofline.parallel.whatif.serve_at_rate: in flight by Little's law, "
+                                      "queued past the engine's cap); 0: every request at once (inf)")
     staggered: bool = option(False, "the finite run's lengths vary (requests finish one by one and their "
                                     "replacements' prompts ride in the decode steps); false: fixed lengths")
     range_ratio: float = option(1.0, "the finite run's lengths as a random dataset draws them (vllm bench serve "
@@ -105,6 +111,12 @@ class CardRequest:
         check_client(self.client)
         self.scheduling()  # the run's own scheduler keys, checked by name
         random_dataset_lengths(self.input_len, self.output_len, self.range_ratio)  # the ratio's range, by name
+        rate = self.request_rate
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate < 0:
+            raise ConfigError(f"request_rate={rate!r}: allowed a number of requests a second >= 0 (0: every request "
+                              "at once)")
+        if rate and not self.input_len:
+            raise ConfigError(f"request_rate={rate!r} prices a finite run: give input_len= and output_len= too")
         if bool(self.input_len) != bool(self.output_len):
             raise ConfigError(f"input_len={self.input_len}, output_len={self.output_len}: a finite run needs both "
                               "(or neither)")
@@ -247,17 +259,26 @@ RUN_METRICS = (("ttft_s", "ttft_ms", 1e3), ("itl_s", "itl_median_ms", 1e3), ("it
 def _what_if_run(req: CardRequest, w) -> dict:
     """A finite benchmark run priced by the what-if `w` (roofline.parallel.whatif.serve): each metric an interval.
     With speculative decoding (k > 0) the same run without it too, and the typical speedup of its rates."""
-    from roofline.parallel.whatif import serve
-    C = req.concurrency or req.batch
+    from roofline.parallel.whatif import BENCH_SERVE_NUM_PROMPTS, serve, serve_at_rate
     I, O, drawn = random_dataset_lengths(req.input_len, req.output_len, req.range_ratio)
-    staggered = req.staggered or drawn
-    run = lambda spec: serve(w, I, O, C, req.num_prompts or C, staggered=staggered, client=req.client, spec=spec,  # noqa: E731
-                             **req.scheduling())
+    if req.request_rate:  # arrivals at a rate: staggered by nature, concurrency the client's cap
+        C, N, staggered = req.concurrency or None, req.num_prompts or BENCH_SERVE_NUM_PROMPTS, True
+        run = lambda spec: serve_at_rate(w, I, O, req.request_rate, N, C, spec=spec, client=req.client,  # noqa: E731
+                                         **req.scheduling())
+    else:
+        C = req.concurrency or req.batch
+        N, staggered = req.num_prompts or C, req.staggered or drawn
+        run = lambda spec: serve(w, I, O, C, N, staggered=staggered, client=req.client, spec=spec,  # noqa: E731
+                                 **req.scheduling())
     spec = req.spec_decode(_draft_what_if(req, w))
     s = run(spec)
     out = dict(run_input_len=req.input_len, run_output_len=req.output_len, run_range_ratio=req.range_ratio,
-               run_mean_input_len=I, run_mean_output_len=O, run_concurrency=C, run_num_prompts=req.num_prompts or C,
-               run_staggered=staggered, run_client=req.client, run_max_running_seqs=req.max_running_seqs or None)
+               run_mean_input_len=I, run_mean_output_len=O, run_concurrency=C, run_num_prompts=N,
+               run_staggered=staggered, run_client=req.client, run_max_running_seqs=req.max_running_seqs or None,
+               run_request_rate=req.request_rate or None)
+    if req.request_rate:
+        out.update({f"run_{k}{end}": s[k][name] for k in ("in_flight", "queue_wait_s")
+                    for end, name in (("", "typical"), ("_optimistic", "optimistic"), ("_pessimistic", "pessimistic"))})
     full = [e for e in w.setting.engine_names()
             if w.max_running(e, req.input_len + req.output_len, req.input_len + req.output_len // 2, spec) == 0]
     if full:
@@ -448,14 +469,28 @@ def render_card(rec: dict) -> str:
     if "run_ttft_ms" in rec:
         drawn = (f" (random, range ratio {rec['run_range_ratio']:g}: {rec['run_mean_input_len']} / "
                  f"{rec['run_mean_output_len']} on average)" if rec["run_range_ratio"] < 1 else "")
-        lines.append(f"finite run     {rec['run_num_prompts']} requests of {rec['run_input_len']} in / "
-                     f"{rec['run_output_len']} out{drawn}, "
-                     f"{rec['run_concurrency']} at a time ({'staggered' if rec['run_staggered'] else 'fixed'} lengths), "
-                     f"{rec['run_running_seqs']:.0f} running ("
-                     + (f"the run's cap of {rec['run_max_running_seqs']} and the engine's KV pool"
-                        if rec.get("run_max_running_seqs") else "the engine's KV pool and sequence cap") + "), "
-                     f"{rec['run_client']} client, up to {rec['run_prefill_chunk_tokens']:.0f} prompt tokens a step"
-                     + (" over its attention-DP ranks" if "dpattn" in str(rec.get("whatif_layout", "")) else ""))
+        rate = rec.get("run_request_rate")
+        if rate:
+            client_cap = bool(rec["run_concurrency"]) and rec["run_in_flight"] >= rec["run_concurrency"]
+            where = " in the client (not in its TTFT: timed from when it is sent)" if client_cap else ""
+            lines.append(f"finite run     {rec['run_num_prompts']} requests of {rec['run_input_len']} in / "
+                         f"{rec['run_output_len']} out{drawn}, arriving {rate:g} a second (Poisson), "
+                         + (f"at most {rec['run_concurrency']} at a time (the client's), " if rec['run_concurrency']
+                            else "")
+                         + f"{rec['run_in_flight']:.0f} in flight ({rec['run_in_flight_optimistic']:.0f}-"
+                         f"{rec['run_in_flight_pessimistic']:.0f}; Little's law, within the engine's KV pool and "
+                         f"sequence cap), the median request waiting {rec['run_queue_wait_s']:.3g} s for a slot{where}, "
+                         f"{rec['run_client']} client, up to {rec['run_prefill_chunk_tokens']:.0f} prompt tokens a step"
+                         + (" over its attention-DP ranks" if "dpattn" in str(rec.get("whatif_layout", "")) else ""))
+        else:
+            lines.append(f"finite run     {rec['run_num_prompts']} requests of {rec['run_input_len']} in / "
+                         f"{rec['run_output_len']} out{drawn}, "
+                         f"{rec['run_concurrency']} at a time ({'staggered' if rec['run_staggered'] else 'fixed'} "
+                         f"lengths), {rec['run_running_seqs']:.0f} running ("
+                         + (f"the run's cap of {rec['run_max_running_seqs']} and the engine's KV pool"
+                            if rec.get("run_max_running_seqs") else "the engine's KV pool and sequence cap") + "), "
+                         f"{rec['run_client']} client, up to {rec['run_prefill_chunk_tokens']:.0f} prompt tokens a step"
+                         + (" over its attention-DP ranks" if "dpattn" in str(rec.get("whatif_layout", "")) else ""))
         if rec.get("run_spec_k"):
             acc = ", ".join(f"{a:g}" for a in rec["run_spec_acceptance"])
             lines.append(f"  speculative: k={rec['run_spec_k']} drafts a round by {rec['run_spec_drafter']}"
@@ -475,7 +510,11 @@ def render_card(rec: dict) -> str:
                              f"is priors.yaml's spec_round_overhead_us for {', '.join(rec['run_spec_round_unmeasured'])}:"
                              " no measurement of it was read (engines.yaml spec_round_us, where an engine has one, is "
                              "a millisecond or more)")
-            if rec["run_running_seqs"] < rec.get("run_plain_running_seqs", rec["run_running_seqs"]):
+            if rec.get("run_request_rate") and rec["run_running_seqs"] != rec.get("run_plain_running_seqs"):
+                lines.append(f"  with speculation {rec['run_running_seqs']:.0f} in flight, without it "
+                             f"{rec['run_plain_running_seqs']:.0f}: at one rate of arrivals a request that finishes "
+                             "sooner leaves its slot sooner (Little's law; past the engine's cap, its queue)")
+            elif rec["run_running_seqs"] < rec.get("run_plain_running_seqs", rec["run_running_seqs"]):
                 lines.append(f"  with speculation {rec['run_running_seqs']:.0f} run at a time, without it "
                              f"{rec['run_plain_running_seqs']:.0f}: the engine's own cap when it speculates "
                              "(engines.yaml spec_max_running_seqs: SGLang's 48 unless --max-running-requests; "
@@ -518,6 +557,7 @@ def run(c: dict) -> None:
                            batch=c["batch"], context=c["context"], engine=engine_name(c.get("engine")),
                            tp=c["tp"], ep=c["ep"], dp_attention=c["dp_attention"], input_len=c["input_len"],
                            output_len=c["output_len"], concurrency=c["concurrency"], num_prompts=c["num_prompts"],
+                           request_rate=c["request_rate"],
                            staggered=c["staggered"], range_ratio=c["range_ratio"], client=c["client"],
                            prefill_chunk_tokens=c["prefill_chunk_tokens"], step_batching=c["step_batching"] or "",
                            max_running_seqs=c["max_running_seqs"],

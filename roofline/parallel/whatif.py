@@ -35,6 +35,7 @@ conformal_bands; docs/planning.md), unless measured points of the deployment cal
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from dataclasses import dataclass
@@ -1180,6 +1181,115 @@ def sustained(w: WhatIf, B: int, context: int, output: int, spec: SpecDecode | N
     Llama-3.1-70B TP4 replica at B = 64, 2.5x). A prompt of 0 tokens is priced as 1."""
     return serve(w, max(context, 1), output, B, SUSTAINED_REQUESTS_PER_SLOT * B, staggered=True, spec=spec,
                  max_running=max_running)
+
+
+def _rate_queue(N: int, rate: float, slots: int, stay: float) -> tuple[float, float]:
+    """(the median request's wait for a running slot, the run's duration) of N requests arriving every 1 / rate
+    seconds into `slots` slots, each staying `stay` seconds once admitted: request j is admitted at its arrival or when
+    the request `slots` ahead of it leaves, whichever is later (first come, first served); the run ends when the last
+    one leaves."""
+    done = [0.0] * N
+    waits = []
+    for j in range(N):
+        arrival = j / rate
+        start = max(arrival, done[j - slots]) if j >= slots else arrival
+        done[j] = start + stay
+        waits.append(start - arrival)
+    return statistics.median(waits), max(done)
+
+
+BENCH_SERVE_NUM_PROMPTS = 1000  # vllm bench serve's and sglang.bench_serving's default --num-prompts
+
+
+def serve_at_rate(w: WhatIf, input_len: int, output_len: int, rate: float, num_prompts: int,
+                  max_concurrency: int | None = None, spec: SpecDecode | None = None, client: str = "server",
+                  chunk_tokens: int | None = None, step_batching: str | None = None,
+                  max_running: int | None = None) -> dict:
+    """A finite run whose `num_prompts` requests arrive at `rate` a second (`vllm bench serve --request-rate R`, a
+    Poisson process; `--max-concurrency` = `max_concurrency`, None: no client cap) rather than all at t = 0 (`serve`).
+    Priced by its mean (fluid) behaviour on `serve`'s staggered steady state (requests finish one by one and their
+    successors' prompts ride in the running steps), per scenario:
+
+    - the requests in flight, C, follow Little's law, C = rate x E2E(C), E2E(C) the end-to-end latency of `serve` at C
+      running requests: the smallest whole C at which rate x E2E(C) <= C (at least 1: a request alone when they
+      arrive slower than one finishes);
+    - where even the most the engine keeps running (its KV pool and caps, `serve`'s `running`, or the client's cap)
+      cannot keep up (rate x E2E(C_max) > C_max) the run saturates at C = C_max and the requests queue;
+    - request j arrives at j / rate and is admitted at that time or when the request C ahead of it is done,
+      whichever is later, and stays E2E(C) (`_rate_queue`): the median request's wait for a slot is added to its
+      TTFT and end-to-end latency (0 below saturation) where it waits in the engine's queue; where the client's
+      `max_concurrency` is the binding cap the request waits in the client, before its clock starts (bench_serve
+      times a request from when it sends it), so its TTFT does not hold the wait;
+    - the run lasts until its last request is done: output tokens/s = N x output / that (below saturation about
+      rate x output: the arrivals bound it; saturated, the requests at the run's end stay E2E(C) though the batch thins
+      out behind them: a little slow).
+
+    Not priced: the Poisson process's spread about its mean (a busy moment runs more requests than C, a quiet one
+    fewer: with ITL nearly flat in the batch at small B the mean is a fair price, not near saturation) and the
+    first requests' empty engine (a run of few prompts at a low rate). Returns `serve`'s intervals and `in_flight`
+    (C) and `queue_wait_s` (the median request's wait for a running slot, in the engine's queue or the client's).
+    Priced engine by engine (each its own cap and steps), then spanned as `serve` spans them."""
+    per = {}
+    for e in w.setting.engine_names():
+        one = w if w.setting.engine == e else dataclasses.replace(w, setting=dataclasses.replace(w.setting, engine=e))
+        per[e] = _serve_at_rate_one(one, input_len, output_len, rate, num_prompts, max_concurrency, spec, client,
+                                    chunk_tokens, step_batching, max_running)
+    res = {}
+    for k in next(iter(per.values())):
+        res[k] = span({e: v[k] for e, v in per.items()})
+        if k in ("output_tok_s", "tok_s_per_gpu"):  # faster is higher: the optimistic end is the largest
+            res[k] = dict(optimistic=max(v[k]["optimistic"] for v in per.values()), typical=res[k]["typical"],
+                          pessimistic=min(v[k]["pessimistic"] for v in per.values()))
+    return res
+
+
+def _serve_at_rate_one(w: WhatIf, input_len: int, output_len: int, rate: float, num_prompts: int,
+                  max_concurrency: int | None = None, spec: SpecDecode | None = None, client: str = "server",
+                  chunk_tokens: int | None = None, step_batching: str | None = None,
+                  max_running: int | None = None) -> dict:
+    """serve_at_rate for the one engine `w` prices (its setting names one)."""
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0:
+        raise ConfigError(f"request_rate={rate!r}: allowed a number of requests a second > 0 (every request at once: "
+                          "price it without a rate)")
+    for name, v in (("num_prompts", num_prompts), ("max_concurrency", max_concurrency)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ConfigError(f"{name}={v!r}: allowed integers >= 1")
+    N, O = num_prompts, output_len
+    runs: dict[int, dict] = {}
+
+    def at(C: int) -> dict:  # the staggered steady state at C requests in flight (serve's, many requests a slot)
+        if C not in runs:
+            runs[C] = serve(w, input_len, output_len, C, SUSTAINED_REQUESTS_PER_SLOT * C, chunk_tokens=chunk_tokens,
+                            staggered=True, spec=spec, client=client, step_batching=step_batching,
+                            max_running=max_running)
+        return runs[C]
+
+    probe = at(max_concurrency or N)  # the most the engine keeps running of what the client sends
+    rows = {}
+    for s in SCENARIOS:
+        engine_max = max(1, int(probe["running"][s]))
+        c_max = engine_max if max_concurrency is None else min(engine_max, max_concurrency)
+        client_queue = max_concurrency is not None and max_concurrency <= engine_max  # the client holds them back
+        e2e = lambda C: at(C)["e2e_s"][s]  # noqa: E731
+        saturated = rate * e2e(c_max) > c_max
+        if saturated:
+            C = c_max
+        else:  # the smallest C with rate x E2E(C) <= C (E2E grows with C; bisection over whole requests)
+            lo, hi = 1, c_max
+            while lo < hi:
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if rate * e2e(mid) <= mid else (mid + 1, hi)
+            C = lo
+        r = at(C)
+        wait, total = _rate_queue(N, rate, C, r["e2e_s"][s])
+        seen = 0.0 if client_queue else wait  # a request's clock starts when the client sends it
+        rows[s] = dict(ttft_s=r["ttft_s"][s] + seen, itl_s=r["itl_s"][s], itl_p90_s=r["itl_p90_s"][s],
+                       itl_mean_s=r["itl_mean_s"][s], e2e_s=r["e2e_s"][s] + seen, output_tok_s=N * O / total,
+                       running=float(C), prefill_chunk_tokens=r["prefill_chunk_tokens"][s], in_flight=float(C),
+                       queue_wait_s=wait)
+    res = {key: {s: rows[s][key] for s in SCENARIOS} for key in rows["typical"]}
+    res["tok_s_per_gpu"] = {s: v / w.layout.devices for s, v in res["output_tok_s"].items()}
+    return res
 
 
 def pool_rule(cfg: ModelConfig, eng=None):
