@@ -114,3 +114,28 @@ def test_the_card_prices_a_run_at_a_rate_and_names_a_bad_rate():
         bad = subprocess.run(cmd + args, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
         lines = bad.stderr.strip().splitlines()
         assert bad.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {field}"), bad.stderr
+
+
+def _rate_anchor(tmp_path, **workload):
+    import yaml
+    a = dict(id="r1", source="s1", engine="vllm", device="h100_sxm", model="llama-3.1-8b", tp=1,
+             workload=dict(input_len=I, output_len=O, **workload), metric="tpot_ms", value=10.0)
+    path = tmp_path / "a.yaml"
+    path.write_text(yaml.safe_dump(dict(sources=dict(s1=dict(title="t", url="u", split="calibration")), anchors=[a])))
+    return path
+
+
+def test_a_users_anchor_of_a_run_at_a_rate_is_priced_by_serve_at_rate(tmp_path, w):
+    """An anchors file's finite run may give request_rate (concurrency then the client's cap, optional)."""
+    from roofline.parallel import anchors
+    t = anchors.table(_rate_anchor(tmp_path, request_rate=8, num_prompts=500))
+    expected = serve_at_rate(w, I, O, 8, 500)["itl_mean_s"]["typical"] * 1e3
+    assert t["predicted"].iloc[0] == pytest.approx(expected)
+    capped = anchors.table(_rate_anchor(tmp_path, request_rate=8, num_prompts=500, concurrency=4))
+    assert capped["predicted"].iloc[0] == pytest.approx(serve_at_rate(w, I, O, 8, 500, 4)["itl_mean_s"]["typical"]
+                                                         * 1e3)
+    for bad, match in ((dict(request_rate=0), r"\(r1\): workload.request_rate=0"),
+                       (dict(request_rate=2, concurrency=0), r"\(r1\): workload.concurrency=0"),
+                       (dict(concurrency=4, request_rate="x"), r"\(r1\): workload.request_rate='x'")):
+        with pytest.raises(ConfigError, match=match):
+            anchors.table(_rate_anchor(tmp_path, **bad))

@@ -34,10 +34,10 @@ from roofline.model.formats import precision
 from roofline.model.presets import get_preset
 from roofline.parallel.engines import check_client, graph_sizes, run_scheduling
 from roofline.parallel.layout import Layout
-from roofline.parallel.whatif import (BAND_CATEGORIES, BANDS_PATH, EAGLE3_DRAFT_VOCAB, HEAD_DRAFTERS, SCENARIOS, Pass,
-                                      Setting, SpecDecode, WhatIf, band_categories, band_for, check_draft_vocab,
-                                      check_tree, load_bands, load_priors, pass_seconds, random_dataset_lengths, serve,
-                                      widen)
+from roofline.parallel.whatif import (BAND_CATEGORIES, BANDS_PATH, BENCH_SERVE_NUM_PROMPTS, EAGLE3_DRAFT_VOCAB,
+                                      HEAD_DRAFTERS, SCENARIOS, Pass, Setting, SpecDecode, WhatIf, band_categories,
+                                      band_for, check_draft_vocab, check_tree, load_bands, load_priors, pass_seconds,
+                                      random_dataset_lengths, serve, serve_at_rate, widen)
 
 ANCHORS_PATH = Path(__file__).resolve().parents[1] / "data" / "deployments.yaml"
 PRIOR_PATHS = tuple(ANCHORS_PATH.parent / n for n in ("priors.yaml", "kernels.yaml", "engines.yaml"))
@@ -58,7 +58,9 @@ def _need(a: dict, key: str, where: str):
 
 def check_workload(wl, metric: str, where: str) -> None:
     """A workload is one decode step {B, L} (B sequences at L cached tokens: itl_ms, tpot_ms, tok_s_per_user,
-    spec_speedup) or a finite run {concurrency, input_len, output_len[, num_prompts, range_ratio]}; either may name
+    spec_speedup) or a finite run {concurrency, input_len, output_len[, num_prompts, range_ratio]} (with
+    `request_rate`, requests a second as bench serve's --request-rate sends them: `concurrency` is then the client's
+    --max-concurrency and may be left out, `num_prompts` 1000 unless given; whatif.serve_at_rate); either may name
     the run's CUDA-graph batch sizes (graph_batch_sizes: the engine's option, which replaces its default) and its
     scheduler settings (prefill_chunk_tokens, step_batching, max_running_seqs: engines.run_scheduling)."""
     if not isinstance(wl, dict):
@@ -76,11 +78,15 @@ def check_workload(wl, metric: str, where: str) -> None:
         return
     if metric == "spec_speedup":
         raise ConfigError(f"{where}: metric='spec_speedup' needs a workload {{B, L}} (one verification step)")
-    for key in ("concurrency", "input_len", "output_len"):
+    rate = "request_rate" in wl
+    if rate:
+        check_number(f"{where}: workload.request_rate", wl["request_rate"], 0.0, lo_open=True)
+    for key in ("input_len", "output_len") if rate else ("concurrency", "input_len", "output_len"):
         v = _need(wl, key, f"{where}: workload (a decode step {{B, L}} or a finite run)")
         check_int(f"{where}: workload.{key}", v, 1)
-    if wl.get("num_prompts") is not None:
-        check_int(f"{where}: workload.num_prompts", wl["num_prompts"], 1)
+    for key in ("num_prompts", "concurrency") if rate else ("num_prompts",):
+        if wl.get(key) is not None:
+            check_int(f"{where}: workload.{key}", wl[key], 1)
 
 
 def check_anchor(a, where: str, sources: dict, seen: set) -> None:
@@ -244,10 +250,18 @@ def what_if(a: dict, cfg: ModelConfig, setting: Setting | None = None, models: d
             return r["tok_s_per_user"]
         raise ConfigError(f"anchor {a['id']}: metric={m!r} needs a workload {{concurrency, input_len, output_len}}")
     I, O, staggered = random_lengths(wl)
-    s = serve(w, I, O, wl["concurrency"], wl.get("num_prompts"),
-              spec=finite_spec(a, w, models or {}) if a.get("spec") else None,
-              static_batch=a.get("batching") == "static", staggered=staggered, client=a.get("client", "server"),
-              **run_scheduling(wl, f"anchor {a['id']}: workload."))
+    spec = finite_spec(a, w, models or {}) if a.get("spec") else None
+    if "request_rate" in wl:  # requests arriving at a rate (bench serve --request-rate): staggered by nature
+        if a.get("batching") == "static":
+            raise ConfigError(f"anchor {a['id']}: workload.request_rate with batching: static: a static batch runs "
+                              "its requests at once")
+        s = serve_at_rate(w, I, O, wl["request_rate"], wl.get("num_prompts") or BENCH_SERVE_NUM_PROMPTS,
+                          wl.get("concurrency"), spec=spec, client=a.get("client", "server"),
+                          **run_scheduling(wl, f"anchor {a['id']}: workload."))
+    else:
+        s = serve(w, I, O, wl["concurrency"], wl.get("num_prompts"), spec=spec,
+                  static_batch=a.get("batching") == "static", staggered=staggered, client=a.get("client", "server"),
+                  **run_scheduling(wl, f"anchor {a['id']}: workload."))
     conv = {"itl_ms": lambda d: {k: v * 1e3 for k, v in d["itl_s"].items()},
             "tpot_ms": lambda d: {k: v * 1e3 for k, v in d["itl_mean_s"].items()},
             "ttft_ms": lambda d: {k: v * 1e3 for k, v in d["ttft_s"].items()},
@@ -380,7 +394,8 @@ def calibration_point(a: dict) -> dict | None:
     output_tok_s, ...}; None where it says nothing of the steps' time as such a point does (a TTFT, a speculative
     speedup or run, a static batch, a dataset of varying lengths)."""
     wl, m, v = a["workload"], a["metric"], float(a["value"])
-    if a.get("spec") or m in ("ttft_ms", "spec_speedup") or a.get("batching") == "static" or a.get("dataset"):
+    if (a.get("spec") or m in ("ttft_ms", "spec_speedup") or a.get("batching") == "static" or a.get("dataset")
+            or "request_rate" in wl):
         return None
     if "B" in wl:
         return dict(B=wl["B"], L=wl["L"], **({"tok_s_per_user": v} if m == "tok_s_per_user" else {"itl_ms": v}))
@@ -426,7 +441,8 @@ def band_categories_of(a: dict, cfg: ModelConfig) -> tuple[str, ...]:
     """The what-if's band categories of an anchor (whatif.band_categories: from its model, precision,
     layout, sequences at a time and speculation, not from its hand-written `category` labels)."""
     wl = a["workload"]
-    return band_categories(cfg, served_precision(a, cfg), layout_of(a), wl.get("B", wl.get("concurrency", 1)),
+    at_rate = (wl.get("num_prompts") or BENCH_SERVE_NUM_PROMPTS) if "request_rate" in wl else 1  # more than one
+    return band_categories(cfg, served_precision(a, cfg), layout_of(a), wl.get("B", wl.get("concurrency") or at_rate),
                            bool(a.get("spec")))
 
 
