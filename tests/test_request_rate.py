@@ -139,3 +139,22 @@ def test_a_users_anchor_of_a_run_at_a_rate_is_priced_by_serve_at_rate(tmp_path, 
                        (dict(concurrency=4, request_rate="x"), r"\(r1\): workload.request_rate='x'")):
         with pytest.raises(ConfigError, match=match):
             anchors.table(_rate_anchor(tmp_path, **bad))
+
+
+def test_a_calibration_point_measured_at_a_rate_is_priced_at_that_rate(tmp_path, w):
+    """calibrate= takes a bench serve run at --request-rate: its time against serve_at_rate's, placed at the requests
+    in flight; its output tok/s is refused (the arrivals set it)."""
+    from roofline.analysis import calibrate
+    r = serve_at_rate(w, I, O, 8, 1000)
+    path = tmp_path / "pts.yaml"
+    path.write_text(f"points:\n  - {{request_rate: 8, input_len: {I}, output_len: {O}, "
+                    f"tpot_ms: {1.3 * r['itl_mean_s']['typical'] * 1e3}}}\n")
+    (p,) = calibrate.priced_points(w, calibrate.load_points(path))
+    assert p["ratio"] == pytest.approx(1.3) and p["B"] == r["in_flight"]["typical"] and p["L"] == I + O // 2
+    assert calibrate.calibrated(w, path).scale == pytest.approx(1.3)
+    path.write_text(f"points:\n  - {{request_rate: 8, input_len: {I}, output_len: {O}, output_tok_s: 2000}}\n")
+    with pytest.raises(ConfigError, match=r"points\[0\]: output_tok_s of a run at a rate"):
+        calibrate.load_points(path)
+    path.write_text(f"points:\n  - {{request_rate: -2, input_len: {I}, output_len: {O}, tpot_ms: 9}}\n")
+    with pytest.raises(ConfigError, match=r"points\[0\].request_rate=-2"):
+        calibrate.load_points(path)

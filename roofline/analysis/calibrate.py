@@ -11,9 +11,13 @@ or, for a benchmark run as `vllm bench serve` reports it, a finite run,
       - {concurrency: 64, input_len: 1024, output_len: 1024, tpot_ms: 21.3}   # or itl_ms (median), e2e_latency_s
                                                                                 # (mean) or output_tok_s
         # optional: num_prompts, range_ratio (--random-range-ratio), client (server | offline)
+      - {request_rate: 4, input_len: 1024, output_len: 256, tpot_ms: 9.1}    # a run at --request-rate 4: its
+        # concurrency (--max-concurrency) optional, num_prompts 1000 unless given; a time, not output_tok_s
+        # (below saturation the arrivals set the tokens/s, not the engine)
 
-priced by `whatif.serve` (its measured / predicted time, the reciprocal for output_tok_s) and placed at the
-sequences it keeps running and their mean context (input + output/2): a run's times are its steps' (decode
+priced by `whatif.serve` (`whatif.serve_at_rate` at a rate; its measured / predicted time, the reciprocal for
+output_tok_s) and placed at the sequences it keeps running (at a rate: those in flight) and their mean context
+(input + output/2): a run's times are its steps' (decode
 rounds and prompt chunks alike), so their ratio is the steps' (an assumption where the run's prompts are priced
 further off than its decodes);
 
@@ -47,12 +51,14 @@ import yaml
 from roofline.io.fields import ConfigError, check_int, check_number
 from roofline.io.yamltext import load_yaml
 from roofline.parallel.engines import check_client, run_scheduling
-from roofline.parallel.whatif import Calibration, Pass, random_dataset_lengths, serve
+from roofline.parallel.whatif import (BENCH_SERVE_NUM_PROMPTS, Calibration, Pass, random_dataset_lengths, serve,
+                                      serve_at_rate)
 
 # what a `calibrate=` key takes, in the help of every command that has one (card, capacity, predict)
 POINTS_FILE = ("your deployment's measured points (YAML/JSON {points: [{B, L, itl_ms | tok_s_per_user}, or a benchmark "
-               "run {concurrency, input_len, output_len, tpot_ms | itl_ms | e2e_latency_s | output_tok_s}]}) or a GPU "
-               "sweep's fit.json")
+               "run {concurrency, input_len, output_len, tpot_ms | itl_ms | e2e_latency_s | output_tok_s}, or one at a "
+               "rate {request_rate, input_len, output_len, tpot_ms | itl_ms | e2e_latency_s}]}) or a GPU sweep's "
+               "fit.json")
 
 # a finite run's metric: serve's key, and its unit in seconds for a time (the ratio measured / predicted), None for a
 # rate (the inverse ratio)
@@ -109,8 +115,17 @@ def load_points(path, model: str | None = None, dtype: str | None = None) -> lis
         if not isinstance(pt, dict):
             raise ConfigError(f"calibrate: points[{i}]={pt!r}: expected a mapping {{B, L, tok_s_per_user | itl_ms}} "
                               f"or a run {{concurrency, input_len, output_len, {' | '.join(RUN_METRICS)}}}")
-        run = "concurrency" in pt
-        for key, least in ((("concurrency", 1), ("input_len", 1), ("output_len", 1)) if run else (("B", 1), ("L", 0))):
+        rate = "request_rate" in pt
+        run = "concurrency" in pt or rate
+        if rate:
+            check_number(f"calibrate: points[{i}].request_rate", pt["request_rate"], 0.0, lo_open=True)
+            if pt.get("concurrency") is not None:
+                check_int(f"calibrate: points[{i}].concurrency", pt["concurrency"], 1)
+            if "output_tok_s" in pt:
+                raise ConfigError(f"calibrate: points[{i}]: output_tok_s of a run at a rate says how fast the requests "
+                                  "arrived, not how fast the engine ran them: give tpot_ms, itl_ms or e2e_latency_s")
+        lengths = (("input_len", 1), ("output_len", 1))
+        for key, least in (lengths if rate else (("concurrency", 1),) + lengths) if run else (("B", 1), ("L", 0)):
             check_int(f"calibrate: points[{i}].{key}", pt.get(key), least)
         metrics = tuple(RUN_METRICS) if run else ("tok_s_per_user", "itl_ms")
         have = [k for k in metrics if k in pt]
@@ -130,8 +145,13 @@ def run_point(w, pt: dict) -> dict:
     """A finite-run point priced by `whatif.serve` on the uncalibrated what-if `w`, as the step point it stands for:
     {B: the sequences the run keeps running, L: their mean context, ratio: measured / predicted time}."""
     I, O, staggered = random_dataset_lengths(pt["input_len"], pt["output_len"], pt.get("range_ratio", 1.0))
-    s = serve(w, I, O, pt["concurrency"], pt.get("num_prompts"), staggered=staggered, client=pt.get("client", "server"),
-              **run_scheduling(pt, "calibrate: point."))
+    if "request_rate" in pt:
+        s = serve_at_rate(w, I, O, pt["request_rate"], pt.get("num_prompts") or BENCH_SERVE_NUM_PROMPTS,
+                          pt.get("concurrency"), client=pt.get("client", "server"),
+                          **run_scheduling(pt, "calibrate: point."))
+    else:
+        s = serve(w, I, O, pt["concurrency"], pt.get("num_prompts"), staggered=staggered,
+                  client=pt.get("client", "server"), **run_scheduling(pt, "calibrate: point."))
     (metric,) = [k for k in RUN_METRICS if k in pt]
     key, unit_s = RUN_METRICS[metric]
     predicted = s[key]["typical"]
@@ -183,7 +203,8 @@ def priced_points(w, points: list[dict]) -> list[dict]:
     """Every point (a decode step, a finite run, a fit's row) as {B, L, ratio}: measured / predicted time on the
     what-if `w` uncalibrated."""
     base = replace(w, scale=1.0, calibration=None)
-    return [run_point(base, p) if "concurrency" in p else dict(B=p["B"], L=p["L"], ratio=step_ratio(base, p))
+    return [run_point(base, p) if "concurrency" in p or "request_rate" in p
+            else dict(B=p["B"], L=p["L"], ratio=step_ratio(base, p))
             for p in points]
 
 
