@@ -689,6 +689,21 @@ def test_fixed_lengths_ramp_every_wave_and_staggered_ones_interleave_the_prompts
     assert stag["itl_mean_s"]["typical"] > fixed["itl_s"]["typical"]  # its decode steps carry prompt chunks
 
 
+def test_a_staggered_run_of_requests_past_a_multiple_of_its_slots_is_not_a_wave_longer():
+    """Staggered requests are replaced one by one, so N requests C at a time take N / C of a slot's requests each; the
+    run was priced ceil(N / C) waves long: Llama-3.1-70B fp8 TP 4 on H100s with vLLM, 2048 requests of 1024 / 1024
+    in the 341 its KV pool keeps running, 7 waves for 6.006 (4797 output tok/s against 5550 with 1024 requests at
+    256), as if a run gained throughput by sending fewer requests."""
+    w = WhatIf(get_preset("llama-3.1-8b"), get_datasheet("h100_sxm"), "bfloat16", Layout(), Setting(engine="vllm"))
+    even, past = serve(w, 1024, 1024, 64, 6 * 64, staggered=True), serve(w, 1024, 1024, 64, 6 * 64 + 1, staggered=True)
+    assert past["output_tok_s"]["typical"] == pytest.approx(even["output_tok_s"]["typical"], rel=0.01)
+    w70 = WhatIf(get_preset("llama-3.1-70b"), get_datasheet("h100_sxm"), "bfloat16+weights=fp8", Layout(tp=4),
+                 Setting(engine="vllm"))
+    runs = [serve(w70, 1024, 1024, C, 4 * C, staggered=True) for C in (256, 384, 512)]
+    assert runs[-1]["running"]["typical"] < 512  # the KV pool's cap: 2048 requests in fewer slots
+    assert all(b["output_tok_s"]["typical"] >= 0.99 * a["output_tok_s"]["typical"] for a, b in zip(runs, runs[1:]))
+
+
 def test_a_prefill_bound_run_lasts_its_prompts_steps_and_its_requests_queue_for_them():
     """No run outpaces its own prefill: N prompts of I tokens need N·I/chunk steps that each carry a chunk, so the
     output rate is at most N·O over that time. Staggered lengths priced the decode steps alone (8192 in / 16 out at

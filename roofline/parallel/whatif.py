@@ -1120,8 +1120,11 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
             ttft = wait * (whole if alone else mixed)  # prefill_first: its prompt's steps alone (`whole`)
             e2e = ttft + (O - 1) / tau * mean
             itl50, itl90 = (mixed if frac >= 0.5 else plain), (mixed if frac > 0.1 else plain)
-            total = R * whole + (waves * O / tau * plain + refill * whole if alone  # prompts' steps and decodes' apart
-                                 else max(waves * O / tau, refill) * mean)
+            # the decode steps of N requests, C at a time, replaced one by one: N / C of a slot's requests each (not a
+            # whole number of waves: a run of N = 6 C + 1 is not seven waves long)
+            slot_steps = N / C * O / tau
+            total = R * whole + (slot_steps * plain + refill * whole if alone  # prompts' steps and decodes' apart
+                                 else max(slot_steps, refill) * mean)
             mean_itl = mean / tau
             wave = e2e  # one request's stay: what a queued one waits per wave ahead of it
         else:
