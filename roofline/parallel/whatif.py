@@ -928,8 +928,8 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
     request's TTFT is that step, and the ITL median (p90) the mixed step when at least half (a tenth) of the steps
     carry a prompt (`prefill_first`: prompt steps of min(budget, C·input) tokens; steady_chunk says why). Where the
     prompts need more steps than the decodes ((N − C)·input/chunk > N·output/(C·tau): prefill-bound), the run
-    lasts the prompts' steps, each carrying a chunk (priced beside all C sequences decoding, where fewer do: an
-    upper bound on the step), and a new request's first token waits for the
+    lasts the prompts' steps, each carrying a chunk beside the sequences decoding at the time (C x its decode steps /
+    its prompt steps: the slots wait for their prompts most of the time), and a new request's first token waits for the
     C·input/chunk − output/tau chunks queued ahead of it (Little's law: the client keeps C requests in flight).
 
     Speculative decoding (`spec`): every decode step is a round (WhatIf.round_seconds: verify k+1
@@ -1084,7 +1084,10 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
         it (Calibration.interval at B = C, L). C: as `ramp`'s."""
         C = running(e) if C is None else C
         mixed = steady_chunk(e, C) if staggered else min(budget_chunk(e, C), C * I)  # a decode step's prompt tokens
-        kinds = [(C, L, 0), (C, L, mixed)] + list(rp.means)
+        # a prefill-bound staggered run's step: a chunk beside the decodes its slots have at once, their N·O/tau
+        # decode steps spread over its prompts' steps (where it is not prefill-bound: all C)
+        busy = min(C, max(1, round(C * staggered_steps(C) / refill_steps(e, C)))) if refill_steps(e, C) else C
+        kinds = [(C, L, 0), (C, L, mixed)] + list(rp.means) + [(busy, L, mixed)]
 
         def price(s, b, ctx, pre):
             if pre and batchings[e] == "prefill_first" and ctx:  # the prompts' step alone, then the decodes'
@@ -1095,6 +1098,15 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
         if w.calibration is not None:
             ivs[0] = w.calibration.interval(ivs[0]["typical"], ivs[0], C, L)
         return [tuple(iv[name] for iv in ivs) for name in SCENARIOS]
+
+    def staggered_steps(C) -> float:
+        """The decode steps of N requests, C at a time, replaced one by one: N / C of a slot's requests each (not a
+        whole number of waves: a run of N = 6 C + 1 is not seven waves long)."""
+        return N / C * O / tau
+
+    def refill_steps(e, C) -> float:
+        """The steps the refills' prompts need, one chunk a step beside the C decodes."""
+        return max(N - C, 0) * I / budget_chunk(e, C)
 
     def wave_seconds(rp, at_s) -> float:  # a fixed-length wave: its ramp steps, then its plain decode steps
         return rp.R * at_s[4] + (O - 1) / tau * at_s[0]
@@ -1107,12 +1119,15 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
         alone = batchings[e] == "prefill_first"
         waves = math.ceil(N / C)
         R, half, in_ramp, paused = rp.R, rp.half, rp.in_ramp, rp.paused
-        refill = max(N - C, 0) * I / chunk  # steps the refills' prompts need, one chunk a step
+        refill = refill_steps(e, C)  # steps the refills' prompts need, one chunk a step
         carrying = max(N - C, 0) * I / steady_chunk(e, C) if staggered else 0.0  # steps carrying them, as they arrive
         frac = min(1.0, carrying / (N * O / (C * tau)))  # decode steps (rounds) carrying a prompt
-        plain, mixed, first, late, whole = at[s]  # ramp steps: to the median's first token, after it, the wave's
+        plain, mixed, first, late, whole, busy = at[s]  # ramp steps: to the median's first token, after it, the wave's
         queued = (math.ceil(concurrency / 2) - 1) // C  # waves the median request of a capped run waits in the queue
         if staggered and waves > 1:
+            slot_steps = staggered_steps(C)
+            if not alone and refill > slot_steps:  # prefill-bound: each step a chunk beside the decodes there are
+                mixed = busy
             mean = (1 - frac) * plain + frac * mixed  # per step (round)
             # prefill-bound (the prompts need more steps than the decodes): every step carries a chunk, and a new
             # request waits for the C·I/chunk - O/tau prompt chunks queued ahead of it (Little's law)
@@ -1120,9 +1135,6 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
             ttft = wait * (whole if alone else mixed)  # prefill_first: its prompt's steps alone (`whole`)
             e2e = ttft + (O - 1) / tau * mean
             itl50, itl90 = (mixed if frac >= 0.5 else plain), (mixed if frac > 0.1 else plain)
-            # the decode steps of N requests, C at a time, replaced one by one: N / C of a slot's requests each (not a
-            # whole number of waves: a run of N = 6 C + 1 is not seven waves long)
-            slot_steps = N / C * O / tau
             total = R * whole + (slot_steps * plain + refill * whole if alone  # prompts' steps and decodes' apart
                                  else max(slot_steps, refill) * mean)
             mean_itl = mean / tau
