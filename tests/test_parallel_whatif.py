@@ -3133,3 +3133,25 @@ def test_the_card_says_when_a_speculative_rounds_own_time_is_the_unmeasured_prio
         rec = card_record(CardRequest(engine=eng, drafter="eagle3", **kw))
         assert rec["run_spec_round_unmeasured"] == [] and "no measurement of it was read" not in render_card(rec)
     assert card_record(CardRequest(engine="trtllm", drafter="ngram", **kw))["run_spec_round_unmeasured"] == []
+
+
+@pytest.mark.parametrize("model, device, tp, dtype", [("llama-3.1-8b", "a100_80gb_sxm", 4, "bfloat16"),
+                                                      ("llama-3.1-70b", "h100_sxm", 4, "bfloat16+weights=fp8"),
+                                                      ("qwen3-30b-a3b", "h200_sxm", 1, "bfloat16"),
+                                                      ("qwen2.5-7b", "a100_80gb_sxm", 1, "bfloat16")])
+def test_more_sequences_never_price_a_faster_step_nor_a_run_of_less_throughput(model, device, tp, dtype):
+    """Invariants a sweep of the what-if found broken (stop 72): a decode step of more sequences, or at a longer
+    context, is never faster (an A100's skinny-GEMM share priced B = 160 3% faster than 128), and a staggered run of
+    more requests in flight never yields materially fewer output tokens/s (a run past a multiple of its slots was a
+    whole wave longer; a prefill-bound one priced every chunk beside all its slots)."""
+    for engine in ("vllm", "sglang", "llama.cpp", "vllm-v0"):
+        w = WhatIf(get_preset(model), get_datasheet(device), dtype, Layout(tp=tp), Setting(engine=engine))
+        for L in (128, 2048):
+            steps = [w.itl(B, L)["typical"] for B in (1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192, 256)]
+            assert all(b >= a * (1 - 1e-9) for a, b in zip(steps, steps[1:])), (engine, L, steps)
+        assert w.itl(64, 4096)["typical"] >= w.itl(64, 2048)["typical"]
+        for I, O in ((1024, 1024), (8192, 256)):
+            runs = [serve(w, I, O, C, 4 * C, staggered=True) for C in (16, 32, 64, 128, 256, 512)]
+            for a, b in zip(runs, runs[1:]):
+                if b["running"]["typical"] > a["running"]["typical"]:
+                    assert b["output_tok_s"]["typical"] >= 0.97 * a["output_tok_s"]["typical"], (engine, I, O)
