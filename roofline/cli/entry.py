@@ -7,8 +7,8 @@ import errno
 import functools
 import hashlib
 import importlib
-import inspect
 import importlib.util
+import inspect
 import json
 import os
 import re

@@ -479,7 +479,8 @@ def render_card(rec: dict) -> str:
                             else "")
                          + f"{rec['run_in_flight']:.0f} in flight ({rec['run_in_flight_optimistic']:.0f}-"
                          f"{rec['run_in_flight_pessimistic']:.0f}; Little's law, within the engine's KV pool and "
-                         f"sequence cap), the median request waiting {rec['run_queue_wait_s']:.3g} s for a slot{where}, "
+                         f"sequence cap), the median request waiting {rec['run_queue_wait_s']:.3g} s for a slot"
+                         f"{where}, "
                          f"{rec['run_client']} client, up to {rec['run_prefill_chunk_tokens']:.0f} prompt tokens a step"
                          + (" over its attention-DP ranks" if "dpattn" in str(rec.get("whatif_layout", "")) else ""))
         else:

@@ -194,10 +194,11 @@ def gemm_seconds(M: float, N: int, K: int, weight_bytes: float, fmt_kind: str, d
     tenth of a TP-8 shard's fp8 weights), streamed at the dense M = 1 fraction. A dense GEMM's compute side takes the
     architecture's measured skinny-GEMM loss where one was read (`arch_overrides.<arch>.gemm_compute_vs_m`), and
     then at least the time it gives at the fewest rows that run in M's tiles and waves (`first_rows_alike`) and at
-    each of that table's row counts below M: the table's loss, measured on one shape, holds that shape's own tile and wave losses, which the tile /
-    wave utilisation here counts again, so between two rows (128 -> 256 on Ampere) the rising share made a GEMM of more
-    rows price faster than one of fewer (an A100's Llama-3.1-8B TP 4 step at 160 sequences 3% below its step at 128;
-    inside one wave, whose time the rows added do not lengthen, by up to 8%)."""
+    each of that table's row counts below M: the table's loss, measured on one shape, holds that shape's own tile
+    and wave losses, which the tile / wave utilisation here counts again, so between two rows (128 -> 256 on
+    Ampere) the rising share made a GEMM of more rows price faster than one of fewer (an A100's Llama-3.1-8B TP 4
+    step at 160 sequences 3% below its step at 128; inside one wave, whose time the rows added do not lengthen, by
+    up to 8%)."""
     if M <= 0:
         return dict(memory=0.0, compute=0.0, seconds=0.0)
     t_mem = (weight_bytes / (bw_Bps * weight_bw_fraction(fmt_kind, M, scenario, kern))

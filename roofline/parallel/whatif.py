@@ -1259,9 +1259,9 @@ def serve_at_rate(w: WhatIf, input_len: int, output_len: int, rate: float, num_p
 
 
 def _serve_at_rate_one(w: WhatIf, input_len: int, output_len: int, rate: float, num_prompts: int,
-                  max_concurrency: int | None = None, spec: SpecDecode | None = None, client: str = "server",
-                  chunk_tokens: int | None = None, step_batching: str | None = None,
-                  max_running: int | None = None) -> dict:
+                       max_concurrency: int | None = None, spec: SpecDecode | None = None, client: str = "server",
+                       chunk_tokens: int | None = None, step_batching: str | None = None,
+                       max_running: int | None = None) -> dict:
     """serve_at_rate for the one engine `w` prices (its setting names one)."""
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0:
         raise ConfigError(f"request_rate={rate!r}: allowed a number of requests a second > 0 (every request at once: "
