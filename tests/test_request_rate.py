@@ -101,6 +101,12 @@ def test_a_rate_that_is_not_a_positive_number_is_named(w, bad):
         serve_at_rate(w, I, O, bad, N)
 
 
+def test_a_rate_through_an_offline_entry_point_is_refused(w):
+    """vLLM's offline benchmark (the LLM class) takes every request at once: no rate to give it."""
+    with pytest.raises(ConfigError, match=r"request_rate=4 with client='offline'"):
+        serve_at_rate(w, I, O, 4, N, client="offline")
+
+
 def test_the_card_prices_a_run_at_a_rate_and_names_a_bad_rate():
     cmd = [sys.executable, "-m", "roofline.cli.card", "model=llama-3.1-8b", "device=h100_sxm", "engine=vllm",
            "input_len=1024", "output_len=256"]

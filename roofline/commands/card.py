@@ -117,6 +117,9 @@ class CardRequest:
                               "at once)")
         if rate and not self.input_len:
             raise ConfigError(f"request_rate={rate!r} prices a finite run: give input_len= and output_len= too")
+        if rate and self.client == "offline":
+            raise ConfigError(f"request_rate={rate!r} with client=offline: an offline entry point takes every request "
+                              "at once; a rate is a server's client (client=server)")
         if bool(self.input_len) != bool(self.output_len):
             raise ConfigError(f"input_len={self.input_len}, output_len={self.output_len}: a finite run needs both "
                               "(or neither)")

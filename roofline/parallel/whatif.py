@@ -1269,6 +1269,9 @@ def _serve_at_rate_one(w: WhatIf, input_len: int, output_len: int, rate: float, 
     for name, v in (("num_prompts", num_prompts), ("max_concurrency", max_concurrency)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise ConfigError(f"{name}={v!r}: allowed integers >= 1")
+    if client == "offline":
+        raise ConfigError(f"request_rate={rate!r} with client='offline': an offline entry point takes every request at "
+                          "once; a rate is a server's client")
     N, O = num_prompts, output_len
     runs: dict[int, dict] = {}
 
