@@ -51,8 +51,7 @@ import yaml
 from roofline.io.fields import ConfigError, check_int, check_number
 from roofline.io.yamltext import load_yaml
 from roofline.parallel.engines import check_client, run_scheduling
-from roofline.parallel.whatif import (BENCH_SERVE_NUM_PROMPTS, Calibration, Pass, random_dataset_lengths, serve,
-                                      serve_at_rate)
+from roofline.parallel.whatif import Calibration, Pass, random_dataset_lengths, serve, serve_at_rate
 
 # what a `calibrate=` key takes, in the help of every command that has one (card, capacity, predict)
 POINTS_FILE = ("your deployment's measured points (YAML/JSON {points: [{B, L, itl_ms | tok_s_per_user}, or a benchmark "
@@ -146,7 +145,7 @@ def run_point(w, pt: dict) -> dict:
     {B: the sequences the run keeps running, L: their mean context, ratio: measured / predicted time}."""
     I, O, staggered = random_dataset_lengths(pt["input_len"], pt["output_len"], pt.get("range_ratio", 1.0))
     if "request_rate" in pt:
-        s = serve_at_rate(w, I, O, pt["request_rate"], pt.get("num_prompts") or BENCH_SERVE_NUM_PROMPTS,
+        s = serve_at_rate(w, I, O, pt["request_rate"], pt.get("num_prompts"),
                           pt.get("concurrency"), client=pt.get("client", "server"),
                           **run_scheduling(pt, "calibrate: point."))
     else:

@@ -473,6 +473,8 @@ def render_card(rec: dict) -> str:
         drawn = (f" (random, range ratio {rec['run_range_ratio']:g}: {rec['run_mean_input_len']} / "
                  f"{rec['run_mean_output_len']} on average)" if rec["run_range_ratio"] < 1 else "")
         rate = rec.get("run_request_rate")
+        steps = (f"{rec['run_client']} client, up to {rec['run_prefill_chunk_tokens']:.0f} prompt tokens a step"
+                 + (" over its attention-DP ranks" if "dpattn" in str(rec.get("whatif_layout", "")) else ""))
         if rate:
             client_cap = bool(rec["run_concurrency"]) and rec["run_in_flight"] >= rec["run_concurrency"]
             where = " in the client (not in its TTFT: timed from when it is sent)" if client_cap else ""
@@ -483,9 +485,7 @@ def render_card(rec: dict) -> str:
                          + f"{rec['run_in_flight']:.0f} in flight ({rec['run_in_flight_optimistic']:.0f}-"
                          f"{rec['run_in_flight_pessimistic']:.0f}; Little's law, within the engine's KV pool and "
                          f"sequence cap), the median request waiting {rec['run_queue_wait_s']:.3g} s for a slot"
-                         f"{where}, "
-                         f"{rec['run_client']} client, up to {rec['run_prefill_chunk_tokens']:.0f} prompt tokens a step"
-                         + (" over its attention-DP ranks" if "dpattn" in str(rec.get("whatif_layout", "")) else ""))
+                         f"{where}, {steps}")
         else:
             lines.append(f"finite run     {rec['run_num_prompts']} requests of {rec['run_input_len']} in / "
                          f"{rec['run_output_len']} out{drawn}, "
@@ -493,8 +493,7 @@ def render_card(rec: dict) -> str:
                          f"lengths), {rec['run_running_seqs']:.0f} running ("
                          + (f"the run's cap of {rec['run_max_running_seqs']} and the engine's KV pool"
                             if rec.get("run_max_running_seqs") else "the engine's KV pool and sequence cap") + "), "
-                         f"{rec['run_client']} client, up to {rec['run_prefill_chunk_tokens']:.0f} prompt tokens a step"
-                         + (" over its attention-DP ranks" if "dpattn" in str(rec.get("whatif_layout", "")) else ""))
+                         + steps)
         if rec.get("run_spec_k"):
             acc = ", ".join(f"{a:g}" for a in rec["run_spec_acceptance"])
             lines.append(f"  speculative: k={rec['run_spec_k']} drafts a round by {rec['run_spec_drafter']}"

@@ -255,7 +255,7 @@ def what_if(a: dict, cfg: ModelConfig, setting: Setting | None = None, models: d
         if a.get("batching") == "static":
             raise ConfigError(f"anchor {a['id']}: workload.request_rate with batching: static: a static batch runs "
                               "its requests at once")
-        s = serve_at_rate(w, I, O, wl["request_rate"], wl.get("num_prompts") or BENCH_SERVE_NUM_PROMPTS,
+        s = serve_at_rate(w, I, O, wl["request_rate"], wl.get("num_prompts"),
                           wl.get("concurrency"), spec=spec, client=a.get("client", "server"),
                           **run_scheduling(wl, f"anchor {a['id']}: workload."))
     else:

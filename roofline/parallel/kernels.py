@@ -205,11 +205,11 @@ def gemm_seconds(M: float, N: int, K: int, weight_bytes: float, fmt_kind: str, d
              + io_bytes / (bw_Bps * weight_bw_fraction("dense", 1, scenario, kern)))
     skinny = arch_override(kern, device_key).get("gemm_compute_vs_m")  # the architecture's measured loss at small M
     skinny = skinny if skinny is not None and fmt_kind == "dense" else None
+    rate = flops * peak_fraction(fmt_kind, scenario, kern, device_key)
 
     def t_compute(m: float) -> float:
         s_m = table_value(skinny["table"], m, scenario, "kernels.arch_overrides.gemm_compute_vs_m") if skinny else 1.0
-        return 2.0 * m * N * K / (flops * peak_fraction(fmt_kind, scenario, kern, device_key) * s_m
-                                  * tile_wave_utilisation(m, N, device_key, kern))
+        return 2.0 * m * N * K / (rate * s_m * tile_wave_utilisation(m, N, device_key, kern))
     t_mm = t_compute(M)
     if skinny:  # more rows never finish sooner: at least the time at the first row count of M's tiles and waves and at
         # the measured row counts below M (see docstring)

@@ -1085,8 +1085,10 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
         C = running(e) if C is None else C
         mixed = steady_chunk(e, C) if staggered else min(budget_chunk(e, C), C * I)  # a decode step's prompt tokens
         # a prefill-bound staggered run's step: a chunk beside the decodes its slots have at once, their N·O/tau
-        # decode steps spread over its prompts' steps (where it is not prefill-bound: all C)
-        busy = min(C, max(1, round(C * staggered_steps(C) / refill_steps(e, C)))) if refill_steps(e, C) else C
+        # decode steps spread over its prompts' steps (where it is not prefill-bound, or the lengths are fixed: all C,
+        # the mixed step's own pass)
+        refill = refill_steps(e, C) if staggered else 0.0
+        busy = min(C, max(1, round(C * staggered_steps(C) / refill))) if refill else C
         kinds = [(C, L, 0), (C, L, mixed)] + list(rp.means) + [(busy, L, mixed)]
 
         def price(s, b, ctx, pre):
@@ -1165,13 +1167,19 @@ def serve(w: WhatIf, input_len: int, output_len: int, concurrency: int, num_prom
             tail = (rl, steps(e, rl, last))
         rows = [per(s, e, at, rp, tail) for s in range(3)]
         out[e] = {k: interval(lambda s: rows[s][k]) for k in rows[0]}
+    return span_run(out, w.layout.devices)
+
+
+def span_run(per_engine: dict[str, dict], devices: int) -> dict:
+    """A priced run's metrics over engine profiles ({engine: {metric: interval}}), each spanned (`span`), output
+    tokens/s with its optimistic end the largest (faster is higher), and tokens/s per GPU from it."""
     res = {}
-    for k in next(iter(out.values())):
-        res[k] = span({e: v[k] for e, v in out.items()})
-        if k == "output_tok_s":  # faster is higher: the optimistic end is the largest
-            res[k] = dict(optimistic=max(v[k]["optimistic"] for v in out.values()), typical=res[k]["typical"],
-                          pessimistic=min(v[k]["pessimistic"] for v in out.values()))
-    res["tok_s_per_gpu"] = {k: v / w.layout.devices for k, v in res["output_tok_s"].items()}
+    for k in next(iter(per_engine.values())):
+        res[k] = span({e: v[k] for e, v in per_engine.items()})
+        if k == "output_tok_s":
+            res[k] = dict(optimistic=max(v[k]["optimistic"] for v in per_engine.values()), typical=res[k]["typical"],
+                          pessimistic=min(v[k]["pessimistic"] for v in per_engine.values()))
+    res["tok_s_per_gpu"] = {k: v / devices for k, v in res["output_tok_s"].items()}
     return res
 
 
@@ -1216,11 +1224,11 @@ def _rate_queue(N: int, rate: float, slots: int, stay: float) -> tuple[float, fl
 BENCH_SERVE_NUM_PROMPTS = 1000  # vllm bench serve's and sglang.bench_serving's default --num-prompts
 
 
-def serve_at_rate(w: WhatIf, input_len: int, output_len: int, rate: float, num_prompts: int,
+def serve_at_rate(w: WhatIf, input_len: int, output_len: int, rate: float, num_prompts: int | None = None,
                   max_concurrency: int | None = None, spec: SpecDecode | None = None, client: str = "server",
                   chunk_tokens: int | None = None, step_batching: str | None = None,
                   max_running: int | None = None) -> dict:
-    """A finite run whose `num_prompts` requests arrive at `rate` a second (`vllm bench serve --request-rate R`, a
+    """A finite run whose `num_prompts` requests (None: bench serve's default 1000) arrive at `rate` a second (`vllm bench serve --request-rate R`, a
     Poisson process; `--max-concurrency` = `max_concurrency`, None: no client cap) rather than all at t = 0 (`serve`).
     Priced by its mean (fluid) behaviour on `serve`'s staggered steady state (requests finish one by one and their
     successors' prompts ride in the running steps), per scenario:
@@ -1244,34 +1252,28 @@ def serve_at_rate(w: WhatIf, input_len: int, output_len: int, rate: float, num_p
     first requests' empty engine (a run of few prompts at a low rate). Returns `serve`'s intervals and `in_flight`
     (C) and `queue_wait_s` (the median request's wait for a running slot, in the engine's queue or the client's).
     Priced engine by engine (each its own cap and steps), then spanned as `serve` spans them."""
-    per = {}
-    for e in w.setting.engine_names():
-        one = w if w.setting.engine == e else dataclasses.replace(w, setting=dataclasses.replace(w.setting, engine=e))
-        per[e] = _serve_at_rate_one(one, input_len, output_len, rate, num_prompts, max_concurrency, spec, client,
-                                    chunk_tokens, step_batching, max_running)
-    res = {}
-    for k in next(iter(per.values())):
-        res[k] = span({e: v[k] for e, v in per.items()})
-        if k in ("output_tok_s", "tok_s_per_gpu"):  # faster is higher: the optimistic end is the largest
-            res[k] = dict(optimistic=max(v[k]["optimistic"] for v in per.values()), typical=res[k]["typical"],
-                          pessimistic=min(v[k]["pessimistic"] for v in per.values()))
-    return res
-
-
-def _serve_at_rate_one(w: WhatIf, input_len: int, output_len: int, rate: float, num_prompts: int,
-                       max_concurrency: int | None = None, spec: SpecDecode | None = None, client: str = "server",
-                       chunk_tokens: int | None = None, step_batching: str | None = None,
-                       max_running: int | None = None) -> dict:
-    """serve_at_rate for the one engine `w` prices (its setting names one)."""
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0:
         raise ConfigError(f"request_rate={rate!r}: allowed a number of requests a second > 0 (every request at once: "
                           "price it without a rate)")
+    num_prompts = num_prompts or BENCH_SERVE_NUM_PROMPTS
     for name, v in (("num_prompts", num_prompts), ("max_concurrency", max_concurrency)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise ConfigError(f"{name}={v!r}: allowed integers >= 1")
     if client == "offline":
         raise ConfigError(f"request_rate={rate!r} with client='offline': an offline entry point takes every request at "
                           "once; a rate is a server's client")
+    per = {}
+    for e in w.setting.engine_names():
+        one = w if w.setting.engine == e else dataclasses.replace(w, setting=dataclasses.replace(w.setting, engine=e))
+        per[e] = _serve_at_rate_one(one, input_len, output_len, rate, num_prompts, max_concurrency, spec, client,
+                                    chunk_tokens, step_batching, max_running)
+    return span_run(per, w.layout.devices)
+
+
+def _serve_at_rate_one(w: WhatIf, input_len: int, output_len: int, rate: float, num_prompts: int,
+                       max_concurrency: int | None, spec: SpecDecode | None, client: str, chunk_tokens: int | None,
+                       step_batching: str | None, max_running: int | None) -> dict:
+    """serve_at_rate for the one engine `w` prices (its setting names one), its arguments checked."""
     N, O = num_prompts, output_len
     runs: dict[int, dict] = {}
 
@@ -1305,9 +1307,7 @@ def _serve_at_rate_one(w: WhatIf, input_len: int, output_len: int, rate: float, 
                        itl_mean_s=r["itl_mean_s"][s], e2e_s=r["e2e_s"][s] + seen, output_tok_s=N * O / total,
                        running=float(C), prefill_chunk_tokens=r["prefill_chunk_tokens"][s], in_flight=float(C),
                        queue_wait_s=wait)
-    res = {key: {s: rows[s][key] for s in SCENARIOS} for key in rows["typical"]}
-    res["tok_s_per_gpu"] = {s: v / w.layout.devices for s, v in res["output_tok_s"].items()}
-    return res
+    return {key: {s: rows[s][key] for s in SCENARIOS} for key in rows["typical"]}
 
 
 def pool_rule(cfg: ModelConfig, eng=None):
