@@ -1228,8 +1228,9 @@ def serve_at_rate(w: WhatIf, input_len: int, output_len: int, rate: float, num_p
                   max_concurrency: int | None = None, spec: SpecDecode | None = None, client: str = "server",
                   chunk_tokens: int | None = None, step_batching: str | None = None,
                   max_running: int | None = None) -> dict:
-    """A finite run whose `num_prompts` requests (None: bench serve's default 1000) arrive at `rate` a second (`vllm bench serve --request-rate R`, a
-    Poisson process; `--max-concurrency` = `max_concurrency`, None: no client cap) rather than all at t = 0 (`serve`).
+    """A finite run whose `num_prompts` requests (None: bench serve's default 1000) arrive at `rate` a second
+    (`vllm bench serve --request-rate R`, a Poisson process; `--max-concurrency` = `max_concurrency`, None: no client
+    cap) rather than all at t = 0 (`serve`).
     Priced by its mean (fluid) behaviour on `serve`'s staggered steady state (requests finish one by one and their
     successors' prompts ride in the running steps), per scenario:
 
